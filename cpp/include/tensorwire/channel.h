@@ -1,0 +1,73 @@
+// Copyright tensorwire authors.
+//
+// Channel: one endpoint to a peer device on one lane (the paper's queue pair).
+// Lanes to a peer are spread round-robin over the local workers (the paper's
+// completion queues) and over the peer's workers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensorwire/memory.h"
+#include "tensorwire/region.h"
+#include "tensorwire/request.h"
+
+namespace tensorwire {
+
+namespace detail {
+class ChannelImpl;
+}
+
+struct PeerInfo {
+  std::uint64_t device_id = 0;
+  std::string address;   // the peer's listening address, "host:port"
+  std::string hostname;
+  std::uint32_t pid = 0;
+  bool same_host = false;
+  int workers = 0;
+};
+
+class Channel {
+ public:
+  Channel() = default;
+  explicit Channel(std::shared_ptr<detail::ChannelImpl> impl) : impl_(std::move(impl)) {}
+
+  // One-sided write of `length` bytes from local[local_offset..] into
+  // remote[remote_offset..]. Both ranges are checked before anything is
+  // posted (InvalidArgument otherwise).
+  // Completion: the local bytes may be reused once the Request completes.
+  // Remote visibility: only after a later flush() completes (or a value the
+  // receiver polls, written after a fence()).
+  Request write(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                std::size_t remote_offset, std::size_t length);
+  // One-sided read into local[local_offset..]; the data is there once the
+  // Request completes.
+  Request read(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+               std::size_t remote_offset, std::size_t length);
+  // Orders: every operation posted on this channel's worker before the fence
+  // is performed at the target before any operation posted after it.
+  void fence();
+  // Completes when every operation posted earlier on this channel is complete
+  // and visible at the peer.
+  Request flush();
+
+  // Asks the peer for the region it published under `name` (NotFound if none).
+  RemoteRegion lookup(const std::string& name, double timeout_s = 10.0);
+  // Small request/response call to a handler the peer registered by `name`.
+  std::string call(const std::string& name, const std::string& payload, double timeout_s = 10.0);
+
+  int lane() const;
+  PeerInfo peer() const;
+  // The description of the transport UCX chose for this endpoint.
+  std::string transport_info() const;
+  // Drives the progress of this channel's worker once (inline mode, benches).
+  unsigned progress();
+  detail::ChannelImpl* impl() const noexcept { return impl_.get(); }
+
+ private:
+  std::shared_ptr<detail::ChannelImpl> impl_;
+};
+
+}  // namespace tensorwire

@@ -1,0 +1,106 @@
+// Copyright tensorwire authors.
+//
+// Device: a local endpoint of the fabric (the paper's "device"). It owns a
+// UCP context for data, `workers` UCP workers (each with a progress thread
+// unless progress is inline), a registered memory pool, a listener on
+// host:port and the control plane (HELLO, PUBLISH/LOOKUP, call).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorwire/channel.h"
+#include "tensorwire/memory.h"
+#include "tensorwire/region.h"
+
+namespace tensorwire {
+
+enum class ProgressMode {
+  kPolling,   // progress threads spin (lowest latency, burns one core per worker)
+  kBlocking,  // poll for spin_us after the last event, then sleep on the event fd
+  kInline,    // no threads: whoever waits drives progress (tests, benchmarks)
+};
+
+struct DeviceConfig {
+  std::string host = "127.0.0.1";  // listen address; "0.0.0.0" for all
+  std::uint16_t port = 0;          // 0 = pick a free port
+  int workers = 1;
+  ProgressMode progress = ProgressMode::kBlocking;
+  unsigned spin_us = 100;          // blocking mode: poll this long before sleeping
+  std::string transport = "auto";  // auto (UCX_TLS as set) | tcp | shm | rdma
+  std::string net_devices = "auto";  // auto: "lo" when host is loopback
+  std::string token;               // shared secret peers must present in HELLO
+  std::size_t slab_size = std::size_t(64) << 20;
+  std::size_t pool_limit = std::size_t(16) << 30;
+  double connect_timeout_s = 10.0;
+  double keepalive_s = 1.0;        // control-plane liveness probe interval
+  std::uint16_t protocol_version = 0;  // 0 = ours; tests set another to check refusal
+};
+
+namespace detail {
+class DeviceImpl;
+}
+
+using CallHandler = std::function<std::string(const std::string& payload)>;
+
+class Device {
+ public:
+  explicit Device(const DeviceConfig& config = {});
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  // "host:port" that peers pass to connect().
+  std::string address() const;
+  std::uint64_t id() const;
+  const DeviceConfig& config() const;
+
+  MemoryPool& pool();
+  Block allocate(std::size_t nbytes, std::size_t alignment = 64) { return pool().allocate(nbytes, alignment); }
+
+  // Makes `region` findable by peers under `name` (replacing an earlier one).
+  void publish(const std::string& name, const RegionDescriptor& region);
+  void unpublish(const std::string& name);
+  // Registers a handler for Channel::call(name, ...). It runs on a dispatcher
+  // thread, never on a progress thread.
+  void on_call(const std::string& name, CallHandler handler);
+
+  // A channel to the device listening at `address` on `lane`. The first call
+  // to an address connects (HELLO); later calls reuse the connection.
+  Channel connect(const std::string& address, int lane = 0);
+  // A channel back to a peer that connected to us, by its device id.
+  Channel channel_to(std::uint64_t peer_device_id, int lane = 0);
+  std::vector<PeerInfo> peers() const;
+  // Blocks until a peer has connected (or timeout: Timeout).
+  PeerInfo wait_for_peer(double timeout_s = 10.0);
+
+  // Drives progress on every worker once (for inline mode); returns events.
+  unsigned progress();
+  // Fails pending work, closes every connection and stops the threads.
+  // Blocks, registrations and requests stay safe to touch afterwards (they
+  // raise instead of crashing). Idempotent.
+  void close();
+  bool closed() const;
+
+  // Connections refused (version or token mismatch) since the device started.
+  std::uint64_t refusals() const;
+  // Text for `tensorwire info`: UCX version, library path, transports.
+  std::string describe() const;
+  detail::DeviceImpl* impl() const noexcept { return impl_.get(); }
+
+ private:
+  std::shared_ptr<detail::DeviceImpl> impl_;
+};
+
+// The version of the UCX library loaded at run time and where it was loaded
+// from (never guess: two UCX builds may be on one machine).
+std::string ucx_version();
+std::string ucx_library_path();
+std::string ucx_header_version();
+std::uint16_t protocol_version();
+
+}  // namespace tensorwire

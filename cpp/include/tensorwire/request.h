@@ -1,0 +1,63 @@
+// Copyright tensorwire authors.
+//
+// Request: the handle every data-path call returns.
+//
+// Completion contract: a Request is complete when the operation it stands for
+// is complete *locally* (for write: the local buffer may be reused; for read:
+// the local buffer holds the data; for flush: every earlier operation on the
+// channel is complete at the remote side). An operation that UCX completes at
+// once yields a Request that is already done and allocates nothing.
+//
+// Requests are move-only. Destroying an unfinished Request does not cancel the
+// operation: UCX finishes it in the background, and any callback still fires.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "tensorwire/error.h"
+
+namespace tensorwire {
+
+namespace detail {
+class RequestState;
+}
+
+class Request {
+ public:
+  // A request that is complete with `error` (empty = success).
+  Request() = default;
+  explicit Request(detail::RequestState* state) noexcept : state_(state) {}
+  static Request failed(ErrorKind kind, std::string what);
+  Request(Request&& other) noexcept;
+  Request& operator=(Request&& other) noexcept;
+  Request(const Request&) = delete;
+  Request& operator=(const Request&) = delete;
+  ~Request();
+
+  // True once the operation completed, successfully or not. Never blocks; it
+  // may drive the worker's progress once so inline-mode devices advance.
+  bool test();
+  // Waits until completion or until `timeout_s` seconds pass (< 0: forever).
+  // Throws the operation's error, or Timeout (the operation keeps running).
+  void wait(double timeout_s = -1.0);
+  // Runs `fn(ok, message)` once on completion: at once (on this thread) if the
+  // request is already complete, otherwise on the thread that completes it (a
+  // progress thread). `fn` must be short and must not block.
+  void then(std::function<void(bool ok, const std::string& message)> fn);
+
+  // Status without waiting: 0 pending, 1 done, -1 failed.
+  int state() const;
+  // The error message of a failed request ("" otherwise).
+  std::string error_message() const;
+
+ private:
+  detail::RequestState* state_ = nullptr;
+  // An inline failure (no state allocated).
+  ErrorKind inline_error_kind_ = ErrorKind::kGeneric;
+  std::string inline_error_;
+  bool inline_failed_ = false;
+};
+
+}  // namespace tensorwire

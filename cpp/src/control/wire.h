@@ -1,0 +1,57 @@
+// Copyright tensorwire authors.
+//
+// Control-plane messages, carried as UCX active messages (always eager; never
+// on the data path). Every message starts with the same header:
+//   u32 magic "TWCP" | u16 protocol version | u8 type | u8 reserved
+//   u64 request id | u32 status | body...
+// Bodies are documented in docs/contracts.md; all fields little-endian,
+// strings and byte strings length-prefixed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/bytes.h"
+
+namespace tensorwire::control {
+
+constexpr std::uint16_t kProtocolVersion = 1;
+constexpr std::uint32_t kMagic = 0x50435754;  // "TWCP"
+constexpr unsigned kAmId = 0x7477;             // the one AM id of the control plane
+constexpr std::size_t kMaxMessage = 1 << 20;   // calls and replies above this are refused
+
+enum class MsgType : std::uint8_t {
+  kHello = 1, kHelloReply = 2, kLookup = 3, kLookupReply = 4, kCall = 5, kCallReply = 6,
+};
+
+enum class Status : std::uint32_t {
+  kOk = 0, kNotFound = 1, kVersionMismatch = 2, kTokenMismatch = 3, kHandlerError = 4, kBadMessage = 5,
+};
+
+struct Header {
+  std::uint16_t version = kProtocolVersion;
+  MsgType type = MsgType::kHello;
+  std::uint64_t request_id = 0;
+  Status status = Status::kOk;
+};
+
+struct Hello {
+  std::uint64_t device_id = 0;
+  std::uint32_t pid = 0;
+  std::uint64_t start_time = 0;  // process start time (clock ticks since boot)
+  std::string boot_id;
+  std::string hostname;
+  std::string address;           // the sender's listening address
+  std::string token;
+  std::vector<std::string> workers;  // packed UCP worker addresses, one per worker
+};
+
+std::string encode(const Header& header, std::string_view body);
+// Reads and checks the magic; the version is returned, not checked (the
+// receiver decides what a mismatch means).
+Header decode_header(detail::ByteReader& reader);
+std::string encode_hello(const Hello& hello);
+Hello decode_hello(detail::ByteReader& reader);
+
+}  // namespace tensorwire::control

@@ -1,0 +1,306 @@
+// Copyright tensorwire authors.
+#include <sstream>
+
+#include "core/device_impl.h"
+#include "core/log.h"
+
+namespace tensorwire {
+namespace detail {
+
+namespace {
+
+// UCX completion callback for put/get/flush. Runs on whichever thread
+// progresses the worker; settles the race with the poster through the slot
+// that lives in the UCX request (see ChannelImpl::finish_post).
+void on_rma_complete(void* request, ucs_status_t status, void* user_data) {
+  auto* slot = static_cast<ucx::RequestSlot*>(request);
+  slot->status = status;
+  std::uintptr_t prev = slot->state.exchange(ucx::kSlotDone, std::memory_order_acq_rel);
+  if (prev > ucx::kSlotDone) {
+    // The poster attached and left: we own the UCX request now.
+    slot->state.store(0, std::memory_order_relaxed);  // ready for reuse by UCX
+    static_cast<ChannelImpl*>(user_data)->settle(reinterpret_cast<RequestState*>(prev), status);
+    ucp_request_free(request);
+  }
+}
+
+void on_data_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
+  auto* ch = static_cast<ChannelImpl*>(arg);
+  ch->peer->fail(ErrorKind::kPeerFailed, std::string("data endpoint to ") + ch->peer->describe() + " failed: " +
+                                             ucs_status_string(status));
+}
+
+bool range_ok(std::size_t offset, std::size_t length, std::uint64_t size) {
+  return length <= size && offset <= size - length;
+}
+
+}  // namespace
+
+ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerCtl> w)
+    : peer(std::move(p)), lane(l), worker(std::move(w)) {}
+
+void ChannelImpl::connect(const std::string& remote_worker_address) {
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.address = reinterpret_cast<const ucp_address_t*>(remote_worker_address.data());
+  params.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // liveness comes from the control plane
+  params.err_handler.cb = on_data_ep_error;
+  params.err_handler.arg = this;
+  ucp_ep_h handle = nullptr;
+  ucx::check(ucp_ep_create(worker->get(), &params, &handle),
+             "cannot create a data endpoint to " + peer->describe());
+  ep = std::make_shared<ucx::Endpoint>(worker->worker(), handle);
+}
+
+ChannelImpl::~ChannelImpl() {
+  // Close first: UCX cancels outstanding operations and their callbacks run
+  // while this object (and its pending set) is still intact.
+  if (ep) ep->close(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (RequestState* s : pending_) {
+    s->complete_error(ErrorKind::kConnection, "channel closed");
+    s->release();
+  }
+  pending_.clear();
+}
+
+void ChannelImpl::check_usable() const {
+  if (failed()) throw_error(fail_kind_, fail_message_);
+  if (!ep || !ep->get()) throw ConnectionError("channel is closed");
+}
+
+Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
+                         const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
+  const char* op = is_write ? "write" : "read";
+  if (!remote) throw InvalidArgument(std::string(op) + ": empty remote region");
+  if (!local.address || !local.memh) throw InvalidArgument(std::string(op) + ": local memory is not registered");
+  if (!range_ok(local_offset, length, local.length)) {
+    throw InvalidArgument(std::string(op) + ": local range [" + std::to_string(local_offset) + ", +" +
+                          std::to_string(length) + ") exceeds the local region of " + std::to_string(local.length) +
+                          " bytes");
+  }
+  const RegionDescriptor& rd = remote.descriptor();
+  if (!range_ok(remote_offset, length, rd.length)) {
+    throw InvalidArgument(std::string(op) + ": remote range [" + std::to_string(remote_offset) + ", +" +
+                          std::to_string(length) + ") exceeds the remote region of " + std::to_string(rd.length) +
+                          " bytes");
+  }
+  if (rd.device_id != peer->hello.device_id) {
+    throw InvalidArgument(std::string(op) + ": the remote region belongs to another device than this channel's peer");
+  }
+  check_usable();
+  if (length == 0) return Request();
+  ucp_rkey_h rkey = remote.impl()->rkey_for(ep);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+  param.cb.send = on_rma_complete;
+  param.user_data = this;
+  param.memh = local.memh;
+  void* buffer = static_cast<char*>(local.address) + local_offset;
+  const std::uint64_t raddr = rd.address + remote_offset;
+  ucs_status_ptr_t ptr = is_write ? ucp_put_nbx(ep->get(), buffer, length, raddr, rkey, &param)
+                                  : ucp_get_nbx(ep->get(), buffer, length, raddr, rkey, &param);
+  return finish_post(ptr, op);
+}
+
+Request ChannelImpl::flush() {
+  check_usable();
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = on_rma_complete;
+  param.user_data = this;
+  return finish_post(ucp_ep_flush_nbx(ep->get(), &param), "flush");
+}
+
+void ChannelImpl::fence() {
+  check_usable();
+  ucx::check(ucp_worker_fence(worker->get()), "fence");
+}
+
+Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op) {
+  if (ptr == nullptr) return Request();  // completed in place: nothing allocated
+  if (UCS_PTR_IS_ERR(ptr)) {
+    ucs_status_t st = UCS_PTR_STATUS(ptr);
+    return Request::failed(ucx::error_kind(st), std::string(op) + " to " + peer->describe() + " failed: " +
+                                                    ucs_status_string(st));
+  }
+  // One ref for the Request, one for the UCX callback (held by pending_).
+  auto* state = new RequestState(worker, 2);
+  state->owner = this;
+  bool already_failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.insert(state);
+    already_failed = failed();
+  }
+  if (already_failed) state->complete_error(fail_kind_, fail_message_);
+  auto* slot = static_cast<ucx::RequestSlot*>(ptr);
+  std::uintptr_t prev = slot->state.exchange(reinterpret_cast<std::uintptr_t>(state), std::memory_order_acq_rel);
+  if (prev == ucx::kSlotDone) {
+    // The callback ran before we attached: settle and free here. Otherwise
+    // the callback frees (ucp_request_free before completion would silence it).
+    slot->state.store(0, std::memory_order_relaxed);
+    settle(state, slot->status);
+    ucp_request_free(ptr);
+  }
+  worker->wake();
+  return Request(state);
+}
+
+void ChannelImpl::settle(RequestState* state, ucs_status_t status) {
+  if (status == UCS_OK) {
+    state->complete_ok();
+  } else {
+    state->complete_error(ucx::error_kind(status), std::string("operation to ") + peer->describe() +
+                                                       " failed: " + ucs_status_string(status));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.erase(state) == 0) return;  // already dropped by the destructor
+  }
+  state->release();
+}
+
+void ChannelImpl::fail(ErrorKind kind, const std::string& why) {
+  std::vector<RequestState*> to_fail;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed()) return;
+    fail_kind_ = kind;
+    fail_message_ = why;
+    failed_.store(true, std::memory_order_release);
+    to_fail.assign(pending_.begin(), pending_.end());
+    for (auto* s : to_fail) s->retain();
+  }
+  // Requests stay in pending_ (UCX still holds them); they just complete now.
+  for (auto* s : to_fail) {
+    s->complete_error(kind, why);
+    s->release();
+  }
+}
+
+// ---- Peer ----
+
+Peer::Peer(std::weak_ptr<DeviceImpl> dev, control::Hello h, std::shared_ptr<ucx::Endpoint> cep, bool same_host)
+    : device(std::move(dev)), hello(std::move(h)), control_ep(std::move(cep)) {
+  info.device_id = hello.device_id;
+  info.address = hello.address;
+  info.hostname = hello.hostname;
+  info.pid = hello.pid;
+  info.same_host = same_host;
+  info.workers = static_cast<int>(hello.workers.size());
+}
+
+std::string Peer::describe() const {
+  std::ostringstream os;
+  os << "peer " << (hello.address.empty() ? hello.hostname : hello.address) << " (pid " << hello.pid << ")";
+  return os.str();
+}
+
+std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
+  if (lane < 0) throw InvalidArgument("lane must be >= 0, got " + std::to_string(lane));
+  auto dev = device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  dev->check_open();
+  if (failed()) throw PeerFailed(describe() + " has failed");
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = channels_.find(lane);
+  if (it != channels_.end()) {
+    if (auto ch = it->second.lock()) return ch;
+  }
+  // Lanes spread round-robin over our workers and over the peer's workers.
+  auto worker = dev->workers[lane % dev->workers.size()];
+  auto ch = std::make_shared<ChannelImpl>(shared_from_this(), lane, worker);
+  ch->connect(hello.workers[lane % hello.workers.size()]);
+  channels_[lane] = ch;
+  return ch;
+}
+
+std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d) {
+  std::string key = d.to_bytes();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = regions_[key];
+  if (auto r = slot.lock()) return r;
+  auto r = std::make_shared<RemoteRegionImpl>(d);
+  slot = r;
+  return r;
+}
+
+void Peer::fail(ErrorKind kind, const std::string& why) {
+  if (failed_.exchange(true)) return;
+  TW_LOG_INFO("%s", why.c_str());
+  std::vector<std::shared_ptr<ChannelImpl>> live;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [lane, weak] : channels_) {
+      if (auto ch = weak.lock()) live.push_back(std::move(ch));
+    }
+  }
+  for (auto& ch : live) ch->fail(kind, why);
+}
+
+}  // namespace detail
+
+// ---- public Channel ----
+
+namespace {
+detail::ChannelImpl& impl_of(const std::shared_ptr<detail::ChannelImpl>& impl) {
+  if (!impl) throw InvalidArgument("empty channel");
+  return *impl;
+}
+}  // namespace
+
+Request Channel::write(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                       std::size_t remote_offset, std::size_t length) {
+  return impl_of(impl_).rma(true, local, local_offset, remote, remote_offset, length);
+}
+
+Request Channel::read(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                      std::size_t remote_offset, std::size_t length) {
+  return impl_of(impl_).rma(false, local, local_offset, remote, remote_offset, length);
+}
+
+void Channel::fence() { impl_of(impl_).fence(); }
+Request Channel::flush() { return impl_of(impl_).flush(); }
+int Channel::lane() const { return impl_of(impl_).lane; }
+PeerInfo Channel::peer() const { return impl_of(impl_).peer->info; }
+unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }
+
+std::string Channel::transport_info() const {
+  auto& ch = impl_of(impl_);
+  ch.check_usable();
+  char* buf = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  if (!f) return {};
+  ucp_ep_print_info(ch.ep->get(), f);
+  std::fclose(f);
+  std::string out(buf, size);
+  std::free(buf);
+  return out;
+}
+
+RemoteRegion Channel::lookup(const std::string& name, double timeout_s) {
+  auto& ch = impl_of(impl_);
+  auto dev = ch.peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  std::string body = dev->control_call(ch.peer, control::MsgType::kLookup, name, timeout_s);
+  RegionDescriptor d = RegionDescriptor::from_bytes(body.data(), body.size());
+  if (d.device_id != ch.peer->hello.device_id) {
+    throw ProtocolMismatch("lookup of '" + name + "' returned a region of another device");
+  }
+  return RemoteRegion(ch.peer->remote_region(d));
+}
+
+std::string Channel::call(const std::string& name, const std::string& payload, double timeout_s) {
+  auto& ch = impl_of(impl_);
+  auto dev = ch.peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  detail::ByteWriter w;
+  w.put_bytes16(name);
+  w.put_bytes32(payload);
+  return dev->control_call(ch.peer, control::MsgType::kCall, w.str(), timeout_s);
+}
+
+}  // namespace tensorwire

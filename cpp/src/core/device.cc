@@ -1,0 +1,715 @@
+// Copyright tensorwire authors.
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "core/device_impl.h"
+#include "core/log.h"
+
+namespace tensorwire {
+namespace detail {
+
+namespace {
+
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::uint64_t process_start_time() {
+  // Field 22 of /proc/self/stat; the command name (field 2) may hold spaces.
+  std::string stat = read_first_line("/proc/self/stat");
+  auto pos = stat.rfind(')');
+  if (pos == std::string::npos) return 0;
+  std::istringstream is(stat.substr(pos + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && is >> field; ++i) {
+    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return 0;
+}
+
+std::uint64_t random_id() {
+  std::random_device rd;
+  std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  return v ? v : 1;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || !res) throw InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return ss;
+}
+
+std::pair<std::string, std::uint16_t> split_address(const std::string& address) {
+  auto pos = address.rfind(':');
+  if (pos == std::string::npos || pos == 0 || pos + 1 == address.size()) {
+    throw InvalidArgument("address must be host:port, got '" + address + "'");
+  }
+  char* end = nullptr;
+  unsigned long port = std::strtoul(address.c_str() + pos + 1, &end, 10);
+  if (*end != '\0' || port == 0 || port > 65535) throw InvalidArgument("bad port in address '" + address + "'");
+  return {address.substr(0, pos), static_cast<std::uint16_t>(port)};
+}
+
+std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConfig& c) {
+  std::vector<std::pair<std::string, std::string>> o;
+  if (c.transport == "tcp") {
+    o.emplace_back("TLS", "tcp");
+  } else if (c.transport == "shm") {
+    o.emplace_back("TLS", "sm");
+  } else if (c.transport == "rdma") {
+    o.emplace_back("TLS", "rc,ud,sm");
+  } else if (c.transport != "auto") {
+    throw InvalidArgument("transport must be auto, tcp, shm or rdma, got '" + c.transport + "'");
+  }
+  if (c.net_devices == "auto") {
+    if (is_loopback(c.host)) o.emplace_back("NET_DEVICES", "lo");
+  } else if (!c.net_devices.empty()) {
+    o.emplace_back("NET_DEVICES", c.net_devices);
+  }
+  return o;
+}
+
+ucs_status_t on_am(void* arg, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t* param) {
+  auto* dev = static_cast<DeviceImpl*>(arg);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    TW_LOG_WARN("dropping a control message that arrived by rendezvous (%zu bytes)", length);
+    return UCS_OK;
+  }
+  ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  try {
+    dev->on_message(reply_ep, data, length);
+  } catch (const std::exception& e) {
+    TW_LOG_WARN("dropping a bad control message: %s", e.what());
+  }
+  return UCS_OK;
+}
+
+void on_conn_request(ucp_conn_request_h request, void* arg) {
+  static_cast<DeviceImpl*>(arg)->on_connection_request(request);
+}
+
+void on_control_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
+  static_cast<DeviceImpl*>(arg)->on_control_error(ep, status);
+}
+
+// Control sends are fire-and-forget: the callback owns the message and the request.
+void on_am_sent(void* request, ucs_status_t status, void* user_data) {
+  delete static_cast<std::string*>(user_data);
+  ucp_request_free(request);
+  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+    TW_LOG_DEBUG("control message not sent: %s", ucs_status_string(status));
+  }
+}
+
+ErrorKind kind_of(control::Status s) {
+  switch (s) {
+    case control::Status::kNotFound: return ErrorKind::kNotFound;
+    case control::Status::kVersionMismatch: return ErrorKind::kProtocolMismatch;
+    case control::Status::kTokenMismatch: return ErrorKind::kConnection;
+    case control::Status::kBadMessage: return ErrorKind::kInvalidArgument;
+    default: return ErrorKind::kGeneric;
+  }
+}
+
+}  // namespace
+
+DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
+  if (config.workers < 1 || config.workers > 256) {
+    throw InvalidArgument("workers must be in 1..256, got " + std::to_string(config.workers));
+  }
+  if (config.slab_size < 4096) throw InvalidArgument("slab_size must be at least 4096 bytes");
+  if (config.connect_timeout_s <= 0) throw InvalidArgument("connect_timeout_s must be > 0");
+  id = random_id();
+  boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
+  start_time_ = process_start_time();
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  hostname_ = host;
+
+  data_context = std::make_shared<ucx::Context>(data_overrides(config), false);
+  // The control plane always runs over tcp with peer error handling: it is
+  // what detects a dead peer, whatever the data transport is.
+  std::vector<std::pair<std::string, std::string>> ctl{{"TLS", "tcp"}};
+  if (is_loopback(config.host)) ctl.emplace_back("NET_DEVICES", "lo");
+  char keepalive[32];
+  std::snprintf(keepalive, sizeof(keepalive), "%.3fs", config.keepalive_s);
+  ctl.emplace_back("KEEPALIVE_INTERVAL", keepalive);
+  control_context = std::make_shared<ucx::Context>(ctl, true);
+
+  for (int i = 0; i < config.workers; ++i) {
+    workers.push_back(std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(data_context), config.progress,
+                                                  config.spin_us, "tw-progress-" + std::to_string(i)));
+  }
+  // The control worker always has its own blocking thread: control messages
+  // must be answered even when the data path runs inline.
+  control_worker = std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(control_context),
+                                               ProgressMode::kBlocking, 50, "tw-control");
+  pool_impl = std::make_shared<PoolImpl>(data_context, id, config.slab_size, config.pool_limit);
+  pool = std::make_unique<MemoryPool>(pool_impl);
+}
+
+DeviceImpl::~DeviceImpl() { close(); }
+
+void DeviceImpl::start() {
+  ucp_am_handler_param_t am{};
+  am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  am.id = control::kAmId;
+  am.cb = on_am;
+  am.arg = this;
+  ucx::check(ucp_worker_set_am_recv_handler(control_worker->get(), &am), "ucp_worker_set_am_recv_handler");
+
+  socklen_t len = 0;
+  sockaddr_storage ss = resolve(config.host, config.port, &len);
+  ucp_listener_params_t lp{};
+  lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+  lp.sockaddr.addrlen = len;
+  lp.conn_handler.cb = on_conn_request;
+  lp.conn_handler.arg = this;
+  ucs_status_t st = ucp_listener_create(control_worker->get(), &lp, &listener_);
+  if (st != UCS_OK) {
+    throw ConnectionError("cannot listen on " + config.host + ":" + std::to_string(config.port) + ": " +
+                              ucs_status_string(st),
+                          st);
+  }
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  ucx::check(ucp_listener_query(listener_, &attr), "ucp_listener_query");
+  char ip[INET6_ADDRSTRLEN] = {0};
+  auto* sin = reinterpret_cast<sockaddr_in*>(&attr.sockaddr);
+  inet_ntop(AF_INET, &sin->sin_addr, ip, sizeof(ip));
+  std::string host = ip;
+  if (host == "0.0.0.0") host = hostname_;  // reachable name for peers
+  address = host + ":" + std::to_string(ntohs(sin->sin_port));
+
+  for (auto& w : workers) w->start();
+  control_worker->start();
+  dispatcher_ = std::thread([this] { dispatcher_loop(); });
+}
+
+void DeviceImpl::check_open() const {
+  if (closed()) throw ConnectionError("device is closed");
+}
+
+control::Hello DeviceImpl::my_hello() const {
+  control::Hello h;
+  h.device_id = id;
+  h.pid = static_cast<std::uint32_t>(getpid());
+  h.start_time = start_time_;
+  h.boot_id = boot_id_;
+  h.hostname = hostname_;
+  h.address = address;
+  h.token = config.token;
+  for (auto& w : workers) h.workers.push_back(w->worker()->address());
+  return h;
+}
+
+void DeviceImpl::send(const std::shared_ptr<ucx::Endpoint>& ep, const control::Header& h, const std::string& body) {
+  if (!ep || !ep->get()) throw ConnectionError("control connection is closed");
+  auto* msg = new std::string(control::encode(h, body));
+  if (msg->size() > control::kMaxMessage) {
+    delete msg;
+    throw InvalidArgument("control message of " + std::to_string(body.size()) + " bytes exceeds the 1 MiB limit");
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.cb.send = on_am_sent;
+  param.user_data = msg;
+  param.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
+  ucs_status_ptr_t ptr = ucp_am_send_nbx(ep->get(), control::kAmId, nullptr, 0, msg->data(), msg->size(), &param);
+  if (ptr == nullptr) {
+    delete msg;
+  } else if (UCS_PTR_IS_ERR(ptr)) {
+    delete msg;
+    ucx::check(UCS_PTR_STATUS(ptr), "control message send");
+  }
+  control_worker->wake();
+}
+
+std::shared_ptr<ucx::Endpoint> DeviceImpl::endpoint_for(ucp_ep_h ep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = endpoints_.find(ep);
+  return it == endpoints_.end() ? nullptr : it->second;
+}
+
+void DeviceImpl::reply(ucp_ep_h ep, const control::Header& request, control::MsgType type, control::Status status,
+                       const std::string& body) {
+  auto endpoint = endpoint_for(ep);
+  if (!endpoint) {
+    TW_LOG_WARN("cannot reply to a control message: unknown endpoint");
+    return;
+  }
+  control::Header h;
+  h.type = type;
+  h.request_id = request.request_id;
+  h.status = status;
+  if (config.protocol_version) h.version = config.protocol_version;
+  send(endpoint, h, body);
+}
+
+std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control::MsgType type,
+                                     const std::string& body, double timeout_s) {
+  check_open();
+  if (peer->failed()) throw PeerFailed(peer->describe() + " has failed");
+  auto* state = new RequestState(nullptr, 2);  // one ref here, one in pending_
+  std::uint64_t rid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rid = next_request_id_++;
+    pending_[rid] = PendingCall{state, peer->control_ep.get()};
+  }
+  auto cleanup = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (pending_.erase(rid)) state->release();
+  };
+  try {
+    control::Header h;
+    h.type = type;
+    h.request_id = rid;
+    if (config.protocol_version) h.version = config.protocol_version;
+    send(peer->control_ep, h, body);
+    state->wait(timeout_s);
+  } catch (...) {
+    cleanup();
+    state->release();
+    throw;
+  }
+  cleanup();
+  std::string out = std::move(state->payload);
+  state->release();
+  return out;
+}
+
+std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
+  check_open();
+  auto [host, port] = split_address(addr);
+  std::lock_guard<std::mutex> connect_lock(connect_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [pid, peer] : peers_) {
+      if (peer->hello.address == addr && !peer->failed()) return peer;
+    }
+  }
+  socklen_t len = 0;
+  sockaddr_storage ss = resolve(host, port, &len);
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
+  params.sockaddr.addrlen = len;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_control_ep_error;
+  params.err_handler.arg = this;
+  ucp_ep_h handle = nullptr;
+  ucs_status_t st = ucp_ep_create(control_worker->get(), &params, &handle);
+  if (st != UCS_OK) throw ConnectionError("cannot connect to " + addr + ": " + ucs_status_string(st), st);
+  auto ep = std::make_shared<ucx::Endpoint>(control_worker->worker(), handle);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    endpoints_[handle] = ep;
+  }
+  auto drop = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    endpoints_.erase(handle);
+  };
+  // A provisional peer carries the endpoint through control_call.
+  control::Hello unknown;
+  unknown.address = addr;
+  auto provisional = std::make_shared<Peer>(weak_from_this(), unknown, ep, false);
+  std::string body;
+  try {
+    body = control_call(provisional, control::MsgType::kHello, control::encode_hello(my_hello()),
+                        config.connect_timeout_s);
+  } catch (const Timeout&) {
+    drop();
+    throw ConnectionError("cannot connect to " + addr + ": no answer within " +
+                          std::to_string(config.connect_timeout_s) + " s");
+  } catch (const ProtocolMismatch& e) {
+    drop();
+    throw ProtocolMismatch("connection to " + addr + " refused: " + e.what());
+  } catch (const Error& e) {
+    drop();
+    if (e.kind() == ErrorKind::kConnection || e.kind() == ErrorKind::kPeerFailed) {
+      throw ConnectionError("cannot connect to " + addr + ": " + e.what(), e.ucx_status());
+    }
+    throw;
+  }
+  ByteReader r(body.data(), body.size(), "HELLO reply");
+  control::Hello hello = control::decode_hello(r);
+  bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
+  hello.address = addr;  // the address we reached it at
+  auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), ep, same_host);
+  std::lock_guard<std::mutex> lock(mu_);
+  peers_[peer->hello.device_id] = peer;
+  peers_by_ep_[handle] = peer;
+  return peer;
+}
+
+void DeviceImpl::on_connection_request(ucp_conn_request_h request) {
+  if (closed()) {
+    ucp_listener_reject(listener_, request);
+    return;
+  }
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = on_control_ep_error;
+  params.err_handler.arg = this;
+  ucp_ep_h handle = nullptr;
+  ucs_status_t st = ucp_ep_create(control_worker->get(), &params, &handle);
+  if (st != UCS_OK) {
+    TW_LOG_WARN("cannot accept a connection: %s", ucs_status_string(st));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  endpoints_[handle] = std::make_shared<ucx::Endpoint>(control_worker->worker(), handle);
+}
+
+void DeviceImpl::fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, const std::string& why) {
+  std::vector<RequestState*> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [rid, call] : pending_) {
+      if (call.ep == ep) {
+        call.state->retain();
+        failed.push_back(call.state);
+      }
+    }
+  }
+  for (auto* s : failed) {
+    s->complete_error(kind, why);
+    s->release();
+  }
+}
+
+void DeviceImpl::on_control_error(ucp_ep_h ep, ucs_status_t status) {
+  std::shared_ptr<Peer> peer;
+  std::shared_ptr<ucx::Endpoint> endpoint;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_by_ep_.find(ep);
+    if (it != peers_by_ep_.end()) peer = it->second;
+    auto e = endpoints_.find(ep);
+    if (e != endpoints_.end()) endpoint = e->second;
+  }
+  if (peer) {
+    std::string why = peer->describe() + " disconnected or died (" + ucs_status_string(status) + ")";
+    peer->fail(ErrorKind::kPeerFailed, why);
+    fail_pending_control(endpoint.get(), ErrorKind::kPeerFailed, why);
+  } else if (endpoint) {
+    fail_pending_control(endpoint.get(), ErrorKind::kConnection, ucs_status_string(status));
+  }
+}
+
+void DeviceImpl::handle_hello(ucp_ep_h ep, const control::Header& h, ByteReader& r) {
+  const std::uint16_t mine = config.protocol_version ? config.protocol_version : control::kProtocolVersion;
+  control::Hello hello = control::decode_hello(r);
+  std::string who = hello.hostname + " (pid " + std::to_string(hello.pid) + ", " + hello.address + ")";
+  if (h.version != mine) {
+    std::string why = "protocol version mismatch: peer " + who + " speaks v" + std::to_string(h.version) +
+                      ", this device speaks v" + std::to_string(mine);
+    TW_LOG_WARN("refused connection: %s", why.c_str());
+    refusals_.fetch_add(1);
+    reply(ep, h, control::MsgType::kHelloReply, control::Status::kVersionMismatch, why);
+    return;
+  }
+  if (hello.token != config.token) {
+    std::string why = "token mismatch: peer " + who + " presented a wrong token";
+    TW_LOG_WARN("refused connection: %s", why.c_str());
+    refusals_.fetch_add(1);
+    reply(ep, h, control::MsgType::kHelloReply, control::Status::kTokenMismatch, why);
+    return;
+  }
+  auto endpoint = endpoint_for(ep);
+  if (!endpoint) return;
+  bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
+  auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), endpoint, same_host);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peers_[peer->hello.device_id] = peer;
+    peers_by_ep_[ep] = peer;
+    new_peers_.push_back(peer->hello.device_id);
+  }
+  peer_cv_.notify_all();
+  reply(ep, h, control::MsgType::kHelloReply, control::Status::kOk, control::encode_hello(my_hello()));
+}
+
+void DeviceImpl::on_message(ucp_ep_h ep, const void* data, std::size_t length) {
+  ByteReader r(data, length, "control message");
+  control::Header h = control::decode_header(r);
+  switch (h.type) {
+    case control::MsgType::kHello:
+      handle_hello(ep, h, r);
+      return;
+    case control::MsgType::kHelloReply:
+    case control::MsgType::kLookupReply:
+    case control::MsgType::kCallReply: {
+      RequestState* state = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = pending_.find(h.request_id);
+        if (it == pending_.end()) return;  // the caller gave up (timeout)
+        state = it->second.state;
+        state->retain();
+      }
+      std::string body = r.get_n(r.left());
+      if (h.status == control::Status::kOk) {
+        state->payload = std::move(body);
+        state->complete_ok();
+      } else {
+        state->complete_error(kind_of(h.status), body);
+      }
+      state->release();
+      return;
+    }
+    case control::MsgType::kLookup: {
+      std::string name = r.get_n(r.left());
+      std::string body;
+      control::Status status = control::Status::kOk;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = published_.find(name);
+        if (it == published_.end()) {
+          status = control::Status::kNotFound;
+          body = "no region named '" + name + "' is published on " + address;
+        } else {
+          body = it->second.to_bytes();
+        }
+      }
+      reply(ep, h, control::MsgType::kLookupReply, status, body);
+      return;
+    }
+    case control::MsgType::kCall: {
+      std::string name = r.get_bytes16();
+      std::string payload = r.get_bytes32();
+      auto endpoint = endpoint_for(ep);
+      if (!endpoint) return;
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back([this, endpoint, h, name = std::move(name), payload = std::move(payload)] {
+        CallHandler handler;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = handlers_.find(name);
+          if (it != handlers_.end()) handler = it->second;
+        }
+        control::Status status = control::Status::kOk;
+        std::string out;
+        if (!handler) {
+          status = control::Status::kNotFound;
+          out = "no call handler named '" + name + "' on " + address;
+        } else {
+          try {
+            out = handler(payload);
+          } catch (const std::exception& e) {
+            status = control::Status::kHandlerError;
+            out = std::string("call handler '") + name + "' failed: " + e.what();
+          }
+        }
+        control::Header rh;
+        rh.type = control::MsgType::kCallReply;
+        rh.request_id = h.request_id;
+        rh.status = status;
+        if (config.protocol_version) rh.version = config.protocol_version;
+        try {
+          send(endpoint, rh, out);
+        } catch (const std::exception& e) {
+          TW_LOG_WARN("cannot send a call reply: %s", e.what());
+        }
+      });
+      jobs_cv_.notify_one();
+      return;
+    }
+  }
+}
+
+void DeviceImpl::dispatcher_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    jobs_cv_.wait(lock, [&] { return stop_dispatcher_ || !jobs_.empty(); });
+    if (stop_dispatcher_) return;
+    auto job = std::move(jobs_.front());
+    jobs_.pop_front();
+    lock.unlock();
+    job();
+    lock.lock();
+  }
+}
+
+void DeviceImpl::publish(const std::string& name, const RegionDescriptor& d) {
+  check_open();
+  if (name.empty() || name.size() > 1024) throw InvalidArgument("region names must be 1..1024 bytes");
+  std::lock_guard<std::mutex> lock(mu_);
+  published_[name] = d;
+}
+
+void DeviceImpl::unpublish(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  published_.erase(name);
+}
+
+void DeviceImpl::on_call(const std::string& name, CallHandler handler) {
+  check_open();
+  if (name.empty()) throw InvalidArgument("call handler names must not be empty");
+  std::lock_guard<std::mutex> lock(mu_);
+  if (handler) {
+    handlers_[name] = std::move(handler);
+  } else {
+    handlers_.erase(name);
+  }
+}
+
+std::shared_ptr<Peer> DeviceImpl::peer_by_id(std::uint64_t pid) {
+  check_open();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_.find(pid);
+  if (it == peers_.end()) throw NotFound("no connected peer with device id " + std::to_string(pid));
+  return it->second;
+}
+
+std::vector<PeerInfo> DeviceImpl::peers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<PeerInfo> out;
+  for (auto& [pid, p] : peers_) {
+    if (!p->failed()) out.push_back(p->info);
+  }
+  return out;
+}
+
+PeerInfo DeviceImpl::wait_for_peer(double timeout_s) {
+  check_open();
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [&] { return !new_peers_.empty() || closed(); };
+  if (timeout_s < 0) {
+    peer_cv_.wait(lock, ready);
+  } else if (!peer_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
+    throw Timeout("no peer connected within " + std::to_string(timeout_s) + " s");
+  }
+  if (closed()) throw ConnectionError("device is closed");
+  auto pid = new_peers_.front();
+  new_peers_.pop_front();
+  return peers_.at(pid)->info;
+}
+
+unsigned DeviceImpl::progress() {
+  unsigned n = 0;
+  for (auto& w : workers) n += w->progress();
+  return n;
+}
+
+void DeviceImpl::close() {
+  if (closed_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_dispatcher_ = true;
+  }
+  jobs_cv_.notify_all();
+  peer_cv_.notify_all();
+  if (dispatcher_.joinable()) dispatcher_.join();
+  std::map<std::uint64_t, std::shared_ptr<Peer>> peers;
+  std::map<ucp_ep_h, std::shared_ptr<ucx::Endpoint>> endpoints;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    peers.swap(peers_);
+    endpoints.swap(endpoints_);
+    peers_by_ep_.clear();
+  }
+  for (auto& [pid, p] : peers) p->fail(ErrorKind::kConnection, "device is closed");
+  for (auto& [h, ep] : endpoints) fail_pending_control(ep.get(), ErrorKind::kConnection, "device is closed");
+  if (listener_) {
+    ucp_listener_destroy(listener_);
+    listener_ = nullptr;
+  }
+  // Graceful close of control endpoints lets peers see the disconnect now.
+  for (auto& [h, ep] : endpoints) ep->close(false);
+  for (auto& w : workers) w->stop();
+  control_worker->stop();
+}
+
+std::string DeviceImpl::describe() const {
+  std::ostringstream os;
+  os << "address: " << address << "\n";
+  os << "device id: 0x" << std::hex << id << std::dec << "\n";
+  os << "workers: " << workers.size() << ", progress: "
+     << (config.progress == ProgressMode::kPolling ? "polling"
+         : config.progress == ProgressMode::kBlocking ? "blocking"
+                                                     : "inline")
+     << "\n";
+  os << "data transports (UCX_TLS): " << data_context->transports() << "\n";
+  os << "control transports: " << control_context->transports() << "\n";
+  return os.str();
+}
+
+}  // namespace detail
+
+// ---- public Device ----
+
+Device::Device(const DeviceConfig& config) : impl_(std::make_shared<detail::DeviceImpl>(config)) { impl_->start(); }
+Device::~Device() {
+  try {
+    impl_->close();
+  } catch (const std::exception& e) {
+    TW_LOG_WARN("error while closing a device: %s", e.what());
+  }
+}
+std::string Device::address() const { return impl_->address; }
+std::uint64_t Device::id() const { return impl_->id; }
+const DeviceConfig& Device::config() const { return impl_->config; }
+MemoryPool& Device::pool() {
+  impl_->check_open();
+  return *impl_->pool;
+}
+void Device::publish(const std::string& name, const RegionDescriptor& region) { impl_->publish(name, region); }
+void Device::unpublish(const std::string& name) { impl_->unpublish(name); }
+void Device::on_call(const std::string& name, CallHandler handler) { impl_->on_call(name, std::move(handler)); }
+Channel Device::connect(const std::string& address, int lane) { return Channel(impl_->connect(address)->channel(lane)); }
+Channel Device::channel_to(std::uint64_t peer_device_id, int lane) {
+  return Channel(impl_->peer_by_id(peer_device_id)->channel(lane));
+}
+std::vector<PeerInfo> Device::peers() const { return impl_->peers(); }
+PeerInfo Device::wait_for_peer(double timeout_s) { return impl_->wait_for_peer(timeout_s); }
+unsigned Device::progress() { return impl_->progress(); }
+void Device::close() { impl_->close(); }
+bool Device::closed() const { return impl_->closed(); }
+std::string Device::describe() const { return impl_->describe(); }
+std::uint64_t Device::refusals() const { return impl_->refusal_count(); }
+
+std::string ucx_version() { return ucp_get_version_string(); }
+std::string ucx_header_version() {
+  return std::to_string(UCP_API_MAJOR) + "." + std::to_string(UCP_API_MINOR);
+}
+std::string ucx_library_path() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&ucp_init_version), &info) && info.dli_fname) return info.dli_fname;
+  return "unknown";
+}
+std::uint16_t protocol_version() { return control::kProtocolVersion; }
+
+}  // namespace tensorwire

@@ -1,0 +1,169 @@
+// Copyright tensorwire authors.
+//
+// Internals of Device, Peer and Channel.
+//
+// Ownership: DeviceImpl owns Peers (by id); a Peer owns its control endpoint
+// and knows its channels weakly; a ChannelImpl owns its data endpoint and
+// keeps its Peer alive. Endpoints keep workers alive, workers keep contexts
+// alive, so Python may drop objects in any order.
+//
+// Liveness: data endpoints are created without UCX peer error handling
+// (shared-memory transports refuse it, and tcp puts run ~3x slower with it);
+// the control endpoint to the same peer uses it (over tcp, with keepalive).
+// When the control endpoint fails, or a data endpoint reports an error,
+// Peer::fail() fails every pending request and control call on that peer.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "control/wire.h"
+#include "core/memory_impl.h"
+#include "core/request_state.h"
+#include "core/worker_ctl.h"
+#include "tensorwire/device.h"
+
+namespace tensorwire::detail {
+
+class DeviceImpl;
+class Peer;
+
+class ChannelImpl {
+ public:
+  ChannelImpl(std::shared_ptr<Peer> peer, int lane, std::shared_ptr<WorkerCtl> worker);
+  ~ChannelImpl();
+  void connect(const std::string& remote_worker_address);
+
+  Request rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+              std::size_t remote_offset, std::size_t length);
+  Request flush();
+  void fence();
+  // Fails every pending request with `kind`; later posts throw. Idempotent.
+  void fail(ErrorKind kind, const std::string& why);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  void check_usable() const;
+  // Completes `state` with `status` and drops it from the pending set.
+  void settle(RequestState* state, ucs_status_t status);
+
+  const std::shared_ptr<Peer> peer;
+  const int lane;
+  const std::shared_ptr<WorkerCtl> worker;
+  std::shared_ptr<ucx::Endpoint> ep;
+
+ private:
+  Request finish_post(ucs_status_ptr_t ptr, const char* op);
+
+  std::mutex mu_;
+  std::unordered_set<RequestState*> pending_;
+  std::atomic<bool> failed_{false};
+  ErrorKind fail_kind_ = ErrorKind::kConnection;
+  std::string fail_message_;
+};
+
+class Peer : public std::enable_shared_from_this<Peer> {
+ public:
+  Peer(std::weak_ptr<DeviceImpl> device, control::Hello hello, std::shared_ptr<ucx::Endpoint> control_ep,
+       bool same_host);
+  std::shared_ptr<ChannelImpl> channel(int lane);
+  std::shared_ptr<RemoteRegionImpl> remote_region(const RegionDescriptor& d);
+  void fail(ErrorKind kind, const std::string& why);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  std::string describe() const;  // "device 0x.. at host:port (pid N)"
+
+  const std::weak_ptr<DeviceImpl> device;
+  const control::Hello hello;
+  const std::shared_ptr<ucx::Endpoint> control_ep;
+  PeerInfo info;
+
+ private:
+  std::mutex mu_;
+  std::map<int, std::weak_ptr<ChannelImpl>> channels_;
+  std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
+  std::atomic<bool> failed_{false};
+};
+
+class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
+ public:
+  explicit DeviceImpl(const DeviceConfig& config);
+  ~DeviceImpl();
+  void start();
+  void close();
+  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  void check_open() const;
+
+  std::shared_ptr<Peer> connect(const std::string& address);
+  std::shared_ptr<Peer> peer_by_id(std::uint64_t id);
+  std::vector<PeerInfo> peers() const;
+  PeerInfo wait_for_peer(double timeout_s);
+  // Sends a control request to `peer` and waits for the reply body.
+  std::string control_call(const std::shared_ptr<Peer>& peer, control::MsgType type, const std::string& body,
+                           double timeout_s);
+
+  void publish(const std::string& name, const RegionDescriptor& d);
+  void unpublish(const std::string& name);
+  void on_call(const std::string& name, CallHandler handler);
+  std::string describe() const;
+  unsigned progress();
+
+  // UCX callbacks (control thread).
+  void on_connection_request(ucp_conn_request_h request);
+  void on_control_error(ucp_ep_h ep, ucs_status_t status);
+  void on_message(ucp_ep_h reply_ep, const void* data, std::size_t length);
+
+  DeviceConfig config;
+  std::uint64_t id = 0;
+  std::string address;
+  std::shared_ptr<ucx::Context> data_context;
+  std::shared_ptr<ucx::Context> control_context;
+  std::vector<std::shared_ptr<WorkerCtl>> workers;
+  std::shared_ptr<WorkerCtl> control_worker;
+  std::shared_ptr<PoolImpl> pool_impl;
+  std::unique_ptr<MemoryPool> pool;
+  std::uint64_t refusal_count() const { return refusals_.load(); }
+
+ private:
+  void send(const std::shared_ptr<ucx::Endpoint>& ep, const control::Header& h, const std::string& body);
+  void reply(ucp_ep_h ep, const control::Header& request, control::MsgType type, control::Status status,
+             const std::string& body);
+  std::shared_ptr<ucx::Endpoint> endpoint_for(ucp_ep_h ep);
+  void handle_hello(ucp_ep_h ep, const control::Header& h, detail::ByteReader& r);
+  void dispatcher_loop();
+  control::Hello my_hello() const;
+  void fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, const std::string& why);
+
+  ucp_listener_h listener_ = nullptr;
+  std::atomic<std::uint64_t> refusals_{0};
+  std::atomic<bool> closed_{false};
+  mutable std::mutex mu_;
+  std::condition_variable peer_cv_;
+  std::mutex connect_mu_;
+  std::map<std::string, RegionDescriptor> published_;
+  std::map<std::string, CallHandler> handlers_;
+  std::map<std::uint64_t, std::shared_ptr<Peer>> peers_;            // by device id
+  std::deque<std::uint64_t> new_peers_;                               // for wait_for_peer
+  std::map<ucp_ep_h, std::shared_ptr<ucx::Endpoint>> endpoints_;     // every control endpoint
+  std::map<ucp_ep_h, std::shared_ptr<Peer>> peers_by_ep_;
+  struct PendingCall {
+    RequestState* state;
+    const ucx::Endpoint* ep;
+  };
+  std::map<std::uint64_t, PendingCall> pending_;
+  std::uint64_t next_request_id_ = 1;
+  std::thread dispatcher_;
+  std::deque<std::function<void()>> jobs_;
+  std::condition_variable jobs_cv_;
+  bool stop_dispatcher_ = false;
+  std::string boot_id_;
+  std::uint64_t start_time_ = 0;
+  std::string hostname_;
+};
+
+}  // namespace tensorwire::detail

@@ -1,0 +1,82 @@
+// Copyright tensorwire authors.
+//
+// Internals of the memory pool: slabs registered with ucp_mem_map(ALLOCATE)
+// and a first-fit allocator with coalescing over each slab's free ranges.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tensorwire/memory.h"
+#include "ucx/ucx.h"
+
+namespace tensorwire::detail {
+
+class PoolImpl;
+
+class Slab {
+ public:
+  Slab(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id, bool dedicated)
+      : memh(std::move(memh)), pool(std::move(pool)), device_id(device_id), dedicated(dedicated) {}
+  std::shared_ptr<ucx::MemHandle> memh;
+  std::weak_ptr<PoolImpl> pool;
+  std::uint64_t device_id;
+  bool dedicated;                            // one block spans the whole slab
+  std::map<std::size_t, std::size_t> free_;  // offset -> length; guarded by the pool's mutex
+  char* base() const { return static_cast<char*>(memh->address()); }
+};
+
+class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
+ public:
+  PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
+           std::size_t limit);
+  Block allocate(std::size_t nbytes, std::size_t alignment);
+  void free(Slab* slab, std::size_t offset, std::size_t size);
+  Registration register_memory(void* ptr, std::size_t nbytes);
+  PoolStats stats() const;
+  void forget_registration(std::uintptr_t start);
+
+ private:
+  bool carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset);
+  std::shared_ptr<Slab> new_slab(std::size_t bytes, bool dedicated);
+
+  std::shared_ptr<ucx::Context> context_;
+  std::uint64_t device_id_;
+  std::size_t slab_size_;
+  std::size_t limit_;
+  mutable std::mutex mu_;
+  std::vector<std::shared_ptr<Slab>> slabs_;
+  PoolStats stats_;
+  // Registration cache: start address -> live registration (weak: a hit is
+  // only served while the caller still holds a registration of that range,
+  // so freed-and-reused addresses never hit a stale entry).
+  std::map<std::uintptr_t, std::weak_ptr<RegistrationImpl>> registrations_;
+};
+
+class RegistrationImpl {
+ public:
+  RegistrationImpl(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id)
+      : memh(std::move(memh)), pool(std::move(pool)), device_id(device_id) {}
+  ~RegistrationImpl();
+  std::shared_ptr<ucx::MemHandle> memh;
+  std::weak_ptr<PoolImpl> pool;
+  std::uint64_t device_id;
+};
+
+class RemoteRegionImpl {
+ public:
+  explicit RemoteRegionImpl(RegionDescriptor d) : descriptor(std::move(d)) {}
+  // The rkey unpacked on `endpoint` (cached; one per lane).
+  ucp_rkey_h rkey_for(const std::shared_ptr<ucx::Endpoint>& endpoint);
+  const RegionDescriptor descriptor;
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<ucx::Endpoint*, std::unique_ptr<ucx::Rkey>>> rkeys_;
+};
+
+}  // namespace tensorwire::detail

@@ -1,0 +1,236 @@
+// Copyright tensorwire authors.
+#include <cstring>
+
+#include "core/log.h"
+#include "core/memory_impl.h"
+
+namespace tensorwire {
+namespace detail {
+
+namespace {
+std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) & ~(a - 1); }
+constexpr std::size_t kPage = 4096;
+}  // namespace
+
+PoolImpl::PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
+                   std::size_t limit)
+    : context_(std::move(context)), device_id_(device_id), slab_size_(align_up(slab_size, kPage)), limit_(limit) {}
+
+std::shared_ptr<Slab> PoolImpl::new_slab(std::size_t bytes, bool dedicated) {
+  if (stats_.bytes_reserved + bytes > limit_) {
+    throw PoolExhausted("memory pool limit reached: " + std::to_string(stats_.bytes_reserved) + " bytes reserved + " +
+                        std::to_string(bytes) + " requested > limit " + std::to_string(limit_));
+  }
+  std::shared_ptr<ucx::MemHandle> memh;
+  try {
+    memh = std::make_shared<ucx::MemHandle>(context_, nullptr, bytes, /*allocate=*/true);
+  } catch (const Error& e) {
+    throw PoolExhausted(std::string("cannot allocate a registered slab: ") + e.what(), e.ucx_status());
+  }
+  // Touch every page now: a transfer into fresh pages is capped by page faults.
+  std::memset(memh->address(), 0, bytes);
+  auto slab = std::make_shared<Slab>(std::move(memh), weak_from_this(), device_id_, dedicated);
+  if (!dedicated) slab->free_.emplace(0, bytes);
+  stats_.bytes_reserved += bytes;
+  ++stats_.slabs;
+  return slab;
+}
+
+bool PoolImpl::carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset) {
+  const auto base = reinterpret_cast<std::uintptr_t>(slab.base());
+  for (auto it = slab.free_.begin(); it != slab.free_.end(); ++it) {
+    std::size_t start = it->first, len = it->second;
+    std::size_t aligned = align_up(base + start, alignment) - base;
+    if (aligned + nbytes > start + len) continue;
+    slab.free_.erase(it);
+    if (aligned > start) slab.free_.emplace(start, aligned - start);
+    if (aligned + nbytes < start + len) slab.free_.emplace(aligned + nbytes, start + len - aligned - nbytes);
+    *offset = aligned;
+    return true;
+  }
+  return false;
+}
+
+Block PoolImpl::allocate(std::size_t nbytes, std::size_t alignment) {
+  if (nbytes == 0) throw InvalidArgument("cannot allocate a block of 0 bytes");
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kPage) {
+    throw InvalidArgument("alignment must be a power of two <= 4096, got " + std::to_string(alignment));
+  }
+  // Round sizes to the cache line so neighbouring blocks never share one.
+  const std::size_t size = align_up(nbytes, 64);
+  std::lock_guard<std::mutex> lock(mu_);
+  Block block;
+  std::size_t offset = 0;
+  if (size > slab_size_ / 2) {
+    auto slab = new_slab(align_up(size, kPage), /*dedicated=*/true);
+    slabs_.push_back(slab);
+    block.slab_ = std::move(slab);
+    block.offset_ = 0;
+  } else {
+    for (auto& slab : slabs_) {
+      if (!slab->dedicated && carve(*slab, size, alignment, &offset)) {
+        block.slab_ = slab;
+        break;
+      }
+    }
+    if (!block.slab_) {
+      auto slab = new_slab(slab_size_, false);
+      slabs_.push_back(slab);
+      if (!carve(*slab, size, alignment, &offset)) throw PoolExhausted("allocator failed on a fresh slab");
+      block.slab_ = std::move(slab);
+    }
+    block.offset_ = offset;
+  }
+  block.size_ = size;
+  stats_.bytes_in_use += size;
+  ++stats_.blocks;
+  return block;
+}
+
+void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes_in_use -= size;
+  --stats_.blocks;
+  if (slab->dedicated) {
+    // Dedicated slabs go back to UCX at once: they are large and rare.
+    for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
+      if (it->get() == slab) {
+        stats_.bytes_reserved -= slab->memh->length();
+        --stats_.slabs;
+        slabs_.erase(it);
+        break;
+      }
+    }
+    return;
+  }
+  auto& fl = slab->free_;
+  auto next = fl.lower_bound(offset);
+  // Coalesce with the following and the preceding free ranges.
+  if (next != fl.end() && offset + size == next->first) {
+    size += next->second;
+    next = fl.erase(next);
+  }
+  if (next != fl.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == offset) {
+      prev->second += size;
+      return;
+    }
+  }
+  fl.emplace(offset, size);
+}
+
+Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes) {
+  if (ptr == nullptr || nbytes == 0) throw InvalidArgument("cannot register an empty or null range");
+  const auto start = reinterpret_cast<std::uintptr_t>(ptr);
+  std::shared_ptr<RegistrationImpl> candidate;  // released outside the lock
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The candidate is the live registration with the greatest start <= ptr.
+    auto it = registrations_.upper_bound(start);
+    if (it != registrations_.begin()) candidate = std::prev(it)->second.lock();
+    if (candidate) {
+      const auto rstart = reinterpret_cast<std::uintptr_t>(candidate->memh->address());
+      if (start >= rstart && start + nbytes <= rstart + candidate->memh->length()) {
+        ++stats_.registration_cache_hits;
+        return Registration(std::move(candidate), ptr, nbytes);
+      }
+    }
+    ++stats_.registration_cache_misses;
+  }
+  auto memh = std::make_shared<ucx::MemHandle>(context_, ptr, nbytes, /*allocate=*/false);
+  auto reg = std::make_shared<RegistrationImpl>(std::move(memh), weak_from_this(), device_id_);
+  std::lock_guard<std::mutex> lock(mu_);
+  registrations_[start] = reg;
+  ++stats_.registrations;
+  return Registration(std::move(reg), ptr, nbytes);
+}
+
+void PoolImpl::forget_registration(std::uintptr_t start) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = registrations_.find(start);
+  if (it != registrations_.end() && it->second.expired()) registrations_.erase(it);
+  --stats_.registrations;
+}
+
+PoolStats PoolImpl::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+RegistrationImpl::~RegistrationImpl() {
+  if (auto p = pool.lock()) p->forget_registration(reinterpret_cast<std::uintptr_t>(memh->address()));
+}
+
+ucp_rkey_h RemoteRegionImpl::rkey_for(const std::shared_ptr<ucx::Endpoint>& endpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [ep, rkey] : rkeys_) {
+    if (ep == endpoint.get()) return rkey->get();
+  }
+  rkeys_.emplace_back(endpoint.get(), std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey));
+  return rkeys_.back().second->get();
+}
+
+}  // namespace detail
+
+// ---- public wrappers ----
+
+Block& Block::operator=(Block&& other) noexcept {
+  if (this != &other) {
+    this->~Block();
+    slab_ = std::move(other.slab_);
+    offset_ = other.offset_;
+    size_ = other.size_;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+Block::~Block() {
+  if (!slab_) return;
+  if (auto pool = slab_->pool.lock()) pool->free(slab_.get(), offset_, size_);
+  slab_.reset();
+}
+
+void* Block::data() const noexcept { return slab_ ? slab_->base() + offset_ : nullptr; }
+
+LocalRegion Block::region() const {
+  if (!slab_) throw InvalidArgument("empty block");
+  return LocalRegion{data(), size_, slab_->memh->get(), slab_};
+}
+
+RegionDescriptor Block::descriptor() const {
+  if (!slab_) throw InvalidArgument("empty block");
+  RegionDescriptor d;
+  d.device_id = slab_->device_id;
+  d.address = reinterpret_cast<std::uint64_t>(data());
+  d.length = size_;
+  d.rkey = slab_->memh->packed_rkey();
+  return d;
+}
+
+LocalRegion Registration::region() const {
+  if (!impl_) throw InvalidArgument("empty registration");
+  return LocalRegion{address_, length_, impl_->memh->get(), impl_};
+}
+
+RegionDescriptor Registration::descriptor() const {
+  if (!impl_) throw InvalidArgument("empty registration");
+  RegionDescriptor d;
+  d.device_id = impl_->device_id;
+  d.address = reinterpret_cast<std::uint64_t>(address_);
+  d.length = length_;
+  d.rkey = impl_->memh->packed_rkey();
+  return d;
+}
+
+Block MemoryPool::allocate(std::size_t nbytes, std::size_t alignment) { return impl_->allocate(nbytes, alignment); }
+Registration MemoryPool::register_memory(void* ptr, std::size_t nbytes) { return impl_->register_memory(ptr, nbytes); }
+PoolStats MemoryPool::stats() const { return impl_->stats(); }
+
+const RegionDescriptor& RemoteRegion::descriptor() const {
+  if (!impl_) throw InvalidArgument("empty remote region");
+  return impl_->descriptor;
+}
+
+}  // namespace tensorwire

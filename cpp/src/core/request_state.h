@@ -1,0 +1,67 @@
+// Copyright tensorwire authors.
+//
+// RequestState: the shared completion record behind a pending Request.
+// Reference counted by hand (one ref for the Request handle, one for UCX's
+// callback, one for each list that tracks it) because UCX's callback holds a
+// raw pointer. complete() is first-wins: a peer failure and a late UCX
+// callback may both try to complete the same request.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "tensorwire/error.h"
+
+namespace tensorwire::detail {
+
+class WorkerCtl;
+class ChannelImpl;
+
+class RequestState {
+ public:
+  enum : int { kPending = 0, kCompleting = 1, kDone = 2, kFailed = 3 };
+
+  explicit RequestState(std::shared_ptr<WorkerCtl> worker, int refs = 1)
+      : refs_(refs), worker_(std::move(worker)) {}
+
+  void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  // Returns true if this call completed the request (false: already complete).
+  bool complete_ok() { return complete(true, ErrorKind::kGeneric, {}); }
+  bool complete_error(ErrorKind kind, std::string message) { return complete(false, kind, std::move(message)); }
+
+  int status() const { return status_.load(std::memory_order_acquire); }
+  bool finished() const { return status() >= kDone; }
+  void wait(double timeout_s);  // throws on failure or Timeout
+  bool test();                  // progresses the worker once if still pending
+  void then(std::function<void(bool, const std::string&)> fn);
+  ErrorKind error_kind() const { return kind_; }
+  const std::string& error_message() const { return message_; }
+  [[noreturn]] void throw_error() const;
+
+  // Reply payload of a control-plane call (set before completion).
+  std::string payload;
+  // The channel that tracks this request as pending (for fan-out on failure).
+  ChannelImpl* owner = nullptr;
+
+ private:
+  bool complete(bool ok, ErrorKind kind, std::string message);
+
+  std::atomic<int> refs_;
+  std::atomic<int> status_{kPending};
+  ErrorKind kind_ = ErrorKind::kGeneric;
+  std::string message_;
+  std::shared_ptr<WorkerCtl> worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void(bool, const std::string&)> callback_;
+};
+
+}  // namespace tensorwire::detail

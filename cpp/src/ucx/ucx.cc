@@ -1,0 +1,179 @@
+// Copyright tensorwire authors.
+#include "ucx/ucx.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <vector>
+
+#include "core/log.h"
+
+namespace tensorwire::ucx {
+
+ErrorKind error_kind(ucs_status_t status) {
+  switch (status) {
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_UNSUPPORTED:
+      return ErrorKind::kInvalidArgument;
+    case UCS_ERR_TIMED_OUT:
+      return ErrorKind::kTimeout;
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED:
+      return ErrorKind::kPeerFailed;
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_CANCELED:
+    case UCS_ERR_IO_ERROR:
+      return ErrorKind::kConnection;
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_EXCEEDS_LIMIT:
+      return ErrorKind::kPoolExhausted;
+    case UCS_ERR_NO_ELEM:
+      return ErrorKind::kNotFound;
+    default:
+      return ErrorKind::kGeneric;
+  }
+}
+
+void check(ucs_status_t status, const std::string& what) {
+  if (status == UCS_OK || status == UCS_INPROGRESS) return;
+  throw_error(error_kind(status), what + ": " + ucs_status_string(status), status);
+}
+
+namespace {
+void request_init(void* request) {
+  auto* slot = static_cast<RequestSlot*>(request);
+  new (&slot->state) std::atomic<std::uintptr_t>(0);
+  slot->status = UCS_OK;
+}
+}  // namespace
+
+Context::Context(const std::vector<std::pair<std::string, std::string>>& overrides, bool for_control) {
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  for (const auto& [key, value] : overrides) {
+    ucs_status_t st = ucp_config_modify(config, key.c_str(), value.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      throw InvalidArgument("UCX rejected setting " + key + "=" + value + ": " + ucs_status_string(st));
+    }
+    if (key == "TLS") tls_ = value;
+  }
+  if (tls_.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    tls_ = env ? env : "all";
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
+                      UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (for_control ? 0 : UCP_FEATURE_RMA);
+  params.request_size = sizeof(RequestSlot);
+  params.request_init = request_init;
+  params.mt_workers_shared = 1;
+  params.name = for_control ? "tensorwire-control" : "tensorwire";
+  ucs_status_t st = ucp_init(&params, config, &handle_);
+  ucp_config_release(config);
+  check(st, "ucp_init");
+}
+
+Context::~Context() {
+  if (handle_) ucp_cleanup(handle_);
+}
+
+std::string Context::transports() const { return tls_; }
+
+Worker::Worker(std::shared_ptr<Context> context) : context_(std::move(context)) {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // Any thread may post (the latency path posts from the caller's thread,
+  // without a hand-off to the progress thread); UCX's worker lock serialises.
+  params.thread_mode = UCS_THREAD_MODE_MULTI;
+  check(ucp_worker_create(context_->get(), &params, &handle_), "ucp_worker_create");
+  ucs_status_t st = ucp_worker_get_efd(handle_, &event_fd_);
+  if (st != UCS_OK) {
+    ucp_worker_destroy(handle_);
+    handle_ = nullptr;
+    check(st, "ucp_worker_get_efd");
+  }
+}
+
+Worker::~Worker() {
+  if (handle_) ucp_worker_destroy(handle_);
+}
+
+std::string Worker::address() const {
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  check(ucp_worker_get_address(handle_, &addr, &len), "ucp_worker_get_address");
+  std::string out(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(handle_, addr);
+  return out;
+}
+
+MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, bool allocate)
+    : context_(std::move(context)), length_(length) {
+  ucp_mem_map_params_t params{};
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.address = address;
+  params.length = length;
+  params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+  check(ucp_mem_map(context_->get(), &params, &handle_), "ucp_mem_map");
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+  ucs_status_t st = ucp_mem_query(handle_, &attr);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_->get(), handle_);
+    check(st, "ucp_mem_query");
+  }
+  address_ = attr.address;
+  void* buf = nullptr;
+  size_t size = 0;
+  st = ucp_rkey_pack(context_->get(), handle_, &buf, &size);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(context_->get(), handle_);
+    check(st, "ucp_rkey_pack");
+  }
+  rkey_.assign(static_cast<const char*>(buf), size);
+  ucp_rkey_buffer_release(buf);
+}
+
+MemHandle::~MemHandle() {
+  if (handle_) {
+    ucs_status_t st = ucp_mem_unmap(context_->get(), handle_);
+    if (st != UCS_OK) TW_LOG_WARN("ucp_mem_unmap failed: %s", ucs_status_string(st));
+  }
+}
+
+Rkey::Rkey(std::shared_ptr<Endpoint> endpoint, const std::string& packed) : endpoint_(std::move(endpoint)) {
+  if (endpoint_->get() == nullptr) throw ConnectionError("channel is closed");
+  check(ucp_ep_rkey_unpack(endpoint_->get(), packed.data(), &handle_), "ucp_ep_rkey_unpack");
+}
+
+Rkey::~Rkey() {
+  if (handle_) ucp_rkey_destroy(handle_);
+}
+
+void Endpoint::close(bool force) {
+  ucp_ep_h ep = handle_;
+  if (!ep) return;
+  handle_ = nullptr;
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  ucs_status_ptr_t req = ucp_ep_close_nbx(ep, &param);
+  if (UCS_PTR_IS_PTR(req)) {
+    // Bounded: a graceful close to a dead peer must not hang the caller.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(force ? 1000 : 2000);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS &&
+           std::chrono::steady_clock::now() < deadline) {
+      ucp_worker_progress(worker_->get());
+    }
+    ucp_request_free(req);
+  }
+}
+
+Endpoint::~Endpoint() { close(true); }
+
+}  // namespace tensorwire::ucx

@@ -1,0 +1,120 @@
+// Copyright tensorwire authors.
+//
+// RAII wrappers over ucp handles. Every wrapper is non-copyable and keeps its
+// parent alive (a worker its context, an rkey its worker), so handles can be
+// released in any order — Python's garbage collector picks the order.
+#pragma once
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensorwire/error.h"
+
+namespace tensorwire::ucx {
+
+// Throws the Error that matches a failed UCX status.
+void check(ucs_status_t status, const std::string& what);
+ErrorKind error_kind(ucs_status_t status);
+
+// The private area UCX reserves in every request (ucp_params.request_size):
+// the completion race between the poster and the callback is settled here.
+struct RequestSlot {
+  std::atomic<std::uintptr_t> state;  // 0: nobody attached, kSlotDone, or a RequestState*
+  ucs_status_t status;
+};
+constexpr std::uintptr_t kSlotDone = 1;
+
+class Context {
+ public:
+  // `overrides` are UCX configuration pairs ("TLS", "tcp"), applied after the
+  // environment is read.
+  Context(const std::vector<std::pair<std::string, std::string>>& overrides, bool for_control);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+  ucp_context_h get() const { return handle_; }
+  std::string transports() const;  // the TLS setting in force
+
+ private:
+  ucp_context_h handle_ = nullptr;
+  std::string tls_;
+};
+
+class Worker {
+ public:
+  explicit Worker(std::shared_ptr<Context> context);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  ucp_worker_h get() const { return handle_; }
+  int event_fd() const { return event_fd_; }
+  std::string address() const;  // packed worker address
+  const std::shared_ptr<Context>& context() const { return context_; }
+
+ private:
+  std::shared_ptr<Context> context_;
+  ucp_worker_h handle_ = nullptr;
+  int event_fd_ = -1;
+};
+
+class MemHandle {
+ public:
+  // allocate: UCX allocates (shared-memory transports can map it);
+  // otherwise registers [address, address+length).
+  MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, bool allocate);
+  ~MemHandle();
+  MemHandle(const MemHandle&) = delete;
+  MemHandle& operator=(const MemHandle&) = delete;
+  ucp_mem_h get() const { return handle_; }
+  void* address() const { return address_; }
+  std::size_t length() const { return length_; }
+  const std::string& packed_rkey() const { return rkey_; }
+
+ private:
+  std::shared_ptr<Context> context_;
+  ucp_mem_h handle_ = nullptr;
+  void* address_ = nullptr;
+  std::size_t length_ = 0;
+  std::string rkey_;
+};
+
+class Endpoint;
+
+class Rkey {
+ public:
+  Rkey(std::shared_ptr<Endpoint> endpoint, const std::string& packed);
+  ~Rkey();
+  Rkey(const Rkey&) = delete;
+  Rkey& operator=(const Rkey&) = delete;
+  ucp_rkey_h get() const { return handle_; }
+
+ private:
+  std::shared_ptr<Endpoint> endpoint_;
+  ucp_rkey_h handle_ = nullptr;
+};
+
+class Endpoint {
+ public:
+  // Takes ownership of an endpoint created on `worker`.
+  Endpoint(std::shared_ptr<Worker> worker, ucp_ep_h handle) : worker_(std::move(worker)), handle_(handle) {}
+  // Closes with UCP_EP_CLOSE_FLAG_FORCE: outstanding operations are canceled.
+  ~Endpoint();
+  Endpoint(const Endpoint&) = delete;
+  Endpoint& operator=(const Endpoint&) = delete;
+  ucp_ep_h get() const { return handle_; }
+  const std::shared_ptr<Worker>& worker() const { return worker_; }
+  // Closes now (idempotent); later posts see a null handle.
+  void close(bool force);
+
+ private:
+  std::shared_ptr<Worker> worker_;
+  ucp_ep_h handle_ = nullptr;
+};
+
+}  // namespace tensorwire::ucx

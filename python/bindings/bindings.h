@@ -1,0 +1,12 @@
+// Copyright tensorwire authors. Shared declarations of the nanobind module.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace nb = nanobind;
+
+namespace tensorwire::py {
+void bind_errors(nb::module_& m);
+void bind_memory(nb::module_& m);
+void bind_device(nb::module_& m);
+}  // namespace tensorwire::py

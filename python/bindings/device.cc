@@ -1,0 +1,301 @@
+// Copyright tensorwire authors.
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bench/kernels.h"
+#include "bindings.h"
+#include "py_types.h"
+
+namespace tensorwire::py {
+
+namespace {
+
+using nb::gil_scoped_release;
+
+Device& dev(PyDevice& d) {
+  if (!d.device) throw ConnectionError("device is closed");
+  return *d.device;
+}
+
+nb::dict peer_dict(const PeerInfo& p) {
+  nb::dict d;
+  d["device_id"] = p.device_id;
+  d["address"] = p.address;
+  d["hostname"] = p.hostname;
+  d["pid"] = p.pid;
+  d["same_host"] = p.same_host;
+  d["workers"] = p.workers;
+  return d;
+}
+
+ProgressMode parse_mode(const std::string& s) {
+  if (s == "blocking") return ProgressMode::kBlocking;
+  if (s == "polling") return ProgressMode::kPolling;
+  if (s == "inline") return ProgressMode::kInline;
+  throw InvalidArgument("progress must be 'blocking', 'polling' or 'inline', got '" + s + "'");
+}
+
+// Holds a Python callable; drops it under the GIL whatever thread ends it.
+struct PyCallable {
+  nb::object fn;
+  explicit PyCallable(nb::object f) : fn(std::move(f)) {}
+  ~PyCallable() {
+    if (Py_IsInitialized()) {
+      nb::gil_scoped_acquire gil;
+      fn.reset();
+    } else {
+      fn.release();
+    }
+  }
+};
+
+std::size_t resolve_length(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                           std::size_t remote_offset, nb::object nbytes) {
+  if (!nbytes.is_none()) {
+    long long n = nb::cast<long long>(nbytes);
+    if (n < 0) throw InvalidArgument("nbytes must be >= 0");
+    return static_cast<std::size_t>(n);
+  }
+  // Default: as much as fits in both regions from the offsets.
+  if (local_offset > local.length || remote_offset > remote.length()) {
+    throw InvalidArgument("offset beyond the end of a region");
+  }
+  return std::min<std::size_t>(local.length - local_offset, remote.length() - remote_offset);
+}
+
+}  // namespace
+
+PyDevice::~PyDevice() {
+  // Closing joins threads that may need the GIL (call handlers): release it.
+  nb::gil_scoped_release release;
+  device.reset();
+}
+
+void bind_device(nb::module_& m) {
+  nb::class_<Request>(m, "Request", "Completion handle of a data-path operation.")
+      .def("wait", [](Request& r, nb::object timeout) {
+        double t = timeout.is_none() ? -1.0 : nb::cast<double>(timeout);
+        gil_scoped_release release;
+        r.wait(t);
+      }, nb::arg("timeout") = nb::none(),
+         "Waits until complete (timeout in seconds; None = forever). Raises the operation's error, or "
+         "Timeout (the operation keeps running).")
+      .def("test", &Request::test, "True once complete (progresses the worker once).")
+      .def("done", [](Request& r) { return r.state() != 0; }, "True once complete; never blocks.")
+      .def_prop_ro("failed", [](Request& r) { return r.state() < 0; })
+      .def_prop_ro("error", [](Request& r) { return r.error_message(); })
+      .def("__await__", [](nb::handle self) {
+        return nb::module_::import_("tensorwire._aio").attr("await_request")(self).attr("__await__")();
+      });
+
+  nb::class_<Channel>(m, "Channel", "One endpoint to a peer device on one lane.")
+      .def("write", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
+                       std::size_t remote_offset, nb::object nbytes) {
+        LocalRegion lr = local_region_of(local);
+        std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
+        gil_scoped_release release;
+        return c.write(lr, local_offset, remote, remote_offset, n);
+      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
+         nb::arg("nbytes") = nb::none(),
+         "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "
+         "when the request completes; the data is visible remotely after a later flush().")
+      .def("read", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
+                      std::size_t remote_offset, nb::object nbytes) {
+        LocalRegion lr = local_region_of(local);
+        std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
+        gil_scoped_release release;
+        return c.read(lr, local_offset, remote, remote_offset, n);
+      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
+         nb::arg("nbytes") = nb::none(), "One-sided read remote -> local; the data is there when it completes.")
+      .def("fence", &Channel::fence, "Later operations on this lane's worker land after earlier ones.")
+      .def("flush", [](Channel& c) { gil_scoped_release r; return c.flush(); },
+           "A request that completes when every earlier operation is visible at the peer.")
+      .def("lookup", [](Channel& c, const std::string& name, double timeout) {
+        gil_scoped_release r;
+        return c.lookup(name, timeout);
+      }, nb::arg("name"), nb::arg("timeout") = 10.0, "The region the peer published under name (NotFound).")
+      .def("call", [](Channel& c, const std::string& name, nb::bytes payload, double timeout) {
+        std::string p(payload.c_str(), payload.size());
+        std::string out;
+        {
+          gil_scoped_release r;
+          out = c.call(name, p, timeout);
+        }
+        return nb::bytes(out.data(), out.size());
+      }, nb::arg("name"), nb::arg("payload") = nb::bytes("", 0), nb::arg("timeout") = 10.0,
+         "Small request/response call to the peer's handler `name`.")
+      .def_prop_ro("lane", &Channel::lane)
+      .def_prop_ro("peer", [](Channel& c) { return peer_dict(c.peer()); })
+      .def("transport_info", &Channel::transport_info, "What UCX chose for this endpoint (lanes, transports).")
+      .def("progress", &Channel::progress);
+
+  nb::class_<PyDevice>(m, "Device", nb::dynamic_attr(), "A local endpoint of the fabric: UCX context, workers, pool, listener.")
+      .def("__init__", [](PyDevice* self, const std::string& host, int port, int workers, const std::string& progress,
+                          unsigned spin_us, const std::string& transport, const std::string& net_devices,
+                          const std::string& token, std::size_t slab_size, std::size_t pool_limit,
+                          double connect_timeout, double keepalive, int protocol_version) {
+        if (port < 0 || port > 65535) throw InvalidArgument("port must be in 0..65535");
+        DeviceConfig c;
+        c.host = host;
+        c.port = static_cast<std::uint16_t>(port);
+        c.workers = workers;
+        c.progress = parse_mode(progress);
+        c.spin_us = spin_us;
+        c.transport = transport;
+        c.net_devices = net_devices;
+        c.token = token;
+        c.slab_size = slab_size;
+        c.pool_limit = pool_limit;
+        c.connect_timeout_s = connect_timeout;
+        c.keepalive_s = keepalive;
+        c.protocol_version = static_cast<std::uint16_t>(protocol_version);
+        new (self) PyDevice();
+        gil_scoped_release r;
+        self->device = std::make_unique<Device>(c);
+      }, nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("workers") = 1,
+         nb::arg("progress") = "blocking", nb::arg("spin_us") = 100, nb::arg("transport") = "auto",
+         nb::arg("net_devices") = "auto", nb::arg("token") = "", nb::arg("slab_size") = std::size_t(64) << 20,
+         nb::arg("pool_limit") = std::size_t(16) << 30, nb::arg("connect_timeout") = 10.0,
+         nb::arg("keepalive") = 1.0, nb::arg("protocol_version") = 0)
+      .def_prop_ro("address", [](PyDevice& d) { return dev(d).address(); })
+      .def_prop_ro("id", [](PyDevice& d) { return dev(d).id(); })
+      .def_prop_ro("workers", [](PyDevice& d) { return dev(d).config().workers; })
+      .def("alloc_view", [](PyDevice& d, std::vector<std::int64_t> shape, int code, int bits,
+                            const std::string& format, std::size_t alignment) {
+        std::size_t itemsize = bits / 8;
+        if (bits % 8 != 0 || itemsize == 0) throw InvalidArgument("unsupported element size");
+        std::size_t count = 1;
+        for (auto s : shape) {
+          if (s < 0) throw InvalidArgument("negative dimension in shape");
+          count *= static_cast<std::size_t>(s);
+        }
+        std::size_t nbytes = count * itemsize;
+        PyBlock b;
+        {
+          gil_scoped_release r;
+          b.block = dev(d).allocate(nbytes ? nbytes : 1, alignment);
+        }
+        b.shape = std::move(shape);
+        b.buffer_shape.assign(b.shape.begin(), b.shape.end());
+        b.dtype = nb::dlpack::dtype{static_cast<std::uint8_t>(code), static_cast<std::uint8_t>(bits), 1};
+        b.format = format;
+        b.itemsize = itemsize;
+        b.nbytes = nbytes;
+        return b;
+      }, nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("format"), nb::arg("alignment") = 64,
+         "Low-level: a pool block with a tensor view (use Device.empty).")
+      .def("register_memory", [](PyDevice& d, std::uintptr_t ptr, std::size_t nbytes) {
+        gil_scoped_release r;
+        return dev(d).pool().register_memory(reinterpret_cast<void*>(ptr), nbytes);
+      }, nb::arg("ptr"), nb::arg("nbytes"), "Low-level: registers [ptr, ptr+nbytes) (use Device.register).")
+      .def("publish", [](PyDevice& d, const std::string& name, nb::handle region) {
+        if (nb::isinstance<PyBlock>(region)) {
+          auto& b = nb::cast<PyBlock&>(region);
+          if (!b.block) throw InvalidArgument("this block was released");
+          RegionDescriptor desc = b.block.descriptor();
+          desc.length = b.nbytes ? b.nbytes : desc.length;
+          dev(d).publish(name, desc);
+        } else if (nb::isinstance<Registration>(region)) {
+          dev(d).publish(name, nb::cast<Registration&>(region).descriptor());
+        } else {
+          throw InvalidArgument("publish needs a Block or a Registration");
+        }
+      }, nb::arg("name"), nb::arg("region"), "Makes a block or registration findable by peers under name.")
+      .def("unpublish", [](PyDevice& d, const std::string& name) { dev(d).unpublish(name); })
+      .def("on_call", [](PyDevice& d, const std::string& name, nb::object fn) {
+        if (fn.is_none()) {
+          dev(d).on_call(name, nullptr);
+          return;
+        }
+        auto holder = std::make_shared<PyCallable>(std::move(fn));
+        dev(d).on_call(name, [holder](const std::string& payload) -> std::string {
+          nb::gil_scoped_acquire gil;
+          try {
+            nb::object out = holder->fn(nb::bytes(payload.data(), payload.size()));
+            if (!nb::isinstance<nb::bytes>(out)) throw std::runtime_error("call handlers must return bytes");
+            nb::bytes b = nb::borrow<nb::bytes>(out);
+            return std::string(b.c_str(), b.size());
+          } catch (nb::python_error& e) {
+            throw std::runtime_error(e.what());
+          }
+        });
+      }, nb::arg("name"), nb::arg("handler"),
+         "Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread.")
+      .def("connect", [](PyDevice& d, const std::string& address, int lane) {
+        Device& device = dev(d);
+        gil_scoped_release r;
+        return device.connect(address, lane);
+      }, nb::arg("address"), nb::arg("lane") = 0, "A channel to the device at host:port on lane.")
+      .def("channel_to", [](PyDevice& d, std::uint64_t peer_id, int lane) {
+        Device& device = dev(d);
+        gil_scoped_release r;
+        return device.channel_to(peer_id, lane);
+      }, nb::arg("peer_id"), nb::arg("lane") = 0, "A channel back to a peer that connected to us.")
+      .def("peers", [](PyDevice& d) {
+        nb::list out;
+        for (auto& p : dev(d).peers()) out.append(peer_dict(p));
+        return out;
+      })
+      .def("wait_for_peer", [](PyDevice& d, double timeout) {
+        Device& device = dev(d);
+        PeerInfo p;
+        {
+          gil_scoped_release r;
+          p = device.wait_for_peer(timeout);
+        }
+        return peer_dict(p);
+      }, nb::arg("timeout") = 10.0, "Blocks until a new peer connected; returns its description.")
+      .def("progress", [](PyDevice& d) { return dev(d).progress(); })
+      .def("stats", [](PyDevice& d) {
+        PoolStats s = dev(d).pool().stats();
+        nb::dict out;
+        out["bytes_in_use"] = s.bytes_in_use;
+        out["bytes_reserved"] = s.bytes_reserved;
+        out["slabs"] = s.slabs;
+        out["blocks"] = s.blocks;
+        out["registrations"] = s.registrations;
+        out["registration_cache_hits"] = s.registration_cache_hits;
+        out["registration_cache_misses"] = s.registration_cache_misses;
+        out["refusals"] = dev(d).refusals();
+        return out;
+      })
+      .def("describe", [](PyDevice& d) { return dev(d).describe(); })
+      .def_prop_ro("closed", [](PyDevice& d) { return !d.device || d.device->closed(); })
+      .def("close", [](PyDevice& d) {
+        if (!d.device) return;
+        gil_scoped_release r;
+        d.device->close();
+      }, "Fails pending work, closes connections, stops threads. Blocks stay readable.");
+
+  // ---- benchmark kernels (timed loops in C++) ----
+  m.def("bench_write_pingpong", [](Channel& c, nb::handle send, nb::handle recv, const RemoteRegion& remote,
+                                    std::size_t size, int iters, int warmup, bool initiator, double timeout) {
+    LocalRegion s = local_region_of(send), r = local_region_of(recv);
+    gil_scoped_release rel;
+    return bench::write_pingpong(c, s, r, remote, size, iters, warmup, initiator, timeout);
+  });
+  m.def("bench_read_latency", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t size,
+                                  int iters, int warmup) {
+    LocalRegion l = local_region_of(local);
+    gil_scoped_release rel;
+    return bench::read_latency(c, l, remote, size, iters, warmup);
+  });
+  m.def("bench_stream", [](std::vector<Channel> channels, bool is_write, nb::handle local,
+                            std::vector<RemoteRegion> remotes, std::size_t size, int iters, int window,
+                            double timeout) {
+    LocalRegion l = local_region_of(local);
+    bench::StreamResult res;
+    {
+      gil_scoped_release rel;
+      res = bench::stream(channels, is_write, l, remotes, size, iters, window, timeout);
+    }
+    return nb::make_tuple(res.seconds, res.completions);
+  });
+  m.def("bench_wait_flag", [](Channel& c, std::uintptr_t address, std::uint64_t expected, double timeout) {
+    gil_scoped_release rel;
+    return bench::wait_flag(c, reinterpret_cast<const volatile std::uint64_t*>(address), expected, timeout);
+  });
+}
+
+}  // namespace tensorwire::py

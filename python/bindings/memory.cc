@@ -1,0 +1,133 @@
+// Copyright tensorwire authors.
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+
+#include "bindings.h"
+#include "py_types.h"
+
+namespace tensorwire::py {
+
+namespace {
+
+PyBlock& live(PyBlock& b) {
+  if (!b.block) throw InvalidArgument("this block was released");
+  return b;
+}
+
+int block_getbuffer(PyObject* exporter, Py_buffer* view, int flags) {
+  PyBlock* b = nb::inst_ptr<PyBlock>(exporter);
+  if (!b->block) {
+    PyErr_SetString(PyExc_BufferError, "tensorwire block was released");
+    view->obj = nullptr;
+    return -1;
+  }
+  view->buf = b->block.data();
+  view->obj = exporter;
+  Py_INCREF(exporter);
+  view->len = static_cast<Py_ssize_t>(b->nbytes);
+  view->readonly = 0;
+  view->itemsize = static_cast<Py_ssize_t>(b->itemsize);
+  view->format = (flags & PyBUF_FORMAT) ? const_cast<char*>(b->format.c_str()) : nullptr;
+  if ((flags & PyBUF_ND) == PyBUF_ND) {
+    view->ndim = static_cast<int>(b->buffer_shape.size());
+    view->shape = b->buffer_shape.data();
+  } else {
+    // Without ND the consumer reads plain bytes.
+    view->ndim = 1;
+    view->shape = nullptr;
+    view->itemsize = 1;
+  }
+  view->strides = nullptr;  // C-contiguous
+  view->suboffsets = nullptr;
+  view->internal = nullptr;
+  return 0;
+}
+
+void block_releasebuffer(PyObject*, Py_buffer*) {}
+
+PyType_Slot block_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(block_getbuffer)},
+    {Py_bf_releasebuffer, reinterpret_cast<void*>(block_releasebuffer)},
+    {0, nullptr},
+};
+
+nb::ndarray<> make_array(nb::handle self, PyBlock& b) {
+  live(b);
+  return nb::ndarray<>(b.block.data(), b.shape.size(), reinterpret_cast<const std::size_t*>(b.shape.data()), self,
+                       nullptr, b.dtype);
+}
+
+}  // namespace
+
+LocalRegion local_region_of(nb::handle obj) {
+  if (nb::isinstance<PyBlock>(obj)) return live(nb::cast<PyBlock&>(obj)).block.region();
+  if (nb::isinstance<Registration>(obj)) return nb::cast<Registration&>(obj).region();
+  throw InvalidArgument("local memory must be a tensorwire Block (device.alloc/empty) or a Registration "
+                        "(device.register)");
+}
+
+void bind_memory(nb::module_& m) {
+  nb::class_<PyBlock>(m, "Block", nb::type_slots(block_slots),
+                      "Registered pool memory. numpy/torch view it zero-copy (DLPack, buffer protocol).")
+      .def_prop_ro("nbytes", [](PyBlock& b) { return live(b).nbytes; }, "Bytes of the tensor view.")
+      .def_prop_ro("capacity", [](PyBlock& b) { return live(b).block.size(); }, "Bytes leased from the pool.")
+      .def_prop_ro("ptr", [](PyBlock& b) { return reinterpret_cast<std::uintptr_t>(live(b).block.data()); })
+      .def_prop_ro("shape", [](PyBlock& b) { return live(b).shape; })
+      .def_prop_ro("format", [](PyBlock& b) { return b.format; })
+      .def_prop_ro("released", [](PyBlock& b) { return !b.block; })
+      .def("descriptor", [](PyBlock& b) {
+        std::string s = live(b).block.descriptor().to_bytes();
+        return nb::bytes(s.data(), s.size());
+      }, "The region descriptor a peer needs to reach this block (bytes).")
+      .def("numpy", [](nb::handle self) {
+        return nb::ndarray<nb::numpy>(make_array(self, nb::cast<PyBlock&>(self)));
+      }, "A numpy array viewing this block (zero copy; keeps the block alive).")
+      .def("__dlpack__", [](nb::handle self, nb::kwargs kwargs) {
+        nb::object arr = nb::cast(make_array(self, nb::cast<PyBlock&>(self)));
+        return arr.attr("__dlpack__")(**kwargs);
+      })
+      .def("__dlpack_device__", [](PyBlock&) { return nb::make_tuple(1, 0); })
+      .def("release", [](PyBlock& b) { b.block = Block(); },
+           "Returns the memory to the pool now. Views taken earlier must not be used afterwards.")
+      .def("__len__", [](PyBlock& b) { return live(b).nbytes; })
+      .def("__repr__", [](PyBlock& b) {
+        if (!b.block) return std::string("<tensorwire.Block released>");
+        return "<tensorwire.Block " + std::to_string(b.nbytes) + " bytes format=" + b.format + ">";
+      });
+
+  nb::class_<Registration>(m, "Registration", nb::dynamic_attr(), "Outside memory registered with a device.")
+      .def_prop_ro("nbytes", &Registration::size)
+      .def_prop_ro("ptr", [](Registration& r) { return reinterpret_cast<std::uintptr_t>(r.data()); })
+      .def("descriptor", [](Registration& r) {
+        std::string s = r.descriptor().to_bytes();
+        return nb::bytes(s.data(), s.size());
+      });
+
+  nb::class_<RemoteRegion>(m, "RemoteRegion", "A peer's region, as returned by channel.lookup().")
+      .def_prop_ro("address", &RemoteRegion::address)
+      .def_prop_ro("nbytes", &RemoteRegion::length)
+      .def_prop_ro("device_id", [](RemoteRegion& r) { return r.descriptor().device_id; })
+      .def("descriptor", [](RemoteRegion& r) {
+        std::string s = r.descriptor().to_bytes();
+        return nb::bytes(s.data(), s.size());
+      })
+      .def("__repr__", [](RemoteRegion& r) {
+        return "<tensorwire.RemoteRegion " + std::to_string(r.length()) + " bytes>";
+      });
+
+  m.def("parse_descriptor", [](nb::bytes b) {
+    RegionDescriptor d = RegionDescriptor::from_bytes(b.c_str(), b.size());
+    nb::dict out;
+    out["version"] = RegionDescriptor::kVersion;
+    out["device_id"] = d.device_id;
+    out["address"] = d.address;
+    out["nbytes"] = d.length;
+    out["memory_type"] = static_cast<int>(d.memory_type);
+    out["rkey_bytes"] = d.rkey.size();
+    return out;
+  }, "Decodes a region descriptor (raises on malformed input).");
+}
+
+}  // namespace tensorwire::py

@@ -1,0 +1,19 @@
+// Copyright tensorwire authors. The extension module tensorwire._core.
+#include "bindings.h"
+
+#include <nanobind/stl/string.h>
+
+#include "tensorwire/device.h"
+
+NB_MODULE(_core, m) {
+  m.doc() = "tensorwire core: devices, registered memory, channels and one-sided transfers over UCX";
+  nb::set_leak_warnings(false);  // interpreter teardown order is arbitrary
+  tensorwire::py::bind_errors(m);
+  tensorwire::py::bind_memory(m);
+  tensorwire::py::bind_device(m);
+  m.def("ucx_version", &tensorwire::ucx_version, "Version of the UCX library loaded at run time.");
+  m.def("ucx_library_path", &tensorwire::ucx_library_path, "File the UCX library was loaded from.");
+  m.def("ucx_header_version", &tensorwire::ucx_header_version, "UCX API version tensorwire was compiled against.");
+  m.def("protocol_version", &tensorwire::protocol_version, "tensorwire control-protocol version.");
+  m.attr("ucx_source") = TW_UCX_SOURCE;
+}

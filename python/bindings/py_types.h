@@ -1,0 +1,40 @@
+// Copyright tensorwire authors.
+//
+// Python-side holders. A Block carries an optional tensor view (shape and
+// dtype) so device.empty(shape, dtype) exports a shaped array through DLPack
+// and the buffer protocol.
+#pragma once
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorwire/device.h"
+
+namespace nb = nanobind;
+
+namespace tensorwire::py {
+
+struct PyBlock {
+  Block block;
+  std::vector<std::int64_t> shape;       // DLPack shape
+  std::vector<Py_ssize_t> buffer_shape;  // the same, for the buffer protocol
+  nb::dlpack::dtype dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt), 8, 1};
+  std::string format = "B";              // struct-module format of one element
+  std::size_t itemsize = 1;
+  std::size_t nbytes = 0;                // bytes of the view (<= block.size())
+};
+
+// A local memory operand of write/read: a pool Block or a Registration.
+LocalRegion local_region_of(nb::handle obj);
+
+struct PyDevice {
+  std::unique_ptr<Device> device;
+  ~PyDevice();
+};
+
+}  // namespace tensorwire::py
