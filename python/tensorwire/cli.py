@@ -1,7 +1,132 @@
-"""The tensorwire command line (filled in below)."""
+"""The tensorwire command line.
+
+  tensorwire info                      which UCX is loaded, transports, config
+  tensorwire bench latency|bw|serve    one-sided point-to-point benchmarks
+  tensorwire demo                      a two-process tensor write on loopback
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
 import sys
 
+from .bench.common import parse_sizes
 
-def main(argv=None) -> int:
-    from .bench.cli import run
-    return run(sys.argv[1:] if argv is None else argv)
+TRANSPORTS = ("auto", "tcp", "shm", "rdma")
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _p2p_options(p: argparse.ArgumentParser, sizes: str, iters: int) -> None:
+    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                   help="data transport: tcp, shm (shared memory), rdma, or auto (UCX_TLS as set)")
+    p.add_argument("--sizes", type=_sizes, default=_sizes(sizes),
+                   help=f"message sizes: a list like 8,4K,1M or a power-of-two range like 1:64M (default {sizes})")
+    p.add_argument("--iters", type=_positive, default=iters, help=f"iterations per size (default {iters})")
+    p.add_argument("--budget", type=_sizes, default=[1 << 30], metavar="BYTES",
+                   help="cap on bytes moved per size; lowers --iters for big sizes (default 1G)")
+    p.add_argument("--op", choices=("write", "read"), default="write", help="one-sided operation (default write)")
+    p.add_argument("--workers", type=_positive, default=1, help="UCP workers per device (default 1)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--server", action="store_true",
+                      help="run only the passive side and wait for a client (like perftest without a host)")
+    mode.add_argument("--connect", metavar="HOST:PORT", help="run the active side against a --server elsewhere")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on with --server (default: pick one)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--raw", action="store_true", help="include raw samples in the JSON")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tensorwire",
+        description="Zero-copy one-sided tensor transport over UCX, and the tools to measure the fabric under it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    info = sub.add_parser("info", help="show the UCX in use, its transports and the configuration")
+    info.add_argument("--transport", choices=TRANSPORTS, default="auto")
+    info.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    bench = sub.add_parser("bench", help="benchmarks (perftest-style tables, --json reports)")
+    bsub = bench.add_subparsers(dest="bench", required=True)
+    lat = bsub.add_parser("latency", help="one-sided latency: write ping-pong (RTT/2) or read (full RTT)",
+                          description="Ping-pong of one-sided writes, each side polling the last byte of its "
+                                      "buffer (ib_write_lat / ucp_put_lat); with --op read, each read is timed as "
+                                      "a full round trip (ib_read_lat). Spawns the peer on loopback unless "
+                                      "--server/--connect is given.")
+    _p2p_options(lat, "8,64,4K,64K,1M", 10000)
+    bw = bsub.add_parser("bw", help="one-sided streaming bandwidth (ib_write_bw / ucp_put_bw)",
+                         description="Streams one-sided writes (or reads) with a window of outstanding operations "
+                                     "per lane, then flushes. --bidirectional runs both directions at once and "
+                                     "reports the sum (perftest -b). Spawns the peer on loopback unless "
+                                     "--server/--connect is given.")
+    _p2p_options(bw, "4K,64K,1M,16M", 1000)
+    bw.add_argument("--lanes", type=_positive, default=1, help="channels (endpoints) to the peer, like perftest -q")
+    bw.add_argument("--window", type=_positive, default=32, help="operations in flight per lane (default 32)")
+    bw.add_argument("--bidirectional", "-b", action="store_true", help="both directions at once")
+    serve = bsub.add_parser("serve", help="the passive side of latency/bw (what --server runs)")
+    serve.add_argument("--transport", choices=TRANSPORTS, default="auto")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=0)
+    serve.add_argument("--workers", type=_positive, default=1)
+
+    demo = sub.add_parser("demo", help="a two-process tensor write on loopback, with bandwidth and latency")
+    demo.add_argument("--transport", choices=TRANSPORTS, default="auto")
+    demo.add_argument("--mib", type=_positive, default=64, help="tensor size in MiB (default 64)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    from . import errors
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except (errors.Error, RuntimeError) as e:
+        print(f"tensorwire: error: {e}", file=sys.stderr)
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "info":
+        from .info import collect, render
+        data = collect(args.transport)
+        print(json.dumps(data, indent=1) if args.json else render(data))
+        return 0
+    if args.command == "demo":
+        from .demo import run_demo
+        return run_demo(args.transport, args.mib)
+    from . import Device
+    from .bench import p2p
+    if args.bench == "serve" or getattr(args, "server", False):
+        with Device(host=args.host, port=args.port, transport=args.transport, progress="inline",
+                    workers=args.workers) as dev:
+            p2p.serve(dev)
+        return 0
+    args.budget = args.budget[0]
+    if args.bench == "latency":
+        args.lanes = 1
+        report = p2p.run_latency(args)
+    else:
+        report = p2p.run_bandwidth(args)
+    report.write_json(args.json)
+    return 0 if report.verdict != "FAIL" else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -664,6 +664,14 @@ std::string DeviceImpl::describe() const {
      << "\n";
   os << "data transports (UCX_TLS): " << data_context->transports() << "\n";
   os << "control transports: " << control_context->transports() << "\n";
+  char* buf = nullptr;
+  size_t size = 0;
+  if (FILE* f = open_memstream(&buf, &size)) {
+    ucp_context_print_info(data_context->get(), f);
+    std::fclose(f);
+    os << std::string(buf, size);
+    std::free(buf);
+  }
   return os.str();
 }
 

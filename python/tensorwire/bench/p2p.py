@@ -1,0 +1,311 @@
+"""Point-to-point benchmarks over one-sided operations: latency (ping-pong of
+writes, or reads timed as full round trips) and bandwidth (streamed writes or
+reads, optionally bidirectional), in perftest's conventions.
+
+The server side is passive: it serves whatever the client asks for through
+control-plane calls ("bench.*"), so the same server runs every test. Timed
+loops run in C++ (tensorwire._core.bench_*); devices use inline progress so
+the benchmark thread alone drives each worker (as perftest and ucx_perftest do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import Device, _core
+from .common import (Progress, Report, check_latency_row, check_number, human_size, iterations_for,
+                     latency_stats, peak_bandwidth, print_table)
+
+ADDRESS_TAG = "TENSORWIRE_ADDRESS"
+TIMEOUT_S = 120.0
+
+
+class _Buffers:
+    """send/recv/flag blocks of one side, published under bench.* names."""
+
+    def __init__(self, device: Device, max_size: int) -> None:
+        self.send = device.alloc(max(max_size, 8), alignment=4096)
+        self.recv = device.alloc(max(max_size, 8), alignment=4096)
+        self.flag = device.alloc(64)
+        self.flag_src = device.alloc(64)
+        self.flag_view = np.frombuffer(self.flag, dtype=np.uint64)
+        self.flag_src_view = np.frombuffer(self.flag_src, dtype=np.uint64)
+        device.publish("bench.recv", self.recv)
+        device.publish("bench.flag", self.flag)
+
+
+def _signal(channel, buffers: _Buffers, remote_flag, seq: int) -> None:
+    """Writes `seq` into the peer's flag word after everything before it."""
+    buffers.flag_src_view[0] = seq
+    channel.write(buffers.flag_src, remote_flag, nbytes=8).wait(TIMEOUT_S)
+    channel.flush().wait(TIMEOUT_S)
+
+
+def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0) -> None:
+    """Runs the passive side until the client says bench.stop (or goes idle)."""
+    state: dict[str, Any] = {"thread": None, "result": None, "buffers": None, "client": None}
+    stop = threading.Event()
+    remotes: dict[tuple[int, str], Any] = {}
+    last_activity = [time.monotonic()]
+
+    def channel(lane: int):
+        return device.channel_to(state["client"], lane)
+
+    def remote(lane: int, name: str):
+        key = (lane, name)
+        if key not in remotes:
+            remotes[key] = channel(lane).lookup(name)
+        return remotes[key]
+
+    def setup(payload: bytes) -> bytes:
+        req = json.loads(payload)
+        state["buffers"] = _Buffers(device, int(req["max_size"]))
+        state["client"] = int(req["client_id"])
+        remotes.clear()
+        last_activity[0] = time.monotonic()
+        return b'{"ok": true}'
+
+    def run(req: dict[str, Any]) -> dict[str, Any]:
+        b: _Buffers = state["buffers"]
+        kind, size, seq = req["kind"], int(req["size"]), int(req["seq"])
+        if kind == "pingpong":
+            _core.bench_write_pingpong(channel(0), b.send, b.recv, remote(0, "bench.recv"), size,
+                                       int(req["iters"]), int(req["warmup"]), False, TIMEOUT_S)
+            return {}
+        if kind == "serve":
+            ok = _core.bench_wait_flag(channel(0), b.flag.ptr, seq, TIMEOUT_S)
+            return {} if ok else {"error": "timed out waiting for the client's end flag"}
+        if kind == "bidir":
+            lanes = int(req["lanes"])
+            chans = [channel(i) for i in range(lanes)]
+            rem = [remote(i, "bench.recv") for i in range(lanes)]
+            seconds, completions = _core.bench_stream(chans, req["op"] == "write", b.send, rem, size,
+                                                      int(req["iters"]), int(req["window"]), TIMEOUT_S)
+            _signal(chans[0], b, remote(0, "bench.flag"), seq)
+            if not _core.bench_wait_flag(chans[0], b.flag.ptr, seq, TIMEOUT_S):
+                return {"error": "timed out waiting for the client's end flag"}
+            return {"seconds": seconds, "completions": list(completions)}
+        return {"error": f"unknown benchmark kind {kind!r}"}
+
+    def start(payload: bytes) -> bytes:
+        req = json.loads(payload)
+        last_activity[0] = time.monotonic()
+
+        def body() -> None:
+            try:
+                state["result"] = run(req)
+            except Exception as e:  # reported to the client through bench.result
+                state["result"] = {"error": f"{type(e).__name__}: {e}"}
+
+        state["result"] = None
+        t = threading.Thread(target=body, daemon=True)
+        state["thread"] = t
+        t.start()
+        return b'{"ok": true}'
+
+    def result(payload: bytes) -> bytes:
+        t = state["thread"]
+        if t is not None:
+            t.join(TIMEOUT_S)
+        last_activity[0] = time.monotonic()
+        return json.dumps(state["result"] or {}).encode()
+
+    def stop_call(payload: bytes) -> bytes:
+        stop.set()
+        return b'{"ok": true}'
+
+    for name, fn in (("bench.setup", setup), ("bench.start", start), ("bench.result", result),
+                     ("bench.stop", stop_call)):
+        device.on_call(name, fn)
+    if announce:
+        print(f"{ADDRESS_TAG} {device.address}", flush=True)
+    print(f"tensorwire bench server listening on {device.address}", file=sys.stderr, flush=True)
+    while not stop.wait(0.2):
+        busy = state["thread"] is not None and state["thread"].is_alive()
+        if not busy and time.monotonic() - last_activity[0] > idle_timeout:
+            print("bench server: idle timeout, exiting", file=sys.stderr)
+            break
+
+
+class Client:
+    """The active side: connects, sets the server up, runs tests."""
+
+    def __init__(self, device: Device, address: str, lanes: int, max_size: int) -> None:
+        self.device = device
+        self.lanes = lanes
+        self.channels = [device.connect(address, lane=i) for i in range(lanes)]
+        self.buffers = _Buffers(device, max_size)
+        self.call("bench.setup", {"max_size": max_size, "client_id": device.id})
+        self.remote_recv = [ch.lookup("bench.recv") for ch in self.channels]
+        self.remote_flag = self.channels[0].lookup("bench.flag")
+        self.seq = 0
+
+    def call(self, name: str, req: dict[str, Any]) -> dict[str, Any]:
+        out = json.loads(self.channels[0].call(name, json.dumps(req).encode(), timeout=TIMEOUT_S))
+        if isinstance(out, dict) and out.get("error"):
+            raise RuntimeError(f"bench server: {out['error']}")
+        return out
+
+    def latency(self, op: str, size: int, iters: int, warmup: int) -> list[float]:
+        ch, b = self.channels[0], self.buffers
+        if op == "write":
+            self.call("bench.start", {"kind": "pingpong", "size": size, "iters": iters, "warmup": warmup, "seq": 0})
+            samples = _core.bench_write_pingpong(ch, b.send, b.recv, self.remote_recv[0], size, iters, warmup,
+                                                 True, TIMEOUT_S)
+            self.call("bench.result", {})
+            return list(samples)
+        self.seq += 1
+        self.call("bench.start", {"kind": "serve", "size": size, "seq": self.seq})
+        samples = _core.bench_read_latency(ch, b.recv, self.remote_recv[0], size, iters, warmup)
+        _signal(ch, b, self.remote_flag, self.seq)
+        self.call("bench.result", {})
+        return list(samples)
+
+    def bandwidth(self, op: str, size: int, iters: int, window: int, bidirectional: bool
+                  ) -> tuple[float, list[float], float | None, list[float] | None]:
+        b = self.buffers
+        self.seq += 1
+        kind = "bidir" if bidirectional else "serve"
+        self.call("bench.start", {"kind": kind, "size": size, "iters": iters, "window": window,
+                                  "lanes": self.lanes, "op": op, "seq": self.seq})
+        seconds, completions = _core.bench_stream(self.channels, op == "write", b.send, self.remote_recv,
+                                                  size, iters, window, TIMEOUT_S)
+        _signal(self.channels[0], b, self.remote_flag, self.seq)
+        if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
+            raise RuntimeError("timed out waiting for the server's end flag")
+        res = self.call("bench.result", {})
+        return seconds, list(completions), res.get("seconds"), res.get("completions")
+
+    def close(self) -> None:
+        try:
+            self.call("bench.stop", {})
+        except Exception:
+            pass
+
+
+def spawn_server(transport: str, workers: int = 1, extra_env: dict[str, str] | None = None
+                 ) -> tuple[subprocess.Popen, str]:
+    """Starts `tensorwire bench serve` on loopback and returns (process, address)."""
+    cmd = [sys.executable, "-m", "tensorwire", "bench", "serve", "--transport", transport,
+           "--host", "127.0.0.1", "--port", "0", "--workers", str(workers)]
+    env = dict(os.environ, **(extra_env or {}))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(ADDRESS_TAG):
+            return proc, line.split()[1]
+    proc.kill()
+    raise RuntimeError(f"the benchmark server did not start (exit code {proc.poll()})")
+
+
+def _open_client(args, max_size: int) -> tuple[Device, Client, subprocess.Popen | None]:
+    proc = None
+    address = args.connect
+    if not address:
+        proc, address = spawn_server(args.transport, args.workers)
+    device = Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers)
+    try:
+        client = Client(device, address, args.lanes, max_size)
+    except BaseException:
+        device.close()
+        if proc:
+            proc.kill()
+        raise
+    return device, client, proc
+
+
+def _finish(device: Device, client: Client, proc: subprocess.Popen | None) -> None:
+    client.close()
+    device.close()
+    if proc is not None:
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def run_latency(args) -> Report:
+    sizes = args.sizes
+    rtt = args.op == "read"
+    report = Report("read_lat" if rtt else "write_lat",
+                    {"transport": args.transport, "op": args.op, "iters": args.iters, "lanes": 1,
+                     "sizes": sizes, "unit": "usec", "latency": "round trip" if rtt else "one-way (RTT/2)"})
+    device, client, proc = _open_client(args, max(sizes))
+    try:
+        progress = Progress(len(sizes), report.test)
+        lines = []
+        for size in sizes:
+            iters = iterations_for(size, args.iters, args.budget)
+            warmup = max(10, iters // 10)
+            samples = client.latency(args.op, size, iters, warmup)
+            st = latency_stats(samples, 1.0 if rtt else 0.5)
+            check_latency_row(report, size, st)
+            report.rows.append({"size": size, "iters": iters, "lat_us": st, "rtt": rtt,
+                                "samples_us": [s * 1e6 for s in samples] if args.raw else None})
+            lines.append(f" {size:<7d}{iters:<12d}{st['min']:<15.2f}{st['max']:<15.2f}{st['p50']:<17.2f}"
+                         f"{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
+            progress.step(human_size(size))
+    finally:
+        _finish(device, client, proc)
+    label = "RDMA_Read latency (full round trip)" if rtt else "RDMA_Write latency (one-way = RTT/2)"
+    print(f"# {label} over {args.transport} (tensorwire)")
+    print_table(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+                "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]", lines)
+    first = report.rows[0]
+    print(report.verdict_line(f"t_typical={first['lat_us']['p50']:.2f}us@{first['size']}B"))
+    return report
+
+
+def run_bandwidth(args) -> Report:
+    sizes = args.sizes
+    name = f"{args.op}_bw" + ("_bidir" if args.bidirectional else "")
+    report = Report(name, {"transport": args.transport, "op": args.op, "iters": args.iters, "lanes": args.lanes,
+                           "window": args.window, "bidirectional": args.bidirectional, "sizes": sizes,
+                           "unit": "MB/s (10^6 B/s)"})
+    device, client, proc = _open_client(args, max(sizes))
+    try:
+        progress = Progress(len(sizes), name)
+        lines = []
+        for size in sizes:
+            iters = iterations_for(size, args.iters, args.budget)
+            seconds, completions, peer_seconds, peer_completions = client.bandwidth(
+                args.op, size, iters, args.window, args.bidirectional)
+            avg = size * iters / seconds
+            peak = peak_bandwidth(size, completions, args.window)
+            if args.bidirectional and peer_seconds:
+                # perftest -b: each side measures what it initiates; report the sum.
+                avg += size * iters / peer_seconds
+                peak += peak_bandwidth(size, peer_completions or [], args.window)
+            msg_rate = avg / size / 1e6
+            check_number(report, "BW average", avg, size)
+            if peak == peak and avg > peak * 1.001:
+                # completions are observed in batches: clamp, but say so
+                report.warn(f"average above observed peak at {size} B; peak set to average")
+                peak = avg
+            report.rows.append({"size": size, "iters": iters, "bw_MBps": avg / 1e6,
+                                "bw_peak_MBps": peak / 1e6 if peak == peak else None,
+                                "msg_rate_Mpps": msg_rate, "seconds": seconds, "lanes": args.lanes})
+            lines.append(f" {size:<11d}{iters * (2 if args.bidirectional else 1):<15d}"
+                         f"{peak / 1e6:<19.2f}{avg / 1e6:<21.2f}{msg_rate:.6f}")
+            progress.step(human_size(size))
+    finally:
+        _finish(device, client, proc)
+    kind = "RDMA_Write" if args.op == "write" else "RDMA_Read"
+    print(f"# {kind} {'bi-directional ' if args.bidirectional else ''}BW over {args.transport}, "
+          f"{args.lanes} lane(s), window {args.window} (tensorwire; MB = 10^6 B)")
+    print_table(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]", lines)
+    best = max(report.rows, key=lambda r: r["bw_MBps"])
+    print(report.verdict_line(f"BW={best['bw_MBps']:.1f}MB/s@{best['size']}B"))
+    return report

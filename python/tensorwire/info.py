@@ -1,0 +1,91 @@
+"""`tensorwire info`: which UCX is loaded and from where, what it can reach,
+and the configuration in force."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from . import __version__, _core
+
+
+def loaded_ucx_libraries() -> list[str]:
+    """Every distinct libucp/libucs file mapped into this process."""
+    found = set()
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                m = re.search(r"(/\S*lib(ucp|ucs|uct)\.so[.\d]*)$", line.strip())
+                if m:
+                    found.add(os.path.realpath(m.group(1)))
+    except OSError:
+        pass
+    return sorted(found)
+
+
+def rdma_devices() -> list[str]:
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+def transports(transport: str = "auto") -> list[str]:
+    """Transport/device pairs UCX offers for data under `transport`."""
+    from . import Device
+    with Device(transport=transport, progress="inline") as dev:
+        text = dev.describe()
+    out = []
+    for line in text.splitlines():
+        m = re.search(r"resource \d+\s*:\s*md \d+\s+dev \d+\s+flags \S+\s+(\S+)", line)
+        if m:
+            out.append(m.group(1))
+    return sorted(set(out))
+
+
+def collect(transport: str = "auto") -> dict[str, Any]:
+    libs = loaded_ucx_libraries()
+    info: dict[str, Any] = {
+        "tensorwire": __version__,
+        "protocol_version": _core.protocol_version(),
+        "ucx_version": _core.ucx_version(),
+        "ucx_headers": _core.ucx_header_version(),
+        "ucx_library": os.path.realpath(_core.ucx_library_path()),
+        "ucx_source": _core.ucx_source,
+        "ucx_libraries_loaded": libs,
+        "transports": transports(transport),
+        "rdma_devices": rdma_devices(),
+        "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("UCX_", "TENSORWIRE_"))},
+        "warnings": [],
+    }
+    dirs = {os.path.dirname(p) for p in libs if "libucp" in p or "libucs" in p}
+    if len(dirs) > 1:
+        info["warnings"].append("more than one UCX is loaded in this process: " + ", ".join(sorted(dirs)))
+    tls = info["transports"]
+    has_verbs = any(t.split("/")[0] in ("rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "dc_mlx5") for t in tls)
+    if info["rdma_devices"] and not has_verbs:
+        info["warnings"].append(
+            "RDMA devices exist (" + ", ".join(info["rdma_devices"]) + ") but UCX offers no verbs transport: "
+            "this UCX is built without verbs (the PyPI wheel is); rebuild with TENSORWIRE_UCX=system "
+            "against a UCX that has them")
+    if tls and all(t.startswith(("tcp", "self")) or "memory" in t for t in tls) and info["rdma_devices"]:
+        info["warnings"].append("only TCP is available for inter-host traffic although an RDMA device exists")
+    return info
+
+
+def render(info: dict[str, Any]) -> str:
+    lines = [
+        f"tensorwire {info['tensorwire']} (control protocol v{info['protocol_version']})",
+        f"UCX {info['ucx_version']} loaded from {info['ucx_library']}",
+        f"  built against UCX API {info['ucx_headers']} from the {info['ucx_source']} build",
+        "  UCX libraries mapped: " + ", ".join(info["ucx_libraries_loaded"]),
+        "transports UCX offers for data: " + (", ".join(info["transports"]) or "none"),
+        "RDMA devices: " + (", ".join(info["rdma_devices"]) or "none"),
+        "configuration: " + (", ".join(f"{k}={v}" for k, v in info["env"].items()) or "UCX defaults"),
+        "  control plane: tcp with peer error handling and keepalive; data endpoints: no UCX error handling,"
+        " liveness from the control plane",
+    ]
+    for w in info["warnings"]:
+        lines.append(f"WARNING: {w}")
+    return "\n".join(lines)
