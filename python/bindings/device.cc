@@ -220,7 +220,9 @@ void bind_device(nb::module_& m) {
             throw std::runtime_error(e.what());
           }
         });
-      }, nb::arg("name"), nb::arg("handler"),
+      // Fix: .none() — nanobind rejects None for an nb::object argument by default,
+      // so on_call(name, None) (removal, the branch above) raised TypeError.
+      }, nb::arg("name"), nb::arg("handler").none(),
          "Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread.")
       .def("connect", [](PyDevice& d, const std::string& address, int lane) {
         Device& device = dev(d);
@@ -283,12 +285,12 @@ void bind_device(nb::module_& m) {
   });
   m.def("bench_stream", [](std::vector<Channel> channels, bool is_write, nb::handle local,
                             std::vector<RemoteRegion> remotes, std::size_t size, int iters, int window,
-                            double timeout) {
+                            int warmup, double timeout) {
     LocalRegion l = local_region_of(local);
     bench::StreamResult res;
     {
       gil_scoped_release rel;
-      res = bench::stream(channels, is_write, l, remotes, size, iters, window, timeout);
+      res = bench::stream(channels, is_write, l, remotes, size, iters, window, warmup, timeout);
     }
     return nb::make_tuple(res.seconds, res.completions);
   });

@@ -53,10 +53,17 @@ PyType_Slot block_slots[] = {
     {0, nullptr},
 };
 
-nb::ndarray<> make_array(nb::handle self, PyBlock& b) {
+nb::ndarray<> make_array(nb::handle self, PyBlock& b, bool numpy_dtype = false) {
   live(b);
+  // Fix: numpy has no bfloat16, and nanobind's numpy export of one silently
+  // produced a 0-d object array; numpy views get the raw 16-bit words instead
+  // (as the buffer protocol does). DLPack keeps the true dtype.
+  nb::dlpack::dtype dtype = b.dtype;
+  if (numpy_dtype && dtype.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat)) {
+    dtype = nb::dtype<std::uint16_t>();
+  }
   return nb::ndarray<>(b.block.data(), b.shape.size(), reinterpret_cast<const std::size_t*>(b.shape.data()), self,
-                       nullptr, b.dtype);
+                       nullptr, dtype);
 }
 
 }  // namespace
@@ -82,10 +89,14 @@ void bind_memory(nb::module_& m) {
         return nb::bytes(s.data(), s.size());
       }, "The region descriptor a peer needs to reach this block (bytes).")
       .def("numpy", [](nb::handle self) {
-        return nb::ndarray<nb::numpy>(make_array(self, nb::cast<PyBlock&>(self)));
+        return nb::ndarray<nb::numpy>(make_array(self, nb::cast<PyBlock&>(self), /*numpy_dtype=*/true));
       }, "A numpy array viewing this block (zero copy; keeps the block alive).")
       .def("__dlpack__", [](nb::handle self, nb::kwargs kwargs) {
-        nb::object arr = nb::cast(make_array(self, nb::cast<PyBlock&>(self)));
+        // Fix: an ndarray<> without a framework casts to a bare DLPack capsule, which
+        // has no __dlpack__ (np.from_dlpack(block) failed). nb::array_api casts to
+        // nanobind's nb_ndarray, whose __dlpack__ takes the standard kwargs
+        // (max_version, dl_device, copy, stream).
+        nb::object arr = nb::cast(nb::ndarray<nb::array_api>(make_array(self, nb::cast<PyBlock&>(self))));
         return arr.attr("__dlpack__")(**kwargs);
       })
       .def("__dlpack_device__", [](PyBlock&) { return nb::make_tuple(1, 0); })

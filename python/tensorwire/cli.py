@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "--server/--connect is given.")
     _p2p_options(bw, "4K,64K,1M,16M", 1000)
     bw.add_argument("--lanes", type=_positive, default=1, help="channels (endpoints) to the peer, like perftest -q")
-    bw.add_argument("--window", type=_positive, default=32, help="operations in flight per lane (default 32)")
+    bw.add_argument("--window", type=_positive, default=None,
+                    help="operations in flight per lane (default: ~8 MiB in flight, at most 32)")
     bw.add_argument("--bidirectional", "-b", action="store_true", help="both directions at once")
     serve = bsub.add_parser("serve", help="the passive side of latency/bw (what --server runs)")
     serve.add_argument("--transport", choices=TRANSPORTS, default="auto")
@@ -115,7 +116,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from .bench import p2p
     if args.bench == "serve" or getattr(args, "server", False):
         with Device(host=args.host, port=args.port, transport=args.transport, progress="inline",
-                    workers=args.workers) as dev:
+                    workers=args.workers, spin_us=p2p.BENCH_SPIN_US) as dev:
             p2p.serve(dev)
         return 0
     args.budget = args.budget[0]

@@ -1,6 +1,8 @@
 // Copyright tensorwire authors.
 #include "bench/kernels.h"
 
+#include "core/device_impl.h"
+
 #include <chrono>
 #include <deque>
 
@@ -69,10 +71,17 @@ std::vector<double> read_latency(Channel& ch, const LocalRegion& local, const Re
 
 StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
                     const std::vector<RemoteRegion>& remotes, std::size_t size, int iters, int window,
-                    double timeout_s) {
+                    int warmup, double timeout_s) {
   if (channels.empty() || channels.size() != remotes.size()) throw InvalidArgument("one remote region per lane");
   if (window < 1) throw InvalidArgument("window must be >= 1");
   const std::size_t lanes = channels.size();
+  // Untimed warm-up: connections, rkeys and pages are ready before t0.
+  for (int i = 0; i < warmup; ++i) {
+    Channel& ch = channels[i % lanes];
+    const RemoteRegion& r = remotes[i % lanes];
+    (is_write ? ch.write(local, 0, r, 0, size) : ch.read(local, 0, r, 0, size)).wait(timeout_s);
+  }
+  for (auto& ch : channels) ch.flush().wait(timeout_s);
   std::vector<std::deque<Request>> inflight(lanes);
   StreamResult result;
   result.completions.reserve(iters);
@@ -105,10 +114,25 @@ StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRe
 bool wait_flag(Channel& ch, const volatile std::uint64_t* flag, std::uint64_t expected, double timeout_s) {
   const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
                                            std::chrono::duration<double>(timeout_s));
+  // Serve the peer's traffic: progress while there is work, and sleep on the
+  // worker's event fd once idle (on 2 vCPUs a spinning target starves the
+  // kernel's loopback TCP work).
+  auto& worker = *ch.impl()->worker;
+  auto last_event = clock::now();
+  const auto spin = std::chrono::microseconds(worker.spin_us());
   unsigned spins = 0;
   while (*flag != expected) {
-    ch.progress();
-    if ((++spins & 1023) == 0 && clock::now() > deadline) return false;
+    if (ch.progress() > 0) {
+      last_event = clock::now();
+      continue;
+    }
+    if ((++spins & 63) != 0) continue;
+    auto now = clock::now();
+    if (now > deadline) return false;
+    if (now - last_event > spin) {
+      worker.wait_event(0.001);
+      last_event = clock::now();
+    }
   }
   return true;
 }

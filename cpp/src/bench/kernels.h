@@ -34,10 +34,10 @@ struct StreamResult {
 
 // Streams `iters` writes (or reads) of `size` bytes from `local` to `remote`,
 // lanes taken round-robin from `channels`, at most `window` in flight per
-// lane, then flushes every lane.
+// lane, then flushes every lane. `warmup` operations run first, untimed.
 StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
                     const std::vector<RemoteRegion>& remotes, std::size_t size, int iters, int window,
-                    double timeout_s);
+                    int warmup, double timeout_s);
 
 // Drives progress on `channel`'s worker until the 64-bit word at `flag`
 // equals `expected`; false on timeout.

@@ -51,8 +51,14 @@ void request_init(void* request) {
 Context::Context(const std::vector<std::pair<std::string, std::string>>& overrides, bool for_control) {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
-  for (const auto& [key, value] : overrides) {
+  for (const auto& [raw_key, value] : overrides) {
+    // A leading '?' marks a tuning default: skipped when the user set it in
+    // the environment, ignored when this UCX does not know it.
+    const bool optional = !raw_key.empty() && raw_key[0] == '?';
+    const std::string key = optional ? raw_key.substr(1) : raw_key;
+    if (optional && std::getenv(("UCX_" + key).c_str())) continue;
     ucs_status_t st = ucp_config_modify(config, key.c_str(), value.c_str());
+    if (st != UCS_OK && optional) continue;
     if (st != UCS_OK) {
       ucp_config_release(config);
       throw InvalidArgument("UCX rejected setting " + key + "=" + value + ": " + ucs_status_string(st));
