@@ -8,7 +8,7 @@ TENSORWIRE_UCX ?= wheel
 export TENSORWIRE_UCX
 BUILD_CPP := build/cpp
 APT_PACKAGES := g++ pkg-config libgtest-dev iproute2
-PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.19" "cmake>=3.20" ninja numpy
+PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.22" "cmake>=3.20" ninja numpy
 PIP_TEST_DEPS := pytest pytest-timeout
 STAMP := build/.stamp
 

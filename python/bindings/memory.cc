@@ -85,7 +85,9 @@ void bind_memory(nb::module_& m) {
       .def_prop_ro("format", [](PyBlock& b) { return b.format; })
       .def_prop_ro("released", [](PyBlock& b) { return !b.block; })
       .def("descriptor", [](PyBlock& b) {
-        std::string s = live(b).block.descriptor().to_bytes();
+        RegionDescriptor d = live(b).block.descriptor();
+        if (b.nbytes) d.length = b.nbytes;  // the view, as publish() advertises it
+        std::string s = d.to_bytes();
         return nb::bytes(s.data(), s.size());
       }, "The region descriptor a peer needs to reach this block (bytes).")
       .def("numpy", [](nb::handle self) {

@@ -16,7 +16,7 @@ enum class ErrorKind {
   kConnection,        // cannot reach a peer, or the device/channel is closed
   kPeerFailed,        // the peer died or disconnected; pending work on it failed
   kPoolExhausted,     // the registered memory pool has no room within its limit
-  kProtocolMismatch,  // peer speaks another protocol version, or refused our token
+  kProtocolMismatch,  // peer speaks another protocol or format version
   kNotFound,          // named region or call handler unknown to the peer
 };
 

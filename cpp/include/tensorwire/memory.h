@@ -37,7 +37,10 @@ struct LocalRegion {
 class Block {
  public:
   Block() = default;
-  Block(Block&&) noexcept = default;
+  Block(Block&& other) noexcept
+      : slab_(std::move(other.slab_)), offset_(other.offset_), size_(other.size_) {
+    other.size_ = 0;
+  }
   Block& operator=(Block&&) noexcept;
   Block(const Block&) = delete;
   Block& operator=(const Block&) = delete;

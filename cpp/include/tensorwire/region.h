@@ -24,8 +24,8 @@ struct RegionDescriptor {
   std::string rkey;  // UCX packed remote key
 
   std::string to_bytes() const;
-  // Throws ProtocolMismatch on a wrong magic/version, InvalidArgument on a
-  // truncated or inconsistent buffer.
+  // Throws ProtocolMismatch on a wrong version, InvalidArgument on a bad
+  // magic or a truncated or inconsistent buffer.
   static RegionDescriptor from_bytes(const void* data, std::size_t size);
   bool operator==(const RegionDescriptor&) const = default;
 };
@@ -43,6 +43,7 @@ class RemoteRegion {
   std::uint64_t length() const { return descriptor().length; }
   explicit operator bool() const noexcept { return impl_ != nullptr; }
   detail::RemoteRegionImpl* impl() const noexcept { return impl_.get(); }
+  std::shared_ptr<const void> shared() const noexcept { return impl_; }
 
  private:
   std::shared_ptr<detail::RemoteRegionImpl> impl_;

@@ -10,6 +10,9 @@
 //
 // Requests are move-only. Destroying an unfinished Request does not cancel the
 // operation: UCX finishes it in the background, and any callback still fires.
+// A pending Request keeps its local memory and remote region alive. Dropping
+// the last handle to a Channel closes its endpoint and cancels what is still
+// in flight on it (those requests fail with ConnectionError).
 #pragma once
 
 #include <chrono>
@@ -26,7 +29,7 @@ class RequestState;
 
 class Request {
  public:
-  // A request that is complete with `error` (empty = success).
+  // A request that is already complete, successfully.
   Request() = default;
   explicit Request(detail::RequestState* state) noexcept : state_(state) {}
   static Request failed(ErrorKind kind, std::string what);
@@ -43,8 +46,9 @@ class Request {
   // Throws the operation's error, or Timeout (the operation keeps running).
   void wait(double timeout_s = -1.0);
   // Runs `fn(ok, message)` once on completion: at once (on this thread) if the
-  // request is already complete, otherwise on the thread that completes it (a
-  // progress thread). `fn` must be short and must not block.
+  // request is already complete, otherwise on whichever thread completes it (a
+  // progress thread, a thread spinning in wait(), the thread that fails the
+  // peer or closes the device). `fn` must be short and must not block.
   void then(std::function<void(bool ok, const std::string& message)> fn);
 
   // Status without waiting: 0 pending, 1 done, -1 failed.

@@ -101,7 +101,7 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   const std::uint64_t raddr = rd.address + remote_offset;
   ucs_status_ptr_t ptr = is_write ? ucp_put_nbx(ep->get(), buffer, length, raddr, rkey, &param)
                                   : ucp_get_nbx(ep->get(), buffer, length, raddr, rkey, &param);
-  return finish_post(ptr, op);
+  return finish_post(ptr, op, &local.owner, &remote);
 }
 
 Request ChannelImpl::flush() {
@@ -118,7 +118,8 @@ void ChannelImpl::fence() {
   ucx::check(ucp_worker_fence(worker->get()), "fence");
 }
 
-Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op) {
+Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner,
+                                 const RemoteRegion* remote) {
   if (ptr == nullptr) return Request();  // completed in place: nothing allocated
   if (UCS_PTR_IS_ERR(ptr)) {
     ucs_status_t st = UCS_PTR_STATUS(ptr);
@@ -128,6 +129,8 @@ Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op) {
   // One ref for the Request, one for the UCX callback (held by pending_).
   auto* state = new RequestState(worker, 2);
   state->owner = this;
+  if (local_owner) state->local_owner = *local_owner;
+  if (remote) state->remote_owner = remote->shared();
   bool already_failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -149,6 +152,8 @@ Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op) {
 }
 
 void ChannelImpl::settle(RequestState* state, ucs_status_t status) {
+  state->local_owner.reset();  // UCX is done with the memory
+  state->remote_owner.reset();
   if (status == UCS_OK) {
     state->complete_ok();
   } else {
@@ -203,8 +208,10 @@ std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
   auto dev = device.lock();
   if (!dev) throw ConnectionError("device is closed");
   dev->check_open();
-  if (failed()) throw PeerFailed(describe() + " has failed");
+  // Checked under the lock fail() takes: a channel made here is either
+  // refused or seen by fail()'s fan-out.
   std::lock_guard<std::mutex> lock(mu_);
+  if (failed()) throw PeerFailed(describe() + " has failed");
   auto it = channels_.find(lane);
   if (it != channels_.end()) {
     if (auto ch = it->second.lock()) return ch;
@@ -228,16 +235,17 @@ std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d)
 }
 
 void Peer::fail(ErrorKind kind, const std::string& why) {
-  if (failed_.exchange(true)) return;
-  TW_LOG_INFO("%s", why.c_str());
   std::vector<std::shared_ptr<ChannelImpl>> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.exchange(true)) return;
     for (auto& [lane, weak] : channels_) {
       if (auto ch = weak.lock()) live.push_back(std::move(ch));
     }
   }
+  TW_LOG_INFO("%s", why.c_str());
   for (auto& ch : live) ch->fail(kind, why);
+  if (auto dev = device.lock()) dev->fail_pending_control(control_ep.get(), kind, why);
 }
 
 }  // namespace detail

@@ -47,7 +47,7 @@ std::uint64_t random_id() {
 }
 
 bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+  return host == "localhost" || host.rfind("127.", 0) == 0;
 }
 
 sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t* len) {
@@ -91,7 +91,8 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   o.emplace_back("?TCP_SNDBUF", "4M");
   o.emplace_back("?TCP_RCVBUF", "4M");
   if (c.net_devices == "auto") {
-    if (is_loopback(c.host)) o.emplace_back("NET_DEVICES", "lo");
+    // A device bound to loopback talks over loopback, unless the user chose.
+    if (is_loopback(c.host) && !std::getenv("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
   } else if (!c.net_devices.empty()) {
     o.emplace_back("NET_DEVICES", c.net_devices);
   }
@@ -148,6 +149,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   }
   if (config.slab_size < 4096) throw InvalidArgument("slab_size must be at least 4096 bytes");
   if (config.connect_timeout_s <= 0) throw InvalidArgument("connect_timeout_s must be > 0");
+  if (config.keepalive_s <= 0) throw InvalidArgument("keepalive_s must be > 0");
   id = random_id();
   boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
   start_time_ = process_start_time();
@@ -237,8 +239,9 @@ void DeviceImpl::send(const std::shared_ptr<ucx::Endpoint>& ep, const control::H
   if (!ep || !ep->get()) throw ConnectionError("control connection is closed");
   auto* msg = new std::string(control::encode(h, body));
   if (msg->size() > control::kMaxMessage) {
+    const std::size_t total = msg->size();
     delete msg;
-    throw InvalidArgument("control message of " + std::to_string(body.size()) + " bytes exceeds the 1 MiB limit");
+    throw InvalidArgument("control message of " + std::to_string(total) + " bytes exceeds the 1 MiB limit");
   }
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
@@ -440,16 +443,18 @@ void DeviceImpl::on_control_error(ucp_ep_h ep, ucs_status_t status) {
 
 void DeviceImpl::handle_hello(ucp_ep_h ep, const control::Header& h, ByteReader& r) {
   const std::uint16_t mine = config.protocol_version ? config.protocol_version : control::kProtocolVersion;
-  control::Hello hello = control::decode_hello(r);
-  std::string who = hello.hostname + " (pid " + std::to_string(hello.pid) + ", " + hello.address + ")";
+  // The version is checked before the body is decoded: another version may
+  // lay HELLO out differently, and it must still get a clear refusal.
   if (h.version != mine) {
-    std::string why = "protocol version mismatch: peer " + who + " speaks v" + std::to_string(h.version) +
-                      ", this device speaks v" + std::to_string(mine);
+    std::string why = "protocol version mismatch: the peer speaks v" + std::to_string(h.version) +
+                      ", this device (" + address + ") speaks v" + std::to_string(mine);
     TW_LOG_WARN("refused connection: %s", why.c_str());
     refusals_.fetch_add(1);
     reply(ep, h, control::MsgType::kHelloReply, control::Status::kVersionMismatch, why);
     return;
   }
+  control::Hello hello = control::decode_hello(r);
+  std::string who = hello.hostname + " (pid " + std::to_string(hello.pid) + ", " + hello.address + ")";
   if (hello.token != config.token) {
     std::string why = "token mismatch: peer " + who + " presented a wrong token";
     TW_LOG_WARN("refused connection: %s", why.c_str());
@@ -473,7 +478,23 @@ void DeviceImpl::handle_hello(ucp_ep_h ep, const control::Header& h, ByteReader&
 
 void DeviceImpl::on_message(ucp_ep_h ep, const void* data, std::size_t length) {
   ByteReader r(data, length, "control message");
-  control::Header h = control::decode_header(r);
+  control::Header h = control::decode_header(r);  // throws (message dropped) on a bad magic or type
+  try {
+    dispatch(ep, h, r);
+  } catch (const std::exception& e) {
+    // A request we cannot decode gets a clear error instead of a timeout.
+    control::MsgType reply_type;
+    switch (h.type) {
+      case control::MsgType::kHello: reply_type = control::MsgType::kHelloReply; break;
+      case control::MsgType::kLookup: reply_type = control::MsgType::kLookupReply; break;
+      case control::MsgType::kCall: reply_type = control::MsgType::kCallReply; break;
+      default: throw;
+    }
+    reply(ep, h, reply_type, control::Status::kBadMessage, std::string("malformed request: ") + e.what());
+  }
+}
+
+void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) {
   switch (h.type) {
     case control::MsgType::kHello:
       handle_hello(ep, h, r);
@@ -540,6 +561,11 @@ void DeviceImpl::on_message(ucp_ep_h ep, const void* data, std::size_t length) {
           } catch (const std::exception& e) {
             status = control::Status::kHandlerError;
             out = std::string("call handler '") + name + "' failed: " + e.what();
+          }
+          if (out.size() > control::kMaxMessage - 64) {
+            status = control::Status::kHandlerError;
+            out = "the reply of call handler '" + name + "' (" + std::to_string(out.size()) +
+                  " bytes) exceeds the 1 MiB control-message limit";
           }
         }
         control::Header rh;

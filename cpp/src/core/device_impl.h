@@ -8,9 +8,9 @@
 // alive, so Python may drop objects in any order.
 //
 // Liveness: data endpoints are created without UCX peer error handling
-// (shared-memory transports refuse it, and tcp puts run ~3x slower with it);
-// the control endpoint to the same peer uses it (over tcp, with keepalive).
-// When the control endpoint fails, or a data endpoint reports an error,
+// (shared-memory transports refuse it, and tcp puts run ~3x slower with it),
+// so UCX reports nothing on them; the control endpoint to the same peer uses
+// it (over tcp, with keepalive). When the control endpoint fails,
 // Peer::fail() fails every pending request and control call on that peer.
 #pragma once
 
@@ -59,7 +59,8 @@ class ChannelImpl {
   std::shared_ptr<ucx::Endpoint> ep;
 
  private:
-  Request finish_post(ucs_status_ptr_t ptr, const char* op);
+  Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
+                      const RemoteRegion* remote = nullptr);
 
   std::mutex mu_;
   std::unordered_set<RequestState*> pending_;
@@ -112,6 +113,8 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   void on_call(const std::string& name, CallHandler handler);
   std::string describe() const;
   unsigned progress();
+  // Fails every pending control call sent on `ep`.
+  void fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, const std::string& why);
 
   // UCX callbacks (control thread).
   void on_connection_request(ucp_conn_request_h request);
@@ -135,9 +138,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
              const std::string& body);
   std::shared_ptr<ucx::Endpoint> endpoint_for(ucp_ep_h ep);
   void handle_hello(ucp_ep_h ep, const control::Header& h, detail::ByteReader& r);
+  void dispatch(ucp_ep_h ep, const control::Header& h, detail::ByteReader& r);
   void dispatcher_loop();
   control::Hello my_hello() const;
-  void fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, const std::string& why);
 
   ucp_listener_h listener_ = nullptr;
   std::atomic<std::uint64_t> refusals_{0};

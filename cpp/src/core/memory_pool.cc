@@ -177,7 +177,9 @@ ucp_rkey_h RemoteRegionImpl::rkey_for(const std::shared_ptr<ucx::Endpoint>& endp
 
 Block& Block::operator=(Block&& other) noexcept {
   if (this != &other) {
-    this->~Block();
+    if (slab_) {
+      if (auto pool = slab_->pool.lock()) pool->free(slab_.get(), offset_, size_);
+    }
     slab_ = std::move(other.slab_);
     offset_ = other.offset_;
     size_ = other.size_;
@@ -187,9 +189,9 @@ Block& Block::operator=(Block&& other) noexcept {
 }
 
 Block::~Block() {
-  if (!slab_) return;
-  if (auto pool = slab_->pool.lock()) pool->free(slab_.get(), offset_, size_);
-  slab_.reset();
+  if (slab_) {
+    if (auto pool = slab_->pool.lock()) pool->free(slab_.get(), offset_, size_);
+  }
 }
 
 void* Block::data() const noexcept { return slab_ ? slab_->base() + offset_ : nullptr; }

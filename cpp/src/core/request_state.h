@@ -50,6 +50,10 @@ class RequestState {
   std::string payload;
   // The channel that tracks this request as pending (for fan-out on failure).
   ChannelImpl* owner = nullptr;
+  // What UCX may still touch while the operation runs: the local memory's
+  // owner and the remote region (its rkey). Set only for pending requests.
+  std::shared_ptr<const void> local_owner;
+  std::shared_ptr<const void> remote_owner;
 
  private:
   bool complete(bool ok, ErrorKind kind, std::string message);

@@ -55,13 +55,15 @@ void WorkerCtl::run() {
     idle_rounds = 0;
     auto now = clock::now();
     if (now - last_event < spin) continue;
+    // Raise the flag before arming: a post that lands between arm and poll
+    // then signals the worker instead of waiting for the poll timeout.
+    sleeping_.store(true, std::memory_order_seq_cst);
     ucs_status_t st = ucp_worker_arm(worker_->get());
-    if (st == UCS_ERR_BUSY) continue;
     if (st != UCS_OK) {
-      TW_LOG_ERROR("%s: ucp_worker_arm failed: %s", name_.c_str(), ucs_status_string(st));
+      sleeping_.store(false, std::memory_order_release);
+      if (st != UCS_ERR_BUSY) TW_LOG_ERROR("%s: ucp_worker_arm failed: %s", name_.c_str(), ucs_status_string(st));
       continue;
     }
-    sleeping_.store(true, std::memory_order_release);
     struct pollfd pfd{worker_->event_fd(), POLLIN, 0};
     // The timeout bounds how long a missed wake-up can stall (never forever).
     ::poll(&pfd, 1, 100);

@@ -1,7 +1,7 @@
 // Copyright tensorwire authors.
 //
 // RAII wrappers over ucp handles. Every wrapper is non-copyable and keeps its
-// parent alive (a worker its context, an rkey its worker), so handles can be
+// parent alive (a worker its context, an rkey its endpoint), so handles can be
 // released in any order — Python's garbage collector picks the order.
 #pragma once
 
