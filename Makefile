@@ -12,7 +12,7 @@ PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.22" 
 PIP_TEST_DEPS := pytest pytest-timeout
 STAMP := build/.stamp
 
-.PHONY: all deps build demo test test-cpp test-python bench-compare clean help
+.PHONY: all deps build demo test test-cpp test-python bench-compare stubs clean help
 
 all: build
 
@@ -54,6 +54,9 @@ test: test-cpp test-python
 # The performance comparison of the core issue (writes bench/results/).
 bench-compare: build
 	bash bench/compare_ucx_perftest.sh
+
+stubs: build
+	$(PYTHON) -m nanobind.stubgen -m tensorwire._core -o python/tensorwire/_core.pyi
 
 clean:
 	rm -rf build *.egg-info

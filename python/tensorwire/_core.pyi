@@ -1,0 +1,217 @@
+"""
+tensorwire core: devices, registered memory, channels and one-sided transfers over UCX
+"""
+
+from collections.abc import Sequence
+
+from numpy.typing import NDArray
+
+
+class Block:
+    """
+    Registered pool memory. numpy/torch view it zero-copy (DLPack, buffer protocol).
+    """
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensor view."""
+
+    @property
+    def capacity(self) -> int:
+        """Bytes leased from the pool."""
+
+    @property
+    def ptr(self) -> int: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def format(self) -> str: ...
+
+    @property
+    def released(self) -> bool: ...
+
+    def descriptor(self) -> bytes:
+        """The region descriptor a peer needs to reach this block (bytes)."""
+
+    def numpy(self) -> NDArray:
+        """A numpy array viewing this block (zero copy; keeps the block alive)."""
+
+    def __dlpack__(self, **kwargs) -> object: ...
+
+    def __dlpack_device__(self) -> tuple: ...
+
+    def release(self) -> None:
+        """
+        Returns the memory to the pool now. Views taken earlier must not be used afterwards.
+        """
+
+    def __len__(self) -> int: ...
+
+    def __repr__(self) -> str: ...
+
+class Registration:
+    """Outside memory registered with a device."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def ptr(self) -> int: ...
+
+    def descriptor(self) -> bytes: ...
+
+class RemoteRegion:
+    """A peer's region, as returned by channel.lookup()."""
+
+    @property
+    def address(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    @property
+    def device_id(self) -> int: ...
+
+    def descriptor(self) -> bytes: ...
+
+    def __repr__(self) -> str: ...
+
+def parse_descriptor(arg: bytes, /) -> dict:
+    """Decodes a region descriptor (raises on malformed input)."""
+
+class Request:
+    """Completion handle of a data-path operation."""
+
+    def wait(self, timeout: object | None = None) -> None:
+        """
+        Waits until complete (timeout in seconds; None = forever). Raises the operation's error, or Timeout (the operation keeps running).
+        """
+
+    def test(self) -> bool:
+        """True once complete (progresses the worker once)."""
+
+    def done(self) -> bool:
+        """True once complete; never blocks."""
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def error(self) -> str: ...
+
+    def __await__(self) -> object: ...
+
+class Channel:
+    """One endpoint to a peer device on one lane."""
+
+    def write(self, local: object, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0, nbytes: object | None = None) -> Request:
+        """
+        One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused when the request completes; the data is visible remotely after a later flush().
+        """
+
+    def read(self, local: object, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0, nbytes: object | None = None) -> Request:
+        """One-sided read remote -> local; the data is there when it completes."""
+
+    def fence(self) -> None:
+        """Later operations on this lane's worker land after earlier ones."""
+
+    def flush(self) -> Request:
+        """
+        A request that completes when every earlier operation is visible at the peer.
+        """
+
+    def lookup(self, name: str, timeout: float = 10.0) -> RemoteRegion:
+        """The region the peer published under name (NotFound)."""
+
+    def call(self, name: str, payload: bytes = ..., timeout: float = 10.0) -> bytes:
+        """Small request/response call to the peer's handler `name`."""
+
+    @property
+    def lane(self) -> int: ...
+
+    @property
+    def peer(self) -> dict: ...
+
+    def transport_info(self) -> str:
+        """What UCX chose for this endpoint (lanes, transports)."""
+
+    def progress(self) -> int: ...
+
+class Device:
+    """A local endpoint of the fabric: UCX context, workers, pool, listener."""
+
+    def __init__(self, host: str = '127.0.0.1', port: int = 0, workers: int = 1, progress: str = 'blocking', spin_us: int = 100, transport: str = 'auto', net_devices: str = 'auto', token: str = '', slab_size: int = 67108864, pool_limit: int = 17179869184, connect_timeout: float = 10.0, keepalive: float = 1.0, protocol_version: int = 0) -> None: ...
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def workers(self) -> int: ...
+
+    def alloc_view(self, shape: Sequence[int], code: int, bits: int, format: str, alignment: int = 64) -> Block:
+        """Low-level: a pool block with a tensor view (use Device.empty)."""
+
+    def register_memory(self, ptr: int, nbytes: int) -> Registration:
+        """Low-level: registers [ptr, ptr+nbytes) (use Device.register)."""
+
+    def publish(self, name: str, region: object) -> None:
+        """Makes a block or registration findable by peers under name."""
+
+    def unpublish(self, arg: str, /) -> None: ...
+
+    def on_call(self, name: str, handler: object | None) -> None:
+        """
+        Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread.
+        """
+
+    def connect(self, address: str, lane: int = 0) -> Channel:
+        """A channel to the device at host:port on lane."""
+
+    def channel_to(self, peer_id: int, lane: int = 0) -> Channel:
+        """A channel back to a peer that connected to us."""
+
+    def peers(self) -> list: ...
+
+    def wait_for_peer(self, timeout: float = 10.0) -> dict:
+        """Blocks until a new peer connected; returns its description."""
+
+    def progress(self) -> int: ...
+
+    def stats(self) -> dict: ...
+
+    def describe(self) -> str: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def close(self) -> None:
+        """
+        Fails pending work, closes connections, stops threads. Blocks stay readable.
+        """
+
+def bench_write_pingpong(arg0: Channel, arg1: object, arg2: object, arg3: RemoteRegion, arg4: int, arg5: int, arg6: int, arg7: bool, arg8: float, /) -> list[float]: ...
+
+def bench_read_latency(arg0: Channel, arg1: object, arg2: RemoteRegion, arg3: int, arg4: int, arg5: int, /) -> list[float]: ...
+
+def bench_stream(arg0: Sequence[Channel], arg1: bool, arg2: object, arg3: Sequence[RemoteRegion], arg4: int, arg5: int, arg6: int, arg7: int, arg8: float, /) -> tuple: ...
+
+def bench_wait_flag(arg0: Channel, arg1: int, arg2: int, arg3: float, /) -> bool: ...
+
+def ucx_version() -> str:
+    """Version of the UCX library loaded at run time."""
+
+def ucx_library_path() -> str:
+    """File the UCX library was loaded from."""
+
+def ucx_header_version() -> str:
+    """UCX API version tensorwire was compiled against."""
+
+def protocol_version() -> int:
+    """tensorwire control-protocol version."""
+
+ucx_source: str = 'wheel'
