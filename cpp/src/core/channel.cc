@@ -208,19 +208,30 @@ std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
   auto dev = device.lock();
   if (!dev) throw ConnectionError("device is closed");
   dev->check_open();
-  // Checked under the lock fail() takes: a channel made here is either
-  // refused or seen by fail()'s fan-out.
-  std::lock_guard<std::mutex> lock(mu_);
-  if (failed()) throw PeerFailed(describe() + " has failed");
-  auto it = channels_.find(lane);
-  if (it != channels_.end()) {
-    if (auto ch = it->second.lock()) return ch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed()) throw PeerFailed(describe() + " has failed");
+    auto it = channels_.find(lane);
+    if (it != channels_.end()) {
+      if (auto ch = it->second.lock()) return ch;
+    }
   }
+  // Fix: the endpoint is created outside mu_. ucp_ep_create takes the UCX
+  // worker lock, and a progress thread holding that lock may call fail()
+  // (on_data_ep_error of another lane), which takes mu_: a lock-order
+  // inversion (deadlock) that ThreadSanitizer reported.
   // Lanes spread round-robin over our workers and over the peer's workers.
   auto worker = dev->workers[lane % dev->workers.size()];
   auto ch = std::make_shared<ChannelImpl>(shared_from_this(), lane, worker);
   ch->connect(hello.workers[lane % hello.workers.size()]);
-  channels_[lane] = ch;
+  // Registered under the lock fail() takes: a channel made here is either
+  // refused or seen by fail()'s fan-out. (`ch`, declared before the lock, is
+  // destroyed after it is released when refused or when another thread won.)
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed()) throw PeerFailed(describe() + " has failed");
+  auto& slot = channels_[lane];
+  if (auto existing = slot.lock()) return existing;  // another thread made this lane meanwhile
+  slot = ch;
   return ch;
 }
 

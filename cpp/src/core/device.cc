@@ -175,6 +175,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   // must be answered even when the data path runs inline.
   control_worker = std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(control_context),
                                                ProgressMode::kBlocking, 50, "tw-control");
+  control_worker->enable_progress_guard();  // see connect()
   pool_impl = std::make_shared<PoolImpl>(data_context, id, config.slab_size, config.pool_limit);
   pool = std::make_unique<MemoryPool>(pool_impl);
 }
@@ -280,7 +281,8 @@ void DeviceImpl::reply(ucp_ep_h ep, const control::Header& request, control::Msg
 }
 
 std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control::MsgType type,
-                                     const std::string& body, double timeout_s) {
+                                     const std::string& body, double timeout_s,
+                                     std::unique_lock<std::mutex>* release_after_send) {
   check_open();
   if (peer->failed()) throw PeerFailed(peer->describe() + " has failed");
   auto* state = new RequestState(nullptr, 2);  // one ref here, one in pending_
@@ -300,8 +302,10 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
     h.request_id = rid;
     if (config.protocol_version) h.version = config.protocol_version;
     send(peer->control_ep, h, body);
+    if (release_after_send) release_after_send->unlock();
     state->wait(timeout_s);
   } catch (...) {
+    if (release_after_send && release_after_send->owns_lock()) release_after_send->unlock();
     cleanup();
     state->release();
     throw;
@@ -324,6 +328,13 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   }
   socklen_t len = 0;
   sockaddr_storage ss = resolve(host, port, &len);
+  // Fix: hold the control worker's progress guard from ucp_ep_create until
+  // the HELLO is sent. Otherwise the control thread may apply a refused
+  // connection (nobody listening) in between, and UCX 1.22 then spins forever
+  // in ucp_am_send_nbx on the failed, never wired-up endpoint, holding the
+  // worker lock (seen 1 in ~5 connects to a closed port). With the guard the
+  // HELLO is queued first and fails with the endpoint: ConnectionError.
+  std::unique_lock<std::mutex> guard(control_worker->progress_guard());
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -352,7 +363,7 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   std::string body;
   try {
     body = control_call(provisional, control::MsgType::kHello, control::encode_hello(my_hello()),
-                        config.connect_timeout_s);
+                        config.connect_timeout_s, &guard);
   } catch (const Timeout&) {
     drop();
     throw ConnectionError("cannot connect to " + addr + ": no answer within " +

@@ -8,9 +8,10 @@
 // alive, so Python may drop objects in any order.
 //
 // Liveness: data endpoints are created without UCX peer error handling
-// (shared-memory transports refuse it, and tcp puts run ~3x slower with it),
-// so UCX reports nothing on them; the control endpoint to the same peer uses
-// it (over tcp, with keepalive). When the control endpoint fails,
+// (shared-memory transports refuse it, and tcp puts run ~3x slower with it):
+// UCX may still report a transport error on them (a tcp reset), but nothing
+// for shared memory. The control endpoint to the same peer uses peer error
+// handling (over tcp, with keepalive). When either reports a failure,
 // Peer::fail() fails every pending request and control call on that peer.
 #pragma once
 
@@ -105,8 +106,11 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::vector<PeerInfo> peers() const;
   PeerInfo wait_for_peer(double timeout_s);
   // Sends a control request to `peer` and waits for the reply body.
+  // `release_after_send`: a held lock (the control worker's progress guard)
+  // to unlock once the request is sent, before waiting for the reply.
   std::string control_call(const std::shared_ptr<Peer>& peer, control::MsgType type, const std::string& body,
-                           double timeout_s);
+                           double timeout_s,
+                           std::unique_lock<std::mutex>* release_after_send = nullptr);
 
   void publish(const std::string& name, const RegionDescriptor& d);
   void unpublish(const std::string& name);

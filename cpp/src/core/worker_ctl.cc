@@ -44,7 +44,7 @@ void WorkerCtl::run() {
   auto last_event = clock::now();
   unsigned idle_rounds = 0;
   while (!stop_.load(std::memory_order_acquire)) {
-    if (ucp_worker_progress(worker_->get()) > 0) {
+    if (progress() > 0) {  // takes the progress guard when enabled
       idle_rounds = 0;
       if (mode_ != ProgressMode::kPolling) last_event = clock::now();
       continue;

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -30,7 +31,21 @@ class WorkerCtl {
 
   void start();  // starts the progress thread (not in inline mode)
   void stop();   // joins it; idempotent
-  unsigned progress() { return ucp_worker_progress(worker_->get()); }
+  unsigned progress() {
+    if (!guarded_) return ucp_worker_progress(worker_->get());
+    std::lock_guard<std::mutex> lock(guard_);
+    return ucp_worker_progress(worker_->get());
+  }
+  // Progress guard (off unless enabled before start(); data workers never pay
+  // for it). While a caller holds progress_guard(), this WorkerCtl does not
+  // progress the worker, so UCX applies no endpoint failure in between two of
+  // the caller's calls. Needed by DeviceImpl::connect: UCX (1.22) spins
+  // forever, holding the worker lock, in ucp_am_send_nbx on a client-server
+  // endpoint whose connection already failed before it was wired up (its
+  // failed lanes answer pending_add with BUSY). Only ucp_worker_progress
+  // applies such a failure; Endpoint::close's own progress loop is not guarded.
+  void enable_progress_guard() { guarded_ = true; }
+  std::mutex& progress_guard() { return guard_; }
   // Wakes the progress thread if it sleeps on the event fd.
   void wake() {
     if (sleeping_.load(std::memory_order_acquire)) ucp_worker_signal(worker_->get());
@@ -52,6 +67,8 @@ class WorkerCtl {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
+  bool guarded_ = false;
+  std::mutex guard_;
 };
 
 }  // namespace tensorwire::detail

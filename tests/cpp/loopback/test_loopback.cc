@@ -1,0 +1,729 @@
+// Copyright tensorwire authors.
+//
+// Two Devices in one process, talking over 127.0.0.1: connection set-up,
+// publish/lookup, one-sided write/read, calls, lanes, and refused
+// connections. The data-path suite runs for every transport x progress mode.
+//
+// Inline mode: no thread progresses a device's workers; whoever waits drives
+// them. A tcp put only lands when the *target* worker progresses, so while an
+// inline client waits, a Pump thread drives the server's workers (the control
+// plane has its own thread in every mode).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "tensorwire/channel.h"
+#include "tensorwire/device.h"
+#include "tensorwire/error.h"
+#include "tensorwire/memory.h"
+#include "tensorwire/region.h"
+
+namespace tw = tensorwire;
+
+namespace {
+
+constexpr double kWait = 10.0;                       // every wait is bounded
+constexpr std::size_t kRegion = std::size_t(2) << 20;  // 2 MiB target/source blocks
+
+// Environment for every device of this binary, set before the first one is
+// created. Only 127.0.0.1 is used, over the loopback interface (see
+// make_config). (UCX_* globals such as UCX_WARN_UNUSED_ENV_VARS cannot be set
+// here: UCX reads them when it is loaded, before this runs.)
+const bool kEnvReady = [] {
+  setenv("TENSORWIRE_LOG", "error", 0);  // refusals below are expected; keep logs short
+  return true;
+}();
+
+const char* mode_name(tw::ProgressMode m) {
+  switch (m) {
+    case tw::ProgressMode::kBlocking: return "blocking";
+    case tw::ProgressMode::kPolling: return "polling";
+    case tw::ProgressMode::kInline: return "inline";
+  }
+  return "?";
+}
+
+tw::DeviceConfig make_config(const std::string& transport, tw::ProgressMode mode, int workers = 1) {
+  tw::DeviceConfig c;
+  c.host = "127.0.0.1";
+  c.net_devices = "lo";  // as "auto" does for 127.0.0.1, but even when UCX_NET_DEVICES is set
+  c.transport = transport;
+  c.progress = mode;
+  c.workers = workers;
+  c.slab_size = std::size_t(8) << 20;
+  c.connect_timeout_s = 5.0;
+  return c;
+}
+
+// Drives a device's workers from a thread while it lives, in inline mode only
+// (other modes have their own progress threads).
+class Pump {
+ public:
+  explicit Pump(tw::Device& device) {
+    if (device.config().progress != tw::ProgressMode::kInline) return;
+    thread_ = std::thread([this, &device] {
+      while (!stop_.load(std::memory_order_acquire)) {
+        if (device.progress() == 0) std::this_thread::yield();
+      }
+    });
+  }
+  ~Pump() { stop(); }
+  void stop() {
+    stop_.store(true, std::memory_order_release);
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+unsigned char* bytes(const tw::Block& b) { return static_cast<unsigned char*>(b.data()); }
+
+void fill_pattern(void* p, std::size_t n, unsigned seed) {
+  auto* c = static_cast<unsigned char*>(p);
+  std::uint32_t x = seed * 2654435761u + 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    x = x * 1664525u + 1013904223u;
+    c[i] = static_cast<unsigned char>(x >> 24);
+  }
+}
+
+// First differing offset, or -1.
+long first_diff(const void* a, const void* b, std::size_t n) {
+  const auto* x = static_cast<const unsigned char*>(a);
+  const auto* y = static_cast<const unsigned char*>(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (x[i] != y[i]) return static_cast<long>(i);
+  }
+  return -1;
+}
+
+bool all_equal(const void* p, std::size_t n, unsigned char v) {
+  const auto* c = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (c[i] != v) return false;
+  }
+  return true;
+}
+
+using Param = std::tuple<std::string, tw::ProgressMode>;
+
+class Loopback : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(kEnvReady);
+    start(1);
+  }
+  void TearDown() override { stop(); }
+
+  void start(int workers) {
+    stop();
+    const auto& [transport, mode] = GetParam();
+    server = std::make_unique<tw::Device>(make_config(transport, mode, workers));
+    client = std::make_unique<tw::Device>(make_config(transport, mode, workers));
+    pump = std::make_unique<Pump>(*server);
+    target = server->allocate(kRegion);
+    source = client->allocate(kRegion);
+    std::memset(target.data(), 0xa5, target.size());
+    std::memset(source.data(), 0, source.size());
+    server->publish("target", target.descriptor());
+  }
+
+  void stop() {
+    pump.reset();
+    if (client) client->close();
+    if (server) server->close();
+    source = tw::Block();
+    target = tw::Block();
+    client.reset();
+    server.reset();
+  }
+
+  tw::ProgressMode mode() const { return std::get<1>(GetParam()); }
+
+  std::unique_ptr<tw::Device> server, client;
+  std::unique_ptr<Pump> pump;
+  tw::Block target, source;
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  return std::get<0>(info.param) + "_" + mode_name(std::get<1>(info.param));
+}
+
+}  // namespace
+
+TEST_P(Loopback, ConnectAndPeers) {
+  tw::Channel ch = client->connect(server->address());
+  EXPECT_EQ(ch.lane(), 0);
+  tw::PeerInfo p = ch.peer();
+  EXPECT_EQ(p.device_id, server->id());
+  EXPECT_EQ(p.address, server->address());
+  EXPECT_EQ(p.workers, 1);
+  EXPECT_TRUE(p.same_host);
+  // The data endpoint uses the transport asked for, and nothing else.
+  const std::string info = ch.transport_info();
+  if (std::get<0>(GetParam()) == "tcp") {
+    EXPECT_NE(info.find("tcp/"), std::string::npos) << info;
+  } else {
+    EXPECT_EQ(info.find("tcp/"), std::string::npos) << info;
+    EXPECT_TRUE(info.find("posix/") != std::string::npos || info.find("sysv/") != std::string::npos ||
+                info.find("cma/") != std::string::npos || info.find("xpmem/") != std::string::npos)
+        << info;
+  }
+
+  // The server learns about the client.
+  tw::PeerInfo back = server->wait_for_peer(kWait);
+  EXPECT_EQ(back.device_id, client->id());
+  EXPECT_EQ(back.address, client->address());
+  EXPECT_TRUE(back.same_host);
+  ASSERT_EQ(server->peers().size(), 1u);
+  EXPECT_EQ(server->peers()[0].device_id, client->id());
+
+  // A second connect to the same address reuses the connection.
+  tw::Channel again = client->connect(server->address());
+  EXPECT_EQ(again.peer().device_id, server->id());
+  EXPECT_EQ(client->peers().size(), 1u);
+  EXPECT_EQ(server->peers().size(), 1u);
+  EXPECT_THROW(server->wait_for_peer(0.2), tw::Timeout);
+}
+
+TEST_P(Loopback, PublishLookup) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion r = ch.lookup("target", kWait);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r.descriptor(), target.descriptor());
+  EXPECT_EQ(r.address(), reinterpret_cast<std::uint64_t>(target.data()));
+  EXPECT_EQ(r.length(), target.size());
+
+  // Unknown names, and names after unpublish, are NotFound.
+  EXPECT_THROW(ch.lookup("no-such-region", kWait), tw::NotFound);
+  server->unpublish("target");
+  EXPECT_THROW(ch.lookup("target", kWait), tw::NotFound);
+
+  // Publishing again under a name replaces the region.
+  tw::Block other = server->allocate(4096);
+  server->publish("target", other.descriptor());
+  tw::RemoteRegion r2 = ch.lookup("target", kWait);
+  EXPECT_EQ(r2.length(), other.size());
+  EXPECT_EQ(r2.address(), reinterpret_cast<std::uint64_t>(other.data()));
+
+  EXPECT_THROW(server->publish("", other.descriptor()), tw::InvalidArgument);
+}
+
+TEST_P(Loopback, WriteAndReadSizes) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  const std::size_t local_off = 64, remote_off = 4096 + 128;
+  unsigned seed = 1;
+  for (std::size_t n : {std::size_t(1), std::size_t(4096), std::size_t(1) << 20}) {
+    SCOPED_TRACE("size " + std::to_string(n));
+    // write: client -> server
+    std::memset(target.data(), 0xa5, target.size());
+    fill_pattern(bytes(source) + local_off, n, seed++);
+    ch.write(source.region(), local_off, remote, remote_off, n).wait(kWait);
+    ch.flush().wait(kWait);
+    EXPECT_EQ(first_diff(bytes(target) + remote_off, bytes(source) + local_off, n), -1);
+    EXPECT_TRUE(all_equal(bytes(target), remote_off, 0xa5)) << "bytes before the range changed";
+    EXPECT_TRUE(all_equal(bytes(target) + remote_off + n, target.size() - remote_off - n, 0xa5))
+        << "bytes after the range changed";
+
+    // read: server -> client
+    std::memset(source.data(), 0, source.size());
+    fill_pattern(bytes(target) + remote_off, n, seed++);
+    ch.read(source.region(), local_off, remote, remote_off, n).wait(kWait);
+    EXPECT_EQ(first_diff(bytes(source) + local_off, bytes(target) + remote_off, n), -1);
+    EXPECT_TRUE(all_equal(bytes(source), local_off, 0));
+    EXPECT_TRUE(all_equal(bytes(source) + local_off + n, source.size() - local_off - n, 0));
+  }
+}
+
+TEST_P(Loopback, WholeRegionAndZeroLength) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  fill_pattern(source.data(), source.size(), 77);
+  ch.write(source.region(), 0, remote, 0, target.size()).wait(kWait);
+  ch.flush().wait(kWait);
+  EXPECT_EQ(first_diff(target.data(), source.data(), target.size()), -1);
+  // A zero-length operation at the very end is valid and completes at once.
+  tw::Request z = ch.write(source.region(), source.size(), remote, target.size(), 0);
+  EXPECT_EQ(z.state(), 1);
+  z.wait(kWait);
+}
+
+TEST_P(Loopback, WriteFromRegisteredMemory) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  std::vector<unsigned char> outside(256 * 1024);
+  fill_pattern(outside.data(), outside.size(), 5);
+  tw::Registration reg = client->pool().register_memory(outside.data(), outside.size());
+  ch.write(reg.region(), 0, remote, 8192, outside.size()).wait(kWait);
+  ch.flush().wait(kWait);
+  EXPECT_EQ(first_diff(bytes(target) + 8192, outside.data(), outside.size()), -1);
+  // And read back into a registered sub-range (a cache hit).
+  std::memset(outside.data(), 0, outside.size());
+  tw::Registration sub = client->pool().register_memory(outside.data() + 1000, 5000);
+  ch.read(sub.region(), 0, remote, 8192 + 1000, 5000).wait(kWait);
+  EXPECT_EQ(first_diff(outside.data() + 1000, bytes(target) + 8192 + 1000, 5000), -1);
+  EXPECT_TRUE(all_equal(outside.data(), 1000, 0));
+  EXPECT_TRUE(all_equal(outside.data() + 6000, outside.size() - 6000, 0));
+  EXPECT_THROW(ch.read(sub.region(), 0, remote, 0, 5001), tw::InvalidArgument);
+}
+
+TEST_P(Loopback, OutOfRangeIsRejected) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  const std::size_t L = source.size(), R = target.size();
+  fill_pattern(source.data(), L, 9);
+  std::vector<unsigned char> before(bytes(target), bytes(target) + R);
+  const std::size_t kMax = static_cast<std::size_t>(-1);
+  struct Case {
+    std::size_t local_off, remote_off, len;
+  };
+  const Case cases[] = {
+      {L - 10, 0, 11},          // local range past the end
+      {L, 0, 1},                // local offset at the end
+      {kMax, 0, 2},             // local offset + length wraps
+      {0, R - 10, 11},          // remote range past the end
+      {0, R + 1, 0},            // remote offset past the end, empty
+      {0, kMax - 1, 4},         // remote offset + length wraps
+      {0, 0, L + 1},            // longer than both
+      {0, 0, kMax},             // absurd length
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE("local_off " + std::to_string(c.local_off) + " remote_off " + std::to_string(c.remote_off) +
+                 " len " + std::to_string(c.len));
+    EXPECT_THROW(ch.write(source.region(), c.local_off, remote, c.remote_off, c.len), tw::InvalidArgument);
+    EXPECT_THROW(ch.read(source.region(), c.local_off, remote, c.remote_off, c.len), tw::InvalidArgument);
+  }
+  // A region that is not registered, or an empty remote region.
+  tw::LocalRegion unregistered{source.data(), 64, nullptr, nullptr};
+  EXPECT_THROW(ch.write(unregistered, 0, remote, 0, 64), tw::InvalidArgument);
+  EXPECT_THROW(ch.write(source.region(), 0, tw::RemoteRegion(), 0, 64), tw::InvalidArgument);
+  // A remote region of another device (the client's own block) is refused.
+  tw::RemoteRegion foreign;
+  {
+    // Reach the client's own region through a reverse channel's lookup.
+    client->publish("mine", source.descriptor());
+    server->wait_for_peer(kWait);
+    tw::Channel back = server->channel_to(client->id());
+    foreign = back.lookup("mine", kWait);
+  }
+  EXPECT_THROW(ch.write(source.region(), 0, foreign, 0, 64), tw::InvalidArgument);
+
+  // Nothing reached the target.
+  ch.flush().wait(kWait);
+  EXPECT_EQ(first_diff(target.data(), before.data(), R), -1);
+  // The channel still works afterwards.
+  ch.write(source.region(), 0, remote, 0, 100).wait(kWait);
+  ch.flush().wait(kWait);
+  EXPECT_EQ(first_diff(target.data(), source.data(), 100), -1);
+}
+
+TEST_P(Loopback, ManyRequestsInFlight) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  constexpr std::size_t kN = 256, kSize = 4096;
+  fill_pattern(source.data(), kN * kSize, 31);
+  std::vector<tw::Request> reqs;
+  reqs.reserve(kN);
+  for (std::size_t i = 0; i < kN; ++i) {
+    // Scatter: the i-th source chunk lands at a permuted offset.
+    std::size_t dst = ((i * 97) % kN) * kSize;
+    reqs.push_back(ch.write(source.region(), i * kSize, remote, dst, kSize));
+  }
+  for (auto& r : reqs) r.wait(kWait);
+  ch.flush().wait(kWait);
+  for (std::size_t i = 0; i < kN; ++i) {
+    std::size_t dst = ((i * 97) % kN) * kSize;
+    ASSERT_EQ(first_diff(bytes(target) + dst, bytes(source) + i * kSize, kSize), -1) << "chunk " << i;
+  }
+  EXPECT_TRUE(all_equal(bytes(target) + kN * kSize, target.size() - kN * kSize, 0xa5));
+
+  // Many reads in flight, completed in reverse order of posting.
+  std::memset(source.data(), 0, source.size());
+  reqs.clear();
+  for (std::size_t i = 0; i < kN; ++i) {
+    reqs.push_back(ch.read(source.region(), i * kSize, remote, (kN - 1 - i) * kSize, kSize));
+  }
+  for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) it->wait(kWait);
+  for (std::size_t i = 0; i < kN; ++i) {
+    ASSERT_EQ(first_diff(bytes(source) + i * kSize, bytes(target) + (kN - 1 - i) * kSize, kSize), -1)
+        << "chunk " << i;
+  }
+}
+
+TEST_P(Loopback, RequestCallbacks) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  fill_pattern(source.data(), 65536, 3);
+  std::mutex mu;
+  std::condition_variable cv;
+  int fired = 0;
+  bool all_ok = true;
+  std::vector<tw::Request> reqs;
+  for (int i = 0; i < 16; ++i) {
+    reqs.push_back(ch.write(source.region(), i * 4096, remote, i * 4096, 4096));
+    reqs.back().then([&](bool ok, const std::string&) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!ok) all_ok = false;
+      ++fired;
+      cv.notify_all();  // under the lock: the waiter below owns these variables
+    });
+  }
+  for (auto& r : reqs) {
+    r.wait(kWait);
+    EXPECT_EQ(r.state(), 1);
+    EXPECT_TRUE(r.test());
+    EXPECT_EQ(r.error_message(), "");
+  }
+  // Every callback runs exactly once. Not necessarily before wait() returns:
+  // the completing thread marks the request done, then runs the callback.
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::duration<double>(kWait), [&] { return fired == 16; })) << fired;
+    EXPECT_TRUE(all_ok);
+  }
+  // A callback added after completion runs at once, on this thread.
+  bool late = false;
+  reqs[0].then([&](bool ok, const std::string&) { late = ok; });
+  EXPECT_TRUE(late);
+  ch.flush().wait(kWait);
+  EXPECT_EQ(first_diff(target.data(), source.data(), 65536), -1);
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(fired, 16);
+}
+
+TEST_P(Loopback, FenceOrdersWrites) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  fill_pattern(source.data(), 1 << 20, 11);
+  tw::Request data = ch.write(source.region(), 0, remote, 0, 1 << 20);
+  ch.fence();
+  bytes(source)[(1 << 20) + 64] = 0x01;
+  tw::Request flag = ch.write(source.region(), (1 << 20) + 64, remote, (1 << 20) + 64, 1);
+  data.wait(kWait);
+  flag.wait(kWait);
+  ch.flush().wait(kWait);
+  EXPECT_EQ(bytes(target)[(1 << 20) + 64], 0x01);
+  EXPECT_EQ(first_diff(target.data(), source.data(), 1 << 20), -1);
+}
+
+TEST_P(Loopback, Calls) {
+  std::atomic<int> calls{0};
+  server->on_call("echo", [&](const std::string& payload) {
+    calls.fetch_add(1);
+    return "echo:" + payload;
+  });
+  server->on_call("fail", [](const std::string&) -> std::string { throw std::runtime_error("handler broke"); });
+  tw::Channel ch = client->connect(server->address());
+  EXPECT_EQ(ch.call("echo", "hello", kWait), "echo:hello");
+  EXPECT_EQ(ch.call("echo", "", kWait), "echo:");
+  const std::string binary("\0\1\2\xff", 4);
+  EXPECT_EQ(ch.call("echo", binary, kWait), "echo:" + binary);
+  std::string big(64 * 1024, 'b');
+  fill_pattern(big.data(), big.size(), 1);
+  EXPECT_EQ(ch.call("echo", big, kWait), "echo:" + big);
+  EXPECT_EQ(calls.load(), 4);
+
+  EXPECT_THROW(ch.call("nobody-home", "x", kWait), tw::NotFound);
+  try {
+    ch.call("fail", "x", kWait);
+    FAIL() << "expected an error from a throwing handler";
+  } catch (const tw::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("handler broke"), std::string::npos) << e.what();
+  }
+  // A handler removed with an empty function is unknown again.
+  server->on_call("echo", nullptr);
+  EXPECT_THROW(ch.call("echo", "x", kWait), tw::NotFound);
+  // A payload above the control-plane limit is refused before sending.
+  EXPECT_THROW(ch.call("echo", std::string((1 << 20) + 1, 'x'), kWait), tw::InvalidArgument);
+  // The connection survives all of that.
+  server->on_call("echo", [](const std::string& p) { return p; });
+  EXPECT_EQ(ch.call("echo", "still here", kWait), "still here");
+}
+
+TEST_P(Loopback, CallTimeoutThenLateReplyIsDropped) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool release = false;
+  server->on_call("slow", [&](const std::string& p) {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(20), [&] { return release; });  // bounded
+    return "late:" + p;
+  });
+  server->on_call("fast", [](const std::string& p) { return p; });
+  tw::Channel ch = client->connect(server->address());
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(ch.call("slow", "x", 0.3), tw::Timeout);
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(elapsed, 0.29);
+  EXPECT_LT(elapsed, 5.0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  // The late reply finds nobody waiting; the next calls get their own replies.
+  EXPECT_EQ(ch.call("fast", "one", kWait), "one");
+  EXPECT_EQ(ch.call("slow", "two", kWait), "late:two");
+}
+
+TEST_P(Loopback, PeerClosedFailsCallsAndPosts) {
+  server->on_call("echo", [](const std::string& p) { return p; });
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  EXPECT_EQ(ch.call("echo", "up", kWait), "up");
+  pump.reset();
+  server->close();
+  // The next control call fails (not a timeout): the peer closed.
+  try {
+    ch.call("echo", "down", kWait);
+    FAIL() << "call to a closed peer succeeded";
+  } catch (const tw::Error& e) {
+    EXPECT_TRUE(e.kind() == tw::ErrorKind::kPeerFailed || e.kind() == tw::ErrorKind::kConnection)
+        << static_cast<int>(e.kind()) << ": " << e.what();
+  }
+  // The failure reaches the peer table (bounded wait on its state).
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!client->peers().empty() && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  EXPECT_TRUE(client->peers().empty());
+  EXPECT_THROW(ch.write(source.region(), 0, remote, 0, 64), tw::PeerFailed);
+  EXPECT_THROW(ch.lookup("target", kWait), tw::PeerFailed);
+  EXPECT_THROW(client->connect(server->address()), tw::ConnectionError);
+  // The client device itself keeps working with another peer.
+  const auto& [transport, m] = GetParam();
+  tw::Device other(make_config(transport, m));
+  Pump other_pump(other);
+  tw::Block other_target = other.allocate(4096);
+  other.publish("t", other_target.descriptor());
+  tw::Channel ch2 = client->connect(other.address());
+  tw::RemoteRegion r2 = ch2.lookup("t", kWait);
+  fill_pattern(source.data(), 4096, 8);
+  ch2.write(source.region(), 0, r2, 0, 4096).wait(kWait);
+  ch2.flush().wait(kWait);
+  EXPECT_EQ(first_diff(other_target.data(), source.data(), 4096), -1);
+}
+
+TEST_P(Loopback, CallsFromManyThreads) {
+  server->on_call("double", [](const std::string& p) { return p + p; });
+  tw::Channel ch = client->connect(server->address());
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        std::string p = std::to_string(t) + "/" + std::to_string(i);
+        try {
+          if (ch.call("double", p, kWait) != p + p) bad.fetch_add(1);
+        } catch (const std::exception&) {
+          bad.fetch_add(1);
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+}
+
+TEST_P(Loopback, LanesWithTwoWorkers) {
+  start(2);
+  constexpr int kLanes = 4;
+  constexpr std::size_t kSlice = 64 * 1024;
+  std::vector<tw::Channel> channels;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    channels.push_back(client->connect(server->address(), lane));
+    EXPECT_EQ(channels.back().lane(), lane);
+    EXPECT_EQ(channels.back().peer().workers, 2);
+  }
+  EXPECT_EQ(client->peers().size(), 1u);  // one peer, four lanes
+  EXPECT_THROW(client->connect(server->address(), -1), tw::InvalidArgument);
+  tw::RemoteRegion remote = channels[0].lookup("target", kWait);
+  fill_pattern(source.data(), kLanes * kSlice, 21);
+  std::vector<tw::Request> reqs;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    // Each lane looks the region up itself too: the rkey is unpacked per lane.
+    tw::RemoteRegion r = lane % 2 ? channels[lane].lookup("target", kWait) : remote;
+    reqs.push_back(channels[lane].write(source.region(), lane * kSlice, r, lane * kSlice, kSlice));
+  }
+  for (auto& r : reqs) r.wait(kWait);
+  for (auto& ch : channels) ch.flush().wait(kWait);
+  EXPECT_EQ(first_diff(target.data(), source.data(), kLanes * kSlice), -1);
+
+  // Reads on every lane, each of another lane's slice.
+  std::memset(source.data(), 0, source.size());
+  reqs.clear();
+  for (int lane = 0; lane < kLanes; ++lane) {
+    int from = (lane + 1) % kLanes;
+    reqs.push_back(channels[lane].read(source.region(), from * kSlice, remote, from * kSlice, kSlice));
+  }
+  for (auto& r : reqs) r.wait(kWait);
+  EXPECT_EQ(first_diff(source.data(), target.data(), kLanes * kSlice), -1);
+}
+
+TEST_P(Loopback, ReverseChannel) {
+  tw::Channel ch = client->connect(server->address());
+  tw::PeerInfo p = server->wait_for_peer(kWait);
+  ASSERT_EQ(p.device_id, client->id());
+  client->publish("source", source.descriptor());
+  // The server writes into the client: now the client is the target.
+  Pump client_pump(*client);
+  tw::Channel back = server->channel_to(client->id());
+  tw::RemoteRegion remote = back.lookup("source", kWait);
+  fill_pattern(target.data(), 8192, 44);
+  back.write(target.region(), 0, remote, 0, 8192).wait(kWait);
+  back.flush().wait(kWait);
+  EXPECT_EQ(first_diff(source.data(), target.data(), 8192), -1);
+  EXPECT_THROW(server->channel_to(12345), tw::NotFound);
+}
+
+TEST_P(Loopback, ClosedDeviceFailsCleanly) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  client->close();
+  EXPECT_TRUE(client->closed());
+  EXPECT_THROW(ch.write(source.region(), 0, remote, 0, 64), tw::ConnectionError);
+  EXPECT_THROW(ch.lookup("target", kWait), tw::ConnectionError);
+  EXPECT_THROW(client->connect(server->address()), tw::ConnectionError);
+  // The source block is still usable memory.
+  std::memset(source.data(), 1, 64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Loopback,
+                         ::testing::Combine(::testing::Values(std::string("tcp"), std::string("shm")),
+                                            ::testing::Values(tw::ProgressMode::kBlocking,
+                                                              tw::ProgressMode::kPolling,
+                                                              tw::ProgressMode::kInline)),
+                         param_name);
+
+// ---- refused connections ----
+
+class Refusal : public ::testing::TestWithParam<tw::ProgressMode> {
+ protected:
+  void SetUp() override { ASSERT_TRUE(kEnvReady); }
+  tw::DeviceConfig config() const { return make_config("tcp", GetParam()); }
+};
+
+TEST_P(Refusal, NobodyListening) {
+  // A socket bound to a port but not listening: connections to it are refused,
+  // and nobody else can take the port while we hold it.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+
+  tw::DeviceConfig c = config();
+  c.connect_timeout_s = 3.0;
+  tw::Device client(c);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(client.connect(address), tw::ConnectionError);
+  double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(elapsed, 6.0);
+  EXPECT_TRUE(client.peers().empty());
+  // The device is still usable: it can connect somewhere real afterwards.
+  tw::Device server(config());
+  tw::Channel ch = client.connect(server.address());
+  EXPECT_EQ(ch.peer().device_id, server.id());
+  ::close(fd);
+}
+
+TEST_P(Refusal, RepeatedRefusedConnects) {
+  // Regression: UCX could apply the refusal between creating the endpoint and
+  // sending HELLO, and then spin forever in the send (about 1 connect in 5).
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0);
+  socklen_t len = sizeof(sa);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len), 0);
+  const std::string address = "127.0.0.1:" + std::to_string(ntohs(sa.sin_port));
+  tw::DeviceConfig c = config();
+  c.connect_timeout_s = 3.0;
+  tw::Device client(c);
+  for (int i = 0; i < 25; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_THROW(client.connect(address), tw::ConnectionError) << "attempt " << i;
+    double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_LT(elapsed, 6.0) << "attempt " << i;
+  }
+  ::close(fd);
+}
+
+TEST_P(Refusal, BadAddress) {
+  tw::Device client(config());
+  EXPECT_THROW(client.connect("no-port"), tw::InvalidArgument);
+  EXPECT_THROW(client.connect("127.0.0.1:0"), tw::InvalidArgument);
+  EXPECT_THROW(client.connect("127.0.0.1:99999"), tw::InvalidArgument);
+  EXPECT_THROW(client.connect("127.0.0.1:12ab"), tw::InvalidArgument);
+}
+
+TEST_P(Refusal, TokenMismatch) {
+  tw::DeviceConfig sc = config();
+  sc.token = "right-token";
+  tw::Device server(sc);
+  tw::DeviceConfig cc = config();
+  cc.token = "wrong-token";
+  tw::Device client(cc);
+  EXPECT_THROW(client.connect(server.address()), tw::ConnectionError);
+  EXPECT_EQ(server.refusals(), 1u);
+  EXPECT_TRUE(server.peers().empty());
+  EXPECT_TRUE(client.peers().empty());
+  // No token at all is a mismatch too.
+  tw::Device anonymous(config());
+  EXPECT_THROW(anonymous.connect(server.address()), tw::ConnectionError);
+  EXPECT_EQ(server.refusals(), 2u);
+  // The right token gets in.
+  cc.token = "right-token";
+  tw::Device friendly(cc);
+  tw::Channel ch = friendly.connect(server.address());
+  EXPECT_EQ(ch.peer().device_id, server.id());
+  EXPECT_EQ(server.refusals(), 2u);
+  EXPECT_EQ(server.wait_for_peer(kWait).device_id, friendly.id());
+}
+
+TEST_P(Refusal, ProtocolVersionMismatch) {
+  tw::Device server(config());
+  tw::DeviceConfig cc = config();
+  cc.protocol_version = static_cast<std::uint16_t>(tw::protocol_version() + 1);
+  tw::Device client(cc);
+  EXPECT_THROW(client.connect(server.address()), tw::ProtocolMismatch);
+  EXPECT_EQ(server.refusals(), 1u);
+  EXPECT_TRUE(server.peers().empty());
+  // And the other way round: a server speaking another version refuses us.
+  tw::DeviceConfig sc = config();
+  sc.protocol_version = static_cast<std::uint16_t>(tw::protocol_version() + 7);
+  tw::Device odd_server(sc);
+  tw::Device plain(config());
+  EXPECT_THROW(plain.connect(odd_server.address()), tw::ProtocolMismatch);
+  EXPECT_EQ(odd_server.refusals(), 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, Refusal,
+                         ::testing::Values(tw::ProgressMode::kBlocking, tw::ProgressMode::kPolling,
+                                           tw::ProgressMode::kInline),
+                         [](const ::testing::TestParamInfo<tw::ProgressMode>& info) {
+                           return std::string(mode_name(info.param));
+                         });

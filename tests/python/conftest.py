@@ -1,0 +1,174 @@
+"""Shared fixtures and helpers of the tensorwire Python tests.
+
+Everything runs on 127.0.0.1 only (the library then picks UCX_NET_DEVICES=lo
+itself). Peers in other processes are started with multiprocessing's "spawn"
+context (never fork: UCX runs threads) and report their address through a
+Pipe; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:  # spawned children inherit sys.path: they import _peers too
+    sys.path.insert(0, HERE)
+
+import tensorwire as tw  # noqa: E402
+
+import _peers  # noqa: E402
+
+HOST = "127.0.0.1"
+TRANSPORTS = ["tcp", "shm"]
+PEER_START_TIMEOUT_S = 30.0
+PAIR_SLAB_SIZE = 4 << 20
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request) -> str:
+    return request.param
+
+
+@dataclass
+class DevicePair:
+    server: tw.Device
+    client: tw.Device
+    transport: str
+
+    def channel(self, lane: int = 0) -> tw.Channel:
+        return self.client.connect(self.server.address, lane)
+
+    def __iter__(self):  # server, client = device_pair
+        return iter((self.server, self.client))
+
+
+@pytest.fixture(params=TRANSPORTS)
+def device_pair(request):
+    """Two devices in this process on one transport: (server, client)."""
+    # small slabs: every fresh slab is zeroed (page faults), 64 MiB ones cost ~0.1 s each
+    server = tw.Device(host=HOST, transport=request.param, slab_size=PAIR_SLAB_SIZE)
+    try:
+        client = tw.Device(host=HOST, transport=request.param, slab_size=PAIR_SLAB_SIZE)
+    except BaseException:
+        server.close()
+        raise
+    try:
+        yield DevicePair(server, client, request.param)
+    finally:
+        client.close()
+        server.close()
+
+
+def free_port() -> int:
+    """A port nobody listens on (bound, then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class PeerError(RuntimeError):
+    """The peer process failed; carries its traceback."""
+
+
+class PeerProcess:
+    """Runs ``target(conn, *args)`` in a spawned process.
+
+    The target reports a dict through ``conn`` once ready (``info``); the test
+    may ``send``/``recv`` more messages, ``stop()`` it cleanly or ``kill()`` it.
+    Leaving the ``with`` block always ends the process (SIGKILL as a last resort).
+    """
+
+    def __init__(self, target: Callable[..., Any], *args: Any, start_timeout: float = PEER_START_TIMEOUT_S):
+        ctx = mp.get_context("spawn")
+        self.conn, child_conn = ctx.Pipe()
+        self.proc = ctx.Process(target=target, args=(child_conn, *args), daemon=True)
+        self.proc.start()
+        child_conn.close()
+        self.info: dict = self.recv(start_timeout)
+
+    @property
+    def address(self) -> str:
+        return self.info["address"]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def recv(self, timeout: float = 10.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(0.1):
+            if not self.proc.is_alive() and not self.conn.poll(0):
+                raise PeerError(f"peer process exited with code {self.proc.exitcode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no message from the peer process within {timeout} s")
+        msg = self.conn.recv()
+        if isinstance(msg, dict) and "error" in msg:
+            raise PeerError("peer process failed:\n" + msg["error"])
+        return msg
+
+    def send(self, msg: Any) -> None:
+        self.conn.send(msg)
+
+    def request(self, msg: Any, timeout: float = 10.0) -> Any:
+        self.send(msg)
+        return self.recv(timeout)
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL, then reap (bounded)."""
+        if self.proc.is_alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.join(timeout)
+        assert not self.proc.is_alive(), "peer process survived SIGKILL"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc.is_alive():
+            try:
+                self.send("stop")
+            except OSError:
+                pass
+            self.proc.join(timeout)
+        if self.proc.is_alive():
+            self.kill()
+        self.conn.close()
+
+    def __enter__(self) -> "PeerProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_server(transport: str, regions: dict, **device_kwargs: Any) -> PeerProcess:
+    """A server process (see _peers.serve) publishing zeroed regions name -> bytes."""
+    return PeerProcess(_peers.serve, transport, regions, device_kwargs)
+
+
+def call_json(ch: tw.Channel, handler: str, timeout: float = 10.0, **kwargs: Any) -> bytes:
+    """Calls the peer's handler with the keyword arguments as a JSON payload."""
+    return ch.call(handler, json.dumps(kwargs).encode(), timeout)
+
+
+def remote_crc(ch: tw.Channel, name: str, offset: int, nbytes: int) -> int:
+    """crc32 of bytes [offset, offset+nbytes) of the peer's region `name`, computed there."""
+    return int(call_json(ch, "checksum", name=name, offset=offset, nbytes=nbytes))
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+    """Bounded polling: True as soon as pred() holds, False after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if pred():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
