@@ -19,16 +19,28 @@ void on_rma_complete(void* request, ucs_status_t status, void* user_data) {
   if (prev > ucx::kSlotDone) {
     // The poster attached and left: we own the UCX request now.
     slot->state.store(0, std::memory_order_relaxed);  // ready for reuse by UCX
-    static_cast<ChannelImpl*>(user_data)->settle(reinterpret_cast<RequestState*>(prev), status);
+    static_cast<PendingOps*>(user_data)->settle(reinterpret_cast<RequestState*>(prev), status);
     ucp_request_free(request);
   }
 }
 
+// The error handler's argument: owned by the worker (see
+// ucx::Worker::keep_until_destroyed), never by the channel.
+struct DataEpErrorArg {
+  std::weak_ptr<Peer> peer;
+  std::string peer_name;
+};
+
 void on_data_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
-  auto* ch = static_cast<ChannelImpl*>(arg);
-  ch->peer->fail(ErrorKind::kPeerFailed, std::string("data endpoint to ") + ch->peer->describe() + " failed: " +
-                                             ucs_status_string(status));
+  auto* a = static_cast<const DataEpErrorArg*>(arg);
+  if (auto peer = a->peer.lock()) {
+    peer->fail(ErrorKind::kPeerFailed, "data endpoint to " + a->peer_name + " failed: " + ucs_status_string(status));
+  }
 }
+
+std::mutex deferred_mu;
+std::vector<std::shared_ptr<const void>> deferred;
+std::atomic<bool> deferred_any{false};
 
 bool range_ok(std::size_t offset, std::size_t length, std::uint64_t size) {
   return length <= size && offset <= size - length;
@@ -36,8 +48,79 @@ bool range_ok(std::size_t offset, std::size_t length, std::uint64_t size) {
 
 }  // namespace
 
+void defer_release(std::shared_ptr<const void> owner) {
+  if (!owner) return;
+  std::lock_guard<std::mutex> lock(deferred_mu);
+  deferred.push_back(std::move(owner));
+  deferred_any.store(true, std::memory_order_release);
+}
+
+void drain_deferred_releases() {
+  if (!deferred_any.load(std::memory_order_acquire)) return;  // the common case: no lock
+  std::vector<std::shared_ptr<const void>> owners;
+  {
+    std::lock_guard<std::mutex> lock(deferred_mu);
+    owners.swap(deferred);
+    deferred_any.store(false, std::memory_order_relaxed);
+  }
+  // Released here, outside the lock: a release may defer again.
+}
+
+// ---- PendingOps ----
+
+void PendingOps::add(RequestState* state) {
+  bool already_failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.insert(state);
+    already_failed = failed();
+  }
+  retain();  // for as long as UCX owns the operation
+  if (already_failed) state->complete_error(fail_kind_, fail_message_);
+}
+
+void PendingOps::settle(RequestState* state, ucs_status_t status) {
+  // UCX is done with the memory, but this may run inside its callback.
+  defer_release(std::move(state->local_owner));
+  defer_release(std::move(state->remote_owner));
+  if (status == UCS_OK) {
+    state->complete_ok();
+  } else {
+    state->complete_error(ucx::error_kind(status), "operation to " + peer_name + " failed: " +
+                                                       ucs_status_string(status));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_.erase(state);
+  }
+  state->release();
+  release();
+}
+
+void PendingOps::fail(ErrorKind kind, const std::string& why) {
+  std::vector<RequestState*> to_fail;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed()) return;
+    fail_kind_ = kind;
+    fail_message_ = why;
+    failed_.store(true, std::memory_order_release);
+    to_fail.assign(pending_.begin(), pending_.end());
+    for (auto* s : to_fail) s->retain();
+  }
+  // Requests stay tracked (UCX still owns them); they just complete now.
+  for (auto* s : to_fail) {
+    s->complete_error(kind, why);
+    s->release();
+  }
+}
+
+void PendingOps::throw_failure() const { throw_error(fail_kind_, fail_message_); }
+
+// ---- ChannelImpl ----
+
 ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerCtl> w)
-    : peer(std::move(p)), lane(l), worker(std::move(w)) {}
+    : peer(std::move(p)), lane(l), worker(std::move(w)), ops_(new PendingOps(peer, peer->describe())) {}
 
 void ChannelImpl::connect(const std::string& remote_worker_address) {
   ucp_ep_params_t params{};
@@ -45,8 +128,10 @@ void ChannelImpl::connect(const std::string& remote_worker_address) {
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(remote_worker_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // liveness comes from the control plane
+  auto err_arg = std::make_shared<DataEpErrorArg>(DataEpErrorArg{peer, peer->describe()});
+  worker->worker()->keep_until_destroyed(err_arg);
   params.err_handler.cb = on_data_ep_error;
-  params.err_handler.arg = this;
+  params.err_handler.arg = err_arg.get();
   ucp_ep_h handle = nullptr;
   ucx::check(ucp_ep_create(worker->get(), &params, &handle),
              "cannot create a data endpoint to " + peer->describe());
@@ -54,19 +139,17 @@ void ChannelImpl::connect(const std::string& remote_worker_address) {
 }
 
 ChannelImpl::~ChannelImpl() {
-  // Close first: UCX cancels outstanding operations and their callbacks run
-  // while this object (and its pending set) is still intact.
+  // Force-close: UCX cancels what it still holds, now or (for operations
+  // queued in a transport) when the worker is destroyed; those completions
+  // land in ops_, which lives until the last of them.
   if (ep) ep->close(true);
-  std::lock_guard<std::mutex> lock(mu_);
-  for (RequestState* s : pending_) {
-    s->complete_error(ErrorKind::kConnection, "channel closed");
-    s->release();
-  }
-  pending_.clear();
+  ops_->fail(ErrorKind::kConnection, "channel closed");
+  ops_->release();
+  drain_deferred_releases();
 }
 
 void ChannelImpl::check_usable() const {
-  if (failed()) throw_error(fail_kind_, fail_message_);
+  if (failed()) ops_->throw_failure();
   if (!ep || !ep->get()) throw ConnectionError("channel is closed");
 }
 
@@ -95,13 +178,15 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
   param.cb.send = on_rma_complete;
-  param.user_data = this;
+  param.user_data = ops_;
   param.memh = local.memh;
   void* buffer = static_cast<char*>(local.address) + local_offset;
   const std::uint64_t raddr = rd.address + remote_offset;
   ucs_status_ptr_t ptr = is_write ? ucp_put_nbx(ep->get(), buffer, length, raddr, rkey, &param)
                                   : ucp_get_nbx(ep->get(), buffer, length, raddr, rkey, &param);
-  return finish_post(ptr, op, &local.owner, &remote);
+  Request request = finish_post(ptr, op, &local.owner, &remote);
+  drain_deferred_releases();
+  return request;
 }
 
 Request ChannelImpl::flush() {
@@ -109,7 +194,7 @@ Request ChannelImpl::flush() {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = on_rma_complete;
-  param.user_data = this;
+  param.user_data = ops_;
   return finish_post(ucp_ep_flush_nbx(ep->get(), &param), "flush");
 }
 
@@ -126,63 +211,22 @@ Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op, const std
     return Request::failed(ucx::error_kind(st), std::string(op) + " to " + peer->describe() + " failed: " +
                                                     ucs_status_string(st));
   }
-  // One ref for the Request, one for the UCX callback (held by pending_).
+  // One ref for the Request, one for UCX's callback (tracked by ops_).
   auto* state = new RequestState(worker, 2);
-  state->owner = this;
   if (local_owner) state->local_owner = *local_owner;
   if (remote) state->remote_owner = remote->shared();
-  bool already_failed;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_.insert(state);
-    already_failed = failed();
-  }
-  if (already_failed) state->complete_error(fail_kind_, fail_message_);
+  ops_->add(state);
   auto* slot = static_cast<ucx::RequestSlot*>(ptr);
   std::uintptr_t prev = slot->state.exchange(reinterpret_cast<std::uintptr_t>(state), std::memory_order_acq_rel);
   if (prev == ucx::kSlotDone) {
     // The callback ran before we attached: settle and free here. Otherwise
     // the callback frees (ucp_request_free before completion would silence it).
     slot->state.store(0, std::memory_order_relaxed);
-    settle(state, slot->status);
+    ops_->settle(state, slot->status);
     ucp_request_free(ptr);
   }
   worker->wake();
   return Request(state);
-}
-
-void ChannelImpl::settle(RequestState* state, ucs_status_t status) {
-  state->local_owner.reset();  // UCX is done with the memory
-  state->remote_owner.reset();
-  if (status == UCS_OK) {
-    state->complete_ok();
-  } else {
-    state->complete_error(ucx::error_kind(status), std::string("operation to ") + peer->describe() +
-                                                       " failed: " + ucs_status_string(status));
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (pending_.erase(state) == 0) return;  // already dropped by the destructor
-  }
-  state->release();
-}
-
-void ChannelImpl::fail(ErrorKind kind, const std::string& why) {
-  std::vector<RequestState*> to_fail;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed()) return;
-    fail_kind_ = kind;
-    fail_message_ = why;
-    failed_.store(true, std::memory_order_release);
-    to_fail.assign(pending_.begin(), pending_.end());
-    for (auto* s : to_fail) s->retain();
-  }
-  // Requests stay in pending_ (UCX still holds them); they just complete now.
-  for (auto* s : to_fail) {
-    s->complete_error(kind, why);
-    s->release();
-  }
 }
 
 // ---- Peer ----

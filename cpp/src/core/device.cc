@@ -99,8 +99,18 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   return o;
 }
 
+// Callback arguments of the control worker: UCX may call them after the
+// device is gone (endpoints held by users keep the worker alive), so they
+// reach the device weakly and are owned by the worker.
+struct ControlArg {
+  std::weak_ptr<DeviceImpl> device;
+};
+
+std::shared_ptr<DeviceImpl> device_of(void* arg) { return static_cast<ControlArg*>(arg)->device.lock(); }
+
 ucs_status_t on_am(void* arg, const void*, size_t, void* data, size_t length, const ucp_am_recv_param_t* param) {
-  auto* dev = static_cast<DeviceImpl*>(arg);
+  auto dev = device_of(arg);
+  if (!dev) return UCS_OK;
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     TW_LOG_WARN("dropping a control message that arrived by rendezvous (%zu bytes)", length);
     return UCS_OK;
@@ -115,11 +125,11 @@ ucs_status_t on_am(void* arg, const void*, size_t, void* data, size_t length, co
 }
 
 void on_conn_request(ucp_conn_request_h request, void* arg) {
-  static_cast<DeviceImpl*>(arg)->on_connection_request(request);
+  if (auto dev = device_of(arg)) dev->on_connection_request(request);
 }
 
 void on_control_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status) {
-  static_cast<DeviceImpl*>(arg)->on_control_error(ep, status);
+  if (auto dev = device_of(arg)) dev->on_control_error(ep, status);
 }
 
 // Control sends are fire-and-forget: the callback owns the message and the request.
@@ -183,11 +193,14 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
 DeviceImpl::~DeviceImpl() { close(); }
 
 void DeviceImpl::start() {
+  auto arg = std::make_shared<ControlArg>(ControlArg{weak_from_this()});
+  control_worker->worker()->keep_until_destroyed(arg);
+  control_arg_ = arg.get();
   ucp_am_handler_param_t am{};
   am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG;
   am.id = control::kAmId;
   am.cb = on_am;
-  am.arg = this;
+  am.arg = control_arg_;
   ucx::check(ucp_worker_set_am_recv_handler(control_worker->get(), &am), "ucp_worker_set_am_recv_handler");
 
   socklen_t len = 0;
@@ -197,7 +210,7 @@ void DeviceImpl::start() {
   lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&ss);
   lp.sockaddr.addrlen = len;
   lp.conn_handler.cb = on_conn_request;
-  lp.conn_handler.arg = this;
+  lp.conn_handler.arg = control_arg_;
   ucs_status_t st = ucp_listener_create(control_worker->get(), &lp, &listener_);
   if (st != UCS_OK) {
     throw ConnectionError("cannot listen on " + config.host + ":" + std::to_string(config.port) + ": " +
@@ -343,7 +356,7 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   params.sockaddr.addrlen = len;
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = on_control_ep_error;
-  params.err_handler.arg = this;
+  params.err_handler.arg = control_arg_;
   ucp_ep_h handle = nullptr;
   ucs_status_t st = ucp_ep_create(control_worker->get(), &params, &handle);
   if (st != UCS_OK) throw ConnectionError("cannot connect to " + addr + ": " + ucs_status_string(st), st);
@@ -405,7 +418,7 @@ void DeviceImpl::on_connection_request(ucp_conn_request_h request) {
   params.conn_request = request;
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = on_control_ep_error;
-  params.err_handler.arg = this;
+  params.err_handler.arg = control_arg_;
   ucp_ep_h handle = nullptr;
   ucs_status_t st = ucp_ep_create(control_worker->get(), &params, &handle);
   if (st != UCS_OK) {
@@ -697,6 +710,7 @@ void DeviceImpl::close() {
   for (auto& [h, ep] : endpoints) ep->close(false);
   for (auto& w : workers) w->stop();
   control_worker->stop();
+  drain_deferred_releases();
 }
 
 std::string DeviceImpl::describe() const {

@@ -37,6 +37,40 @@ namespace tensorwire::detail {
 class DeviceImpl;
 class Peer;
 
+// The part of a channel that UCX callbacks touch. Reference counted by hand:
+// the channel holds one ref and every operation UCX still owns holds one, so
+// a completion UCX delivers after the channel is gone (operations of a
+// force-closed endpoint may be purged as late as the worker's destruction)
+// still finds it.
+class PendingOps {
+ public:
+  PendingOps(std::weak_ptr<Peer> peer, std::string peer_name)
+      : peer(std::move(peer)), peer_name(std::move(peer_name)) {}
+  void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  // Tracks `state` (takes its UCX ref); completes it at once if failed.
+  void add(RequestState* state);
+  // Completes `state` with `status`, drops the UCX ref and this op's ref on us.
+  void settle(RequestState* state, ucs_status_t status);
+  // Fails every pending request with `kind`; later adds fail too. Idempotent.
+  void fail(ErrorKind kind, const std::string& why);
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  [[noreturn]] void throw_failure() const;
+
+  const std::weak_ptr<Peer> peer;
+  const std::string peer_name;
+
+ private:
+  std::atomic<int> refs_{1};
+  std::mutex mu_;
+  std::unordered_set<RequestState*> pending_;
+  std::atomic<bool> failed_{false};
+  ErrorKind fail_kind_ = ErrorKind::kConnection;
+  std::string fail_message_;
+};
+
 class ChannelImpl {
  public:
   ChannelImpl(std::shared_ptr<Peer> peer, int lane, std::shared_ptr<WorkerCtl> worker);
@@ -48,11 +82,9 @@ class ChannelImpl {
   Request flush();
   void fence();
   // Fails every pending request with `kind`; later posts throw. Idempotent.
-  void fail(ErrorKind kind, const std::string& why);
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  void fail(ErrorKind kind, const std::string& why) { ops_->fail(kind, why); }
+  bool failed() const { return ops_->failed(); }
   void check_usable() const;
-  // Completes `state` with `status` and drops it from the pending set.
-  void settle(RequestState* state, ucs_status_t status);
 
   const std::shared_ptr<Peer> peer;
   const int lane;
@@ -63,11 +95,7 @@ class ChannelImpl {
   Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
                       const RemoteRegion* remote = nullptr);
 
-  std::mutex mu_;
-  std::unordered_set<RequestState*> pending_;
-  std::atomic<bool> failed_{false};
-  ErrorKind fail_kind_ = ErrorKind::kConnection;
-  std::string fail_message_;
+  PendingOps* ops_;  // holds one ref
 };
 
 class Peer : public std::enable_shared_from_this<Peer> {
@@ -147,6 +175,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   control::Hello my_hello() const;
 
   ucp_listener_h listener_ = nullptr;
+  void* control_arg_ = nullptr;  // owned by the control worker
   std::atomic<std::uint64_t> refusals_{0};
   std::atomic<bool> closed_{false};
   mutable std::mutex mu_;

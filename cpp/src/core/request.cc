@@ -53,7 +53,9 @@ void RequestState::then(std::function<void(bool, const std::string&)> fn) {
 }
 
 bool RequestState::test() {
-  if (!finished() && worker_) worker_->progress();
+  if (!finished()) {
+    if (auto worker = worker_.lock()) worker->progress();
+  }
   return finished();
 }
 
@@ -68,25 +70,25 @@ void RequestState::wait(double timeout_s) {
                                               std::chrono::duration<double>(timeout_s));
   // Spin first, progressing the worker from this thread: the common fast case
   // completes here without any sleep or cross-thread wake-up.
-  if (worker_) {
-    const auto spin = std::chrono::microseconds(worker_->spin_us() ? worker_->spin_us() : 20);
+  if (auto worker = worker_.lock()) {
+    const auto spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
     unsigned rounds = 0;
     while (!finished()) {
-      worker_->progress();
+      worker->progress();
       if ((++rounds & 63) == 0) {
         auto now = clock::now();
         if (now - start > spin || now > deadline) break;
       }
     }
-    if (!finished() && worker_->mode() == ProgressMode::kInline) {
+    if (!finished() && worker->mode() == ProgressMode::kInline) {
       // Nobody else progresses this worker: keep driving it, sleeping on the
       // event fd between bursts.
       while (!finished()) {
         auto now = clock::now();
         if (now >= deadline) break;
         double left = std::chrono::duration<double>(deadline - now).count();
-        worker_->wait_event(left < 0.01 ? left : 0.01);
-        for (int i = 0; i < 64 && !finished(); ++i) worker_->progress();
+        worker->wait_event(left < 0.01 ? left : 0.01);
+        for (int i = 0; i < 64 && !finished(); ++i) worker->progress();
       }
     }
   }
@@ -147,7 +149,14 @@ bool Request::test() {
 
 void Request::wait(double timeout_s) {
   if (inline_failed_) throw_error(inline_error_kind_, inline_error_);
-  if (state_) state_->wait(timeout_s);
+  if (!state_) return;
+  try {
+    state_->wait(timeout_s);
+  } catch (...) {
+    detail::drain_deferred_releases();
+    throw;
+  }
+  detail::drain_deferred_releases();
 }
 
 void Request::then(std::function<void(bool, const std::string&)> fn) {

@@ -19,7 +19,13 @@
 namespace tensorwire::detail {
 
 class WorkerCtl;
-class ChannelImpl;
+
+// Owners of memory and rkeys must not be released inside a UCX callback (a
+// slab's ucp_mem_unmap, an rkey's ucp_rkey_destroy would re-enter UCX). Such
+// releases are parked and done later by a thread outside UCX: after a post,
+// after a wait, when a channel or device closes.
+void defer_release(std::shared_ptr<const void> owner);
+void drain_deferred_releases();
 
 class RequestState {
  public:
@@ -48,8 +54,6 @@ class RequestState {
 
   // Reply payload of a control-plane call (set before completion).
   std::string payload;
-  // The channel that tracks this request as pending (for fan-out on failure).
-  ChannelImpl* owner = nullptr;
   // What UCX may still touch while the operation runs: the local memory's
   // owner and the remote region (its rkey). Set only for pending requests.
   std::shared_ptr<const void> local_owner;
@@ -62,7 +66,9 @@ class RequestState {
   std::atomic<int> status_{kPending};
   ErrorKind kind_ = ErrorKind::kGeneric;
   std::string message_;
-  std::shared_ptr<WorkerCtl> worker_;
+  // Weak: an operation UCX never completes must not keep its worker alive
+  // (destroying the worker is what finally cancels it).
+  std::weak_ptr<WorkerCtl> worker_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void(bool, const std::string&)> callback_;

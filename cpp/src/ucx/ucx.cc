@@ -108,6 +108,11 @@ Worker::~Worker() {
   if (handle_) ucp_worker_destroy(handle_);
 }
 
+void Worker::keep_until_destroyed(std::shared_ptr<const void> arg) {
+  std::lock_guard<std::mutex> lock(keep_mu_);
+  keep_.push_back(std::move(arg));
+}
+
 std::string Worker::address() const {
   ucp_address_t* addr = nullptr;
   size_t len = 0;

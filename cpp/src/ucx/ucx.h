@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,11 +57,17 @@ class Worker {
   int event_fd() const { return event_fd_; }
   std::string address() const;  // packed worker address
   const std::shared_ptr<Context>& context() const { return context_; }
+  // Keeps `arg` until the worker is destroyed. For callback arguments UCX may
+  // use later than expected: it was seen to call an endpoint's error handler
+  // after that endpoint's forced close had completed.
+  void keep_until_destroyed(std::shared_ptr<const void> arg);
 
  private:
   std::shared_ptr<Context> context_;
   ucp_worker_h handle_ = nullptr;
   int event_fd_ = -1;
+  std::mutex keep_mu_;
+  std::vector<std::shared_ptr<const void>> keep_;  // released after ucp_worker_destroy
 };
 
 class MemHandle {
