@@ -100,7 +100,7 @@ def main() -> int:
                                 "target": target, "pass": ok})
         unit = "MB/s" if metric == "bw" else "us"
         lines.append(f"{transport:<5}{metric:<9}{size:>10} {ours:>11.2f} {anchor_name:<30}{anchor:>11.2f} {unit:<5}"
-                     f"{ratio:>7.2f}x  (target >= {target}x) {'PASS' if ok else 'FAIL'}")
+                     f"{ratio:>7.2f}x  (target >= {target:.2f}x) {'PASS' if ok else 'FAIL'}")
         verdicts.append(ok)
 
     for transport in args.transports.split(","):
