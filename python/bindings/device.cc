@@ -89,7 +89,7 @@ void bind_device(nb::module_& m) {
         return nb::module_::import_("tensorwire._aio").attr("await_request")(self).attr("__await__")();
       });
 
-  nb::class_<Channel>(m, "Channel", "One endpoint to a peer device on one lane.")
+  nb::class_<Channel>(m, "Channel", nb::dynamic_attr(), "One endpoint to a peer device on one lane.")
       .def("write", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
                        std::size_t remote_offset, nb::object nbytes) {
         LocalRegion lr = local_region_of(local);

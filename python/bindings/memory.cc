@@ -68,6 +68,23 @@ nb::ndarray<> make_array(nb::handle self, PyBlock& b, bool numpy_dtype = false) 
 
 }  // namespace
 
+PyBlock fill_view(PyBlock b, const TensorSpec& spec) {
+  b.shape = spec.shape;
+  b.buffer_shape.assign(spec.shape.begin(), spec.shape.end());
+  b.dtype = nb::dlpack::dtype{spec.dtype.code, spec.dtype.bits, 1};
+  b.itemsize = spec.dtype.itemsize();
+  b.nbytes = spec.nbytes();
+  switch (spec.dtype.code) {
+    case 0: b.format = spec.dtype.bits == 8 ? "b" : spec.dtype.bits == 16 ? "h" : spec.dtype.bits == 32 ? "i" : "q"; break;
+    case 1: b.format = spec.dtype.bits == 8 ? "B" : spec.dtype.bits == 16 ? "H" : spec.dtype.bits == 32 ? "I" : "Q"; break;
+    case 2: b.format = spec.dtype.bits == 16 ? "e" : spec.dtype.bits == 32 ? "f" : "d"; break;
+    case 4: b.format = "H"; break;  // bfloat16: raw words for the buffer protocol
+    case 6: b.format = "?"; break;
+    default: b.format = "B";
+  }
+  return b;
+}
+
 LocalRegion local_region_of(nb::handle obj) {
   if (nb::isinstance<PyBlock>(obj)) return live(nb::cast<PyBlock&>(obj)).block.region();
   if (nb::isinstance<Registration>(obj)) return nb::cast<Registration&>(obj).region();

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tensorwire/device.h"
+#include "tensorwire/slot.h"
 
 namespace nb = nanobind;
 
@@ -31,6 +32,9 @@ struct PyBlock {
 
 // A local memory operand of write/read: a pool Block or a Registration.
 LocalRegion local_region_of(nb::handle obj);
+
+// Gives `b` the tensor view of `spec` (shape, dtype, format, nbytes).
+PyBlock fill_view(PyBlock b, const TensorSpec& spec);
 
 struct PyDevice {
   std::unique_ptr<Device> device;

@@ -111,9 +111,42 @@ class Device(_core.Device):
         reg._keepalive = array
         return reg
 
+    def connect(self, address: str, lane: int = 0) -> Channel:
+        """A channel to the device at ``host:port`` on ``lane``."""
+        ch = super().connect(address, lane)
+        ch._device = self
+        return ch
+
+    def channel_to(self, peer_id: int, lane: int = 0) -> Channel:
+        """A channel back to a peer that connected to us."""
+        ch = super().channel_to(peer_id, lane)
+        ch._device = self
+        return ch
+
+    def static_slot(self, name: str, shape: int | Sequence[int], dtype: Any = "float32", depth: int = 2,
+                    first_seq: int = 1) -> "_core.StaticSlot":
+        """Receiver side of static placement: `depth` buffers of `shape`/`dtype`
+        in registered memory, published as `name` (see tensorwire.slots)."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        code, bits, _ = _DTYPES[dtype_name(dtype)]
+        return _core.StaticSlot(self, name, [int(s) for s in shape], code, bits, depth, first_seq)
+
+    def dynamic_slot(self, name: str, max_ndim: int = 8, max_nbytes: int = 1 << 32) -> "_core.DynamicSlot":
+        """Receiver side of dynamic allocation: tensors of any shape up to `max_ndim`
+        dimensions and `max_nbytes` bytes (see tensorwire.slots)."""
+        return _core.DynamicSlot(self, name, max_ndim, max_nbytes)
+
+
+from . import slots as _slots  # noqa: E402
+
+Channel.static_sender = _slots._static_sender
+Channel.dynamic_sender = _slots._dynamic_sender
+StaticSlot = _core.StaticSlot
+DynamicSlot = _core.DynamicSlot
 
 __all__ = [
     "Device", "Block", "Registration", "RemoteRegion", "Channel", "Request", "parse_descriptor",
     "Error", "InvalidArgument", "Timeout", "ConnectionError", "PeerFailed", "PoolExhausted",
-    "ProtocolMismatch", "NotFound", "dtype_name",
+    "ProtocolMismatch", "NotFound", "dtype_name", "StaticSlot", "DynamicSlot",
 ]

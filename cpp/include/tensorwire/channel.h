@@ -55,6 +55,8 @@ class Channel {
 
   // Asks the peer for the region it published under `name` (NotFound if none).
   RemoteRegion lookup(const std::string& name, double timeout_s = 10.0);
+  // A region of the peer described by `descriptor` (e.g. sent in a call).
+  RemoteRegion remote_region(const RegionDescriptor& descriptor);
   // Small request/response call to a handler the peer registered by `name`.
   std::string call(const std::string& name, const std::string& payload, double timeout_s = 10.0);
 

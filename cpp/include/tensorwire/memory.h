@@ -29,6 +29,7 @@ struct LocalRegion {
   std::size_t length = 0;
   ucp_mem* memh = nullptr;
   std::shared_ptr<const void> owner;
+  const std::string* rkey = nullptr;  // packed remote key (owned by `owner`)
 };
 
 // A move-only lease of pool memory. The memory returns to its pool when the

@@ -356,6 +356,14 @@ RemoteRegion Channel::lookup(const std::string& name, double timeout_s) {
   return RemoteRegion(ch.peer->remote_region(d));
 }
 
+RemoteRegion Channel::remote_region(const RegionDescriptor& d) {
+  auto& ch = impl_of(impl_);
+  if (d.device_id != ch.peer->hello.device_id) {
+    throw InvalidArgument("the region descriptor belongs to another device than this channel's peer");
+  }
+  return RemoteRegion(ch.peer->remote_region(d));
+}
+
 std::string Channel::call(const std::string& name, const std::string& payload, double timeout_s) {
   auto& ch = impl_of(impl_);
   auto dev = ch.peer->device.lock();

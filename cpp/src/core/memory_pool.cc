@@ -198,7 +198,7 @@ void* Block::data() const noexcept { return slab_ ? slab_->base() + offset_ : nu
 
 LocalRegion Block::region() const {
   if (!slab_) throw InvalidArgument("empty block");
-  return LocalRegion{data(), size_, slab_->memh->get(), slab_};
+  return LocalRegion{data(), size_, slab_->memh->get(), slab_, &slab_->memh->packed_rkey()};
 }
 
 RegionDescriptor Block::descriptor() const {
@@ -213,7 +213,7 @@ RegionDescriptor Block::descriptor() const {
 
 LocalRegion Registration::region() const {
   if (!impl_) throw InvalidArgument("empty registration");
-  return LocalRegion{address_, length_, impl_->memh->get(), impl_};
+  return LocalRegion{address_, length_, impl_->memh->get(), impl_, &impl_->memh->packed_rkey()};
 }
 
 RegionDescriptor Registration::descriptor() const {

@@ -55,6 +55,7 @@ void RequestState::then(std::function<void(bool, const std::string&)> fn) {
 bool RequestState::test() {
   if (!finished()) {
     if (auto worker = worker_.lock()) worker->progress();
+    if (poller) poller();
   }
   return finished();
 }
@@ -70,7 +71,28 @@ void RequestState::wait(double timeout_s) {
                                               std::chrono::duration<double>(timeout_s));
   // Spin first, progressing the worker from this thread: the common fast case
   // completes here without any sleep or cross-thread wake-up.
-  if (auto worker = worker_.lock()) {
+  if (poller) {
+    // Nobody else polls the word: keep polling (progress, then short sleeps).
+    auto worker = worker_.lock();
+    const auto spin = std::chrono::microseconds(worker && worker->spin_us() ? worker->spin_us() : 20);
+    auto last = clock::now();
+    unsigned rounds = 0;
+    while (!finished()) {
+      unsigned events = worker ? worker->progress() : 0;
+      if (poller()) break;
+      if (events) last = clock::now();
+      if ((++rounds & 63) != 0) continue;
+      auto now = clock::now();
+      if (now > deadline) break;
+      if (now - last > spin) {
+        if (worker && worker->mode() == ProgressMode::kInline) {
+          worker->wait_event(0.0005);
+        } else {
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      }
+    }
+  } else if (auto worker = worker_.lock()) {
     const auto spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
     unsigned rounds = 0;
     while (!finished()) {

@@ -54,6 +54,10 @@ class RequestState {
 
   // Reply payload of a control-plane call (set before completion).
   std::string payload;
+  // For requests that complete when a word in local memory changes (a slot's
+  // ack): called by wait()/test(); returns true once the request completed
+  // itself. Set before the Request is handed out; never cleared.
+  std::function<bool()> poller;
   // What UCX may still touch while the operation runs: the local memory's
   // owner and the remote region (its rkey). Set only for pending requests.
   std::shared_ptr<const void> local_owner;

@@ -1,0 +1,370 @@
+// Copyright tensorwire authors.
+#include "bench/baselines.h"
+
+#include <poll.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "tensorwire/error.h"
+
+namespace tensorwire::bench {
+
+namespace {
+
+constexpr unsigned kAmRequest = 0x7462;  // "tb": tensor bench request
+constexpr unsigned kAmReply = 0x7463;
+
+[[noreturn]] void fail(ucs_status_t st, const std::string& what) {
+  switch (st) {
+    case UCS_ERR_TIMED_OUT:
+      throw Timeout(what + ": " + ucs_status_string(st), st);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      throw InvalidArgument(what + ": " + ucs_status_string(st), st);
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+      throw PeerFailed(what + ": " + ucs_status_string(st), st);
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_CANCELED:
+    case UCS_ERR_IO_ERROR:
+      throw ConnectionError(what + ": " + ucs_status_string(st), st);
+    default:
+      throw Error(ErrorKind::kGeneric, what + ": " + ucs_status_string(st), st);
+  }
+}
+
+void check(ucs_status_t st, const std::string& what) {
+  if (st != UCS_OK) fail(st, what);
+}
+
+std::chrono::steady_clock::time_point deadline_after(double timeout_s) {
+  if (!(timeout_s > 0)) timeout_s = 1e9;  // <= 0 or NaN: effectively forever
+  if (timeout_s > 1e9) timeout_s = 1e9;
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
+bool is_set(const char* name) { return std::getenv(name) != nullptr; }
+
+}  // namespace
+
+UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback) : spin_us_(spin_us) {
+  std::vector<std::pair<std::string, std::string>> o;
+  if (transport == "tcp") {
+    o.emplace_back("TLS", "tcp");
+  } else if (transport == "shm") {
+    o.emplace_back("TLS", "sm");
+  } else if (transport == "rdma") {
+    o.emplace_back("TLS", "rc,ud,sm");
+  } else if (transport != "auto") {
+    throw InvalidArgument("transport must be auto, tcp, shm or rdma, got '" + transport + "'");
+  }
+  // The same tuning defaults as Device's data context (docs/architecture.md §3).
+  if (!is_set("UCX_TCP_SNDBUF")) o.emplace_back("?TCP_SNDBUF", "4M");
+  if (!is_set("UCX_TCP_RCVBUF")) o.emplace_back("?TCP_RCVBUF", "4M");
+  if (loopback && !is_set("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
+
+  ucp_config_t* config = nullptr;
+  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+  for (const auto& [raw_key, value] : o) {
+    const bool optional = raw_key[0] == '?';
+    const std::string key = optional ? raw_key.substr(1) : raw_key;
+    ucs_status_t st = ucp_config_modify(config, key.c_str(), value.c_str());
+    if (st != UCS_OK && optional) continue;
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      throw InvalidArgument("UCX rejected setting " + key + "=" + value + ": " + ucs_status_string(st));
+    }
+    if (key == "TLS") tls_ = value;
+  }
+  if (tls_.empty()) {
+    const char* env = std::getenv("UCX_TLS");
+    tls_ = env ? env : "all";
+  }
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.name = "tensorwire-baseline";
+  ucs_status_t st = ucp_init(&params, config, &context_);
+  ucp_config_release(config);
+  check(st, "ucp_init");
+
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // mu_ serialises callers
+  st = ucp_worker_create(context_, &wp, &worker_);
+  if (st != UCS_OK) {
+    ucp_cleanup(context_);
+    context_ = nullptr;
+    check(st, "ucp_worker_create");
+  }
+  if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;  // then spin only
+
+  for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmRequest, &UcxBaseline::on_request},
+                        std::pair<unsigned, ucp_am_recv_callback_t>{kAmReply, &UcxBaseline::on_reply}}) {
+    ucp_am_handler_param_t am{};
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.id = id;
+    am.cb = cb;
+    am.arg = this;
+    am.flags = UCP_AM_FLAG_WHOLE_MSG | (id == kAmRequest ? UCP_AM_FLAG_PERSISTENT_DATA : 0);
+    st = ucp_worker_set_am_recv_handler(worker_, &am);
+    if (st != UCS_OK) {
+      ucp_worker_destroy(worker_);
+      ucp_cleanup(context_);
+      worker_ = nullptr;
+      context_ = nullptr;
+      check(st, "ucp_worker_set_am_recv_handler");
+    }
+  }
+}
+
+UcxBaseline::~UcxBaseline() {
+  try {
+    close();
+  } catch (...) {
+  }
+}
+
+void UcxBaseline::close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_) return;
+  for (auto& in : requests_) release(in);
+  requests_.clear();
+  if (ep_) {
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t req = ucp_ep_close_nbx(ep_, &param);
+    ep_ = nullptr;
+    if (UCS_PTR_IS_PTR(req)) {
+      auto deadline = clock::now() + std::chrono::seconds(1);
+      while (ucp_request_check_status(req) == UCS_INPROGRESS && clock::now() < deadline) {
+        ucp_worker_progress(worker_);
+      }
+      ucp_request_free(req);
+    }
+  }
+  ucp_worker_destroy(worker_);
+  worker_ = nullptr;
+  ucp_cleanup(context_);
+  context_ = nullptr;
+}
+
+std::string UcxBaseline::address() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_) throw ConnectionError("baseline is closed");
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  check(ucp_worker_get_address(worker_, &addr, &len), "ucp_worker_get_address");
+  std::string out(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(worker_, addr);
+  return out;
+}
+
+void UcxBaseline::connect(const std::string& peer_address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_) throw ConnectionError("baseline is closed");
+  if (ep_) throw InvalidArgument("already connected");
+  if (peer_address.empty()) throw InvalidArgument("empty peer address");
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  ep.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
+  // Shared-memory transports refuse peer error handling (docs/architecture.md §8).
+  ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+  check(ucp_ep_create(worker_, &ep, &ep_), "ucp_ep_create");
+}
+
+void UcxBaseline::require_ep() const {
+  if (!worker_) throw ConnectionError("baseline is closed");
+  if (!ep_) throw ConnectionError("baseline is not connected");
+}
+
+ucs_status_t UcxBaseline::on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                     const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxBaseline*>(arg);
+  Incoming in;
+  in.header.assign(static_cast<const char*>(header), header_length);
+  in.length = length;
+  in.rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (in.rndv || (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_DATA)) {
+    in.desc = data;  // kept until am_recv copies it out (or close releases it)
+    self->requests_.push_back(std::move(in));
+    return UCS_INPROGRESS;
+  }
+  // Not persistent (never with UCP_AM_FLAG_PERSISTENT_DATA, but allowed by
+  // the API): keep a copy.
+  in.copy.assign(static_cast<const char*>(data), length);
+  self->requests_.push_back(std::move(in));
+  return UCS_OK;
+}
+
+ucs_status_t UcxBaseline::on_reply(void* arg, const void*, size_t, void* data, size_t length,
+                                   const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxBaseline*>(arg);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    // Replies are sent eager; a rendezvous one is not ours. Returning UCS_OK
+    // releases the descriptor.
+    self->replies_.emplace_back();
+    return UCS_OK;
+  }
+  self->replies_.emplace_back(static_cast<const char*>(data), length);
+  return UCS_OK;
+}
+
+void UcxBaseline::release(Incoming& in) {
+  if (in.desc && !in.rndv && worker_) ucp_am_data_release(worker_, in.desc);
+  if (in.desc && in.rndv && worker_) {
+    // An unreceived rendezvous message: receiving into nothing is not
+    // possible, so release its descriptor (UCX drops the data).
+    ucp_am_data_release(worker_, in.desc);
+  }
+  in.desc = nullptr;
+}
+
+void UcxBaseline::drive(const std::function<bool()>& done, clock::time_point deadline, const char* what) {
+  const auto spin = std::chrono::microseconds(spin_us_);
+  auto last_event = clock::now();
+  unsigned spins = 0;
+  while (!done()) {
+    if (ucp_worker_progress(worker_) > 0) {
+      last_event = clock::now();
+      continue;
+    }
+    if ((++spins & 63) != 0) continue;
+    auto now = clock::now();
+    if (now > deadline) throw Timeout(std::string("UCX baseline: timed out in ") + what);
+    if (efd_ >= 0 && now - last_event > spin) {
+      // Idle: sleep on the event fd (bounded; a missed wake-up costs <= 1 ms).
+      ucs_status_t st = ucp_worker_arm(worker_);
+      if (st == UCS_OK) {
+        pollfd p{efd_, POLLIN, 0};
+        ::poll(&p, 1, 1);
+      } else if (st != UCS_ERR_BUSY) {
+        fail(st, "ucp_worker_arm");
+      }
+      last_event = clock::now();
+    }
+  }
+}
+
+ucs_status_t UcxBaseline::wait_request(ucs_status_ptr_t req, clock::time_point deadline, const char* what,
+                                       ucp_tag_recv_info_t* tag_info) {
+  if (req == nullptr) return UCS_OK;
+  if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
+  ucs_status_t st = UCS_INPROGRESS;
+  auto finished = [&] {
+    st = tag_info ? ucp_tag_recv_request_test(req, tag_info) : ucp_request_check_status(req);
+    return st != UCS_INPROGRESS;
+  };
+  try {
+    drive(finished, deadline, what);
+  } catch (const Timeout&) {
+    // The buffer must not be touched after we return: cancel, then let the
+    // cancellation complete (bounded).
+    ucp_request_cancel(worker_, req);
+    auto until = clock::now() + std::chrono::seconds(1);
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && clock::now() < until) ucp_worker_progress(worker_);
+    ucp_request_free(req);
+    throw;
+  }
+  ucp_request_free(req);
+  return st;
+}
+
+void UcxBaseline::tag_send(const void* buffer, std::size_t nbytes, std::uint64_t tag, double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_ep();
+  ucp_request_param_t param{};
+  ucs_status_ptr_t req = ucp_tag_send_nbx(ep_, buffer, nbytes, tag, &param);
+  ucs_status_t st = wait_request(req, deadline_after(timeout_s), "tag_send");
+  if (st != UCS_OK) fail(st, "ucp_tag_send_nbx");
+}
+
+std::size_t UcxBaseline::tag_recv(void* buffer, std::size_t capacity, std::uint64_t tag, double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_) throw ConnectionError("baseline is closed");
+  ucp_tag_recv_info_t info{};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_RECV_INFO;
+  param.recv_info.tag_info = &info;
+  ucs_status_ptr_t req = ucp_tag_recv_nbx(worker_, buffer, capacity, tag, ~ucp_tag_t(0), &param);
+  ucs_status_t st = wait_request(req, deadline_after(timeout_s), "tag_recv", req ? &info : nullptr);
+  if (st != UCS_OK) fail(st, "ucp_tag_recv_nbx");
+  return info.length;
+}
+
+std::string UcxBaseline::am_request(const std::string& header, const void* payload, std::size_t nbytes,
+                                    double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_ep();
+  const auto deadline = deadline_after(timeout_s);
+  // Serialization: the payload is copied into the request message, as an
+  // RPC stack marshals its arguments.
+  if (send_msg_.size() < nbytes) send_msg_.resize(nbytes);
+  if (nbytes) std::memcpy(send_msg_.data(), payload, nbytes);
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
+  ucs_status_ptr_t req =
+      ucp_am_send_nbx(ep_, kAmRequest, header.data(), header.size(), send_msg_.data(), nbytes, &param);
+  ucs_status_t st = wait_request(req, deadline, "am_request send");
+  if (st != UCS_OK) fail(st, "ucp_am_send_nbx");
+  drive([this] { return !replies_.empty(); }, deadline, "am_request reply");
+  std::string reply = std::move(replies_.front());
+  replies_.pop_front();
+  return reply;
+}
+
+UcxBaseline::AmMessage UcxBaseline::am_recv(void* buffer, std::size_t capacity, double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!worker_) throw ConnectionError("baseline is closed");
+  const auto deadline = deadline_after(timeout_s);
+  drive([this] { return !requests_.empty(); }, deadline, "am_recv");
+  Incoming in = std::move(requests_.front());
+  requests_.pop_front();
+  AmMessage out{std::move(in.header), in.length};
+  if (in.length > capacity) {
+    release(in);
+    throw InvalidArgument("am_recv: message of " + std::to_string(in.length) + " bytes exceeds the buffer (" +
+                          std::to_string(capacity) + ")");
+  }
+  const char* src = nullptr;
+  if (in.rndv) {
+    // The request's data lands in the server's message buffer first.
+    if (recv_msg_.size() < in.length) recv_msg_.resize(in.length);
+    ucp_request_param_t param{};
+    void* desc = in.desc;
+    in.desc = nullptr;  // UCX owns it from here
+    ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_, desc, recv_msg_.data(), in.length, &param);
+    ucs_status_t st = wait_request(req, deadline, "am_recv data");
+    if (st != UCS_OK) fail(st, "ucp_am_recv_data_nbx");
+    src = recv_msg_.data();
+  } else if (in.desc) {
+    src = static_cast<const char*>(in.desc);
+  } else {
+    src = in.copy.data();
+  }
+  // Deserialization: copy out into the caller's array.
+  if (in.length) std::memcpy(buffer, src, in.length);
+  release(in);
+  return out;
+}
+
+void UcxBaseline::am_reply(const std::string& payload, double timeout_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  require_ep();
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_COPY_HEADER;
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep_, kAmReply, nullptr, 0, payload.data(), payload.size(), &param);
+  ucs_status_t st = wait_request(req, deadline_after(timeout_s), "am_reply");
+  if (st != UCS_OK) fail(st, "ucp_am_send_nbx (reply)");
+}
+
+}  // namespace tensorwire::bench

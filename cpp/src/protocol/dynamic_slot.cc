@@ -1,0 +1,385 @@
+// Copyright tensorwire authors.
+//
+// Dynamic allocation. The receiver's record (little-endian, `record_size`
+// bytes, the sequence word alone in the last 64-byte line):
+//   0 u32 magic "TWDR" | 4 u16 version | 6 u8 dtype code | 7 u8 dtype bits
+//   8 u32 ndim | 12 u32 rkey length | 16 u64 nbytes | 24 u64 sender address
+//   32 u64 sender device id | 40 i64 dims[max_ndim] | rkey bytes (kMaxRkey)
+//   record_size-64: u64 sequence
+// The sender's ack block: 0 u64 acked sequence | 8 u64 status of that record
+// (0 accepted, else a RecordError); the receiver writes status, fences, then
+// the sequence.
+#include <cstring>
+
+#include "protocol/slot_common.h"
+
+namespace tensorwire {
+namespace detail {
+
+namespace {
+constexpr std::uint32_t kRecordMagic = 0x52445754;  // "TWDR"
+constexpr std::uint16_t kRecordVersion = 1;
+constexpr std::size_t kHeader = 40;
+constexpr std::size_t kMaxRkey = 2048;
+
+enum RecordError : std::uint64_t {
+  kAccepted = 0, kBadMagic = 1, kBadVersion = 2, kBadDtype = 3, kBadNdim = 4, kBadDims = 5,
+  kSizeMismatch = 6, kTooLarge = 7, kBadRkey = 8, kReadFailed = 9,
+};
+
+const char* describe_error(std::uint64_t e) {
+  switch (e) {
+    case kBadMagic: return "bad magic";
+    case kBadVersion: return "unknown record version";
+    case kBadDtype: return "unknown dtype";
+    case kBadNdim: return "too many dimensions";
+    case kBadDims: return "negative dimension";
+    case kSizeMismatch: return "nbytes does not match the shape and dtype";
+    case kTooLarge: return "nbytes exceeds the slot's limit";
+    case kBadRkey: return "bad remote key";
+    case kReadFailed: return "reading the data failed";
+    default: return "refused";
+  }
+}
+
+std::size_t record_size_for(int max_ndim) { return align64(kHeader + 8 * max_ndim + kMaxRkey) + 64; }
+}  // namespace
+
+class DynamicSlotImpl {
+ public:
+  std::weak_ptr<DeviceImpl> device;
+  std::string name;
+  int max_ndim = 8;
+  std::size_t max_nbytes = 0;
+  std::size_t record_size = 0;
+  Block record, ack_src;
+  std::mutex mu;
+  Channel to_sender;
+  RemoteRegion sender_ack;
+  std::uint64_t sender_id = 0;
+  std::atomic<bool> attached{false};
+  std::uint64_t expected = 1;
+  SlotStats stats;
+
+  const char* base() const { return static_cast<const char*>(record.data()); }
+  bool ready() const { return load_acquire(base() + record_size - 64) == expected; }
+
+  std::string attach(const std::string& payload) {
+    ByteReader r(payload.data(), payload.size(), "dynamic slot attach");
+    auto id = r.get<std::uint64_t>();
+    std::string desc = r.get_bytes32();
+    auto dev = device.lock();
+    if (!dev) throw ConnectionError("device is closed");
+    Channel ch(dev->peer_by_id(id)->channel(0));
+    RemoteRegion ack = ch.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
+    if (ack.length() < 16) throw InvalidArgument("ack region too small");
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (attached && !to_sender.impl()->failed()) {
+        throw InvalidArgument("dynamic slot '" + name + "' already has a sender");
+      }
+      to_sender = ch;
+      sender_ack = ack;
+      sender_id = id;
+      attached = true;
+    }
+    ByteWriter w;
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(max_ndim));
+    w.put<std::uint64_t>(max_nbytes);
+    w.put<std::uint64_t>(record_size);
+    w.put<std::uint64_t>(expected);
+    w.put_bytes32(record.descriptor().to_bytes());
+    return std::move(w.str());
+  }
+
+  // Status first, fence, then the sequence: the sender reads the sequence,
+  // then trusts the status.
+  void ack(std::uint64_t seq, std::uint64_t status) {
+    auto* w = static_cast<std::uint64_t*>(ack_src.data());
+    w[0] = seq;
+    w[1] = status;
+    LocalRegion src = ack_src.region();
+    Request a = to_sender.write(src, 8, sender_ack, 8, 8);
+    to_sender.fence();
+    Request b = to_sender.write(src, 0, sender_ack, 0, 8);
+    a.wait(10.0);
+    b.wait(10.0);
+  }
+
+  // Validates the record; returns the spec, or a RecordError.
+  std::uint64_t validate(TensorSpec* spec, std::uint64_t* nbytes, std::uint64_t* address, std::string* rkey) const {
+    const char* p = base();
+    std::uint32_t magic, ndim, rkey_len;
+    std::uint16_t version;
+    std::memcpy(&magic, p + 0, 4);
+    std::memcpy(&version, p + 4, 2);
+    spec->dtype.code = static_cast<std::uint8_t>(p[6]);
+    spec->dtype.bits = static_cast<std::uint8_t>(p[7]);
+    std::memcpy(&ndim, p + 8, 4);
+    std::memcpy(&rkey_len, p + 12, 4);
+    std::memcpy(nbytes, p + 16, 8);
+    std::memcpy(address, p + 24, 8);
+    if (magic != kRecordMagic) return kBadMagic;
+    if (version != kRecordVersion) return kBadVersion;
+    if (!spec->dtype.valid()) return kBadDtype;
+    if (ndim > static_cast<std::uint32_t>(max_ndim)) return kBadNdim;
+    spec->shape.resize(ndim);
+    std::memcpy(spec->shape.data(), p + kHeader, 8 * ndim);
+    for (auto d : spec->shape) {
+      if (d < 0) return kBadDims;
+    }
+    std::size_t expect;
+    try {
+      expect = spec->nbytes();
+    } catch (const InvalidArgument&) {
+      return kTooLarge;
+    }
+    if (expect != *nbytes) return kSizeMismatch;
+    if (*nbytes > max_nbytes) return kTooLarge;
+    if (*nbytes > 0 && (rkey_len == 0 || rkey_len > kMaxRkey)) return kBadRkey;
+    rkey->assign(p + kHeader + 8 * max_ndim, rkey_len);
+    return kAccepted;
+  }
+
+  // Consumes the record that is ready: returns the data, or throws.
+  Block take(TensorSpec* spec) {
+    auto dev = device.lock();
+    if (!dev) throw ConnectionError("device is closed");
+    const std::uint64_t seq = expected++;
+    std::uint64_t nbytes = 0, address = 0;
+    std::string rkey;
+    std::uint64_t status = validate(spec, &nbytes, &address, &rkey);
+    if (status != kAccepted) {
+      ++stats.rejected;
+      ack(seq, status);
+      throw InvalidArgument("dynamic slot '" + name + "' refused record " + std::to_string(seq) + ": " +
+                            describe_error(status));
+    }
+    Block out = dev->pool->allocate(nbytes ? nbytes : 1, 64);
+    if (nbytes > 0) {
+      RegionDescriptor d;
+      d.device_id = sender_id;
+      d.address = address;
+      d.length = nbytes;
+      d.rkey = rkey;
+      try {
+        RemoteRegion src = to_sender.remote_region(d);
+        to_sender.read(out.region(), 0, src, 0, nbytes).wait(60.0);
+      } catch (const Error&) {
+        ++stats.rejected;
+        try {
+          ack(seq, kReadFailed);
+        } catch (const Error&) {
+        }
+        throw;
+      }
+    }
+    ack(seq, kAccepted);
+    ++stats.received;
+    stats.bytes += nbytes;
+    return out;
+  }
+};
+
+class DynamicSenderImpl {
+ public:
+  Channel channel;
+  RemoteRegion record;
+  int max_ndim = 8;
+  std::size_t max_nbytes = 0, record_size = 0;
+  std::uint64_t next_seq = 1;
+  Block ack, staging, seq_src;
+  SlotStats stats;
+  std::uint64_t acked() const { return load_acquire(ack.data()); }
+  std::uint64_t status() const { return load_acquire(static_cast<const char*>(ack.data()) + 8); }
+};
+
+}  // namespace detail
+
+// ---- DynamicSlot ----
+
+DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, std::size_t max_nbytes)
+    : impl_(std::make_shared<detail::DynamicSlotImpl>()) {
+  if (max_ndim < 0 || max_ndim > 64) throw InvalidArgument("max_ndim must be in 0..64");
+  auto dev = device.impl()->shared_from_this();
+  dev->check_open();
+  auto& s = *impl_;
+  s.device = dev;
+  s.name = name;
+  s.max_ndim = max_ndim;
+  s.max_nbytes = max_nbytes;
+  s.record_size = detail::record_size_for(max_ndim);
+  s.record = dev->pool->allocate(s.record_size, 64);
+  std::memset(s.record.data(), 0, s.record_size);
+  s.ack_src = dev->pool->allocate(64, 64);
+  std::weak_ptr<detail::DynamicSlotImpl> weak = impl_;
+  device.publish(name, s.record.descriptor());
+  device.on_call("tw.dynamic/" + name, [weak](const std::string& payload) -> std::string {
+    auto slot = weak.lock();
+    if (!slot) throw NotFound("the dynamic slot is gone");
+    return slot->attach(payload);
+  });
+}
+
+DynamicSlot::~DynamicSlot() {
+  if (auto dev = impl_->device.lock()) {
+    if (!dev->closed()) {
+      dev->unpublish(impl_->name);
+      dev->on_call("tw.dynamic/" + impl_->name, nullptr);
+    }
+  }
+}
+
+Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
+  auto& s = *impl_;
+  auto dev = s.device.lock();
+  detail::WorkerCtl* worker = dev ? dev->workers[0].get() : nullptr;
+  detail::ChannelImpl* ch = s.attached ? s.to_sender.impl() : nullptr;
+  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s)) {
+    if (ch && ch->failed()) ch->check_usable();
+    throw Timeout("dynamic slot '" + s.name + "': no tensor within " + std::to_string(timeout_s) + " s");
+  }
+  return s.take(spec);
+}
+
+bool DynamicSlot::poll(Block* out, TensorSpec* spec) {
+  auto& s = *impl_;
+  if (!s.ready()) {
+    if (s.attached) s.to_sender.impl()->worker->progress();
+    if (!s.ready()) return false;
+  }
+  *out = s.take(spec);
+  return true;
+}
+
+SlotStats DynamicSlot::stats() const { return impl_->stats; }
+std::size_t DynamicSlot::record_size() const { return impl_->record_size; }
+std::uint64_t DynamicSlot::next_seq() const { return impl_->expected; }
+
+// ---- DynamicSender ----
+
+DynamicSender::DynamicSender(Channel channel, const std::string& name, double timeout_s)
+    : impl_(std::make_shared<detail::DynamicSenderImpl>()) {
+  auto& s = *impl_;
+  s.channel = channel;
+  auto dev = channel.impl()->peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  s.ack = dev->pool->allocate(64, 64);
+  std::memset(s.ack.data(), 0, 64);
+  detail::ByteWriter w;
+  w.put<std::uint64_t>(dev->id);
+  w.put_bytes32(s.ack.descriptor().to_bytes());
+  std::string reply = channel.call("tw.dynamic/" + name, w.str(), timeout_s);
+  detail::ByteReader r(reply.data(), reply.size(), "dynamic slot description");
+  s.max_ndim = static_cast<int>(r.get<std::uint32_t>());
+  s.max_nbytes = r.get<std::uint64_t>();
+  s.record_size = r.get<std::uint64_t>();
+  s.next_seq = r.get<std::uint64_t>();
+  std::string desc = r.get_bytes32();
+  s.record = channel.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
+  if (s.max_ndim > 64 || s.record_size != detail::record_size_for(s.max_ndim) || s.record.length() < s.record_size) {
+    throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
+  }
+  detail::store_release(s.ack.data(), s.next_seq - 1);
+  s.staging = dev->pool->allocate(s.record_size, 64);
+  s.seq_src = dev->pool->allocate(64, 64);
+}
+
+DynamicSender::~DynamicSender() = default;
+
+Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const TensorSpec& spec, double timeout_s) {
+  auto& s = *impl_;
+  const std::size_t n = spec.nbytes();  // validates dtype and shape
+  if (spec.shape.size() > static_cast<std::size_t>(s.max_ndim)) {
+    throw InvalidArgument("the slot takes at most " + std::to_string(s.max_ndim) + " dimensions, got " +
+                          spec.describe());
+  }
+  if (n > s.max_nbytes) {
+    throw InvalidArgument("tensor of " + std::to_string(n) + " bytes exceeds the slot's limit of " +
+                          std::to_string(s.max_nbytes));
+  }
+  if (n > 0 && (offset > local.length || n > local.length - offset)) {
+    throw InvalidArgument("tensor range exceeds its local region");
+  }
+  if (n > 0 && (!local.rkey || local.rkey->size() > 2048)) throw InvalidArgument("local memory has no usable rkey");
+  const std::uint64_t seq = s.next_seq;
+  // One record in flight: the previous send must have been acknowledged.
+  if (s.acked() < seq - 1) {
+    ++s.stats.waits_for_ack;
+    if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s)) {
+      s.channel.impl()->check_usable();
+      throw Timeout("dynamic slot: the receiver has not taken the previous tensor within " +
+                    std::to_string(timeout_s) + " s");
+    }
+  }
+  // Build the record in the staging block (registered), then write it.
+  char* p = static_cast<char*>(s.staging.data());
+  std::memset(p, 0, detail::kHeader + 8 * s.max_ndim);
+  const std::uint32_t magic = 0x52445754, ndim = static_cast<std::uint32_t>(spec.shape.size());
+  const std::uint16_t version = 1;
+  const std::uint32_t rkey_len = n ? static_cast<std::uint32_t>(local.rkey->size()) : 0;
+  const std::uint64_t address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);
+  const std::uint64_t dev_id = s.channel.impl()->peer->device.lock() ? s.channel.impl()->peer->device.lock()->id : 0;
+  std::memcpy(p + 0, &magic, 4);
+  std::memcpy(p + 4, &version, 2);
+  p[6] = static_cast<char>(spec.dtype.code);
+  p[7] = static_cast<char>(spec.dtype.bits);
+  std::memcpy(p + 8, &ndim, 4);
+  std::memcpy(p + 12, &rkey_len, 4);
+  const std::uint64_t nb = n;
+  std::memcpy(p + 16, &nb, 8);
+  std::memcpy(p + 24, &address, 8);
+  std::memcpy(p + 32, &dev_id, 8);
+  std::memcpy(p + detail::kHeader, spec.shape.data(), 8 * ndim);
+  if (rkey_len) std::memcpy(p + detail::kHeader + 8 * s.max_ndim, local.rkey->data(), rkey_len);
+  const std::size_t record_bytes = detail::kHeader + 8 * s.max_ndim + rkey_len;
+  Request body = s.channel.write(s.staging.region(), 0, s.record, 0, record_bytes);
+  s.channel.fence();
+  *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;
+  Request flag = s.channel.write(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
+  s.next_seq = seq + 1;
+  ++s.stats.sent;
+  s.stats.bytes += n;
+  // Completes on the receiver's ack; keeps the local memory alive until then.
+  auto posted = std::make_shared<std::pair<Request, Request>>(std::move(body), std::move(flag));
+  auto impl = impl_;
+  auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
+  state->local_owner = local.owner;
+  state->poller = [posted, impl, seq, state]() {
+    posted->first.test();
+    posted->second.test();
+    for (Request* r : {&posted->first, &posted->second}) {
+      if (r->state() < 0) {
+        state->complete_error(ErrorKind::kConnection, r->error_message());
+        return true;
+      }
+    }
+    if (impl->acked() < seq) {
+      if (impl->channel.impl()->failed()) {
+        try {
+          impl->channel.impl()->check_usable();
+        } catch (const Error& e) {
+          state->complete_error(e.kind(), e.what());
+          return true;
+        }
+      }
+      return false;
+    }
+    std::uint64_t status = impl->status();
+    if (status == detail::kAccepted) {
+      state->complete_ok();
+    } else {
+      ++impl->stats.rejected;
+      state->complete_error(ErrorKind::kInvalidArgument,
+                            std::string("the receiver refused the tensor: ") + detail::describe_error(status));
+    }
+    return true;
+  };
+  return Request(state);
+}
+
+SlotStats DynamicSender::stats() const { return impl_->stats; }
+void DynamicSender::note_copy(std::size_t) { ++impl_->stats.copies; }
+void DynamicSender::note_registration() { ++impl_->stats.registrations; }
+
+}  // namespace tensorwire

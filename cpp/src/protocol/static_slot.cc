@@ -1,0 +1,355 @@
+// Copyright tensorwire authors.
+//
+// Static placement. Receiver block layout, `depth` buffers of `stride` bytes:
+//   buffer i at i*stride: payload (nbytes, padded to 64) | u64 sequence | pad to 64
+// Sender: ack block, u64 "last released sequence" written by the receiver;
+// one u64 sequence source word per buffer.
+// Attach: the sender calls "tw.static/<name>" with its device id and the ack
+// word's descriptor; the reply describes the slot (see encode_static_meta).
+#include <cstring>
+
+#include "protocol/slot_common.h"
+
+namespace tensorwire {
+
+bool DType::valid() const {
+  switch (code) {
+    case 0: return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // int
+    case 1: return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // uint
+    case 2: return bits == 16 || bits == 32 || bits == 64;               // float
+    case 4: return bits == 16;                                           // bfloat16
+    case 6: return bits == 8;                                            // bool
+    default: return false;
+  }
+}
+
+std::string DType::name() const {
+  switch (code) {
+    case 0: return "int" + std::to_string(bits);
+    case 1: return "uint" + std::to_string(bits);
+    case 2: return "float" + std::to_string(bits);
+    case 4: return "bfloat16";
+    case 6: return "bool";
+    default: return "dtype(" + std::to_string(code) + "," + std::to_string(bits) + ")";
+  }
+}
+
+std::size_t TensorSpec::nbytes() const {
+  if (!dtype.valid()) throw InvalidArgument("unsupported dtype " + dtype.name());
+  std::size_t n = dtype.itemsize();
+  for (auto d : shape) {
+    if (d < 0) throw InvalidArgument("negative dimension in shape " + describe());
+    if (d != 0 && n > (std::size_t(1) << 62) / static_cast<std::size_t>(d)) {
+      throw InvalidArgument("tensor " + describe() + " is too large");
+    }
+    n *= static_cast<std::size_t>(d);
+  }
+  return n;
+}
+
+std::string TensorSpec::describe() const {
+  std::string s = dtype.name() + "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+namespace detail {
+
+namespace {
+constexpr std::size_t kMaxNdim = 64;
+
+std::string encode_spec(const TensorSpec& spec) {
+  ByteWriter w;
+  w.put<std::uint8_t>(spec.dtype.code);
+  w.put<std::uint8_t>(spec.dtype.bits);
+  w.put<std::uint32_t>(static_cast<std::uint32_t>(spec.shape.size()));
+  for (auto d : spec.shape) w.put<std::int64_t>(d);
+  return std::move(w.str());
+}
+
+TensorSpec decode_spec(ByteReader& r) {
+  TensorSpec s;
+  s.dtype.code = r.get<std::uint8_t>();
+  s.dtype.bits = r.get<std::uint8_t>();
+  auto n = r.get<std::uint32_t>();
+  if (n > kMaxNdim) throw InvalidArgument("slot description with too many dimensions");
+  for (std::uint32_t i = 0; i < n; ++i) s.shape.push_back(r.get<std::int64_t>());
+  s.nbytes();  // validates
+  return s;
+}
+}  // namespace
+
+struct StaticLayout {
+  std::size_t nbytes = 0, payload = 0, stride = 0;
+  explicit StaticLayout(std::size_t n) : nbytes(n), payload(align64(n)), stride(align64(n) + 64) {}
+  std::size_t payload_offset(std::size_t i) const { return i * stride; }
+  std::size_t seq_offset(std::size_t i) const { return i * stride + payload; }
+};
+
+class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
+ public:
+  StaticSlotImpl(std::shared_ptr<DeviceImpl> dev, std::string name, TensorSpec spec, int depth, std::uint64_t first)
+      : device(dev), name(std::move(name)), spec(std::move(spec)), depth(depth), first_seq(first),
+        layout(this->spec.nbytes()) {
+    block = dev->pool->allocate(layout.stride * depth, 64);
+    std::memset(block.data(), 0, block.size());
+    ack_src = dev->pool->allocate(64, 64);
+  }
+
+  std::string attach(const std::string& payload) {
+    ByteReader r(payload.data(), payload.size(), "static slot attach");
+    auto sender_id = r.get<std::uint64_t>();
+    std::string desc = r.get_bytes32();
+    auto dev = device.lock();
+    if (!dev) throw ConnectionError("device is closed");
+    Channel ch(dev->peer_by_id(sender_id)->channel(0));
+    RemoteRegion ack = ch.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
+    if (ack.length() < 8) throw InvalidArgument("ack region too small");
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (attached && !to_sender.impl()->failed()) {
+        throw InvalidArgument("static slot '" + name + "' already has a sender");
+      }
+      to_sender = ch;
+      sender_ack = ack;
+      attached = true;
+    }
+    ByteWriter w;
+    w.put_raw(encode_spec(spec));
+    w.put<std::uint32_t>(static_cast<std::uint32_t>(depth));
+    w.put<std::uint64_t>(first_seq);
+    w.put<std::uint64_t>(layout.stride);
+    w.put<std::uint64_t>(layout.payload);
+    w.put_bytes32(block.descriptor().to_bytes());
+    return std::move(w.str());
+  }
+
+  volatile void* seq_word(std::size_t i) const { return static_cast<char*>(block.data()) + layout.seq_offset(i); }
+
+  bool ready_next() const {
+    std::size_t idx = received % depth;
+    return load_acquire(const_cast<void*>(seq_word(idx))) == first_seq + received;
+  }
+
+  ChannelImpl* channel() const { return attached ? to_sender.impl() : nullptr; }
+
+  std::weak_ptr<DeviceImpl> device;
+  std::string name;
+  TensorSpec spec;
+  int depth;
+  std::uint64_t first_seq;
+  StaticLayout layout;
+  Block block, ack_src;
+  std::mutex mu;
+  Channel to_sender;
+  RemoteRegion sender_ack;
+  std::atomic<bool> attached{false};
+  std::uint64_t received = 0, consumed = 0;
+  SlotStats stats;
+};
+
+class StaticSenderImpl {
+ public:
+  Channel channel;
+  RemoteRegion slot;
+  TensorSpec spec;
+  int depth = 0;
+  std::uint64_t first_seq = 1, next_seq = 1;
+  std::size_t stride = 0, payload = 0;
+  Block ack, seq_src;
+  SlotStats stats;
+
+  std::uint64_t acked() const { return load_acquire(ack.data()); }
+};
+
+}  // namespace detail
+
+namespace {
+std::shared_ptr<detail::DeviceImpl> device_impl(Device& device) {
+  auto impl = device.impl()->shared_from_this();
+  impl->check_open();
+  return impl;
+}
+}  // namespace
+
+// ---- StaticSlot ----
+
+StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec& spec, int depth,
+                       std::uint64_t first_seq) {
+  if (depth < 1 || depth > 1024) throw InvalidArgument("depth must be in 1..1024, got " + std::to_string(depth));
+  if (first_seq == 0) throw InvalidArgument("first_seq must be >= 1");
+  if (spec.shape.size() > 64) throw InvalidArgument("at most 64 dimensions");
+  auto dev = device_impl(device);
+  impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq);
+  std::weak_ptr<detail::StaticSlotImpl> weak = impl_;
+  device.publish(name, impl_->block.descriptor());
+  device.on_call("tw.static/" + name, [weak](const std::string& payload) -> std::string {
+    auto slot = weak.lock();
+    if (!slot) throw NotFound("the static slot is gone");
+    return slot->attach(payload);
+  });
+}
+
+StaticSlot::~StaticSlot() {
+  if (auto dev = impl_->device.lock()) {
+    if (!dev->closed()) {
+      dev->unpublish(impl_->name);
+      dev->on_call("tw.static/" + impl_->name, nullptr);
+    }
+  }
+}
+
+int StaticSlot::recv(double timeout_s) {
+  auto& s = *impl_;
+  if (s.received - s.consumed >= static_cast<std::uint64_t>(s.depth)) {
+    throw InvalidArgument("static slot '" + s.name + "': " + std::to_string(s.depth) +
+                          " tensors are held; release() one before receiving more");
+  }
+  auto dev = s.device.lock();
+  detail::WorkerCtl* worker = dev ? dev->workers[0].get() : nullptr;
+  if (!detail::wait_until(s.channel(), worker, [&] { return s.ready_next(); }, timeout_s)) {
+    if (s.channel() && s.channel()->failed()) s.channel()->check_usable();
+    throw Timeout("static slot '" + s.name + "': no tensor (sequence " + std::to_string(s.first_seq + s.received) +
+                  ") within " + std::to_string(timeout_s) + " s");
+  }
+  int idx = static_cast<int>(s.received % s.depth);
+  ++s.received;
+  ++s.stats.received;
+  s.stats.bytes += s.layout.nbytes;
+  return idx;
+}
+
+int StaticSlot::poll() {
+  auto& s = *impl_;
+  if (s.received - s.consumed >= static_cast<std::uint64_t>(s.depth)) return -1;
+  if (!s.ready_next()) {
+    if (auto* ch = s.channel()) ch->worker->progress();
+    if (!s.ready_next()) return -1;
+  }
+  int idx = static_cast<int>(s.received % s.depth);
+  ++s.received;
+  ++s.stats.received;
+  s.stats.bytes += s.layout.nbytes;
+  return idx;
+}
+
+void StaticSlot::release() {
+  auto& s = *impl_;
+  if (s.consumed == s.received) throw InvalidArgument("static slot '" + s.name + "': nothing to release");
+  ++s.consumed;
+  if (!s.attached) return;
+  // The ack word: the sequence number of the last released tensor.
+  std::uint64_t last = s.first_seq + s.consumed - 1;
+  std::memcpy(s.ack_src.data(), &last, 8);
+  s.to_sender.write(s.ack_src.region(), 0, s.sender_ack, 0, 8).wait(10.0);
+}
+
+void* StaticSlot::buffer(int index) const {
+  if (index < 0 || index >= impl_->depth) throw InvalidArgument("buffer index out of range");
+  return static_cast<char*>(impl_->block.data()) + impl_->layout.payload_offset(index);
+}
+const TensorSpec& StaticSlot::spec() const { return impl_->spec; }
+int StaticSlot::depth() const { return impl_->depth; }
+std::uint64_t StaticSlot::next_seq() const { return impl_->first_seq + impl_->received; }
+SlotStats StaticSlot::stats() const { return impl_->stats; }
+bool StaticSlot::has_sender() const { return impl_->attached; }
+
+// ---- StaticSender ----
+
+StaticSender::StaticSender(Channel channel, const std::string& name, double timeout_s)
+    : impl_(std::make_shared<detail::StaticSenderImpl>()) {
+  auto& s = *impl_;
+  s.channel = channel;
+  auto dev = channel.impl()->peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  s.ack = dev->pool->allocate(64, 64);
+  std::memset(s.ack.data(), 0, 64);
+  detail::ByteWriter w;
+  w.put<std::uint64_t>(dev->id);
+  w.put_bytes32(s.ack.descriptor().to_bytes());
+  std::string reply = channel.call("tw.static/" + name, w.str(), timeout_s);
+  detail::ByteReader r(reply.data(), reply.size(), "static slot description");
+  s.spec = detail::decode_spec(r);
+  s.depth = static_cast<int>(r.get<std::uint32_t>());
+  s.first_seq = s.next_seq = r.get<std::uint64_t>();
+  s.stride = r.get<std::uint64_t>();
+  s.payload = r.get<std::uint64_t>();
+  std::string desc = r.get_bytes32();
+  s.slot = channel.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
+  if (s.depth < 1 || s.payload < s.spec.nbytes() || s.stride < s.payload + 8 ||
+      s.slot.length() < s.stride * s.depth) {
+    throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
+  }
+  detail::store_release(s.ack.data(), s.first_seq - 1);  // nothing released yet
+  s.seq_src = dev->pool->allocate(8 * s.depth, 64);
+}
+
+StaticSender::~StaticSender() = default;
+
+Request StaticSender::send(const LocalRegion& local, std::size_t offset, const TensorSpec& spec, double timeout_s) {
+  auto& s = *impl_;
+  if (!(spec.dtype == s.spec.dtype) || spec.shape != s.spec.shape) {
+    throw InvalidArgument("the slot holds " + s.spec.describe() + ", refusing a tensor of " + spec.describe());
+  }
+  const std::size_t n = s.spec.nbytes();
+  const std::uint64_t seq = s.next_seq;
+  const std::size_t idx = (seq - s.first_seq) % s.depth;
+  // Never overwrite a buffer the receiver still holds: it was last used by
+  // seq - depth, which must have been released.
+  if (seq - s.first_seq >= static_cast<std::uint64_t>(s.depth)) {
+    const std::uint64_t need = seq - s.depth;
+    if (s.acked() < need) {
+      ++s.stats.waits_for_ack;
+      if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s)) {
+        s.channel.impl()->check_usable();
+        throw Timeout("static slot: the receiver has not released tensor " + std::to_string(need) + " within " +
+                      std::to_string(timeout_s) + " s");
+      }
+    }
+  }
+  Request payload = s.channel.write(local, offset, s.slot, idx * s.stride, n);
+  s.channel.fence();  // the payload lands before the sequence word
+  auto* word = static_cast<std::uint64_t*>(s.seq_src.data()) + idx;
+  *word = seq;
+  Request flag = s.channel.write(s.seq_src.region(), idx * 8, s.slot, idx * s.stride + s.payload, 8);
+  s.next_seq = seq + 1;
+  ++s.stats.sent;
+  s.stats.bytes += n;
+  if (payload.state() != 0 && flag.state() != 0) {
+    if (payload.state() < 0) payload.wait(0);  // throws its error
+    return flag;
+  }
+  // Either is pending: one request that completes when both did.
+  auto both = std::make_shared<std::pair<Request, Request>>(std::move(payload), std::move(flag));
+  auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
+  state->poller = [both, state]() {
+    if (!both->first.test() || !both->second.test()) return false;
+    for (Request* r : {&both->first, &both->second}) {
+      if (r->state() < 0) {
+        state->complete_error(ErrorKind::kConnection, r->error_message());
+        return true;
+      }
+    }
+    state->complete_ok();
+    return true;
+  };
+  return Request(state);
+}
+
+void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
+  auto& s = *impl_;
+  if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s)) {
+    s.channel.impl()->check_usable();
+    throw Timeout("the receiver has not released tensor " + std::to_string(seq) + " within " +
+                  std::to_string(timeout_s) + " s");
+  }
+}
+
+std::uint64_t StaticSender::consumed() const { return impl_->acked(); }
+std::uint64_t StaticSender::last_sent() const { return impl_->next_seq - 1; }
+const TensorSpec& StaticSender::spec() const { return impl_->spec; }
+SlotStats StaticSender::stats() const { return impl_->stats; }
+void StaticSender::note_copy(std::size_t bytes) { ++impl_->stats.copies; (void)bytes; }
+void StaticSender::note_registration() { ++impl_->stats.registrations; }
+
+}  // namespace tensorwire

@@ -1,0 +1,199 @@
+// Copyright tensorwire authors. Bindings of the tensor slots (static and
+// dynamic). Python-side conveniences (paths for unregistered tensors,
+// asyncio) live in tensorwire/slots.py.
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.h"
+#include "py_types.h"
+#include "tensorwire/slot.h"
+
+namespace tensorwire::py {
+
+namespace {
+
+using nb::gil_scoped_release;
+
+TensorSpec make_spec(const std::vector<std::int64_t>& shape, int code, int bits) {
+  TensorSpec s;
+  s.shape = shape;
+  s.dtype.code = static_cast<std::uint8_t>(code);
+  s.dtype.bits = static_cast<std::uint8_t>(bits);
+  if (!s.dtype.valid()) throw InvalidArgument("unsupported dtype " + s.dtype.name());
+  s.nbytes();
+  return s;
+}
+
+TensorSpec spec_of(const PyBlock& b) {
+  return make_spec(b.shape, b.dtype.code, b.dtype.bits);
+}
+
+nb::dict stats_dict(const SlotStats& s) {
+  nb::dict d;
+  d["sent"] = s.sent;
+  d["received"] = s.received;
+  d["bytes"] = s.bytes;
+  d["copies"] = s.copies;
+  d["registrations"] = s.registrations;
+  d["zero_copy"] = s.zero_copy;
+  d["waits_for_ack"] = s.waits_for_ack;
+  d["rejected"] = s.rejected;
+  return d;
+}
+
+Device& device_of(PyDevice& d) {
+  if (!d.device) throw ConnectionError("device is closed");
+  return *d.device;
+}
+
+// A numpy view of slot memory (bfloat16 as raw uint16), kept alive by `owner`.
+nb::object numpy_view(nb::handle owner, void* data, const TensorSpec& spec) {
+  nb::dlpack::dtype dt{spec.dtype.code, spec.dtype.bits, 1};
+  if (spec.dtype.code == 4) dt = nb::dtype<std::uint16_t>();
+  std::vector<std::size_t> shape(spec.shape.begin(), spec.shape.end());
+  return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr, dt));
+}
+
+struct PyStaticSender {
+  std::unique_ptr<StaticSender> sender;
+  std::uint64_t zero_copy = 0;
+};
+
+struct PyDynamicSender {
+  std::unique_ptr<DynamicSender> sender;
+  std::uint64_t zero_copy = 0;
+};
+
+}  // namespace
+
+void bind_slots(nb::module_& m) {
+  nb::class_<StaticSlot>(m, "StaticSlot",
+                         "Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.")
+      .def("__init__", [](StaticSlot* self, PyDevice& d, const std::string& name, std::vector<std::int64_t> shape,
+                          int code, int bits, int depth, std::uint64_t first_seq) {
+        new (self) StaticSlot(device_of(d), name, make_spec(shape, code, bits), depth, first_seq);
+      }, nb::arg("device"), nb::arg("name"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"),
+         nb::arg("depth") = 2, nb::arg("first_seq") = 1, nb::keep_alive<1, 2>())
+      .def("recv", [](nb::handle self, nb::object timeout) {
+        auto& slot = nb::cast<StaticSlot&>(self);
+        double t = timeout.is_none() ? -1.0 : nb::cast<double>(timeout);
+        int idx;
+        {
+          gil_scoped_release r;
+          idx = slot.recv(t);
+        }
+        return numpy_view(self, slot.buffer(idx), slot.spec());
+      }, nb::arg("timeout") = nb::none(),
+         "Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).")
+      .def("poll", [](nb::handle self) -> nb::object {
+        auto& slot = nb::cast<StaticSlot&>(self);
+        int idx = slot.poll();
+        if (idx < 0) return nb::none();
+        return numpy_view(self, slot.buffer(idx), slot.spec());
+      }, "Non-blocking recv(): the next tensor's view, or None if it has not arrived.")
+      .def("release", [](StaticSlot& slot, nb::object view) {
+        gil_scoped_release r;
+        slot.release();
+      }, nb::arg("view") = nb::none(),
+         "Marks the oldest received tensor consumed (its view must not be used afterwards) and tells the sender.")
+      .def_prop_ro("shape", [](StaticSlot& s) { return s.spec().shape; })
+      .def_prop_ro("dtype", [](StaticSlot& s) { return s.spec().dtype.name(); })
+      .def_prop_ro("depth", &StaticSlot::depth)
+      .def_prop_ro("next_seq", &StaticSlot::next_seq)
+      .def_prop_ro("has_sender", &StaticSlot::has_sender)
+      .def("stats", [](StaticSlot& s) { return stats_dict(s.stats()); });
+
+  nb::class_<PyStaticSender>(m, "StaticSender", "Sender side of a static slot (use channel.static_sender).")
+      .def("__init__", [](PyStaticSender* self, Channel& ch, const std::string& name, double timeout) {
+        new (self) PyStaticSender();
+        gil_scoped_release r;
+        self->sender = std::make_unique<StaticSender>(ch, name, timeout);
+      }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout") = 10.0)
+      .def("send_block", [](PyStaticSender& s, PyBlock& b, double timeout) {
+        if (!b.block) throw InvalidArgument("this block was released");
+        TensorSpec spec = spec_of(b);
+        LocalRegion local = b.block.region();
+        ++s.zero_copy;
+        gil_scoped_release r;
+        return s.sender->send(local, 0, spec, timeout);
+      }, nb::arg("block"), nb::arg("timeout") = 10.0, "Sends a pool block (zero copy).")
+      .def("send_region", [](PyStaticSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
+                             int bits, double timeout) {
+        LocalRegion lr = local_region_of(local);
+        TensorSpec spec = make_spec(shape, code, bits);
+        gil_scoped_release r;
+        return s.sender->send(lr, 0, spec, timeout);
+      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout") = 10.0)
+      .def("wait_consumed", [](PyStaticSender& s, std::uint64_t seq, double timeout) {
+        gil_scoped_release r;
+        s.sender->wait_consumed(seq, timeout);
+      }, nb::arg("seq"), nb::arg("timeout") = 10.0, "Blocks until the receiver released tensor `seq`.")
+      .def_prop_ro("consumed", [](PyStaticSender& s) { return s.sender->consumed(); })
+      .def_prop_ro("sent", [](PyStaticSender& s) { return s.sender->last_sent(); })
+      .def_prop_ro("shape", [](PyStaticSender& s) { return s.sender->spec().shape; })
+      .def_prop_ro("dtype", [](PyStaticSender& s) { return s.sender->spec().dtype.name(); })
+      .def("note_copy", [](PyStaticSender& s, std::size_t n) { s.sender->note_copy(n); })
+      .def("note_registration", [](PyStaticSender& s) { s.sender->note_registration(); })
+      .def("stats", [](PyStaticSender& s) {
+        SlotStats st = s.sender->stats();
+        st.zero_copy = s.zero_copy;
+        return stats_dict(st);
+      });
+
+  nb::class_<DynamicSlot>(m, "DynamicSlot", "Receiver side of dynamic allocation: tensors of any shape.")
+      .def("__init__", [](DynamicSlot* self, PyDevice& d, const std::string& name, int max_ndim,
+                          std::size_t max_nbytes) { new (self) DynamicSlot(device_of(d), name, max_ndim, max_nbytes); },
+           nb::arg("device"), nb::arg("name"), nb::arg("max_ndim") = 8,
+           nb::arg("max_nbytes") = std::size_t(1) << 32, nb::keep_alive<1, 2>())
+      .def("recv", [](DynamicSlot& slot, nb::object timeout) {
+        double t = timeout.is_none() ? -1.0 : nb::cast<double>(timeout);
+        TensorSpec spec;
+        PyBlock b;
+        {
+          gil_scoped_release r;
+          b.block = slot.recv(&spec, t);
+        }
+        return fill_view(std::move(b), spec);
+      }, nb::arg("timeout") = nb::none(),
+         "Waits for the next tensor; returns a Block (registered memory) holding it, with its shape and dtype.")
+      .def("poll", [](DynamicSlot& slot) -> nb::object {
+        TensorSpec spec;
+        PyBlock b;
+        if (!slot.poll(&b.block, &spec)) return nb::none();
+        return nb::cast(fill_view(std::move(b), spec));
+      })
+      .def_prop_ro("record_size", &DynamicSlot::record_size)
+      .def_prop_ro("next_seq", &DynamicSlot::next_seq)
+      .def("stats", [](DynamicSlot& s) { return stats_dict(s.stats()); });
+
+  nb::class_<PyDynamicSender>(m, "DynamicSender", "Sender side of a dynamic slot (use channel.dynamic_sender).")
+      .def("__init__", [](PyDynamicSender* self, Channel& ch, const std::string& name, double timeout) {
+        new (self) PyDynamicSender();
+        gil_scoped_release r;
+        self->sender = std::make_unique<DynamicSender>(ch, name, timeout);
+      }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout") = 10.0)
+      .def("send_block", [](PyDynamicSender& s, PyBlock& b, double timeout) {
+        if (!b.block) throw InvalidArgument("this block was released");
+        TensorSpec spec = spec_of(b);
+        LocalRegion local = b.block.region();
+        ++s.zero_copy;
+        gil_scoped_release r;
+        return s.sender->send(local, 0, spec, timeout);
+      }, nb::arg("block"), nb::arg("timeout") = 10.0)
+      .def("send_region", [](PyDynamicSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
+                             int bits, double timeout) {
+        LocalRegion lr = local_region_of(local);
+        TensorSpec spec = make_spec(shape, code, bits);
+        gil_scoped_release r;
+        return s.sender->send(lr, 0, spec, timeout);
+      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout") = 10.0)
+      .def("note_copy", [](PyDynamicSender& s, std::size_t n) { s.sender->note_copy(n); })
+      .def("note_registration", [](PyDynamicSender& s) { s.sender->note_registration(); })
+      .def("stats", [](PyDynamicSender& s) {
+        SlotStats st = s.sender->stats();
+        st.zero_copy = s.zero_copy;
+        return stats_dict(st);
+      });
+}
+
+}  // namespace tensorwire::py

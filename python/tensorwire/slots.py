@@ -1,0 +1,172 @@
+"""Tensor slots: static placement and dynamic allocation (the paper's
+RdmaSend/RdmaRecv and RdmaSendDyn/RdmaRecvDyn).
+
+Receiver::
+
+    slot = device.static_slot("grad", (1024, 1024), "float32", depth=2)
+    view = slot.recv(timeout=5)      # zero-copy numpy view of the received tensor
+    ...consume view...
+    slot.release(view)               # tells the sender the buffer is free again
+
+Sender::
+
+    sender = channel.static_sender("grad")
+    sender.send(block).wait()        # a Block from device.empty(): zero copy
+    sender.send(numpy_array).wait()  # anything else: copied into the pool (path="copy")
+                                     # or registered in place (path="register")
+
+Dynamic slots take tensors of any shape and dtype::
+
+    dslot = device.dynamic_slot("sparse")          # receiver
+    block = dslot.recv(timeout=5)                  # a Block with shape and dtype
+    channel.dynamic_sender("sparse").send(t).wait()  # completes on the receiver's ack
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from . import _core
+from .errors import InvalidArgument
+
+PATHS = ("copy", "register")
+
+
+def _spec_of(tensor: Any) -> tuple[list[int], str]:
+    """(shape, dtype name) of a numpy array or torch tensor."""
+    from . import dtype_name
+    shape = [int(s) for s in tensor.shape]
+    return shape, dtype_name(tensor.dtype)
+
+
+class _Sender:
+    """Shared logic of static and dynamic senders: how a tensor that is not
+    in registered memory is sent (copy into the pool, or register in place)."""
+
+    def __init__(self, core, device, path: str) -> None:
+        if path not in PATHS:
+            raise InvalidArgument(f"path must be one of {PATHS}, got {path!r}")
+        self._core = core
+        self._device = device
+        self.path = path
+        self._staging = None
+        self._last = None  # the request that still reads the staging block
+
+    def _local(self, tensor: Any):
+        """(local region, shape, code, bits, keep) for a tensor not in a Block."""
+        from . import _DTYPES, Registration
+        if isinstance(tensor, Registration):
+            raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
+        shape, name = _spec_of(tensor)
+        code, bits, _ = _DTYPES[name]
+        if self.path == "register":
+            reg = self._device.register(tensor)
+            self._core.note_registration()
+            return reg, shape, code, bits
+        # copy path: one staging block per sender, reused (grown when needed)
+        nbytes = max(1, int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size())
+        if self._last is not None:
+            self._last.wait()  # the previous send may still read the staging block
+            self._last = None
+        if self._staging is None or self._staging.capacity < nbytes:
+            self._staging = self._device.alloc(nbytes, alignment=4096)
+        self._copy_into(self._staging, tensor)
+        self._core.note_copy(nbytes)
+        return self._staging, shape, code, bits
+
+    @staticmethod
+    def _copy_into(block, tensor: Any) -> None:
+        import numpy as np
+        n = int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size()
+        dst = np.frombuffer(block, dtype=np.uint8, count=n)
+        if hasattr(tensor, "data_ptr"):  # torch: copy through a uint8 view, no numpy dtype needed
+            import torch
+            torch.from_numpy(dst).copy_(tensor.contiguous().view(torch.uint8).reshape(-1))
+        else:
+            dst[:] = np.ascontiguousarray(tensor).reshape(-1).view(np.uint8)
+
+    def send(self, tensor: Any, timeout: float = 10.0):
+        """Sends `tensor`; returns a Request (see the class docs for when it completes)."""
+        if isinstance(tensor, _core.Block):
+            return self._core.send_block(tensor, timeout)
+        local, shape, code, bits = self._local(tensor)
+        req = self._core.send_region(local, shape, code, bits, timeout)
+        if local is self._staging:
+            self._last = req
+        return req
+
+    def stats(self) -> dict:
+        return self._core.stats()
+
+
+class StaticSender(_Sender):
+    """Sender of a static slot. `send()` refuses a tensor of another shape or
+    dtype before writing (or copying) anything, and waits (bounded by
+    `timeout`) while the buffer it would overwrite has not been released by
+    the receiver. The request completes when the local bytes may be reused."""
+
+    def _local(self, tensor: Any):
+        shape, name = _spec_of(tensor)
+        if shape != list(self.shape) or name != self.dtype:
+            raise InvalidArgument(f"the slot holds {self.dtype}{list(self.shape)}, refusing a tensor of "
+                                  f"{name}{shape}")
+        return super()._local(tensor)
+
+    def wait_consumed(self, seq: int, timeout: float = 10.0) -> None:
+        self._core.wait_consumed(seq, timeout)
+
+    @property
+    def sent(self) -> int:
+        return self._core.sent
+
+    @property
+    def consumed(self) -> int:
+        return self._core.consumed
+
+    @property
+    def shape(self) -> list[int]:
+        return self._core.shape
+
+    @property
+    def dtype(self) -> str:
+        return self._core.dtype
+
+
+class DynamicSender(_Sender):
+    """Sender of a dynamic slot: any shape and dtype. The request completes on
+    the receiver's ack (the tensor may then be reused or freed) and fails if
+    the receiver refused the record."""
+
+
+def _static_sender(channel, name: str, path: str = "copy", timeout: float = 10.0) -> StaticSender:
+    """A sender for the static slot `name` on this channel's peer."""
+    device = channel._device
+    return StaticSender(_core.StaticSender(channel, name, timeout), device, path)
+
+
+def _dynamic_sender(channel, name: str, path: str = "copy", timeout: float = 10.0) -> DynamicSender:
+    """A sender for the dynamic slot `name` on this channel's peer."""
+    device = channel._device
+    return DynamicSender(_core.DynamicSender(channel, name, timeout), device, path)
+
+
+async def _recv_async(slot, timeout: float | None = None):
+    """Awaits the next tensor without blocking the event loop (polling-async:
+    a not-ready receive is re-enqueued instead of blocking a thread)."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    delay = 0.0
+    while True:
+        out = slot.poll()
+        if out is not None:
+            return out
+        if deadline is not None and loop.time() > deadline:
+            from .errors import Timeout
+            raise Timeout(f"no tensor within {timeout} s")
+        await asyncio.sleep(delay)
+        delay = min(0.001, delay * 2 + 0.00002)
+
+
+_core.StaticSlot.recv_async = _recv_async
+_core.DynamicSlot.recv_async = _recv_async
