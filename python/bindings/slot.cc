@@ -113,9 +113,13 @@ void bind_slots(nb::module_& m) {
         if (!b.block) throw InvalidArgument("this block was released");
         TensorSpec spec = spec_of(b);
         LocalRegion local = b.block.region();
-        ++s.zero_copy;
-        gil_scoped_release r;
-        return s.sender->send(local, 0, spec, timeout);
+        Request req;
+        {
+          gil_scoped_release r;
+          req = s.sender->send(local, 0, spec, timeout);
+        }
+        ++s.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
+        return req;
       }, nb::arg("block"), nb::arg("timeout") = 10.0, "Sends a pool block (zero copy).")
       .def("send_region", [](PyStaticSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
                              int bits, double timeout) {
@@ -176,9 +180,13 @@ void bind_slots(nb::module_& m) {
         if (!b.block) throw InvalidArgument("this block was released");
         TensorSpec spec = spec_of(b);
         LocalRegion local = b.block.region();
-        ++s.zero_copy;
-        gil_scoped_release r;
-        return s.sender->send(local, 0, spec, timeout);
+        Request req;
+        {
+          gil_scoped_release r;
+          req = s.sender->send(local, 0, spec, timeout);
+        }
+        ++s.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
+        return req;
       }, nb::arg("block"), nb::arg("timeout") = 10.0)
       .def("send_region", [](PyDynamicSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
                              int bits, double timeout) {

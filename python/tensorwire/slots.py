@@ -52,9 +52,13 @@ class _Sender:
         self.path = path
         self._staging = None
         self._last = None  # the request that still reads the staging block
+        # register path: (request, registration) until the request completed.
+        # The registration keeps the tensor alive: a temporary passed to send()
+        # must not be freed (and its memory reused) while the receiver reads it.
+        self._pinned: list = []
 
     def _local(self, tensor: Any):
-        """(local region, shape, code, bits, keep) for a tensor not in a Block."""
+        """(local region, shape, code, bits) for a tensor not in a Block."""
         from . import _DTYPES, Registration
         if isinstance(tensor, Registration):
             raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
@@ -62,17 +66,15 @@ class _Sender:
         code, bits, _ = _DTYPES[name]
         if self.path == "register":
             reg = self._device.register(tensor)
-            self._core.note_registration()
             return reg, shape, code, bits
         # copy path: one staging block per sender, reused (grown when needed)
         nbytes = max(1, int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size())
         if self._last is not None:
             self._last.wait()  # the previous send may still read the staging block
             self._last = None
-        if self._staging is None or self._staging.capacity < nbytes:
+        if self._staging is None or self._staging.nbytes < nbytes:  # the view buffers see, not the lease
             self._staging = self._device.alloc(nbytes, alignment=4096)
         self._copy_into(self._staging, tensor)
-        self._core.note_copy(nbytes)
         return self._staging, shape, code, bits
 
     @staticmethod
@@ -92,8 +94,15 @@ class _Sender:
             return self._core.send_block(tensor, timeout)
         local, shape, code, bits = self._local(tensor)
         req = self._core.send_region(local, shape, code, bits, timeout)
+        # counted once sent: a tensor the sender refuses leaves the stats unchanged
         if local is self._staging:
+            self._core.note_copy(int(tensor.nbytes) if hasattr(tensor, "nbytes")
+                                 else tensor.numel() * tensor.element_size())
             self._last = req
+        else:
+            self._core.note_registration()
+            self._pinned = [p for p in self._pinned if not p[0].test()]
+            self._pinned.append((req, local))
         return req
 
     def stats(self) -> dict:

@@ -133,3 +133,202 @@ def refused_connects(conn, transport: str, rounds: int) -> None:
         conn.send({"rounds": rounds, "max_s": worst, "errors": errors})
     except BaseException:
         conn.send({"error": traceback.format_exc()})
+
+
+# ---------------------------------------------------------------- tensor slots
+
+# numpy dtype used to hold each tensorwire dtype's elements (bfloat16: raw words)
+SLOT_NUMPY_DTYPES = {
+    "float16": "float16", "float32": "float32", "float64": "float64", "bfloat16": "uint16",
+    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
+}
+
+
+def slot_tensor(dtype: str, shape, seed: int) -> np.ndarray:
+    """Deterministic contents of a tensor of `dtype` (a tensorwire name) and
+    `shape`, as a numpy array (bfloat16 as raw uint16 words; bool as 0/1)."""
+    shape = tuple(int(s) for s in shape)
+    npdt = np.dtype(SLOT_NUMPY_DTYPES[dtype])
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.frombuffer(np.random.default_rng(seed).bytes(count * npdt.itemsize), dtype=np.uint8)
+    if dtype == "bool":
+        return (raw & 1).astype(np.bool_).reshape(shape)
+    return raw.view(npdt).reshape(shape).copy()
+
+
+def _received_item(arr: np.ndarray, mode: str, extra: dict) -> dict:
+    if mode == "bytes":
+        return {"shape": list(arr.shape), "dtype": arr.dtype.name, "data": arr.tobytes(), **extra}
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _torch_item(slot, obj, is_static: bool) -> dict:
+    import torch
+    if is_static:
+        t = torch.from_numpy(obj)  # the slot's numpy view (bfloat16: raw words)
+        if slot.dtype == "bfloat16":
+            t = t.view(torch.bfloat16)
+        zero_copy = t.data_ptr() == obj.__array_interface__["data"][0]
+    else:
+        t = torch.from_dlpack(obj)  # the received Block, true dtype (bfloat16 included)
+        zero_copy = t.numel() == 0 or t.data_ptr() == obj.ptr
+    data = t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+    return {"shape": list(t.shape), "dtype": str(t.dtype), "data": data, "zero_copy": zero_copy}
+
+
+def _slot_recv(dev, slot, is_static: bool, a: dict) -> dict:
+    """Receives a["count"] tensors from `slot` (see slot_peer)."""
+    import time
+
+    import tensorwire as tw
+
+    count, timeout, mode = a.get("count", 1), a.get("timeout", 10.0), a.get("mode", "bytes")
+    sleep = a.get("sleep", 0.0)
+    out: dict = {"items": [], "values": [], "nonuniform": 0, "in_use": []}
+    for _ in range(count):
+        before = dev.stats()["bytes_in_use"]
+        t0 = time.monotonic()
+        try:
+            obj = slot.recv(timeout=timeout)
+        except tw.Error as e:
+            out.update(raised=type(e).__name__, message=str(e), elapsed=time.monotonic() - t0,
+                       in_use_after_error=dev.stats()["bytes_in_use"], in_use_before_error=before)
+            break
+        out["in_use"].append((before, dev.stats()["bytes_in_use"]))
+        arr = obj if is_static else obj.numpy()
+        if mode == "fill":  # every element holds the tensor's index
+            flat = arr.reshape(-1)
+            if flat.size == 0 or not (flat == flat[0]).all():
+                out["nonuniform"] += 1
+            out["values"].append(int(flat[0]) if flat.size else None)
+        elif mode == "torch":
+            out["items"].append(_torch_item(slot, obj, is_static))
+        else:
+            extra = {} if is_static else {"block_shape": list(obj.shape), "format": obj.format}
+            out["items"].append(_received_item(arr, mode, extra))
+        if sleep:
+            time.sleep(sleep)
+        if is_static:
+            slot.release(obj)
+        else:
+            del arr
+            obj.release()
+    out["stats"] = slot.stats()
+    out["next_seq"] = slot.next_seq
+    out["bytes_in_use"] = dev.stats()["bytes_in_use"]
+    return out
+
+
+def _slot_send(dev, sender, a: dict) -> dict:
+    """Sends a["count"] tensors filled with start+i (see slot_peer)."""
+    import time
+
+    import tensorwire as tw
+
+    if a.get("delay"):
+        time.sleep(a["delay"])
+    shape, dtype = tuple(a.get("shape", (4,))), a.get("dtype", "int64")
+    start, count, timeout = a.get("start", 0), a.get("count", 1), a.get("timeout", 10.0)
+    out: dict = {"sent": 0}
+    try:
+        for i in range(count):
+            arr = np.full(shape, start + i, dtype=SLOT_NUMPY_DTYPES[dtype])
+            req = sender.send(arr, timeout=timeout)
+            req.wait(timeout)
+            out["sent"] += 1
+    except tw.Error as e:
+        out.update(raised=type(e).__name__, message=str(e))
+    out["stats"] = sender.stats()
+    return out
+
+
+def slot_peer(conn, transport: str, device_kwargs: dict | None = None) -> None:
+    """A device that holds tensor slots (receiver) or senders, driven by
+    messages {"op": ...} through the pipe; every message gets one reply
+    (a dict; {"error": traceback} for an unexpected failure):
+
+    - "static_slot" {name, shape, dtype, depth=2, first_seq=1} / "dynamic_slot" {name, max_ndim, max_nbytes}
+    - "drop" {name}: forgets a slot or sender
+    - "recv" {name, count=1, timeout=10, mode="bytes"|"fill"|"torch", sleep=0}: receives `count`
+      tensors (releasing each after `sleep` s); an error ends the loop and is
+      reported as {"raised", "message", "elapsed", ...}
+    - "poll" {name}: {"none": bool}
+    - "next_seq" {name}, "stats" {name}, "device_stats"
+    - "connect" {address}; "sender" {kind: "static"|"dynamic", name, path}
+    - "send" {name, shape, dtype, start, count, delay}: np.full(shape, start+i) each, waited
+    """
+    import tensorwire as tw
+
+    try:
+        dev = tw.Device(transport=transport, **(device_kwargs or {}))
+        conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
+    except BaseException:
+        conn.send({"error": traceback.format_exc()})
+        return
+    slots: dict = {}
+    senders: dict = {}
+    channel = None
+    try:
+        while conn.poll(IDLE_LIMIT_S):
+            msg = conn.recv()
+            if msg == "stop":
+                break
+            try:
+                op = msg["op"]
+                if op == "static_slot":
+                    s = dev.static_slot(msg["name"], tuple(msg["shape"]), msg["dtype"], depth=msg.get("depth", 2),
+                                        first_seq=msg.get("first_seq", 1))
+                    slots[msg["name"]] = (s, True)
+                    reply = {"next_seq": s.next_seq}
+                elif op == "dynamic_slot":
+                    s = dev.dynamic_slot(msg["name"], max_ndim=msg.get("max_ndim", 8),
+                                         max_nbytes=msg.get("max_nbytes", 1 << 32))
+                    slots[msg["name"]] = (s, False)
+                    reply = {"next_seq": s.next_seq, "record_size": s.record_size}
+                elif op == "drop":
+                    slots.pop(msg["name"], None)
+                    senders.pop(msg["name"], None)
+                    reply = {}
+                elif op == "recv":
+                    s, is_static = slots[msg["name"]]
+                    reply = _slot_recv(dev, s, is_static, msg)
+                elif op == "poll":
+                    s, is_static = slots[msg["name"]]
+                    got = s.poll()
+                    reply = {"none": got is None}
+                    if got is not None:
+                        if is_static:
+                            s.release(got)
+                        else:
+                            got.release()
+                elif op == "next_seq":
+                    reply = {"next_seq": slots[msg["name"]][0].next_seq}
+                elif op == "stats":
+                    reply = {"stats": slots[msg["name"]][0].stats()}
+                elif op == "device_stats":
+                    reply = {"stats": dev.stats()}
+                elif op == "connect":
+                    channel = dev.connect(msg["address"])
+                    reply = {}
+                elif op == "sender":
+                    make = channel.static_sender if msg["kind"] == "static" else channel.dynamic_sender
+                    senders[msg["name"]] = make(msg["name"], path=msg.get("path", "copy"))
+                    reply = {}
+                elif op == "send":
+                    reply = _slot_send(dev, senders[msg["name"]], msg)
+                else:
+                    raise ValueError(f"unknown op {op!r}")
+            except BaseException:
+                reply = {"error": traceback.format_exc()}
+            conn.send(reply)
+    except (EOFError, OSError):
+        pass
+    finally:
+        slots.clear()
+        senders.clear()
+        dev.close()
+    try:
+        conn.send("stopped")
+    except OSError:
+        pass

@@ -172,3 +172,8 @@ def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.01)
         if time.monotonic() > deadline:
             return False
         time.sleep(interval)
+
+
+def start_slot_peer(transport: str, **device_kwargs: Any) -> PeerProcess:
+    """A process holding tensor slots or senders, driven by {"op": ...} messages (see _peers.slot_peer)."""
+    return PeerProcess(_peers.slot_peer, transport, device_kwargs)

@@ -401,10 +401,14 @@ def test_stats():
         big = dev.alloc(3 << 20)  # larger than half a slab: its own slab
         s = dev.stats()
         assert s["slabs"] == 2 and s["bytes_reserved"] >= (1 << 20) + (3 << 20)
+        big_ptr, reserved = big.ptr, s["bytes_reserved"]
         del big
         gc.collect()
         s = dev.stats()
-        assert s["slabs"] == 1 and s["bytes_reserved"] == 1 << 20  # dedicated slabs go back at once
+        assert s["slabs"] == 2 and s["bytes_reserved"] == reserved  # kept for reuse
+        again = dev.alloc(3 << 20)  # a similar size reuses the cached slab
+        assert again.ptr == big_ptr and dev.stats()["slabs"] == 2
+        again.release()
         a.release()
         b.release()
         assert dev.stats()["bytes_in_use"] == 0 and dev.stats()["blocks"] == 0

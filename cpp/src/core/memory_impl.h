@@ -42,6 +42,8 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
 
  private:
   bool carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset);
+  std::shared_ptr<Slab> take_cached_large(std::size_t size);
+  void drop_cached_large(std::size_t needed);
   std::shared_ptr<Slab> new_slab(std::size_t bytes, bool dedicated);
 
   std::shared_ptr<ucx::Context> context_;
@@ -50,6 +52,8 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   std::size_t limit_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<Slab>> slabs_;
+  std::vector<std::shared_ptr<Slab>> large_cache_;  // freed dedicated slabs, for reuse
+  std::size_t cached_large_bytes_ = 0;
   PoolStats stats_;
   // Registration cache: start address -> live registration (weak: a hit is
   // only served while the caller still holds a registration of that range,

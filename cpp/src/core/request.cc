@@ -85,11 +85,8 @@ void RequestState::wait(double timeout_s) {
       auto now = clock::now();
       if (now > deadline) break;
       if (now - last > spin) {
-        if (worker && worker->mode() == ProgressMode::kInline) {
-          worker->wait_event(0.0005);
-        } else {
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
+        // The polled word is written one-sidedly: no event would wake us.
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
       }
     }
   } else if (auto worker = worker_.lock()) {

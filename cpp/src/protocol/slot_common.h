@@ -24,7 +24,8 @@ inline void store_release(void* p, std::uint64_t v) {
 
 // Spins on `ready()` while progressing `channel`'s worker (tcp targets must
 // progress for writes to land); after `spin_us` of nothing, sleeps briefly
-// between checks. Returns false at the deadline (timeout_s < 0: never).
+// between checks. Returns false at the deadline (timeout_s < 0: never), or
+// as soon as `channel` failed.
 template <typename Ready>
 bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s) {
   using clock = std::chrono::steady_clock;
@@ -40,14 +41,16 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
   while (!ready()) {
     if (w && w->progress() > 0) last = clock::now();
     if ((++rounds & 63) != 0) continue;
+    // A dead peer never writes the word: stop at once (callers then raise the
+    // channel's failure) rather than at the deadline, or never.
+    if (channel && channel->failed()) return ready();
     auto now = clock::now();
     if (!forever && now > deadline) return ready();
     if (now - last > spin) {
-      if (w && w->mode() == ProgressMode::kInline) {
-        w->wait_event(0.0005);
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      // Not the worker's event fd: a one-sided write over shared memory
+      // raises no event on the target, so such a sleep would only end at its
+      // timeout. A short sleep bounds the added latency of an idle wait.
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }
   return true;

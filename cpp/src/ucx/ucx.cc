@@ -1,6 +1,8 @@
 // Copyright tensorwire authors.
 #include "ucx/ucx.h"
 
+#include <sys/mman.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <vector>
@@ -122,15 +124,27 @@ std::string Worker::address() const {
   return out;
 }
 
-MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, bool allocate)
+MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, Backing backing)
     : context_(std::move(context)), length_(length) {
+  bool allocate = backing == Backing::kUcx;
+  if (backing == Backing::kHugeAnon) {
+    mapped_ = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapped_ == MAP_FAILED) {
+      mapped_ = nullptr;
+      throw PoolExhausted("mmap of " + std::to_string(length) + " bytes failed");
+    }
+    ::madvise(mapped_, length, MADV_HUGEPAGE);  // a hint: fine if THP is off
+    address = mapped_;
+  }
   ucp_mem_map_params_t params{};
   params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = address;
   params.length = length;
   params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
-  check(ucp_mem_map(context_->get(), &params, &handle_), "ucp_mem_map");
+  ucs_status_t mst = ucp_mem_map(context_->get(), &params, &handle_);
+  if (mst != UCS_OK && mapped_) ::munmap(mapped_, length_);
+  check(mst, "ucp_mem_map");
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   ucs_status_t st = ucp_mem_query(handle_, &attr);
@@ -155,6 +169,7 @@ MemHandle::~MemHandle() {
     ucs_status_t st = ucp_mem_unmap(context_->get(), handle_);
     if (st != UCS_OK) TW_LOG_WARN("ucp_mem_unmap failed: %s", ucs_status_string(st));
   }
+  if (mapped_) ::munmap(mapped_, length_);
 }
 
 Rkey::Rkey(std::shared_ptr<Endpoint> endpoint, const std::string& packed) : endpoint_(std::move(endpoint)) {

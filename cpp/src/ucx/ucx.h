@@ -72,9 +72,12 @@ class Worker {
 
 class MemHandle {
  public:
-  // allocate: UCX allocates (shared-memory transports can map it);
-  // otherwise registers [address, address+length).
-  MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, bool allocate);
+  enum class Backing {
+    kUcx,        // UCX allocates (ucp_mem_map ALLOCATE): shared-memory transports map it
+    kRegister,   // register the caller's [address, address+length)
+    kHugeAnon,   // we mmap anonymous memory with transparent huge pages, then register
+  };
+  MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, Backing backing);
   ~MemHandle();
   MemHandle(const MemHandle&) = delete;
   MemHandle& operator=(const MemHandle&) = delete;
@@ -89,6 +92,7 @@ class MemHandle {
   void* address_ = nullptr;
   std::size_t length_ = 0;
   std::string rkey_;
+  void* mapped_ = nullptr;  // memory we mmap'ed ourselves (munmap after unmap)
 };
 
 class Endpoint;

@@ -21,9 +21,10 @@ def parse_size(text: str) -> int:
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
     unit = t[len(num):]
-    if not num or unit not in _UNITS:
-        raise ValueError(f"bad size {text!r}: use e.g. 8, 4K, 1M, 1G")
-    value = int(float(num) * _UNITS[unit])
+    try:
+        value = int(float(num) * _UNITS[unit])
+    except (ValueError, KeyError):
+        raise ValueError(f"bad size {text!r}: use e.g. 8, 4K, 1M, 1G") from None
     if value <= 0:
         raise ValueError(f"size must be > 0: {text!r}")
     return value

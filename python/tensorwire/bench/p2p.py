@@ -33,25 +33,42 @@ TIMEOUT_S = 120.0
 BENCH_SPIN_US = 100
 
 
+# Sizes below this use buffers from the pool's shared slabs, larger ones get
+# their own (huge-page) blocks, as the pool does for any user's tensors: the
+# two take different transport paths over shared memory (memcpy vs cma).
+SMALL_LIMIT = 1 << 20
+
+
+def size_class(size: int) -> str:
+    return "small" if size < SMALL_LIMIT else "large"
+
+
 class _Buffers:
-    """send/recv/flag blocks of one side, published under bench.* names."""
+    """send/recv/flag blocks of one side, published under bench.* names: one
+    send/recv pair per size class, each sized for the largest size of its class."""
 
     def __init__(self, device: Device, max_size: int) -> None:
-        self.send = device.alloc(max(max_size, 8), alignment=4096)
-        self.recv = device.alloc(max(max_size, 8), alignment=4096)
+        self.send: dict[str, object] = {}
+        self.recv: dict[str, object] = {}
+        for cls, size in (("small", min(max_size, SMALL_LIMIT - 64)), ("large", max_size)):
+            if cls == "large" and max_size < SMALL_LIMIT:
+                continue
+            self.send[cls] = device.alloc(max(size, 8), alignment=4096)
+            self.recv[cls] = device.alloc(max(size, 8), alignment=4096)
+            device.publish(f"bench.recv.{cls}", self.recv[cls])
         self.flag = device.alloc(64)
         self.flag_src = device.alloc(64)
         self.flag_view = np.frombuffer(self.flag, dtype=np.uint64)
         self.flag_src_view = np.frombuffer(self.flag_src, dtype=np.uint64)
-        device.publish("bench.recv", self.recv)
         device.publish("bench.flag", self.flag)
 
 
 def _signal(channel, buffers: _Buffers, remote_flag, seq: int) -> None:
-    """Writes `seq` into the peer's flag word after everything before it."""
+    """Writes `seq` into the peer's flag word. Callers flushed their data
+    first; no flush here: the peer stops progressing once it sees the flag,
+    and a flush over tcp needs the peer's progress to complete."""
     buffers.flag_src_view[0] = seq
     channel.write(buffers.flag_src, remote_flag, nbytes=8).wait(TIMEOUT_S)
-    channel.flush().wait(TIMEOUT_S)
 
 
 def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0) -> None:
@@ -82,7 +99,8 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0) ->
         b: _Buffers = state["buffers"]
         kind, size, seq = req["kind"], int(req["size"]), int(req["seq"])
         if kind == "pingpong":
-            _core.bench_write_pingpong(channel(0), b.send, b.recv, remote(0, "bench.recv"), size,
+            cls = size_class(size)
+            _core.bench_write_pingpong(channel(0), b.send[cls], b.recv[cls], remote(0, f"bench.recv.{cls}"), size,
                                        int(req["iters"]), int(req["warmup"]), False, TIMEOUT_S)
             return {}
         if kind == "serve":
@@ -92,8 +110,9 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0) ->
         if kind == "bidir":
             lanes = int(req["lanes"])
             chans = [channel(i) for i in range(lanes)]
-            rem = [remote(i, "bench.recv") for i in range(lanes)]
-            seconds, completions = _core.bench_stream(chans, req["op"] == "write", b.send, rem, size,
+            cls = size_class(size)
+            rem = [remote(i, f"bench.recv.{cls}") for i in range(lanes)]
+            seconds, completions = _core.bench_stream(chans, req["op"] == "write", b.send[cls], rem, size,
                                                       int(req["iters"]), int(req["window"]),
                                                       int(req["warmup"]), TIMEOUT_S)
             # Tell the client we are done, then keep progressing (the client's
@@ -157,7 +176,8 @@ class Client:
         self.channels = [device.connect(address, lane=i) for i in range(lanes)]
         self.buffers = _Buffers(device, max_size)
         self.call("bench.setup", {"max_size": max_size, "client_id": device.id})
-        self.remote_recv = [ch.lookup("bench.recv") for ch in self.channels]
+        self.remote_recv = {cls: [ch.lookup(f"bench.recv.{cls}") for ch in self.channels]
+                            for cls in self.buffers.recv}
         self.remote_flag = self.channels[0].lookup("bench.flag")
         self.seq = 0
 
@@ -171,13 +191,16 @@ class Client:
         ch, b = self.channels[0], self.buffers
         if op == "write":
             self.call("bench.start", {"kind": "pingpong", "size": size, "iters": iters, "warmup": warmup, "seq": 0})
-            samples = _core.bench_write_pingpong(ch, b.send, b.recv, self.remote_recv[0], size, iters, warmup,
+            cls = size_class(size)
+            samples = _core.bench_write_pingpong(ch, b.send[cls], b.recv[cls], self.remote_recv[cls][0], size,
+                                                 iters, warmup,
                                                  True, TIMEOUT_S)
             self.call("bench.result", {})
             return list(samples)
         self.seq += 1
         self.call("bench.start", {"kind": "serve", "size": size, "seq": self.seq})
-        samples = _core.bench_read_latency(ch, b.recv, self.remote_recv[0], size, iters, warmup)
+        cls = size_class(size)
+        samples = _core.bench_read_latency(ch, b.recv[cls], self.remote_recv[cls][0], size, iters, warmup)
         self.call("bench.result", {"seq": self.seq})
         return list(samples)
 
@@ -189,7 +212,8 @@ class Client:
         warmup = max(2, min(iters // 10, 100))
         self.call("bench.start", {"kind": kind, "size": size, "iters": iters, "window": window,
                                   "lanes": self.lanes, "op": op, "seq": self.seq, "warmup": warmup})
-        seconds, completions = _core.bench_stream(self.channels, op == "write", b.send, self.remote_recv,
+        cls = size_class(size)
+        seconds, completions = _core.bench_stream(self.channels, op == "write", b.send[cls], self.remote_recv[cls],
                                                   size, iters, window, warmup, TIMEOUT_S)
         # The stream ended with a flush: everything landed. In bidirectional
         # mode keep progressing (the server's stream needs us) until it is done.
@@ -269,7 +293,7 @@ def run_latency(args) -> Report:
             check_latency_row(report, size, st)
             report.rows.append({"size": size, "iters": iters, "lat_us": st, "rtt": rtt,
                                 "samples_us": [s * 1e6 for s in samples] if args.raw else None})
-            lines.append(f" {size:<7d}{iters:<12d}{st['min']:<15.2f}{st['max']:<15.2f}{st['p50']:<17.2f}"
+            lines.append(f" {size:<7d} {iters:<11d}{st['min']:<15.2f}{st['max']:<15.2f}{st['p50']:<17.2f}"
                          f"{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
             progress.step(human_size(size))
     finally:

@@ -1,0 +1,193 @@
+"""`tensorwire bench tensor` (tensorwire/bench/tensor.py) and the raw UCX
+baselines under it (tensorwire._core.UcxBaseline).
+
+Each series runs at two tiny sizes with --verify through the CLI entry point,
+in this process, with its receiver spawned as a second process; the JSON
+report must hold one row per size and every transfer must have been verified.
+gRPC needs grpcio and gloo needs torch: they are skipped, saying so, without.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import threading
+
+import numpy as np
+import pytest
+
+import tensorwire as tw
+from tensorwire import _core, cli
+from tensorwire.bench import tensor as bt
+
+SIZES = [1024, 64 << 10]
+HAS_GRPC = importlib.util.find_spec("grpc") is not None
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def run_cli(tmp_path, series: str, transport: str, *extra: str) -> dict:
+    out = tmp_path / f"{series}-{transport}.json"
+    argv = ["bench", "tensor", "--series", series, "--transport", transport,
+            "--sizes", ",".join(str(s) for s in SIZES), "--iters", "10", "--warmup", "2",
+            "--timeout", "20", "--verify", "--json", str(out), *extra]
+    rc = cli.main(argv)
+    report = json.loads(out.read_text())
+    assert rc == 0, report["checks"]
+    return report
+
+
+def check_rows(report: dict, series: str, transport: str) -> None:
+    assert report["test"] == "tensor"
+    assert report["verdict"] == "PASS", report["checks"]
+    rows = [r for r in report["rows"] if r["series"] == series]
+    assert [r["size"] for r in rows] == SIZES
+    for r in rows:
+        assert r["transport"] == transport
+        assert r["iters"] == 10
+        assert r["verified"] == r["iters"] + r["warmup"]  # every transfer compared element by element
+        assert r["median_us"] > 0 and r["MBps"] == pytest.approx(r["size"] / r["median_us"])
+        assert set(r) >= {"series", "transport", "size", "iters", "median_us", "MBps"}
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+@pytest.mark.parametrize("series", ["rpc-ucx", "ucx-tag"])
+def test_ucx_series(tmp_path, series, transport):
+    check_rows(run_cli(tmp_path, series, transport), series, transport)
+
+
+@pytest.mark.skipif(not HAS_GRPC, reason="grpcio is not installed (pip install grpcio)")
+def test_grpc_series(tmp_path):
+    check_rows(run_cli(tmp_path, "grpc", "shm"), "grpc", "tcp")  # gRPC always runs over tcp
+
+
+@pytest.mark.torch
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed: the gloo series needs it (pip install torch)")
+def test_gloo_series(tmp_path):
+    check_rows(run_cli(tmp_path, "gloo", "tcp"), "gloo", "tcp")
+
+
+@pytest.mark.parametrize("series", ["zerocopy", "dynamic", "copy"])
+def test_slot_series(tmp_path, series):
+    why = bt.SERIES[series].unavailable()
+    if why:
+        pytest.skip(f"{series}: {why}")
+    check_rows(run_cli(tmp_path, series, "shm"), series, "shm")
+
+
+def test_speedups_table_and_plot(tmp_path, capfd):
+    """Two series in one run: speed-ups relative to zerocopy (or to nothing), the
+    table, the verdict line and the plot."""
+    series = "zerocopy,ucx-tag" if bt.SERIES["zerocopy"].unavailable() is None else "rpc-ucx,ucx-tag"
+    extra = []
+    plot = tmp_path / "fig7.png"
+    if importlib.util.find_spec("matplotlib") is not None:
+        extra = ["--plot", str(plot)]
+    report = run_cli(tmp_path, series, "shm", *extra)
+    text = capfd.readouterr().out  # fd level: print_table writes to the original sys.stdout
+    assert "zerocopy speed-up" in text
+    assert any(line.startswith("PASS tensor shm") for line in text.splitlines()), text
+    for r in report["rows"]:
+        if series.startswith("zerocopy") and r["series"] != "zerocopy":
+            assert r["zerocopy_speedup"] > 0
+        else:
+            assert r["zerocopy_speedup"] is None
+    if extra:
+        assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unavailable_series_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bt.UcxTag, "unavailable", classmethod(lambda cls: "not here"))
+    out = tmp_path / "r.json"
+    rc = cli.main(["bench", "tensor", "--series", "ucx-tag", "--sizes", "1K", "--iters", "3", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert rc == 0 and data["verdict"] == "WARN" and data["rows"] == []
+    assert data["config"]["unavailable"] == {"ucx-tag": "not here"}
+    assert "skipping ucx-tag: not here" in capsys.readouterr().err
+
+
+def test_cli_rejects_bad_arguments(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "tensor", "--series", "zerocopy,nope"])
+    assert "unknown series nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "tensor", "--sizes", "1K,6"])
+    assert "multiples of 4" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["bench", "tensor"])
+    assert args.sizes[0] == 1024 and args.sizes[-1] == 256 << 20 and args.series is None
+
+
+def test_meta_round_trip_and_pattern():
+    a = np.zeros((3, 5), np.float32)
+    dt, shape, n = bt.decode_meta(bt.encode_meta(a) + b"payload")
+    assert (dt, shape, n) == (np.dtype(np.float32), (3, 5), len(bt.encode_meta(a)))
+    p = np.empty(3000, np.float32)
+    bt.fill_pattern(p)
+    assert p.max() < 1.0 and p.min() == 0.0
+    checker = bt._Checker(3000 * 4, 2, verify=True)
+    p[0] = 1.0
+    checker.consume(p)
+    p[0] = 3.0  # a stale or wrong tensor: max is not 1 + k
+    checker.consume(p)
+    res = checker.result()
+    assert res["received"] == 2 and res["verified"] == 1 and len(res["errors"]) == 1
+
+
+# --- the raw UCX baselines, both ends in this process (one thread each) ----------------------
+
+@pytest.fixture(params=["tcp", "shm"])
+def ucx_pair(request):
+    a = _core.UcxBaseline(request.param, 100, True)
+    b = _core.UcxBaseline(request.param, 100, True)
+    a.connect(b.address)
+    b.connect(a.address)
+    yield a, b
+    a.close()
+    b.close()
+
+
+@pytest.mark.parametrize("nbytes", [8, 1 << 20])  # eager and rendezvous
+def test_baseline_tag_and_am(ucx_pair, nbytes):
+    a, b = ucx_pair
+    src = np.frombuffer(np.random.default_rng(nbytes).bytes(nbytes), np.uint8).copy()
+    dst = np.zeros(nbytes + 64, np.uint8)
+    dst2 = np.zeros(nbytes, np.uint8)
+    errors = []
+
+    def server():
+        try:
+            assert b.tag_recv(dst.ctypes.data, dst.nbytes, 7, 10) == nbytes
+            header, n = b.am_recv(dst2.ctypes.data, dst2.nbytes, 10)
+            assert (header, n) == (b"meta", nbytes)
+            b.am_reply(b"done", 10)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=server)
+    t.start()
+    a.tag_send(src.ctypes.data, nbytes, 7, 10)
+    assert a.am_request(b"meta", src.ctypes.data, nbytes, 10) == b"done"
+    t.join(20)
+    assert not errors, errors
+    assert (dst[:nbytes] == src).all() and (dst2 == src).all()
+
+
+def test_baseline_errors(ucx_pair):
+    a, b = ucx_pair
+    buf = np.zeros(16, np.uint8)
+    with pytest.raises(tw.Timeout):
+        a.tag_recv(buf.ctypes.data, buf.nbytes, 99, 0.05)
+    big = np.zeros(4096, np.uint8)
+    t = threading.Thread(target=lambda: a.am_request(b"", big.ctypes.data, big.nbytes, 2.0), daemon=True)
+    t.start()
+    with pytest.raises(tw.InvalidArgument):
+        b.am_recv(buf.ctypes.data, buf.nbytes, 10)  # 4 KiB into 16 B
+    b.am_reply(b"x", 5)
+    t.join(5)
+    fresh = _core.UcxBaseline("tcp", 100, True)
+    with pytest.raises(tw.ConnectionError):
+        fresh.tag_send(buf.ctypes.data, 8, 1, 1)
+    fresh.close()
+    with pytest.raises(tw.ConnectionError):
+        fresh.address
+    with pytest.raises(tw.InvalidArgument):
+        _core.UcxBaseline("carrier-pigeon", 100, True)
