@@ -6,6 +6,12 @@ from collections.abc import Sequence
 
 from numpy.typing import NDArray
 
+from tensorwire.slots import (
+    _dynamic_sender as dynamic_sender,
+    _recv_async as recv_async,
+    _static_sender as static_sender
+)
+
 
 class Block:
     """
@@ -201,6 +207,160 @@ def bench_read_latency(arg0: Channel, arg1: object, arg2: RemoteRegion, arg3: in
 def bench_stream(arg0: Sequence[Channel], arg1: bool, arg2: object, arg3: Sequence[RemoteRegion], arg4: int, arg5: int, arg6: int, arg7: int, arg8: float, /) -> tuple: ...
 
 def bench_wait_flag(arg0: Channel, arg1: int, arg2: int, arg3: float, /) -> bool: ...
+
+class UcxBaseline:
+    """
+    Raw UCX (tag send/recv and an active-message RPC) on its own ucp context and worker, for the baselines of `tensorwire bench tensor`.
+    """
+
+    def __init__(self, transport: str = 'auto', spin_us: int = 100, loopback: bool = True) -> None:
+        """
+        transport: auto (UCX_TLS from the environment), tcp, shm or rdma, as Device applies it.
+        """
+
+    @property
+    def address(self) -> bytes:
+        """This worker's packed address (bytes) for the peer's connect()."""
+
+    @property
+    def transports(self) -> str: ...
+
+    @property
+    def connected(self) -> bool: ...
+
+    def connect(self, address: bytes) -> None:
+        """Creates the endpoint to the peer's worker address."""
+
+    def tag_send(self, buffer: int, nbytes: int, tag: int, timeout: float = 60.0) -> None:
+        """
+        ucp_tag_send_nbx of [buffer, +nbytes); returns when the buffer is reusable.
+        """
+
+    def tag_recv(self, buffer: int, capacity: int, tag: int, timeout: float = 60.0) -> int:
+        """
+        ucp_tag_recv_nbx into [buffer, +capacity) (exact tag); returns the received length.
+        """
+
+    def am_request(self, header: bytes, payload: int, nbytes: int, timeout: float = 60.0) -> bytes:
+        """
+        RPC over active messages: serializes (copies) the payload into a request, sends it, waits for and returns the reply.
+        """
+
+    def am_recv(self, buffer: int, capacity: int, timeout: float = 60.0) -> tuple[bytes, int]:
+        """
+        Server side: waits for one request and copies its payload into [buffer, +capacity); returns (header, nbytes).
+        """
+
+    def am_reply(self, payload: bytes, timeout: float = 60.0) -> None:
+        """Answers the last request with a small reply."""
+
+    def close(self) -> None:
+        """Closes the endpoint, worker and context (idempotent)."""
+
+class StaticSlot:
+    """
+    Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.
+    """
+
+    def __init__(self, device: Device, name: str, shape: Sequence[int], code: int, bits: int, depth: int = 2, first_seq: int = 1) -> None: ...
+
+    def recv(self, timeout: object | None = None) -> object:
+        """
+        Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).
+        """
+
+    def poll(self) -> object:
+        """
+        Non-blocking recv(): the next tensor's view, or None if it has not arrived.
+        """
+
+    def release(self, view: object | None = None) -> None:
+        """
+        Marks the oldest received tensor consumed (its view must not be used afterwards) and tells the sender.
+        """
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def depth(self) -> int: ...
+
+    @property
+    def next_seq(self) -> int: ...
+
+    @property
+    def has_sender(self) -> bool: ...
+
+    def stats(self) -> dict: ...
+
+class StaticSender:
+    """Sender side of a static slot (use channel.static_sender)."""
+
+    def __init__(self, channel: Channel, name: str, timeout: float = 10.0) -> None: ...
+
+    def send_block(self, block: Block, timeout: float = 10.0) -> Request:
+        """Sends a pool block (zero copy)."""
+
+    def send_region(self, local: object, shape: Sequence[int], code: int, bits: int, timeout: float = 10.0) -> Request: ...
+
+    def wait_consumed(self, seq: int, timeout: float = 10.0) -> None:
+        """Blocks until the receiver released tensor `seq`."""
+
+    @property
+    def consumed(self) -> int: ...
+
+    @property
+    def sent(self) -> int: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def dtype(self) -> str: ...
+
+    def note_copy(self, arg: int, /) -> None: ...
+
+    def note_registration(self) -> None: ...
+
+    def stats(self) -> dict: ...
+
+class DynamicSlot:
+    """Receiver side of dynamic allocation: tensors of any shape."""
+
+    def __init__(self, device: Device, name: str, max_ndim: int = 8, max_nbytes: int = 4294967296) -> None: ...
+
+    def recv(self, timeout: object | None = None) -> Block:
+        """
+        Waits for the next tensor; returns a Block (registered memory) holding it, with its shape and dtype.
+        """
+
+    def poll(self) -> object: ...
+
+    @property
+    def record_size(self) -> int: ...
+
+    @property
+    def next_seq(self) -> int: ...
+
+    def stats(self) -> dict: ...
+
+class DynamicSender:
+    """Sender side of a dynamic slot (use channel.dynamic_sender)."""
+
+    def __init__(self, channel: Channel, name: str, timeout: float = 10.0) -> None: ...
+
+    def send_block(self, block: Block, timeout: float = 10.0) -> Request: ...
+
+    def send_region(self, local: object, shape: Sequence[int], code: int, bits: int, timeout: float = 10.0) -> Request: ...
+
+    def note_copy(self, arg: int, /) -> None: ...
+
+    def note_registration(self) -> None: ...
+
+    def stats(self) -> dict: ...
 
 def ucx_version() -> str:
     """Version of the UCX library loaded at run time."""
