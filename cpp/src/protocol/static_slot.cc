@@ -93,7 +93,8 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
         layout(this->spec.nbytes()) {
     block = dev->pool->allocate(layout.stride * depth, 64);
     std::memset(block.data(), 0, block.size());
-    ack_src = dev->pool->allocate(64, 64);
+    ack_src = dev->pool->allocate(8 * kAckRing, 64);
+    ack_pending.resize(kAckRing);
   }
 
   std::string attach(const std::string& payload) {
@@ -146,6 +147,11 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
   std::atomic<bool> attached{false};
   std::uint64_t received = 0, consumed = 0;
   SlotStats stats;
+  // Ack writes in flight, one per source word: release() does not wait for
+  // them (over tcp a write completes only once the sender progresses, and a
+  // sender that is done sending may not), only before reusing a word.
+  static constexpr std::size_t kAckRing = 64;
+  std::vector<Request> ack_pending;
 };
 
 class StaticSenderImpl {
@@ -239,9 +245,11 @@ void StaticSlot::release() {
   ++s.consumed;
   if (!s.attached) return;
   // The ack word: the sequence number of the last released tensor.
-  std::uint64_t last = s.first_seq + s.consumed - 1;
-  std::memcpy(s.ack_src.data(), &last, 8);
-  s.to_sender.write(s.ack_src.region(), 0, s.sender_ack, 0, 8).wait(10.0);
+  const std::uint64_t last = s.first_seq + s.consumed - 1;
+  const std::size_t word = s.consumed % detail::StaticSlotImpl::kAckRing;
+  s.ack_pending[word].wait(10.0);  // the write that last used this source word
+  std::memcpy(static_cast<char*>(s.ack_src.data()) + 8 * word, &last, 8);
+  s.ack_pending[word] = s.to_sender.write(s.ack_src.region(), 8 * word, s.sender_ack, 0, 8);
 }
 
 void* StaticSlot::buffer(int index) const {

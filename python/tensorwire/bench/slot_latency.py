@@ -1,0 +1,104 @@
+"""One-way latency of a static-slot transfer through the Python API: two
+processes ping-pong a tensor, each receiving into its own static slot
+(send, recv, release on each side); one-way = RTT/2, perftest-style
+statistics. This is what a Python user of tensorwire gets end to end.
+
+  python -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+
+from .common import Report, check_latency_row, latency_stats, parse_sizes, print_table
+
+
+def _shape(size: int) -> tuple[int, ...]:
+    return (max(1, size // 4),)
+
+
+def _peer(conn, transport: str, sizes: list[int], iters: int) -> None:
+    import tensorwire as tw
+    with tw.Device(transport=transport, progress="inline") as dev:
+        slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2) for s in sizes}
+        conn.send(dev.address)
+        back = conn.recv()
+        ch = dev.connect(back)
+        for s in sizes:
+            sender = ch.static_sender(f"pong{s}")
+            src = dev.empty(_shape(s), "float32")
+            slot = slots[s]
+            for _ in range(iters):
+                view = slot.recv(30)
+                slot.release(view)
+                sender.send(src, 30)
+        conn.recv()  # wait until the other side is done
+
+
+def measure(transport: str, sizes: list[int], iters: int, warmup: int) -> list[dict]:
+    import tensorwire as tw
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_peer, args=(child, transport, sizes, iters + warmup), daemon=True)
+    proc.start()
+    try:
+        if not parent.poll(60):
+            raise RuntimeError("the latency peer did not start")
+        address = parent.recv()
+        rows = []
+        with tw.Device(transport=transport, progress="inline") as dev:
+            slots = {s: dev.static_slot(f"pong{s}", _shape(s), "float32", depth=2) for s in sizes}
+            parent.send(dev.address)
+            ch = dev.connect(address)
+            for s in sizes:
+                sender = ch.static_sender(f"ping{s}")
+                src = dev.empty(_shape(s), "float32")
+                slot = slots[s]
+                samples = []
+                for i in range(iters + warmup):
+                    t0 = time.perf_counter()
+                    sender.send(src, 30)
+                    view = slot.recv(30)
+                    slot.release(view)
+                    if i >= warmup:
+                        samples.append(time.perf_counter() - t0)
+                rows.append({"size": s, "iters": iters, "lat_us": latency_stats(samples, 0.5), "rtt": False})
+            parent.send("done")
+        return rows
+    finally:
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--transport", default="shm", choices=("auto", "tcp", "shm", "rdma"))
+    ap.add_argument("--sizes", default="8,4K")
+    ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    sizes = parse_sizes(args.sizes)
+    report = Report("slot_latency", {"transport": args.transport, "iters": args.iters, "sizes": sizes,
+                                     "api": "Python", "latency": "one-way (RTT/2)", "unit": "usec"})
+    report.rows = measure(args.transport, sizes, args.iters, max(100, args.iters // 10))
+    lines = []
+    for r in report.rows:
+        st = r["lat_us"]
+        check_latency_row(report, r["size"], st)
+        lines.append(f" {r['size']:<7d} {r['iters']:<11d}{st['min']:<15.2f}{st['max']:<15.2f}{st['p50']:<17.2f}"
+                     f"{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
+    print(f"# static-slot ping-pong through the Python API over {args.transport} (one-way = RTT/2)")
+    print_table(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+                "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]", lines)
+    first = report.rows[0]
+    print(report.verdict_line(f"t_typical={first['lat_us']['p50']:.2f}us@{first['size']}B"))
+    report.write_json(args.json)
+    return 0 if report.verdict != "FAIL" else 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
