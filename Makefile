@@ -9,7 +9,7 @@ export TENSORWIRE_UCX
 BUILD_CPP := build/cpp
 APT_PACKAGES := g++ pkg-config libgtest-dev iproute2
 PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.22" "cmake>=3.20" ninja numpy
-PIP_TEST_DEPS := pytest pytest-timeout grpcio
+PIP_TEST_DEPS := pytest pytest-timeout grpcio matplotlib "torch==2.13.0"
 STAMP := build/.stamp
 
 .PHONY: all deps build demo test test-cpp test-python bench-compare stubs clean help
