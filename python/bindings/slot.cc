@@ -64,6 +64,30 @@ struct PyDynamicSender {
   std::uint64_t zero_copy = 0;
 };
 
+// The two senders' shared entry points (PyStaticSender, PyDynamicSender).
+template <typename PySender>
+Request send_block(PySender& s, PyBlock& b, double timeout) {
+  if (!b.block) throw InvalidArgument("this block was released");
+  TensorSpec spec = spec_of(b);
+  LocalRegion local = b.block.region();
+  Request req;
+  {
+    gil_scoped_release r;
+    req = s.sender->send(local, 0, spec, timeout);
+  }
+  ++s.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
+  return req;
+}
+
+template <typename PySender>
+Request send_region(PySender& s, nb::handle local, const std::vector<std::int64_t>& shape, int code, int bits,
+                    double timeout) {
+  LocalRegion lr = local_region_of(local);
+  TensorSpec spec = make_spec(shape, code, bits);
+  gil_scoped_release r;
+  return s.sender->send(lr, 0, spec, timeout);
+}
+
 }  // namespace
 
 void bind_slots(nb::module_& m) {
@@ -110,23 +134,11 @@ void bind_slots(nb::module_& m) {
         self->sender = std::make_unique<StaticSender>(ch, name, timeout);
       }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout") = 10.0)
       .def("send_block", [](PyStaticSender& s, PyBlock& b, double timeout) {
-        if (!b.block) throw InvalidArgument("this block was released");
-        TensorSpec spec = spec_of(b);
-        LocalRegion local = b.block.region();
-        Request req;
-        {
-          gil_scoped_release r;
-          req = s.sender->send(local, 0, spec, timeout);
-        }
-        ++s.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
-        return req;
+        return send_block(s, b, timeout);
       }, nb::arg("block"), nb::arg("timeout") = 10.0, "Sends a pool block (zero copy).")
       .def("send_region", [](PyStaticSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
                              int bits, double timeout) {
-        LocalRegion lr = local_region_of(local);
-        TensorSpec spec = make_spec(shape, code, bits);
-        gil_scoped_release r;
-        return s.sender->send(lr, 0, spec, timeout);
+        return send_region(s, local, shape, code, bits, timeout);
       }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout") = 10.0)
       .def("wait_consumed", [](PyStaticSender& s, std::uint64_t seq, double timeout) {
         gil_scoped_release r;
@@ -177,23 +189,11 @@ void bind_slots(nb::module_& m) {
         self->sender = std::make_unique<DynamicSender>(ch, name, timeout);
       }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout") = 10.0)
       .def("send_block", [](PyDynamicSender& s, PyBlock& b, double timeout) {
-        if (!b.block) throw InvalidArgument("this block was released");
-        TensorSpec spec = spec_of(b);
-        LocalRegion local = b.block.region();
-        Request req;
-        {
-          gil_scoped_release r;
-          req = s.sender->send(local, 0, spec, timeout);
-        }
-        ++s.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
-        return req;
+        return send_block(s, b, timeout);
       }, nb::arg("block"), nb::arg("timeout") = 10.0)
       .def("send_region", [](PyDynamicSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
                              int bits, double timeout) {
-        LocalRegion lr = local_region_of(local);
-        TensorSpec spec = make_spec(shape, code, bits);
-        gil_scoped_release r;
-        return s.sender->send(lr, 0, spec, timeout);
+        return send_region(s, local, shape, code, bits, timeout);
       }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout") = 10.0)
       .def("note_copy", [](PyDynamicSender& s, std::size_t n) { s.sender->note_copy(n); })
       .def("note_registration", [](PyDynamicSender& s) { s.sender->note_registration(); })

@@ -53,11 +53,7 @@ class DynamicSlotImpl {
   std::size_t max_nbytes = 0;
   std::size_t record_size = 0;
   Block record, ack_src;
-  std::mutex mu;
-  Channel to_sender;
-  RemoteRegion sender_ack;
-  std::uint64_t sender_id = 0;
-  std::atomic<bool> attached{false};
+  SenderLink link;
   std::uint64_t expected = 1;
   SlotStats stats;
 
@@ -65,24 +61,9 @@ class DynamicSlotImpl {
   bool ready() const { return load_acquire(base() + record_size - 64) == expected; }
 
   std::string attach(const std::string& payload) {
-    ByteReader r(payload.data(), payload.size(), "dynamic slot attach");
-    auto id = r.get<std::uint64_t>();
-    std::string desc = r.get_bytes32();
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
-    Channel ch(dev->peer_by_id(id)->channel(0));
-    RemoteRegion ack = ch.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
-    if (ack.length() < 16) throw InvalidArgument("ack region too small");
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (attached && !to_sender.impl()->failed()) {
-        throw InvalidArgument("dynamic slot '" + name + "' already has a sender");
-      }
-      to_sender = ch;
-      sender_ack = ack;
-      sender_id = id;
-      attached = true;
-    }
+    link.attach(*dev, payload, 16, "dynamic slot '" + name + "'");
     ByteWriter w;
     w.put<std::uint32_t>(static_cast<std::uint32_t>(max_ndim));
     w.put<std::uint64_t>(max_nbytes);
@@ -99,9 +80,9 @@ class DynamicSlotImpl {
     w[0] = seq;
     w[1] = status;
     LocalRegion src = ack_src.region();
-    Request a = to_sender.write(src, 8, sender_ack, 8, 8);
-    to_sender.fence();
-    Request b = to_sender.write(src, 0, sender_ack, 0, 8);
+    Request a = link.channel.write(src, 8, link.ack, 8, 8);
+    link.channel.fence();
+    Request b = link.channel.write(src, 0, link.ack, 0, 8);
     a.wait(10.0);
     b.wait(10.0);
   }
@@ -158,13 +139,13 @@ class DynamicSlotImpl {
     Block out = dev->pool->allocate(nbytes ? nbytes : 1, 64);
     if (nbytes > 0) {
       RegionDescriptor d;
-      d.device_id = sender_id;
+      d.device_id = link.sender_id;
       d.address = address;
       d.length = nbytes;
       d.rkey = rkey;
       try {
-        RemoteRegion src = to_sender.remote_region(d);
-        to_sender.read(out.region(), 0, src, 0, nbytes).wait(60.0);
+        RemoteRegion src = link.channel.remote_region(d);
+        link.channel.read(out.region(), 0, src, 0, nbytes).wait(60.0);
       } catch (const Error&) {
         ++stats.rejected;
         try {
@@ -234,7 +215,7 @@ Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto& s = *impl_;
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev->workers[0].get() : nullptr;
-  detail::ChannelImpl* ch = s.attached ? s.to_sender.impl() : nullptr;
+  detail::ChannelImpl* ch = s.link.channel_impl();
   if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s)) {
     if (ch && ch->failed()) ch->check_usable();
     throw Timeout("dynamic slot '" + s.name + "': no tensor within " + std::to_string(timeout_s) + " s");
@@ -245,7 +226,7 @@ Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
 bool DynamicSlot::poll(Block* out, TensorSpec* spec) {
   auto& s = *impl_;
   if (!s.ready()) {
-    if (s.attached) s.to_sender.impl()->worker->progress();
+    if (auto* ch = s.link.channel_impl()) ch->worker->progress();
     if (!s.ready()) return false;
   }
   *out = s.take(spec);
@@ -266,10 +247,7 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   if (!dev) throw ConnectionError("device is closed");
   s.ack = dev->pool->allocate(64, 64);
   std::memset(s.ack.data(), 0, 64);
-  detail::ByteWriter w;
-  w.put<std::uint64_t>(dev->id);
-  w.put_bytes32(s.ack.descriptor().to_bytes());
-  std::string reply = channel.call("tw.dynamic/" + name, w.str(), timeout_s);
+  std::string reply = detail::attach_to_slot(channel, "tw.dynamic/" + name, s.ack, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "dynamic slot description");
   s.max_ndim = static_cast<int>(r.get<std::uint32_t>());
   s.max_nbytes = r.get<std::uint64_t>();

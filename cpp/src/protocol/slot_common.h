@@ -58,4 +58,40 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
 
 inline std::size_t align64(std::size_t v) { return (v + 63) & ~std::size_t(63); }
 
+// A slot's link back to its one sender, made by the sender's attach call
+// (payload: sender device id, descriptor of the sender's ack block).
+struct SenderLink {
+  std::mutex mu;
+  Channel channel;  // lane 0 back to the sender
+  RemoteRegion ack;
+  std::uint64_t sender_id = 0;
+  std::atomic<bool> attached{false};
+
+  void attach(DeviceImpl& dev, const std::string& payload, std::size_t min_ack, const std::string& slot) {
+    ByteReader r(payload.data(), payload.size(), "slot attach");
+    auto id = r.get<std::uint64_t>();
+    std::string desc = r.get_bytes32();
+    Channel ch(dev.peer_by_id(id)->channel(0));
+    RemoteRegion region = ch.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
+    if (region.length() < min_ack) throw InvalidArgument("ack region too small");
+    std::lock_guard<std::mutex> lock(mu);
+    if (attached && !channel.impl()->failed()) throw InvalidArgument(slot + " already has a sender");
+    channel = ch;
+    ack = region;
+    sender_id = id;
+    attached = true;
+  }
+  ChannelImpl* channel_impl() const { return attached ? channel.impl() : nullptr; }
+};
+
+// Sender side of the attach call: returns the slot's description.
+inline std::string attach_to_slot(Channel& channel, const std::string& call, const Block& ack, double timeout_s) {
+  auto dev = channel.impl()->peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  ByteWriter w;
+  w.put<std::uint64_t>(dev->id);
+  w.put_bytes32(ack.descriptor().to_bytes());
+  return channel.call(call, w.str(), timeout_s);
+}
+
 }  // namespace tensorwire::detail

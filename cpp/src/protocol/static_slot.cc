@@ -98,23 +98,9 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
   }
 
   std::string attach(const std::string& payload) {
-    ByteReader r(payload.data(), payload.size(), "static slot attach");
-    auto sender_id = r.get<std::uint64_t>();
-    std::string desc = r.get_bytes32();
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
-    Channel ch(dev->peer_by_id(sender_id)->channel(0));
-    RemoteRegion ack = ch.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
-    if (ack.length() < 8) throw InvalidArgument("ack region too small");
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (attached && !to_sender.impl()->failed()) {
-        throw InvalidArgument("static slot '" + name + "' already has a sender");
-      }
-      to_sender = ch;
-      sender_ack = ack;
-      attached = true;
-    }
+    link.attach(*dev, payload, 8, "static slot '" + name + "'");
     ByteWriter w;
     w.put_raw(encode_spec(spec));
     w.put<std::uint32_t>(static_cast<std::uint32_t>(depth));
@@ -132,7 +118,7 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
     return load_acquire(const_cast<void*>(seq_word(idx))) == first_seq + received;
   }
 
-  ChannelImpl* channel() const { return attached ? to_sender.impl() : nullptr; }
+  ChannelImpl* channel() const { return link.channel_impl(); }
 
   std::weak_ptr<DeviceImpl> device;
   std::string name;
@@ -141,10 +127,7 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
   std::uint64_t first_seq;
   StaticLayout layout;
   Block block, ack_src;
-  std::mutex mu;
-  Channel to_sender;
-  RemoteRegion sender_ack;
-  std::atomic<bool> attached{false};
+  SenderLink link;
   std::uint64_t received = 0, consumed = 0;
   SlotStats stats;
   // Ack writes in flight, one per source word: release() does not wait for
@@ -243,13 +226,13 @@ void StaticSlot::release() {
   auto& s = *impl_;
   if (s.consumed == s.received) throw InvalidArgument("static slot '" + s.name + "': nothing to release");
   ++s.consumed;
-  if (!s.attached) return;
+  if (!s.link.attached) return;
   // The ack word: the sequence number of the last released tensor.
   const std::uint64_t last = s.first_seq + s.consumed - 1;
   const std::size_t word = s.consumed % detail::StaticSlotImpl::kAckRing;
   s.ack_pending[word].wait(10.0);  // the write that last used this source word
   std::memcpy(static_cast<char*>(s.ack_src.data()) + 8 * word, &last, 8);
-  s.ack_pending[word] = s.to_sender.write(s.ack_src.region(), 8 * word, s.sender_ack, 0, 8);
+  s.ack_pending[word] = s.link.channel.write(s.ack_src.region(), 8 * word, s.link.ack, 0, 8);
 }
 
 void* StaticSlot::buffer(int index) const {
@@ -260,7 +243,7 @@ const TensorSpec& StaticSlot::spec() const { return impl_->spec; }
 int StaticSlot::depth() const { return impl_->depth; }
 std::uint64_t StaticSlot::next_seq() const { return impl_->first_seq + impl_->received; }
 SlotStats StaticSlot::stats() const { return impl_->stats; }
-bool StaticSlot::has_sender() const { return impl_->attached; }
+bool StaticSlot::has_sender() const { return impl_->link.attached; }
 
 // ---- StaticSender ----
 
@@ -272,10 +255,7 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   if (!dev) throw ConnectionError("device is closed");
   s.ack = dev->pool->allocate(64, 64);
   std::memset(s.ack.data(), 0, 64);
-  detail::ByteWriter w;
-  w.put<std::uint64_t>(dev->id);
-  w.put_bytes32(s.ack.descriptor().to_bytes());
-  std::string reply = channel.call("tw.static/" + name, w.str(), timeout_s);
+  std::string reply = detail::attach_to_slot(channel, "tw.static/" + name, s.ack, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "static slot description");
   s.spec = detail::decode_spec(r);
   s.depth = static_cast<int>(r.get<std::uint32_t>());
