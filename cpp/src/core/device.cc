@@ -90,6 +90,12 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   // writes from ~1.65 to ~2.5 GB/s (bench/results/tcp_tuning.md).
   o.emplace_back("?TCP_SNDBUF", "4M");
   o.emplace_back("?TCP_RCVBUF", "4M");
+  // UCX estimates cma at 11 GB/s and so writes everything above ~4 KiB with
+  // a process_vm_writev syscall, even into pool slabs that shared memory maps.
+  // Measured here, a plain memcpy into the mapping is 2-3x faster up to our
+  // large-block size (static-slot transfer at 64 KiB: 9.5 -> 4.3 us; at 256
+  // KiB: 27.5 -> 9.4 us). Large blocks are not mapped: cma stays their path.
+  o.emplace_back("?CMA_BW", "4000MBps");
   if (c.net_devices == "auto") {
     // A device bound to loopback talks over loopback, unless the user chose.
     if (is_loopback(c.host) && !std::getenv("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
