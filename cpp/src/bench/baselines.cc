@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "tensorwire/error.h"
+#include "ucx/ucx.h"
 
 namespace tensorwire::bench {
 
@@ -53,53 +54,23 @@ bool is_set(const char* name) { return std::getenv(name) != nullptr; }
 }  // namespace
 
 UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback) : spin_us_(spin_us) {
-  std::vector<std::pair<std::string, std::string>> o;
-  if (transport == "tcp") {
-    o.emplace_back("TLS", "tcp");
-  } else if (transport == "shm") {
-    o.emplace_back("TLS", "sm");
-  } else if (transport == "rdma") {
-    o.emplace_back("TLS", "rc,ud,sm");
-  } else if (transport != "auto") {
-    throw InvalidArgument("transport must be auto, tcp, shm or rdma, got '" + transport + "'");
-  }
-  // The same tuning defaults as Device's data context (docs/architecture.md §3).
-  if (!is_set("UCX_TCP_SNDBUF")) o.emplace_back("?TCP_SNDBUF", "4M");
-  if (!is_set("UCX_TCP_RCVBUF")) o.emplace_back("?TCP_RCVBUF", "4M");
+  auto o = ucx::transport_overrides(transport);
+  // The same tcp defaults as Device's data context (docs/architecture.md §3),
+  // but UCX's own choice between memcpy and cma: this is what UCX users get.
+  o.emplace_back("?TCP_SNDBUF", "4M");
+  o.emplace_back("?TCP_RCVBUF", "4M");
   if (loopback && !is_set("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
-
-  ucp_config_t* config = nullptr;
-  check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
-  for (const auto& [raw_key, value] : o) {
-    const bool optional = raw_key[0] == '?';
-    const std::string key = optional ? raw_key.substr(1) : raw_key;
-    ucs_status_t st = ucp_config_modify(config, key.c_str(), value.c_str());
-    if (st != UCS_OK && optional) continue;
-    if (st != UCS_OK) {
-      ucp_config_release(config);
-      throw InvalidArgument("UCX rejected setting " + key + "=" + value + ": " + ucs_status_string(st));
-    }
-    if (key == "TLS") tls_ = value;
-  }
-  if (tls_.empty()) {
-    const char* env = std::getenv("UCX_TLS");
-    tls_ = env ? env : "all";
-  }
-  ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
-  params.name = "tensorwire-baseline";
-  ucs_status_t st = ucp_init(&params, config, &context_);
-  ucp_config_release(config);
-  check(st, "ucp_init");
+  context_ = std::make_shared<ucx::Context>(o, UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+                                            "tensorwire-baseline");
+  tls_ = context_->transports();
+  ucs_status_t st;
 
   ucp_worker_params_t wp{};
   wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   wp.thread_mode = UCS_THREAD_MODE_SINGLE;  // mu_ serialises callers
-  st = ucp_worker_create(context_, &wp, &worker_);
+  st = ucp_worker_create(context_->get(), &wp, &worker_);
   if (st != UCS_OK) {
-    ucp_cleanup(context_);
-    context_ = nullptr;
+    context_.reset();
     check(st, "ucp_worker_create");
   }
   if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;  // then spin only
@@ -116,9 +87,8 @@ UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool lo
     st = ucp_worker_set_am_recv_handler(worker_, &am);
     if (st != UCS_OK) {
       ucp_worker_destroy(worker_);
-      ucp_cleanup(context_);
       worker_ = nullptr;
-      context_ = nullptr;
+      context_.reset();
       check(st, "ucp_worker_set_am_recv_handler");
     }
   }
@@ -152,8 +122,7 @@ void UcxBaseline::close() {
   }
   ucp_worker_destroy(worker_);
   worker_ = nullptr;
-  ucp_cleanup(context_);
-  context_ = nullptr;
+  context_.reset();
 }
 
 std::string UcxBaseline::address() const {

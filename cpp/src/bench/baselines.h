@@ -17,6 +17,8 @@
 // (at most 1 ms at a time), as tensorwire's inline progress does.
 #pragma once
 
+#include "ucx/ucx.h"
+
 #include <ucp/api/ucp.h>
 
 #include <chrono>
@@ -89,7 +91,7 @@ class UcxBaseline {
   void release(Incoming& in);
 
   mutable std::mutex mu_;  // one caller at a time (worker is single-threaded)
-  ucp_context_h context_ = nullptr;
+  std::shared_ptr<ucx::Context> context_;
   ucp_worker_h worker_ = nullptr;
   ucp_ep_h ep_ = nullptr;
   int efd_ = -1;

@@ -76,16 +76,7 @@ std::pair<std::string, std::uint16_t> split_address(const std::string& address) 
 }
 
 std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConfig& c) {
-  std::vector<std::pair<std::string, std::string>> o;
-  if (c.transport == "tcp") {
-    o.emplace_back("TLS", "tcp");
-  } else if (c.transport == "shm") {
-    o.emplace_back("TLS", "sm");
-  } else if (c.transport == "rdma") {
-    o.emplace_back("TLS", "rc,ud,sm");
-  } else if (c.transport != "auto") {
-    throw InvalidArgument("transport must be auto, tcp, shm or rdma, got '" + c.transport + "'");
-  }
+  auto o = ucx::transport_overrides(c.transport);
   // Measured on loopback tcp (2 vCPUs): 4 MiB socket buffers lift 1 MiB
   // writes from ~1.65 to ~2.5 GB/s (bench/results/tcp_tuning.md).
   o.emplace_back("?TCP_SNDBUF", "4M");
@@ -173,7 +164,8 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   gethostname(host, sizeof(host) - 1);
   hostname_ = host;
 
-  data_context = std::make_shared<ucx::Context>(data_overrides(config), false);
+  data_context = std::make_shared<ucx::Context>(data_overrides(config), UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA,
+                                                 "tensorwire");
   // The control plane always runs over tcp with peer error handling: it is
   // what detects a dead peer, whatever the data transport is.
   std::vector<std::pair<std::string, std::string>> ctl{{"TLS", "tcp"}};
@@ -181,7 +173,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   char keepalive[32];
   std::snprintf(keepalive, sizeof(keepalive), "%.3fs", config.keepalive_s);
   ctl.emplace_back("KEEPALIVE_INTERVAL", keepalive);
-  control_context = std::make_shared<ucx::Context>(ctl, true);
+  control_context = std::make_shared<ucx::Context>(ctl, UCP_FEATURE_AM | UCP_FEATURE_WAKEUP, "tensorwire-control");
 
   for (int i = 0; i < config.workers; ++i) {
     workers.push_back(std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(data_context), config.progress,

@@ -193,23 +193,10 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
   s.record = dev->pool->allocate(s.record_size, 64);
   std::memset(s.record.data(), 0, s.record_size);
   s.ack_src = dev->pool->allocate(64, 64);
-  std::weak_ptr<detail::DynamicSlotImpl> weak = impl_;
-  device.publish(name, s.record.descriptor());
-  device.on_call("tw.dynamic/" + name, [weak](const std::string& payload) -> std::string {
-    auto slot = weak.lock();
-    if (!slot) throw NotFound("the dynamic slot is gone");
-    return slot->attach(payload);
-  });
+  detail::publish_slot(device, name, "tw.dynamic/" + name, s.record.descriptor(), impl_);
 }
 
-DynamicSlot::~DynamicSlot() {
-  if (auto dev = impl_->device.lock()) {
-    if (!dev->closed()) {
-      dev->unpublish(impl_->name);
-      dev->on_call("tw.dynamic/" + impl_->name, nullptr);
-    }
-  }
-}
+DynamicSlot::~DynamicSlot() { detail::unpublish_slot(impl_->device, impl_->name, "tw.dynamic/" + impl_->name); }
 
 Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto& s = *impl_;

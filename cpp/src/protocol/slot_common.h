@@ -84,6 +84,28 @@ struct SenderLink {
   ChannelImpl* channel_impl() const { return attached ? channel.impl() : nullptr; }
 };
 
+// Publishes a slot's region under `name` and answers its attach call.
+template <typename SlotImpl>
+void publish_slot(Device& device, const std::string& name, const std::string& call, const RegionDescriptor& region,
+                  const std::shared_ptr<SlotImpl>& slot) {
+  std::weak_ptr<SlotImpl> weak = slot;
+  device.publish(name, region);
+  device.on_call(call, [weak](const std::string& payload) -> std::string {
+    auto s = weak.lock();
+    if (!s) throw NotFound("the slot is gone");
+    return s->attach(payload);
+  });
+}
+
+inline void unpublish_slot(const std::weak_ptr<DeviceImpl>& device, const std::string& name, const std::string& call) {
+  if (auto dev = device.lock()) {
+    if (!dev->closed()) {
+      dev->unpublish(name);
+      dev->on_call(call, nullptr);
+    }
+  }
+}
+
 // Sender side of the attach call: returns the slot's description.
 inline std::string attach_to_slot(Channel& channel, const std::string& call, const Block& ack, double timeout_s) {
   auto dev = channel.impl()->peer->device.lock();

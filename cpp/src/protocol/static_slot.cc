@@ -170,23 +170,10 @@ StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec
   if (spec.shape.size() > 64) throw InvalidArgument("at most 64 dimensions");
   auto dev = device_impl(device);
   impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq);
-  std::weak_ptr<detail::StaticSlotImpl> weak = impl_;
-  device.publish(name, impl_->block.descriptor());
-  device.on_call("tw.static/" + name, [weak](const std::string& payload) -> std::string {
-    auto slot = weak.lock();
-    if (!slot) throw NotFound("the static slot is gone");
-    return slot->attach(payload);
-  });
+  detail::publish_slot(device, name, "tw.static/" + name, impl_->block.descriptor(), impl_);
 }
 
-StaticSlot::~StaticSlot() {
-  if (auto dev = impl_->device.lock()) {
-    if (!dev->closed()) {
-      dev->unpublish(impl_->name);
-      dev->on_call("tw.static/" + impl_->name, nullptr);
-    }
-  }
-}
+StaticSlot::~StaticSlot() { detail::unpublish_slot(impl_->device, impl_->name, "tw.static/" + impl_->name); }
 
 int StaticSlot::recv(double timeout_s) {
   auto& s = *impl_;

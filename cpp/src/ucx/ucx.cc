@@ -50,7 +50,16 @@ void request_init(void* request) {
 }
 }  // namespace
 
-Context::Context(const std::vector<std::pair<std::string, std::string>>& overrides, bool for_control) {
+std::vector<std::pair<std::string, std::string>> transport_overrides(const std::string& transport) {
+  if (transport == "tcp") return {{"TLS", "tcp"}};
+  if (transport == "shm") return {{"TLS", "sm"}};
+  if (transport == "rdma") return {{"TLS", "rc,ud,sm"}};
+  if (transport == "auto") return {};
+  throw InvalidArgument("transport must be auto, tcp, shm or rdma, got '" + transport + "'");
+}
+
+Context::Context(const std::vector<std::pair<std::string, std::string>>& overrides, std::uint64_t features,
+                 const char* name) {
   ucp_config_t* config = nullptr;
   check(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
   for (const auto& [raw_key, value] : overrides) {
@@ -75,11 +84,11 @@ Context::Context(const std::vector<std::pair<std::string, std::string>>& overrid
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
                       UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                       UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (for_control ? 0 : UCP_FEATURE_RMA);
+  params.features = features;
   params.request_size = sizeof(RequestSlot);
   params.request_init = request_init;
   params.mt_workers_shared = 1;
-  params.name = for_control ? "tensorwire-control" : "tensorwire";
+  params.name = name;
   ucs_status_t st = ucp_init(&params, config, &handle_);
   ucp_config_release(config);
   check(st, "ucp_init");

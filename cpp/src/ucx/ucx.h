@@ -19,6 +19,9 @@
 
 namespace tensorwire::ucx {
 
+// UCX_TLS for a `transport` shortcut (auto: none, the environment decides).
+std::vector<std::pair<std::string, std::string>> transport_overrides(const std::string& transport);
+
 // Throws the Error that matches a failed UCX status.
 void check(ucs_status_t status, const std::string& what);
 ErrorKind error_kind(ucs_status_t status);
@@ -35,7 +38,8 @@ class Context {
  public:
   // `overrides` are UCX configuration pairs ("TLS", "tcp"), applied after the
   // environment is read.
-  Context(const std::vector<std::pair<std::string, std::string>>& overrides, bool for_control);
+  Context(const std::vector<std::pair<std::string, std::string>>& overrides, std::uint64_t features,
+          const char* name);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

@@ -28,7 +28,7 @@ def _peer(conn, transport: str, sizes: list[int], iters: int) -> None:
         back = conn.recv()
         ch = dev.connect(back)
         for s in sizes:
-            sender = ch.static_sender(f"pong{s}")
+            sender = ch.static_sender(f"pong{s}", timeout=30)
             src = dev.empty(_shape(s), "float32")
             slot = slots[s]
             for _ in range(iters):
@@ -54,7 +54,7 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int) -> list[d
             parent.send(dev.address)
             ch = dev.connect(address)
             for s in sizes:
-                sender = ch.static_sender(f"ping{s}")
+                sender = ch.static_sender(f"ping{s}", timeout=30)
                 src = dev.empty(_shape(s), "float32")
                 slot = slots[s]
                 samples = []
