@@ -157,7 +157,38 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="a two-process tensor write on loopback, with bandwidth and latency")
     demo.add_argument("--transport", choices=TRANSPORTS, default="auto")
     demo.add_argument("--mib", type=_positive, default=64, help="tensor size in MiB (default 64)")
+
+    for name in COMMAND_MODULES:
+        _load_commands(name).add_commands(sub, bsub)
     return parser
+
+
+# Modules that add their own commands: each has add_commands(sub, bench_sub), whose
+# parsers set `func` (called with the parsed args; returns the exit code). Importing
+# them must stay cheap (no torch, no UCX): the work is imported inside `func`.
+COMMAND_MODULES = (
+    "tensorwire.launch",           # tensorwire run
+    "tensorwire.bench.fabric",     # bench write_bw/read_bw/write_lat/read_lat/fullmesh
+    "tensorwire.bench.collectives",  # bench alltoall/allreduce
+    "tensorwire.bench.terasort",   # bench terasort
+    "tensorwire.testbed.cli",      # tensorwire testbed
+    "tensorwire.torch.cli",        # tensorwire train, bench train
+)
+
+
+def _load_commands(name: str):
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
+            raise
+        # A command module not written yet (development tree): leave its commands out.
+        class _Absent:
+            @staticmethod
+            def add_commands(sub, bsub) -> None:
+                return None
+        return _Absent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    if getattr(args, "func", None) is not None:
+        return int(args.func(args) or 0)
     if args.command == "info":
         from .info import collect, render
         data = collect(args.transport)
