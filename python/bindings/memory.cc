@@ -86,7 +86,14 @@ PyBlock fill_view(PyBlock b, const TensorSpec& spec) {
 }
 
 LocalRegion local_region_of(nb::handle obj) {
-  if (nb::isinstance<PyBlock>(obj)) return live(nb::cast<PyBlock&>(obj)).block.region();
+  if (nb::isinstance<PyBlock>(obj)) {
+    // The tensor view, not the (rounded-up) lease: a write of a Block moves
+    // exactly the bytes numpy/torch see.
+    PyBlock& b = live(nb::cast<PyBlock&>(obj));
+    LocalRegion r = b.block.region();
+    r.length = b.nbytes;
+    return r;
+  }
   if (nb::isinstance<Registration>(obj)) return nb::cast<Registration&>(obj).region();
   throw InvalidArgument("local memory must be a tensorwire Block (device.alloc/empty) or a Registration "
                         "(device.register)");
