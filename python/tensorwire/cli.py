@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     tensor.add_argument("--spin-us", type=int, default=None, metavar="US",
                         help="how long a waiter (tensorwire devices, UCX baselines) polls before it sleeps on the "
                              "worker's event fd (default: that of bench latency/bw, 100)")
+    tensor.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="skip the stream passes (from 1 MiB up: back-to-back transfers with no bench ack, "
+                             "each series paced by its own flow control) and the memcpy/write anchors")
     tensor.add_argument("--verify", action="store_true",
                         help="compare every element of every received tensor (timings then include it)")
     tensor.add_argument("--json", metavar="FILE",
