@@ -95,8 +95,9 @@ def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int
         out = []
         for r, h in enumerate(where):
             local_rank[h] = local_rank.get(h, -1) + 1
-            env = {"TW_RANK": str(r), "TW_SIZE": str(n), "TW_ROOT": root, "TW_HOST": addr[h],
-                   "TW_LOCAL_RANK": str(local_rank[h])}
+            env = tb.host_env(h, {})
+            env.update(TW_RANK=str(r), TW_SIZE=str(n), TW_ROOT=root, TW_HOST=addr[h],
+                       TW_LOCAL_RANK=str(local_rank[h]))
             out.append(RankPlacement(r, env, list(tb.exec_prefix(h)), h))
         return out
     root = f"127.0.0.1:{port or _free_port('127.0.0.1')}"

@@ -91,6 +91,11 @@ def _split(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _host_name() -> str:
+    """This rank's host: the testbed host it runs in, else the machine's name."""
+    return os.environ.get("TENSORWIRE_TESTBED_HOST") or socket.gethostname()
+
+
 def _local_host_towards(root_host: str) -> str:
     """The local address a connection to root_host leaves from (no packet is sent)."""
     if root_host.startswith("127.") or root_host == "localhost":
@@ -109,7 +114,7 @@ class _Root:
         self.addresses: list[str | None] = [None] * size
         self.addresses[0] = own_address
         self.hosts: list[str | None] = [None] * size
-        self.hosts[0] = socket.gethostname()
+        self.hosts[0] = _host_name()
         self.rounds: dict[int, dict[int, Any]] = {}
         self.fetched: dict[int, int] = {}
         self.error: str | None = None
@@ -205,7 +210,7 @@ class World:
         if self.size == 1:
             self.device = Device(host=os.environ.get("TW_HOST", root_host), port=0, **device_options)
             self.addresses = [self.device.address]
-            self.hosts = [socket.gethostname()]
+            self.hosts = [_host_name()]
             return
         if self.rank == 0:
             try:
@@ -255,7 +260,7 @@ class World:
                                   f"{timeout:g} s ({last_error})") from None
                 time.sleep(0.05)
         me = {"rank": self.rank, "size": self.size, "address": self.device.address,
-              "host": socket.gethostname()}
+              "host": _host_name()}
         self._call(_JOIN, me)
 
         def table():

@@ -43,7 +43,7 @@ import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import Error
 
@@ -259,6 +259,7 @@ class Config:
     delay_ms: float | None     # one-way delay added on every host's egress (needs sch_netem)
     queue_ms: float = QUEUE_MS
     mtu: int = 1500
+    isl_shared: bool = False   # True: both directions of the ISL share isl_rate (one token bucket)
 
 
 @dataclass
@@ -268,6 +269,8 @@ class Testbed:
     ``tb.hosts`` are the host names h1..hN; ``tb.address(h)``, ``tb.exec_prefix(h)``,
     ``tb.run(h, argv)`` and ``tb.popen(h, argv)`` serve launchers; ``tb.down()`` removes it all.
     """
+
+    __test__ = False  # not a pytest test class
 
     config: Config
     host_info: dict[str, Host]
@@ -336,14 +339,17 @@ class Testbed:
         c = self.config
         lines = [f"testbed {c.name}: {c.hosts} hosts, {c.groups} group{'s' if c.groups > 1 else ''}, "
                  f"switches in netns {self.switch_netns}, subnet {SUBNET}.0/{PREFIX_LEN}",
-                 f"  host link   {format_rate(c.host_rate)} each direction"
+                 f"  host link   {format_rate(c.host_rate)}{' each direction' if c.host_rate else ''}"
                  + (f", +{c.delay_ms:g} ms one-way delay" if c.delay_ms else "")]
         if c.groups == 2:
-            lines.append(f"  inter-group {format_rate(c.isl_rate)} each direction (isl1 <-> isl2)")
-        if self.qdiscs:
-            q = self.qdiscs[0]
-            lines.append(f"  shaping     tbf, burst {q['burst'] // 1024} KiB, queue limit {q['limit'] // 1024} KiB "
-                         f"({c.queue_ms:g} ms at rate) on the host links")
+            lines.append(f"  inter-group {format_rate(c.isl_rate)} "
+                         + ("both directions together (isl1 <-> isl2, one bucket)" if c.isl_shared
+                            else "each direction (isl1 <-> isl2)" if c.isl_rate else "(isl1 <-> isl2)"))
+        for what, q in (("host links", next((q for q in self.qdiscs if q["link"].startswith("h")), None)),
+                        ("ISL", next((q for q in self.qdiscs if q["link"].startswith("isl")), None))):
+            if q:
+                lines.append(f"  shaping     {what}: tbf, burst {q['burst'] // 1024} KiB, queue limit "
+                             f"{q['limit'] // 1024} KiB ({c.queue_ms:g} ms at the rate)")
         lines.append(f"  {'host':<5} {'group':>5}  {'address':<12} netns")
         for h in self.hosts:
             i = self.host_info[h]
@@ -411,7 +417,7 @@ class Testbed:
     @classmethod
     def plan(cls, hosts: int, groups: int = 1, host_rate: str | int | None = "1gbit",
              isl_rate: str | int | None = None, delay: float | None = None, name: str | None = None,
-             queue_ms: float = QUEUE_MS) -> "Testbed":
+             queue_ms: float = QUEUE_MS, isl_shared: bool = False) -> "Testbed":
         """The testbed `up` would build, without building it (validates the arguments)."""
         name = _validate_name(name or default_name())
         if not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
@@ -426,6 +432,8 @@ class Testbed:
             raise TestbedError(str(e)) from None
         if groups == 1 and ir is not None:
             raise TestbedError("an inter-group rate needs groups=2")
+        if isl_shared and ir is None:
+            raise TestbedError("a shared inter-group link needs an inter-group rate")
         if delay is not None and delay < 0:
             raise TestbedError(f"delay must be >= 0 ms, got {delay}")
         if not queue_ms > 0:
@@ -437,13 +445,14 @@ class Testbed:
             info[h] = Host(name=h, index=i, netns=f"tw-{name}-{h}", address=f"{SUBNET}.{i}",
                            group=1 if i <= g1 else 2, port=h)
         cfg = Config(name=name, hosts=hosts, groups=groups, host_rate=hr, isl_rate=ir,
-                     delay_ms=float(delay) if delay else None, queue_ms=float(queue_ms))
+                     delay_ms=float(delay) if delay else None, queue_ms=float(queue_ms),
+                     isl_shared=bool(isl_shared))
         return cls(config=cfg, host_info=info, switch_netns=f"tw-{name}-sw", status="creating")
 
     @classmethod
     def up(cls, hosts: int, groups: int = 1, host_rate: str | int | None = "1gbit",
            isl_rate: str | int | None = None, delay: float | None = None, name: str | None = None,
-           force: bool = False, queue_ms: float = QUEUE_MS) -> "Testbed":
+           force: bool = False, queue_ms: float = QUEUE_MS, isl_shared: bool = False) -> "Testbed":
         """Builds a testbed and returns it; all or nothing.
 
         hosts: N hosts h1..hN. groups: 1 (one leaf) or 2 (two leaves, group 1 = first half,
@@ -452,12 +461,14 @@ class Testbed:
         delay: extra one-way milliseconds on every host's egress (netem; not every kernel has it).
         name: testbed name (namespaces tw-<name>-*). force: remove an existing testbed of that
         name first, else that is an error. queue_ms: shaper queue length in time at the rate.
+        isl_shared: both directions of the inter-switch link share isl_rate (a half-duplex or
+        oversubscribed uplink) instead of isl_rate each way.
 
         Any failure, KeyboardInterrupt or SIGTERM during the build removes what was made, then
         raises.
         """
         _check_root()
-        tb = cls.plan(hosts, groups, host_rate, isl_rate, delay, name, queue_ms)
+        tb = cls.plan(hosts, groups, host_rate, isl_rate, delay, name, queue_ms, isl_shared)
         if cls.exists(tb.name):
             if not force:
                 raise TestbedError(f"testbed {tb.name!r} exists already; use it, remove it with "
@@ -475,7 +486,7 @@ class Testbed:
             except BaseException:
                 with _signals_ignored():
                     try:
-                        down(tb.name, quiet=True)
+                        down(tb.name)
                     except Exception as cleanup_error:  # noqa: BLE001 - report, keep the first error
                         import sys
                         print(f"tensorwire testbed: cleanup after a failed 'up' failed too: {cleanup_error}",
@@ -541,24 +552,36 @@ class Testbed:
                 lines, q = _shaping_commands(i.port, c.host_rate, c.queue_ms, None)
                 sw_lines += lines
                 self.qdiscs.append({"netns": self.switch_netns, "dev": i.port, "link": f"{h} down", **q})
-        if c.groups == 2 and c.isl_rate is not None:
+        if c.groups == 2 and c.isl_rate is not None and not c.isl_shared:
             for dev, link in (("isl1", "isl 1->2"), ("isl2", "isl 2->1")):
                 lines, q = _shaping_commands(dev, c.isl_rate, c.queue_ms, None)
                 sw_lines += lines
                 self.qdiscs.append({"netns": self.switch_netns, "dev": dev, "link": link, **q})
+        elif c.groups == 2 and c.isl_rate is not None:
+            # One bucket for both directions: what arrives at either end of the ISL (isl2 receives
+            # group 1's traffic, isl1 group 2's) is redirected into one ifb device whose tbf paces
+            # it; ifb then hands each packet back to the receive path of the port it came in on.
+            _batch("ip", self.switch_netns, ["link add islq type ifb", "link set islq up"])
+            for dev in ("isl1", "isl2"):
+                sw_lines += [f"qdisc add dev {dev} handle ffff: ingress",
+                             f"filter add dev {dev} parent ffff: protocol all u32 match u32 0 0 "
+                             "action mirred egress redirect dev islq"]
+            lines, q = _shaping_commands("islq", c.isl_rate, c.queue_ms, None)
+            sw_lines += lines
+            self.qdiscs.append({"netns": self.switch_netns, "dev": "islq", "link": "isl both ways", **q})
         _batch("tc", self.switch_netns, sw_lines)
 
     # -- removal ------------------------------------------------------------------------------
 
-    def down(self, quiet: bool = False) -> bool:
+    def down(self) -> bool:
         """Removes this testbed; see the module function down()."""
-        return down(self.name, quiet=quiet)
+        return down(self.name)
 
     def __enter__(self) -> "Testbed":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.down(quiet=True)
+        self.down()
 
 
 def _tbf(rate_bps: int, queue_ms: float) -> tuple[int, int]:
@@ -614,7 +637,7 @@ def _require_qdisc(kind: str, why: str) -> None:
         _cmd(["ip", "netns", "del", probe], check=False)
 
 
-def down(name: str | None = None, quiet: bool = False) -> bool:
+def down(name: str | None = None) -> bool:
     """Removes testbed `name`: ends processes left in its namespaces (SIGTERM, then SIGKILL after
     3 s), deletes the namespaces (their veths, bridges and qdiscs go with them) and the state file.
 
@@ -731,10 +754,3 @@ class _signals_ignored:
     def __exit__(self, *exc: Any) -> None:
         for s, h in self.saved.items():
             signal.signal(s, h)
-
-
-def iter_links(tb: Testbed) -> Iterator[tuple[str, str, int | None]]:
-    """(kind, description, rate) of every shaped link type of tb: for status and check."""
-    yield "host", "host link (each direction)", tb.config.host_rate
-    if tb.config.groups == 2:
-        yield "isl", "inter-group link (each direction)", tb.config.isl_rate

@@ -38,7 +38,7 @@ def sink(bind: str, port: int, flows: int, timeout: float) -> int:
     accepted = open_conns = 0
     total = 0
     samples: list[list[float]] = []
-    last_sample = 0.0
+    last_sample = last_rx = 0.0
     buf = bytearray(1 << 20)
     view = memoryview(buf)
     while (accepted < flows or open_conns > 0) and time.monotonic() < deadline:
@@ -70,10 +70,12 @@ def sink(bind: str, port: int, flows: int, timeout: float) -> int:
             if not samples:
                 samples.append([now, 0])  # first byte: the start of the stream
             total += n
+            last_rx = now
             if now - last_sample >= SAMPLE_EVERY_S:
                 samples.append([now, total])
                 last_sample = now
-    samples.append([time.monotonic() if not samples else last_sample, total])
+    if samples:
+        samples.append([last_rx, total])  # the last byte: the end of the stream
     ls.close()
     print(json.dumps({"samples": samples, "accepted": accepted, "bytes": total,
                       "complete": accepted == flows and open_conns == 0}), flush=True)
