@@ -618,3 +618,11 @@ def test_peers_and_channel_back_to_a_client(device_pair):
     with pytest.raises(tw.NotFound):
         server.channel_to(12345)
     assert "tcp" in ch.transport_info() or device_pair.transport == "shm"
+
+
+def test_loopback_device_refuses_remote_address_clearly():
+    """A device on 127.0.0.1 has its UCX limited to `lo`: connecting elsewhere
+    says so (instead of UCX's 'Destination is unreachable')."""
+    with tw.Device() as dev:
+        with pytest.raises(tw.InvalidArgument, match="loopback only"):
+            dev.connect("10.255.255.1:5000")

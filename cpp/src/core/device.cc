@@ -339,6 +339,14 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   }
   socklen_t len = 0;
   sockaddr_storage ss = resolve(host, port, &len);
+  const auto* sin = reinterpret_cast<const sockaddr_in*>(&ss);
+  if (is_loopback(config.host) && (ntohl(sin->sin_addr.s_addr) >> 24) != 127) {
+    // Both UCX contexts of a loopback device are limited to `lo`: say so
+    // instead of UCX's "Destination is unreachable".
+    throw InvalidArgument("cannot reach " + addr + " from a device listening on " + config.host +
+                          " (loopback only): create the device with host= an address of this machine "
+                          "that reaches " + host);
+  }
   // Fix: hold the control worker's progress guard from ucp_ep_create until
   // the HELLO is sent. Otherwise the control thread may apply a refused
   // connection (nobody listening) in between, and UCX 1.22 then spins forever
