@@ -82,7 +82,9 @@ void bind_device(nb::module_& m) {
          "Waits until complete (timeout in seconds; None = forever). Raises the operation's error, or "
          "Timeout (the operation keeps running).")
       .def("test", &Request::test, "True once complete (progresses the worker once).")
-      .def("done", [](Request& r) { return r.state() != 0; }, "True once complete; never blocks.")
+      // done() runs the same completion checks as test() (a dynamic-slot send
+      // completes on the receiver's ack, which only a check notices).
+      .def("done", [](Request& r) { return r.state() != 0 || r.test(); }, "True once complete; never blocks.")
       .def_prop_ro("failed", [](Request& r) { return r.state() < 0; })
       .def_prop_ro("error", [](Request& r) { return r.error_message(); })
       .def("__await__", [](nb::handle self) {
@@ -298,6 +300,43 @@ void bind_device(nb::module_& m) {
     gil_scoped_release rel;
     return bench::wait_flag(c, reinterpret_cast<const volatile std::uint64_t*>(address), expected, timeout);
   });
+  m.def("bench_stream_for", [](std::vector<Channel> channels, bool is_write, nb::handle local,
+                                std::vector<RemoteRegion> remotes, std::size_t size, int window, double duration,
+                                double margin, double bin, double timeout) {
+    LocalRegion l = local_region_of(local);
+    bench::TimedStream r;
+    {
+      gil_scoped_release rel;
+      r = bench::stream_for(channels, is_write, l, remotes, size, window, duration, margin, bin, timeout);
+    }
+    nb::dict d;
+    d["window_start"] = r.window_start;
+    d["window_end"] = r.window_end;
+    d["elapsed"] = r.elapsed_s;
+    d["bin"] = r.bin_s;
+    d["nbins"] = r.nbins;
+    d["in_window"] = r.in_window;
+    d["total"] = r.total;
+    d["bins"] = r.bins;
+    return d;
+  }, "Duration-mode stream (perftest -D): per-channel completions inside [margin, duration - margin].");
+  m.def("bench_stream_ops", [](std::vector<Channel> channels, bool is_write, nb::handle local,
+                                std::vector<RemoteRegion> remotes, std::size_t size, std::int64_t iters, int window,
+                                int warmup, double timeout) {
+    LocalRegion l = local_region_of(local);
+    bench::TimedOps r;
+    {
+      gil_scoped_release rel;
+      r = bench::stream_ops(channels, is_write, l, remotes, size, iters, window, warmup, timeout);
+    }
+    return nb::make_tuple(r.seconds, r.posted, r.completions);
+  }, "Iteration-mode stream: (seconds, post times, completion times).");
+  m.def("bench_wait_flags", [](std::vector<Channel> channels, std::uintptr_t address, std::size_t count,
+                                std::uint64_t expected, double timeout) {
+    gil_scoped_release rel;
+    return bench::wait_flags(channels, reinterpret_cast<const volatile std::uint64_t*>(address), count, expected,
+                             timeout);
+  }, "Progresses the channels' workers until every one of `count` words at address is >= expected.");
 }
 
 }  // namespace tensorwire::py

@@ -175,7 +175,12 @@ void bind_slots(nb::module_& m) {
       .def("poll", [](DynamicSlot& slot) -> nb::object {
         TensorSpec spec;
         PyBlock b;
-        if (!slot.poll(&b.block, &spec)) return nb::none();
+        bool got;
+        {
+          gil_scoped_release r;  // a record that has arrived is read here: other threads run meanwhile
+          got = slot.poll(&b.block, &spec);
+        }
+        if (!got) return nb::none();
         return nb::cast(fill_view(std::move(b), spec));
       })
       .def_prop_ro("record_size", &DynamicSlot::record_size)

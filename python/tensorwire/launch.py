@@ -158,7 +158,9 @@ def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None =
             if failed is None:
                 bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
                 if bad:
-                    failed = bad[0]
+                    # Of the ranks seen failing in the same poll, name one killed by a
+                    # signal: the others usually fail because it died.
+                    failed = min(bad, key=lambda rc: (rc[1] > 0, rc[0]))
                     print(f"tensorwire run: rank {failed[0]} {_describe_exit(failed[1])}; stopping the other "
                           f"ranks", file=sys.stderr, flush=True)
                     _stop(procs)
