@@ -90,7 +90,11 @@ def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int
                              f"(it has {', '.join(tb.hosts)})")
         where = [names[i % len(names)] for i in range(n)]
         addr = {h: tb.address(h) for h in set(where)}
-        root = f"{addr[where[0]]}:{port or 29600}"
+        # The root's port cannot be probed from here (it is bound inside a host's
+        # namespace): pick one at random so back-to-back runs never meet the
+        # previous run's socket.
+        import random
+        root = f"{addr[where[0]]}:{port or random.randint(20000, 29999)}"
         local_rank = {}
         out = []
         for r, h in enumerate(where):

@@ -3,8 +3,11 @@
 
 #include "core/device_impl.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <deque>
+#include <thread>
 
 namespace tensorwire::bench {
 
@@ -131,6 +134,206 @@ bool wait_flag(Channel& ch, const volatile std::uint64_t* flag, std::uint64_t ex
     if (now > deadline) return false;
     if (now - last_event > spin) {
       worker.wait_event(0.001);
+      last_event = clock::now();
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// The distinct workers behind `channels` (lanes may share one).
+std::vector<detail::WorkerCtl*> workers_of(std::vector<Channel>& channels) {
+  std::vector<detail::WorkerCtl*> out;
+  for (auto& ch : channels) {
+    auto* w = ch.impl()->worker.get();
+    if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
+  }
+  return out;
+}
+
+unsigned progress_all(const std::vector<detail::WorkerCtl*>& workers) {
+  unsigned n = 0;
+  for (auto* w : workers) n += w->progress();
+  return n;
+}
+
+// Idle: sleep on the event fd when there is one worker (it wakes on any
+// completion or arrival), else yield briefly.
+void idle_wait(const std::vector<detail::WorkerCtl*>& workers, double max_s) {
+  if (workers.size() == 1) {
+    workers[0]->wait_event(std::min(max_s, 0.001));
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+clock::duration seconds_to(double s) {
+  return std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(s));
+}
+
+}  // namespace
+
+TimedStream stream_for(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
+                       const std::vector<RemoteRegion>& remotes, std::size_t size, int window, double duration_s,
+                       double margin_s, double bin_s, double timeout_s) {
+  if (channels.empty() || channels.size() != remotes.size()) throw InvalidArgument("one remote region per channel");
+  if (window < 1) throw InvalidArgument("window must be >= 1");
+  if (!(duration_s > 0) || margin_s < 0 || 2 * margin_s >= duration_s) {
+    throw InvalidArgument("duration must be > 0 and leave a window between the two margins");
+  }
+  if (size == 0 || size > local.length) throw InvalidArgument("size exceeds the local buffer");
+  for (auto& r : remotes) {
+    if (size > r.length()) throw InvalidArgument("size exceeds a remote buffer");
+  }
+  const std::size_t n = channels.size();
+  auto workers = workers_of(channels);
+  const unsigned spin_us = workers[0]->spin_us();
+  TimedStream res;
+  res.window_start = margin_s;
+  res.window_end = duration_s - margin_s;
+  res.bin_s = bin_s > 0 ? bin_s : duration_s;
+  res.nbins = static_cast<std::size_t>(std::ceil(duration_s / res.bin_s)) + 1;
+  res.in_window.assign(n, 0);
+  res.total.assign(n, 0);
+  res.bins.assign(n * res.nbins, 0);
+  std::vector<std::deque<Request>> inflight(n);
+  const auto t0 = clock::now();
+  const auto end = t0 + seconds_to(duration_s);
+  const auto ws = t0 + seconds_to(res.window_start), we = t0 + seconds_to(res.window_end);
+  auto last_event = t0;
+  auto complete = [&](std::size_t c, clock::time_point now) {
+    Request& r = inflight[c].front();
+    if (r.state() < 0) r.wait(0);  // throws the operation's error (e.g. the peer failed)
+    inflight[c].pop_front();
+    ++res.total[c];
+    if (now >= ws && now <= we) ++res.in_window[c];
+    auto bin = static_cast<std::size_t>(std::chrono::duration<double>(now - t0).count() / res.bin_s);
+    ++res.bins[c * res.nbins + std::min(bin, res.nbins - 1)];
+  };
+  // Reaps what is done on every channel (observed at `now`); returns how many.
+  auto reap = [&](clock::time_point now) {
+    std::size_t done = 0;
+    for (std::size_t c = 0; c < n; ++c) {
+      while (!inflight[c].empty() && inflight[c].front().state() != 0) {
+        complete(c, now);
+        ++done;
+      }
+    }
+    return done;
+  };
+  auto now = t0;
+  while (now < end) {
+    bool active = false;
+    for (std::size_t c = 0; c < n; ++c) {
+      while (static_cast<int>(inflight[c].size()) < window) {
+        inflight[c].push_back(is_write ? channels[c].write(local, 0, remotes[c], 0, size)
+                                       : channels[c].read(local, 0, remotes[c], 0, size));
+        active = true;
+      }
+    }
+    if (progress_all(workers) > 0) active = true;
+    now = clock::now();
+    if (reap(now) > 0) active = true;
+    if (active) {
+      last_event = now;
+    } else if (now - last_event > std::chrono::microseconds(spin_us)) {
+      idle_wait(workers, std::chrono::duration<double>(end - now).count());
+      now = clock::now();
+      last_event = now;
+    } else if (now - last_event > seconds_to(timeout_s)) {
+      throw Timeout("benchmark stream made no progress in time");
+    }
+  }
+  // Cool-down is over: drain (completions after the window do not count).
+  const auto deadline = clock::now() + seconds_to(timeout_s);
+  for (std::size_t c = 0; c < n; ++c) {
+    while (!inflight[c].empty()) {
+      inflight[c].front().wait(timeout_s);
+      complete(c, clock::now());
+    }
+  }
+  for (auto& ch : channels) {
+    ch.flush().wait(std::max(0.0, std::chrono::duration<double>(deadline - clock::now()).count()));
+  }
+  res.elapsed_s = since(t0);
+  return res;
+}
+
+TimedOps stream_ops(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
+                    const std::vector<RemoteRegion>& remotes, std::size_t size, std::int64_t iters, int window,
+                    int warmup, double timeout_s) {
+  if (channels.empty() || channels.size() != remotes.size()) throw InvalidArgument("one remote region per lane");
+  if (window < 1) throw InvalidArgument("window must be >= 1");
+  if (iters < 1) throw InvalidArgument("iterations must be >= 1");
+  if (size == 0 || size > local.length) throw InvalidArgument("size exceeds the local buffer");
+  for (auto& r : remotes) {
+    if (size > r.length()) throw InvalidArgument("size exceeds a remote buffer");
+  }
+  const std::size_t lanes = channels.size();
+  for (int i = 0; i < warmup; ++i) {  // untimed: connections, rkeys and pages are ready before t0
+    Channel& ch = channels[i % lanes];
+    (is_write ? ch.write(local, 0, remotes[i % lanes], 0, size) : ch.read(local, 0, remotes[i % lanes], 0, size))
+        .wait(timeout_s);
+  }
+  for (auto& ch : channels) ch.flush().wait(timeout_s);
+  std::vector<std::deque<Request>> inflight(lanes);
+  TimedOps res;
+  res.posted.reserve(iters);
+  res.completions.reserve(iters);
+  const auto t0 = clock::now();
+  auto retire = [&](std::deque<Request>& q) {
+    q.front().wait(timeout_s);
+    q.pop_front();
+    res.completions.push_back(since(t0));
+  };
+  for (std::int64_t i = 0; i < iters; ++i) {
+    const std::size_t lane = i % lanes;
+    auto& q = inflight[lane];
+    while (!q.empty() && q.front().test()) {
+      if (q.front().state() < 0) q.front().wait(0);
+      q.pop_front();
+      res.completions.push_back(since(t0));
+    }
+    if (static_cast<int>(q.size()) >= window) retire(q);
+    Channel& ch = channels[lane];
+    res.posted.push_back(since(t0));
+    q.push_back(is_write ? ch.write(local, 0, remotes[lane], 0, size) : ch.read(local, 0, remotes[lane], 0, size));
+  }
+  for (std::size_t lane = 0; lane < lanes; ++lane) {
+    while (!inflight[lane].empty()) retire(inflight[lane]);
+  }
+  for (auto& ch : channels) ch.flush().wait(timeout_s);
+  res.seconds = since(t0);
+  return res;
+}
+
+bool wait_flags(std::vector<Channel>& channels, const volatile std::uint64_t* flags, std::size_t count,
+                std::uint64_t expected, double timeout_s) {
+  if (channels.empty()) throw InvalidArgument("wait_flags needs a channel");
+  auto workers = workers_of(channels);
+  const auto deadline = clock::now() + seconds_to(timeout_s);
+  const auto spin = std::chrono::microseconds(workers[0]->spin_us());
+  auto all_set = [&] {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (flags[i] < expected) return false;
+    }
+    return true;
+  };
+  auto last_event = clock::now();
+  unsigned spins = 0;
+  while (!all_set()) {
+    if (progress_all(workers) > 0) {
+      last_event = clock::now();
+      continue;
+    }
+    if ((++spins & 63) != 0) continue;
+    auto now = clock::now();
+    if (now > deadline) return false;
+    if (now - last_event > spin) {
+      // The flags are written one-sidedly; over tcp their arrival is an event
+      // on the worker, over shared memory it is not: sleep briefly only.
+      idle_wait(workers, 0.0002);
       last_event = clock::now();
     }
   }

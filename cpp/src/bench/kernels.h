@@ -43,4 +43,42 @@ StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRe
 // equals `expected`; false on timeout.
 bool wait_flag(Channel& channel, const volatile std::uint64_t* flag, std::uint64_t expected, double timeout_s);
 
+// Duration mode (perftest -D): streams writes (or reads) of `size` bytes on
+// every channel (a "flow" per channel: one lane to one peer) for
+// `duration_s`, at most `window` in flight per channel. Only completions
+// observed inside [margin_s, duration_s - margin_s] count as the sample;
+// the rest is warm-up and cool-down. Then drains and flushes every channel.
+// While idle (every window full, nothing completed for the worker's spin
+// time) it sleeps on the worker's event fd, like the waiters of inline mode.
+struct TimedStream {
+  double window_start = 0, window_end = 0;  // the sampled window, seconds from the first post
+  double elapsed_s = 0;                     // first post to end of the final flush
+  double bin_s = 0;                         // width of a bin of `bins`
+  std::size_t nbins = 0;
+  std::vector<std::uint64_t> in_window;     // per channel: completions inside the window
+  std::vector<std::uint64_t> total;         // per channel: completions
+  std::vector<std::uint32_t> bins;          // channel-major [channel * nbins + bin]: completions per bin
+};
+
+TimedStream stream_for(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
+                       const std::vector<RemoteRegion>& remotes, std::size_t size, int window, double duration_s,
+                       double margin_s, double bin_s, double timeout_s);
+
+// Iteration mode with post times (perftest's tposted/tcompleted): like
+// stream() but also records when each operation was posted, in post order.
+struct TimedOps {
+  double seconds = 0;                // first post to last completion, incl. the final flush
+  std::vector<double> posted;        // post time of every operation (post order)
+  std::vector<double> completions;   // time each completion was observed (observation order)
+};
+TimedOps stream_ops(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
+                    const std::vector<RemoteRegion>& remotes, std::size_t size, std::int64_t iters, int window,
+                    int warmup, double timeout_s);
+
+// Drives progress on every distinct worker of `channels` until each of the
+// `count` 64-bit words at `flags` is >= `expected` (peers raise theirs with a
+// one-sided write when they are done); false on timeout.
+bool wait_flags(std::vector<Channel>& channels, const volatile std::uint64_t* flags, std::size_t count,
+                std::uint64_t expected, double timeout_s);
+
 }  // namespace tensorwire::bench

@@ -186,3 +186,149 @@ def print_table(header: str, lines: Iterable[str], out=sys.stdout) -> None:
     for line in lines:
         print(line, file=out)
     print(rule, file=out)
+
+
+# ---- units of the anchor tools ----
+
+MIB = float(1 << 20)
+
+
+def to_unit(bytes_per_s: float, unit: str) -> float:
+    """bytes/s -> 'MiB/sec' (2^20 B/s, perftest/ucx), 'Gb/sec' (10^9 bit/s),
+    'MB/s' (10^6 B/s, OSU and IMB >= 2018)."""
+    if unit == "Gb/sec":
+        return bytes_per_s * 8 / 1e9
+    if unit == "MiB/sec":
+        return bytes_per_s / MIB
+    if unit in ("MB/s", "MB/sec"):
+        return bytes_per_s / 1e6
+    raise ValueError(f"unknown unit {unit!r}")
+
+
+def parse_rate(text: str) -> float:
+    """A link rate in bytes/s from '25G', '25gbit', '100Gb/s', '1gbit', '400M' (bits/s, like tc)."""
+    t = text.strip().lower().replace("/s", "").replace("bps", "").replace("bit", "").rstrip("b")
+    scale = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+    try:
+        if t and t[-1] in scale:
+            return float(t[:-1]) * scale[t[-1]] / 8
+        return float(t) / 8
+    except ValueError:
+        raise ValueError(f"bad rate {text!r}: use e.g. 1gbit, 25G, 100Gb/s") from None
+
+
+# ---- statistics ----
+
+def peak_bandwidth_posted(size: int, posted: Sequence[float], completed: Sequence[float], k: int) -> float:
+    """perftest's BW peak over runs of consecutive operations: the best of
+    k*size / (completed[i+k-1] - posted[i]) over every run of k operations,
+    and of the whole run (so peak >= the average by construction; an average
+    above it means a broken measurement). O(n), unlike perftest's O(n^2)."""
+    n = min(len(posted), len(completed))
+    if n == 0:
+        return float("nan")
+    best = n * size / (completed[n - 1] - posted[0]) if completed[n - 1] > posted[0] else float("nan")
+    k = max(1, min(n, k))
+    for i in range(0, n - k + 1):
+        dt = completed[i + k - 1] - posted[i]
+        if dt > 0:
+            bw = k * size / dt
+            if not best >= bw:
+                best = bw
+    return best
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index (sum x)^2 / (n sum x^2): 1 = perfectly fair, 1/n = one flow takes all."""
+    xs = list(values)
+    sq = sum(x * x for x in xs)
+    return (sum(xs) ** 2) / (len(xs) * sq) if xs and sq > 0 else float("nan")
+
+
+# ---- sanity checks (the suite spec's F = fail, else warn) ----
+
+def check_bw_row(report: "Report", size: int, avg: float, peak: float | None, msg_rate_mpps: float,
+                 link_rate: float | None = None, bidirectional: bool = False,
+                 iters_expected: int | None = None, iters_done: int | None = None) -> None:
+    """Bandwidth sanity checks, all rates in bytes/s: positive finite average,
+    avg <= peak (when measured), avg <= link rate (x2 bidirectional, +2%),
+    MsgRate consistent with BW (1%), iterations as requested."""
+    check_number(report, "BW average", avg, size)
+    if peak is not None and peak == peak and peak > 0 and avg > peak * 1.001:
+        report.fail(f"BW average {avg / MIB:.2f} MiB/s above BW peak {peak / MIB:.2f} MiB/s at {size} B")
+    if link_rate:
+        limit = link_rate * (2 if bidirectional else 1) * 1.02
+        if avg > limit:
+            report.fail(f"BW average {avg * 8 / 1e9:.3f} Gb/s above the link rate "
+                        f"{link_rate * 8 / 1e9:.3f} Gb/s{' x2' if bidirectional else ''} at {size} B")
+    if avg > 0 and abs(avg - size * msg_rate_mpps * 1e6) / avg > 0.01:
+        report.fail(f"MsgRate {msg_rate_mpps:.6f} Mpps inconsistent with BW at {size} B")
+    if iters_expected is not None and iters_done is not None and iters_done != iters_expected:
+        report.fail(f"{iters_done} iterations completed at {size} B, {iters_expected} requested")
+
+
+def check_bw_trend(report: "Report", rows: Sequence[tuple[int, float]]) -> None:
+    """Warn when bandwidth falls by > 20% between consecutive sizes >= 64 KiB."""
+    for (s0, b0), (s1, b1) in zip(rows, rows[1:]):
+        if s0 >= 65536 and s1 > s0 and b0 > 0 and b1 < 0.8 * b0:
+            report.warn(f"BW falls {1 - b1 / b0:.0%} from {s0} B to {s1} B")
+
+
+def check_latency_trend(report: "Report", rows: Sequence[tuple[int, float]],
+                        link_rate: float | None = None, rtt: bool = False) -> None:
+    """Warn when latency is > 10% lower at a larger size; fail when a
+    latency is below size / link rate (faster than light on that link)."""
+    for (s0, t0), (s1, t1) in zip(rows, rows[1:]):
+        if s1 > s0 and t1 < 0.9 * t0:
+            report.warn(f"latency non-monotonic in size: {t1:.2f} us at {s1} B < {t0:.2f} us at {s0} B")
+    if link_rate:
+        for s, t in rows:
+            floor_us = s / link_rate * 1e6
+            if t < floor_us:
+                report.fail(f"latency {t:.2f} us at {s} B is below size/link rate ({floor_us:.2f} us)")
+
+
+def check_fairness(report: "Report", flows: Sequence[tuple[str, float]]) -> float:
+    """Fullmesh checks over (name, bytes/s) per flow: any zero flow fails;
+    Jain < 0.8 or a flow below half the mean warns. Returns Jain's index."""
+    for name, bw in flows:
+        if not (bw > 0):
+            report.fail(f"flow {name} moved nothing in the sample window")
+    values = [bw for _, bw in flows]
+    j = jain_index(values)
+    if values:
+        mean = sum(values) / len(values)
+        if j == j and j < 0.8:
+            report.warn(f"Jain's fairness index {j:.3f} < 0.8")
+        slow = [name for name, bw in flows if 0 < bw < 0.5 * mean]
+        if slow:
+            report.warn(f"flows below half the mean: {', '.join(slow)}")
+    return j
+
+
+# ---- content validation (OSU -c style: an iteration-dependent pattern) ----
+
+def pattern(nbytes: int, seed: int):
+    """`nbytes` of a pattern that differs per seed and per 8-byte word (numpy uint8)."""
+    import numpy as np
+    words = (nbytes + 7) // 8
+    with np.errstate(over="ignore"):
+        w = (np.arange(words, dtype=np.uint64) + np.uint64((seed * 0x9E3779B1 + 1) & 0xFFFFFFFF)) \
+            * np.uint64(0x9E3779B97F4A7C15)
+        w ^= np.uint64(seed & 0xFFFFFFFFFFFF) << np.uint64(8)
+    return w.view(np.uint8)[:nbytes]
+
+
+def fill_pattern(buffer, nbytes: int, seed: int | None) -> None:
+    """Writes pattern(nbytes, seed) (or zeros when seed is None) at the start of `buffer`."""
+    import numpy as np
+    view = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)
+    view[:] = 0 if seed is None else pattern(nbytes, seed)
+
+
+def check_pattern(buffer, nbytes: int, seed: int) -> tuple[int, int]:
+    """(mismatching bytes, first mismatching offset or -1) of `buffer` against pattern(nbytes, seed)."""
+    import numpy as np
+    view = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)
+    bad = np.flatnonzero(view != pattern(nbytes, seed))
+    return int(bad.size), int(bad[0]) if bad.size else -1

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from .. import Device, _core
-from .common import (Progress, Report, check_latency_row, check_number, human_size, iterations_for,
-                     latency_stats, peak_bandwidth, print_table)
+from .common import (Progress, Report, check_latency_row, check_number, check_pattern, fill_pattern, human_size,
+                     iterations_for, latency_stats, peak_bandwidth, print_table)
 
 ADDRESS_TAG = "TENSORWIRE_ADDRESS"
 TIMEOUT_S = 120.0
@@ -30,7 +30,12 @@ TIMEOUT_S = 120.0
 # on 2 vCPUs over loopback tcp: pure busy-polling (perftest's way) starves
 # the kernel's own TCP work and cut write_bw at 1 MiB ~4x; latency kernels
 # poll memory directly and never sleep.
-BENCH_SPIN_US = 100
+BENCH_SPIN_US = int(os.environ.get("TW_BENCH_SPIN_US", "100"))
+# Latency tests poll for much longer before sleeping (perftest busy-polls):
+# on 2 vCPUs with a 100 us spin, read latency over tcp read 236 us typical
+# (each side kept falling asleep and paying a wake-up) against 12.7 us with
+# a 5 ms spin; write ping-pong waits spin on memory anyway.
+LATENCY_SPIN_US = 20000
 
 
 # Sizes below this use buffers from the pool's shared slabs, larger ones get
@@ -71,8 +76,9 @@ def _signal(channel, buffers: _Buffers, remote_flag, seq: int) -> None:
     channel.write(buffers.flag_src, remote_flag, nbytes=8).wait(TIMEOUT_S)
 
 
-def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0) -> None:
-    """Runs the passive side until the client says bench.stop (or goes idle)."""
+def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0, ready=None) -> None:
+    """Runs the passive side until the client says bench.stop (or goes idle).
+    `ready()`, if given, is called once the handlers are in place."""
     state: dict[str, Any] = {"thread": None, "result": None, "buffers": None, "client": None}
     stop = threading.Event()
     remotes: dict[tuple[int, str], Any] = {}
@@ -107,6 +113,25 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0) ->
             # Progress (tcp targets must) until bench.result raises the flag.
             ok = _core.bench_wait_flag(channel(0), b.flag.ptr, seq, TIMEOUT_S)
             return {} if ok else {"error": "timed out waiting for the client's end flag"}
+        if kind in ("bidir_ops", "bidir_for"):
+            lanes = int(req["lanes"])
+            chans = [channel(i) for i in range(lanes)]
+            cls = size_class(size)
+            rem = [remote(i, f"bench.recv.{cls}") for i in range(lanes)]
+            is_write = req["op"] == "write"
+            if kind == "bidir_ops":
+                seconds, posted, completions = _core.bench_stream_ops(
+                    chans, is_write, b.send[cls], rem, size, int(req["iters"]), int(req["window"]),
+                    int(req["warmup"]), TIMEOUT_S)
+                out = {"seconds": seconds, "posted": list(posted), "completions": list(completions)}
+            else:
+                out = _core.bench_stream_for(chans, is_write, b.send[cls], rem, size, int(req["window"]),
+                                             float(req["duration"]), float(req["margin"]), float(req["bin"]),
+                                             float(req["duration"]) + TIMEOUT_S)
+            _signal(chans[0], b, remote(0, "bench.flag"), seq)
+            if not _core.bench_wait_flag(chans[0], b.flag.ptr, seq, TIMEOUT_S):
+                return {"error": "timed out waiting for the client's end flag"}
+            return out
         if kind == "bidir":
             lanes = int(req["lanes"])
             chans = [channel(i) for i in range(lanes)]
@@ -150,13 +175,31 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0) ->
         last_activity[0] = time.monotonic()
         return json.dumps(state["result"] or {}).encode()
 
+    def fill(payload: bytes) -> bytes:
+        # {"which": "send"|"recv", "size", "seed" (None: zeros)}: prepares a buffer for validation
+        req = json.loads(payload)
+        b: _Buffers = state["buffers"]
+        size = int(req["size"])
+        fill_pattern(getattr(b, req["which"])[size_class(size)], size, req.get("seed"))
+        return b'{"ok": true}'
+
+    def check(payload: bytes) -> bytes:
+        # {"which", "size", "seed"} -> {"mismatches", "first"}; the writer flushed before asking
+        req = json.loads(payload)
+        b: _Buffers = state["buffers"]
+        size = int(req["size"])
+        bad, first = check_pattern(getattr(b, req["which"])[size_class(size)], size, int(req["seed"]))
+        return json.dumps({"mismatches": bad, "first": first}).encode()
+
     def stop_call(payload: bytes) -> bytes:
         stop.set()
         return b'{"ok": true}'
 
     for name, fn in (("bench.setup", setup), ("bench.start", start), ("bench.result", result),
-                     ("bench.stop", stop_call)):
+                     ("bench.fill", fill), ("bench.check", check), ("bench.stop", stop_call)):
         device.on_call(name, fn)
+    if ready is not None:
+        ready()
     if announce:
         print(f"{ADDRESS_TAG} {device.address}", flush=True)
     print(f"tensorwire bench server listening on {device.address}", file=sys.stderr, flush=True)
@@ -222,6 +265,114 @@ class Client:
         res = self.call("bench.result", {"seq": self.seq})
         return seconds, list(completions), res.get("seconds"), res.get("completions")
 
+    def stream_ops(self, op: str, size: int, iters: int, window: int, bidirectional: bool, warmup: int
+                   ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Iteration mode with post and completion times (perftest's tposted/
+        tcompleted); `iters` in total over the lanes. Returns (ours, the
+        server's or None)."""
+        b = self.buffers
+        self.seq += 1
+        cls = size_class(size)
+        self.call("bench.start", {"kind": "bidir_ops" if bidirectional else "serve", "size": size, "iters": iters,
+                                  "window": window, "lanes": self.lanes, "op": op, "seq": self.seq,
+                                  "warmup": warmup})
+        seconds, posted, completions = _core.bench_stream_ops(self.channels, op == "write", b.send[cls],
+                                                              self.remote_recv[cls], size, iters, window, warmup,
+                                                              TIMEOUT_S)
+        if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
+            raise RuntimeError("timed out waiting for the server's end flag")
+        res = self.call("bench.result", {"seq": self.seq})
+        ours = {"seconds": seconds, "posted": list(posted), "completions": list(completions)}
+        return ours, (res if bidirectional else None)
+
+    def stream_for(self, op: str, size: int, window: int, duration: float, margin: float, bidirectional: bool,
+                   bin_s: float = 0.1) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Duration mode (perftest -D): both sides stream for `duration` when
+        bidirectional; counts only the completions between the margins."""
+        b = self.buffers
+        self.seq += 1
+        cls = size_class(size)
+        self.call("bench.start", {"kind": "bidir_for" if bidirectional else "serve", "size": size,
+                                  "window": window, "lanes": self.lanes, "op": op, "seq": self.seq,
+                                  "duration": duration, "margin": margin, "bin": bin_s})
+        ours = _core.bench_stream_for(self.channels, op == "write", b.send[cls], self.remote_recv[cls], size,
+                                      window, duration, margin, bin_s, duration + TIMEOUT_S)
+        if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
+            raise RuntimeError("timed out waiting for the server's end flag")
+        res = self.call("bench.result", {"seq": self.seq})
+        return dict(ours), (res if bidirectional else None)
+
+    # -- validation (OSU -c): patterned buffers, checked by the side that received --
+
+    def prepare_validation(self, op: str, size: int, seed: int, bidirectional: bool) -> None:
+        """Before a timed run: the data source holds pattern(seed), the sink zeros."""
+        cls = size_class(size)
+        if op == "write":
+            fill_pattern(self.buffers.send[cls], size, seed)
+            self.call("bench.fill", {"which": "recv", "size": size, "seed": None})
+            if bidirectional:
+                self.call("bench.fill", {"which": "send", "size": size, "seed": seed + 1})
+                fill_pattern(self.buffers.recv[cls], size, None)
+        else:  # read: we read the server's recv buffer into our send buffer
+            self.call("bench.fill", {"which": "recv", "size": size, "seed": seed})
+            fill_pattern(self.buffers.send[cls], size, None)
+            if bidirectional:
+                fill_pattern(self.buffers.recv[cls], size, seed + 1)
+                self.call("bench.fill", {"which": "send", "size": size, "seed": None})
+
+    def check_validation(self, op: str, size: int, seed: int, bidirectional: bool) -> list[str]:
+        """After a timed run (everything flushed): the sinks hold the sources' pattern."""
+        cls = size_class(size)
+        errors = []
+        if op == "write":
+            r = self.call("bench.check", {"which": "recv", "size": size, "seed": seed})
+            if r["mismatches"]:
+                errors.append(f"client->server: {r['mismatches']} bytes differ from offset {r['first']}")
+            if bidirectional:
+                bad, first = check_pattern(self.buffers.recv[cls], size, seed + 1)
+                if bad:
+                    errors.append(f"server->client: {bad} bytes differ from offset {first}")
+        else:
+            bad, first = check_pattern(self.buffers.send[cls], size, seed)
+            if bad:
+                errors.append(f"read from server: {bad} bytes differ from offset {first}")
+            if bidirectional:
+                r = self.call("bench.check", {"which": "send", "size": size, "seed": seed + 1})
+                if r["mismatches"]:
+                    errors.append(f"server read from client: {r['mismatches']} bytes differ from offset "
+                                  f"{r['first']}")
+        return errors
+
+    def validate_rounds(self, op: str, size: int, rounds: int, base_seed: int) -> list[str]:
+        """`rounds` untimed transfers, lanes taken in turn, each with its own
+        pattern (seed base_seed + round), each checked by the receiving side."""
+        cls = size_class(size)
+        errors = []
+        for r in range(rounds):
+            seed = base_seed + r
+            lane = r % self.lanes
+            ch, remote = self.channels[lane], self.remote_recv[cls][lane]
+            self.seq += 1
+            if op == "write":
+                fill_pattern(self.buffers.send[cls], size, seed)
+                self.call("bench.fill", {"which": "recv", "size": size, "seed": None})
+                self.call("bench.start", {"kind": "serve", "size": size, "seq": self.seq})
+                ch.write(self.buffers.send[cls], remote, nbytes=size).wait(TIMEOUT_S)
+                ch.flush().wait(TIMEOUT_S)
+                res = self.call("bench.check", {"which": "recv", "size": size, "seed": seed})
+                self.call("bench.result", {"seq": self.seq})
+                bad, first = res["mismatches"], res["first"]
+            else:
+                self.call("bench.fill", {"which": "recv", "size": size, "seed": seed})
+                fill_pattern(self.buffers.send[cls], size, None)
+                self.call("bench.start", {"kind": "serve", "size": size, "seq": self.seq})
+                ch.read(self.buffers.send[cls], remote, nbytes=size).wait(TIMEOUT_S)
+                self.call("bench.result", {"seq": self.seq})
+                bad, first = check_pattern(self.buffers.send[cls], size, seed)
+            if bad:
+                errors.append(f"round {r} lane {lane}: {bad} bytes differ from offset {first}")
+        return errors
+
     def close(self) -> None:
         try:
             self.call("bench.stop", {})
@@ -251,10 +402,11 @@ def spawn_server(transport: str, workers: int = 1, extra_env: dict[str, str] | N
 def _open_client(args, max_size: int) -> tuple[Device, Client, subprocess.Popen | None]:
     proc = None
     address = args.connect
+    spin_us = getattr(args, "spin_us", None) or BENCH_SPIN_US
     if not address:
-        proc, address = spawn_server(args.transport, args.workers)
+        proc, address = spawn_server(args.transport, args.workers, {"TW_BENCH_SPIN_US": str(spin_us)})
     device = Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
-                    spin_us=BENCH_SPIN_US)
+                    spin_us=spin_us)
     try:
         client = Client(device, address, args.lanes, max_size)
     except BaseException:
@@ -281,6 +433,7 @@ def run_latency(args) -> Report:
     report = Report("read_lat" if rtt else "write_lat",
                     {"transport": args.transport, "op": args.op, "iters": args.iters, "lanes": 1,
                      "sizes": sizes, "unit": "usec", "latency": "round trip" if rtt else "one-way (RTT/2)"})
+    args.spin_us = LATENCY_SPIN_US
     device, client, proc = _open_client(args, max(sizes))
     try:
         progress = Progress(len(sizes), report.test)
