@@ -12,7 +12,7 @@ PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.22" 
 PIP_TEST_DEPS := pytest pytest-timeout grpcio matplotlib "torch==2.13.0"
 STAMP := build/.stamp
 
-.PHONY: all deps build demo test test-cpp test-python bench-compare stubs clean help
+.PHONY: all deps deps-mpi build demo test test-cpp test-python bench-compare stubs clean help
 
 all: build
 
@@ -32,6 +32,14 @@ $(STAMP)/deps:
 	@touch $@
 
 deps: $(STAMP)/deps
+
+# Optional: Open MPI + mpi4py for `tensorwire bench alltoall|allreduce --compare mpi`
+# (make test does not need them; the MPI tests skip without).
+deps-mpi: deps
+	@dpkg -s openmpi-bin libopenmpi-dev >/dev/null 2>&1 || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev)
+	$(PYTHON) -m pip install -q mpi4py
+	$(PYTHON) -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])"
 
 # Editable install of the package (C++ core + nanobind extension).
 build: deps

@@ -110,7 +110,8 @@ void bind_device(nb::module_& m) {
         return c.read(lr, local_offset, remote, remote_offset, n);
       }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
          nb::arg("nbytes") = nb::none(), "One-sided read remote -> local; the data is there when it completes.")
-      .def("fence", &Channel::fence, "Later operations on this lane's worker land after earlier ones.")
+      .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run
+           "Later operations on this lane's worker land after earlier ones.")
       .def("flush", [](Channel& c) { gil_scoped_release r; return c.flush(); },
            "A request that completes when every earlier operation is visible at the peer.")
       .def("lookup", [](Channel& c, const std::string& name, double timeout) {

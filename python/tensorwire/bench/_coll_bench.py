@@ -1,0 +1,560 @@
+"""The rank side of `tensorwire bench alltoall|allreduce` (see collectives.py):
+timed loops for the one-sided collectives and, with --compare mpi, for the
+same operation through mpi4py, OSU statistics, tables, checks, JSON, plot."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from . import collectives as cli
+from ._coll_engine import CollectiveError, OneSidedCollectives, choose_allreduce
+from .common import Progress, Report, human_size
+
+FIELD = 18   # OSU's FIELD_WIDTH
+SIZE_W = 10  # OSU prints the size as %-10d
+
+
+class Series:
+    """One implementation of the operation at one size: prepare(i), call(), check(out, i)."""
+    name = ""
+
+    def setup(self, size: int) -> None: ...
+    def prepare(self, i: int) -> None: ...
+    def call(self) -> Any: ...
+    def check(self, out: Any, i: int) -> bool: ...
+    def sync(self) -> None: ...
+
+
+class _Patterns:
+    """Iteration-dependent inputs and their expected outputs, shared by both series.
+
+    alltoall: byte j of the block rank s sends to rank d in iteration i is
+    (j + 31 s + 7 d + i) mod 256. allreduce: element j of rank r's vector is
+    (r + 1) * ((i + j) mod 7 + 1), so the sum is N(N+1)/2 * ((i + j) mod 7 + 1)
+    (exact in float32 and int32)."""
+
+    def __init__(self, op: str, rank: int, n: int, size: int, dtype: np.dtype | None) -> None:
+        self.op, self.rank, self.n, self.size = op, rank, n, size
+        if op == "alltoall":
+            self.seq = (np.arange(size + 256) & 0xFF).astype(np.uint8)
+        else:
+            self.count = size // dtype.itemsize
+            self.base = (np.arange(self.count + 7) % 7 + 1).astype(dtype)
+            self.expected_scale = n * (n + 1) // 2
+
+    def a2a_block(self, src: int, dst: int, i: int) -> np.ndarray:
+        off = (31 * src + 7 * dst + i) & 0xFF
+        return self.seq[off: off + self.size]
+
+    def fill_a2a(self, send: np.ndarray, i: int) -> None:
+        for d in range(self.n):
+            send[d] = self.a2a_block(self.rank, d, i)
+
+    def check_a2a(self, recv: np.ndarray, i: int) -> bool:
+        return all(np.array_equal(recv[s], self.a2a_block(s, self.rank, i)) for s in range(self.n))
+
+    def ar_base(self, i: int) -> np.ndarray:
+        return self.base[i % 7: i % 7 + self.count]
+
+    def fill_ar(self, src: np.ndarray, i: int) -> None:
+        np.multiply(self.ar_base(i), self.rank + 1, out=src)
+
+    def check_ar(self, out: np.ndarray, i: int) -> bool:
+        return bool(np.array_equal(out, self.ar_base(i) * self.expected_scale))
+
+
+class TensorwireSeries(Series):
+    name = "tensorwire"
+
+    def __init__(self, eng: OneSidedCollectives, op: str, dtype: np.dtype | None, algorithm: str,
+                 threshold: int) -> None:
+        self.eng, self.op, self.dtype = eng, op, dtype
+        self.algorithm, self.threshold = algorithm, threshold
+        self.algo_used = ""
+
+    def setup(self, size: int, pat: _Patterns) -> None:
+        self.size, self.pat = size, pat
+        if self.op == "alltoall":
+            self.send = self.eng.a2a_send_view(size)
+            self.call = lambda: self.eng.alltoall(size)
+            self.algo_used = "pairwise"
+        else:
+            count = size // self.dtype.itemsize
+            self.src = self.eng.ar_view("src", count, self.dtype)
+            algo = self.algorithm
+            if algo == "auto":
+                algo = choose_allreduce(size, self.eng.n, self.threshold)
+            self.algo_used = algo
+            self.call = lambda: self.eng.allreduce(count, self.dtype, algo)
+
+    def prepare(self, i: int) -> None:
+        if self.op == "alltoall":
+            self.pat.fill_a2a(self.send, i)
+        else:
+            self.pat.fill_ar(self.src, i)
+
+    def check(self, out: Any, i: int) -> bool:
+        return self.pat.check_a2a(out, i) if self.op == "alltoall" else self.pat.check_ar(out, i)
+
+    def sync(self) -> None:
+        self.eng.barrier()
+
+
+class MpiSeries(Series):
+    name = "mpi"
+
+    def __init__(self, comm: Any, op: str, dtype: np.dtype | None) -> None:
+        self.comm, self.op, self.dtype = comm, op, dtype
+        self.algo_used = "Open MPI's choice"
+
+    def setup(self, size: int, pat: _Patterns) -> None:
+        from mpi4py import MPI
+        self.pat = pat
+        n = self.comm.Get_size()
+        if self.op == "alltoall":
+            self.sbuf = np.zeros((n, size), np.uint8)
+            self.rbuf = np.zeros((n, size), np.uint8)
+            s, r = [self.sbuf, MPI.BYTE], [self.rbuf, MPI.BYTE]
+            self.call = lambda: (self.comm.Alltoall(s, r), self.rbuf)[1]
+        else:
+            count = size // self.dtype.itemsize
+            self.sbuf = np.zeros(count, self.dtype)
+            self.rbuf = np.zeros(count, self.dtype)
+            self.call = lambda: (self.comm.Allreduce(self.sbuf, self.rbuf, op=MPI.SUM), self.rbuf)[1]
+
+    def prepare(self, i: int) -> None:
+        if self.op == "alltoall":
+            self.pat.fill_a2a(self.sbuf, i)
+        else:
+            self.pat.fill_ar(self.sbuf, i)
+
+    def check(self, out: Any, i: int) -> bool:
+        return self.pat.check_a2a(out, i) if self.op == "alltoall" else self.pat.check_ar(out, i)
+
+    def sync(self) -> None:
+        self.comm.Barrier()
+
+
+def osu_counts(size: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(iterations, warm-up) for a size: OSU's defaults unless given."""
+    if args.profile == "seed004":
+        iters, warm = cli.SEED004["iters"], cli.SEED004["warmup"]
+    else:
+        large = size > cli.OSU_LARGE
+        iters, warm = cli.OSU_ITERS[large], cli.OSU_SKIP[large]
+    return (args.iters or iters), (warm if args.warmup is None else args.warmup)
+
+
+def timed_loop(series: Series, iters: int, warmup: int, validate: bool, barrier: bool,
+               kill: Callable[[int], None] | None = None, start: int = 0) -> tuple[list[float], int]:
+    """OSU's loop: [prepare] t0 call t1 [check] [barrier]; returns (timed samples in s, failed checks).
+    `start` is the first iteration's number (the validation pattern depends on it)."""
+    samples: list[float] = []
+    errors = 0
+    clock = time.perf_counter
+    series.sync()
+    for i in range(start, start + warmup + iters):
+        if validate:
+            series.prepare(i)
+        if kill is not None:
+            kill(i)
+        t0 = clock()
+        out = series.call()
+        t1 = clock()
+        if validate and not series.check(out, i):
+            errors += 1
+        if i >= start + warmup:
+            samples.append(t1 - t0)
+        if barrier:
+            series.sync()
+    if not barrier:
+        series.sync()
+    return samples, errors
+
+
+def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validate: bool, barrier: bool,
+             kill: Callable[[int], None] | None = None) -> dict[str, tuple[list[float], int]]:
+    """Every series at one size. With rounds > 1 the timed iterations are split into `rounds`
+    blocks and the series take turns block by block, so a change in the machine's load hits
+    both alike (the first block of each series has the warm-up, later blocks one untimed call)."""
+    if not validate:
+        for s in series:
+            s.prepare(0)
+    rounds = max(1, min(rounds, iters))
+    chunks = [iters // rounds + (1 if r < iters % rounds else 0) for r in range(rounds)]
+    got: dict[str, tuple[list[float], int]] = {s.name: ([], 0) for s in series}
+    next_i = {s.name: 0 for s in series}
+    for r, n_it in enumerate(chunks):
+        for s in series:
+            w = warmup if r == 0 else min(1, warmup)
+            samples, errors = timed_loop(s, n_it, w, validate, barrier, kill if s.name == "tensorwire" else None,
+                                         start=next_i[s.name])
+            next_i[s.name] += w + n_it
+            old = got[s.name]
+            got[s.name] = (old[0] + samples, old[1] + errors)
+    return got
+
+
+def run_rank(args: argparse.Namespace) -> int:
+    from ..world import World
+    if os.environ.get("TW_COLL_DEBUG"):
+        import faulthandler
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if args.compare == "mpi" and os.environ.get("OMPI_COMM_WORLD_SIZE"):
+        # MPI_Init first: it waits for every rank holding the GIL, which would stall rank 0's
+        # control-plane handlers (the World's bootstrap) if the World came first.
+        from mpi4py import MPI  # noqa: F401
+    world = World(transport=args.transport, progress=args.progress, timeout=max(30.0, args.timeout))
+    try:
+        return _run(world, args)
+    except CollectiveError as e:
+        print(f"tensorwire bench {args.coll_op}: {e}", file=sys.stderr, flush=True)
+        return 3
+    finally:
+        world.close()
+
+
+def _mpi_comm(world: Any, args: argparse.Namespace) -> tuple[Any, str]:
+    if world.placement.launcher != "mpirun":
+        raise SystemExit(f"tensorwire bench {args.coll_op}: --compare mpi needs ranks started by mpirun "
+                         f"(these were started by {world.placement.launcher}); run it without a launcher "
+                         f"and it starts them so, or use mpirun -n N ... yourself")
+    why = cli.mpi_unavailable()
+    if why and "mpirun" not in why:
+        raise SystemExit(f"tensorwire bench {args.coll_op}: --compare mpi: {why}")
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != world.size or comm.Get_rank() != world.rank:
+        raise SystemExit(f"MPI says rank {comm.Get_rank()} of {comm.Get_size()}, tensorwire says "
+                         f"{world.rank} of {world.size}")
+    return comm, MPI.Get_library_version().strip("\x00 \n").splitlines()[0].strip()
+
+
+def _mpi_env() -> dict[str, str]:
+    """The OMPI_MCA_* settings that choose how MPI moves data (not mpirun's own plumbing)."""
+    keep = ("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_coll", "OMPI_MCA_mtl", "OMPI_MCA_osc",
+            "OMPI_MCA_mpi_", "OMPI_MCA_rmaps_base_oversubscribe")
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(keep)}
+
+
+def _run(world: Any, args: argparse.Namespace) -> int:
+    op, n, rank = args.coll_op, world.size, world.rank
+    sizes = list(args.sizes)
+    dtype = None
+    if op == "allreduce":
+        dtype = np.dtype("int32" if args.type == "int" or args.profile == "seed004" else "float32")
+    threshold = (args.threshold[0] if getattr(args, "threshold", None) else cli.RD_RING_THRESHOLD)
+    comm, mpi_version = (None, None)
+    if args.compare == "mpi":
+        comm, mpi_version = _mpi_comm(world, args)
+    if args.plot and rank == 0:
+        import importlib.util
+        if importlib.util.find_spec("matplotlib") is None:
+            raise SystemExit("--plot needs matplotlib: pip install matplotlib")
+    eng = OneSidedCollectives(world, max(sizes) if op == "alltoall" else 0,
+                              max(sizes) if op == "allreduce" else 0, timeout=args.timeout,
+                              order="flush" if args.transport == "tcp" else "fence")
+    series: list[Series] = [TensorwireSeries(eng, op, dtype, getattr(args, "algorithm", ""), threshold)]
+    if comm is not None:
+        series.append(MpiSeries(comm, op, dtype))
+    seed = args.profile == "seed004"
+    rounds = args.rounds if args.rounds else (5 if comm is not None else 1)
+    test = op + ("_seed004" if seed else "")
+    config = {
+        "op": op, "ranks": n, "transport": args.transport, "progress": args.progress, "sizes": sizes,
+        "size_unit": "bytes per peer" if op == "alltoall" else "bytes of the vector",
+        "dtype": ("int32" if seed else "bytes (MPI_BYTE)") if op == "alltoall" else str(dtype),
+        "iters": args.iters, "warmup": args.warmup, "rounds": rounds, "validate": bool(args.validate), "profile": args.profile,
+        "algorithm": getattr(args, "algorithm", "pairwise"), "rd_ring_threshold": threshold if op == "allreduce"
+        else None, "compare": args.compare, "mpi": mpi_version,
+        "mpi_env": _mpi_env() if comm else None,
+        "wait_policy": {"spin_s": eng.spin_s, "yield_s": eng.yield_s, "oversubscribed": eng.oversubscribed,
+                        "payload_order": eng.order},
+        "launcher": world.placement.launcher,
+        "hosts": sorted(set(world.hosts)), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "unit": "usec (OSU: per-rank average over the timed iterations; Avg over ranks, Min/Max rank)",
+        "method": ("back-to-back calls, no barrier in between (the seed-004 experiment)" if seed else
+                   "OSU: each call timed alone, then a barrier outside the timer"),
+        "bandwidth": ("nccl-tests: alltoall algbw = N*bytes_per_peer/t_avg, busbw = algbw*(N-1)/N; allreduce "
+                      "algbw = bytes/t_avg, busbw = algbw*2(N-1)/N; GB/s = 1e9 B/s; TX/rank = "
+                      "(N-1)*bytes_per_peer*8/t_avg Gb/s (the paper's per-node throughput)"),
+    }
+    report = Report(test, config)
+    out = _Printer(args, op, n, series, report, seed)
+    if rank == 0:
+        out.header(world)
+    progress = _progress(len(sizes) * len(series), test) if rank == 0 else None
+    kill_at: Callable[[int], None] | None = None
+    if args.kill_rank is not None and args.kill_rank == rank:
+        def kill_at(i: int) -> None:  # noqa: F811 - the tests' hook: this rank dies mid-run (10 timed calls into size 1)
+            if current["size"] == sizes[0] and i == current["warmup"] + 10:
+                print(f"test hook: SIGKILL to rank {rank} at t={time.time():.3f}", file=sys.stderr, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+    current: dict[str, Any] = {"size": None, "warmup": 0}
+    for size in sizes:
+        iters, warm = osu_counts(size, args)
+        current.update(size=size, warmup=warm)
+        pat = _Patterns(op, rank, n, size, dtype)
+        for s in series:
+            s.setup(size, pat)
+        got = run_size(series, iters, warm, rounds, args.validate, barrier=not seed, kill=kill_at)
+        results = {}
+        for s in series:  # control-plane calls only here, between two engine barriers
+            samples, errors = got[s.name]
+            mine = {"avg": float(np.mean(samples) * 1e6) if samples else float("nan"), "errors": errors,
+                    "n": len(samples), "samples": [round(x * 1e6, 3) for x in samples]}
+            every = world.allgather(mine, timeout=max(60.0, args.timeout))
+            results[s.name] = (every, s.algo_used)
+            if progress is not None:
+                progress.step(f"{s.name} {human_size(size)}")
+        if rank == 0:
+            out.row(size, iters, warm, results)
+    if rank == 0:
+        _checks(report, op, n, args)
+        out.finish()
+        report.write_json(args.json)
+        if args.plot:
+            plot(report, args.plot)
+        print(report.verdict_line(_key_metric(report, n)), flush=True)
+    world.barrier()
+    return 0 if report.verdict != "FAIL" or rank != 0 else 2
+
+
+class _LineProgress(Progress):
+    """Progress as whole lines: a rank's stderr reaches the terminal through the launcher,
+    which forwards complete lines only (a carriage-return bar would show at the end)."""
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        width = 24
+        filled = int(width * self.done / max(1, self.total))
+        sys.stderr.write(f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                         f"{what} {time.monotonic() - self.start:.1f}s\n")
+        sys.stderr.flush()
+
+
+def _progress(total: int, label: str) -> Progress:
+    """A bar on a terminal; whole lines when the launcher says its terminal is behind us
+    (TW_COLL_PROGRESS_LINES=1, set by the bench when it starts the ranks itself)."""
+    if not sys.stderr.isatty() and os.environ.get("TW_COLL_PROGRESS_LINES") == "1":
+        return _LineProgress(total, label)
+    return Progress(total, label)
+
+
+def _stats(every: list[dict[str, Any]]) -> dict[str, Any]:
+    avgs = [e["avg"] for e in every]
+    every_sample = sorted(x for e in every for x in e["samples"])
+    p50 = every_sample[len(every_sample) // 2] if every_sample else float("nan")
+    return {"avg_us": sum(avgs) / len(avgs), "min_us": min(avgs), "max_us": max(avgs), "p50_us": p50,
+            "errors": sum(e["errors"] for e in every), "per_rank_avg_us": avgs,
+            "iterations_done": [e["n"] for e in every], "samples_us": [e["samples"] for e in every]}
+
+
+class _Printer:
+    def __init__(self, args: argparse.Namespace, op: str, n: int, series: list[Series], report: Report,
+                 seed: bool) -> None:
+        self.args, self.op, self.n, self.series, self.report, self.seed = args, op, n, series, report, seed
+        self.osu_buffer: dict[str, list[str]] = {s.name: [] for s in series}
+        self.mpi = len(series) > 1
+
+    def header(self, world: Any) -> None:
+        a = self.args
+        what = ("pairwise exchange" if self.op == "alltoall" else
+                f"allreduce SUM {self.report.config['dtype']}, algorithm {a.algorithm}"
+                + (f" (rd below {self.report.config['rd_ring_threshold']} B, ring from there)"
+                   if a.algorithm == "auto" else ""))
+        print(f"# tensorwire bench {self.op}: {self.n} ranks, transport {a.transport}, {what}, one-sided writes"
+              f"{', validation on' if a.validate else ''}", flush=True)
+        if self.report.config.get("mpi"):
+            print(f"# compared with: {self.report.config['mpi']} through mpi4py, in the same processes; the "
+                  f"series take turns in {self.report.config['rounds']} blocks per size", flush=True)
+        if self.seed:
+            print("# profile seed004: 1 Mi int32 " + ("per peer" if self.op == "alltoall" else "vector")
+                  + ", back-to-back calls; " + self.report.config["bandwidth"], flush=True)
+            print(f"{'#ranks':>6} {'#bytes' + ('/peer' if self.op == 'alltoall' else ''):>12} {'#iterations':>11} "
+                  f"{'t_avg[usec]':>12} {'t_min[usec]':>12} {'t_max[usec]':>12} {'algbw[GB/s]':>12} "
+                  f"{'busbw[GB/s]':>12} {'TX/rank[Gb/s]':>14}  series" + ("  validation" if a.validate else ""),
+                  flush=True)
+            return
+        if a.format == "osu":
+            self._osu_header("tensorwire")
+            return
+        cols = (f"{'# Size':<{SIZE_W}}{'Avg Latency(us)':>{FIELD}}{'Min Latency(us)':>{FIELD}}"
+                f"{'Max Latency(us)':>{FIELD}}{'Iterations':>12}")
+        if a.validate:
+            cols += f"{'Validation':>12}"
+        if self.op == "allreduce":
+            cols += f"{'Algorithm':>10}"
+        if self.mpi:
+            cols += f"{'MPI Avg(us)':>{FIELD}}{'MPI Min(us)':>{FIELD - 4}}{'MPI Max(us)':>{FIELD - 4}}"
+            if a.validate:
+                cols += f"{'MPI Valid.':>12}"
+            cols += f"{'MPI/tw':>8}"
+        print(cols, flush=True)
+
+    def _osu_header(self, name: str) -> None:
+        print(cli.OSU_TITLES[self.op] + ("" if name == "mpi" else " (tensorwire one-sided)"))
+        dt = "MPI_CHAR" if self.op == "alltoall" else ("MPI_INT" if self.report.config["dtype"] == "int32"
+                                                       else "MPI_FLOAT")
+        print(f"# Datatype: {dt}.")
+        line = (f"{'# Size':<{SIZE_W}}{'Avg Latency(us)':>{FIELD}}{'Min Latency(us)':>{FIELD}}"
+                f"{'Max Latency(us)':>{FIELD}}{'Iterations':>12}")
+        if self.args.validate:
+            line += f"{'Validation':>{FIELD}}"
+        print(line, flush=True)
+
+    def row(self, size: int, iters: int, warm: int, results: dict[str, tuple[list, str]]) -> None:
+        stats = {}
+        for name, (every, algo) in results.items():
+            st = _stats(every)
+            st.update({"series": name, "size": size, "iterations": iters, "warmup": warm, "algorithm": algo,
+                       "validation": ("Pass" if st["errors"] == 0 else "Fail") if self.args.validate else None})
+            if self.seed:
+                st.update(_bandwidths(self.op, self.n, size, st["avg_us"]))
+            self.report.rows.append(st)
+            stats[name] = st
+        tw, mp = stats["tensorwire"], stats.get("mpi")
+        if mp is not None:
+            tw["mpi_over_tw"] = mp["avg_us"] / tw["avg_us"] if tw["avg_us"] > 0 else float("nan")
+        a = self.args
+        if self.seed:
+            for st in stats.values():
+                print(f"{self.n:>6} {size:>12} {iters:>11} {st['avg_us']:>12.2f} {st['min_us']:>12.2f} "
+                      f"{st['max_us']:>12.2f} {st['algbw_GBps']:>12.3f} {st['busbw_GBps']:>12.3f} "
+                      f"{_fmt(st.get('tx_per_rank_Gbps')):>14}  {st['series']}"
+                      + (f"  {st['validation']}" if a.validate else ""), flush=True)
+            return
+        if a.format == "osu":
+            for name, st in stats.items():
+                line = (f"{size:<{SIZE_W}d}{st['avg_us']:>{FIELD}.2f}{st['min_us']:>{FIELD}.2f}"
+                        f"{st['max_us']:>{FIELD}.2f}{iters:>12d}")
+                if a.validate:
+                    line += f"{st['validation']:>{FIELD}}"
+                if name == "tensorwire":
+                    print(line, flush=True)
+                else:
+                    self.osu_buffer[name].append(line)
+            return
+        line = (f"{size:<{SIZE_W}d}{tw['avg_us']:>{FIELD}.2f}{tw['min_us']:>{FIELD}.2f}"
+                f"{tw['max_us']:>{FIELD}.2f}{iters:>12d}")
+        if a.validate:
+            line += f"{tw['validation']:>12}"
+        if self.op == "allreduce":
+            line += f"{tw['algorithm']:>10}"
+        if mp is not None:
+            line += f"{mp['avg_us']:>{FIELD}.2f}{mp['min_us']:>{FIELD - 4}.2f}{mp['max_us']:>{FIELD - 4}.2f}"
+            if a.validate:
+                line += f"{mp['validation']:>12}"
+            line += f"{tw['mpi_over_tw']:>7.2f}x"
+        print(line, flush=True)
+
+    def finish(self) -> None:
+        if self.args.format == "osu" and not self.seed:
+            for name, lines in self.osu_buffer.items():
+                if name == "tensorwire" or not lines:
+                    continue
+                print()
+                self._osu_header(name)
+                for line in lines:
+                    print(line)
+        if self.mpi and self.args.format != "osu" and not self.seed:
+            print("# MPI/tw: MPI's Avg over tensorwire's (> 1: tensorwire is faster)")
+        sys.stdout.flush()
+
+
+def _fmt(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _bandwidths(op: str, n: int, size: int, t_us: float) -> dict[str, float]:
+    t = t_us * 1e-6
+    if op == "alltoall":
+        alg = n * size / t / 1e9
+        return {"algbw_GBps": alg, "busbw_GBps": alg * (n - 1) / n, "tx_per_rank_Gbps": (n - 1) * size * 8 / t / 1e9}
+    alg = size / t / 1e9
+    return {"algbw_GBps": alg, "busbw_GBps": alg * 2 * (n - 1) / n}
+
+
+def _checks(report: Report, op: str, n: int, args: argparse.Namespace) -> None:
+    """The sanity checks of bench-anchors section 7 that apply to collectives (F = FAIL, else WARN)."""
+    for st in report.rows:
+        where = f"{st['series']} {st['size']} B"
+        if st["errors"]:
+            report.fail(f"validation failed: {where}, {st['errors']} of {st['iterations'] * n} rank-iterations")
+        for k in ("avg_us", "min_us", "max_us"):
+            v = st[k]
+            if not (isinstance(v, float) and math.isfinite(v) and v > 0):
+                report.fail(f"{k} is {v} at {where}")
+        if st["min_us"] > st["avg_us"] + 1e-9 or st["avg_us"] > st["max_us"] + 1e-9:
+            report.fail(f"min <= avg <= max does not hold at {where}")
+        if any(k != st["iterations"] for k in st["iterations_done"]):
+            report.fail(f"iterations done {st['iterations_done']} differ from the {st['iterations']} asked at {where}")
+    # latency should grow with size: warn when a size >= 64 KiB is >10% faster than the one before
+    for name in {r["series"] for r in report.rows}:
+        rows = sorted((r for r in report.rows if r["series"] == name), key=lambda r: r["size"])
+        for a, b in zip(rows, rows[1:]):
+            if a["size"] >= 64 << 10 and b["avg_us"] < 0.9 * a["avg_us"]:
+                report.warn(f"{name}: {b['size']} B is {1 - b['avg_us'] / a['avg_us']:.0%} faster than "
+                            f"{a['size']} B")
+    # performance goal: not slower than MPI from 1 MiB on
+    for r in report.rows:
+        if r["series"] == "tensorwire" and "mpi_over_tw" in r and r["size"] >= 1 << 20 and r["mpi_over_tw"] < 1:
+            report.warn(f"slower than MPI at {human_size(r['size'])}: {r['avg_us']:.1f} us vs "
+                        f"{r['avg_us'] * r['mpi_over_tw']:.1f} us")
+
+
+def _key_metric(report: Report, n: int) -> str:
+    tw = [r for r in report.rows if r["series"] == "tensorwire"]
+    if not tw:
+        return f"{n} ranks: no rows"
+    r = max(tw, key=lambda r: r["size"])
+    s = f"{n} ranks, {human_size(r['size'])}: avg {r['avg_us']:.1f} us"
+    if "algbw_GBps" in r:
+        s += f", algbw {r['algbw_GBps']:.2f} GB/s, busbw {r['busbw_GBps']:.2f} GB/s"
+    if "mpi_over_tw" in r:
+        s += f" (MPI {r['avg_us'] * r['mpi_over_tw']:.1f} us: {r['mpi_over_tw']:.2f}x)"
+    if report.config.get("validate"):
+        bad = sum(1 for x in report.rows if x["errors"])
+        s += ", validation " + ("Pass" if not bad else f"Fail in {bad} rows")
+    return s
+
+
+def plot(report: Report, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cfg = report.config
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name, color in (("tensorwire", "tab:blue"), ("mpi", "tab:orange")):
+        rows = sorted((r for r in report.rows if r["series"] == name), key=lambda r: r["size"])
+        if not rows:
+            continue
+        xs = [r["size"] for r in rows]
+        label = "tensorwire (one-sided)" if name == "tensorwire" else (cfg.get("mpi") or "MPI").split(",")[0]
+        ax.plot(xs, [r["avg_us"] for r in rows], marker="o", markersize=3, color=color, label=f"{label}: Avg")
+        ax.fill_between(xs, [r["min_us"] for r in rows], [r["max_us"] for r in rows], color=color, alpha=0.2,
+                        label=f"{label}: Min-Max rank")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    sizes = sorted({r["size"] for r in report.rows})
+    ticks = sizes[::max(1, len(sizes) // 8)]
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([human_size(s) for s in ticks])
+    ax.set_xlabel(f"size [{cfg['size_unit']}]")
+    ax.set_ylabel("latency [µs]")
+    ax.set_title(f"{report.test}: {cfg['ranks']} ranks, transport {cfg['transport']}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,268 @@
+"""`tensorwire bench alltoall` and `tensorwire bench allreduce`: collectives
+built on one-sided writes into pre-registered per-peer buffers
+(tensorwire.bench._coll_engine), measured the way the OSU micro-benchmarks
+measure MPI collectives, optionally beside MPI itself in the same run.
+
+Method (osu_alltoall / osu_allreduce): per size, `warm-up` untimed calls, then
+`iterations` timed calls; each call is timed alone on every rank and followed
+by a barrier outside the timer (a one-sided dissemination barrier here,
+MPI_Barrier for MPI). A rank's latency is its average over the timed calls;
+the table gives the average over ranks (Avg) and the smallest and largest rank
+(Min, Max), in microseconds. Sizes are bytes per peer (alltoall) or bytes of
+the reduced vector (allreduce, float32 or int32 SUM).
+
+--validate fills the inputs with a pattern that depends on rank, peer,
+element and iteration before every call and checks every output after it
+(both outside the timer); any mismatch is a FAIL.
+
+Importing this module is cheap (no UCX, no MPI): the work is imported inside
+the command functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+
+OPS = ("alltoall", "allreduce")
+TRANSPORTS = ("auto", "tcp", "shm", "rdma")
+# OSU defaults: LARGE_MESSAGE_SIZE 8192; 1000/100 iterations/skip up to it, 100/10 above.
+OSU_LARGE = 8192
+OSU_ITERS = (1000, 100)
+OSU_SKIP = (100, 10)
+DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
+# allreduce --algorithm auto: recursive doubling below this many bytes, ring from it on.
+# Measured with `tensorwire bench allreduce --algorithm ring|rd` on 2, 3 and 4 ranks
+# (bench/results/collectives_threshold.txt, docs/collectives.md).
+RD_RING_THRESHOLD = 512 << 10
+SEED004 = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
+OSU_TITLES = {"alltoall": "# OSU MPI All-to-All Personalized Exchange Latency Test v7.4",
+              "allreduce": "# OSU MPI Allreduce Latency Test v7.4"}
+RANK_ENV = ("TW_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+
+EXAMPLES = {
+    "alltoall": """\
+examples:
+  tensorwire bench alltoall --ranks 4 --transport shm --validate
+  tensorwire bench alltoall --ranks 4 --sizes 4K,64K,1M --compare mpi --json a2a.json --plot a2a.png
+  tensorwire bench alltoall --ranks 4 --profile seed004 --iters 20     (1 Mi int32 per peer, repeated)
+  tensorwire run -n 4 -- tensorwire bench alltoall --format osu        (ranks started by you)
+  mpirun -n 4 tensorwire bench alltoall --compare mpi                  (TW_ROOT=host:port if not 127.0.0.1:29600)
+""",
+    "allreduce": """\
+examples:
+  tensorwire bench allreduce --ranks 4 --validate --type int
+  tensorwire bench allreduce --ranks 3 --algorithm rd --sizes 4:64K     (non-power-of-two recursive doubling)
+  tensorwire bench allreduce --ranks 4 --sizes 1M --compare mpi --json ar.json
+  tensorwire bench allreduce --ranks 4 --profile seed004               (1 Mi int32, repeated)
+""",
+}
+
+DESCRIPTION = {
+    "alltoall": "Alltoall by pairwise exchange on one-sided writes: in step k (1..N-1) rank r writes its block "
+                "for rank (r+k) % N into that rank's pre-registered receive slot for r (fenced, then a "
+                "sequence flag) and waits for the block of rank (r-k) % N. Sizes are bytes per peer (OSU).",
+    "allreduce": "Allreduce (SUM) on one-sided writes: ring (reduce-scatter + allgather, 2(N-1) steps of "
+                 "1/N of the vector) or recursive doubling (log2 N full-vector exchanges; ranks beyond the "
+                 "largest power of two fold in first and get the result back). --algorithm auto takes "
+                 "recursive doubling below %d KiB and the ring from there on." % (RD_RING_THRESHOLD >> 10),
+}
+
+
+# ---------------------------------------------------------------- command line
+
+def _sizes(text: str) -> list[int]:
+    from .common import parse_sizes
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _nonneg(text: str) -> int:
+    v = int(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
+    return v
+
+
+def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
+    p = bench_sub.add_parser(
+        op, help=("alltoall on one-sided writes (osu_alltoall), optionally vs MPI" if op == "alltoall" else
+                  "allreduce on one-sided writes: ring / recursive doubling (osu_allreduce), optionally vs MPI"),
+        description=textwrap.fill(DESCRIPTION[op], 79) + "\n\n" + __doc__.split("\n\n")[1] + "\n\n"
+        + __doc__.split("\n\n")[2],
+        epilog=EXAMPLES[op], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", "-n", type=_positive, default=None,
+                   help="when not started as a rank: start this many ranks here (default 2; 4 with "
+                        "--profile seed004)")
+    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                   help="data transport between ranks: tcp, shm, rdma, or auto (UCX_TLS as set; shm on one host)")
+    p.add_argument("--sizes", type=_sizes, default=None,
+                   help=f"sizes in bytes ({'per peer' if op == 'alltoall' else 'of the vector'}): a list like "
+                        f"4K,1M or a power-of-two range (default {DEFAULT_SIZES[op]})")
+    p.add_argument("--iters", "-i", type=_positive, default=None,
+                   help=f"timed iterations per size (default OSU's: {OSU_ITERS[0]} up to {OSU_LARGE} B, "
+                        f"{OSU_ITERS[1]} above)")
+    p.add_argument("--warmup", "-x", type=_nonneg, default=None,
+                   help=f"untimed iterations first (default OSU's: {OSU_SKIP[0]} / {OSU_SKIP[1]})")
+    if op == "allreduce":
+        p.add_argument("--type", choices=("float", "int"), default="float",
+                       help="element type: float (float32, default) or int (int32); the operation is SUM")
+        p.add_argument("--algorithm", choices=("auto", "ring", "rd"), default="auto",
+                       help="ring, rd (recursive doubling) or auto: rd below --threshold, ring from it on")
+        p.add_argument("--threshold", type=_sizes, default=None, metavar="BYTES",
+                       help=f"auto's switch from rd to ring (default {RD_RING_THRESHOLD >> 10}K)")
+    p.add_argument("--validate", "-c", action="store_true",
+                   help="iteration-dependent pattern in, every output checked (adds a Validation column)")
+    p.add_argument("--compare", choices=("mpi",), default=None,
+                   help="also measure the same operation through mpi4py in the same run (ranks are started "
+                        "by mpirun; needs mpirun and mpi4py)")
+    p.add_argument("--profile", choices=("seed004",), default=None,
+                   help="seed004: the paper's MPI_Alltoall experiment, 1 Mi int32 per peer (or an int32 "
+                        "vector of 1 Mi for allreduce), called back to back; adds algbw/busbw")
+    p.add_argument("--rounds", type=_positive, default=None,
+                   help="split each size's timed iterations into this many blocks, the series taking turns "
+                        "block by block (default 5 with --compare, else 1)")
+    p.add_argument("--format", choices=("table", "osu"), default="table",
+                   help="table (default: both series side by side) or osu (OSU's header lines and columns, "
+                        "one table per series)")
+    p.add_argument("--progress", choices=("inline", "blocking"), default="inline",
+                   help="who drives each rank's worker: inline (the waiting rank itself, default) or "
+                        "blocking (a progress thread)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="seconds any one wait for a peer may take before the run fails naming it (default 30)")
+    p.add_argument("--json", metavar="FILE", help="rank 0 writes the report, with every rank's raw samples")
+    p.add_argument("--plot", metavar="FILE.png", help="latency vs size, one line per series (needs matplotlib)")
+    p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)  # tests: SIGKILL this rank
+    p.set_defaults(func=run_command, coll_op=op)
+    return p
+
+
+def add_commands(sub, bench_sub) -> None:
+    """Adds `bench alltoall` and `bench allreduce` (called by tensorwire.cli)."""
+    for op in OPS:
+        _add_parser(bench_sub, op)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser with only this module's commands (what the ranks run: python -m tensorwire.bench.collectives)."""
+    parser = argparse.ArgumentParser(prog="tensorwire bench")
+    sub = parser.add_subparsers(dest="bench", required=True)
+    add_commands(None, sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return run_command(args)
+
+
+def _argv_of(args: argparse.Namespace) -> list[str]:
+    """The command-line arguments that reproduce `args` (for the ranks we start)."""
+    out = [args.coll_op, "--transport", args.transport, "--format", args.format, "--progress", args.progress,
+           "--timeout", repr(args.timeout)]
+    if args.sizes is not None:
+        out += ["--sizes", ",".join(map(str, args.sizes))]
+    for flag, value in (("--iters", args.iters), ("--warmup", args.warmup), ("--compare", args.compare),
+                        ("--profile", args.profile), ("--rounds", args.rounds), ("--json", args.json and os.path.abspath(args.json)),
+                        ("--plot", args.plot and os.path.abspath(args.plot)), ("--kill-rank", args.kill_rank)):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.coll_op == "allreduce":
+        out += ["--type", args.type, "--algorithm", args.algorithm]
+        if args.threshold:
+            out += ["--threshold", str(args.threshold[0])]
+    if args.validate:
+        out.append("--validate")
+    return out
+
+
+# ---------------------------------------------------------------- launching
+
+def _as_rank() -> bool:
+    return any(k in os.environ for k in RANK_ENV)
+
+
+def mpi_unavailable() -> str | None:
+    """Why --compare mpi cannot run here (None when it can)."""
+    if shutil.which("mpirun") is None:
+        return ("mpirun not found (apt-get install -y openmpi-bin libopenmpi-dev; then pip install mpi4py)")
+    import importlib.util
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install mpi4py; it must link the Open MPI that mpirun belongs to)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(args: argparse.Namespace) -> int:
+    n = args.ranks or (4 if args.profile else 2)
+    rank_cmd = [sys.executable, "-m", "tensorwire.bench.collectives", *_argv_of(args)]
+    if sys.stderr.isatty():  # rank 0 then reports progress as whole lines (see _coll_bench._progress)
+        os.environ["TW_COLL_PROGRESS_LINES"] = "1"
+    env_path = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if args.compare == "mpi":
+        why = mpi_unavailable()
+        if why:
+            print(f"tensorwire bench {args.coll_op}: --compare mpi is not possible here: {why}", file=sys.stderr)
+            return 2
+        cmd = ["mpirun", "-n", str(n)]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        if n > (os.cpu_count() or 1):
+            cmd.append("--oversubscribe")
+        root = f"127.0.0.1:{_free_port()}"
+        cmd += ["-x", f"TW_ROOT={root}", "-x", "PYTHONUNBUFFERED=1"]
+        if "TW_COLL_PROGRESS_LINES" in os.environ:
+            cmd += ["-x", "TW_COLL_PROGRESS_LINES"]
+        cmd += [
+                "-x", "PYTHONPATH=" + os.pathsep.join(p for p in (env_path, os.environ.get("PYTHONPATH")) if p)]
+        cmd += rank_cmd
+        print(f"# launching: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        proc = subprocess.Popen(cmd, start_new_session=True)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, 15)
+            proc.wait()
+            return 130
+    from .. import launch
+    return launch.run(rank_cmd, launch.plan(n))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    if args.profile == "seed004" and args.sizes is None:
+        args.sizes = [SEED004["bytes"]]
+    if args.sizes is None:
+        args.sizes = _sizes(DEFAULT_SIZES[args.coll_op])
+    if args.coll_op == "allreduce":
+        bad = [s for s in args.sizes if s % 4]
+        if bad:
+            print(f"tensorwire bench allreduce: sizes must be multiples of 4 B (32-bit elements), not {bad}",
+                  file=sys.stderr)
+            return 2
+    if not _as_rank():
+        return _launch(args)
+    from ._coll_bench import run_rank
+    return run_rank(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
