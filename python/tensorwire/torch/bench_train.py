@@ -1,0 +1,352 @@
+"""`tensorwire bench train`: the paper's Figures 8, 10 and 11 on this machine.
+
+Every configuration is one short local `tensorwire train` run (spawned
+processes, synthetic data, warm-up steps excluded). Figure 10's "local" line is
+single-process training of the same model and batch with no communication."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+
+from .cli import train_once
+
+MODES = ("zerocopy", "copy", "gloo")
+# The issue's targets (zerocopy samples/s over the others, communication-bound models at small batch)
+TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _run(args, model: str, batch: int, mode: str, n: int) -> dict:
+    best = None
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        try:
+            r = train_once(args, model=model, batch=batch, mode=mode, workers=n, servers=n)
+        except Exception as e:  # noqa: BLE001 - one failed configuration must not lose the sweep
+            _progress(f"    {model} b{batch} {mode} x{n}: FAILED: {str(e).splitlines()[0]}")
+            row = {"model": model, "batch": batch, "mode": mode, "workers": n, "servers": n,
+                   "error": str(e), "samples_per_s": float("nan")}
+            return row
+        row = {"model": model, "batch": batch, "mode": mode, "workers": n, "servers": n,
+               "transport": "tcp" if mode == "gloo" else args.transport,
+               "samples_per_s": r.samples_per_s, "step_ms": r.split["step"] * 1e3,
+               "split_ms": {k: v * 1e3 for k, v in r.split.items()},
+               "bytes_copied_per_step": r.bytes_copied_per_step, "bytes_sent_per_step": r.bytes_sent_per_step,
+               "wall_s": time.perf_counter() - t0}
+        if best is None or row["samples_per_s"] > best["samples_per_s"]:
+            best = row
+    s = best["split_ms"]
+    _progress(f"    {model:<10} batch {batch:<3} {mode:<8} x{n}: {best['samples_per_s']:8.2f} samples/s  "
+              f"step {best['step_ms']:.1f} ms (compute {s['compute']:.1f}, push {s['push']:.1f}, "
+              f"aggregate {s['aggregate']:.1f}, pull {s['pull']:.1f})")
+    return best
+
+
+def _local(args, model: str, batch: int) -> dict:
+    """Single-process training, no communication (Figure 10's "Local"), in a
+    spawned process with the same malloc settings as the training roles."""
+    import multiprocessing as mp
+    from .ps import MALLOC_ENV
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    saved = {k: os.environ.get(k) for k in MALLOC_ENV}
+    for k, v in MALLOC_ENV.items():
+        os.environ.setdefault(k, v)
+    try:
+        p = ctx.Process(target=_local_child, args=(q, args.threads, args.seed, args.lr, args.image_size,
+                                                   args.seq_len, args.steps, args.warmup, model, batch))
+        p.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    step = q.get(timeout=args.timeout * 2)
+    p.join(10)
+    _progress(f"    {model:<10} batch {batch:<3} local      : {batch / step:8.2f} samples/s")
+    return {"model": model, "batch": batch, "mode": "local", "workers": 1, "servers": 0,
+            "samples_per_s": batch / step, "step_ms": step * 1e3}
+
+
+def _local_child(q, threads, seed, lr, image_size, seq_len, steps, warmup, model, batch) -> None:
+    import argparse
+    args = argparse.Namespace(threads=threads, seed=seed, lr=lr, image_size=image_size, seq_len=seq_len,
+                              steps=steps, warmup=warmup)
+    q.put(_local_step(args, model, batch))
+
+
+def _local_step(args, model: str, batch: int) -> float:
+    import torch
+    from . import data, models
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    m = models.get(model).factory()
+    opt = torch.optim.SGD(m.parameters(), lr=args.lr)
+    fn = data.Synthetic(model, batch, args.seed, args.image_size, args.seq_len)
+    times = []
+    for step in range(args.steps):
+        x, y = fn(0, step)
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+    t = times[args.warmup:] or times
+    return sum(t) / len(t)
+
+
+def convergence(args) -> list[dict]:
+    """The mlp on digits: 2x2 in every mode and a single process, same global batches."""
+    import torch
+    from . import data, models, ps
+    from .cli import time_to_target
+    _progress("Convergence: mlp on digits")
+    d = data.Digits(args.conv_batch, workers=2, seed=args.seed)
+    rows = []
+    torch.set_num_threads(args.threads)
+    # single process on the concatenated batches, timed per step
+    torch.manual_seed(args.seed)
+    model = models.MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=args.conv_lr)
+    single, times = [], []
+    for step in range(args.conv_steps):
+        x, y = d.global_batch(step)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        single.append(float(loss.detach()))
+    runs = [("single process", single, times)]
+    for mode in MODES:
+        r = ps.train(models.MLP, d, workers=2, servers=2, steps=args.conv_steps, mode=mode,
+                     transport=args.transport, lr=args.conv_lr, seed=args.seed, warmup=0, threads=args.threads,
+                     timeout=args.timeout)
+        wt = [ro["step_times"] for ro in r.roles if ro.get("role") == "worker"]
+        runs.append((f"2x2 {mode}", r.losses, [sum(s) / len(s) for s in zip(*wt)]))
+    for name, losses, st in runs:
+        hit = time_to_target(losses, st, args.target_loss)
+        rows.append({"run": name, "losses": losses, "step_ms": 1e3 * sum(st) / len(st),
+                     "max_diff_vs_single": max(abs(a - b) for a, b in zip(losses, single)),
+                     "steps_to_target": None if hit is None else hit[0],
+                     "time_to_target_s": None if hit is None else hit[1]})
+        _progress(f"    {name:<16} final loss {losses[-1]:.4f}  "
+                  f"target {'-' if hit is None else f'step {hit[0]}, {hit[1]:.2f} s'}")
+    return rows
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
+
+
+def run_sweep(args) -> int:
+    out = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "fig8": [], "fig10": [], "fig11": [],
+           "convergence": None,
+           "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}}
+    t0 = time.perf_counter()
+    W = args.workers
+    if "fig8" in args.figures:
+        _progress(f"Figure 8: samples/s, {W} workers x {W} servers, transport {args.transport}")
+        for model in args.models:
+            for batch in args.batches:
+                for mode in args.modes:
+                    out["fig8"].append(_run(args, model, batch, mode, W))
+    if "fig10" in args.figures:
+        _progress("Figure 10: scaling (workers = servers)")
+        for model in args.scale_models:
+            out["fig10"].append(_local(args, model, args.scale_batch))
+            for n in args.scale:
+                for mode in ("zerocopy", "gloo"):
+                    out["fig10"].append(_run(args, model, args.scale_batch, mode, n))
+    if "fig11" in args.figures:
+        _progress(f"Figure 11: zero copy on/off, batch {args.copy_batch}")
+        for model in args.models:
+            for mode in ("zerocopy", "copy"):
+                prev = [r for r in out["fig8"] if r["model"] == model and r["batch"] == args.copy_batch
+                        and r["mode"] == mode and r["workers"] == W]
+                out["fig11"].append(prev[0] if prev else _run(args, model, args.copy_batch, mode, W))
+    if "convergence" in args.figures:
+        out["convergence"] = convergence(args)
+    out["host"]["loadavg_end"] = os.getloadavg()
+    out["elapsed_s"] = time.perf_counter() - t0
+    text = render(out, args)
+    print(text)
+    prefix = args.out
+    d = os.path.dirname(prefix)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(prefix + ".txt", "w") as f:
+        f.write(text + "\n")
+    with open(prefix + ".json", "w") as f:
+        json.dump(out, f, indent=1, default=str)
+    try:
+        plot(out, args, prefix)
+    except ImportError:
+        _progress("matplotlib missing: no plots")
+    _progress(f"wrote {prefix}.txt, {prefix}.json")
+    return 0
+
+
+def render(out: dict, args) -> str:
+    lines = []
+    W = args.workers
+    tr = args.transport
+    lines.append(f"tensorwire bench train: transport {tr} (gloo: tcp), {args.steps} steps per run "
+                 f"({args.warmup} warm-up), {args.threads} torch thread(s) per process, best of {args.repeat}; "
+                 f"host {out['host']['cpus']} CPUs, load average at start "
+                 f"{out['host']['loadavg_start'][0]:.1f}, at end {out['host']['loadavg_end'][0]:.1f}")
+    if out["fig8"]:
+        lines += ["", f"Figure 8: samples/s, {W} workers x {W} servers"]
+        modes = [m for m in MODES if any(r["mode"] == m for r in out["fig8"])]
+        hdr = f"{'model':<11}{'batch':>6}" + "".join(f"{m:>11}" for m in modes)
+        if "zerocopy" in modes:
+            hdr += "".join(f"{'zc/' + m:>10}" for m in modes if m != "zerocopy")
+        lines.append(hdr)
+        keys = sorted({(r["model"], r["batch"]) for r in out["fig8"]},
+                      key=lambda k: (args.models.index(k[0]) if k[0] in args.models else 99, k[1]))
+        verdicts = []
+        for model, batch in keys:
+            rows = {r["mode"]: r for r in out["fig8"] if r["model"] == model and r["batch"] == batch}
+            line = f"{model:<11}{batch:>6}" + "".join(f"{rows[m]['samples_per_s']:>11.2f}" if m in rows else
+                                                      f"{'-':>11}" for m in modes)
+            if "zerocopy" in rows:
+                zc = rows["zerocopy"]["samples_per_s"]
+                for m in modes:
+                    if m != "zerocopy":
+                        ratio = _ratio(zc, rows[m]["samples_per_s"]) if m in rows else float("nan")
+                        line += f"{ratio:>9.2f}x"
+                        target = TARGETS.get(tr, {}).get(m)
+                        if target is not None and batch == min(b for mm, b in keys if mm == model):
+                            verdicts.append(f"  {model} batch {batch}: zerocopy/{m} = {ratio:.2f}x "
+                                            f"(target >= {target}x): {'met' if ratio >= target else 'NOT met'}")
+            lines.append(line)
+        lines.append("")
+        lines.append("per-step split (ms, mean over workers): compute / push / aggregate / pull = step; "
+                     "bytes copied per step")
+        for r in out["fig8"]:
+            if "split_ms" in r:
+                s = r["split_ms"]
+                lines.append(f"  {r['model']:<10} b{r['batch']:<3} {r['mode']:<8} {s['compute']:8.1f} "
+                             f"{s['push']:8.1f} {s['aggregate']:8.1f} {s['pull']:8.1f} = {s['step']:8.1f}   "
+                             f"{r['bytes_copied_per_step'] / 2**20:8.1f} MiB")
+        if verdicts:
+            lines += ["", f"targets (issue 5, {tr}, smallest batch per model):"] + verdicts
+    if out["fig10"]:
+        lines += ["", f"Figure 10: samples/s vs workers (= servers), batch {args.scale_batch}"]
+        for model in args.scale_models:
+            rows = [r for r in out["fig10"] if r["model"] == model]
+            local = [r for r in rows if r["mode"] == "local"]
+            if local:
+                lines.append(f"  {model}: local (1 process, no communication) {local[0]['samples_per_s']:.2f}")
+            for mode in ("zerocopy", "gloo"):
+                pts = [(r["workers"], r["samples_per_s"]) for r in rows if r["mode"] == mode]
+                lines.append(f"  {model} {mode:<8}: " + "  ".join(f"{n}w {v:.2f}" for n, v in pts))
+    if out["fig11"]:
+        lines += ["", f"Figure 11: mean step time (ms), zero copy on/off, batch {args.copy_batch}"]
+        lines.append(f"{'model':<11}{'zerocopy':>10}{'copy':>10}{'gain':>8}")
+        for model in args.models:
+            rows = {r["mode"]: r for r in out["fig11"] if r["model"] == model}
+            if "zerocopy" in rows and "copy" in rows and "step_ms" in rows["zerocopy"] and "step_ms" in rows["copy"]:
+                zc, cp = rows["zerocopy"]["step_ms"], rows["copy"]["step_ms"]
+                lines.append(f"{model:<11}{zc:>10.1f}{cp:>10.1f}{(cp / zc - 1) * 100:>7.0f}%")
+    c = out.get("convergence")
+    if c:
+        lines += ["", f"Convergence: mlp on scikit-learn digits (1797 images), 2 workers x 2 servers, batch "
+                      f"{args.conv_batch}/worker, SGD lr {args.conv_lr}, {args.conv_steps} steps; target: running "
+                      f"mean of 10 losses < {args.target_loss}"]
+        lines.append(f"{'run':<16}{'final loss':>11}{'max |dloss| vs 1 proc':>23}{'steps to target':>17}"
+                     f"{'time to target (s)':>20}{'step (ms)':>11}")
+        for r in c:
+            st = "-" if r["steps_to_target"] is None else str(r["steps_to_target"])
+            tt = "-" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.2f}"
+            lines.append(f"{r['run']:<16}{r['losses'][-1]:>11.4f}{r['max_diff_vs_single']:>23.2e}{st:>17}{tt:>20}"
+                         f"{r['step_ms']:>11.2f}")
+        lines.append("(time to target: the sum of the measured step times up to that step; process start-up "
+                     "excluded)")
+    lines.append("")
+    lines.append(f"elapsed {out['elapsed_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def plot(out: dict, args, prefix: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    if out["fig8"]:
+        models = [m for m in args.models if any(r["model"] == m for r in out["fig8"])]
+        fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.6), squeeze=False)
+        for ax, model in zip(axes[0], models):
+            rows = [r for r in out["fig8"] if r["model"] == model]
+            batches = sorted({r["batch"] for r in rows})
+            modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+            w = 0.8 / max(1, len(modes))
+            for i, mode in enumerate(modes):
+                ys = [next((r["samples_per_s"] for r in rows if r["batch"] == b and r["mode"] == mode), 0)
+                      for b in batches]
+                ax.bar([j + i * w for j in range(len(batches))], ys, w, label=mode)
+            ax.set_xticks([j + w * (len(modes) - 1) / 2 for j in range(len(batches))])
+            ax.set_xticklabels([str(b) for b in batches])
+            ax.set_xlabel("batch size per worker")
+            ax.set_ylabel("samples/s")
+            ax.set_title(model)
+            ax.legend(fontsize=8)
+        fig.suptitle(f"PS training, {args.workers} workers x {args.workers} servers, {args.transport}")
+        fig.tight_layout()
+        fig.savefig(prefix + "_fig8.png", dpi=110)
+        plt.close(fig)
+    if out["fig10"]:
+        fig, ax = plt.subplots(figsize=(5, 3.6))
+        for model in args.scale_models:
+            rows = [r for r in out["fig10"] if r["model"] == model]
+            for mode in ("zerocopy", "gloo"):
+                pts = sorted((r["workers"], r["samples_per_s"]) for r in rows if r["mode"] == mode)
+                if pts:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {mode}")
+            local = [r for r in rows if r["mode"] == "local"]
+            if local:
+                ax.axhline(local[0]["samples_per_s"], ls="--", color="gray", label=f"{model} local")
+        ax.set_xlabel("workers (= servers)")
+        ax.set_ylabel("samples/s")
+        ax.legend(fontsize=8)
+        ax.set_title(f"scaling, batch {args.scale_batch}, {args.transport}")
+        fig.tight_layout()
+        fig.savefig(prefix + "_fig10.png", dpi=110)
+        plt.close(fig)
+    if out.get("convergence"):
+        fig, ax = plt.subplots(figsize=(6, 3.8))
+        for r in out["convergence"]:
+            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["run"],
+                    lw=2.5 if r["run"] == "single process" else 1, alpha=0.8)
+        ax.axhline(args.target_loss, ls="--", color="gray", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss (global batch)")
+        ax.set_title("mlp on digits: 2 workers x 2 servers vs one process")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(prefix + "_convergence.png", dpi=110)
+        plt.close(fig)
+    if out["fig11"]:
+        models = [m for m in args.models if any(r["model"] == m for r in out["fig11"])]
+        fig, ax = plt.subplots(figsize=(5, 3.6))
+        for i, mode in enumerate(("zerocopy", "copy")):
+            ys = [next((r.get("step_ms", 0) for r in out["fig11"] if r["model"] == m and r["mode"] == mode), 0)
+                  for m in models]
+            ax.bar([j + i * 0.4 for j in range(len(models))], ys, 0.4, label=mode)
+        ax.set_xticks([j + 0.2 for j in range(len(models))])
+        ax.set_xticklabels(models)
+        ax.set_ylabel("mean step time (ms)")
+        ax.set_title(f"zero copy on/off, batch {args.copy_batch}, {args.transport}")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(prefix + "_fig11.png", dpi=110)
+        plt.close(fig)

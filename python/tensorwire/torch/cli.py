@@ -1,0 +1,322 @@
+"""`tensorwire train` and `tensorwire bench train` (imported by tensorwire.cli;
+importing this module must stay cheap: torch is imported inside the commands)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
+MODES = ("zerocopy", "copy", "gloo")
+
+TRAIN_HELP = """\
+Data-parallel training in the parameter-server architecture (the paper's §5.2):
+W worker processes and S server processes on this machine; the model's variables
+are placed on the servers round-robin. Each synchronous SGD step: the workers
+compute gradients of their batch (compute), push each gradient into a static slot
+on its variable's server (push); a server sums the W gradients, averages them and
+applies the optimizer (aggregate), then writes the new values straight into every
+worker's parameter memory (pull).
+
+Modes:
+  zerocopy  parameters, gradients and the servers' master copies live in registered
+            memory, allocated once; pushes and pulls copy nothing
+  copy      the same, but each tensor sent is first copied into a registered
+            staging block (the paper's "graph analysis turned off")
+  gloo      the same algorithm over torch.distributed (gloo) send/recv (RPC-style
+            baseline; always TCP)
+
+Models (tensorwire train --list prints their sizes beside the paper's Table 1):
+  alexnet inception3 vgg16 lstm gru fcn5   the paper's six benchmarks
+  widedeep   wide-and-deep with sparse embedding gradients (dynamic slots)
+  mlp        a small classifier (with --data digits: the convergence run)
+
+Data: synthetic batches generated on the fly (default; as in the paper), or
+--data digits (scikit-learn's digits dataset; needs scikit-learn). CNN images are
+--image-size pixels square: smaller than the paper's 224/299 by default so that
+CPU steps stay short; the variables, and so the bytes moved per step, are the
+paper's whatever the image size (the CNNs pool adaptively before their dense layers).
+
+Output: samples/s (all workers; warm-up steps excluded), the mean per-step split
+as seen by the workers (compute, push, aggregate = from the last push until the
+first parameter arrives, pull = until all arrived) and by the servers (wait for
+gradients, sum, optimizer, sending parameters), bytes copied and sent per step.
+
+Under torchrun or mpirun (RANK/WORLD_SIZE or OMPI_COMM_WORLD_RANK/SIZE set, and
+MASTER_ADDR/MASTER_PORT), every process runs one role: ranks 0..S-1 are servers,
+S..S+W-1 workers (WORLD_SIZE must be S+W); server addresses meet in the c10d
+store at MASTER_ADDR:MASTER_PORT. --launch local forces the local launcher.
+
+examples:
+  tensorwire train --list
+  tensorwire train --model fcn5 --workers 2 --servers 2 --batch 8 --steps 50 --mode zerocopy --transport shm
+  tensorwire train --model vgg16 --batch 1 --steps 10 --mode copy --transport tcp --json vgg.json
+  tensorwire train --model mlp --data digits --steps 300 --lr 0.5 --target-loss 0.3 --plot digits.png
+  torchrun --nproc-per-node 4 -m tensorwire train --model fcn5 --workers 2 --servers 2
+"""
+
+BENCH_HELP = """\
+Sweeps the parameter-server training (the paper's Figures 8, 10 and 11) on this
+machine, each configuration a short `tensorwire train` run (synthetic data):
+
+  fig8   models x batch sizes x modes: samples/s (--models, --batches, --modes)
+  fig10  workers 1..N (servers = workers, as in the paper) for --scale-models
+  fig11  zero-copy on/off: mean step time of zerocopy vs copy at --copy-batch
+  convergence  (only when asked) the mlp on scikit-learn's digits, 2 workers x 2
+         servers in each mode and one process: loss curves, time to --target-loss
+
+Writes PREFIX.txt (tables), PREFIX.json (every run) and PREFIX_fig8.png,
+PREFIX_fig10.png, PREFIX_fig11.png (with matplotlib).
+
+examples:
+  tensorwire bench train --transport shm --out bench/results/train_shm
+  tensorwire bench train --models fcn5 --batches 1,8 --figures fig8 --steps 8
+  tensorwire bench train --figures convergence --out bench/results/train_convergence
+"""
+
+
+def _positive(text: str) -> int:
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
+def _csv(choices):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (got {text!r})")
+        return items
+    return parse
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        out = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, not {text!r}") from None
+    if not out or min(out) <= 0:
+        raise argparse.ArgumentTypeError(f"positive integers, not {text!r}")
+    return out
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--transport", choices=("auto", "tcp", "shm", "rdma"), default="shm",
+                   help="tensorwire transport of zerocopy/copy (gloo is always TCP); default shm")
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adamw", "adagrad", "rmsprop"),
+                   help="torch.optim optimizer the servers apply (default sgd)")
+    p.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
+    p.add_argument("--image-size", type=int, default=0,
+                   help="CNN input size in pixels (default: alexnet 96, vgg16 32, inception3 75; the paper's "
+                        "224/299 make CPU steps long); the variables do not change with it")
+    p.add_argument("--seq-len", type=int, default=0, help="RNN steps (default 80, the paper's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the model's initial values and the data")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds a step or the setup may take before the run fails (default 120)")
+
+
+def add_commands(sub, bench_sub) -> None:
+    t = sub.add_parser("train", help="parameter-server training: zero-copy parameters and gradients (Figure 8)",
+                       description=TRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t.add_argument("--list", action="store_true", help="print the models with the paper's Table 1 numbers and exit")
+    t.add_argument("--model", choices=MODEL_NAMES, default="fcn5", help="model to train (default fcn5)")
+    t.add_argument("--workers", type=_positive, default=2, help="worker processes W (default 2)")
+    t.add_argument("--servers", type=_positive, default=2, help="server processes S (default 2)")
+    t.add_argument("--batch", type=_positive, default=8, help="batch size per worker (default 8)")
+    t.add_argument("--steps", type=_positive, default=50, help="training steps (default 50)")
+    t.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
+    t.add_argument("--mode", choices=MODES, default="zerocopy", help="zerocopy (default), copy or gloo")
+    t.add_argument("--data", choices=("synthetic", "digits"), default="synthetic",
+                   help="synthetic batches made on the fly (default) or scikit-learn's digits (mlp only)")
+    t.add_argument("--target-loss", type=float, default=None,
+                   help="report the time and step at which the loss (mean of 10 steps) first fell below this")
+    t.add_argument("--launch", choices=("auto", "local"), default="auto",
+                   help="auto: one role per process under torchrun/mpirun, else spawn all locally (default)")
+    t.add_argument("--json", metavar="FILE", help="write the result as JSON (samples_per_s, split, losses, ...)")
+    t.add_argument("--plot", metavar="FILE.png", help="plot the loss curve and the per-step split (matplotlib)")
+    t.add_argument("--quiet", action="store_true", help="no progress line")
+    _common(t)
+    t.set_defaults(func=run_train)
+
+    b = bench_sub.add_parser("train", help="PS training sweep: models x batches x modes, scaling, zero copy on/off",
+                             description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("--models", type=_csv(MODEL_NAMES), default=["fcn5", "alexnet", "vgg16"],
+                   help="models of fig8/fig11 (default fcn5,alexnet,vgg16: the communication-bound ones)")
+    b.add_argument("--batches", type=_ints, default=[1, 8], help="batch sizes per worker of fig8 (default 1,8)")
+    b.add_argument("--modes", type=_csv(MODES), default=list(MODES), help="modes of fig8 (default all)")
+    b.add_argument("--workers", type=_positive, default=2, help="workers (= servers) of fig8/fig11 (default 2)")
+    b.add_argument("--scale-models", type=_csv(MODEL_NAMES), default=["fcn5"],
+                   help="models of fig10 (default fcn5)")
+    b.add_argument("--scale", type=_ints, default=[1, 2], help="worker counts of fig10 (default 1,2)")
+    b.add_argument("--scale-batch", type=_positive, default=8, help="batch of fig10 (default 8)")
+    b.add_argument("--copy-batch", type=_positive, default=8, help="batch of fig11 (default 8, as the paper)")
+    b.add_argument("--figures", type=_csv(("fig8", "fig10", "fig11", "convergence")),
+                   default=["fig8", "fig10", "fig11"],
+                   help="which sweeps to run (default fig8,fig10,fig11); convergence: the mlp on scikit-learn's "
+                        "digits with 2 workers x 2 servers in every mode and in one process, time to --target-loss")
+    b.add_argument("--conv-steps", type=_positive, default=300, help="steps of the convergence runs (default 300)")
+    b.add_argument("--conv-batch", type=_positive, default=16, help="batch per worker of the convergence runs")
+    b.add_argument("--conv-lr", type=float, default=0.5, help="SGD learning rate of the convergence runs")
+    b.add_argument("--target-loss", type=float, default=0.2,
+                   help="convergence target: running mean of 10 losses (default 0.2)")
+    b.add_argument("--steps", type=_positive, default=10, help="steps per run (default 10)")
+    b.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
+    b.add_argument("--repeat", type=_positive, default=1, help="runs per configuration; the best is kept (default 1)")
+    b.add_argument("--out", default="bench/results/train", metavar="PREFIX",
+                   help="output prefix (default bench/results/train): PREFIX.txt, .json, _fig*.png")
+    _common(b)
+    b.set_defaults(func=run_bench)
+
+
+def _env_role() -> tuple[int, int] | None:
+    """(rank, world size) when started by torchrun or mpirun."""
+    for r, s in (("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMI_RANK", "PMI_SIZE")):
+        if r in os.environ and s in os.environ:
+            return int(os.environ[r]), int(os.environ[s])
+    return None
+
+
+def _data_fn(args):
+    from . import data
+    if args.data == "digits":
+        if args.model != "mlp":
+            raise SystemExit("tensorwire train: --data digits trains --model mlp (64 inputs, 10 classes)")
+        return data.Digits(args.batch, args.workers, args.seed)
+    return data.Synthetic(args.model, args.batch, args.seed, args.image_size, args.seq_len)
+
+
+def _opt_kwargs(args) -> dict:
+    kw = {"lr": args.lr}
+    if args.optimizer in ("sgd", "rmsprop") and args.momentum:
+        kw["momentum"] = args.momentum
+    return kw
+
+
+def train_once(args, model: str | None = None, batch: int | None = None, mode: str | None = None,
+               workers: int | None = None, servers: int | None = None, progress: bool = False):
+    """One local run with the options of `args` (overridable); returns a ps.TrainResult."""
+    from . import models, ps
+    a = argparse.Namespace(**vars(args))
+    for k, v in (("model", model), ("batch", batch), ("mode", mode), ("workers", workers), ("servers", servers)):
+        if v is not None:
+            setattr(a, k, v)
+    if not hasattr(a, "data"):
+        a.data = "synthetic"
+    info = models.get(a.model)
+    loss_fn = None
+    return ps.train(info.factory, _data_fn(a), workers=a.workers, servers=a.servers, steps=a.steps,
+                    mode=a.mode, transport=a.transport, optimizer=a.optimizer, loss_fn=loss_fn, seed=a.seed,
+                    warmup=a.warmup, timeout=a.timeout, threads=a.threads, progress=progress, **_opt_kwargs(a))
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def time_to_target(losses: list[float], step_s: list[float], target: float, window: int = 10):
+    """(step, seconds) at which the running mean of `window` losses first fell below target; None if never."""
+    t = 0.0
+    for i, (l, dt) in enumerate(zip(losses, step_s)):
+        t += dt
+        lo = max(0, i + 1 - window)
+        if i + 1 >= min(window, len(losses)) and sum(losses[lo:i + 1]) / (i + 1 - lo) < target:
+            return i + 1, t
+    return None
+
+
+def render_result(r, args) -> str:
+    s = r.split
+    ms = {k: v * 1e3 for k, v in s.items()}
+    lines = [
+        f"model {args.model}  mode {r.mode}  transport {'tcp (gloo)' if r.mode == 'gloo' else args.transport}  "
+        f"{r.workers} workers x {r.servers} servers  batch {args.batch}/worker  steps {r.steps} "
+        f"({args.warmup} warm-up)",
+        f"samples/s        {r.samples_per_s:10.1f}",
+        f"per step (ms)    compute {ms['compute']:.2f} | push {ms['push']:.2f} | aggregate {ms['aggregate']:.2f} | "
+        f"pull {ms['pull']:.2f} | step {ms['step']:.2f}",
+        f"servers (ms)     wait for grads {ms['server_wait']:.2f} | sum {ms['server_sum']:.2f} | "
+        f"optimizer {ms['server_optimizer']:.2f} | send params {ms['server_pull']:.2f}",
+        f"bytes per step   copied {_fmt_bytes(r.bytes_copied_per_step)} | sent {_fmt_bytes(r.bytes_sent_per_step)}",
+        f"loss             first {r.losses[0]:.4f}  last {r.losses[-1]:.4f}  (mean over the workers)",
+    ]
+    return "\n".join(lines)
+
+
+def _step_times(r) -> list[float]:
+    return [sum(st) / len(st) for st in zip(*(ro["step_times"] for ro in r.roles if ro.get("role") == "worker"))]
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM unwinds like an exception, so the launcher's cleanup kills the roles it spawned."""
+    import signal
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def run_train(args) -> int:
+    from . import models
+    _exit_on_sigterm()
+    if args.list:
+        print("Table 1 of the paper (variable tensors, model size in MiB) beside this package's models:")
+        print(models.render_table(models.table()))
+        return 0
+    env = _env_role()
+    if env is not None and args.launch == "auto":
+        from .launch_env import run_role
+        return run_role(args, *env)
+    r = train_once(args, progress=not args.quiet)
+    print(render_result(r, args))
+    out = r.to_dict()
+    out.update(model=args.model, batch=args.batch, transport=args.transport if r.mode != "gloo" else "tcp")
+    if args.target_loss is not None:
+        hit = time_to_target(r.losses, _step_times(r), args.target_loss)
+        out["target_loss"] = args.target_loss
+        out["time_to_target_s"] = None if hit is None else hit[1]
+        out["steps_to_target"] = None if hit is None else hit[0]
+        print(f"target loss {args.target_loss}: " + ("not reached" if hit is None else
+                                                     f"step {hit[0]}, {hit[1]:.2f} s of training steps"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    if args.plot:
+        plot_run(r, args, args.plot)
+    return 0
+
+
+def plot_run(r, args, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    a.plot(range(1, len(r.losses) + 1), r.losses)
+    a.set_xlabel("step")
+    a.set_ylabel("loss (mean over workers)")
+    a.set_title(f"{args.model} {r.mode}")
+    keys = ("compute", "push", "aggregate", "pull")
+    bottom = 0.0
+    for k in keys:
+        b.bar([r.mode], [r.split[k] * 1e3], bottom=bottom, label=k)
+        bottom += r.split[k] * 1e3
+    b.set_ylabel("ms per step")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}", file=sys.stderr)
+
+
+def run_bench(args) -> int:
+    _exit_on_sigterm()
+    from .bench_train import run_sweep
+    return run_sweep(args)

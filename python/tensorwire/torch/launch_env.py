@@ -1,0 +1,89 @@
+"""One role per process under torchrun / mpirun (`tensorwire train` with RANK and
+WORLD_SIZE, or OMPI_COMM_WORLD_RANK/SIZE, set): ranks 0..S-1 serve, S..S+W-1
+train. Server addresses meet in a torch.distributed TCPStore at
+MASTER_ADDR:MASTER_PORT (torchrun's own store when it hosts one)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+
+
+def _store(rank: int, world: int, timeout: float):
+    from torch.distributed import TCPStore
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", "29500"))
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    return TCPStore(host, port, world, is_master=(rank == 0 and not agent),
+                    timeout=datetime.timedelta(seconds=timeout))
+
+
+def run_role(args, rank: int, world: int) -> int:
+    import torch
+    from . import models, ps
+    from .cli import _data_fn, _opt_kwargs, render_result  # noqa: F401
+    S, W = args.servers, args.workers
+    if world != S + W:
+        print(f"tensorwire train: WORLD_SIZE is {world}, but --servers {S} + --workers {W} = {S + W}",
+              file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    role, r = ("server", rank) if rank < S else ("worker", rank - S)
+    info = models.get(args.model)
+    data_fn = _data_fn(args)
+    if args.mode == "gloo":
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        port = int(os.environ.get("MASTER_PORT", "29500"))
+        init = "env://" if "MASTER_ADDR" in os.environ and "RANK" in os.environ else f"tcp://{host}:{port}"
+        if role == "server":
+            srv = ps.GlooServer(r, S, W, init, args.optimizer, args.timeout, **_opt_kwargs(args))
+            stats = srv.run(args.steps)
+            print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
+            return 0
+        torch.manual_seed(args.seed)
+        model = info.factory()
+        worker = ps.GlooWorker(model, r, S, W, init, args.timeout)
+    else:
+        store = _store(rank, world, args.timeout)
+        prefix = f"tensorwire/ps/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
+        if role == "server":
+            srv = ps.Server(r, S, W, args.optimizer, args.mode, args.transport,
+                            host=_my_host(),
+                            timeout=args.timeout, **_opt_kwargs(args))
+            store.set(prefix + f"server/{r}", srv.address)
+            stats = srv.run()
+            print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
+            return 0
+        addresses = [store.get(prefix + f"server/{s}").decode() for s in range(S)]
+        torch.manual_seed(args.seed)
+        model = info.factory()
+        worker = ps.Worker(model, addresses, r, W, args.mode, args.transport, host=_my_host(),
+                           timeout=args.timeout)
+    cfg = ps.TrainConfig(info.factory, data_fn, None, W, S, args.steps, args.mode, args.transport,
+                         args.optimizer, _opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
+                         progress=not args.quiet and r == 0)
+    try:
+        result = ps._worker_loop(cfg, r, worker, model)
+    finally:
+        worker.close()
+    st = result["stats"]["mean"]
+    print(json.dumps({"role": role, "rank": r, "samples_per_s": result["samples"] / result["elapsed_s"],
+                      "split": {k: st.get(k + "_s") for k in ("compute", "push", "aggregate", "pull", "step")},
+                      "loss_first": result["losses"][0], "loss_last": result["losses"][-1]}))
+    return 0
+
+
+def _my_host() -> str:
+    """The address peers reach this process at: TENSORWIRE_HOST, else 127.0.0.1
+    when everything runs on one machine (MASTER_ADDR local), else this host's IP."""
+    if "TENSORWIRE_HOST" in os.environ:
+        return os.environ["TENSORWIRE_HOST"]
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if master in ("127.0.0.1", "localhost"):
+        return "127.0.0.1"
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((master, 9))
+        return s.getsockname()[0]

@@ -1,0 +1,1274 @@
+"""Data-parallel training in the parameter-server architecture, over tensorwire slots.
+
+W workers each hold a replica of the model; S servers each own the variables
+placed on them round-robin (variable i lives on server i mod S). One synchronous
+SGD step:
+
+1. every worker computes the gradients of its batch (forward + backward);
+2. it pushes each gradient into a static slot ``grad/<var>/<worker>`` on the
+   variable's server (sparse embedding gradients: indices then values into the
+   dynamic slot ``sgrad/<var>/<worker>``);
+3. a server sums the W gradients of a variable as they arrive, averages them,
+   applies its ``torch.optim`` optimizer to its master copy and writes the new
+   value straight into every worker's parameter memory: the static slot
+   ``param/<var>`` on each worker, whose buffer *is* the parameter's storage;
+4. the worker waits until all its parameters arrived, and takes the next step.
+
+Modes (how the sending side holds its tensors):
+
+``zerocopy``  parameters, ``.grad`` tensors and the servers' master copies live
+              in registered memory, allocated once at setup; autograd
+              accumulates into it (``zero_grad(set_to_none=False)``), and every
+              push and pull sends the block itself: nothing is copied.
+``copy``      the same protocol, but the tensors a process sends are ordinary
+              torch memory, copied into a registered staging block before each
+              send (the paper's "graph analysis turned off").
+``gloo``      the same algorithm over ``torch.distributed`` (gloo) send/recv,
+              the RPC-style baseline.
+
+Use :func:`train` to run everything locally (spawned processes), or
+:class:`Server` / :class:`Worker` in processes you start yourself::
+
+    server = ps.Server(rank=0, num_servers=1, num_workers=2, optimizer="sgd", lr=0.1)
+    server.run()                                     # until the workers leave
+
+    worker = ps.Worker(model, [server_address], rank=0, num_workers=2)
+    for x, y in batches:
+        loss = worker.step(lambda: F.cross_entropy(model(x), y))
+    worker.close()
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+import tensorwire as tw
+
+MODES = ("zerocopy", "copy", "gloo")
+POLL_S = 0.25           # how often a waiter looks at its peers' liveness
+MIN_SLEEP_S, MAX_SLEEP_S = 20e-6, 1e-3  # back-off between polls of a slot
+# glibc malloc: keep big freed blocks in the heap instead of unmapping them. The
+# tensors autograd allocates every step (activations, fresh gradients) then reuse
+# memory that is already mapped, instead of page-faulting hundreds of MiB of fresh
+# zero pages per step (3x the backward time of FCN-5 on a CPU). Set for every
+# spawned role of every mode (an existing value in the environment wins).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
+DEFAULT_TIMEOUT_S = 120.0  # a step (or setup) that takes longer fails
+
+
+class PSError(RuntimeError):
+    """The parameter-server run failed (a peer died, a model mismatch, a timeout)."""
+
+
+# --------------------------------------------------------------------- variables
+
+@dataclass(frozen=True)
+class VarSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    sparse: bool
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+    def to_json(self) -> list:
+        return [self.name, list(self.shape), self.dtype, self.sparse]
+
+    @staticmethod
+    def from_json(v: list) -> "VarSpec":
+        return VarSpec(v[0], tuple(int(s) for s in v[1]), v[2], bool(v[3]))
+
+
+def variables(model: nn.Module) -> list[tuple[VarSpec, nn.Parameter]]:
+    """The model's trainable variables in a fixed order (named_parameters), with
+    ``sparse`` set for the weights of ``nn.Embedding``/``nn.EmbeddingBag`` built
+    with ``sparse=True``."""
+    sparse_ids = {id(m.weight) for m in model.modules()
+                  if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse}
+    out = []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if not p.is_contiguous():
+            p.data = p.data.contiguous()
+        dtype = str(p.dtype).replace("torch.", "")
+        out.append((VarSpec(name, tuple(p.shape), dtype, id(p) in sparse_ids), p))
+    return out
+
+
+def placement(n_vars: int, num_servers: int) -> list[int]:
+    """Server of each variable: round-robin, as in the paper."""
+    return [i % num_servers for i in range(n_vars)]
+
+
+def check_specs(reference: Sequence[VarSpec], other: Sequence[VarSpec], rank: int) -> str | None:
+    """None if worker `rank`'s variables equal worker 0's, else a message naming the first difference."""
+    ref = {v.name: v for v in reference}
+    for i, v in enumerate(other):
+        r = ref.get(v.name)
+        if r is None:
+            return f"worker {rank}'s model has a variable {v.name!r} that worker 0's model does not have"
+        if r.shape != v.shape or r.dtype != v.dtype:
+            return (f"worker {rank}'s model differs from worker 0's at variable {v.name!r}: "
+                    f"{v.dtype}{list(v.shape)} vs {r.dtype}{list(r.shape)}")
+        if r.sparse != v.sparse:
+            return f"worker {rank}'s variable {v.name!r} is {'sparse' if v.sparse else 'dense'}, not as worker 0's"
+    names = {o.name for o in other}
+    missing = [v.name for v in reference if v.name not in names]
+    if missing:
+        return f"worker {rank}'s model lacks variable {missing[0]!r} of worker 0's model"
+    for i, (a, b) in enumerate(zip(reference, other)):
+        if a.name != b.name:
+            return (f"worker {rank}'s model orders its variables differently from worker 0's "
+                    f"(variable {i} is {b.name!r}, not {a.name!r})")
+    return None
+
+
+def make_optimizer(optimizer: Any, params: list[torch.Tensor], **kwargs: Any) -> torch.optim.Optimizer:
+    """``optimizer`` is a callable(params) -> torch.optim.Optimizer (e.g.
+    ``functools.partial(torch.optim.SGD, lr=0.1)``), an optimizer class, or a
+    name: sgd, adam, adamw, adagrad, rmsprop (keyword arguments go to it)."""
+    if isinstance(optimizer, str):
+        names = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+                 "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop,
+                 "sparseadam": torch.optim.SparseAdam}
+        if optimizer.lower() not in names:
+            raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(names)}")
+        cls = names[optimizer.lower()]
+        if cls is torch.optim.SGD:
+            kwargs.setdefault("lr", 0.01)
+        return cls(params, **kwargs)
+    return optimizer(params, **kwargs)
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _tensor_of_view(view: Any, spec: VarSpec) -> torch.Tensor:
+    """A torch tensor over a slot's numpy view (zero copy)."""
+    import numpy as np
+    if spec.dtype == "bfloat16":  # numpy sees raw uint16
+        return torch.from_numpy(np.asarray(view)).view(torch.bfloat16)
+    return torch.from_numpy(view)
+
+
+def _peer_ids(dev: tw.Device) -> set[int]:
+    return {int(p["device_id"]) for p in dev.peers()}
+
+
+class _Watch:
+    """Bounded waits that fail fast when a peer this process depends on is gone."""
+
+    def __init__(self, dev: tw.Device, timeout: float, who: str) -> None:
+        self.dev, self.timeout, self.who = dev, timeout, who
+        self.peers: dict[int, str] = {}  # device id -> description
+
+    def check(self, what: str) -> None:
+        alive = _peer_ids(self.dev)
+        for pid, desc in self.peers.items():
+            if pid not in alive:
+                raise PSError(f"{self.who}: {desc} died or disconnected while {what}")
+
+    def recv(self, slot: Any, what: str, give_up: Callable[[], str | None] | None = None) -> Any:
+        """slot.poll() with a sleep that doubles up to MAX_SLEEP_S between polls
+        (the paper's polling-async receive): a waiting server or worker costs a
+        few hundred wake-ups per second instead of spinning, which on a machine
+        with fewer cores than processes is CPU taken from the others' compute."""
+        start = time.monotonic()
+        deadline = start + self.timeout
+        next_check = start + POLL_S
+        delay = MIN_SLEEP_S
+        while True:
+            try:
+                out = slot.poll()
+                if out is not None:
+                    return out
+                time.sleep(delay)
+                delay = min(delay * 2, MAX_SLEEP_S)
+                if time.monotonic() < next_check:
+                    continue
+                next_check = time.monotonic() + POLL_S
+            except tw.ConnectionError as e:  # the slot's sender died or left
+                if give_up is not None:
+                    reason = give_up()
+                    if reason is not None:
+                        return reason
+                self.check(what)
+                raise PSError(f"{self.who}: a peer died or disconnected while {what} ({e})") from None
+            if give_up is not None:
+                reason = give_up()
+                if reason is not None:
+                    return reason
+            self.check(what)
+            if time.monotonic() > deadline:
+                raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}")
+
+    def wait(self, req: Any, what: str) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                req.wait(POLL_S)
+                return
+            except tw.Timeout:
+                pass
+            except tw.Error as e:
+                raise PSError(f"{self.who}: {what} failed: {e}") from None
+            self.check(what)
+            if time.monotonic() > deadline:
+                raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}")
+
+
+# --------------------------------------------------------------------- statistics
+
+STEP_FIELDS = ("step_s", "compute_s", "push_s", "aggregate_s", "pull_s")
+
+
+@dataclass
+class Stats:
+    """Per-step timings (seconds) and bytes of one process."""
+    role: str
+    rank: int
+    mode: str
+    steps: list[dict] = field(default_factory=list)
+    bytes_copied_per_step: int = 0
+    bytes_sent_per_step: int = 0
+    registrations: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def mean(self, key: str, skip: int = 0) -> float:
+        vals = [s[key] for s in self.steps[skip:] if key in s]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    def to_dict(self, skip: int = 0) -> dict:
+        keys = sorted({k for s in self.steps for k in s})
+        return {"role": self.role, "rank": self.rank, "mode": self.mode, "steps": len(self.steps),
+                "mean": {k: self.mean(k, skip) for k in keys},
+                "bytes_copied_per_step": self.bytes_copied_per_step,
+                "bytes_sent_per_step": self.bytes_sent_per_step, "registrations": self.registrations,
+                **self.extra}
+
+
+# --------------------------------------------------------------------- server
+
+class Server:
+    """One parameter server over tensorwire slots (modes zerocopy and copy).
+
+    Creates its device at once (``address`` is what workers connect to);
+    :meth:`run` waits for the ``num_workers`` workers, checks that their models
+    agree, takes the initial values from worker 0, and serves steps until every
+    worker called :meth:`Worker.close` (or raises :class:`PSError` when a worker
+    dies, refuses, or a step exceeds ``timeout``)."""
+
+    def __init__(self, rank: int = 0, num_servers: int = 1, num_workers: int = 1, optimizer: Any = "sgd",
+                 mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1", port: int = 0,
+                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None, **optimizer_kwargs: Any):
+        if mode not in ("zerocopy", "copy"):
+            raise ValueError(f"Server runs modes zerocopy and copy; gloo has GlooServer (got {mode!r})")
+        self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers
+        self.mode, self.timeout = mode, timeout
+        self.optimizer_spec, self.optimizer_kwargs = optimizer, optimizer_kwargs
+        self.dev = tw.Device(host=host, port=port, transport=transport, **(device_kwargs or {}))
+        self.who = f"server {rank}"
+        self.watch = _Watch(self.dev, timeout, self.who)
+        self._hellos: dict[int, dict] = {}
+        self._byes: set[int] = set()
+        self._state = "wait"
+        self._error = ""
+        self._init_slot = self.dev.dynamic_slot("ps.init")
+        self.dev.on_call("ps.hello", self._on_hello)
+        self.dev.on_call("ps.bye", self._on_bye)
+        self.stats = Stats("server", rank, mode)
+        self.steps_done = 0
+
+    @property
+    def address(self) -> str:
+        return self.dev.address
+
+    # handlers run on the device's dispatcher thread: record and answer, never block
+    def _on_hello(self, payload: bytes) -> bytes:
+        msg = json.loads(payload)
+        r = int(msg["rank"])
+        if not 0 <= r < self.num_workers:
+            return json.dumps({"state": "refused", "error": f"{self.who} expects workers 0..{self.num_workers - 1}, "
+                                                            f"not rank {r}"}).encode()
+        if msg.get("mode") != self.mode:
+            return json.dumps({"state": "refused", "error": f"{self.who} runs mode {self.mode!r}, worker {r} "
+                                                            f"asked for {msg.get('mode')!r}"}).encode()
+        self._hellos.setdefault(r, msg)
+        return json.dumps({"state": self._state, "error": self._error}).encode()
+
+    def _on_bye(self, payload: bytes) -> bytes:
+        if not self._byes:
+            self._first_bye = time.monotonic()
+        self._byes.add(int(payload.decode()))
+        return b"ok"
+
+    def _setup(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while len(self._hellos) < self.num_workers:
+            if time.monotonic() > deadline:
+                raise PSError(f"{self.who}: only workers {sorted(self._hellos)} of {self.num_workers} "
+                              f"arrived within {self.timeout:.0f} s")
+            time.sleep(0.01)
+        hellos = [self._hellos[r] for r in range(self.num_workers)]
+        specs = [[VarSpec.from_json(v) for v in h["vars"]] for h in hellos]
+        for r in range(1, self.num_workers):
+            err = check_specs(specs[0], specs[r], r)
+            if err:
+                self._error = f"refused at setup: {err}"
+                self._state = "refused"
+                # let the workers poll the refusal before this device goes away
+                t_end = time.monotonic() + 2.0
+                while time.monotonic() < t_end:
+                    time.sleep(0.05)
+                raise PSError(f"{self.who}: {self._error}")
+        self.workers = hellos
+        for h in hellos:
+            self.watch.peers[int(h["device_id"])] = f"worker {h['rank']} (pid {h['pid']}, {h['address']})"
+        self.all_vars = specs[0]
+        owner = placement(len(self.all_vars), self.num_servers)
+        self.vars = [v for v, s in zip(self.all_vars, owner) if s == self.rank]
+        W = self.num_workers
+        # master copies: registered memory (zerocopy) or plain torch memory (copy)
+        self.blocks, self.master = [], []
+        for v in self.vars:
+            if self.mode == "zerocopy":
+                blk = self.dev.empty(v.shape, v.dtype)
+                t = torch.from_dlpack(blk)
+            else:
+                blk, t = None, torch.empty(v.shape, dtype=_torch_dtype(v.dtype))
+            self.blocks.append(blk)
+            self.master.append(nn.Parameter(t, requires_grad=True))
+        self.grad_slots = [[self.dev.dynamic_slot(f"sgrad/{v.name}/{w}") if v.sparse else
+                            self.dev.static_slot(f"grad/{v.name}/{w}", v.shape, v.dtype, depth=1)
+                            for w in range(W)] for v in self.vars]
+        self._state = "ready"
+        # initial values from worker 0, in the order of this server's variables
+        for v, m in zip(self.vars, self.master):
+            blk = self.watch.recv(self._init_slot, f"waiting for the initial value of {v.name!r}")
+            with torch.no_grad():
+                m.copy_(torch.from_dlpack(blk).view(m.shape))
+            del blk
+        self.opt = make_optimizer(self.optimizer_spec, list(self.master), **self.optimizer_kwargs)
+        path = "copy"
+        self.channels = [self.dev.connect(h["address"]) for h in hellos]
+        self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
+                               for ch in self.channels] for v in self.vars]
+        self.stats.bytes_copied_per_step = 0 if self.mode == "zerocopy" else W * sum(v.nbytes for v in self.vars)
+        self.stats.bytes_sent_per_step = W * sum(v.nbytes for v in self.vars)
+        self.stats.extra["vars"] = [v.name for v in self.vars]
+        self._send_params()
+
+    def _send_params(self) -> None:
+        reqs = []
+        for i, v in enumerate(self.vars):
+            src = self.blocks[i] if self.mode == "zerocopy" else self.master[i].detach()
+            for w in range(self.num_workers):
+                reqs.append((self.param_senders[i][w].send(src, self.timeout), v.name, w))
+        for req, name, w in reqs:
+            self.watch.wait(req, f"sending {name!r} to worker {w}")
+
+    def _give_up(self, first: bool, w: int, what: str) -> Callable[[], str | None]:
+        def check() -> str | None:
+            if first and len(self._byes) == self.num_workers:
+                return "done"
+            if w in self._byes and (not first or time.monotonic() - self._first_bye > 10.0):
+                raise PSError(f"{self.who}: worker {w} left after {self.steps_done} steps while {what}; "
+                              f"all workers must run the same number of steps")
+            return None
+        return check
+
+    def _step(self) -> bool:
+        """One step; False once every worker has left."""
+        W = self.num_workers
+        t0 = time.perf_counter()
+        t_sum = 0.0
+        first = True
+        for i, v in enumerate(self.vars):
+            m = self.master[i]
+            if v.sparse:
+                idx, vals = [], []
+                for w in range(W):
+                    what = f"waiting for worker {w}'s gradient of {v.name!r} (step {self.steps_done + 1})"
+                    bi = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
+                    if isinstance(bi, str):
+                        return False
+                    first = False
+                    bv = self.watch.recv(self.grad_slots[i][w], what)
+                    ts = time.perf_counter()
+                    idx.append(torch.from_dlpack(bi).clone())
+                    vals.append(torch.from_dlpack(bv).clone())
+                    t_sum += time.perf_counter() - ts
+                ts = time.perf_counter()
+                g = torch.sparse_coo_tensor(torch.cat(idx).view(1, -1), torch.cat(vals) / W, v.shape,
+                                            check_invariants=False)
+                m.grad = g.coalesce()
+                t_sum += time.perf_counter() - ts
+                continue
+            if m.grad is None or m.grad.is_sparse:
+                m.grad = torch.zeros_like(m)
+            for w in range(W):
+                what = f"waiting for worker {w}'s gradient of {v.name!r} (step {self.steps_done + 1})"
+                view = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
+                if isinstance(view, str):
+                    return False
+                first = False
+                ts = time.perf_counter()
+                g = _tensor_of_view(view, v)
+                if w == 0:  # the mean, scaled while summing: W passes over the gradient
+                    torch.mul(g, 1.0 / W, out=m.grad) if W > 1 else m.grad.copy_(g)
+                else:
+                    m.grad.add_(g, alpha=1.0 / W)
+                self.grad_slots[i][w].release(view)
+                t_sum += time.perf_counter() - ts
+        t1 = time.perf_counter()
+        self.opt.step()
+        t2 = time.perf_counter()
+        self._send_params()
+        t3 = time.perf_counter()
+        self.steps_done += 1
+        self.stats.steps.append({"wait_s": t1 - t0 - t_sum, "sum_s": t_sum, "optimizer_s": t2 - t1,
+                                 "aggregate_s": t_sum + (t2 - t1), "pull_s": t3 - t2, "step_s": t3 - t0})
+        return True
+
+    def run(self, steps: int | None = None) -> Stats:
+        """Serves until every worker left (or `steps` steps); returns the statistics."""
+        try:
+            self._setup()
+            while steps is None or self.steps_done < steps:
+                if not self._step():
+                    break
+            return self.stats
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self.dev.closed:
+            self.dev.close()
+
+
+# --------------------------------------------------------------------- worker
+
+class Worker:
+    """One worker over tensorwire slots (modes zerocopy and copy).
+
+    Moves the model's parameters into the static slots the servers write
+    (``param/<var>``), gives every dense parameter a ``.grad`` in registered
+    memory (zerocopy), meets the servers (checking its model against worker 0's)
+    and loads the initial parameters from them. Then :meth:`step` runs one
+    synchronous SGD step."""
+
+    def __init__(self, model: nn.Module, servers: Sequence[str], rank: int = 0, num_workers: int = 1,
+                 mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1",
+                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None):
+        if mode not in ("zerocopy", "copy"):
+            raise ValueError(f"Worker runs modes zerocopy and copy; gloo has GlooWorker (got {mode!r})")
+        self.model, self.rank, self.num_workers, self.mode, self.timeout = model, rank, num_workers, mode, timeout
+        self.who = f"worker {rank}"
+        self.dev = tw.Device(host=host, transport=transport, **(device_kwargs or {}))
+        self.watch = _Watch(self.dev, timeout, self.who)
+        self.stats = Stats("worker", rank, mode)
+        self.steps_done = 0
+        self._views: list = []
+        self._closed = False
+        self._zeroed = False
+        try:
+            self._setup(list(servers))
+        except BaseException:
+            self.dev.close()
+            raise
+
+    def _setup(self, servers: list[str]) -> None:
+        S = len(servers)
+        self.vars = variables(self.model)
+        specs = [v for v, _ in self.vars]
+        self.owner = placement(len(specs), S)
+        # the receiving side: one static slot per variable, its buffer becomes the parameter
+        self.param_slots = [self.dev.static_slot(f"param/{v.name}", v.shape, v.dtype, depth=1) for v in specs]
+        # gradients: registered memory that autograd accumulates into (zerocopy), plain memory (copy)
+        self.grad_blocks: list = []
+        for v, p in self.vars:
+            if v.sparse:
+                self.grad_blocks.append(None)
+                p.grad = None
+            elif self.mode == "zerocopy":
+                blk = self.dev.empty(v.shape, v.dtype)
+                self.grad_blocks.append(blk)
+                p.grad = torch.from_dlpack(blk).view(p.shape)
+                p.grad.zero_()
+            else:
+                self.grad_blocks.append(None)
+                p.grad = torch.zeros_like(p)
+        self.channels = []
+        for s, addr in enumerate(servers):
+            try:
+                ch = self.dev.connect(addr)
+            except tw.Error as e:
+                raise PSError(f"{self.who}: cannot reach server {s} at {addr}: {e}") from None
+            self.channels.append(ch)
+            self.watch.peers[int(ch.peer["device_id"])] = f"server {s} ({addr})"
+        hello = json.dumps({"rank": self.rank, "device_id": self.dev.id, "address": self.dev.address,
+                            "pid": os.getpid(), "mode": self.mode,
+                            "vars": [v.to_json() for v in specs]}).encode()
+        pending = set(range(S))
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            for s in sorted(pending):
+                try:
+                    reply = json.loads(self.channels[s].call("ps.hello", hello, 10.0))
+                except tw.Error as e:
+                    raise PSError(f"{self.who}: server {s} ({servers[s]}) failed during setup: {e}") from None
+                if reply["state"] == "refused":
+                    raise PSError(f"{self.who}: server {s} {reply['error']}")
+                if reply["state"] == "ready":
+                    pending.discard(s)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise PSError(f"{self.who}: servers {sorted(pending)} not ready within {self.timeout:.0f} s")
+                time.sleep(0.01)
+        path = "register" if self.mode == "zerocopy" else "copy"
+        self.senders = []
+        for (v, p), s in zip(self.vars, self.owner):
+            ch = self.channels[s]
+            if v.sparse:
+                self.senders.append(ch.dynamic_sender(f"sgrad/{v.name}/{self.rank}", path=path, timeout=self.timeout))
+            else:
+                self.senders.append(ch.static_sender(f"grad/{v.name}/{self.rank}", path="copy", timeout=self.timeout))
+        if self.rank == 0:  # initial values: worker 0's
+            for s, ch in enumerate(self.channels):
+                init = ch.dynamic_sender("ps.init", path="copy", timeout=self.timeout)
+                for (v, p), o in zip(self.vars, self.owner):
+                    if o == s:
+                        self.watch.wait(init.send(p.detach().contiguous(), self.timeout),
+                                        f"sending the initial value of {v.name!r}")
+        self._pull(first=True)
+        self.stats.bytes_sent_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse)
+        self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" else
+                                            sum(v.nbytes for v, _ in self.vars if not v.sparse))
+
+    def _pull(self, first: bool = False) -> float:
+        """Waits for every parameter; returns when the first arrived (perf_counter)."""
+        t_first = 0.0
+        views = []
+        for i, ((v, p), slot) in enumerate(zip(self.vars, self.param_slots)):
+            view = self.watch.recv(slot, f"waiting for parameter {v.name!r} (step {self.steps_done})")
+            if i == 0:
+                t_first = time.perf_counter()
+            views.append(view)
+            if first:
+                p.data = _tensor_of_view(view, v).view(p.shape)
+            elif view.ctypes.data != p.data_ptr():  # never with depth 1; kept as a safety net
+                p.data = _tensor_of_view(view, v).view(p.shape)
+        self._views = views
+        return t_first
+
+    def zero_grad(self) -> None:
+        """Zeroes the dense gradients in place (their registered memory stays), drops sparse ones."""
+        for (v, p), blk in zip(self.vars, self.grad_blocks):
+            if v.sparse:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def step(self, closure: Callable[[], torch.Tensor], die_at: int | None = None) -> float:
+        """One synchronous step: ``closure()`` returns the loss of this worker's
+        batch (forward only; the worker runs backward), then gradients are pushed
+        and the new parameters awaited. Returns the loss as a float."""
+        if self._closed:
+            raise PSError(f"{self.who} is closed")
+        t0 = time.perf_counter()
+        if not self._zeroed:
+            self.zero_grad()
+        loss = closure()
+        loss.backward()
+        self._zeroed = False
+        t1 = time.perf_counter()
+        if die_at is not None and self.steps_done + 1 == die_at:  # fault injection (tests)
+            os._exit(17)
+        for slot in self.param_slots:  # the servers may overwrite our parameters from now on
+            slot.release()
+        self._views = []
+        reqs, copied = [], 0
+        for i, ((v, p), sender) in enumerate(zip(self.vars, self.senders)):
+            if v.sparse:
+                g = p.grad.coalesce()
+                reqs.append((sender.send(g.indices()[0].contiguous(), self.timeout), v.name))
+                reqs.append((sender.send(g.values().contiguous(), self.timeout), v.name))
+                continue
+            blk = self.grad_blocks[i]
+            if blk is not None and p.grad.data_ptr() != blk.ptr:  # autograd replaced .grad: put it back
+                torch.from_dlpack(blk).view(p.shape).copy_(p.grad)
+                copied += v.nbytes
+                p.grad = torch.from_dlpack(blk).view(p.shape)
+            reqs.append((sender.send(blk if blk is not None else p.grad, self.timeout), v.name))
+        for req, name in reqs:
+            self.watch.wait(req, f"pushing the gradient of {name!r}")
+        t2 = time.perf_counter()
+        # the servers aggregate now: zero the gradients for the next step meanwhile
+        self.zero_grad()
+        self._zeroed = True
+        t_first = self._pull()
+        t3 = time.perf_counter()
+        self.steps_done += 1
+        self.stats.steps.append({"compute_s": t1 - t0, "push_s": t2 - t1, "aggregate_s": max(0.0, t_first - t2),
+                                 "pull_s": t3 - max(t_first, t2), "step_s": t3 - t0, "loss": float(loss.detach()),
+                                 "extra_copied": copied})
+        return float(loss.detach())
+
+    def close(self) -> None:
+        """Tells the servers this worker is done, then closes the device."""
+        if self._closed:
+            return
+        self._closed = True
+        for ch in self.channels:
+            try:
+                ch.call("ps.bye", str(self.rank).encode(), 5.0)
+            except tw.Error:
+                pass
+        self.dev.close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------- gloo baseline
+
+class _Gloo:
+    """Ranks 0..S-1 are the servers, S..S+W-1 the workers."""
+
+    def __init__(self, role: str, rank: int, num_servers: int, num_workers: int, init_method: str,
+                 timeout: float) -> None:
+        import datetime
+        import torch.distributed as dist
+        self.dist = dist
+        self.S, self.W = num_servers, num_workers
+        self.global_rank = rank if role == "server" else num_servers + rank
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", init_method=init_method, rank=self.global_rank,
+                                    world_size=num_servers + num_workers,
+                                    timeout=datetime.timedelta(seconds=timeout))
+
+    def exchange_specs(self, specs: list[VarSpec] | None) -> list[list[VarSpec]]:
+        objs: list = [None] * (self.S + self.W)
+        self.dist.all_gather_object(objs, [v.to_json() for v in specs] if specs is not None else None)
+        return [[VarSpec.from_json(v) for v in o] for o in objs[self.S:]]
+
+    def validate(self, all_specs: list[list[VarSpec]], who: str) -> list[VarSpec]:
+        for r in range(1, self.W):
+            err = check_specs(all_specs[0], all_specs[r], r)
+            if err:
+                raise PSError(f"{who}: refused at setup: {err}")
+        return all_specs[0]
+
+    def close(self) -> None:
+        try:
+            self.dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def _send_sparse(dist, g: torch.Tensor, dst: int, tag: int) -> list:
+    g = g.coalesce()
+    idx, vals = g.indices()[0].contiguous(), g.values().contiguous()
+    n = torch.tensor([idx.numel()], dtype=torch.int64)
+    dist.send(n, dst, tag=tag)
+    return [dist.isend(idx, dst, tag=tag), dist.isend(vals, dst, tag=tag)]
+
+
+def _recv_sparse(dist, spec: VarSpec, src: int, tag: int) -> tuple[torch.Tensor, torch.Tensor]:
+    n = torch.zeros(1, dtype=torch.int64)
+    dist.recv(n, src, tag=tag)
+    idx = torch.empty(int(n), dtype=torch.int64)
+    vals = torch.empty((int(n),) + spec.shape[1:], dtype=_torch_dtype(spec.dtype))
+    dist.recv(idx, src, tag=tag)
+    dist.recv(vals, src, tag=tag)
+    return idx, vals
+
+
+class GlooServer:
+    """The parameter server of the gloo baseline: the same algorithm as
+    :class:`Server`, every tensor moved by torch.distributed send/recv."""
+
+    def __init__(self, rank: int, num_servers: int, num_workers: int, init_method: str, optimizer: Any = "sgd",
+                 timeout: float = DEFAULT_TIMEOUT_S, **optimizer_kwargs: Any) -> None:
+        self.rank, self.W = rank, num_workers
+        self.who = f"server {rank}"
+        self.g = _Gloo("server", rank, num_servers, num_workers, init_method, timeout)
+        self.stats = Stats("server", rank, "gloo")
+        specs = self.g.validate(self.g.exchange_specs(None), self.who)
+        owner = placement(len(specs), num_servers)
+        self.tags = [i for i, s in enumerate(owner) if s == rank]
+        self.vars = [specs[i] for i in self.tags]
+        dist = self.g.dist
+        self.master = [nn.Parameter(torch.empty(v.shape, dtype=_torch_dtype(v.dtype))) for v in self.vars]
+        for v, m, tag in zip(self.vars, self.master, self.tags):
+            dist.recv(m.data, num_servers + 0, tag=tag)  # initial values from worker 0
+        self.opt = make_optimizer(optimizer, list(self.master), **optimizer_kwargs)
+        self.bufs = [[torch.empty(v.shape, dtype=_torch_dtype(v.dtype)) if not v.sparse else None
+                      for _ in range(num_workers)] for v in self.vars]
+        self.stats.bytes_sent_per_step = num_workers * sum(v.nbytes for v in self.vars)
+        self.stats.extra["vars"] = [v.name for v in self.vars]
+        self._send_params()
+
+    def _send_params(self) -> None:
+        dist = self.g.dist
+        reqs = [dist.isend(m.detach(), self.g.S + w, tag=tag)
+                for m, tag in zip(self.master, self.tags) for w in range(self.W)]
+        for r in reqs:
+            r.wait()
+
+    def step(self) -> None:
+        dist, W, S = self.g.dist, self.W, self.g.S
+        t0 = time.perf_counter()
+        dense = [dist.irecv(self.bufs[i][w], S + w, tag=tag)
+                 for i, (v, tag) in enumerate(zip(self.vars, self.tags)) if not v.sparse for w in range(W)]
+        sparse = {}
+        for i, (v, tag) in enumerate(zip(self.vars, self.tags)):
+            if v.sparse:
+                sparse[i] = [_recv_sparse(dist, v, S + w, tag) for w in range(W)]
+        for r in dense:
+            r.wait()
+        t1 = time.perf_counter()
+        for i, (v, m) in enumerate(zip(self.vars, self.master)):
+            if v.sparse:
+                idx = torch.cat([p[0] for p in sparse[i]]).view(1, -1)
+                vals = torch.cat([p[1] for p in sparse[i]]) / W
+                m.grad = torch.sparse_coo_tensor(idx, vals, v.shape, check_invariants=False).coalesce()
+            else:
+                if m.grad is None:
+                    m.grad = torch.empty_like(m)
+                torch.mul(self.bufs[i][0], 1.0 / W, out=m.grad)
+                for w in range(1, W):
+                    m.grad.add_(self.bufs[i][w], alpha=1.0 / W)
+        t2 = time.perf_counter()
+        self.opt.step()
+        t3 = time.perf_counter()
+        self._send_params()
+        t4 = time.perf_counter()
+        self.stats.steps.append({"wait_s": t1 - t0, "sum_s": t2 - t1, "optimizer_s": t3 - t2,
+                                 "aggregate_s": t3 - t1, "pull_s": t4 - t3, "step_s": t4 - t0})
+
+    def run(self, steps: int) -> Stats:
+        try:
+            for _ in range(steps):
+                self.step()
+            return self.stats
+        finally:
+            self.g.close()
+
+
+class GlooWorker:
+    """A worker of the gloo baseline (same interface as :class:`Worker`)."""
+
+    def __init__(self, model: nn.Module, rank: int, num_servers: int, num_workers: int, init_method: str,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        self.model, self.rank = model, rank
+        self.who = f"worker {rank}"
+        self.g = _Gloo("worker", rank, num_servers, num_workers, init_method, timeout)
+        self.stats = Stats("worker", rank, "gloo")
+        self.steps_done = 0
+        self._zeroed = False
+        self.vars = variables(model)
+        specs = [v for v, _ in self.vars]
+        self.g.validate(self.g.exchange_specs(specs), self.who)
+        self.owner = placement(len(specs), num_servers)
+        dist = self.g.dist
+        if rank == 0:
+            for i, ((v, p), s) in enumerate(zip(self.vars, self.owner)):
+                dist.send(p.detach().contiguous(), s, tag=i)
+        for v, p in self.vars:
+            if not v.sparse:
+                p.grad = torch.zeros_like(p)
+        self._pull()
+        self.stats.bytes_sent_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse)
+
+    def _pull(self) -> float:
+        dist = self.g.dist
+        reqs = [dist.irecv(p.data, s, tag=i) for i, ((v, p), s) in enumerate(zip(self.vars, self.owner))]
+        reqs[0].wait()
+        t_first = time.perf_counter()
+        for r in reqs[1:]:
+            r.wait()
+        return t_first
+
+    def step(self, closure: Callable[[], torch.Tensor], die_at: int | None = None) -> float:
+        dist = self.g.dist
+        t0 = time.perf_counter()
+        if not self._zeroed:
+            self._zero()
+        self._zeroed = False
+        loss = closure()
+        loss.backward()
+        t1 = time.perf_counter()
+        if die_at is not None and self.steps_done + 1 == die_at:
+            os._exit(17)
+        reqs = []
+        for i, ((v, p), s) in enumerate(zip(self.vars, self.owner)):
+            if v.sparse:
+                reqs += _send_sparse(dist, p.grad, s, i)
+            else:
+                reqs.append(dist.isend(p.grad, s, tag=i))
+        for r in reqs:
+            r.wait()
+        t2 = time.perf_counter()
+        self._zero()  # while the servers aggregate, as Worker does
+        self._zeroed = True
+        t_first = self._pull()
+        t3 = time.perf_counter()
+        self.steps_done += 1
+        self.stats.steps.append({"compute_s": t1 - t0, "push_s": t2 - t1, "aggregate_s": max(0.0, t_first - t2),
+                                 "pull_s": t3 - max(t_first, t2), "step_s": t3 - t0, "loss": float(loss.detach())})
+        return float(loss.detach())
+
+    def _zero(self) -> None:
+        for v, p in self.vars:
+            if v.sparse:
+                p.grad = None
+            else:
+                p.grad.zero_()
+
+    def close(self) -> None:
+        self.g.close()
+
+
+# --------------------------------------------------------------------- local launcher
+
+@dataclass
+class TrainConfig:
+    """Everything a spawned role needs (picklable)."""
+    model_fn: Callable[..., nn.Module]
+    data_fn: Callable[[int, int], Any]          # (worker rank, step) -> (inputs, target)
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    workers: int = 2
+    servers: int = 2
+    steps: int = 50
+    mode: str = "zerocopy"
+    transport: str = "auto"
+    optimizer: Any = "sgd"
+    optimizer_kwargs: dict = field(default_factory=lambda: {"lr": 0.01})
+    seed: int = 0
+    warmup: int = 2
+    timeout: float = DEFAULT_TIMEOUT_S
+    threads: int = 1
+    collect_params: bool = False
+    progress: bool = False
+    die: tuple[int, int] | None = None           # (worker rank, step): that worker exits there (tests)
+    model_fn_takes_rank: bool = False
+
+
+def _default_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out, target)
+
+
+def _build_model(cfg: TrainConfig, rank: int) -> nn.Module:
+    with _BUILD_LOCK:  # the global RNG: roles run as threads must not interleave their draws
+        torch.manual_seed(cfg.seed)
+        return cfg.model_fn(rank) if cfg.model_fn_takes_rank else cfg.model_fn()
+
+
+import threading as _threading  # noqa: E402
+
+_BUILD_LOCK = _threading.Lock()
+
+
+def _samples(x: Any) -> int:
+    while isinstance(x, (tuple, list)):
+        x = x[0]
+    return int(x.shape[0])
+
+
+def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> dict:
+    loss_fn = cfg.loss_fn or _default_loss
+    die_at = cfg.die[1] if cfg.die is not None and cfg.die[0] == rank else None
+    losses, t_start, samples = [], None, 0
+    t_begin = time.perf_counter()
+    for step in range(cfg.steps):
+        if step == cfg.warmup:
+            t_start = time.perf_counter()
+        x, y = cfg.data_fn(rank, step)
+        losses.append(worker.step(lambda: loss_fn(model(x), y), die_at=die_at))
+        if step >= cfg.warmup:
+            samples += _samples(x)
+        if cfg.progress and rank == 0:
+            el = time.perf_counter() - t_begin
+            print(f"\r  step {step + 1}/{cfg.steps}  loss {losses[-1]:.4f}  {el:.1f} s", end="", file=sys.stderr,
+                  flush=True)
+    t_end = time.perf_counter()
+    if cfg.progress and rank == 0:
+        print(file=sys.stderr)
+    out = {"losses": losses, "elapsed_s": t_end - (t_start or t_begin), "samples": samples,
+           "step_times": [st["step_s"] for st in worker.stats.steps],
+           "total_s": t_end - t_begin, "stats": worker.stats.to_dict(skip=cfg.warmup)}
+    if cfg.collect_params:
+        # numpy, not torch: torch pickles tensors through shared memory that dies with this process
+        out["params"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
+    return out
+
+
+def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: list[str] | None,
+               init_method: str | None) -> None:
+    """Entry point of a spawned process: runs one role, sends its result (or error) back."""
+    torch.set_num_threads(cfg.threads)
+    try:
+        if cfg.mode == "gloo":
+            if role == "server":
+                srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
+                                 **cfg.optimizer_kwargs)
+                result = {"stats": srv.run(cfg.steps).to_dict(skip=cfg.warmup)}
+            else:
+                model = _build_model(cfg, rank)
+                w = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout)
+                try:
+                    result = _worker_loop(cfg, rank, w, model)
+                finally:
+                    w.close()
+        elif role == "server":
+            srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
+                         timeout=cfg.timeout, **cfg.optimizer_kwargs)
+            conn.send({"address": srv.address})
+            result = {"stats": srv.run().to_dict(skip=cfg.warmup)}
+        else:
+            model = _build_model(cfg, rank)
+            w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout)
+            try:
+                result = _worker_loop(cfg, rank, w, model)
+            finally:
+                w.close()
+        conn.send({"result": result})
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher
+        msg = str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        try:
+            conn.send({"error": msg})
+        except Exception:
+            pass
+        sys.exit(1)
+
+
+@dataclass
+class TrainResult:
+    mode: str
+    workers: int
+    servers: int
+    steps: int
+    samples_per_s: float
+    split: dict                 # mean seconds per step: compute, push, aggregate, pull, step
+    losses: list[float]         # per step: the mean of the workers' losses (= the loss of the global batch)
+    worker_losses: list[list[float]]
+    bytes_copied_per_step: int  # all processes together
+    bytes_sent_per_step: int
+    roles: list[dict]
+    params: dict | None = None
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("mode", "workers", "servers", "steps", "samples_per_s", "split",
+                                           "losses", "bytes_copied_per_step", "bytes_sent_per_step", "wall_s")}
+        d["roles"] = self.roles
+        return d
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Proc:
+    """A role in a spawned process, and what it reported through its pipe."""
+
+    def __init__(self, ctx, role: str, rank: int, cfg: TrainConfig, addresses, init_method) -> None:
+        self.role, self.rank = role, rank
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_role_main, args=(child, role, rank, cfg, addresses, init_method),
+                                daemon=True, name=f"tensorwire-ps-{role}{rank}")
+        self.proc.start()
+        child.close()
+        self.result: dict | None = None
+        self.error: str | None = None
+        self.address: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.role} {self.rank}"
+
+    def poll(self) -> None:
+        """Reads whatever the process reported."""
+        try:
+            while self.conn.poll(0):
+                msg = self.conn.recv()
+                if "address" in msg:
+                    self.address = msg["address"]
+                elif "result" in msg:
+                    self.result = msg["result"]
+                elif "error" in msg:
+                    self.error = msg["error"]
+        except (EOFError, OSError):
+            pass
+        except Exception as e:  # noqa: BLE001 - an unreadable report is a failure of that role
+            self.error = f"unreadable report: {type(e).__name__}: {e}"
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None or not self.proc.is_alive()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+
+class _LocalConn:
+    """The pipe end of a role run in a thread (launcher="threads")."""
+
+    def __init__(self) -> None:
+        import queue
+        self.q: Any = queue.Queue()
+
+    def send(self, msg: Any) -> None:
+        self.q.put(msg)
+
+    def poll(self, timeout: float = 0) -> bool:
+        return not self.q.empty()
+
+    def recv(self) -> Any:
+        return self.q.get()
+
+
+class _ThreadRun:
+    """A thread that looks like a multiprocessing.Process to _Proc."""
+
+    def __init__(self, target: Callable, args: tuple) -> None:
+        import threading
+        self.exitcode: int | None = None
+
+        def body() -> None:
+            try:
+                target(*args)
+                self.exitcode = 0
+            except SystemExit as e:
+                self.exitcode = int(e.code or 0)
+
+        self.t = threading.Thread(target=body, daemon=True, name=f"tensorwire-ps-{args[1]}{args[2]}")
+        self.t.start()
+
+    def is_alive(self) -> bool:
+        return self.t.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.t.join(timeout)
+
+    def kill(self) -> None:  # a thread cannot be killed; its waits are bounded by the timeout
+        pass
+
+
+class _ThreadProc(_Proc):
+    def __init__(self, role: str, rank: int, cfg: TrainConfig, addresses, init_method) -> None:
+        self.role, self.rank = role, rank
+        self.conn = _LocalConn()
+        self.proc = _ThreadRun(_role_main, (self.conn, role, rank, cfg, addresses, init_method))
+        self.result = self.error = self.address = None
+
+
+def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any], *, workers: int = 2,
+          servers: int = 2, steps: int = 50, mode: str = "zerocopy", transport: str = "auto",
+          optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0, warmup: int = 2,
+          timeout: float = DEFAULT_TIMEOUT_S, threads: int = 1, collect_params: bool = False,
+          progress: bool = False, die: tuple[int, int] | None = None, launcher: str = "processes",
+          **optimizer_kwargs: Any) -> TrainResult:
+    """Trains locally with `servers` server processes and `workers` worker
+    processes (spawned), and returns the statistics.
+
+    Args:
+        model_fn: builds the model (called under ``torch.manual_seed(seed)`` in
+            every worker; worker 0's initial values are used). If it takes a
+            parameter named ``rank`` it gets the worker's rank.
+        data_fn: ``data_fn(rank, step) -> (inputs, target)``: worker ``rank``'s
+            batch at ``step`` (a module-level function or functools.partial).
+        loss_fn: ``loss_fn(output, target)``; default cross-entropy.
+        optimizer: a name (sgd, adam, adamw, adagrad, rmsprop) with keyword
+            arguments (``lr=...``), or a callable(params) -> optimizer.
+        mode: zerocopy, copy or gloo. transport: tcp, shm or auto (not gloo).
+        warmup: steps left out of samples/s and the per-step means.
+        collect_params: return worker 0's final parameters (``result.params``).
+        launcher: "processes" (spawned, the default) or "threads" (every role in
+            a thread of this process, each with its own device: quick for small
+            models and tests; not for gloo, and timings then share one GIL).
+    Raises:
+        PSError naming the role that failed first, when any role fails; all
+        processes have exited by then.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if workers < 1 or servers < 1:
+        raise ValueError("need at least one worker and one server")
+    if "lr" not in optimizer_kwargs and isinstance(optimizer, str) and optimizer.lower() == "sgd":
+        optimizer_kwargs["lr"] = 0.01
+    try:
+        takes_rank = "rank" in inspect.signature(model_fn).parameters
+    except (TypeError, ValueError):
+        takes_rank = False
+    cfg = TrainConfig(model_fn, data_fn, loss_fn, workers, servers, steps, mode, transport, optimizer,
+                      dict(optimizer_kwargs), seed, min(warmup, max(0, steps - 1)), timeout, threads,
+                      collect_params, progress, die, takes_rank)
+    import multiprocessing as mp
+    if launcher not in ("processes", "threads"):
+        raise ValueError(f"launcher must be processes or threads, not {launcher!r}")
+    if launcher == "threads":
+        if mode == "gloo" or die is not None:
+            raise ValueError("launcher='threads' runs modes zerocopy and copy without fault injection")
+        cfg.threads = torch.get_num_threads()
+
+        def _Proc(ctx, role, rank, cfg, addresses, init_method):  # noqa: N802 - same call as the class
+            return _ThreadProc(role, rank, cfg, addresses, init_method)
+    else:
+        _Proc = _ProcClass
+    ctx = mp.get_context("spawn")
+    procs: list = []
+    t0 = time.perf_counter()
+    saved_env = {k: os.environ.get(k) for k in MALLOC_ENV}
+    if launcher == "processes":
+        for k, v in MALLOC_ENV.items():  # read by glibc when each role starts
+            os.environ.setdefault(k, v)
+    try:
+        init_method = None
+        addresses = None
+        if mode == "gloo":
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            procs = [_Proc(ctx, "server", s, cfg, None, init_method) for s in range(servers)]
+        else:
+            procs = [_Proc(ctx, "server", s, cfg, None, None) for s in range(servers)]
+            deadline = time.monotonic() + 60
+            while any(p.address is None for p in procs):
+                for p in procs:
+                    p.poll()
+                    if p.error or (not p.proc.is_alive() and p.address is None):
+                        raise PSError(f"server {p.rank} failed to start: {p.error or f'exit {p.proc.exitcode}'}")
+                if time.monotonic() > deadline:
+                    raise PSError("servers did not start within 60 s")
+                time.sleep(0.01)
+            addresses = [p.address for p in procs]
+        procs += [_Proc(ctx, "worker", w, cfg, addresses, init_method) for w in range(workers)]
+        _supervise(procs, timeout)
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        for p in procs:
+            p.kill()
+    errors = [(p, p.error or f"exited with code {p.proc.exitcode} without a report")
+              for p in procs if p.result is None]
+    if errors:
+        first = errors[0]
+        detail = "\n".join(f"  {p.name}: {e.strip()}" for p, e in errors)
+        raise PSError(f"training failed ({first[0].name} first):\n{detail}")
+    return _summarise(cfg, procs, time.perf_counter() - t0)
+
+
+_ProcClass = _Proc
+
+
+def _supervise(procs: list[_Proc], timeout: float) -> None:
+    """Waits for every role; once one failed, gives the others a grace period
+    to fail on their own (they detect dead peers), then kills them."""
+    grace_end = None
+    while True:
+        for p in procs:
+            p.poll()
+        failed = [p for p in procs if p.finished and p.result is None]
+        if all(p.finished for p in procs):
+            for p in procs:
+                p.proc.join(5)
+                p.poll()
+            return
+        if failed and grace_end is None:
+            grace_end = time.monotonic() + 10.0
+        if grace_end is not None and time.monotonic() > grace_end:
+            for p in procs:
+                p.poll()
+                if not p.finished:
+                    p.error = "killed by the launcher after another role failed"
+                    p.kill()
+            return
+        time.sleep(0.02)
+
+
+def _summarise(cfg: TrainConfig, procs: list[_Proc], wall: float) -> TrainResult:
+    wk = sorted((p for p in procs if p.role == "worker"), key=lambda p: p.rank)
+    sv = sorted((p for p in procs if p.role == "server"), key=lambda p: p.rank)
+    samples = sum(p.result["samples"] for p in wk)
+    elapsed = max(p.result["elapsed_s"] for p in wk)
+    split = {}
+    for k in ("compute_s", "push_s", "aggregate_s", "pull_s", "step_s"):
+        vals = [p.result["stats"]["mean"].get(k, float("nan")) for p in wk]
+        split[k.replace("_s", "")] = sum(vals) / len(vals)
+    for k in ("wait_s", "sum_s", "optimizer_s", "pull_s"):
+        vals = [p.result["stats"]["mean"].get(k, float("nan")) for p in sv]
+        split["server_" + k.replace("_s", "")] = sum(vals) / len(vals) if vals else float("nan")
+    copied = sum(p.result["stats"]["bytes_copied_per_step"] for p in procs)
+    sent = sum(p.result["stats"]["bytes_sent_per_step"] for p in procs)
+    roles = [dict(p.result["stats"], losses=p.result["losses"], step_times=p.result["step_times"])
+             if p.role == "worker" else p.result["stats"]
+             for p in wk + sv]
+    mean_losses = [sum(ls) / len(ls) for ls in zip(*(p.result["losses"] for p in wk))]
+    return TrainResult(cfg.mode, cfg.workers, cfg.servers, cfg.steps,
+                       samples / elapsed if elapsed > 0 else float("nan"), split, mean_losses,
+                       [p.result["losses"] for p in wk], copied, sent, roles,
+                       _params_of(wk[0].result.get("params")), wall)
+
+
+def _params_of(arrays: dict | None) -> dict | None:
+    return None if arrays is None else {n: torch.from_numpy(a) for n, a in arrays.items()}
+
+
+def reference_sgd(model_fn: Callable[[], nn.Module], data_fn: Callable[[int, int], Any], *, workers: int,
+                  steps: int, optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0,
+                  **optimizer_kwargs: Any) -> tuple[nn.Module, list[float]]:
+    """Single-process training on the concatenation of the workers' batches (the
+    result synchronous PS training must reproduce). Returns (model, losses)."""
+    torch.manual_seed(seed)
+    model = model_fn()
+    loss_fn = loss_fn or _default_loss
+    if isinstance(optimizer, str) and optimizer.lower() == "sgd":
+        optimizer_kwargs.setdefault("lr", 0.01)
+    opt = make_optimizer(optimizer, [p for p in model.parameters() if p.requires_grad], **optimizer_kwargs)
+    losses = []
+    for step in range(steps):
+        batches = [data_fn(w, step) for w in range(workers)]
+        x = _cat([b[0] for b in batches])
+        y = _cat([b[1] for b in batches])
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return model, losses
+
+
+def _cat(parts: list) -> Any:
+    if isinstance(parts[0], (tuple, list)):
+        return type(parts[0])(_cat([p[i] for p in parts]) for i in range(len(parts[0])))
+    return torch.cat(parts)
+
+
+__all__ = ["Server", "Worker", "GlooServer", "GlooWorker", "train", "TrainResult", "PSError", "VarSpec",
+           "variables", "placement", "check_specs", "make_optimizer", "reference_sgd", "MODES"]

@@ -1,0 +1,162 @@
+"""Parameter-server training (tensorwire.torch.ps): synchronous SGD over slots
+must equal single-process SGD on the concatenated batches; sparse gradients go
+through dynamic slots; a dead worker fails everyone fast; a differing model is
+refused at setup naming the variable. Plus the models' Table 1 numbers and the CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tensorwire.torch import data, models, ps  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+STEPS = 5
+
+
+def small_mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
+
+
+def mlp_data(rank: int, step: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(6, 12, generator=g), torch.randint(0, 5, (6,), generator=g)
+
+
+def small_wide_deep() -> torch.nn.Module:
+    return models.WideAndDeep(fields=3, vocab=50, dim=4, dense_features=3, hidden=8)
+
+
+def wide_deep_data(rank: int, step: int):
+    return data.wide_deep_batch(8, rank, step, seed=3, fields=3, vocab=50, dense_features=3)
+
+
+def mismatched_mlp(rank: int) -> torch.nn.Module:
+    hidden = 16 if rank == 0 else 17
+    return torch.nn.Sequential(torch.nn.Linear(12, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 5))
+
+
+def _assert_same(model: torch.nn.Module, params: dict, atol: float = 1e-5) -> None:
+    for name, p in model.named_parameters():
+        assert name in params
+        diff = (p.detach() - params[name]).abs().max().item()
+        assert diff <= atol, f"{name}: max difference {diff}"
+
+
+# Roles run as spawned processes (the default launcher) where the process
+# boundary matters; elsewhere as threads of this process, each with its own
+# device and slots (same code path, seconds instead of tens of seconds).
+@pytest.mark.parametrize("mode,launcher", [("zerocopy", "processes"), ("copy", "threads")])
+def test_dense_matches_single_process_sgd(mode, launcher):
+    r = ps.train(small_mlp, mlp_data, workers=2, servers=2, steps=STEPS, mode=mode, transport="shm",
+                 lr=0.3, momentum=0.5, warmup=0, collect_params=True, timeout=60, launcher=launcher)
+    ref, ref_losses = ps.reference_sgd(small_mlp, mlp_data, workers=2, steps=STEPS, lr=0.3, momentum=0.5)
+    _assert_same(ref, r.params)
+    assert r.losses == pytest.approx(ref_losses, abs=1e-5)
+    per_var = sum(p.numel() * 4 for p in small_mlp().parameters())
+    if mode == "zerocopy":
+        assert r.bytes_copied_per_step == 0
+    else:  # gradients on the 2 workers, parameters to 2 workers on the servers
+        assert r.bytes_copied_per_step == 2 * per_var + 2 * per_var
+    assert r.bytes_sent_per_step == 4 * per_var
+    assert r.samples_per_s > 0 and set(r.split) >= {"compute", "push", "aggregate", "pull"}
+
+
+def test_gloo_matches_single_process_sgd():
+    """The baseline runs the same algorithm: wide-and-deep has dense and sparse variables."""
+    r = ps.train(small_wide_deep, wide_deep_data, workers=2, servers=2, steps=STEPS, mode="gloo", lr=0.5,
+                 warmup=0, collect_params=True, timeout=60)
+    ref, _ = ps.reference_sgd(small_wide_deep, wide_deep_data, workers=2, steps=STEPS, lr=0.5)
+    _assert_same(ref, r.params)
+
+
+@pytest.mark.parametrize("mode", ["zerocopy", "copy"])
+def test_sparse_gradients_match_single_process_sgd(mode):
+    model = small_wide_deep()
+    sparse = [v.name for v, _ in ps.variables(model) if v.sparse]
+    assert sparse == ["wide.weight", "embed.weight"]
+    r = ps.train(small_wide_deep, wide_deep_data, workers=2, servers=2, steps=STEPS, mode=mode,
+                 transport="tcp", lr=0.5, warmup=0, collect_params=True, timeout=60, launcher="threads")
+    ref, _ = ps.reference_sgd(small_wide_deep, wide_deep_data, workers=2, steps=STEPS, lr=0.5)
+    _assert_same(ref, r.params)
+
+
+def test_dead_worker_fails_everyone_fast():
+    """Worker 1 exits at step 3: the servers and worker 0 must fail on their own,
+    naming it, within the launcher's 10 s grace (or it would have killed them)."""
+    t0 = time.monotonic()
+    with pytest.raises(ps.PSError) as err:
+        ps.train(small_mlp, mlp_data, workers=2, servers=2, steps=40, mode="zerocopy", transport="shm",
+                 die=(1, 3), timeout=60)
+    msg = str(err.value)
+    # the servers saw worker 1 go and said so; nobody had to be killed by the launcher
+    lines = {ln.split(":")[0].strip(): ln for ln in msg.splitlines()[1:]}
+    for s in ("server 0", "server 1"):
+        assert s in lines and "worker 1" in lines[s] and "died or disconnected" in lines[s], msg
+    assert "killed by the launcher" not in msg, msg
+    assert "worker 0:" in msg, msg
+    assert time.monotonic() - t0 < 120  # includes start-up
+
+
+def test_mismatched_model_refused_naming_the_variable():
+    with pytest.raises(ps.PSError) as err:
+        ps.train(mismatched_mlp, mlp_data, workers=2, servers=1, steps=3, mode="zerocopy", transport="tcp",
+                 timeout=30, launcher="threads")
+    msg = str(err.value)
+    assert "refused at setup" in msg and "'0.weight'" in msg and "worker 1" in msg, msg
+    assert "float32[17, 12] vs float32[16, 12]" in msg, msg
+
+
+def test_check_specs_messages():
+    a = [ps.VarSpec("w", (3, 4), "float32", False), ps.VarSpec("b", (4,), "float32", False)]
+    assert ps.check_specs(a, a, 1) is None
+    assert "'b'" in ps.check_specs(a, a[:1], 2)
+    assert "'w'" in ps.check_specs(a, [ps.VarSpec("w", (3, 5), "float32", False), a[1]], 1)
+    assert "'x'" in ps.check_specs(a, [ps.VarSpec("x", (3, 4), "float32", False), a[1]], 1)
+    assert "orders" in ps.check_specs(a, a[::-1], 1)
+    assert ps.placement(5, 2) == [0, 1, 0, 1, 0]
+
+
+def test_models_match_table1():
+    rows = {r["model"]: r for r in models.table()}
+    for name in models.PAPER_MODELS:
+        r = rows[name]
+        assert r["vars"] == r["paper_vars"], name
+        assert r["MiB"] == pytest.approx(r["paper_MiB"], abs=0.01), name
+
+
+@pytest.mark.parametrize("name", ["alexnet", "inception3", "lstm", "gru", "widedeep"])
+def test_models_forward_backward(name):
+    torch.manual_seed(0)
+    model = models.get(name).factory()
+    x, y = data.Synthetic(name, 2, seq_len=3)(0, 0)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_cli_list_and_help():
+    out = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--list"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "176.42" in out.stdout and "vgg16" in out.stdout
+    h = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--help"], capture_output=True, text=True,
+                       timeout=60)
+    assert "zerocopy" in h.stdout and "--transport" in h.stdout
+
+
+def test_cli_train_json(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1",
+                        "--servers", "1", "--batch", "4", "--steps", "4", "--quiet", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    import json
+    d = json.loads(out.read_text())
+    assert d["samples_per_s"] > 0 and {"compute", "push", "aggregate", "pull"} <= set(d["split"])
+    assert "samples/s" in p.stdout
