@@ -233,3 +233,18 @@ def test_targets_pick_the_worst_size():
     assert got["zerocopy >= 1.3x ucx-tag"]["worst"] == 2.0 and got["zerocopy >= 1.3x ucx-tag"]["met"]
     assert got["zerocopy >= ucx-tag (stream)"]["worst"] == 1.5
     assert "zerocopy stream >= 0.9x memcpy" not in got  # no 256 MiB row: nothing to judge
+
+
+def test_write_anchor_over_tcp_drives_the_receiver(tmp_path):
+    """The one-sided write anchor (from 16 MiB) over tcp: RMA over tcp needs the
+    target's progress, so the receiver drives its worker meanwhile (it used to
+    sit idle and the writes never completed)."""
+    if bt.SERIES["zerocopy"].unavailable() is not None:
+        pytest.skip("no slot API")
+    out = tmp_path / "anchor.json"
+    rc = cli.main(["bench", "tensor", "--series", "zerocopy", "--transport", "tcp", "--sizes", "16M",
+                   "--iters", "10", "--warmup", "1", "--timeout", "30", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["verdict"] == "PASS", report["checks"]
+    (row,) = report["rows"]
+    assert row["write_MBps"] > 0 and row["stream_MBps"] > 0 and row["memcpy_MBps"] > 0

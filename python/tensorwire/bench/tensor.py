@@ -268,6 +268,15 @@ class _TwSeries(Series):
     def s_connect(self) -> None:
         self.ch = self.dev.connect(self.address)
 
+    def drive(self, stop: Callable[[], bool]) -> None:
+        """Receiver: progress the device until stop() (one-sided traffic over
+        tcp needs the target's progress; cma over shm does not)."""
+        while True:
+            for _ in range(256):
+                self.dev.progress()
+            if stop():
+                return
+
     def r_close(self) -> None:
         for attr in ("view", "block", "slot", "dslot", "anchor"):
             setattr(self, attr, None)
@@ -669,6 +678,10 @@ def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
                     checker = _Checker(int(size), int(count), bool(verify))
                     series.serve(int(count), checker.consume, bool(stream))
                     out = checker.result()
+                elif cmd == "drive":  # progress the worker until the next command (RMA anchors)
+                    out = series.drive(lambda: conn.poll(0))
+                elif cmd == "stop":
+                    out = None
                 elif cmd == "close":
                     conn.send(("ok", None))
                     return
@@ -809,7 +822,13 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
             if getattr(args, "stream", True) and size >= STREAM_FROM:
                 _stream_pass(series, rx, view, size, iters, cfg, row, report)
                 if name == "zerocopy":
-                    row["write_MBps"] = series.write_bandwidth(size, iters)
+                    rx.post("drive")
+                    try:
+                        row["write_MBps"] = series.write_bandwidth(size, iters)
+                    finally:
+                        rx.post("stop")
+                        rx.result(cfg["timeout"])  # drive
+                        rx.result(cfg["timeout"])  # stop
                     row["memcpy_MBps"] = memcpy_bandwidth(size)
             rows.append(row)
             progress.step(f"{name} {human_size(size)}")
