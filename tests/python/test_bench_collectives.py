@@ -64,6 +64,21 @@ def test_allreduce_three_ranks_odd_counts(tmp_path, algorithm):
     assert "FAIL" not in proc.stdout
 
 
+def test_allreduce_recursive_halving_four_ranks(tmp_path):
+    # 4 B and 12 B leave halving ranges empty on some ranks; 100 K splits unevenly
+    out = tmp_path / "rh.json"
+    proc = bench("allreduce", "--ranks", "4", "--transport", "shm", "--algorithm", "rh", "--type", "int",
+                 "--sizes", "4,12,4K,100K", "--validate", "--json", str(out), *FAST)
+    report = json.loads(out.read_text())
+    assert report["verdict"] in ("PASS", "WARN"), proc.stdout
+    assert all(r["validation"] == "Pass" and r["algorithm"] == "rh" for r in report["rows"])
+
+
+def test_recursive_halving_refuses_odd_rank_counts():
+    proc = bench("allreduce", "--ranks", "3", "--algorithm", "rh", "--sizes", "4K", *FAST, check=False)
+    assert proc.returncode != 0 and "power-of-two" in proc.stdout + proc.stderr
+
+
 def test_allreduce_auto_float_osu_format():
     proc = bench("allreduce", "--ranks", "2", "--sizes", "4,128K", "--format", "osu", "--validate", *FAST)
     assert "# OSU MPI Allreduce Latency Test" in proc.stdout and "# Datatype: MPI_FLOAT." in proc.stdout
@@ -112,7 +127,8 @@ def test_helpers():
     assert rd_geometry(3) == (2, 1, 1) and rd_geometry(4) == (4, 0, 2) and rd_geometry(7) == (4, 3, 2)
     assert ring_chunks(10, 4) == [(0, 3), (3, 3), (6, 3), (9, 1)]
     assert ring_chunks(1, 3) == [(0, 1), (1, 0), (1, 0)]
-    assert choose_allreduce(64, 4, 1024) == "rd" and choose_allreduce(4096, 4, 1024) == "ring"
+    assert choose_allreduce(64, 4, 1024) == "rd" and choose_allreduce(4096, 4, 1024) == "rh"
+    assert choose_allreduce(4096, 3, 1024) == "ring" and choose_allreduce(4096, 2, 1024) == "ring"
     lay = Layout(3, 1 << 20, 1 << 20)
     assert lay.slots >= 2 * (2 * 2 + 1 + 2) and lay.total >= 2 * 3 * (1 << 20)
 

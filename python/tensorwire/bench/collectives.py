@@ -69,8 +69,10 @@ DESCRIPTION = {
                 "sequence flag) and waits for the block of rank (r-k) % N. Sizes are bytes per peer (OSU).",
     "allreduce": "Allreduce (SUM) on one-sided writes: ring (reduce-scatter + allgather, 2(N-1) steps of "
                  "1/N of the vector) or recursive doubling (log2 N full-vector exchanges; ranks beyond the "
-                 "largest power of two fold in first and get the result back). --algorithm auto takes "
-                 "recursive doubling below %d KiB and the ring from there on." % (RD_RING_THRESHOLD >> 10),
+                 "largest power of two fold in first and get the result back) or recursive halving (Rabenseifner: "
+                 "reduce-scatter by halving, allgather by doubling, 2 log2 N steps; power-of-two N). "
+                 "--algorithm auto takes recursive doubling below %d KiB, then recursive halving on 4, 8, ... "
+                 "ranks and the ring otherwise." % (RD_RING_THRESHOLD >> 10),
 }
 
 
@@ -121,8 +123,10 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     if op == "allreduce":
         p.add_argument("--type", choices=("float", "int"), default="float",
                        help="element type: float (float32, default) or int (int32); the operation is SUM")
-        p.add_argument("--algorithm", choices=("auto", "ring", "rd"), default="auto",
-                       help="ring, rd (recursive doubling) or auto: rd below --threshold, ring from it on")
+        p.add_argument("--algorithm", choices=("auto", "ring", "rd", "rh"), default="auto",
+                       help="ring, rd (recursive doubling), rh (recursive halving + doubling, Rabenseifner; "
+                            "power-of-two ranks) or auto: rd below --threshold, then rh on 4, 8, ... ranks "
+                            "and the ring otherwise")
         p.add_argument("--threshold", type=_sizes, default=None, metavar="BYTES",
                        help=f"auto's switch from rd to ring (default {RD_RING_THRESHOLD >> 10}K)")
     p.add_argument("--validate", "-c", action="store_true",
