@@ -12,23 +12,10 @@ import argparse
 import json
 import sys
 
-from .bench.common import parse_sizes
+from .bench.common import arg_positive as _positive
+from .bench.common import arg_sizes as _sizes
 
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
 
 
 def _tensor_sizes(text: str) -> list[int]:

@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from .common import arg_positive as _positive, arg_sizes as _sizes
 
 OPS = ("alltoall", "allreduce")
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
@@ -77,21 +78,6 @@ DESCRIPTION = {
 
 
 # ---------------------------------------------------------------- command line
-
-def _sizes(text: str) -> list[int]:
-    from .common import parse_sizes
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
-
 
 def _nonneg(text: str) -> int:
     v = int(text)

@@ -52,6 +52,32 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+# argparse types shared by every command (a bad value is a usage error, exit 2)
+
+def arg_size(text: str) -> int:
+    import argparse
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def arg_sizes(text: str) -> list[int]:
+    import argparse
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def arg_positive(text: str) -> int:
+    import argparse
+    v = int(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
+    return v
+
+
 def human_size(n: int) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale and n % scale == 0:

@@ -16,24 +16,11 @@ import sys
 from typing import Any, Callable
 
 from .common import parse_rate, parse_sizes
+from .common import arg_positive as _positive, arg_sizes as _sizes
 
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
 FORMATS = ("perftest", "osu", "imb")
 ALL_SIZES = "2:8M"  # perftest -a: 2^1..2^23
-
-
-def _sizes(text: str) -> list[int]:
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
 
 
 def _seconds(text: str) -> float:

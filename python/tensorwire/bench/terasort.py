@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import time
+from .common import arg_positive as _positive, arg_size as _size
 
 HELP = """\
 TeraSort on tensorwire (Hadoop's TeraGen / TeraSort / TeraValidate, one process per rank):
@@ -61,21 +62,6 @@ def parse_rows(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError("row count must be >= 0")
     return value
-
-
-def _size(text: str) -> int:
-    from .common import parse_size
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _positive(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
 
 
 def add_commands(sub, bench_sub) -> None:
