@@ -71,7 +71,8 @@ def test_missing_rank_is_named(free_port=None):
     errs = [p.communicate(timeout=60)[1] for p in procs]
     assert all(p.returncode != 0 for p in procs)
     assert "rank 2 did not join" in errs[0], errs[0]
-    assert "rank 0" in errs[1], errs[1]
+    # rank 1 either times out itself (naming rank 2) or sees rank 0 end the bootstrap first
+    assert "rank 2 did not join" in errs[1] or "rank 0 ended the bootstrap" in errs[1], errs[1]
 
 
 @pytest.mark.parametrize("env, expect", [
