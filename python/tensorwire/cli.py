@@ -80,6 +80,7 @@ def _p2p_options(p: argparse.ArgumentParser, sizes: str, iters: int) -> None:
     p.add_argument("--port", type=int, default=0, help="port to listen on with --server (default: pick one)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--raw", action="store_true", help="include raw samples in the JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="plot the results (needs matplotlib)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -225,6 +226,16 @@ def _dispatch(args: argparse.Namespace) -> int:
     else:
         report = p2p.run_bandwidth(args)
     report.write_json(args.json)
+    if args.plot and report.rows:
+        from .bench import fabric
+        if args.bench == "latency":
+            fabric.plot_lat(report, args.plot)
+        else:  # the perftest plot, fed this command's row names
+            from dataclasses import replace
+            rows = [{**r, "bw_average": r["bw_MBps"], "bw_peak": r.get("bw_peak_MBps") or 0.0} for r in report.rows]
+            cfg = {**report.config, "duration": None, "lanes": getattr(args, "lanes", 1)}
+            fabric.plot_bw(replace(report, rows=rows, config=cfg), args.plot, "MB/sec")
+        print(f"plot written to {args.plot}")
     return 0 if report.verdict != "FAIL" else 2
 
 

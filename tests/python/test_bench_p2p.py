@@ -47,6 +47,15 @@ def test_bench_latency(tmp_path, transport, op):
         assert row["rtt"] == (op == "read")
 
 
+@pytest.mark.parametrize("bench", ["bw", "latency"])
+def test_bench_plot(tmp_path, bench):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / f"{bench}.png"
+    text = run_cli("bench", bench, "--transport", "shm", "--sizes", "8,4K", "--iters", "50", "--plot", str(png))
+    assert "plot written to" in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_bench_rejects_bad_sizes():
     proc = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "bw", "--sizes", "12Q"],
                           capture_output=True, text=True, timeout=60)
