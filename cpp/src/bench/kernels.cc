@@ -75,42 +75,11 @@ std::vector<double> read_latency(Channel& ch, const LocalRegion& local, const Re
 StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
                     const std::vector<RemoteRegion>& remotes, std::size_t size, int iters, int window,
                     int warmup, double timeout_s) {
-  if (channels.empty() || channels.size() != remotes.size()) throw InvalidArgument("one remote region per lane");
-  if (window < 1) throw InvalidArgument("window must be >= 1");
-  const std::size_t lanes = channels.size();
-  // Untimed warm-up: connections, rkeys and pages are ready before t0.
-  for (int i = 0; i < warmup; ++i) {
-    Channel& ch = channels[i % lanes];
-    const RemoteRegion& r = remotes[i % lanes];
-    (is_write ? ch.write(local, 0, r, 0, size) : ch.read(local, 0, r, 0, size)).wait(timeout_s);
-  }
-  for (auto& ch : channels) ch.flush().wait(timeout_s);
-  std::vector<std::deque<Request>> inflight(lanes);
+  // One streaming loop for both entry points: this one drops the post times.
+  TimedOps ops = stream_ops(channels, is_write, local, remotes, size, iters, window, warmup, timeout_s);
   StreamResult result;
-  result.completions.reserve(iters);
-  const auto t0 = clock::now();
-  auto retire = [&](std::deque<Request>& q) {
-    q.front().wait(timeout_s);
-    q.pop_front();
-    result.completions.push_back(since(t0));
-  };
-  for (int i = 0; i < iters; ++i) {
-    const std::size_t lane = i % lanes;
-    auto& q = inflight[lane];
-    // Reap what is already done without blocking, then block only when full.
-    while (!q.empty() && q.front().test()) {
-      q.pop_front();
-      result.completions.push_back(since(t0));
-    }
-    if (static_cast<int>(q.size()) >= window) retire(q);
-    Channel& ch = channels[lane];
-    q.push_back(is_write ? ch.write(local, 0, remotes[lane], 0, size) : ch.read(local, 0, remotes[lane], 0, size));
-  }
-  for (std::size_t lane = 0; lane < lanes; ++lane) {
-    while (!inflight[lane].empty()) retire(inflight[lane]);
-  }
-  for (auto& ch : channels) ch.flush().wait(timeout_s);
-  result.seconds = since(t0);
+  result.seconds = ops.seconds;
+  result.completions = std::move(ops.completions);
   return result;
 }
 
