@@ -131,13 +131,31 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("lane", &Channel::lane)
       .def_prop_ro("peer", [](Channel& c) { return peer_dict(c.peer()); })
       .def("transport_info", &Channel::transport_info, "What UCX chose for this endpoint (lanes, transports).")
+      .def("maps", [](Channel& c, const RemoteRegion& remote, nb::handle local) {
+        LocalRegion lr = local_region_of(local);
+        gil_scoped_release release;
+        return c.maps(remote, lr);
+      }, nb::arg("remote"), nb::arg("local"),
+         "True when write/read between `local` and `remote` are a memcpy in the calling thread (a same-host "
+         "peer's region mapped through shared memory); such operations are complete on return.")
+      .def("stats", [](Channel& c) {
+        ChannelStats s = c.stats();
+        nb::dict d;
+        d["posted"] = s.posted;
+        d["direct_writes"] = s.direct_writes;
+        d["direct_reads"] = s.direct_reads;
+        d["direct_bytes"] = s.direct_bytes;
+        d["drains"] = s.drains;
+        return d;
+      }, "Counts of this channel's operations by path: posted (to UCX), direct_writes, direct_reads, "
+         "direct_bytes, drains (direct copies that first waited for earlier UCX operations after a fence).")
       .def("progress", &Channel::progress);
 
   nb::class_<PyDevice>(m, "Device", nb::dynamic_attr(), "A local endpoint of the fabric: UCX context, workers, pool, listener.")
       .def("__init__", [](PyDevice* self, const std::string& host, int port, int workers, const std::string& progress,
                           unsigned spin_us, const std::string& transport, const std::string& net_devices,
                           const std::string& token, std::size_t slab_size, std::size_t pool_limit,
-                          double connect_timeout, double keepalive, int protocol_version) {
+                          double connect_timeout, double keepalive, int protocol_version, bool map_shared_memory) {
         if (port < 0 || port > 65535) throw InvalidArgument("port must be in 0..65535");
         DeviceConfig c;
         c.host = host;
@@ -153,6 +171,7 @@ void bind_device(nb::module_& m) {
         c.connect_timeout_s = connect_timeout;
         c.keepalive_s = keepalive;
         c.protocol_version = static_cast<std::uint16_t>(protocol_version);
+        c.map_shared_memory = map_shared_memory;
         new (self) PyDevice();
         gil_scoped_release r;
         self->device = std::make_unique<Device>(c);
@@ -160,7 +179,7 @@ void bind_device(nb::module_& m) {
          nb::arg("progress") = "blocking", nb::arg("spin_us") = 100, nb::arg("transport") = "auto",
          nb::arg("net_devices") = "auto", nb::arg("token") = "", nb::arg("slab_size") = std::size_t(64) << 20,
          nb::arg("pool_limit") = std::size_t(16) << 30, nb::arg("connect_timeout") = 10.0,
-         nb::arg("keepalive") = 1.0, nb::arg("protocol_version") = 0)
+         nb::arg("keepalive") = 1.0, nb::arg("protocol_version") = 0, nb::arg("map_shared_memory") = true)
       .def_prop_ro("address", [](PyDevice& d) { return dev(d).address(); })
       .def_prop_ro("id", [](PyDevice& d) { return dev(d).id(); })
       .def_prop_ro("workers", [](PyDevice& d) { return dev(d).config().workers; })

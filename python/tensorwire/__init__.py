@@ -82,6 +82,9 @@ class Device(_core.Device):
         transport: "auto" (UCX_TLS as set), "tcp", "shm" or "rdma".
         token: shared secret; peers with another token are refused.
         pool_limit, slab_size: registered memory pool bounds (bytes).
+        map_shared_memory: with a same-host peer whose region a shared-memory
+            transport maps, write/read are a memcpy in the calling thread
+            (default True; False posts every operation to UCX).
     """
 
     def __enter__(self) -> "Device":

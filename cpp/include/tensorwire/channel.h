@@ -29,6 +29,15 @@ struct PeerInfo {
   int workers = 0;
 };
 
+// What the operations of one channel did: which path each took.
+struct ChannelStats {
+  std::uint64_t posted = 0;          // write/read posted to UCX
+  std::uint64_t direct_writes = 0;   // writes done as a memcpy into a mapped region
+  std::uint64_t direct_reads = 0;    // reads done as a memcpy from a mapped region
+  std::uint64_t direct_bytes = 0;
+  std::uint64_t drains = 0;          // direct copies that first waited for earlier UCX operations
+};
+
 class Channel {
  public:
   Channel() = default;
@@ -48,6 +57,7 @@ class Channel {
                std::size_t remote_offset, std::size_t length);
   // Orders: every operation posted on this channel's worker before the fence
   // is performed at the target before any operation posted after it.
+  // Direct copies (see maps()) are included.
   void fence();
   // Completes when every operation posted earlier on this channel is complete
   // and visible at the peer.
@@ -59,6 +69,12 @@ class Channel {
   RemoteRegion remote_region(const RegionDescriptor& descriptor);
   // Small request/response call to a handler the peer registered by `name`.
   std::string call(const std::string& name, const std::string& payload, double timeout_s = 10.0);
+
+  // Whether write/read to `remote` are a memcpy in the calling thread: a
+  // same-host peer's region that a shared-memory transport maps
+  // (DeviceConfig::map_shared_memory). Such operations complete on return.
+  bool maps(const RemoteRegion& remote, const LocalRegion& local) const;
+  ChannelStats stats() const;
 
   int lane() const;
   PeerInfo peer() const;

@@ -38,6 +38,12 @@ struct DeviceConfig {
   std::size_t pool_limit = std::size_t(16) << 30;
   double connect_timeout_s = 10.0;
   double keepalive_s = 1.0;        // control-plane liveness probe interval
+  // Same-host peers: when a shared-memory transport maps the remote region
+  // (ucp_rkey_ptr), write/read are a memcpy in the calling thread instead of
+  // an operation posted to UCX. Large pool blocks are then allocated as
+  // shared memory too, so they can be mapped. The environment variable
+  // TENSORWIRE_MAP_SHARED_MEMORY=0|1 overrides it.
+  bool map_shared_memory = true;
   std::uint16_t protocol_version = 0;  // 0 = ours; tests set another to check refusal
 };
 

@@ -1,4 +1,7 @@
 // Copyright tensorwire authors.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
 #include <sstream>
 
 #include "core/device_impl.h"
@@ -41,6 +44,9 @@ void on_data_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
 std::mutex deferred_mu;
 std::vector<std::shared_ptr<const void>> deferred;
 std::atomic<bool> deferred_any{false};
+
+// A direct copy waits at most this long for UCX operations it must not overtake.
+constexpr double kDrainTimeoutS = 30.0;
 
 bool range_ok(std::size_t offset, std::size_t length, std::uint64_t size) {
   return length <= size && offset <= size - length;
@@ -119,8 +125,19 @@ void PendingOps::throw_failure() const { throw_error(fail_kind_, fail_message_);
 
 // ---- ChannelImpl ----
 
+namespace {
+bool maps_shared_memory(const Peer& peer) {
+  auto dev = peer.device.lock();
+  return dev && dev->config.map_shared_memory && peer.info.same_host;
+}
+}  // namespace
+
 ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerCtl> w)
-    : peer(std::move(p)), lane(l), worker(std::move(w)), ops_(new PendingOps(peer, peer->describe())) {}
+    : peer(std::move(p)),
+      lane(l),
+      worker(std::move(w)),
+      ops_(new PendingOps(peer, peer->describe())),
+      map_shared_memory_(maps_shared_memory(*peer)) {}
 
 void ChannelImpl::connect(const std::string& remote_worker_address) {
   ucp_ep_params_t params{};
@@ -174,7 +191,13 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   }
   check_usable();
   if (length == 0) return Request();
-  ucp_rkey_h rkey = remote.impl()->rkey_for(ep);
+  const RemoteRegionImpl::Access access = remote.impl()->access_for(ep);
+  if (access.mapped && map_shared_memory_ && host_memory(local)) {
+    return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
+  }
+  ucp_rkey_h rkey = access.rkey;
+  ucx_since_fence_.store(true, std::memory_order_relaxed);
+  posted_.fetch_add(1, std::memory_order_relaxed);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
   param.cb.send = on_rma_complete;
@@ -189,8 +212,55 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   return request;
 }
 
+bool ChannelImpl::host_memory(const LocalRegion& local) const {
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_MEM_TYPE;
+  return ucp_mem_query(local.memh, &attr) == UCS_OK && attr.mem_type == UCS_MEMORY_TYPE_HOST;
+}
+
+Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
+                            std::size_t remote_offset, std::size_t length) {
+  if (drain_before_direct_.exchange(false, std::memory_order_acq_rel)) {
+    // UCX operations posted before the last fence may still be in flight:
+    // this copy must not overtake them.
+    drains_.fetch_add(1, std::memory_order_relaxed);
+    flush().wait(kDrainTimeoutS);
+  }
+  char* here = static_cast<char*>(local.address) + local_offset;
+  char* there = mapped + remote_offset;
+  if (is_write) {
+    std::memcpy(there, here, length);
+    direct_writes_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    std::memcpy(here, there, length);
+    direct_reads_.fetch_add(1, std::memory_order_relaxed);
+  }
+  direct_bytes_.fetch_add(length, std::memory_order_relaxed);
+  return Request();  // complete: the bytes are in place
+}
+
+char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& local) const {
+  if (!remote || !map_shared_memory_ || !local.memh || !host_memory(local)) return nullptr;
+  if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
+  check_usable();
+  return remote.impl()->access_for(ep).mapped;
+}
+
+ChannelStats ChannelImpl::stats() const {
+  ChannelStats s;
+  s.posted = posted_.load(std::memory_order_relaxed);
+  s.direct_writes = direct_writes_.load(std::memory_order_relaxed);
+  s.direct_reads = direct_reads_.load(std::memory_order_relaxed);
+  s.direct_bytes = direct_bytes_.load(std::memory_order_relaxed);
+  s.drains = drains_.load(std::memory_order_relaxed);
+  return s;
+}
+
 Request ChannelImpl::flush() {
   check_usable();
+  // Large memcpys use non-temporal stores, which x86 does not order with
+  // later stores: make every direct copy so far visible first.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = on_rma_complete;
@@ -200,6 +270,10 @@ Request ChannelImpl::flush() {
 
 void ChannelImpl::fence() {
   check_usable();
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // orders direct copies (see flush)
+  if (ucx_since_fence_.exchange(false, std::memory_order_acq_rel)) {
+    drain_before_direct_.store(true, std::memory_order_release);
+  }
   ucx::check(ucp_worker_fence(worker->get()), "fence");
 }
 
@@ -283,9 +357,24 @@ std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d)
   std::string key = d.to_bytes();
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = regions_[key];
-  if (auto r = slot.lock()) return r;
-  auto r = std::make_shared<RemoteRegionImpl>(d);
-  slot = r;
+  auto r = slot.lock();
+  if (!r) {
+    r = std::make_shared<RemoteRegionImpl>(d);
+    slot = r;
+    if (regions_.size() > 2 * kRecentRegions) {
+      std::erase_if(regions_, [](const auto& kv) { return kv.second.expired(); });
+    }
+  }
+  // Keep the last few alive even when the caller drops them: a sender that
+  // sends from the same buffer again then finds its rkey unpacked and, over
+  // shared memory, its mapping made and its pages faulted in.
+  if (std::find(recent_.begin(), recent_.end(), r) == recent_.end()) {
+    recent_.push_back(r);
+    if (recent_.size() > kRecentRegions) {
+      defer_release(std::move(recent_.front()));  // may run in a UCX callback: no rkey destroy here
+      recent_.pop_front();
+    }
+  }
   return r;
 }
 
@@ -297,6 +386,8 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
     for (auto& [lane, weak] : channels_) {
       if (auto ch = weak.lock()) live.push_back(std::move(ch));
     }
+    for (auto& r : recent_) defer_release(std::move(r));  // may run in a UCX callback
+    recent_.clear();
   }
   TW_LOG_INFO("%s", why.c_str());
   for (auto& ch : live) ch->fail(kind, why);
@@ -327,6 +418,10 @@ Request Channel::read(const LocalRegion& local, std::size_t local_offset, const 
 void Channel::fence() { impl_of(impl_).fence(); }
 Request Channel::flush() { return impl_of(impl_).flush(); }
 int Channel::lane() const { return impl_of(impl_).lane; }
+bool Channel::maps(const RemoteRegion& remote, const LocalRegion& local) const {
+  return impl_of(impl_).direct_target(remote, local) != nullptr;
+}
+ChannelStats Channel::stats() const { return impl_of(impl_).stats(); }
 PeerInfo Channel::peer() const { return impl_of(impl_).peer->info; }
 unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }
 

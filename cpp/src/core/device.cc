@@ -157,6 +157,10 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   if (config.slab_size < 4096) throw InvalidArgument("slab_size must be at least 4096 bytes");
   if (config.connect_timeout_s <= 0) throw InvalidArgument("connect_timeout_s must be > 0");
   if (config.keepalive_s <= 0) throw InvalidArgument("keepalive_s must be > 0");
+  if (const char* map = std::getenv("TENSORWIRE_MAP_SHARED_MEMORY")) {
+    // Lets a user compare with UCX's own shared-memory path without code changes.
+    config.map_shared_memory = std::string(map) != "0";
+  }
   id = random_id();
   boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
   start_time_ = process_start_time();
@@ -184,7 +188,8 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   control_worker = std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(control_context),
                                                ProgressMode::kBlocking, 50, "tw-control");
   control_worker->enable_progress_guard();  // see connect()
-  pool_impl = std::make_shared<PoolImpl>(data_context, id, config.slab_size, config.pool_limit);
+  pool_impl = std::make_shared<PoolImpl>(data_context, id, config.slab_size, config.pool_limit,
+                                         config.map_shared_memory && data_context->has_shared_memory());
   pool = std::make_unique<MemoryPool>(pool_impl);
 }
 

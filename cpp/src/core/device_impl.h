@@ -85,6 +85,9 @@ class ChannelImpl {
   void fail(ErrorKind kind, const std::string& why) { ops_->fail(kind, why); }
   bool failed() const { return ops_->failed(); }
   void check_usable() const;
+  // The local address of remote's first byte when copies to it go direct, else nullptr.
+  char* direct_target(const RemoteRegion& remote, const LocalRegion& local) const;
+  ChannelStats stats() const;
 
   const std::shared_ptr<Peer> peer;
   const int lane;
@@ -95,7 +98,18 @@ class ChannelImpl {
   Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
                       const RemoteRegion* remote = nullptr);
 
+  // The direct path: a memcpy to/from a region mapped by a shared-memory transport.
+  Request direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
+                 std::size_t remote_offset, std::size_t length);
+  bool host_memory(const LocalRegion& local) const;
+
   PendingOps* ops_;  // holds one ref
+  const bool map_shared_memory_;
+  // fence() orders UCX operations among themselves; a direct copy after a
+  // fence must also wait for the UCX operations posted before it.
+  std::atomic<bool> ucx_since_fence_{false};
+  std::atomic<bool> drain_before_direct_{false};
+  std::atomic<std::uint64_t> posted_{0}, direct_writes_{0}, direct_reads_{0}, direct_bytes_{0}, drains_{0};
 };
 
 class Peer : public std::enable_shared_from_this<Peer> {
@@ -117,6 +131,8 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::mutex mu_;
   std::map<int, std::weak_ptr<ChannelImpl>> channels_;
   std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
+  static constexpr std::size_t kRecentRegions = 16;
+  std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive
   std::atomic<bool> failed_{false};
 };
 

@@ -32,8 +32,10 @@ class Slab {
 
 class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
  public:
+  // `large_shared`: dedicated slabs for large blocks are UCX-allocated shared
+  // memory (mappable by same-host peers) rather than anonymous huge pages.
   PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
-           std::size_t limit);
+           std::size_t limit, bool large_shared);
   Block allocate(std::size_t nbytes, std::size_t alignment);
   void free(Slab* slab, std::size_t offset, std::size_t size);
   Registration register_memory(void* ptr, std::size_t nbytes);
@@ -50,6 +52,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   std::uint64_t device_id_;
   std::size_t slab_size_;
   std::size_t limit_;
+  bool large_shared_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<Slab>> slabs_;
   std::vector<std::shared_ptr<Slab>> large_cache_;  // freed dedicated slabs, for reuse
@@ -74,13 +77,24 @@ class RegistrationImpl {
 class RemoteRegionImpl {
  public:
   explicit RemoteRegionImpl(RegionDescriptor d) : descriptor(std::move(d)) {}
+  struct Access {
+    ucp_rkey_h rkey = nullptr;
+    // The region's first byte mapped into this process, when a shared-memory
+    // transport can map it (ucp_rkey_ptr); nullptr otherwise.
+    char* mapped = nullptr;
+  };
   // The rkey unpacked on `endpoint` (cached; one per lane).
-  ucp_rkey_h rkey_for(const std::shared_ptr<ucx::Endpoint>& endpoint);
+  Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint);
   const RegionDescriptor descriptor;
 
  private:
+  struct Entry {
+    ucx::Endpoint* endpoint;
+    std::unique_ptr<ucx::Rkey> rkey;
+    char* mapped;
+  };
   std::mutex mu_;
-  std::vector<std::pair<ucx::Endpoint*, std::unique_ptr<ucx::Rkey>>> rkeys_;
+  std::vector<Entry> rkeys_;
 };
 
 }  // namespace tensorwire::detail

@@ -17,8 +17,12 @@ constexpr std::size_t kLargeCacheBytes = std::size_t(1) << 30;  // freed large s
 }  // namespace
 
 PoolImpl::PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
-                   std::size_t limit)
-    : context_(std::move(context)), device_id_(device_id), slab_size_(align_up(slab_size, kPage)), limit_(limit) {}
+                   std::size_t limit, bool large_shared)
+    : context_(std::move(context)),
+      device_id_(device_id),
+      slab_size_(align_up(slab_size, kPage)),
+      limit_(limit),
+      large_shared_(large_shared) {}
 
 std::shared_ptr<Slab> PoolImpl::new_slab(std::size_t bytes, bool dedicated) {
   if (stats_.bytes_reserved + bytes > limit_) drop_cached_large(bytes);
@@ -28,13 +32,14 @@ std::shared_ptr<Slab> PoolImpl::new_slab(std::size_t bytes, bool dedicated) {
   }
   std::shared_ptr<ucx::MemHandle> memh;
   try {
-    // Small blocks share UCX-allocated slabs: shared-memory transports map
-    // those and small writes are a plain memcpy (~0.1 us). Large blocks get
-    // anonymous huge-page memory: cma then copies them twice as fast as it
-    // copies shared-memory pages (16 vs 8 GB/s at 16 MiB, measured here).
+    // UCX-allocated slabs are shared memory that same-host peers map, so
+    // their writes are a plain memcpy. Without that mapping (tcp, or
+    // map_shared_memory off) large blocks get anonymous huge pages: cma
+    // copies those twice as fast as shared-memory pages.
+    const bool huge = dedicated && !large_shared_;
     memh = std::make_shared<ucx::MemHandle>(context_, nullptr, bytes,
-                                            dedicated ? ucx::MemHandle::Backing::kHugeAnon
-                                                      : ucx::MemHandle::Backing::kUcx);
+                                            huge ? ucx::MemHandle::Backing::kHugeAnon
+                                                 : ucx::MemHandle::Backing::kUcx);
   } catch (const Error& e) {
     throw PoolExhausted(std::string("cannot allocate a registered slab: ") + e.what(), e.ucx_status());
   }
@@ -218,13 +223,16 @@ RegistrationImpl::~RegistrationImpl() {
   if (auto p = pool.lock()) p->forget_registration(reinterpret_cast<std::uintptr_t>(memh->address()));
 }
 
-ucp_rkey_h RemoteRegionImpl::rkey_for(const std::shared_ptr<ucx::Endpoint>& endpoint) {
+RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx::Endpoint>& endpoint) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [ep, rkey] : rkeys_) {
-    if (ep == endpoint.get()) return rkey->get();
+  for (auto& e : rkeys_) {
+    if (e.endpoint == endpoint.get()) return {e.rkey->get(), e.mapped};
   }
-  rkeys_.emplace_back(endpoint.get(), std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey));
-  return rkeys_.back().second->get();
+  auto rkey = std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey);
+  void* mapped = nullptr;
+  if (ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) mapped = nullptr;
+  rkeys_.push_back({endpoint.get(), std::move(rkey), static_cast<char*>(mapped)});
+  return {rkeys_.back().rkey->get(), rkeys_.back().mapped};
 }
 
 }  // namespace detail

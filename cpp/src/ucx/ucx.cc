@@ -100,6 +100,22 @@ Context::~Context() {
 
 std::string Context::transports() const { return tls_; }
 
+bool Context::has_shared_memory() const {
+  std::string tls = tls_;
+  if (!tls.empty() && tls[0] == '^') return true;  // an exclusion list keeps the rest
+  std::size_t start = 0;
+  while (start <= tls.size()) {
+    std::size_t end = tls.find(',', start);
+    if (end == std::string::npos) end = tls.size();
+    const std::string name = tls.substr(start, end - start);
+    if (name == "all" || name == "sm" || name == "shm" || name == "posix" || name == "sysv" || name == "xpmem") {
+      return true;
+    }
+    start = end + 1;
+  }
+  return false;
+}
+
 Worker::Worker(std::shared_ptr<Context> context) : context_(std::move(context)) {
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

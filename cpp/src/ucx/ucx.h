@@ -45,6 +45,9 @@ class Context {
   Context& operator=(const Context&) = delete;
   ucp_context_h get() const { return handle_; }
   std::string transports() const;  // the TLS setting in force
+  // Whether the TLS setting admits shared-memory transports (which can map
+  // UCX-allocated memory of a same-host peer).
+  bool has_shared_memory() const;
 
  private:
   ucp_context_h handle_ = nullptr;
