@@ -100,7 +100,7 @@ bool wait_flag(Channel& ch, const volatile std::uint64_t* flag, std::uint64_t ex
     }
     if ((++spins & 63) != 0) continue;
     auto now = clock::now();
-    if (now > deadline) return false;
+    if (now > deadline || ch.impl()->failed()) return false;
     if (now - last_event > spin) {
       worker.wait_event(0.001);
       last_event = clock::now();

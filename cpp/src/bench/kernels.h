@@ -40,7 +40,7 @@ StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRe
                     int warmup, double timeout_s);
 
 // Drives progress on `channel`'s worker until the 64-bit word at `flag`
-// equals `expected`; false on timeout.
+// equals `expected`; false on timeout or once the channel failed.
 bool wait_flag(Channel& channel, const volatile std::uint64_t* flag, std::uint64_t expected, double timeout_s);
 
 // Duration mode (perftest -D): streams writes (or reads) of `size` bytes on

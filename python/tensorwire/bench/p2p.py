@@ -26,6 +26,7 @@ from .common import (Progress, Report, check_latency_row, check_number, check_pa
 
 ADDRESS_TAG = "TENSORWIRE_ADDRESS"
 TIMEOUT_S = 120.0
+FLOOR_RATE_BPS = 10e6  # the slowest rate a stream is waited for (a shaped testbed link is slower than tcp)
 # A waiter spins this long, then sleeps on the worker's event fd. Measured
 # on 2 vCPUs over loopback tcp: pure busy-polling (perftest's way) starves
 # the kernel's own TCP work and cut write_bw at 1 MiB ~4x; latency kernels
@@ -111,8 +112,14 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0, re
             return {}
         if kind == "serve":
             # Progress (tcp targets must) until bench.result raises the flag.
-            ok = _core.bench_wait_flag(channel(0), b.flag.ptr, seq, TIMEOUT_S)
-            return {} if ok else {"error": "timed out waiting for the client's end flag"}
+            # The client may stream for long (perftest's 5000 iterations of
+            # 256 MiB are 1.3 TB): allow for its volume at a floor rate; a
+            # dead client ends the wait at once.
+            bound = TIMEOUT_S + float(req.get("duration", 0)) + size * int(req.get("iters", 0)) / FLOOR_RATE_BPS
+            ok = _core.bench_wait_flag(channel(0), b.flag.ptr, seq, bound)
+            if ok:
+                return {}
+            return {"error": f"the client's end flag did not come within {bound:.0f} s (or the client failed)"}
         if kind in ("bidir_ops", "bidir_for"):
             lanes = int(req["lanes"])
             chans = [channel(i) for i in range(lanes)]
