@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "each series paced by its own flow control) and the memcpy/write anchors")
     tensor.add_argument("--verify", action="store_true",
                         help="compare every element of every received tensor (timings then include it)")
+    tensor.add_argument("--refresh", action="store_true",
+                        help="the sender rewrites the whole tensor (same values) before each timed transfer, "
+                             "untimed, like a producer that computes a new tensor every step; by default only "
+                             "its first element changes, so the series that pull (ucx-tag, dynamic) may read "
+                             "lines already cached on the receiver's core")
     tensor.add_argument("--json", metavar="FILE",
                         help="write the report: rows {series, transport, size, iters, median_us, MBps, ...}")
     tensor.add_argument("--plot", metavar="FILE.png", help="log-log plot, one line per series (needs matplotlib)")

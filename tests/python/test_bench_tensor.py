@@ -211,6 +211,8 @@ def test_stream_pass_anchors_and_targets(tmp_path, capfd):
         r = by[(series, 1 << 20)]
         assert r["stream_iters"] == 10 and r["stream_MBps"] > 0
     assert by[("zerocopy", 1 << 20)]["memcpy_MBps"] > 0
+    assert by[("zerocopy", 1 << 20)]["transfer_MBps"] > 0  # the transfer-only pass
+    assert "transfer_MBps" not in by[("ucx-tag", 1 << 20)]
     names = {t["target"] for t in report["config"]["targets"]}
     assert {"zerocopy >= ucx-tag", "zerocopy >= ucx-tag (stream)", "zerocopy >= 1.3x ucx-tag"} <= names
     for t in report["config"]["targets"]:
@@ -225,14 +227,21 @@ def test_targets_pick_the_worst_size():
         {"series": "ucx-tag", "size": 4096, "median_us": 4.0},
         {"series": "zerocopy", "size": 1 << 20, "median_us": 50.0, "stream_MBps": 30000.0,
          "memcpy_MBps": 40000.0},
+        {"series": "zerocopy", "size": 256 << 20, "median_us": 9000.0, "stream_MBps": 12000.0,
+         "transfer_MBps": 17000.0, "memcpy_MBps": 18000.0, "write_MBps": 16000.0},
+        {"series": "ucx-tag", "size": 256 << 20, "median_us": 9900.0, "stream_MBps": 11000.0},
         {"series": "ucx-tag", "size": 1 << 20, "median_us": 40.0, "stream_MBps": 20000.0},
     ]
     got = {t["target"]: t for t in bt.targets(rows)}
     t = got["zerocopy >= ucx-tag"]
-    assert (t["worst"], t["at"], t["sizes"], t["met"]) == (0.8, 1 << 20, 2, False)
+    assert (t["worst"], t["at"], t["sizes"], t["met"]) == (0.8, 1 << 20, 3, False)
     assert got["zerocopy >= 1.3x ucx-tag"]["worst"] == 2.0 and got["zerocopy >= 1.3x ucx-tag"]["met"]
-    assert got["zerocopy >= ucx-tag (stream)"]["worst"] == 1.5
-    assert "zerocopy stream >= 0.9x memcpy" not in got  # no 256 MiB row: nothing to judge
+    assert got["zerocopy >= ucx-tag (stream)"]["worst"] == pytest.approx(12000 / 11000)
+    # the anchors judge the transfer-only rate, not the consumed stream
+    m = got["zerocopy transfer >= 0.9x memcpy"]
+    assert m["worst"] == pytest.approx(17000 / 18000) and m["met"] and m["sizes"] == 1
+    w = got["zerocopy transfer >= 0.85x one-sided write"]
+    assert w["worst"] == pytest.approx(17000 / 16000) and w["at"] == 256 << 20
 
 
 def test_write_anchor_over_tcp_drives_the_receiver(tmp_path):
