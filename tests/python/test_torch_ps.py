@@ -120,7 +120,39 @@ def test_check_specs_messages():
     assert "'w'" in ps.check_specs(a, [ps.VarSpec("w", (3, 5), "float32", False), a[1]], 1)
     assert "'x'" in ps.check_specs(a, [ps.VarSpec("x", (3, 4), "float32", False), a[1]], 1)
     assert "orders" in ps.check_specs(a, a[::-1], 1)
-    assert ps.placement(5, 2) == [0, 1, 0, 1, 0]
+
+
+
+def test_placement_round_robin_and_balanced():
+    # FCN-5-like: weights and biases alternate, so round-robin over 2 servers
+    # puts every weight on server 0; balanced splits the bytes.
+    sizes = [64 << 20, 16 << 10, 64 << 20, 16 << 10, 64 << 20, 16 << 10, 40 << 10, 40]
+    assert ps.place(sizes, 2, "round-robin") == [0, 1, 0, 1, 0, 1, 0, 1]
+    owner = ps.place(sizes, 2)
+    load = [sum(n for n, o in zip(sizes, owner) if o == s) for s in range(2)]
+    assert max(load) - min(load) <= 64 << 20 and min(load) >= 64 << 20, load
+    assert ps.place(sizes, 3) == ps.place(sizes, 3, "balanced")  # deterministic: every role computes it
+    assert sorted(set(ps.place(sizes, 3))) == [0, 1, 2]
+    assert ps.place([5, 5, 5, 5], 2) == [0, 1, 0, 1]  # ties: model order, lowest server
+    with pytest.raises(ValueError, match="placement must be one of"):
+        ps.place(sizes, 2, "random")
+    with pytest.raises(ValueError, match="placement must be one of"):
+        ps.train(small_mlp, mlp_data, workers=1, servers=1, steps=1, placement="greedy")
+
+
+def test_worker_with_another_placement_is_refused():
+    import threading
+    server = ps.Server(rank=0, num_servers=1, num_workers=1, transport="tcp", timeout=5,
+                       placement="round-robin", lr=0.1)
+    t = threading.Thread(target=lambda: pytest.raises(ps.PSError, server.run), daemon=True)
+    t.start()
+    try:
+        with pytest.raises(ps.PSError, match="places variables 'round-robin', worker 0 'balanced'"):
+            ps.Worker(small_mlp(), [server.address], rank=0, num_workers=1, transport="tcp", timeout=5,
+                      placement="balanced")
+    finally:
+        t.join(15)
+    assert not t.is_alive()
 
 
 def test_models_match_table1():

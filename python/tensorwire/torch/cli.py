@@ -14,7 +14,8 @@ MODES = ("zerocopy", "copy", "gloo")
 TRAIN_HELP = """\
 Data-parallel training in the parameter-server architecture (the paper's §5.2):
 W worker processes and S server processes on this machine; the model's variables
-are placed on the servers round-robin. Each synchronous SGD step: the workers
+are placed on the servers balanced by size (--placement round-robin: the paper's
+order). Each synchronous SGD step: the workers
 compute gradients of their batch (compute), push each gradient into a static slot
 on its variable's server (push); a server sums the W gradients, averages them and
 applies the optimizer (aggregate), then writes the new values straight into every
@@ -119,6 +120,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds a step or the setup may take before the run fails (default 120)")
+    p.add_argument("--placement", choices=("balanced", "round-robin"), default="balanced",
+                   help="variables on servers: balanced by size (default) or round-robin in model order (the "
+                        "paper's; with 2 servers it puts every weight on server 0)")
 
 
 def add_commands(sub, bench_sub) -> None:
@@ -213,7 +217,8 @@ def train_once(args, model: str | None = None, batch: int | None = None, mode: s
     loss_fn = None
     return ps.train(info.factory, _data_fn(a), workers=a.workers, servers=a.servers, steps=a.steps,
                     mode=a.mode, transport=a.transport, optimizer=a.optimizer, loss_fn=loss_fn, seed=a.seed,
-                    warmup=a.warmup, timeout=a.timeout, threads=a.threads, progress=progress, **_opt_kwargs(a))
+                    warmup=a.warmup, timeout=a.timeout, threads=a.threads, progress=progress,
+                    placement=a.placement, **_opt_kwargs(a))
 
 
 def _fmt_bytes(n: float) -> str:

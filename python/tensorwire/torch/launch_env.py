@@ -38,20 +38,20 @@ def run_role(args, rank: int, world: int) -> int:
         port = int(os.environ.get("MASTER_PORT", "29500"))
         init = "env://" if "MASTER_ADDR" in os.environ and "RANK" in os.environ else f"tcp://{host}:{port}"
         if role == "server":
-            srv = ps.GlooServer(r, S, W, init, args.optimizer, args.timeout, **_opt_kwargs(args))
+            srv = ps.GlooServer(r, S, W, init, args.optimizer, args.timeout, args.placement, **_opt_kwargs(args))
             stats = srv.run(args.steps)
             print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
             return 0
         torch.manual_seed(args.seed)
         model = info.factory()
-        worker = ps.GlooWorker(model, r, S, W, init, args.timeout)
+        worker = ps.GlooWorker(model, r, S, W, init, args.timeout, args.placement)
     else:
         store = _store(rank, world, args.timeout)
         prefix = f"tensorwire/ps/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
         if role == "server":
             srv = ps.Server(r, S, W, args.optimizer, args.mode, args.transport,
-                            host=_my_host(),
-                            timeout=args.timeout, **_opt_kwargs(args))
+                            host=_my_host(), timeout=args.timeout, placement=args.placement,
+                            **_opt_kwargs(args))
             store.set(prefix + f"server/{r}", srv.address)
             stats = srv.run()
             print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
@@ -60,7 +60,7 @@ def run_role(args, rank: int, world: int) -> int:
         torch.manual_seed(args.seed)
         model = info.factory()
         worker = ps.Worker(model, addresses, r, W, args.mode, args.transport, host=_my_host(),
-                           timeout=args.timeout)
+                           timeout=args.timeout, placement=args.placement)
     cfg = ps.TrainConfig(info.factory, data_fn, None, W, S, args.steps, args.mode, args.transport,
                          args.optimizer, _opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
                          progress=not args.quiet and r == 0)

@@ -109,9 +109,31 @@ def variables(model: nn.Module) -> list[tuple[VarSpec, nn.Parameter]]:
     return out
 
 
-def placement(n_vars: int, num_servers: int) -> list[int]:
-    """Server of each variable: round-robin, as in the paper."""
-    return [i % num_servers for i in range(n_vars)]
+PLACEMENTS = ("balanced", "round-robin")
+
+
+def place(nbytes: Sequence[int], num_servers: int, strategy: str = "balanced") -> list[int]:
+    """Server of each variable (given their sizes in bytes, in model order).
+
+    "round-robin" is the paper's (and TensorFlow's default): variable i on
+    server i mod S. With S = 2 it puts every weight on server 0 and every bias
+    on server 1, because parameters alternate weight/bias, so one server does
+    nearly all the summing and updating. "balanced" (the default) gives the
+    largest remaining variable to the least-loaded server, like TensorFlow's
+    GreedyLoadBalancingStrategy."""
+    if num_servers < 1:
+        raise ValueError("need at least one server")
+    if strategy == "round-robin":
+        return [i % num_servers for i in range(len(nbytes))]
+    if strategy != "balanced":
+        raise ValueError(f"placement must be one of {PLACEMENTS}, not {strategy!r}")
+    load = [0] * num_servers
+    owner = [0] * len(nbytes)
+    for i in sorted(range(len(nbytes)), key=lambda i: (-int(nbytes[i]), i)):
+        s = min(range(num_servers), key=lambda s: (load[s], s))
+        owner[i] = s
+        load[s] += int(nbytes[i])
+    return owner
 
 
 def check_specs(reference: Sequence[VarSpec], other: Sequence[VarSpec], rank: int) -> str | None:
@@ -275,9 +297,13 @@ class Server:
 
     def __init__(self, rank: int = 0, num_servers: int = 1, num_workers: int = 1, optimizer: Any = "sgd",
                  mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1", port: int = 0,
-                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None, **optimizer_kwargs: Any):
+                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
+                 placement: str = "balanced", **optimizer_kwargs: Any):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Server runs modes zerocopy and copy; gloo has GlooServer (got {mode!r})")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+        self.placement = placement
         self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers
         self.mode, self.timeout = mode, timeout
         self.optimizer_spec, self.optimizer_kwargs = optimizer, optimizer_kwargs
@@ -308,6 +334,9 @@ class Server:
         if msg.get("mode") != self.mode:
             return json.dumps({"state": "refused", "error": f"{self.who} runs mode {self.mode!r}, worker {r} "
                                                             f"asked for {msg.get('mode')!r}"}).encode()
+        if msg.get("placement") != self.placement:
+            return json.dumps({"state": "refused", "error": f"{self.who} places variables {self.placement!r}, "
+                                                            f"worker {r} {msg.get('placement')!r}"}).encode()
         self._hellos.setdefault(r, msg)
         return json.dumps({"state": self._state, "error": self._error}).encode()
 
@@ -340,7 +369,7 @@ class Server:
         for h in hellos:
             self.watch.peers[int(h["device_id"])] = f"worker {h['rank']} (pid {h['pid']}, {h['address']})"
         self.all_vars = specs[0]
-        owner = placement(len(self.all_vars), self.num_servers)
+        owner = place([v.nbytes for v in self.all_vars], self.num_servers, self.placement)
         self.vars = [v for v, s in zip(self.all_vars, owner) if s == self.rank]
         W = self.num_workers
         # master copies: registered memory (zerocopy) or plain torch memory (copy)
@@ -474,9 +503,13 @@ class Worker:
 
     def __init__(self, model: nn.Module, servers: Sequence[str], rank: int = 0, num_workers: int = 1,
                  mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1",
-                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None):
+                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
+                 placement: str = "balanced"):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Worker runs modes zerocopy and copy; gloo has GlooWorker (got {mode!r})")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+        self.placement = placement
         self.model, self.rank, self.num_workers, self.mode, self.timeout = model, rank, num_workers, mode, timeout
         self.who = f"worker {rank}"
         self.dev = tw.Device(host=host, transport=transport, **(device_kwargs or {}))
@@ -496,7 +529,7 @@ class Worker:
         S = len(servers)
         self.vars = variables(self.model)
         specs = [v for v, _ in self.vars]
-        self.owner = placement(len(specs), S)
+        self.owner = place([v.nbytes for v in specs], S, self.placement)
         # the receiving side: one static slot per variable, its buffer becomes the parameter
         self.param_slots = [self.dev.static_slot(f"param/{v.name}", v.shape, v.dtype, depth=1) for v in specs]
         # gradients: registered memory that autograd accumulates into (zerocopy), plain memory (copy)
@@ -522,7 +555,7 @@ class Worker:
             self.channels.append(ch)
             self.watch.peers[int(ch.peer["device_id"])] = f"server {s} ({addr})"
         hello = json.dumps({"rank": self.rank, "device_id": self.dev.id, "address": self.dev.address,
-                            "pid": os.getpid(), "mode": self.mode,
+                            "pid": os.getpid(), "mode": self.mode, "placement": self.placement,
                             "vars": [v.to_json() for v in specs]}).encode()
         pending = set(range(S))
         deadline = time.monotonic() + self.timeout
@@ -707,13 +740,13 @@ class GlooServer:
     :class:`Server`, every tensor moved by torch.distributed send/recv."""
 
     def __init__(self, rank: int, num_servers: int, num_workers: int, init_method: str, optimizer: Any = "sgd",
-                 timeout: float = DEFAULT_TIMEOUT_S, **optimizer_kwargs: Any) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", **optimizer_kwargs: Any) -> None:
         self.rank, self.W = rank, num_workers
         self.who = f"server {rank}"
         self.g = _Gloo("server", rank, num_servers, num_workers, init_method, timeout)
         self.stats = Stats("server", rank, "gloo")
         specs = self.g.validate(self.g.exchange_specs(None), self.who)
-        owner = placement(len(specs), num_servers)
+        owner = place([v.nbytes for v in specs], num_servers, placement)
         self.tags = [i for i, s in enumerate(owner) if s == rank]
         self.vars = [specs[i] for i in self.tags]
         dist = self.g.dist
@@ -778,7 +811,7 @@ class GlooWorker:
     """A worker of the gloo baseline (same interface as :class:`Worker`)."""
 
     def __init__(self, model: nn.Module, rank: int, num_servers: int, num_workers: int, init_method: str,
-                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced") -> None:
         self.model, self.rank = model, rank
         self.who = f"worker {rank}"
         self.g = _Gloo("worker", rank, num_servers, num_workers, init_method, timeout)
@@ -788,7 +821,7 @@ class GlooWorker:
         self.vars = variables(model)
         specs = [v for v, _ in self.vars]
         self.g.validate(self.g.exchange_specs(specs), self.who)
-        self.owner = placement(len(specs), num_servers)
+        self.owner = place([v.nbytes for v in specs], num_servers, placement)
         dist = self.g.dist
         if rank == 0:
             for i, ((v, p), s) in enumerate(zip(self.vars, self.owner)):
@@ -871,6 +904,7 @@ class TrainConfig:
     progress: bool = False
     die: tuple[int, int] | None = None           # (worker rank, step): that worker exits there (tests)
     model_fn_takes_rank: bool = False
+    placement: str = "balanced"                  # see place()
 
 
 def _default_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -930,23 +964,24 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: lis
         if cfg.mode == "gloo":
             if role == "server":
                 srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
-                                 **cfg.optimizer_kwargs)
+                                 cfg.placement, **cfg.optimizer_kwargs)
                 result = {"stats": srv.run(cfg.steps).to_dict(skip=cfg.warmup)}
             else:
                 model = _build_model(cfg, rank)
-                w = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout)
+                w = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement)
                 try:
                     result = _worker_loop(cfg, rank, w, model)
                 finally:
                     w.close()
         elif role == "server":
             srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
-                         timeout=cfg.timeout, **cfg.optimizer_kwargs)
+                         timeout=cfg.timeout, placement=cfg.placement, **cfg.optimizer_kwargs)
             conn.send({"address": srv.address})
             result = {"stats": srv.run().to_dict(skip=cfg.warmup)}
         else:
             model = _build_model(cfg, rank)
-            w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout)
+            w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
+                       placement=cfg.placement)
             try:
                 result = _worker_loop(cfg, rank, w, model)
             finally:
@@ -1092,7 +1127,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
           optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0, warmup: int = 2,
           timeout: float = DEFAULT_TIMEOUT_S, threads: int = 1, collect_params: bool = False,
           progress: bool = False, die: tuple[int, int] | None = None, launcher: str = "processes",
-          **optimizer_kwargs: Any) -> TrainResult:
+          placement: str = "balanced", **optimizer_kwargs: Any) -> TrainResult:
     """Trains locally with `servers` server processes and `workers` worker
     processes (spawned), and returns the statistics.
 
@@ -1111,12 +1146,16 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
         launcher: "processes" (spawned, the default) or "threads" (every role in
             a thread of this process, each with its own device: quick for small
             models and tests; not for gloo, and timings then share one GIL).
+        placement: "balanced" (the default: by size, largest first to the
+            least-loaded server) or "round-robin" (the paper's); see place().
     Raises:
         PSError naming the role that failed first, when any role fails; all
         processes have exited by then.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
     if workers < 1 or servers < 1:
         raise ValueError("need at least one worker and one server")
     if "lr" not in optimizer_kwargs and isinstance(optimizer, str) and optimizer.lower() == "sgd":
@@ -1127,7 +1166,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
         takes_rank = False
     cfg = TrainConfig(model_fn, data_fn, loss_fn, workers, servers, steps, mode, transport, optimizer,
                       dict(optimizer_kwargs), seed, min(warmup, max(0, steps - 1)), timeout, threads,
-                      collect_params, progress, die, takes_rank)
+                      collect_params, progress, die, takes_rank, placement)
     import multiprocessing as mp
     if launcher not in ("processes", "threads"):
         raise ValueError(f"launcher must be processes or threads, not {launcher!r}")
@@ -1271,4 +1310,4 @@ def _cat(parts: list) -> Any:
 
 
 __all__ = ["Server", "Worker", "GlooServer", "GlooWorker", "train", "TrainResult", "PSError", "VarSpec",
-           "variables", "placement", "check_specs", "make_optimizer", "reference_sgd", "MODES"]
+           "variables", "place", "PLACEMENTS", "check_specs", "make_optimizer", "reference_sgd", "MODES"]
