@@ -200,7 +200,8 @@ def render(out: dict, args) -> str:
     lines = []
     W = args.workers
     tr = args.transport
-    lines.append(f"tensorwire bench train: transport {tr} (gloo: tcp), {args.steps} steps per run "
+    placement = getattr(args, "placement", "balanced")
+    lines.append(f"tensorwire bench train: transport {tr} (gloo: tcp), placement {placement}, {args.steps} steps per run "
                  f"({args.warmup} warm-up), {args.threads} torch thread(s) per process, best of {args.repeat}; "
                  f"host {out['host']['cpus']} CPUs, load average at start "
                  f"{out['host']['loadavg_start'][0]:.1f}, at end {out['host']['loadavg_end'][0]:.1f}")
