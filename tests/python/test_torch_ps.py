@@ -192,3 +192,43 @@ def test_cli_train_json(tmp_path):
     d = json.loads(out.read_text())
     assert d["samples_per_s"] > 0 and {"compute", "push", "aggregate", "pull"} <= set(d["split"])
     assert "samples/s" in p.stdout
+
+
+def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
+    """Worker 0 finishes and closes its device while worker 1 still takes its
+    time before leaving: the servers wait for worker 1's goodbye (they used to
+    take worker 0's closed device for a death and fail the run)."""
+    import threading
+    servers = [ps.Server(rank=s, num_servers=2, num_workers=2, transport="tcp", timeout=30, lr=0.1)
+               for s in range(2)]
+    errors: list[str] = []
+
+    def serve(srv):
+        try:
+            srv.run()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"server {srv.rank}: {e}")
+
+    def work(rank: int, linger: float):
+        torch.manual_seed(0)
+        model = small_mlp()
+        w = ps.Worker(model, [s.address for s in servers], rank=rank, num_workers=2, transport="tcp", timeout=30)
+        try:
+            for step in range(3):
+                x, y = mlp_data(rank, step)
+                w.step(lambda: torch.nn.functional.cross_entropy(model(x), y))
+            time.sleep(linger)  # worker 0's device is gone by now: its slots raise at the servers
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"worker {rank}: {e}")
+        finally:
+            w.close()
+
+    threads = [threading.Thread(target=serve, args=(s,)) for s in servers]
+    threads += [threading.Thread(target=work, args=(0, 0.0)), threading.Thread(target=work, args=(1, 2.0))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert all(s.steps_done == 3 for s in servers)

@@ -58,6 +58,8 @@ import tensorwire as tw
 MODES = ("zerocopy", "copy", "gloo")
 POLL_S = 0.25           # how often a waiter looks at its peers' liveness
 MIN_SLEEP_S, MAX_SLEEP_S = 20e-6, 1e-3  # back-off between polls of a slot
+BYE_GRACE_S = 10.0      # after a worker's goodbye, how long a server waits for the others to finish
+WAIT = "wait"           # a give-up check's answer: that worker left on purpose, keep waiting for the rest
 # glibc malloc: keep big freed blocks in the heap instead of unmapping them. The
 # tensors autograd allocates every step (activations, fresh gradients) then reuse
 # memory that is already mapped, instead of page-faulting hundreds of MiB of fresh
@@ -198,11 +200,12 @@ class _Watch:
     def __init__(self, dev: tw.Device, timeout: float, who: str) -> None:
         self.dev, self.timeout, self.who = dev, timeout, who
         self.peers: dict[int, str] = {}  # device id -> description
+        self.excused: set[int] = set()   # peers that said goodbye: their leaving is no failure
 
     def check(self, what: str) -> None:
         alive = _peer_ids(self.dev)
         for pid, desc in self.peers.items():
-            if pid not in alive:
+            if pid not in alive and pid not in self.excused:
                 raise PSError(f"{self.who}: {desc} died or disconnected while {what}")
 
     def recv(self, slot: Any, what: str, give_up: Callable[[], str | None] | None = None) -> Any:
@@ -227,13 +230,18 @@ class _Watch:
             except tw.ConnectionError as e:  # the slot's sender died or left
                 if give_up is not None:
                     reason = give_up()
+                    if reason == WAIT:  # it said goodbye: the others may still be finishing
+                        if time.monotonic() > deadline:
+                            raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}") from None
+                        time.sleep(MAX_SLEEP_S)
+                        continue
                     if reason is not None:
                         return reason
                 self.check(what)
                 raise PSError(f"{self.who}: a peer died or disconnected while {what} ({e})") from None
             if give_up is not None:
                 reason = give_up()
-                if reason is not None:
+                if reason is not None and reason != WAIT:
                     return reason
             self.check(what)
             if time.monotonic() > deadline:
@@ -343,7 +351,12 @@ class Server:
     def _on_bye(self, payload: bytes) -> bytes:
         if not self._byes:
             self._first_bye = time.monotonic()
-        self._byes.add(int(payload.decode()))
+        r = int(payload.decode())
+        self._byes.add(r)
+        # A worker that finished may close its device while another still
+        # pulls its last parameters from us: not a failure (_give_up judges).
+        if r in self._hellos:
+            self.watch.excused.add(int(self._hellos[r]["device_id"]))
         return b"ok"
 
     def _setup(self) -> None:
@@ -415,9 +428,11 @@ class Server:
         def check() -> str | None:
             if first and len(self._byes) == self.num_workers:
                 return "done"
-            if w in self._byes and (not first or time.monotonic() - self._first_bye > 10.0):
-                raise PSError(f"{self.who}: worker {w} left after {self.steps_done} steps while {what}; "
-                              f"all workers must run the same number of steps")
+            if w in self._byes:
+                if not first or time.monotonic() - self._first_bye > BYE_GRACE_S:
+                    raise PSError(f"{self.who}: worker {w} left after {self.steps_done} steps while {what}; "
+                                  f"all workers must run the same number of steps")
+                return WAIT
             return None
         return check
 
@@ -487,6 +502,13 @@ class Server:
 
     def close(self) -> None:
         if not self.dev.closed:
+            # Over tcp the last parameters may still be on their way: let them
+            # land before the device (and its endpoints) goes.
+            for ch in getattr(self, "channels", []):
+                try:
+                    ch.flush().wait(5.0)
+                except tw.Error:
+                    pass
             self.dev.close()
 
 
