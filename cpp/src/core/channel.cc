@@ -361,8 +361,9 @@ std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d)
   if (!r) {
     r = std::make_shared<RemoteRegionImpl>(d);
     slot = r;
-    if (regions_.size() > 2 * kRecentRegions) {
+    if (regions_.size() > sweep_at_) {  // drop dead names, amortized O(1) per insertion
       std::erase_if(regions_, [](const auto& kv) { return kv.second.expired(); });
+      sweep_at_ = std::max(2 * kRecentRegions, 2 * regions_.size());
     }
   }
   // Keep the last few alive even when the caller drops them: a sender that

@@ -133,6 +133,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
   static constexpr std::size_t kRecentRegions = 16;
   std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive
+  std::size_t sweep_at_ = 2 * kRecentRegions;              // regions_ size that triggers a sweep
   std::atomic<bool> failed_{false};
 };
 
