@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "each series paced by its own flow control) and the memcpy/write anchors")
     tensor.add_argument("--verify", action="store_true",
                         help="compare every element of every received tensor (timings then include it)")
+    tensor.add_argument("--progress", choices=("inline", "blocking", "polling"), default="inline",
+                        help="progress mode of the tensorwire devices (default inline: the waiter drives "
+                             "progress; blocking is the Device default: a progress thread that sleeps when idle)")
     tensor.add_argument("--refresh", action="store_true",
                         help="the sender rewrites the whole tensor (same values) before each timed transfer, "
                              "untimed, like a producer that computes a new tensor every step; by default only "

@@ -260,7 +260,7 @@ class _TwSeries(Series):
 
     def _device(self):
         import tensorwire as tw
-        return tw.Device(host=HOST, transport=self.cfg["transport"], progress="inline",
+        return tw.Device(host=HOST, transport=self.cfg["transport"], progress=self.cfg.get("progress", "inline"),
                          spin_us=int(self.cfg["spin_us"]))
 
     def r_open(self) -> dict[str, Any]:
@@ -925,10 +925,11 @@ def run_tensor(args) -> Report:
     explicit = bool(args.series)
     names = select_series(args.series)
     cfg = {"transport": args.transport, "timeout": float(args.timeout), "max_size": max(sizes),
+           "progress": getattr(args, "progress", "inline"),
            "spin_us": _spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us)}
     report = Report("tensor", {"transport": args.transport, "sizes": sizes, "iters": args.iters,
                                "budget": args.budget, "warmup": args.warmup, "verify": bool(args.verify),
-                               "refresh": bool(getattr(args, "refresh", False)),
+                               "refresh": bool(getattr(args, "refresh", False)), "progress": cfg["progress"],
                                "spin_us": cfg["spin_us"],
                                "series": names, "dtype": "float32", "unit": "usec, MB/s (10^6 B/s)",
                                "method": "median over iterations of t(send) -> t(ack after the receiver's "
