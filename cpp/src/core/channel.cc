@@ -289,7 +289,6 @@ Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op, const std
   auto* state = new RequestState(worker, 2);
   if (local_owner) state->local_owner = *local_owner;
   if (remote) state->remote_owner = remote->shared();
-  state->track_inflight();
   ops_->add(state);
   auto* slot = static_cast<ucx::RequestSlot*>(ptr);
   std::uintptr_t prev = slot->state.exchange(reinterpret_cast<std::uintptr_t>(state), std::memory_order_acq_rel);

@@ -25,19 +25,9 @@ void throw_error(ErrorKind kind, const std::string& what, int ucx_status) {
 
 namespace detail {
 
-void RequestState::track_inflight() {
-  if (auto w = worker_.lock()) {
-    inflight_ = true;
-    w->op_started();
-  }
-}
-
 bool RequestState::complete(bool ok, ErrorKind kind, std::string message) {
   int expected = kPending;
   if (!status_.compare_exchange_strong(expected, kCompleting, std::memory_order_acq_rel)) return false;
-  if (inflight_) {
-    if (auto w = worker_.lock()) w->op_finished();
-  }
   kind_ = kind;
   message_ = std::move(message);
   status_.store(ok ? kDone : kFailed, std::memory_order_release);

@@ -35,8 +35,6 @@ class RequestState {
       : refs_(refs), worker_(std::move(worker)) {}
 
   void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
-  // Counts this request in its worker's in-flight operations until it completes.
-  void track_inflight();
   void release() {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
@@ -70,7 +68,6 @@ class RequestState {
 
   std::atomic<int> refs_;
   std::atomic<int> status_{kPending};
-  bool inflight_ = false;
   ErrorKind kind_ = ErrorKind::kGeneric;
   std::string message_;
   // Weak: an operation UCX never completes must not keep its worker alive

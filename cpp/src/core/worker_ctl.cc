@@ -55,7 +55,6 @@ void WorkerCtl::run() {
     idle_rounds = 0;
     auto now = clock::now();
     if (now - last_event < spin) continue;
-    if (inflight_.load(std::memory_order_relaxed) > 0) continue;  // see op_started()
     // Raise the flag before arming: a post that lands between arm and poll
     // then signals the worker instead of waiting for the poll timeout.
     sleeping_.store(true, std::memory_order_seq_cst);

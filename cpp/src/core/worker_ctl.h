@@ -46,12 +46,6 @@ class WorkerCtl {
   // applies such a failure; Endpoint::close's own progress loop is not guarded.
   void enable_progress_guard() { guarded_ = true; }
   std::mutex& progress_guard() { return guard_; }
-  // Data operations posted on this worker and not complete yet. While there
-  // are any the progress thread keeps polling instead of sleeping: UCX's
-  // event fd signals arrivals, not that a blocked tcp send may go on, so a
-  // sender whose socket filled up would stall until the poll timeout.
-  void op_started() { inflight_.fetch_add(1, std::memory_order_relaxed); }
-  void op_finished() { inflight_.fetch_sub(1, std::memory_order_relaxed); }
   // Wakes the progress thread if it sleeps on the event fd.
   void wake() {
     if (sleeping_.load(std::memory_order_acquire)) ucp_worker_signal(worker_->get());
@@ -72,7 +66,6 @@ class WorkerCtl {
   std::string name_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
-  std::atomic<int> inflight_{0};
   std::atomic<bool> sleeping_{false};
   bool guarded_ = false;
   std::mutex guard_;
