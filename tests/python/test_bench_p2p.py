@@ -69,13 +69,15 @@ def test_info_names_the_loaded_ucx():
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_slot_latency_bench(tmp_path, transport):
+@pytest.mark.parametrize("progress", ["inline", "blocking"])
+def test_slot_latency_bench(tmp_path, transport, progress):
     out = tmp_path / "slot.json"
     proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.slot_latency", "--transport", transport,
-                           "--sizes", "8,4K", "--iters", "200", "--json", str(out)],
+                           "--sizes", "8,4K", "--iters", "200", "--progress", progress, "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
+    assert report["config"]["progress"] == progress
     assert [r["size"] for r in report["rows"]] == [8, 4096]
     for row in report["rows"]:
         assert 0 < row["lat_us"]["min"] <= row["lat_us"]["p50"] <= row["lat_us"]["max"]

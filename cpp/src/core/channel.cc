@@ -205,6 +205,8 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   param.memh = local.memh;
   void* buffer = static_cast<char*>(local.address) + local_offset;
   const std::uint64_t raddr = rd.address + remote_offset;
+  WorkerCtl::Caller caller(worker.get());
+  WorkerCtl::Use use(worker.get());
   ucs_status_ptr_t ptr = is_write ? ucp_put_nbx(ep->get(), buffer, length, raddr, rkey, &param)
                                   : ucp_get_nbx(ep->get(), buffer, length, raddr, rkey, &param);
   Request request = finish_post(ptr, op, &local.owner, &remote);
@@ -246,6 +248,31 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   return remote.impl()->access_for(ep).mapped;
 }
 
+bool ChannelImpl::needs_target_progress() const {
+  int known = target_progress_.load(std::memory_order_relaxed);
+  if (known >= 0) return known != 0;
+  if (!ep || !ep->get()) return true;
+  ucp_transport_entry_t entries[16];
+  ucp_ep_attr_t attr{};
+  attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+  attr.transports.entries = entries;
+  attr.transports.num_entries = 16;
+  attr.transports.entry_size = sizeof(ucp_transport_entry_t);
+  if (ucp_ep_query(ep->get(), &attr) != UCS_OK || attr.transports.num_entries == 0) return true;
+  // Transports whose puts complete in the target's memory on their own.
+  static const char* const kOneSided[] = {"posix", "sysv", "xpmem", "cma", "knem", "self", "rc_verbs", "rc_mlx5",
+                                          "dc_mlx5", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc"};
+  bool needs = false;
+  for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
+    const char* name = entries[i].transport_name ? entries[i].transport_name : "";
+    bool one_sided = false;
+    for (const char* t : kOneSided) one_sided = one_sided || std::strcmp(name, t) == 0;
+    needs = needs || !one_sided;
+  }
+  target_progress_.store(needs ? 1 : 0, std::memory_order_relaxed);
+  return needs;
+}
+
 ChannelStats ChannelImpl::stats() const {
   ChannelStats s;
   s.posted = posted_.load(std::memory_order_relaxed);
@@ -265,6 +292,8 @@ Request ChannelImpl::flush() {
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.send = on_rma_complete;
   param.user_data = ops_;
+  WorkerCtl::Caller caller(worker.get());
+  WorkerCtl::Use use(worker.get());
   return finish_post(ucp_ep_flush_nbx(ep->get(), &param), "flush");
 }
 
@@ -274,6 +303,8 @@ void ChannelImpl::fence() {
   if (ucx_since_fence_.exchange(false, std::memory_order_acq_rel)) {
     drain_before_direct_.store(true, std::memory_order_release);
   }
+  WorkerCtl::Caller caller(worker.get());
+  WorkerCtl::Use use(worker.get());
   ucx::check(ucp_worker_fence(worker->get()), "fence");
 }
 

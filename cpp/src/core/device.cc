@@ -161,6 +161,22 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
     // Lets a user compare with UCX's own shared-memory path without code changes.
     config.map_shared_memory = std::string(map) != "0";
   }
+  // Progress policy from the environment: tune a program without editing it.
+  if (const char* mode = std::getenv("TENSORWIRE_PROGRESS")) {
+    const std::string m(mode);
+    if (m == "blocking") config.progress = ProgressMode::kBlocking;
+    else if (m == "polling") config.progress = ProgressMode::kPolling;
+    else if (m == "inline") config.progress = ProgressMode::kInline;
+    else throw InvalidArgument("TENSORWIRE_PROGRESS must be blocking, polling or inline, got '" + m + "'");
+  }
+  if (const char* spin = std::getenv("TENSORWIRE_SPIN_US")) {
+    char* end = nullptr;
+    unsigned long v = std::strtoul(spin, &end, 10);
+    if (!*spin || *end || v > 1000000) {
+      throw InvalidArgument(std::string("TENSORWIRE_SPIN_US must be 0..1000000 microseconds, got '") + spin + "'");
+    }
+    config.spin_us = static_cast<unsigned>(v);
+  }
   id = random_id();
   boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
   start_time_ = process_start_time();

@@ -88,6 +88,11 @@ class ChannelImpl {
   // The local address of remote's first byte when copies to it go direct, else nullptr.
   char* direct_target(const RemoteRegion& remote, const LocalRegion& local) const;
   ChannelStats stats() const;
+  // Whether a write from the peer over this channel's transports lands only
+  // when this side progresses its worker (tcp and UCX's other emulated RMA);
+  // not over shared memory or verbs RC/DC. Waiters on a word the peer writes
+  // drive the worker only then. Conservative (true) until UCX can tell.
+  bool needs_target_progress() const;
 
   const std::shared_ptr<Peer> peer;
   const int lane;
@@ -109,6 +114,7 @@ class ChannelImpl {
   // fence must also wait for the UCX operations posted before it.
   std::atomic<bool> ucx_since_fence_{false};
   std::atomic<bool> drain_before_direct_{false};
+  mutable std::atomic<int> target_progress_{-1};  // -1 unknown, else the answer
   std::atomic<std::uint64_t> posted_{0}, direct_writes_{0}, direct_reads_{0}, direct_bytes_{0}, drains_{0};
 };
 

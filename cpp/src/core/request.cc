@@ -70,45 +70,32 @@ void RequestState::wait(double timeout_s) {
                                 : start + std::chrono::duration_cast<clock::duration>(
                                               std::chrono::duration<double>(timeout_s));
   // Spin first, progressing the worker from this thread: the common fast case
-  // completes here without any sleep or cross-thread wake-up.
-  if (poller) {
-    // Nobody else polls the word: keep polling (progress, then short sleeps).
-    auto worker = worker_.lock();
-    const auto spin = std::chrono::microseconds(worker && worker->spin_us() ? worker->spin_us() : 20);
+  // completes here without any sleep or cross-thread wake-up. Then nap on the
+  // worker's event fd between bursts, still driving it (WorkerCtl: the
+  // progress thread stays out meanwhile, so two threads never spin at once).
+  if (auto worker = worker_.lock()) {
+    WorkerCtl::Caller caller(worker.get());
+    const auto spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
+    // A polled word is written one-sidedly (no event over shared memory):
+    // nap briefly. Otherwise completion comes with an event.
+    const double nap_s = poller ? 20e-6 : 0.01;
     auto last = clock::now();
     unsigned rounds = 0;
+    bool napping = false;
     while (!finished()) {
-      unsigned events = worker ? worker->progress() : 0;
-      if (poller()) break;
-      if (events) last = clock::now();
-      if ((++rounds & 63) != 0) continue;
+      unsigned events = worker->drive();
+      if (poller && poller()) break;
+      if (events) {
+        last = clock::now();
+        continue;  // drain before napping: arm() needs an idle worker
+      }
+      if (!napping && (++rounds & 63) != 0) continue;
       auto now = clock::now();
-      if (now > deadline) break;
-      if (now - last > spin) {
-        // The polled word is written one-sidedly: no event would wake us.
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
-  } else if (auto worker = worker_.lock()) {
-    const auto spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
-    unsigned rounds = 0;
-    while (!finished()) {
-      worker->progress();
-      if ((++rounds & 63) == 0) {
-        auto now = clock::now();
-        if (now - start > spin || now > deadline) break;
-      }
-    }
-    if (!finished() && worker->mode() == ProgressMode::kInline) {
-      // Nobody else progresses this worker: keep driving it, sleeping on the
-      // event fd between bursts.
-      while (!finished()) {
-        auto now = clock::now();
-        if (now >= deadline) break;
-        double left = std::chrono::duration<double>(deadline - now).count();
-        worker->wait_event(left < 0.01 ? left : 0.01);
-        for (int i = 0; i < 64 && !finished(); ++i) worker->progress();
-      }
+      if (now >= deadline) break;
+      if (!napping && now - last < spin) continue;
+      napping = true;
+      double left = std::chrono::duration<double>(deadline - now).count();
+      worker->wait_event(left < nap_s ? left : nap_s);
     }
   }
   if (!finished()) {

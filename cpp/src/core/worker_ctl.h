@@ -9,9 +9,23 @@
 // target to progress for a put to land). A waiting caller progresses the
 // worker itself while it spins, then sleeps until the progress thread (or, in
 // inline mode, the worker's event fd) wakes it.
+//
+// Handoff: UCX serialises threads on a worker with a spinlock. When the caller
+// and the progress thread both entered the worker, the loser spun for as long
+// as the winner held it (a tcp sendmsg or recv of megabytes): a third of both
+// vCPUs went to pthread_spin_lock in a 4-process training run. So a caller
+// announces itself (Caller) and holds the worker (Use) for each call; the
+// progress thread stays out while any caller is announced: it polls the
+// announcement for 20 us, then parks on a futex that the last caller wakes
+// (not on the event fd, which fires for every event the caller handles).
+// A waiter drives the worker while events come; once idle for spin_us it
+// releases the worker to the progress thread and only polls its word. Two
+// threads of a process spinning at once cost a scheduler time slice (4 ms)
+// whenever the cores are oversubscribed.
 #pragma once
 
 #include <atomic>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,11 +45,57 @@ class WorkerCtl {
 
   void start();  // starts the progress thread (not in inline mode)
   void stop();   // joins it; idempotent
+  // Announces a thread other than the progress thread that is about to use
+  // the worker (post, progress, wait): the progress thread stays out of the
+  // worker until the last caller has left. A no-op without a progress thread
+  // and on guarded (control) workers.
+  class Caller {
+   public:
+    explicit Caller(WorkerCtl* w) : w_(w && w->handoff() ? w : nullptr) {
+      if (w_) w_->callers_.fetch_add(1, std::memory_order_seq_cst);
+    }
+    ~Caller() { release(); }
+    Caller(const Caller&) = delete;
+    Caller& operator=(const Caller&) = delete;
+    void release() {
+      if (w_) w_->leave();
+      w_ = nullptr;
+    }
+
+   private:
+    WorkerCtl* w_;
+  };
+  // Holds the worker for one UCX call from a caller's thread: the progress
+  // thread's call in flight ends first (this thread sleeps rather than spin
+  // on UCX's lock for the length of a tcp recv). Recursive: a completion
+  // callback may post.
+  class Use {
+   public:
+    explicit Use(WorkerCtl* w) : w_(w && w->handoff() ? w : nullptr) {
+      if (w_) w_->lock_worker();
+    }
+    ~Use() {
+      if (w_) w_->use_.unlock();
+    }
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+
+   private:
+    WorkerCtl* w_;
+  };
+
+  // Progress from a caller's thread.
   unsigned progress() {
-    if (!guarded_) return ucp_worker_progress(worker_->get());
-    std::lock_guard<std::mutex> lock(guard_);
-    return ucp_worker_progress(worker_->get());
+    Caller c(this);
+    return drive();
   }
+  // Progress from a thread that already holds a Caller for this worker.
+  unsigned drive() {
+    Use u(this);
+    return progress_now();
+  }
+  // Whether a progress thread drives this worker when callers do not.
+  bool has_thread() const { return threaded_.load(std::memory_order_acquire); }
   // Progress guard (off unless enabled before start(); data workers never pay
   // for it). While a caller holds progress_guard(), this WorkerCtl does not
   // progress the worker, so UCX applies no endpoint failure in between two of
@@ -50,7 +110,9 @@ class WorkerCtl {
   void wake() {
     if (sleeping_.load(std::memory_order_acquire)) ucp_worker_signal(worker_->get());
   }
-  // Inline mode: sleeps on the event fd for at most `seconds`.
+  // A waiter's nap: sleeps on the worker's event fd for at most `seconds`
+  // (an event, such as tcp data, ends it early). Call after progress
+  // returned 0, holding a Caller when a progress thread exists.
   void wait_event(double seconds);
   ProgressMode mode() const { return mode_; }
   unsigned spin_us() const { return spin_us_; }
@@ -59,6 +121,15 @@ class WorkerCtl {
 
  private:
   void run();
+  unsigned progress_now() {
+    if (!guarded_) return ucp_worker_progress(worker_->get());
+    std::lock_guard<std::mutex> lock(guard_);
+    return ucp_worker_progress(worker_->get());
+  }
+  void leave();
+  bool handoff() const { return !guarded_ && threaded_.load(std::memory_order_relaxed); }
+  void stay_out();
+  void lock_worker();
 
   std::shared_ptr<ucx::Worker> worker_;
   ProgressMode mode_;
@@ -67,6 +138,10 @@ class WorkerCtl {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
+  std::atomic<std::uint32_t> callers_{0};  // see Caller; a futex word
+  std::atomic<bool> parked_{false};
+  std::atomic<bool> threaded_{false};
+  std::recursive_mutex use_;  // see Use
   bool guarded_ = false;
   std::mutex guard_;
 };

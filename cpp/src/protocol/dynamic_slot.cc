@@ -311,8 +311,7 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
   state->local_owner = local.owner;
   state->poller = [posted, impl, seq, state]() {
-    posted->first.test();
-    posted->second.test();
+    // state(), not test(): the waiter (or the progress thread) progresses.
     for (Request* r : {&posted->first, &posted->second}) {
       if (r->state() < 0) {
         state->complete_error(ErrorKind::kConnection, r->error_message());

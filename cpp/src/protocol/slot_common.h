@@ -22,10 +22,11 @@ inline void store_release(void* p, std::uint64_t v) {
   std::atomic_ref<std::uint64_t>(*static_cast<std::uint64_t*>(p)).store(v, std::memory_order_release);
 }
 
-// Spins on `ready()` while progressing `channel`'s worker (tcp targets must
-// progress for writes to land); after `spin_us` of nothing, sleeps briefly
-// between checks. Returns false at the deadline (timeout_s < 0: never), or
-// as soon as `channel` failed.
+// Spins on `ready()`, progressing `channel`'s worker when the peer's writes
+// need it (tcp: see ChannelImpl::needs_target_progress; without a channel,
+// `worker`); after `spin_us` of nothing, naps 20 us at a time (on the
+// worker's event fd when driving it, so tcp data ends the nap). Returns false
+// at the deadline (timeout_s < 0: never), or as soon as `channel` failed.
 template <typename Ready>
 bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s) {
   using clock = std::chrono::steady_clock;
@@ -34,22 +35,33 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
   const bool forever = timeout_s < 0;
   const auto deadline = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(
                                     forever ? 0.0 : timeout_s));
-  WorkerCtl* w = channel ? channel->worker.get() : worker;
-  const auto spin = std::chrono::microseconds(w && w->spin_us() ? w->spin_us() : 50);
+  // The peer's write lands by itself unless the transport needs this side to
+  // progress (tcp): only then drive the worker (and keep its thread out).
+  WorkerCtl* w = channel ? (channel->needs_target_progress() ? channel->worker.get() : nullptr) : worker;
+  WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
+  const auto spin = std::chrono::microseconds(spin_of && spin_of->spin_us() ? spin_of->spin_us() : 50);
+  WorkerCtl::Caller caller(w);  // the progress thread stays out meanwhile
   auto last = start;
   unsigned rounds = 0;
+  bool napping = false;
   while (!ready()) {
-    if (w && w->progress() > 0) last = clock::now();
-    if ((++rounds & 63) != 0) continue;
+    if (w && w->drive() > 0) {
+      last = clock::now();
+      continue;  // drain before napping: arm() needs an idle worker
+    }
+    if (!napping && (++rounds & 63) != 0) continue;
     // A dead peer never writes the word: stop at once (callers then raise the
     // channel's failure) rather than at the deadline, or never.
     if (channel && channel->failed()) return ready();
     auto now = clock::now();
     if (!forever && now > deadline) return ready();
-    if (now - last > spin) {
-      // Not the worker's event fd: a one-sided write over shared memory
-      // raises no event on the target, so such a sleep would only end at its
-      // timeout. A short sleep bounds the added latency of an idle wait.
+    if (!napping && now - last < spin) continue;
+    napping = true;
+    // A one-sided write over shared memory raises no event on the target:
+    // the nap's timeout bounds the added latency; a tcp write wakes it early.
+    if (w) {
+      w->wait_event(20e-6);
+    } else {
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   }

@@ -298,7 +298,8 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
   auto both = std::make_shared<std::pair<Request, Request>>(std::move(payload), std::move(flag));
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
   state->poller = [both, state]() {
-    if (!both->first.test() || !both->second.test()) return false;
+    // state(), not test(): the waiter (or the progress thread) progresses.
+    if (both->first.state() == 0 || both->second.state() == 0) return false;
     for (Request* r : {&both->first, &both->second}) {
       if (r->state() < 0) {
         state->complete_error(ErrorKind::kConnection, r->error_message());

@@ -20,9 +20,9 @@ def _shape(size: int) -> tuple[int, ...]:
     return (max(1, size // 4),)
 
 
-def _peer(conn, transport: str, sizes: list[int], iters: int) -> None:
+def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str) -> None:
     import tensorwire as tw
-    with tw.Device(transport=transport, progress="inline") as dev:
+    with tw.Device(transport=transport, progress=progress) as dev:
         slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2) for s in sizes}
         conn.send(dev.address)
         back = conn.recv()
@@ -38,18 +38,18 @@ def _peer(conn, transport: str, sizes: list[int], iters: int) -> None:
         conn.recv()  # wait until the other side is done
 
 
-def measure(transport: str, sizes: list[int], iters: int, warmup: int) -> list[dict]:
+def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "inline") -> list[dict]:
     import tensorwire as tw
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_peer, args=(child, transport, sizes, iters + warmup), daemon=True)
+    proc = ctx.Process(target=_peer, args=(child, transport, sizes, iters + warmup, progress), daemon=True)
     proc.start()
     try:
         if not parent.poll(60):
             raise RuntimeError("the latency peer did not start")
         address = parent.recv()
         rows = []
-        with tw.Device(transport=transport, progress="inline") as dev:
+        with tw.Device(transport=transport, progress=progress) as dev:
             slots = {s: dev.static_slot(f"pong{s}", _shape(s), "float32", depth=2) for s in sizes}
             parent.send(dev.address)
             ch = dev.connect(address)
@@ -79,19 +79,24 @@ def main() -> int:
     ap.add_argument("--transport", default="shm", choices=("auto", "tcp", "shm", "rdma"))
     ap.add_argument("--sizes", default="8,4K")
     ap.add_argument("--iters", type=int, default=20000)
+    ap.add_argument("--progress", default="inline", choices=("inline", "blocking", "polling"),
+                    help="the Devices' progress mode: inline (default; the waiting thread drives UCX), "
+                         "blocking (Device's default: progress threads that sleep when idle) or polling")
     ap.add_argument("--json")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
     report = Report("slot_latency", {"transport": args.transport, "iters": args.iters, "sizes": sizes,
-                                     "api": "Python", "latency": "one-way (RTT/2)", "unit": "usec"})
-    report.rows = measure(args.transport, sizes, args.iters, max(100, args.iters // 10))
+                                     "api": "Python", "latency": "one-way (RTT/2)", "unit": "usec",
+                                     "progress": args.progress})
+    report.rows = measure(args.transport, sizes, args.iters, max(100, args.iters // 10), args.progress)
     lines = []
     for r in report.rows:
         st = r["lat_us"]
         check_latency_row(report, r["size"], st)
         lines.append(f" {r['size']:<7d} {r['iters']:<11d}{st['min']:<15.2f}{st['max']:<15.2f}{st['p50']:<17.2f}"
                      f"{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
-    print(f"# static-slot ping-pong through the Python API over {args.transport} (one-way = RTT/2)")
+    print(f"# static-slot ping-pong through the Python API over {args.transport}, {args.progress} progress "
+          "(one-way = RTT/2)")
     print_table(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
                 "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]", lines)
     first = report.rows[0]

@@ -14,6 +14,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -539,6 +540,63 @@ TEST_P(Loopback, CallsFromManyThreads) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+// Threads that post and wait on one worker at once, with its progress thread
+// standing aside for them (WorkerCtl's handoff): nothing lost, no deadlock.
+TEST_P(Loopback, WritesAndWaitsFromManyThreads) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  constexpr int kThreads = 4;
+  constexpr std::size_t kShare = kRegion / kThreads;
+  fill_pattern(source.data(), kRegion, 57);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        // Each thread writes its share in pieces of growing size, waiting on
+        // some and leaving others to the flush, then rewrites it whole.
+        const std::size_t base = t * kShare;
+        std::size_t off = 0;
+        std::vector<tw::Request> pending;
+        for (std::size_t piece = 64; off < kShare; piece *= 4) {
+          const std::size_t n = std::min(piece, kShare - off);
+          tw::Request r = ch.write(source.region(), base + off, remote, base + off, n);
+          if ((off / 64) % 2 == 0) r.wait(kWait); else pending.push_back(std::move(r));
+          off += n;
+        }
+        for (auto& r : pending) r.wait(kWait);
+        ch.write(source.region(), base, remote, base, kShare).wait(kWait);
+      } catch (const std::exception&) {
+        errors.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  ASSERT_EQ(errors.load(), 0);
+  ch.flush().wait(kWait);
+  EXPECT_EQ(first_diff(bytes(target), bytes(source), kRegion), -1);
+}
+
+// A write left in flight by a thread that then stops driving the worker (it
+// only sleeps) completes all the same: the progress thread takes it over.
+TEST_P(Loopback, WorkLeftInFlightCompletesWithoutTheCaller) {
+  if (mode() == tw::ProgressMode::kInline) GTEST_SKIP() << "inline mode: nobody else progresses, by design";
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  fill_pattern(source.data(), kRegion, 91);
+  for (int round = 0; round < 20; ++round) {
+    tw::Request r = ch.write(source.region(), 0, remote, 0, kRegion);
+    tw::Request f = ch.flush();
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
+    while ((r.state() == 0 || f.state() == 0) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));  // state() never progresses
+    }
+    ASSERT_EQ(r.state(), 1) << "round " << round;
+    ASSERT_EQ(f.state(), 1) << "round " << round;
+  }
+  EXPECT_EQ(first_diff(bytes(target), bytes(source), kRegion), -1);
 }
 
 TEST_P(Loopback, LanesWithTwoWorkers) {
