@@ -75,27 +75,32 @@ void RequestState::wait(double timeout_s) {
   // progress thread stays out meanwhile, so two threads never spin at once).
   if (auto worker = worker_.lock()) {
     WorkerCtl::Caller caller(worker.get());
-    const auto spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
-    // A polled word is written one-sidedly (no event over shared memory):
-    // nap briefly. Otherwise completion comes with an event.
-    const double nap_s = poller ? 20e-6 : 0.01;
-    auto last = clock::now();
+    const auto spin_until = start + std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
+    // Completion comes with an event, except for a polled word written
+    // one-sidedly (no event over shared memory): then nap briefly, backing off.
+    const double nap_max = poller ? 250e-6 : 0.01;
+    double nap = poller ? 20e-6 : 0.01;
     unsigned rounds = 0;
     bool napping = false;
     while (!finished()) {
       unsigned events = worker->drive();
       if (poller && poller()) break;
       if (events) {
-        last = clock::now();
+        if (napping) nap = poller ? 20e-6 : nap;
         continue;  // drain before napping: arm() needs an idle worker
       }
       if (!napping && (++rounds & 63) != 0) continue;
       auto now = clock::now();
       if (now >= deadline) break;
-      if (!napping && now - last < spin) continue;
+      // Spin from the start of the wait, not from the last event: while our
+      // own large send streams out, its events would keep this thread
+      // spinning (CPU the receiver needs). wait_until, whose events are the
+      // awaited data arriving, spins from the last event instead.
+      if (!napping && now < spin_until) continue;
       napping = true;
       double left = std::chrono::duration<double>(deadline - now).count();
-      worker->wait_event(left < nap_s ? left : nap_s);
+      worker->wait_event(left < nap ? left : nap);
+      nap = nap * 2 < nap_max ? nap * 2 : nap_max;
     }
   }
   if (!finished()) {

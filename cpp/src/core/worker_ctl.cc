@@ -16,14 +16,6 @@ namespace tensorwire::detail {
 
 namespace {
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, long timeout_ns) {
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "futex word");
   struct timespec ts{0, timeout_ns};

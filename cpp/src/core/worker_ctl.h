@@ -36,6 +36,16 @@
 
 namespace tensorwire::detail {
 
+// A spin-wait hint: lets the other hyperthread run and eases the exit from
+// the spin when the watched line changes.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
 class WorkerCtl {
  public:
   WorkerCtl(std::shared_ptr<ucx::Worker> worker, ProgressMode mode, unsigned spin_us, std::string name);

@@ -4,6 +4,7 @@
 // while driving progress, and the dtype table.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -41,13 +42,22 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
   WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
   const auto spin = std::chrono::microseconds(spin_of && spin_of->spin_us() ? spin_of->spin_us() : 50);
   WorkerCtl::Caller caller(w);  // the progress thread stays out meanwhile
+  // Naps back off from 20 us: to 1 ms on the event fd (tcp data ends it
+  // early), to 250 us without (a shared-memory write raises no event).
+  const auto max_nap = std::chrono::microseconds(w ? 1000 : 250);
+  auto nap = std::chrono::microseconds(20);
   auto last = start;
   unsigned rounds = 0;
   bool napping = false;
   while (!ready()) {
-    if (w && w->drive() > 0) {
-      last = clock::now();
-      continue;  // drain before napping: arm() needs an idle worker
+    if (w) {
+      if (w->drive() > 0) {
+        nap = std::chrono::microseconds(20);
+        last = clock::now();
+        continue;  // drain before napping: arm() needs an idle worker
+      }
+    } else {
+      cpu_relax();  // a polite spin on a line the peer is about to write
     }
     if (!napping && (++rounds & 63) != 0) continue;
     // A dead peer never writes the word: stop at once (callers then raise the
@@ -57,13 +67,12 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
     if (!forever && now > deadline) return ready();
     if (!napping && now - last < spin) continue;
     napping = true;
-    // A one-sided write over shared memory raises no event on the target:
-    // the nap's timeout bounds the added latency; a tcp write wakes it early.
     if (w) {
-      w->wait_event(20e-6);
+      w->wait_event(std::chrono::duration<double>(nap).count());
     } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::this_thread::sleep_for(nap);
     }
+    nap = std::min(nap * 2, max_nap);
   }
   return true;
 }
