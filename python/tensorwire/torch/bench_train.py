@@ -30,7 +30,7 @@ def _run(args, model: str, batch: int, mode: str, n: int) -> dict:
         try:
             r = train_once(args, model=model, batch=batch, mode=mode, workers=n, servers=n)
         except Exception as e:  # noqa: BLE001 - one failed configuration must not lose the sweep
-            _progress(f"    {model} b{batch} {mode} x{n}: FAILED: {str(e).splitlines()[0]}")
+            _progress(f"    {model} b{batch} {mode} x{n}: FAILED: " + str(e).replace("\n", "\n      "))
             row = {"model": model, "batch": batch, "mode": mode, "workers": n, "servers": n,
                    "error": str(e), "samples_per_s": float("nan")}
             return row
