@@ -77,18 +77,15 @@ void RequestState::wait(double timeout_s) {
     WorkerCtl::Caller caller(worker.get());
     const auto spin_until = start + std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
     // Completion comes with an event, except for a polled word written
-    // one-sidedly (no event over shared memory): then nap briefly, backing off.
-    const double nap_max = poller ? 250e-6 : 0.01;
-    double nap = poller ? 20e-6 : 0.01;
+    // one-sidedly (no event over shared memory): then nap briefly (no
+    // back-off: the nap's length is added latency).
+    const double nap = poller ? 20e-6 : 0.01;
     unsigned rounds = 0;
     bool napping = false;
     while (!finished()) {
       unsigned events = worker->drive();
       if (poller && poller()) break;
-      if (events) {
-        if (napping) nap = poller ? 20e-6 : nap;
-        continue;  // drain before napping: arm() needs an idle worker
-      }
+      if (events) continue;  // drain before napping: arm() needs an idle worker
       if (!napping && (++rounds & 63) != 0) continue;
       auto now = clock::now();
       if (now >= deadline) break;
@@ -100,7 +97,6 @@ void RequestState::wait(double timeout_s) {
       napping = true;
       double left = std::chrono::duration<double>(deadline - now).count();
       worker->wait_event(left < nap ? left : nap);
-      nap = nap * 2 < nap_max ? nap * 2 : nap_max;
     }
   }
   if (!finished()) {

@@ -511,8 +511,11 @@ class Server:
     def close(self) -> None:
         if not self.dev.closed:
             # Over tcp the last parameters may still be on their way: let them
-            # land before the device (and its endpoints) goes.
-            for ch in getattr(self, "channels", []):
+            # land before the device (and its endpoints) goes. A worker that
+            # said goodbye has them all (and its endpoint is gone).
+            for w, ch in enumerate(getattr(self, "channels", [])):
+                if w in self._byes:
+                    continue
                 try:
                     ch.flush().wait(5.0)
                 except tw.Error:
