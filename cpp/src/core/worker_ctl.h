@@ -6,9 +6,8 @@
 // operations directly (the latency path must not pay a hand-off to another
 // thread: on two vCPUs a wake-up costs ~25 us); UCX's worker lock serialises.
 // The progress thread keeps the worker moving when nobody waits (tcp needs the
-// target to progress for a put to land). A waiting caller progresses the
-// worker itself while it spins, then sleeps until the progress thread (or, in
-// inline mode, the worker's event fd) wakes it.
+// target to progress for a put to land). A waiting caller drives the worker
+// itself: it spins, then naps on the worker's event fd between bursts.
 //
 // Handoff: UCX serialises threads on a worker with a spinlock. When the caller
 // and the progress thread both entered the worker, the loser spun for as long
@@ -18,10 +17,9 @@
 // progress thread stays out while any caller is announced: it polls the
 // announcement for 20 us, then parks on a futex that the last caller wakes
 // (not on the event fd, which fires for every event the caller handles).
-// A waiter drives the worker while events come; once idle for spin_us it
-// releases the worker to the progress thread and only polls its word. Two
-// threads of a process spinning at once cost a scheduler time slice (4 ms)
-// whenever the cores are oversubscribed.
+// So at most one thread per worker spins: two threads of a process spinning
+// at once cost a scheduler time slice (4 ms) whenever the cores are
+// oversubscribed.
 #pragma once
 
 #include <atomic>
@@ -64,13 +62,11 @@ class WorkerCtl {
     explicit Caller(WorkerCtl* w) : w_(w && w->handoff() ? w : nullptr) {
       if (w_) w_->callers_.fetch_add(1, std::memory_order_seq_cst);
     }
-    ~Caller() { release(); }
+    ~Caller() {
+      if (w_) w_->leave();
+    }
     Caller(const Caller&) = delete;
     Caller& operator=(const Caller&) = delete;
-    void release() {
-      if (w_) w_->leave();
-      w_ = nullptr;
-    }
 
    private:
     WorkerCtl* w_;
@@ -104,8 +100,6 @@ class WorkerCtl {
     Use u(this);
     return progress_now();
   }
-  // Whether a progress thread drives this worker when callers do not.
-  bool has_thread() const { return threaded_.load(std::memory_order_acquire); }
   // Progress guard (off unless enabled before start(); data workers never pay
   // for it). While a caller holds progress_guard(), this WorkerCtl does not
   // progress the worker, so UCX applies no endpoint failure in between two of
