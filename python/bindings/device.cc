@@ -183,6 +183,16 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("address", [](PyDevice& d) { return dev(d).address(); })
       .def_prop_ro("id", [](PyDevice& d) { return dev(d).id(); })
       .def_prop_ro("workers", [](PyDevice& d) { return dev(d).config().workers; })
+      .def_prop_ro("progress_mode", [](PyDevice& d) {
+        switch (dev(d).config().progress) {
+          case ProgressMode::kBlocking: return std::string("blocking");
+          case ProgressMode::kPolling: return std::string("polling");
+          case ProgressMode::kInline: break;
+        }
+        return std::string("inline");
+      }, "The progress mode in effect (TENSORWIRE_PROGRESS overrides the argument).")
+      .def_prop_ro("spin_us", [](PyDevice& d) { return dev(d).config().spin_us; },
+                   "The spin in effect, in microseconds (TENSORWIRE_SPIN_US overrides the argument).")
       .def("alloc_view", [](PyDevice& d, std::vector<std::int64_t> shape, int code, int bits,
                             const std::string& format, std::size_t alignment) {
         std::size_t itemsize = bits / 8;

@@ -626,3 +626,24 @@ def test_loopback_device_refuses_remote_address_clearly():
     with tw.Device() as dev:
         with pytest.raises(tw.InvalidArgument, match="loopback only"):
             dev.connect("10.255.255.1:5000")
+
+
+def test_progress_from_the_environment_overrides_the_arguments(monkeypatch):
+    monkeypatch.setenv("TENSORWIRE_PROGRESS", "inline")
+    monkeypatch.setenv("TENSORWIRE_SPIN_US", "7")
+    with tw.Device(host="127.0.0.1", transport="tcp", progress="blocking", spin_us=100) as dev:
+        assert dev.progress_mode == "inline"
+        assert dev.spin_us == 7
+    monkeypatch.delenv("TENSORWIRE_PROGRESS")
+    monkeypatch.delenv("TENSORWIRE_SPIN_US")
+    with tw.Device(host="127.0.0.1", transport="tcp", progress="polling", spin_us=100) as dev:
+        assert dev.progress_mode == "polling"
+        assert dev.spin_us == 100
+
+
+@pytest.mark.parametrize("name,value", [("TENSORWIRE_PROGRESS", "busy"), ("TENSORWIRE_SPIN_US", "abc"),
+                                        ("TENSORWIRE_SPIN_US", ""), ("TENSORWIRE_SPIN_US", "99999999")])
+def test_bad_progress_settings_in_the_environment_are_refused(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(tw.InvalidArgument, match=name):
+        tw.Device(host="127.0.0.1", transport="tcp")
