@@ -335,7 +335,22 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
     if (config.protocol_version) h.version = config.protocol_version;
     send(peer->control_ep, h, body);
     if (release_after_send) release_after_send->unlock();
-    state->wait(timeout_s);
+    double left = timeout_s;
+    if (config.progress == ProgressMode::kInline) {
+      // Nobody else moves an inline device's data workers, and the peer's
+      // handler may need them while we wait (a slot attach connects a data
+      // endpoint back to us over tcp, which our worker must accept).
+      using clock = std::chrono::steady_clock;
+      const auto start = clock::now();
+      auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
+      while (!state->finished() && (timeout_s < 0 || elapsed() < timeout_s)) {
+        unsigned events = 0;
+        for (auto& w : workers) events += w->progress();
+        if (events == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      if (timeout_s >= 0) left = std::max(0.0, timeout_s - elapsed());
+    }
+    state->wait(left);
   } catch (...) {
     if (release_after_send && release_after_send->owns_lock()) release_after_send->unlock();
     cleanup();
