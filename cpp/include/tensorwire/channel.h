@@ -62,6 +62,14 @@ class Channel {
   // Completes when every operation posted earlier on this channel is complete
   // and visible at the peer.
   Request flush();
+  // A write that lands after every write posted earlier on this channel (a
+  // slot's flag after its payload). Like fence() + write(), but never blocks:
+  // where UCX orders writes only by a "strong" fence (tcp: a flush the caller
+  // spins out), the write is posted once a flush of what came before
+  // completes, and the Request completes with the write (with a progress
+  // thread; inline-mode devices fence, as they have no other driver).
+  Request write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                        std::size_t remote_offset, std::size_t length);
 
   // Asks the peer for the region it published under `name` (NotFound if none).
   RemoteRegion lookup(const std::string& name, double timeout_s = 10.0);

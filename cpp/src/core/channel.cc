@@ -52,6 +52,19 @@ bool range_ok(std::size_t offset, std::size_t length, std::uint64_t size) {
   return length <= size && offset <= size - length;
 }
 
+// Completes the Request of a chained operation (write_ordered) and drops
+// the chain's reference; the owners it kept alive are released outside UCX.
+void settle_chain(RequestState* state, bool ok, ErrorKind kind, const std::string& why) {
+  if (ok) {
+    state->complete_ok();
+  } else {
+    state->complete_error(kind, why);
+  }
+  defer_release(std::move(state->local_owner));
+  defer_release(std::move(state->remote_owner));
+  state->release();
+}
+
 }  // namespace
 
 void defer_release(std::shared_ptr<const void> owner) {
@@ -308,6 +321,62 @@ void ChannelImpl::fence() {
   ucx::check(ucp_worker_fence(worker->get()), "fence");
 }
 
+Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                                   std::size_t remote_offset, std::size_t length) {
+  // Transports that land puts by themselves (shared memory: a copy done at
+  // once; verbs RC/DC: ordered by the NIC) get UCX's cheap fence. The others
+  // (tcp) would get a strong one: a worker flush that ucp_worker_fence spins
+  // out, holding the worker, for the whole payload (100 ms for 200 MB).
+  // Inline mode keeps the blocking fence too: no thread but the caller's
+  // progresses, so a write chained to a flush would wait for the caller's
+  // next wait (and never come if the caller sends last and leaves).
+  if (!needs_target_progress() || worker->mode() == ProgressMode::kInline) {
+    fence();
+    return rma(true, local, local_offset, remote, remote_offset, length);
+  }
+  Request before = flush();
+  if (before.state() != 0) {
+    if (before.state() < 0) return Request::failed(ErrorKind::kConnection, before.error_message());
+    return rma(true, local, local_offset, remote, remote_offset, length);
+  }
+  // One ref for the returned Request, one for the chain (dropped when it ends).
+  auto* outer = new RequestState(worker, 2);
+  outer->local_owner = local.owner;
+  outer->remote_owner = remote.shared();
+  std::weak_ptr<ChannelImpl> self = weak_from_this();
+  // Runs on whichever thread completes the flush, maybe inside a UCX
+  // callback: posting from there is allowed (progressing is not); whatever
+  // may be a last reference (memory, rkey, the channel) is released later,
+  // outside UCX.
+  before.then([self, outer, local = LocalRegion(local), local_offset, remote = RemoteRegion(remote), remote_offset, length](
+                  bool ok, const std::string& message) mutable {
+    Request write;
+    bool posted = false;
+    ErrorKind kind = ErrorKind::kConnection;
+    std::string why = message;
+    if (ok) {
+      if (auto channel = self.lock()) {
+        try {
+          write = channel->rma(true, local, local_offset, remote, remote_offset, length);
+          posted = true;
+        } catch (const Error& e) {
+          kind = e.kind();
+          why = e.what();
+        }
+        defer_release(std::move(channel));
+      } else {
+        why = "channel closed";
+      }
+    }
+    defer_release(std::move(local.owner));
+    defer_release(remote.shared());
+    remote = RemoteRegion();
+    if (!posted) return settle_chain(outer, false, kind, why);
+    write.then([outer](bool done, const std::string& w) { settle_chain(outer, done, ErrorKind::kConnection, w); });
+  });
+  return Request(outer);
+}
+
 Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner,
                                  const RemoteRegion* remote) {
   if (ptr == nullptr) return Request();  // completed in place: nothing allocated
@@ -448,6 +517,10 @@ Request Channel::read(const LocalRegion& local, std::size_t local_offset, const 
 }
 
 void Channel::fence() { impl_of(impl_).fence(); }
+Request Channel::write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                               std::size_t remote_offset, std::size_t length) {
+  return impl_of(impl_).write_ordered(local, local_offset, remote, remote_offset, length);
+}
 Request Channel::flush() { return impl_of(impl_).flush(); }
 int Channel::lane() const { return impl_of(impl_).lane; }
 bool Channel::maps(const RemoteRegion& remote, const LocalRegion& local) const {

@@ -71,7 +71,7 @@ class PendingOps {
   std::string fail_message_;
 };
 
-class ChannelImpl {
+class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
  public:
   ChannelImpl(std::shared_ptr<Peer> peer, int lane, std::shared_ptr<WorkerCtl> worker);
   ~ChannelImpl();
@@ -81,6 +81,8 @@ class ChannelImpl {
               std::size_t remote_offset, std::size_t length);
   Request flush();
   void fence();
+  Request write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                        std::size_t remote_offset, std::size_t length);
   // Fails every pending request with `kind`; later posts throw. Idempotent.
   void fail(ErrorKind kind, const std::string& why) { ops_->fail(kind, why); }
   bool failed() const { return ops_->failed(); }

@@ -77,9 +77,9 @@ void RequestState::wait(double timeout_s) {
     WorkerCtl::Caller caller(worker.get());
     const auto spin_until = start + std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
     // Completion comes with an event, except for a polled word written
-    // one-sidedly (no event over shared memory): then nap briefly (no
-    // back-off: the nap's length is added latency).
-    const double nap = poller ? 20e-6 : 0.01;
+    // one-sidedly (no event over shared memory): then nap briefly
+    // (watch_nap_s: the nap's length is added latency).
+    const bool watching = poller && !poller_evented;
     unsigned rounds = 0;
     bool napping = false;
     while (!finished()) {
@@ -96,6 +96,7 @@ void RequestState::wait(double timeout_s) {
       if (!napping && now < spin_until) continue;
       napping = true;
       double left = std::chrono::duration<double>(deadline - now).count();
+      const double nap = watching ? watch_nap_s(std::chrono::duration<double>(now - start).count()) : 0.01;
       worker->wait_event(left < nap ? left : nap);
     }
   }

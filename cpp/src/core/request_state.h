@@ -58,6 +58,11 @@ class RequestState {
   // ack): called by wait()/test(); returns true once the request completed
   // itself. Set before the Request is handed out; never cleared.
   std::function<bool()> poller;
+  // Whether the poller's answer changes only through this worker's events
+  // (completion callbacks, tcp data): then a waiter may sleep on the event
+  // fd. Otherwise it watches a word a peer writes one-sidedly (shared
+  // memory raises no event) and naps briefly instead.
+  bool poller_evented = false;
   // What UCX may still touch while the operation runs: the local memory's
   // owner and the remote region (its rkey). Set only for pending requests.
   std::shared_ptr<const void> local_owner;

@@ -44,6 +44,17 @@ inline void cpu_relax() {
 #endif
 }
 
+// How long a waiter naps between looks at a word a peer writes one-sidedly
+// (a shared-memory write raises no event, so the nap is added latency): a
+// sixteenth of the time already waited, between 20 us and 1 ms. Short waits
+// (a transfer of a few hundred us) keep 20 us naps; a long one (a server
+// waiting out a worker's compute) wakes ~1000 times a second instead of
+// 50000, CPU that the computing processes need on a machine with few cores.
+inline double watch_nap_s(double waited_s) {
+  const double nap = waited_s / 16;
+  return nap < 20e-6 ? 20e-6 : (nap > 1e-3 ? 1e-3 : nap);
+}
+
 class WorkerCtl {
  public:
   WorkerCtl(std::shared_ptr<ucx::Worker> worker, ProgressMode mode, unsigned spin_us, std::string name);

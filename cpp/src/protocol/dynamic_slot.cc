@@ -81,8 +81,7 @@ class DynamicSlotImpl {
     w[1] = status;
     LocalRegion src = ack_src.region();
     Request a = link.channel.write(src, 8, link.ack, 8, 8);
-    link.channel.fence();
-    Request b = link.channel.write(src, 0, link.ack, 0, 8);
+    Request b = link.channel.write_ordered(src, 0, link.ack, 0, 8);
     a.wait(10.0);
     b.wait(10.0);
   }
@@ -299,9 +298,8 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   if (rkey_len) std::memcpy(p + detail::kHeader + 8 * s.max_ndim, local.rkey->data(), rkey_len);
   const std::size_t record_bytes = detail::kHeader + 8 * s.max_ndim + rkey_len;
   Request body = s.channel.write(s.staging.region(), 0, s.record, 0, record_bytes);
-  s.channel.fence();
   *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;
-  Request flag = s.channel.write(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
+  Request flag = s.channel.write_ordered(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
   s.next_seq = seq + 1;
   ++s.stats.sent;
   s.stats.bytes += n;

@@ -42,11 +42,10 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
   WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
   const auto spin = std::chrono::microseconds(spin_of && spin_of->spin_us() ? spin_of->spin_us() : 50);
   WorkerCtl::Caller caller(w);  // the progress thread stays out meanwhile
-  // Naps of 20 us: on the event fd when driving (tcp data ends it early),
-  // else a plain sleep. No back-off: a shared-memory write raises no event,
-  // so the nap's length is added latency (a 250 us cap cost 1 MiB transfers
-  // 280 us each).
-  const auto nap = std::chrono::microseconds(20);
+  // Naps of watch_nap_s: on the event fd when driving (tcp data ends it
+  // early), else a plain sleep (a shared-memory write raises no event, so
+  // the nap's length is added latency; a fixed 250 us cap cost 1 MiB
+  // transfers 280 us each, hence the proportional rule).
   auto last = start;
   unsigned rounds = 0;
   bool napping = false;
@@ -67,10 +66,11 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
     if (!forever && now > deadline) return ready();
     if (!napping && now - last < spin) continue;
     napping = true;
+    const double nap = watch_nap_s(std::chrono::duration<double>(now - start).count());
     if (w) {
-      w->wait_event(std::chrono::duration<double>(nap).count());
+      w->wait_event(nap);
     } else {
-      std::this_thread::sleep_for(nap);
+      std::this_thread::sleep_for(std::chrono::duration<double>(nap));
     }
   }
   return true;

@@ -283,10 +283,10 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
     }
   }
   Request payload = s.channel.write(local, offset, s.slot, idx * s.stride, n);
-  s.channel.fence();  // the payload lands before the sequence word
   auto* word = static_cast<std::uint64_t*>(s.seq_src.data()) + idx;
   *word = seq;
-  Request flag = s.channel.write(s.seq_src.region(), idx * 8, s.slot, idx * s.stride + s.payload, 8);
+  // The payload lands before the sequence word.
+  Request flag = s.channel.write_ordered(s.seq_src.region(), idx * 8, s.slot, idx * s.stride + s.payload, 8);
   s.next_seq = seq + 1;
   ++s.stats.sent;
   s.stats.bytes += n;
@@ -297,6 +297,7 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
   // Either is pending: one request that completes when both did.
   auto both = std::make_shared<std::pair<Request, Request>>(std::move(payload), std::move(flag));
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
+  state->poller_evented = true;  // two UCX requests: their completions are events
   state->poller = [both, state]() {
     // state(), not test(): the waiter (or the progress thread) progresses.
     if (both->first.state() == 0 || both->second.state() == 0) return false;

@@ -425,6 +425,34 @@ TEST_P(Loopback, FenceOrdersWrites) {
   EXPECT_EQ(first_diff(target.data(), source.data(), 1 << 20), -1);
 }
 
+// write_ordered: once the flag is visible at the target, so is everything
+// written before it (seen by a watcher of the target, not after a flush).
+TEST_P(Loopback, WriteOrderedLandsAfterEarlierWrites) {
+  if (mode() == tw::ProgressMode::kInline) GTEST_SKIP() << "inline mode: the target's worker needs a driver";
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  constexpr std::size_t kPayload = kRegion - 64;
+  constexpr std::size_t kFlag = kRegion - 8;
+  auto* flag_src = reinterpret_cast<std::uint64_t*>(bytes(source) + kFlag);
+  auto* flag_dst = reinterpret_cast<volatile std::uint64_t*>(bytes(target) + kFlag);
+  for (std::uint64_t round = 1; round <= 8; ++round) {
+    fill_pattern(source.data(), kPayload, static_cast<int>(round));
+    *flag_src = round;
+    tw::Request data = ch.write(source.region(), 0, remote, 0, kPayload);
+    tw::Request flag = ch.write_ordered(source.region(), kFlag, remote, kFlag, 8);
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
+    while (*flag_dst != round && std::chrono::steady_clock::now() < until) {
+      flag.test();  // drives the sending side
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    ASSERT_EQ(*flag_dst, round);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    ASSERT_EQ(first_diff(target.data(), source.data(), kPayload), -1) << "round " << round;
+    data.wait(kWait);
+    flag.wait(kWait);
+  }
+}
+
 TEST_P(Loopback, Calls) {
   std::atomic<int> calls{0};
   server->on_call("echo", [&](const std::string& payload) {
