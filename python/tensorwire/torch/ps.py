@@ -69,6 +69,12 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": 
 DEFAULT_TIMEOUT_S = 120.0  # a step (or setup) that takes longer fails
 
 
+def _mean_into(acc: torch.Tensor, g: torch.Tensor, w: int) -> None:
+    """acc holds the mean of w gradients; makes it the mean of w + 1 with g, in
+    one pass (lerp: acc + (g - acc) / (w + 1)) instead of a scale and a sum."""
+    acc.lerp_(g, 1.0 / (w + 1))
+
+
 class PSError(RuntimeError):
     """The parameter-server run failed (a peer died, a model mismatch, a timeout)."""
 
@@ -450,6 +456,7 @@ class Server:
         t0 = time.perf_counter()
         t_sum = 0.0
         first = True
+        held: list = []  # (slot, view) whose buffer is a variable's gradient until the optimizer ran
         for i, v in enumerate(self.vars):
             m = self.master[i]
             if v.sparse:
@@ -471,8 +478,6 @@ class Server:
                 m.grad = g.coalesce()
                 t_sum += time.perf_counter() - ts
                 continue
-            if m.grad is None or m.grad.is_sparse:
-                m.grad = torch.zeros_like(m)
             for w in range(W):
                 what = f"waiting for worker {w}'s gradient of {v.name!r} (step {self.steps_done + 1})"
                 view = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
@@ -481,14 +486,17 @@ class Server:
                 first = False
                 ts = time.perf_counter()
                 g = _tensor_of_view(view, v)
-                if w == 0:  # the mean, scaled while summing: W passes over the gradient
-                    torch.mul(g, 1.0 / W, out=m.grad) if W > 1 else m.grad.copy_(g)
+                if w == 0:  # worker 0's slot buffer becomes the gradient: no copy
+                    m.grad = g
+                    held.append((self.grad_slots[i][0], view))
                 else:
-                    m.grad.add_(g, alpha=1.0 / W)
-                self.grad_slots[i][w].release(view)
+                    _mean_into(m.grad, g, w)
+                    self.grad_slots[i][w].release(view)
                 t_sum += time.perf_counter() - ts
         t1 = time.perf_counter()
         self.opt.step()
+        for slot, view in held:  # the optimizer has read them: workers may push again
+            slot.release(view)
         t2 = time.perf_counter()
         self._send_params()
         t3 = time.perf_counter()
@@ -817,12 +825,10 @@ class GlooServer:
                 idx = torch.cat([p[0] for p in sparse[i]]).view(1, -1)
                 vals = torch.cat([p[1] for p in sparse[i]]) / W
                 m.grad = torch.sparse_coo_tensor(idx, vals, v.shape, check_invariants=False).coalesce()
-            else:
-                if m.grad is None:
-                    m.grad = torch.empty_like(m)
-                torch.mul(self.bufs[i][0], 1.0 / W, out=m.grad)
+            else:  # the same in-place mean as Server: the first receive buffer becomes the gradient
+                m.grad = self.bufs[i][0]
                 for w in range(1, W):
-                    m.grad.add_(self.bufs[i][w], alpha=1.0 / W)
+                    _mean_into(m.grad, self.bufs[i][w], w)
         t2 = time.perf_counter()
         self.opt.step()
         t3 = time.perf_counter()
