@@ -102,6 +102,16 @@ void bind_device(nb::module_& m) {
          nb::arg("nbytes") = nb::none(),
          "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "
          "when the request completes; the data is visible remotely after a later flush().")
+      .def("write_ordered", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
+                               std::size_t remote_offset, nb::object nbytes) {
+        LocalRegion lr = local_region_of(local);
+        std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
+        gil_scoped_release release;
+        return c.write_ordered(lr, local_offset, remote, remote_offset, n);
+      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
+         nb::arg("nbytes") = nb::none(),
+         "A write that lands after every write posted earlier on this channel (fence() + write() without "
+         "blocking: over tcp it is posted when a flush of the earlier writes completes).")
       .def("read", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
                       std::size_t remote_offset, nb::object nbytes) {
         LocalRegion lr = local_region_of(local);

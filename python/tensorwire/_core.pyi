@@ -117,6 +117,11 @@ class Channel:
         One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused when the request completes; the data is visible remotely after a later flush().
         """
 
+    def write_ordered(self, local: object, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0, nbytes: object | None = None) -> Request:
+        """
+        A write that lands after every write posted earlier on this channel (fence() + write() without blocking: over tcp it is posted when a flush of the earlier writes completes).
+        """
+
     def read(self, local: object, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0, nbytes: object | None = None) -> Request:
         """One-sided read remote -> local; the data is there when it completes."""
 
@@ -143,12 +148,22 @@ class Channel:
     def transport_info(self) -> str:
         """What UCX chose for this endpoint (lanes, transports)."""
 
+    def maps(self, remote: RemoteRegion, local: object) -> bool:
+        """
+        True when write/read between `local` and `remote` are a memcpy in the calling thread (a same-host peer's region mapped through shared memory); such operations are complete on return.
+        """
+
+    def stats(self) -> dict:
+        """
+        Counts of this channel's operations by path: posted (to UCX), direct_writes, direct_reads, direct_bytes, drains (direct copies that first waited for earlier UCX operations after a fence).
+        """
+
     def progress(self) -> int: ...
 
 class Device:
     """A local endpoint of the fabric: UCX context, workers, pool, listener."""
 
-    def __init__(self, host: str = '127.0.0.1', port: int = 0, workers: int = 1, progress: str = 'blocking', spin_us: int = 100, transport: str = 'auto', net_devices: str = 'auto', token: str = '', slab_size: int = 67108864, pool_limit: int = 17179869184, connect_timeout: float = 10.0, keepalive: float = 1.0, protocol_version: int = 0) -> None: ...
+    def __init__(self, host: str = '127.0.0.1', port: int = 0, workers: int = 1, progress: str = 'blocking', spin_us: int = 100, transport: str = 'auto', net_devices: str = 'auto', token: str = '', slab_size: int = 67108864, pool_limit: int = 17179869184, connect_timeout: float = 10.0, keepalive: float = 1.0, protocol_version: int = 0, map_shared_memory: bool = True) -> None: ...
 
     @property
     def address(self) -> str: ...
@@ -158,6 +173,18 @@ class Device:
 
     @property
     def workers(self) -> int: ...
+
+    @property
+    def progress_mode(self) -> str:
+        """
+        The progress mode in effect (TENSORWIRE_PROGRESS overrides the argument).
+        """
+
+    @property
+    def spin_us(self) -> int:
+        """
+        The spin in effect, in microseconds (TENSORWIRE_SPIN_US overrides the argument).
+        """
 
     def alloc_view(self, shape: Sequence[int], code: int, bits: int, format: str, alignment: int = 64) -> Block:
         """Low-level: a pool block with a tensor view (use Device.empty)."""
@@ -207,6 +234,19 @@ def bench_read_latency(arg0: Channel, arg1: object, arg2: RemoteRegion, arg3: in
 def bench_stream(arg0: Sequence[Channel], arg1: bool, arg2: object, arg3: Sequence[RemoteRegion], arg4: int, arg5: int, arg6: int, arg7: int, arg8: float, /) -> tuple: ...
 
 def bench_wait_flag(arg0: Channel, arg1: int, arg2: int, arg3: float, /) -> bool: ...
+
+def bench_stream_for(arg0: Sequence[Channel], arg1: bool, arg2: object, arg3: Sequence[RemoteRegion], arg4: int, arg5: int, arg6: float, arg7: float, arg8: float, arg9: float, /) -> dict:
+    """
+    Duration-mode stream (perftest -D): per-channel completions inside [margin, duration - margin].
+    """
+
+def bench_stream_ops(arg0: Sequence[Channel], arg1: bool, arg2: object, arg3: Sequence[RemoteRegion], arg4: int, arg5: int, arg6: int, arg7: int, arg8: float, /) -> tuple:
+    """Iteration-mode stream: (seconds, post times, completion times)."""
+
+def bench_wait_flags(arg0: Sequence[Channel], arg1: int, arg2: int, arg3: int, arg4: float, /) -> bool:
+    """
+    Progresses the channels' workers until every one of `count` words at address is >= expected.
+    """
 
 class UcxBaseline:
     """

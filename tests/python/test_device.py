@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tensorwire as tw
-from conftest import HOST, TRANSPORTS, free_port
+from conftest import HOST, TRANSPORTS, free_port, wait_until
 
 # ---------------------------------------------------------------- construction
 
@@ -324,6 +324,29 @@ def test_register_numpy_array_and_remote_writes_land_in_it(device_pair):
     ch.write(src, remote).wait(10)
     ch.flush().wait(10)
     np.testing.assert_array_equal(target, np.arange(4096, dtype=np.int32))
+
+
+def test_write_ordered_lands_after_the_earlier_writes(device_pair):
+    # The flag is watched at the target, not checked after a flush: once it
+    # shows a round, that round's payload must be there in full.
+    server, client = device_pair
+    n = 4 << 20
+    dst = server.alloc(n + 64)
+    server.publish("dst", dst)
+    src = client.alloc(n + 64)
+    ch = device_pair.channel()
+    remote = ch.lookup("dst")
+    seen = np.asarray(dst)[n:n + 8].view(np.uint64)
+    for rnd in range(1, 6):
+        np.asarray(src)[:n] = rnd
+        np.asarray(src)[n:n + 8].view(np.uint64)[0] = rnd
+        data = ch.write(src, remote, nbytes=n)
+        flag = ch.write_ordered(src, remote, local_offset=n, remote_offset=n, nbytes=8)
+        assert wait_until(lambda: seen[0] == rnd, 10, interval=0.0005)
+        payload = np.asarray(dst)[:n]
+        assert payload.min() == rnd and payload.max() == rnd, f"round {rnd}"
+        data.wait(10)
+        flag.wait(10)
 
 
 def test_writes_and_reads_from_a_registered_array(device_pair):
