@@ -309,11 +309,21 @@ class StaticSeries(_TwSeries):
         return _slot_api_missing("static_slot", "static_sender")
 
     def r_prepare(self, size: int) -> dict[str, Any]:
+        # Two slots: depth 1 for the serial pass (one tensor in flight: one
+        # receive buffer, as ucx-tag's), depth 2 for the stream pass (the
+        # sender writes tensor k+1 while the receiver consumes tensor k).
+        # A depth-2 slot in the serial pass alternates two buffers: twice the
+        # receiver's working set (8 MiB tensors: 16 MiB of a 32 MiB L3).
         self.view = None
-        self.slot = None  # the previous size's slot goes first
+        self.slot = self.serial_slot = self.stream_slot = None  # the previous size's slots go first
         name = f"bench.tensor.{self.name}.{size}"
-        self.slot = self.dev.static_slot(name, (size // ITEM,), "float32", depth=2)
-        return {"name": name}
+        self.serial_slot = self.dev.static_slot(name, (size // ITEM,), "float32", depth=1)
+        self.stream_slot = self.dev.static_slot(name + ".stream", (size // ITEM,), "float32", depth=2)
+        return {"name": name, "stream_name": name + ".stream"}
+
+    def serve(self, count: int, consume: Callable[[np.ndarray], None], stream: bool = False) -> None:
+        self.slot = self.stream_slot if stream else self.serial_slot
+        super().serve(count, consume, stream)
 
     def recv(self) -> np.ndarray:
         self.view = self.slot.recv(self.timeout)
@@ -324,9 +334,10 @@ class StaticSeries(_TwSeries):
         self.slot.release(view)
 
     def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
-        self.sender = None
+        self.sender = self.stream_sender = None
         self.tensor = None
         self.sender = self.ch.static_sender(info["name"], path=self.path)
+        self.stream_sender = self.ch.static_sender(info["stream_name"], path=self.path)
         if self.registered:
             self.tensor = self.dev.empty((size // ITEM,), "float32")
             return np.asarray(self.tensor)
@@ -339,7 +350,7 @@ class StaticSeries(_TwSeries):
 
     def post(self) -> None:
         # waits only if the buffer it would overwrite is not released yet (depth 2)
-        self.sender.send(self.tensor).wait(self.timeout)
+        self.stream_sender.send(self.tensor).wait(self.timeout)
 
 
 class ZeroCopy(StaticSeries):
