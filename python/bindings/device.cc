@@ -72,6 +72,20 @@ PyDevice::~PyDevice() {
   device.reset();
 }
 
+// Channel.write / write_ordered / read: the Python signature of a one-sided
+// operation (a Block, Registration or registered array; offsets; a length
+// that defaults to what fits), checked, then posted without the GIL.
+template <Request (Channel::*Op)(const LocalRegion&, std::size_t, const RemoteRegion&, std::size_t, std::size_t)>
+auto one_sided() {
+  return [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
+            std::size_t remote_offset, nb::object nbytes) {
+    LocalRegion lr = local_region_of(local);
+    std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
+    gil_scoped_release release;
+    return (c.*Op)(lr, local_offset, remote, remote_offset, n);
+  };
+}
+
 void bind_device(nb::module_& m) {
   nb::class_<Request>(m, "Request", "Completion handle of a data-path operation.")
       .def("wait", [](Request& r, nb::object timeout) {
@@ -92,34 +106,17 @@ void bind_device(nb::module_& m) {
       });
 
   nb::class_<Channel>(m, "Channel", nb::dynamic_attr(), "One endpoint to a peer device on one lane.")
-      .def("write", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
-                       std::size_t remote_offset, nb::object nbytes) {
-        LocalRegion lr = local_region_of(local);
-        std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
-        gil_scoped_release release;
-        return c.write(lr, local_offset, remote, remote_offset, n);
-      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
-         nb::arg("nbytes") = nb::none(),
-         "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "
-         "when the request completes; the data is visible remotely after a later flush().")
-      .def("write_ordered", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
-                               std::size_t remote_offset, nb::object nbytes) {
-        LocalRegion lr = local_region_of(local);
-        std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
-        gil_scoped_release release;
-        return c.write_ordered(lr, local_offset, remote, remote_offset, n);
-      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
-         nb::arg("nbytes") = nb::none(),
-         "A write that lands after every write posted earlier on this channel (fence() + write() without "
-         "blocking: over tcp it is posted when a flush of the earlier writes completes).")
-      .def("read", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
-                      std::size_t remote_offset, nb::object nbytes) {
-        LocalRegion lr = local_region_of(local);
-        std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
-        gil_scoped_release release;
-        return c.read(lr, local_offset, remote, remote_offset, n);
-      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
-         nb::arg("nbytes") = nb::none(), "One-sided read remote -> local; the data is there when it completes.")
+      .def("write", one_sided<&Channel::write>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
+           nb::arg("remote_offset") = 0, nb::arg("nbytes") = nb::none(),
+           "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "
+           "when the request completes; the data is visible remotely after a later flush().")
+      .def("write_ordered", one_sided<&Channel::write_ordered>(), nb::arg("local"), nb::arg("remote"),
+           nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0, nb::arg("nbytes") = nb::none(),
+           "A write that lands after every write posted earlier on this channel (fence() + write() without "
+           "blocking: over tcp it is posted when a flush of the earlier writes completes).")
+      .def("read", one_sided<&Channel::read>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
+           nb::arg("remote_offset") = 0, nb::arg("nbytes") = nb::none(),
+           "One-sided read remote -> local; the data is there when it completes.")
       .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run
            "Later operations on this lane's worker land after earlier ones.")
       .def("flush", [](Channel& c) { gil_scoped_release r; return c.flush(); },
