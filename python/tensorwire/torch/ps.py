@@ -497,6 +497,9 @@ class Server:
         self.opt.step()
         for slot, view in held:  # the optimizer has read them: workers may push again
             slot.release(view)
+        for i, v in enumerate(self.vars):  # no .grad left pointing at memory a worker overwrites
+            if not v.sparse:
+                self.master[i].grad = None
         t2 = time.perf_counter()
         self._send_params()
         t3 = time.perf_counter()
