@@ -95,7 +95,7 @@ def _local_step(args, model: str, batch: int) -> float:
     for step in range(args.steps):
         x, y = fn(0, step)
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
+        opt.zero_grad()  # PyTorch's default (set_to_none): autograd's fresh gradients
         torch.nn.functional.cross_entropy(m(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)

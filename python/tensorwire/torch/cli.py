@@ -23,7 +23,8 @@ worker's parameter memory (pull).
 
 Modes:
   zerocopy  parameters, gradients and the servers' master copies live in registered
-            memory, allocated once; pushes and pulls copy nothing
+            memory, allocated once (nn.Linear backward writes its gradients there
+            directly); pushes and pulls copy nothing
   copy      the same, but each tensor sent is first copied into a registered
             staging block (the paper's "graph analysis turned off")
   gloo      the same algorithm over torch.distributed (gloo) send/recv (RPC-style

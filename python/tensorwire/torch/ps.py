@@ -17,14 +17,17 @@ SGD step:
 Modes (how the sending side holds its tensors):
 
 ``zerocopy``  parameters, ``.grad`` tensors and the servers' master copies live
-              in registered memory, allocated once at setup; autograd
-              accumulates into it (``zero_grad(set_to_none=False)``), and every
-              push and pull sends the block itself: nothing is copied.
+              in registered memory, allocated once at setup; the backward of
+              every ``nn.Linear`` writes its gradients straight there
+              (:mod:`.alloc_sites`), autograd accumulates into it for other
+              parameters, and every push and pull sends the block itself:
+              nothing is copied.
 ``copy``      the same protocol, but the tensors a process sends are ordinary
-              torch memory, copied into a registered staging block before each
-              send (the paper's "graph analysis turned off").
-``gloo``      the same algorithm over ``torch.distributed`` (gloo) send/recv,
-              the RPC-style baseline.
+              torch memory (autograd's fresh gradients, PyTorch's default),
+              copied into a registered staging block before each send (the
+              paper's "graph analysis turned off").
+``gloo``      the same algorithm over ``torch.distributed`` (gloo) send/recv of
+              autograd's fresh gradients, the RPC-style baseline.
 
 Use :func:`train` to run everything locally (spawned processes), or
 :class:`Server` / :class:`Worker` in processes you start yourself::
@@ -54,6 +57,8 @@ import torch
 from torch import nn
 
 import tensorwire as tw
+
+from . import alloc_sites
 
 MODES = ("zerocopy", "copy", "gloo")
 POLL_S = 0.25           # how often a waiter looks at its peers' liveness
@@ -291,9 +296,10 @@ class Stats:
 
     def to_dict(self, skip: int = 0) -> dict:
         keys = sorted({k for s in self.steps for k in s})
+        extra = self.mean("extra_copied", skip)  # gradients autograd left outside their block, moved there
         return {"role": self.role, "rank": self.rank, "mode": self.mode, "steps": len(self.steps),
                 "mean": {k: self.mean(k, skip) for k in keys},
-                "bytes_copied_per_step": self.bytes_copied_per_step,
+                "bytes_copied_per_step": self.bytes_copied_per_step + (0 if math.isnan(extra) else round(extra)),
                 "bytes_sent_per_step": self.bytes_sent_per_step, "registrations": self.registrations,
                 **self.extra}
 
@@ -576,20 +582,25 @@ class Worker:
         self.owner = place([v.nbytes for v in specs], S, self.placement)
         # the receiving side: one static slot per variable, its buffer becomes the parameter
         self.param_slots = [self.dev.static_slot(f"param/{v.name}", v.shape, v.dtype, depth=1) for v in specs]
-        # gradients: registered memory that autograd accumulates into (zerocopy), plain memory (copy)
+        # gradients (zerocopy): a registered block per dense variable, which the
+        # backward of an nn.Linear writes directly (alloc_sites) and autograd
+        # accumulates into for any other parameter. copy: autograd's own fresh
+        # tensors (PyTorch's default zero_grad(set_to_none=True)), copied to send.
         self.grad_blocks: list = []
         for v, p in self.vars:
-            if v.sparse:
-                self.grad_blocks.append(None)
-                p.grad = None
-            elif self.mode == "zerocopy":
-                blk = self.dev.empty(v.shape, v.dtype)
-                self.grad_blocks.append(blk)
+            p.grad = None
+            self.grad_blocks.append(self.dev.empty(v.shape, v.dtype)
+                                    if self.mode == "zerocopy" and not v.sparse else None)
+        block_tensor = {id(p): torch.from_dlpack(blk).view(-1)
+                        for (v, p), blk in zip(self.vars, self.grad_blocks) if blk is not None}
+        direct = alloc_sites.install(self.model, lambda p: block_tensor.get(id(p)))
+        direct_ids = {id(p) for p in direct}
+        # produced in place each step (.grad unset before the backward) vs accumulated into a zeroed block
+        self._fresh = [not v.sparse and (self.mode == "copy" or id(p) in direct_ids) for v, p in self.vars]
+        for (v, p), blk, fresh in zip(self.vars, self.grad_blocks, self._fresh):
+            if blk is not None and not fresh:
                 p.grad = torch.from_dlpack(blk).view(p.shape)
                 p.grad.zero_()
-            else:
-                self.grad_blocks.append(None)
-                p.grad = torch.zeros_like(p)
         self.channels = []
         for s, addr in enumerate(servers):
             try:
@@ -654,12 +665,22 @@ class Worker:
         return t_first
 
     def zero_grad(self) -> None:
-        """Zeroes the dense gradients in place (their registered memory stays), drops sparse ones."""
-        for (v, p), blk in zip(self.vars, self.grad_blocks):
-            if v.sparse:
-                p.grad = None
-            elif p.grad is not None:
+        """Readies the gradients for the next backward: zeroes those autograd
+        accumulates into (in place: their registered memory stays), drops the
+        ones the backward produces afresh (sparse ones, and those its op writes
+        in place, see alloc_sites)."""
+        self._zero_accumulated()
+        self._drop_fresh()
+
+    def _zero_accumulated(self) -> None:
+        for (v, p), fresh in zip(self.vars, self._fresh):
+            if not v.sparse and not fresh and p.grad is not None:
                 p.grad.zero_()
+
+    def _drop_fresh(self) -> None:
+        for (v, p), fresh in zip(self.vars, self._fresh):
+            if v.sparse or fresh:
+                p.grad = None
 
     def step(self, closure: Callable[[], torch.Tensor], die_at: int | None = None) -> float:
         """One synchronous step: ``closure()`` returns the loss of this worker's
@@ -668,8 +689,9 @@ class Worker:
         if self._closed:
             raise PSError(f"{self.who} is closed")
         t0 = time.perf_counter()
-        if not self._zeroed:
-            self.zero_grad()
+        if not self._zeroed:  # (else done while the servers aggregated the last step)
+            self._zero_accumulated()
+        self._drop_fresh()  # the fresh ones stay readable until here
         loss = closure()
         loss.backward()
         self._zeroed = False
@@ -687,7 +709,9 @@ class Worker:
                 reqs.append((sender.send(g.values().contiguous(), self.timeout), v.name))
                 continue
             blk = self.grad_blocks[i]
-            if blk is not None and p.grad.data_ptr() != blk.ptr:  # autograd replaced .grad: put it back
+            if p.grad is None:  # the parameter took no part in this loss
+                p.grad = torch.zeros_like(p) if blk is None else torch.from_dlpack(blk).view(p.shape).zero_()
+            if blk is not None and p.grad.data_ptr() != blk.ptr:  # autograd put .grad elsewhere: move it
                 torch.from_dlpack(blk).view(p.shape).copy_(p.grad)
                 copied += v.nbytes
                 p.grad = torch.from_dlpack(blk).view(p.shape)
@@ -695,8 +719,8 @@ class Worker:
         for req, name in reqs:
             self.watch.wait(req, f"pushing the gradient of {name!r}")
         t2 = time.perf_counter()
-        # the servers aggregate now: zero the gradients for the next step meanwhile
-        self.zero_grad()
+        # the servers aggregate now: zero the accumulated gradients for the next step meanwhile
+        self._zero_accumulated()
         self._zeroed = True
         t_first = self._pull()
         t3 = time.perf_counter()
@@ -859,7 +883,6 @@ class GlooWorker:
         self.g = _Gloo("worker", rank, num_servers, num_workers, init_method, timeout)
         self.stats = Stats("worker", rank, "gloo")
         self.steps_done = 0
-        self._zeroed = False
         self.vars = variables(model)
         specs = [v for v, _ in self.vars]
         self.g.validate(self.g.exchange_specs(specs), self.who)
@@ -868,9 +891,8 @@ class GlooWorker:
         if rank == 0:
             for i, ((v, p), s) in enumerate(zip(self.vars, self.owner)):
                 dist.send(p.detach().contiguous(), s, tag=i)
-        for v, p in self.vars:
-            if not v.sparse:
-                p.grad = torch.zeros_like(p)
+        for _, p in self.vars:  # autograd's fresh gradients (PyTorch's default), as Worker's copy mode
+            p.grad = None
         self._pull()
         self.stats.bytes_sent_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse)
 
@@ -886,9 +908,8 @@ class GlooWorker:
     def step(self, closure: Callable[[], torch.Tensor], die_at: int | None = None) -> float:
         dist = self.g.dist
         t0 = time.perf_counter()
-        if not self._zeroed:
-            self._zero()
-        self._zeroed = False
+        for _, p in self.vars:
+            p.grad = None
         loss = closure()
         loss.backward()
         t1 = time.perf_counter()
@@ -896,6 +917,8 @@ class GlooWorker:
             os._exit(17)
         reqs = []
         for i, ((v, p), s) in enumerate(zip(self.vars, self.owner)):
+            if p.grad is None and not v.sparse:  # the parameter took no part in this loss
+                p.grad = torch.zeros_like(p)
             if v.sparse:
                 reqs += _send_sparse(dist, p.grad, s, i)
             else:
@@ -903,21 +926,12 @@ class GlooWorker:
         for r in reqs:
             r.wait()
         t2 = time.perf_counter()
-        self._zero()  # while the servers aggregate, as Worker does
-        self._zeroed = True
         t_first = self._pull()
         t3 = time.perf_counter()
         self.steps_done += 1
         self.stats.steps.append({"compute_s": t1 - t0, "push_s": t2 - t1, "aggregate_s": max(0.0, t_first - t2),
                                  "pull_s": t3 - max(t_first, t2), "step_s": t3 - t0, "loss": float(loss.detach())})
         return float(loss.detach())
-
-    def _zero(self) -> None:
-        for v, p in self.vars:
-            if v.sparse:
-                p.grad = None
-            else:
-                p.grad.zero_()
 
     def close(self) -> None:
         self.g.close()

@@ -1,0 +1,105 @@
+"""The paper's allocation-site idea for PyTorch gradients.
+
+A tensor that will be sent should be *produced* in registered memory, not
+produced elsewhere and then moved there. For a gradient that means the backward
+op that computes it writes straight into a registered block:
+
+* ``nn.Linear`` (most of the bytes of FCN-5, AlexNet and VGG-16): its forward is
+  routed through :class:`_LinearInto`, whose backward computes the weight
+  gradient with ``torch.mm(..., out=block)`` and the bias gradient with
+  ``torch.sum(..., out=block)``. With ``.grad`` unset at backward time, autograd
+  adopts that tensor as ``.grad`` as it is (no temporary, no accumulation pass,
+  no zeroing pass).
+* every other parameter keeps a ``.grad`` in a registered block that autograd
+  accumulates into (the caller zeroes it between steps).
+
+A module called several times in one forward (a cell unrolled over time)
+overwrites its blocks on its first backward call of a backward pass and adds
+into them on the later ones (autograd runs them all before it stores ``.grad``).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# The backward pass running now (a private hook of torch's autograd engine): how
+# a module tells its first backward call of a pass from the later ones.
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
+
+
+class _SiteState:
+    """Per module: the blocks its gradients go to, and the backward pass that
+    last wrote them."""
+
+    __slots__ = ("weight_block", "bias_block", "task")
+
+    def __init__(self, weight_block: torch.Tensor, bias_block: torch.Tensor | None) -> None:
+        self.weight_block, self.bias_block, self.task = weight_block, bias_block, None
+
+
+class _LinearInto(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, state: _SiteState):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.state = state
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        st: _SiteState = ctx.state
+        gx = gw = gb = None
+        g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        task = _graph_task_id()
+        first, st.task = st.task != task, task
+        if ctx.needs_input_grad[0]:
+            gx = g.matmul(weight)
+        # The first call of a backward overwrites the blocks and hands them to
+        # autograd (a fresh view each time: autograd adopts a tensor nobody else
+        # holds). Later calls add into the same memory and report no gradient of
+        # their own: autograd would sum them out of place, in a new tensor.
+        if ctx.needs_input_grad[1]:
+            wb = st.weight_block.view(weight.shape)
+            if first:
+                gw = torch.mm(g2.t(), x2, out=wb)
+            else:
+                wb.addmm_(g2.t(), x2)
+        if ctx.needs_input_grad[2]:
+            if first:
+                gb = torch.sum(g2, 0, out=st.bias_block.view(-1))
+            else:
+                st.bias_block.add_(g2.sum(0))
+        return gx, gw, gb, None
+
+
+def install(model: nn.Module, block_of: Callable[[nn.Parameter], torch.Tensor | None]) -> list[nn.Parameter]:
+    """Routes every plain ``nn.Linear`` whose weight (and bias, if any) have a
+    registered block (``block_of(p)``; None: not sent from a block) through
+    :class:`_LinearInto`. Returns the parameters whose gradients are now
+    produced in place (none where torch lacks the engine hook). Their ``.grad``
+    must be unset before each backward, or autograd adds into it instead."""
+    params: list[nn.Parameter] = []
+    if _graph_task_id is None:
+        return params
+    for mod in model.modules():
+        if type(mod) is not nn.Linear:  # subclasses may change forward: leave them alone
+            continue
+        wb = block_of(mod.weight)
+        bb = block_of(mod.bias) if mod.bias is not None else None
+        if wb is None or (mod.bias is not None and bb is None):
+            continue
+        st = _SiteState(wb, bb)
+
+        def forward(inp: torch.Tensor, mod: nn.Linear = mod, st: _SiteState = st) -> torch.Tensor:
+            if not torch.is_grad_enabled() or torch.is_autocast_enabled(inp.device.type):
+                return F.linear(inp, mod.weight, mod.bias)
+            return _LinearInto.apply(inp, mod.weight, mod.bias, st)
+
+        mod.forward = forward  # an instance attribute: nn.Module.__call__ finds it first
+        params += [mod.weight] + ([mod.bias] if mod.bias is not None else [])
+    return params
