@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated series to run (default: all): "
                              "zerocopy,dynamic,copy,rpc-ucx,grpc,ucx-tag,gloo")
     tensor.add_argument("--iters", type=_positive, default=100, help="timed iterations per size (default 100)")
+    tensor.add_argument("--repeat", type=_positive, default=1,
+                        help="passes over every series and size, interleaved; each cell reports its best pass "
+                             "(lowest median), the others' medians kept in the JSON (default 1)")
     tensor.add_argument("--warmup", type=int, default=None,
                         help="untimed iterations before each size (default: a tenth of --iters, more for "
                              "small sizes: up to 200, at most an eighth of --budget)")

@@ -257,3 +257,24 @@ def test_write_anchor_over_tcp_drives_the_receiver(tmp_path):
     assert rc == 0 and report["verdict"] == "PASS", report["checks"]
     (row,) = report["rows"]
     assert row["write_MBps"] > 0 and row["stream_MBps"] > 0 and row["memcpy_MBps"] > 0
+
+
+def test_best_of_keeps_each_cells_lowest_median_and_all_medians():
+    runs = [
+        {"series": "zerocopy", "size": 4096, "median_us": 3.0, "iters": 10},
+        {"series": "ucx-tag", "size": 4096, "median_us": 5.0, "iters": 10},
+        {"series": "zerocopy", "size": 4096, "median_us": 2.0, "iters": 11},
+        {"series": "ucx-tag", "size": 4096, "median_us": 6.0, "iters": 12},
+    ]
+    got = {r["series"]: r for r in bt.best_of(runs)}
+    assert (got["zerocopy"]["median_us"], got["zerocopy"]["iters"], got["zerocopy"]["medians_us"]) == (2.0, 11,
+                                                                                                      [3.0, 2.0])
+    assert (got["ucx-tag"]["median_us"], got["ucx-tag"]["medians_us"]) == (5.0, [5.0, 6.0])
+
+
+def test_repeat_runs_every_pass(tmp_path):
+    report = run_cli(tmp_path, "ucx-tag", "shm", "--repeat", "2")
+    assert report["config"]["repeat"] == 2
+    check_rows(report, "ucx-tag", "shm")  # still one row per size, each verified
+    for r in report["rows"]:
+        assert len(r["medians_us"]) == 2 and r["median_us"] == min(r["medians_us"])
