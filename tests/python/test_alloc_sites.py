@@ -2,7 +2,7 @@
 backward writes its weight and bias gradients straight into the given blocks,
 autograd adopts them as .grad, and the values equal plain autograd's, also for a
 module called several times in one forward, across steps and after a forward
-whose graph was dropped."""
+whose graph was dropped; onto an existing .grad it accumulates like autograd."""
 
 from __future__ import annotations
 
@@ -76,3 +76,17 @@ def test_a_parameter_without_a_block_and_no_grad_forward_are_left_alone():
     with torch.no_grad():
         out = model(torch.randn(2, 8))
     assert out.shape == (2, 3) and out.grad_fn is None
+
+
+def test_a_backward_onto_an_existing_grad_accumulates_like_autograd():
+    """Two backward passes without unsetting .grad: the second adds into the
+    first (PyTorch's rule), even though .grad is the block itself."""
+    model, ref = _twins()
+    blocks = {id(p): torch.empty(p.numel()) for n, p in model.named_parameters() if n != "scale"}
+    alloc_sites.install(model, lambda p: blocks.get(id(p)))
+    x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
+    for m in (model, ref):
+        m(x1).square().sum().backward()
+        m(x2).square().sum().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)

@@ -33,13 +33,14 @@ _graph_task_id = getattr(torch._C, "_current_graph_task_id", None)
 
 
 class _SiteState:
-    """Per module: the blocks its gradients go to, and the backward pass that
-    last wrote them."""
+    """Per module: its parameters, the blocks their gradients go to, the
+    backward pass that last ran it, and whether that pass writes in place."""
 
-    __slots__ = ("weight_block", "bias_block", "task")
+    __slots__ = ("mod", "weight_block", "bias_block", "task", "in_place")
 
-    def __init__(self, weight_block: torch.Tensor, bias_block: torch.Tensor | None) -> None:
-        self.weight_block, self.bias_block, self.task = weight_block, bias_block, None
+    def __init__(self, mod: nn.Linear, weight_block: torch.Tensor, bias_block: torch.Tensor | None) -> None:
+        self.mod, self.weight_block, self.bias_block = mod, weight_block, bias_block
+        self.task, self.in_place = None, False
 
 
 class _LinearInto(torch.autograd.Function):
@@ -56,7 +57,13 @@ class _LinearInto(torch.autograd.Function):
         gx = gw = gb = None
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
         task = _graph_task_id()
-        first, st.task = st.task != task, task
+        first = st.task != task
+        if first:
+            st.task = task
+            # In place only if autograd will adopt the block as .grad; with a
+            # .grad already there it adds the new gradient into it, so the
+            # block (maybe that very .grad) must not be overwritten.
+            st.in_place = st.mod.weight.grad is None and (st.mod.bias is None or st.mod.bias.grad is None)
         if ctx.needs_input_grad[0]:
             gx = g.matmul(weight)
         # The first call of a backward overwrites the blocks and hands them to
@@ -65,12 +72,16 @@ class _LinearInto(torch.autograd.Function):
         # their own: autograd would sum them out of place, in a new tensor.
         if ctx.needs_input_grad[1]:
             wb = st.weight_block.view(weight.shape)
-            if first:
+            if not st.in_place:
+                gw = g2.t().mm(x2)
+            elif first:
                 gw = torch.mm(g2.t(), x2, out=wb)
             else:
                 wb.addmm_(g2.t(), x2)
         if ctx.needs_input_grad[2]:
-            if first:
+            if not st.in_place:
+                gb = g2.sum(0)
+            elif first:
                 gb = torch.sum(g2, 0, out=st.bias_block.view(-1))
             else:
                 st.bias_block.add_(g2.sum(0))
@@ -81,8 +92,9 @@ def install(model: nn.Module, block_of: Callable[[nn.Parameter], torch.Tensor | 
     """Routes every plain ``nn.Linear`` whose weight (and bias, if any) have a
     registered block (``block_of(p)``; None: not sent from a block) through
     :class:`_LinearInto`. Returns the parameters whose gradients are now
-    produced in place (none where torch lacks the engine hook). Their ``.grad``
-    must be unset before each backward, or autograd adds into it instead."""
+    produced in place (none where torch lacks the engine hook). A backward
+    writes them in place only while their ``.grad`` is unset; with a ``.grad``
+    there, autograd accumulates into it as usual."""
     params: list[nn.Parameter] = []
     if _graph_task_id is None:
         return params
@@ -91,9 +103,9 @@ def install(model: nn.Module, block_of: Callable[[nn.Parameter], torch.Tensor | 
             continue
         wb = block_of(mod.weight)
         bb = block_of(mod.bias) if mod.bias is not None else None
-        if wb is None or (mod.bias is not None and bb is None):
+        if wb is None or (mod.bias is not None and bb is None) or wb.device != mod.weight.device:
             continue
-        st = _SiteState(wb, bb)
+        st = _SiteState(mod, wb, bb)
 
         def forward(inp: torch.Tensor, mod: nn.Linear = mod, st: _SiteState = st) -> torch.Tensor:
             if not torch.is_grad_enabled() or torch.is_autocast_enabled(inp.device.type):
