@@ -16,6 +16,8 @@ op that computes it writes straight into a registered block:
 A module called several times in one forward (a cell unrolled over time)
 overwrites its blocks on its first backward call of a backward pass and adds
 into them on the later ones (autograd runs them all before it stores ``.grad``).
+A pass that finds a ``.grad`` already set (a second backward without a step)
+leaves the blocks alone and lets autograd accumulate, as PyTorch does.
 """
 
 from __future__ import annotations
