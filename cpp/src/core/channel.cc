@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/bulk_copy.h"
 #include "core/device_impl.h"
 #include "core/log.h"
 
@@ -244,10 +245,10 @@ Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t
   char* here = static_cast<char*>(local.address) + local_offset;
   char* there = mapped + remote_offset;
   if (is_write) {
-    std::memcpy(there, here, length);
+    bulk_copy(there, here, length);
     direct_writes_.fetch_add(1, std::memory_order_relaxed);
   } else {
-    std::memcpy(here, there, length);
+    bulk_copy(here, there, length);
     direct_reads_.fetch_add(1, std::memory_order_relaxed);
   }
   direct_bytes_.fetch_add(length, std::memory_order_relaxed);

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "core/bulk_copy.h"
 #include "core/device_impl.h"
 #include "core/log.h"
 
@@ -179,6 +180,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
     }
     config.spin_us = static_cast<unsigned>(v);
   }
+  streaming_copy_min();  // a bad TENSORWIRE_STREAMING_COPY_MIN fails here, not at the first copy
   id = random_id();
   boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
   start_time_ = process_start_time();

@@ -1,0 +1,29 @@
+// Copyright tensorwire authors.
+// The copy behind the direct path (a same-host peer's region mapped through
+// shared memory): what a NIC's DMA engine does on a real fabric, done by the CPU.
+#pragma once
+
+#include <cstddef>
+
+namespace tensorwire {
+namespace detail {
+
+// Copies n bytes. Copies larger than half the last-level cache use
+// non-temporal (streaming) stores on x86-64: the destination would not stay
+// cached anyway, and streaming stores skip the read-for-ownership of every
+// destination line and leave no dirty lines in this core's cache for the
+// peer's core to fetch (bench/results/streaming_copy.txt: ~15-20% more
+// bandwidth from 32 MiB up on this machine, slower below). The stores are
+// fenced before returning, so the bytes are ordered before any later store.
+void bulk_copy(void* dst, const void* src, std::size_t n);
+
+// Always streams (x86-64; a plain memcpy elsewhere), whatever the size.
+void streaming_copy(void* dst, const void* src, std::size_t n);
+
+// The size from which bulk_copy streams: TENSORWIRE_STREAMING_COPY_MIN
+// (bytes, 0 = never) if set, else half the last-level cache (32 MiB assumed
+// when the system does not say). Read once.
+std::size_t streaming_copy_min();
+
+}  // namespace detail
+}  // namespace tensorwire
