@@ -93,7 +93,10 @@ void RequestState::wait(double timeout_s) {
       // own large send streams out, its events would keep this thread
       // spinning (CPU the receiver needs). wait_until, whose events are the
       // awaited data arriving, spins from the last event instead.
-      if (!napping && now < spin_until) continue;
+      if (!napping && now < spin_until) {
+        if (now - start >= kYieldAfter) yield_cpu();  // the peer may be queued on this CPU
+        continue;
+      }
       napping = true;
       double left = std::chrono::duration<double>(deadline - now).count();
       const double nap = watching ? watch_nap_s(std::chrono::duration<double>(now - start).count()) : 0.01;

@@ -22,7 +22,10 @@
 // oversubscribed.
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -43,6 +46,18 @@ inline void cpu_relax() {
   asm volatile("yield" ::: "memory");
 #endif
 }
+
+// A spinning waiter offers its CPU to any other runnable thread there (a
+// sched_yield per clock check) once it has spun this long. The scheduler
+// often puts two processes that ping-pong on one CPU, even with the other
+// idle (their load adds up to less than one CPU): the peer this thread waits
+// for is then queued behind its spin. Both processes of bench tensor on one
+// CPU: a 4 KiB static-slot transfer took 190 us without yielding, 19 us with
+// (bench/results/yield_when_spinning.txt). Shorter waits, the latency path,
+// never pay the syscall.
+inline constexpr std::chrono::microseconds kYieldAfter{5};
+
+inline void yield_cpu() { sched_yield(); }
 
 // How long a waiter naps between looks at a word a peer writes one-sidedly
 // (a shared-memory write raises no event, so the nap is added latency): a

@@ -64,7 +64,10 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
     if (channel && channel->failed()) return ready();
     auto now = clock::now();
     if (!forever && now > deadline) return ready();
-    if (!napping && now - last < spin) continue;
+    if (!napping && now - last < spin) {
+      if (now - start >= kYieldAfter) yield_cpu();  // the peer may be queued on this CPU
+      continue;
+    }
     napping = true;
     const double nap = watch_nap_s(std::chrono::duration<double>(now - start).count());
     if (w) {
