@@ -844,12 +844,12 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
             if args.verify and not res["errors"] and res["verified"] != count:
                 report.fail(f"{name} at {human_size(size)}: verified {res['verified']} of {count}")
             if getattr(args, "stream", True) and size >= STREAM_FROM:
-                _stream_pass(series, rx, view, size, iters, cfg, row, report)
+                _stream_pass(series, rx, view, size, iters, cfg, row, report, warmup=max(2, warmup))
                 if name == "zerocopy":
                     # The slot's own bandwidth, like for like with the anchors
                     # (neither reads what it moved): the receiver releases
                     # each tensor after reading its first element.
-                    _stream_pass(series, rx, view, size, iters, cfg, row, report, reduce=False)
+                    _stream_pass(series, rx, view, size, iters, cfg, row, report, reduce=False, warmup=2)
                     rx.post("drive")
                     try:
                         row["write_MBps"] = series.write_bandwidth(size, iters)
@@ -868,14 +868,31 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
 
 
 def _stream_pass(series: Series, rx: "_Receiver", view: np.ndarray, size: int, count: int,
-                 cfg: dict[str, Any], row: dict[str, Any], report: Report, reduce: bool = True) -> None:
+                 cfg: dict[str, Any], row: dict[str, Any], report: Report, reduce: bool = True,
+                 warmup: int = 0) -> None:
     """Back-to-back transfers with no bench ack in between: each series goes
     as fast as its own flow control lets it (a static slot of depth 2 lets the
     sender write tensor k+1 while the receiver consumes tensor k). The time
     runs from the first send to the receiver's report that it consumed the
-    last tensor."""
+    last tensor. `warmup` untimed transfers go first, as in the serial pass:
+    the static slots' stream buffers are fresh, and the sender's first write
+    into each faults in its mapping page by page (at 32 MiB that fault-in
+    took longer than the ten timed transfers)."""
     name = series.name if reduce else f"{series.name} transfer-only"
     key = "stream_MBps" if reduce else "transfer_MBps"
+    if warmup:
+        rx.post("serve", size, warmup, False, True, reduce)
+        try:
+            for k in range(warmup):
+                view[0] = 1.0 + k
+                series.post()
+        except Exception as e:
+            raise RuntimeError(f"stream warm-up transfer {k} of {human_size(size)} failed: "
+                               f"{type(e).__name__}: {_first_line(e)}{rx.error_hint()}") from e
+        res = rx.result(cfg["timeout"] * 2 + 30)
+        if res["received"] != warmup or res["errors"]:
+            report.fail(f"{name} stream warm-up at {human_size(size)}: receiver consumed {res['received']} "
+                        f"of {warmup}{': ' + res['errors'][0] if res['errors'] else ''}")
     rx.post("serve", size, count, False, True, reduce)
     clock = time.perf_counter
     t0 = clock()
