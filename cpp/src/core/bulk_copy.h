@@ -12,8 +12,8 @@ namespace detail {
 // non-temporal (streaming) stores on x86-64: the destination would not stay
 // cached anyway, and streaming stores skip the read-for-ownership of every
 // destination line and leave no dirty lines in this core's cache for the
-// peer's core to fetch (bench/results/streaming_copy.txt: ~15-20% more
-// bandwidth from 32 MiB up on this machine, slower below). The stores are
+// peer's core to fetch (bench/results/streaming_copy.txt: 15-30% faster
+// from 64 MiB up on this machine, even at 32 MiB, slower below the L3). The stores are
 // fenced before returning, so the bytes are ordered before any later store.
 void bulk_copy(void* dst, const void* src, std::size_t n);
 
