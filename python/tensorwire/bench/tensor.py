@@ -881,29 +881,13 @@ def _stream_pass(series: Series, rx: "_Receiver", view: np.ndarray, size: int, c
     name = series.name if reduce else f"{series.name} transfer-only"
     key = "stream_MBps" if reduce else "transfer_MBps"
     if warmup:
-        rx.post("serve", size, warmup, False, True, reduce)
-        try:
-            for k in range(warmup):
-                view[0] = 1.0 + k
-                series.post()
-        except Exception as e:
-            raise RuntimeError(f"stream warm-up transfer {k} of {human_size(size)} failed: "
-                               f"{type(e).__name__}: {_first_line(e)}{rx.error_hint()}") from e
-        res = rx.result(cfg["timeout"] * 2 + 30)
+        res = _stream_round(series, rx, view, size, warmup, cfg, reduce, "stream warm-up transfer")
         if res["received"] != warmup or res["errors"]:
             report.fail(f"{name} stream warm-up at {human_size(size)}: receiver consumed {res['received']} "
                         f"of {warmup}{': ' + res['errors'][0] if res['errors'] else ''}")
-    rx.post("serve", size, count, False, True, reduce)
     clock = time.perf_counter
     t0 = clock()
-    try:
-        for k in range(count):
-            view[0] = 1.0 + k
-            series.post()
-    except Exception as e:
-        raise RuntimeError(f"stream transfer {k} of {human_size(size)} failed: {type(e).__name__}: "
-                           f"{_first_line(e)}{rx.error_hint()}") from e
-    res = rx.result(cfg["timeout"] * 2 + 30)
+    res = _stream_round(series, rx, view, size, count, cfg, reduce, "stream transfer")
     elapsed = clock() - t0
     row["stream_iters"] = count
     row[key] = count * size / elapsed / 1e6
@@ -911,6 +895,20 @@ def _stream_pass(series: Series, rx: "_Receiver", view: np.ndarray, size: int, c
         report.fail(f"{name} stream at {human_size(size)}: receiver consumed {res['received']} of {count}")
     for err in res["errors"]:
         report.fail(f"{name} stream at {human_size(size)}: {err}")
+
+
+def _stream_round(series: Series, rx: "_Receiver", view: np.ndarray, size: int, count: int,
+                  cfg: dict[str, Any], reduce: bool, what: str) -> dict[str, Any]:
+    """`count` back-to-back sends into one receiver serve; the receiver's result."""
+    rx.post("serve", size, count, False, True, reduce)
+    try:
+        for k in range(count):
+            view[0] = 1.0 + k
+            series.post()
+    except Exception as e:
+        raise RuntimeError(f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: "
+                           f"{_first_line(e)}{rx.error_hint()}") from e
+    return rx.result(cfg["timeout"] * 2 + 30)
 
 
 def memcpy_bandwidth(size: int, reps: int = 5) -> float:
