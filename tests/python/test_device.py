@@ -665,7 +665,10 @@ def test_progress_from_the_environment_overrides_the_arguments(monkeypatch):
 
 
 @pytest.mark.parametrize("name,value", [("TENSORWIRE_PROGRESS", "busy"), ("TENSORWIRE_SPIN_US", "abc"),
-                                        ("TENSORWIRE_SPIN_US", ""), ("TENSORWIRE_SPIN_US", "99999999")])
+                                        ("TENSORWIRE_SPIN_US", ""), ("TENSORWIRE_SPIN_US", "99999999"),
+                                        ("TENSORWIRE_STREAMING_COPY_MIN", "16M"),
+                                        ("TENSORWIRE_STREAMING_COPY_MIN", ""),
+                                        ("TENSORWIRE_STREAMING_COPY_MIN", "-1")])
 def test_bad_progress_settings_in_the_environment_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(tw.InvalidArgument, match=name):

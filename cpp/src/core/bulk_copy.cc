@@ -30,11 +30,13 @@ std::size_t last_level_cache() {
   return l3 > 0 ? static_cast<std::size_t>(l3) : kDefaultLastLevelCache;
 }
 
-std::size_t read_streaming_copy_min() {
+}  // namespace
+
+std::size_t streaming_copy_min_from_env() {
   if (const char* v = std::getenv("TENSORWIRE_STREAMING_COPY_MIN")) {
     char* end = nullptr;
     unsigned long long n = std::strtoull(v, &end, 10);
-    if (!*v || *end) {
+    if (!*v || *end || *v == '-') {
       throw InvalidArgument(std::string("TENSORWIRE_STREAMING_COPY_MIN must be a byte count (0 = never), got '") +
                             v + "'");
     }
@@ -42,6 +44,8 @@ std::size_t read_streaming_copy_min() {
   }
   return last_level_cache() / 2 + 1;
 }
+
+namespace {
 
 #if defined(__x86_64__)
 // dst is 64-byte aligned, n a multiple of 64.
@@ -84,7 +88,7 @@ void stream_copy(char* dst, const char* src, std::size_t n) {
 }  // namespace
 
 std::size_t streaming_copy_min() {
-  static const std::size_t min = read_streaming_copy_min();
+  static const std::size_t min = streaming_copy_min_from_env();
   return min;
 }
 

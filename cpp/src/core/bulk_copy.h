@@ -25,5 +25,9 @@ void streaming_copy(void* dst, const void* src, std::size_t n);
 // when the system does not say). Read once.
 std::size_t streaming_copy_min();
 
+// The same, read now: throws InvalidArgument for a malformed
+// TENSORWIRE_STREAMING_COPY_MIN (each Device checks it when created).
+std::size_t streaming_copy_min_from_env();
+
 }  // namespace detail
 }  // namespace tensorwire

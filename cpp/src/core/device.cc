@@ -180,7 +180,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
     }
     config.spin_us = static_cast<unsigned>(v);
   }
-  streaming_copy_min();  // a bad TENSORWIRE_STREAMING_COPY_MIN fails here, not at the first copy
+  streaming_copy_min_from_env();  // a bad TENSORWIRE_STREAMING_COPY_MIN fails here, not at a copy
   id = random_id();
   boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
   start_time_ = process_start_time();
