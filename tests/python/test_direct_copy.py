@@ -88,13 +88,69 @@ def test_mapping_can_be_turned_off(how, monkeypatch):
         assert ch.stats()["posted"] == 1 and ch.stats()["direct_writes"] == 0
 
 
-def test_tcp_never_maps():
+def test_tcp_never_maps_another_device():
     with tw.Device(host=HOST, transport="tcp") as server, tw.Device(host=HOST, transport="tcp") as client:
         dst = server.alloc(4096)
         server.publish("dst", dst)
         src = client.alloc(4096)
         ch = client.connect(server.address)
         assert not ch.maps(ch.lookup("dst"), src)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_channel_to_its_own_device_copies_directly(transport):
+    """One process hosting both ends (a colocated worker and server): the peer's
+    regions are its own memory, so writes, reads and slots are memcpys, even
+    over tcp, for pool blocks and registered user memory alike."""
+    with tw.Device(host=HOST, transport=transport) as dev:
+        dst = dev.alloc(4 * MiB)
+        dev.publish("dst", dst)
+        user = np.zeros(4096, np.uint8)
+        dev.publish("user", dev.register(user))
+        src = dev.alloc(4 * MiB)
+        np.asarray(src)[:] = pattern(4 * MiB, 11)
+        ch = dev.connect(dev.address)
+        remote = ch.lookup("dst")
+        assert ch.maps(remote, src)
+        ch.write(src, remote).wait(10)
+        assert crc(np.asarray(dst)) == crc(pattern(4 * MiB, 11))
+        np.asarray(dst)[:] = pattern(4 * MiB, 12)
+        ch.read(src, remote).wait(10)
+        assert crc(np.asarray(src)) == crc(pattern(4 * MiB, 12))
+        ch.write(src, ch.lookup("user"), nbytes=4096).wait(10)
+        assert crc(user) == crc(pattern(4 * MiB, 12)[:4096])
+        # slots through the same channel: static (write + flag) and dynamic (record + read)
+        slot = dev.static_slot("s", (1024,), "float32", depth=2)
+        dyn = dev.dynamic_slot("d")
+        sender, dsender = ch.static_sender("s"), ch.dynamic_sender("d")
+        for i in range(5):
+            a = np.full(1024, i, np.float32)
+            sender.send(a, 10).wait(10)
+            v = slot.recv(10)
+            assert np.array_equal(np.asarray(v), a)
+            slot.release(v)
+            b = np.arange(i + 3, dtype=np.int64)
+            req = dsender.send(b, 10)
+            got = dyn.recv(10)
+            assert np.array_equal(np.asarray(got), b)
+            del got
+            req.wait(10)
+        stats = ch.stats()
+        assert stats["posted"] == 0 and stats["direct_writes"] >= 2 + 10 and stats["direct_reads"] >= 1 + 5, stats
+
+
+def test_a_channel_to_its_own_device_goes_through_ucx_when_mapping_is_off():
+    with tw.Device(host=HOST, transport="tcp", map_shared_memory=False) as dev:
+        dst = dev.alloc(4096)
+        dev.publish("dst", dst)
+        src = dev.alloc(4096)
+        np.asarray(src)[:] = 9
+        ch = dev.connect(dev.address)
+        assert not ch.maps(ch.lookup("dst"), src)
+        ch.write(src, ch.lookup("dst")).wait(10)
+        ch.flush().wait(10)
+        assert np.all(np.asarray(dst) == 9)
+        assert ch.stats()["posted"] == 1 and ch.stats()["direct_writes"] == 0
 
 
 def test_a_direct_copy_after_a_fence_waits_for_earlier_ucx_operations(shm_pair):

@@ -5,6 +5,7 @@ refused at setup naming the variable. Plus the models' Table 1 numbers and the C
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -102,6 +103,44 @@ def test_dead_worker_fails_everyone_fast():
     assert "killed by the launcher" not in msg, msg
     assert "worker 0:" in msg, msg
     assert time.monotonic() - t0 < 120  # includes start-up
+
+
+@pytest.mark.parametrize("mode,transport", [("zerocopy", "tcp"), ("copy", "shm"), ("gloo", "tcp")])
+def test_colocated_matches_single_process_sgd(mode, transport):
+    """The paper's layout: process r runs worker r and server r (wide-and-deep:
+    dense and sparse variables). What a worker exchanges with its own server
+    stays in the process: of a step's pulls (every variable) and dense pushes,
+    only the other worker's cross the transport, half the separate layout's."""
+    r = ps.train(small_wide_deep, wide_deep_data, workers=2, servers=2, steps=STEPS, mode=mode,
+                 transport=transport, lr=0.5, warmup=0, collect_params=True, timeout=60, colocate=True)
+    ref, ref_losses = ps.reference_sgd(small_wide_deep, wide_deep_data, workers=2, steps=STEPS, lr=0.5)
+    _assert_same(ref, r.params)
+    assert r.losses == pytest.approx(ref_losses, abs=1e-5)
+    assert r.colocate and len(r.worker_losses) == 2
+    specs = [v for v, _ in ps.variables(small_wide_deep())]
+    every, dense = sum(v.nbytes for v in specs), sum(v.nbytes for v in specs if not v.sparse)
+    assert r.bytes_sent_per_step == every + dense
+
+
+def test_colocate_needs_a_server_per_worker():
+    with pytest.raises(ValueError, match="servers == workers"):
+        ps.train(small_mlp, mlp_data, workers=2, servers=1, steps=2, colocate=True)
+
+
+def test_colocated_dead_worker_fails_everyone_fast():
+    """Process 1 (worker 1 and server 1) dies at step 3: process 0 must fail on
+    its own, naming the dead peer, before the launcher's grace runs out."""
+    t0 = time.monotonic()
+    with pytest.raises(ps.PSError) as err:
+        ps.train(small_mlp, mlp_data, workers=2, servers=2, steps=40, mode="zerocopy", transport="tcp",
+                 die=(1, 3), timeout=60, colocate=True)
+    msg = str(err.value)
+    lines = {ln.split(":")[0].strip(): ln for ln in msg.splitlines()[1:]}
+    # it names what it was doing and the peer that went (by role, or by address and pid)
+    assert "worker and server 0" in lines, msg
+    assert re.search(r"(worker|server) 1 |peer \S+ \(pid \d+\)", lines["worker and server 0"]), msg
+    assert "killed by the launcher" not in msg, msg
+    assert time.monotonic() - t0 < 60  # includes start-up
 
 
 def test_mismatched_model_refused_naming_the_variable():

@@ -144,6 +144,13 @@ bool maps_shared_memory(const Peer& peer) {
   auto dev = peer.device.lock();
   return dev && dev->config.map_shared_memory && peer.info.same_host;
 }
+// A channel to this very device (one process hosting both ends, such as a
+// colocated worker and server): the peer's regions are this process's own
+// memory, whatever the transport.
+bool is_self(const Peer& peer) {
+  auto dev = peer.device.lock();
+  return dev && peer.hello.device_id == dev->id;
+}
 }  // namespace
 
 ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerCtl> w)
@@ -151,7 +158,8 @@ ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerC
       lane(l),
       worker(std::move(w)),
       ops_(new PendingOps(peer, peer->describe())),
-      map_shared_memory_(maps_shared_memory(*peer)) {}
+      map_shared_memory_(maps_shared_memory(*peer)),
+      self_(is_self(*peer)) {}
 
 void ChannelImpl::connect(const std::string& remote_worker_address) {
   ucp_ep_params_t params{};
@@ -205,6 +213,9 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   }
   check_usable();
   if (length == 0) return Request();
+  if (self_ && map_shared_memory_ && host_memory(local)) {
+    return direct(is_write, local, local_offset, reinterpret_cast<char*>(rd.address), remote_offset, length);
+  }
   const RemoteRegionImpl::Access access = remote.impl()->access_for(ep);
   if (access.mapped && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
@@ -259,6 +270,7 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   if (!remote || !map_shared_memory_ || !local.memh || !host_memory(local)) return nullptr;
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
+  if (self_) return reinterpret_cast<char*>(remote.descriptor().address);
   return remote.impl()->access_for(ep).mapped;
 }
 

@@ -105,13 +105,15 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
                       const RemoteRegion* remote = nullptr);
 
-  // The direct path: a memcpy to/from a region mapped by a shared-memory transport.
+  // The direct path: a memcpy to/from a region mapped by a shared-memory
+  // transport, or one of this device's own (a channel to itself).
   Request direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
                  std::size_t remote_offset, std::size_t length);
   bool host_memory(const LocalRegion& local) const;
 
   PendingOps* ops_;  // holds one ref
   const bool map_shared_memory_;
+  const bool self_;  // the peer is this device: its regions are our memory
   // fence() orders UCX operations among themselves; a direct copy after a
   // fence must also wait for the UCX operations posted before it.
   std::atomic<bool> ucx_since_fence_{false};

@@ -201,7 +201,9 @@ def render(out: dict, args) -> str:
     W = args.workers
     tr = args.transport
     placement = getattr(args, "placement", "balanced")
-    lines.append(f"tensorwire bench train: transport {tr} (gloo: tcp), placement {placement}, {args.steps} steps per run "
+    layout = "colocated worker+server processes" if getattr(args, "colocate", False) else "separate processes"
+    lines.append(f"tensorwire bench train: transport {tr} (gloo: tcp), placement {placement}, {layout}, "
+                 f"{args.steps} steps per run "
                  f"({args.warmup} warm-up), {args.threads} torch thread(s) per process, best of {args.repeat}; "
                  f"host {out['host']['cpus']} CPUs, load average at start "
                  f"{out['host']['loadavg_start'][0]:.1f}, at end {out['host']['loadavg_end'][0]:.1f}")

@@ -124,6 +124,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", choices=("balanced", "round-robin"), default="balanced",
                    help="variables on servers: balanced by size (default) or round-robin in model order (the "
                         "paper's; with 2 servers it puts every weight on server 0)")
+    p.add_argument("--colocate", action="store_true",
+                   help="the paper's layout: one process per worker that also runs the server of its rank "
+                        "(servers = workers); a worker's share of the variables stays in its process, every mode "
+                        "alike (default: separate server and worker processes)")
 
 
 def add_commands(sub, bench_sub) -> None:
@@ -219,7 +223,7 @@ def train_once(args, model: str | None = None, batch: int | None = None, mode: s
     return ps.train(info.factory, _data_fn(a), workers=a.workers, servers=a.servers, steps=a.steps,
                     mode=a.mode, transport=a.transport, optimizer=a.optimizer, loss_fn=loss_fn, seed=a.seed,
                     warmup=a.warmup, timeout=a.timeout, threads=a.threads, progress=progress,
-                    placement=a.placement, **_opt_kwargs(a))
+                    placement=a.placement, colocate=getattr(a, "colocate", False), **_opt_kwargs(a))
 
 
 def _fmt_bytes(n: float) -> str:
@@ -246,7 +250,7 @@ def render_result(r, args) -> str:
     ms = {k: v * 1e3 for k, v in s.items()}
     lines = [
         f"model {args.model}  mode {r.mode}  transport {'tcp (gloo)' if r.mode == 'gloo' else args.transport}  "
-        f"{r.workers} workers x {r.servers} servers  batch {args.batch}/worker  steps {r.steps} "
+        f"{r.workers} workers x {r.servers} servers{' (colocated)' if r.colocate else ''}  batch {args.batch}/worker  steps {r.steps} "
         f"({args.warmup} warm-up)",
         f"samples/s        {r.samples_per_s:10.1f}",
         f"per step (ms)    compute {ms['compute']:.2f} | push {ms['push']:.2f} | aggregate {ms['aggregate']:.2f} | "
@@ -280,6 +284,9 @@ def run_train(args) -> int:
         return 0
     env = _env_role()
     if env is not None and args.launch == "auto":
+        if args.colocate:
+            raise SystemExit("tensorwire train: --colocate runs with the local launcher (--launch local); "
+                             "under torchrun/mpirun every process runs one role")
         from .launch_env import run_role
         return run_role(args, *env)
     r = train_once(args, progress=not args.quiet)

@@ -212,8 +212,11 @@ class _Watch:
         self.dev, self.timeout, self.who = dev, timeout, who
         self.peers: dict[int, str] = {}  # device id -> description
         self.excused: set[int] = set()   # peers that said goodbye: their leaving is no failure
+        self.partner: Callable[[], str | None] | None = None  # a colocated role's failure, if any
 
     def check(self, what: str) -> None:
+        if self.partner is not None and (err := self.partner()):
+            raise PSError(f"{self.who}: {err} while {what}")
         alive = _peer_ids(self.dev)
         for pid, desc in self.peers.items():
             if pid not in alive and pid not in self.excused:
@@ -318,7 +321,7 @@ class Server:
     def __init__(self, rank: int = 0, num_servers: int = 1, num_workers: int = 1, optimizer: Any = "sgd",
                  mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1", port: int = 0,
                  timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
-                 placement: str = "balanced", **optimizer_kwargs: Any):
+                 placement: str = "balanced", device: tw.Device | None = None, **optimizer_kwargs: Any):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Server runs modes zerocopy and copy; gloo has GlooServer (got {mode!r})")
         if placement not in PLACEMENTS:
@@ -327,7 +330,9 @@ class Server:
         self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers
         self.mode, self.timeout = mode, timeout
         self.optimizer_spec, self.optimizer_kwargs = optimizer, optimizer_kwargs
-        self.dev = tw.Device(host=host, port=port, transport=transport, **(device_kwargs or {}))
+        # a device passed in is shared with a colocated Worker (and closed by its owner)
+        self._own_dev = device is None
+        self.dev = device or tw.Device(host=host, port=port, transport=transport, **(device_kwargs or {}))
         self.who = f"server {rank}"
         self.watch = _Watch(self.dev, timeout, self.who)
         self._hellos: dict[int, dict] = {}
@@ -423,7 +428,9 @@ class Server:
         self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
                                for ch in self.channels] for v in self.vars]
         self.stats.bytes_copied_per_step = 0 if self.mode == "zerocopy" else W * sum(v.nbytes for v in self.vars)
-        self.stats.bytes_sent_per_step = W * sum(v.nbytes for v in self.vars)
+        # a colocated worker (on this very device) gets its parameters by memcpy, not over the transport
+        remote = sum(int(h["device_id"]) != self.dev.id for h in hellos)
+        self.stats.bytes_sent_per_step = remote * sum(v.nbytes for v in self.vars)
         self.stats.extra["vars"] = [v.name for v in self.vars]
         self._send_params()
 
@@ -537,7 +544,8 @@ class Server:
                     ch.flush().wait(5.0)
                 except tw.Error:
                     pass
-            self.dev.close()
+            if self._own_dev:
+                self.dev.close()
 
 
 # --------------------------------------------------------------------- worker
@@ -554,7 +562,7 @@ class Worker:
     def __init__(self, model: nn.Module, servers: Sequence[str], rank: int = 0, num_workers: int = 1,
                  mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1",
                  timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
-                 placement: str = "balanced"):
+                 placement: str = "balanced", device: tw.Device | None = None):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Worker runs modes zerocopy and copy; gloo has GlooWorker (got {mode!r})")
         if placement not in PLACEMENTS:
@@ -562,7 +570,9 @@ class Worker:
         self.placement = placement
         self.model, self.rank, self.num_workers, self.mode, self.timeout = model, rank, num_workers, mode, timeout
         self.who = f"worker {rank}"
-        self.dev = tw.Device(host=host, transport=transport, **(device_kwargs or {}))
+        # a device passed in is shared with a colocated Server (and closed by its owner)
+        self._own_dev = device is None
+        self.dev = device or tw.Device(host=host, transport=transport, **(device_kwargs or {}))
         self.watch = _Watch(self.dev, timeout, self.who)
         self.stats = Stats("worker", rank, mode)
         self.steps_done = 0
@@ -572,7 +582,8 @@ class Worker:
         try:
             self._setup(list(servers))
         except BaseException:
-            self.dev.close()
+            if self._own_dev:
+                self.dev.close()
             raise
 
     def _setup(self, servers: list[str]) -> None:
@@ -644,7 +655,10 @@ class Worker:
                         self.watch.wait(init.send(p.detach().contiguous(), self.timeout),
                                         f"sending the initial value of {v.name!r}")
         self._pull(first=True)
-        self.stats.bytes_sent_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse)
+        # variables of a colocated server (on this very device) are pushed by memcpy, not over the transport
+        local = {s for s, ch in enumerate(self.channels) if int(ch.peer["device_id"]) == self.dev.id}
+        self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
+                                             if not v.sparse and s not in local)
         self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" else
                                             sum(v.nbytes for v, _ in self.vars if not v.sparse))
 
@@ -740,7 +754,8 @@ class Worker:
                 ch.call("ps.bye", str(self.rank).encode(), 5.0)
             except tw.Error:
                 pass
-        self.dev.close()
+        if self._own_dev:
+            self.dev.close()
 
     def __enter__(self) -> "Worker":
         return self
@@ -751,25 +766,116 @@ class Worker:
 
 # --------------------------------------------------------------------- gloo baseline
 
+class _Mailbox:
+    """What a colocated worker and server of the gloo baseline send each other
+    (gloo sends to no rank from itself): a send hands over its tensor, the
+    matching receive copies it into its buffer and then completes the send:
+    one memcpy, as tensorwire's channel to its own device."""
+
+    def __init__(self, timeout: float) -> None:
+        import collections
+        import threading
+        self.timeout = timeout
+        self.cv = threading.Condition()
+        self.queues: dict = collections.defaultdict(collections.deque)
+
+    def put(self, key: tuple, obj: Any) -> "_MailDone":
+        import threading
+        done = threading.Event()
+        with self.cv:
+            self.queues[key].append((obj, done))
+            self.cv.notify_all()
+        return _MailDone(done, self.timeout, key)
+
+    def take(self, key: tuple, buf: torch.Tensor | None = None) -> Any:
+        """The oldest object sent under `key` (copied into `buf` when given)."""
+        with self.cv:
+            if not self.cv.wait_for(lambda: self.queues[key], self.timeout):
+                raise PSError(f"colocated role: nothing sent under {key} within {self.timeout:.0f} s")
+            obj, done = self.queues[key].popleft()
+        if buf is not None:
+            buf.copy_(obj)
+        done.set()
+        return obj
+
+
+class _MailDone:
+    """A local send: complete once the receiver took it."""
+
+    def __init__(self, done: Any, timeout: float, key: tuple) -> None:
+        self.done, self.timeout, self.key = done, timeout, key
+
+    def wait(self) -> None:
+        if not self.done.wait(self.timeout):
+            raise PSError(f"colocated role: {self.key} not received within {self.timeout:.0f} s")
+
+
+class _MailRecv:
+    """A local receive: takes (and copies) at wait(), like gloo's irecv completes there."""
+
+    def __init__(self, box: _Mailbox, key: tuple, buf: torch.Tensor) -> None:
+        self.box, self.key, self.buf = box, key, buf
+
+    def wait(self) -> None:
+        self.box.take(self.key, self.buf)
+
+
 class _Gloo:
-    """Ranks 0..S-1 are the servers, S..S+W-1 the workers."""
+    """Ranks 0..S-1 are the servers, S..S+W-1 the workers. Colocated (S == W),
+    rank r is worker r and server r, one object shared by both roles of the
+    process, and what one role sends the other goes through a mailbox."""
 
     def __init__(self, role: str, rank: int, num_servers: int, num_workers: int, init_method: str,
-                 timeout: float) -> None:
+                 timeout: float, colocated: bool = False) -> None:
         import datetime
         import torch.distributed as dist
         self.dist = dist
         self.S, self.W = num_servers, num_workers
-        self.global_rank = rank if role == "server" else num_servers + rank
+        self.colocated = colocated
+        self.mail = _Mailbox(timeout) if colocated else None
+        self.global_rank = rank if colocated or role == "server" else num_servers + rank
         if not dist.is_initialized():
             dist.init_process_group("gloo", init_method=init_method, rank=self.global_rank,
-                                    world_size=num_servers + num_workers,
+                                    world_size=num_workers if colocated else num_servers + num_workers,
                                     timeout=datetime.timedelta(seconds=timeout))
 
+    def server_rank(self, s: int) -> int:
+        return s
+
+    def worker_rank(self, w: int) -> int:
+        return w if self.colocated else self.S + w
+
+    # `to`/`at`: the role ("server" or "worker") that receives; it names the
+    # mailbox when the peer is this process's other role
+    def isend(self, t: torch.Tensor, dst: int, tag: int, to: str) -> Any:
+        if self.colocated and dst == self.global_rank:
+            return self.mail.put((to, tag), t)
+        return self.dist.isend(t, dst, tag=tag)
+
+    def irecv(self, t: torch.Tensor, src: int, tag: int, at: str) -> Any:
+        if self.colocated and src == self.global_rank:
+            return _MailRecv(self.mail, (at, tag), t)
+        return self.dist.irecv(t, src, tag=tag)
+
+    def send(self, t: torch.Tensor, dst: int, tag: int, to: str) -> None:
+        self.isend(t, dst, tag, to).wait()
+
+    def recv(self, t: torch.Tensor, src: int, tag: int, at: str) -> None:
+        self.irecv(t, src, tag, at).wait()
+
     def exchange_specs(self, specs: list[VarSpec] | None) -> list[list[VarSpec]]:
+        """Every worker's variables. Colocated, the worker role gathers them (one
+        collective per process) and hands them to its server."""
+        if self.colocated and specs is None:
+            return self.mail.take(("server", "specs"))
         objs: list = [None] * (self.S + self.W)
+        if self.colocated:
+            objs = [None] * self.W
         self.dist.all_gather_object(objs, [v.to_json() for v in specs] if specs is not None else None)
-        return [[VarSpec.from_json(v) for v in o] for o in objs[self.S:]]
+        out = [[VarSpec.from_json(v) for v in o] for o in objs[0 if self.colocated else self.S:]]
+        if self.colocated:
+            self.mail.put(("server", "specs"), out)
+        return out
 
     def validate(self, all_specs: list[list[VarSpec]], who: str) -> list[VarSpec]:
         for r in range(1, self.W):
@@ -785,21 +891,21 @@ class _Gloo:
             pass
 
 
-def _send_sparse(dist, g: torch.Tensor, dst: int, tag: int) -> list:
+def _send_sparse(g_: _Gloo, g: torch.Tensor, dst: int, tag: int) -> list:
     g = g.coalesce()
     idx, vals = g.indices()[0].contiguous(), g.values().contiguous()
     n = torch.tensor([idx.numel()], dtype=torch.int64)
-    dist.send(n, dst, tag=tag)
-    return [dist.isend(idx, dst, tag=tag), dist.isend(vals, dst, tag=tag)]
+    g_.send(n, dst, tag, "server")
+    return [g_.isend(idx, dst, tag, "server"), g_.isend(vals, dst, tag, "server")]
 
 
-def _recv_sparse(dist, spec: VarSpec, src: int, tag: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _recv_sparse(g_: _Gloo, spec: VarSpec, src: int, tag: int) -> tuple[torch.Tensor, torch.Tensor]:
     n = torch.zeros(1, dtype=torch.int64)
-    dist.recv(n, src, tag=tag)
+    g_.recv(n, src, tag, "server")
     idx = torch.empty(int(n), dtype=torch.int64)
     vals = torch.empty((int(n),) + spec.shape[1:], dtype=_torch_dtype(spec.dtype))
-    dist.recv(idx, src, tag=tag)
-    dist.recv(vals, src, tag=tag)
+    g_.recv(idx, src, tag, "server")
+    g_.recv(vals, src, tag, "server")
     return idx, vals
 
 
@@ -808,42 +914,43 @@ class GlooServer:
     :class:`Server`, every tensor moved by torch.distributed send/recv."""
 
     def __init__(self, rank: int, num_servers: int, num_workers: int, init_method: str, optimizer: Any = "sgd",
-                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", **optimizer_kwargs: Any) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", group: _Gloo | None = None,
+                 **optimizer_kwargs: Any) -> None:
         self.rank, self.W = rank, num_workers
         self.who = f"server {rank}"
-        self.g = _Gloo("server", rank, num_servers, num_workers, init_method, timeout)
+        self._own_group = group is None  # a group passed in is shared with a colocated GlooWorker
+        self.g = group or _Gloo("server", rank, num_servers, num_workers, init_method, timeout)
         self.stats = Stats("server", rank, "gloo")
         specs = self.g.validate(self.g.exchange_specs(None), self.who)
         owner = place([v.nbytes for v in specs], num_servers, placement)
         self.tags = [i for i, s in enumerate(owner) if s == rank]
         self.vars = [specs[i] for i in self.tags]
-        dist = self.g.dist
         self.master = [nn.Parameter(torch.empty(v.shape, dtype=_torch_dtype(v.dtype))) for v in self.vars]
         for v, m, tag in zip(self.vars, self.master, self.tags):
-            dist.recv(m.data, num_servers + 0, tag=tag)  # initial values from worker 0
+            self.g.recv(m.data, self.g.worker_rank(0), tag, "server")  # initial values from worker 0
         self.opt = make_optimizer(optimizer, list(self.master), **optimizer_kwargs)
         self.bufs = [[torch.empty(v.shape, dtype=_torch_dtype(v.dtype)) if not v.sparse else None
                       for _ in range(num_workers)] for v in self.vars]
-        self.stats.bytes_sent_per_step = num_workers * sum(v.nbytes for v in self.vars)
+        remote = num_workers - (1 if self.g.colocated else 0)  # a colocated worker is served by memcpy
+        self.stats.bytes_sent_per_step = remote * sum(v.nbytes for v in self.vars)
         self.stats.extra["vars"] = [v.name for v in self.vars]
         self._send_params()
 
     def _send_params(self) -> None:
-        dist = self.g.dist
-        reqs = [dist.isend(m.detach(), self.g.S + w, tag=tag)
+        reqs = [self.g.isend(m.detach(), self.g.worker_rank(w), tag, "worker")
                 for m, tag in zip(self.master, self.tags) for w in range(self.W)]
         for r in reqs:
             r.wait()
 
     def step(self) -> None:
-        dist, W, S = self.g.dist, self.W, self.g.S
+        g, W = self.g, self.W
         t0 = time.perf_counter()
-        dense = [dist.irecv(self.bufs[i][w], S + w, tag=tag)
+        dense = [g.irecv(self.bufs[i][w], g.worker_rank(w), tag, "server")
                  for i, (v, tag) in enumerate(zip(self.vars, self.tags)) if not v.sparse for w in range(W)]
         sparse = {}
         for i, (v, tag) in enumerate(zip(self.vars, self.tags)):
             if v.sparse:
-                sparse[i] = [_recv_sparse(dist, v, S + w, tag) for w in range(W)]
+                sparse[i] = [_recv_sparse(g, v, g.worker_rank(w), tag) for w in range(W)]
         for r in dense:
             r.wait()
         t1 = time.perf_counter()
@@ -870,35 +977,40 @@ class GlooServer:
                 self.step()
             return self.stats
         finally:
-            self.g.close()
+            if self._own_group:
+                self.g.close()
 
 
 class GlooWorker:
     """A worker of the gloo baseline (same interface as :class:`Worker`)."""
 
     def __init__(self, model: nn.Module, rank: int, num_servers: int, num_workers: int, init_method: str,
-                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced") -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", group: _Gloo | None = None) -> None:
         self.model, self.rank = model, rank
         self.who = f"worker {rank}"
-        self.g = _Gloo("worker", rank, num_servers, num_workers, init_method, timeout)
+        self._own_group = group is None  # a group passed in is shared with a colocated GlooServer
+        self.g = group or _Gloo("worker", rank, num_servers, num_workers, init_method, timeout)
         self.stats = Stats("worker", rank, "gloo")
         self.steps_done = 0
         self.vars = variables(model)
         specs = [v for v, _ in self.vars]
         self.g.validate(self.g.exchange_specs(specs), self.who)
         self.owner = place([v.nbytes for v in specs], num_servers, placement)
-        dist = self.g.dist
+        g = self.g
         if rank == 0:
             for i, ((v, p), s) in enumerate(zip(self.vars, self.owner)):
-                dist.send(p.detach().contiguous(), s, tag=i)
+                g.send(p.detach().contiguous(), g.server_rank(s), i, "server")
         for _, p in self.vars:  # autograd's fresh gradients (PyTorch's default), as Worker's copy mode
             p.grad = None
         self._pull()
-        self.stats.bytes_sent_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse)
+        local = rank if g.colocated else -1  # a colocated server's variables are pushed by memcpy
+        self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
+                                             if not v.sparse and s != local)
 
     def _pull(self) -> float:
-        dist = self.g.dist
-        reqs = [dist.irecv(p.data, s, tag=i) for i, ((v, p), s) in enumerate(zip(self.vars, self.owner))]
+        g = self.g
+        reqs = [g.irecv(p.data, g.server_rank(s), i, "worker")
+                for i, ((v, p), s) in enumerate(zip(self.vars, self.owner))]
         reqs[0].wait()
         t_first = time.perf_counter()
         for r in reqs[1:]:
@@ -906,7 +1018,7 @@ class GlooWorker:
         return t_first
 
     def step(self, closure: Callable[[], torch.Tensor], die_at: int | None = None) -> float:
-        dist = self.g.dist
+        g = self.g
         t0 = time.perf_counter()
         for _, p in self.vars:
             p.grad = None
@@ -920,9 +1032,9 @@ class GlooWorker:
             if p.grad is None and not v.sparse:  # the parameter took no part in this loss
                 p.grad = torch.zeros_like(p)
             if v.sparse:
-                reqs += _send_sparse(dist, p.grad, s, i)
+                reqs += _send_sparse(g, p.grad, g.server_rank(s), i)
             else:
-                reqs.append(dist.isend(p.grad, s, tag=i))
+                reqs.append(g.isend(p.grad, g.server_rank(s), i, "server"))
         for r in reqs:
             r.wait()
         t2 = time.perf_counter()
@@ -934,7 +1046,8 @@ class GlooWorker:
         return float(loss.detach())
 
     def close(self) -> None:
-        self.g.close()
+        if self._own_group:
+            self.g.close()
 
 
 # --------------------------------------------------------------------- local launcher
@@ -961,6 +1074,7 @@ class TrainConfig:
     die: tuple[int, int] | None = None           # (worker rank, step): that worker exits there (tests)
     model_fn_takes_rank: bool = False
     placement: str = "balanced"                  # see place()
+    colocate: bool = False                       # process r runs worker r and server r (the paper's layout)
 
 
 def _default_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -1012,12 +1126,69 @@ def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> 
     return out
 
 
+def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) -> dict:
+    """Worker `rank` (this thread) and server `rank` (a second thread) in one
+    process, sharing one device (or gloo process group): what the worker and
+    its own server exchange never crosses the transport."""
+    import threading
+    box: dict = {}
+    if cfg.mode == "gloo":
+        group = _Gloo("both", rank, cfg.servers, cfg.workers, init_method, cfg.timeout, colocated=True)
+
+        def serve() -> None:
+            srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
+                             cfg.placement, group=group, **cfg.optimizer_kwargs)
+            box["stats"] = srv.run(cfg.steps).to_dict(skip=cfg.warmup)
+    else:
+        dev = tw.Device(transport=cfg.transport)
+        srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
+                     placement=cfg.placement, device=dev, **cfg.optimizer_kwargs)
+        conn.send({"address": srv.address})
+        if not conn.poll(60):
+            raise PSError(f"worker and server {rank}: no server addresses from the launcher within 60 s")
+        addresses = conn.recv()["addresses"]
+
+        def serve() -> None:
+            box["stats"] = srv.run().to_dict(skip=cfg.warmup)
+
+    def serve_and_report() -> None:
+        try:
+            serve()
+        except BaseException as e:  # noqa: BLE001 - reported by the worker's thread
+            box["error"] = str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}"
+
+    t = threading.Thread(target=serve_and_report, name=f"tensorwire-ps-server{rank}", daemon=True)
+    t.start()
+    model = _build_model(cfg, rank)
+    if cfg.mode == "gloo":
+        w: Any = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement,
+                            group=group)
+    else:
+        w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
+                   placement=cfg.placement, device=dev)
+        w.watch.partner = lambda: box.get("error") and f"its colocated server failed: {box['error']}"
+    try:
+        result = _worker_loop(cfg, rank, w, model)
+    finally:
+        w.close()
+    t.join(cfg.timeout)
+    if "error" in box or t.is_alive():
+        raise PSError(f"server {rank}: {box.get('error', f'did not finish within {cfg.timeout:.0f} s')}")
+    if cfg.mode == "gloo":
+        group.close()
+    else:
+        dev.close()
+    return {"worker": result, "server": {"stats": box["stats"]}}
+
+
 def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: list[str] | None,
                init_method: str | None) -> None:
     """Entry point of a spawned process: runs one role, sends its result (or error) back."""
     torch.set_num_threads(cfg.threads)
     try:
-        if cfg.mode == "gloo":
+        if role == "coloc":
+            result = _colocated(cfg, rank, conn, init_method)
+        elif cfg.mode == "gloo":
             if role == "server":
                 srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
                                  cfg.placement, **cfg.optimizer_kwargs)
@@ -1049,6 +1220,9 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: lis
             conn.send({"error": msg})
         except Exception:
             pass
+        if role == "coloc":  # the other role's thread may sit in a wait: leave without joining it
+            sys.stderr.flush()
+            os._exit(1)
         sys.exit(1)
 
 
@@ -1067,10 +1241,12 @@ class TrainResult:
     roles: list[dict]
     params: dict | None = None
     wall_s: float = 0.0
+    colocate: bool = False
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("mode", "workers", "servers", "steps", "samples_per_s", "split",
-                                           "losses", "bytes_copied_per_step", "bytes_sent_per_step", "wall_s")}
+                                           "losses", "bytes_copied_per_step", "bytes_sent_per_step", "wall_s",
+                                           "colocate")}
         d["roles"] = self.roles
         return d
 
@@ -1098,7 +1274,7 @@ class _Proc:
 
     @property
     def name(self) -> str:
-        return f"{self.role} {self.rank}"
+        return f"worker and server {self.rank}" if self.role == "coloc" else f"{self.role} {self.rank}"
 
     def poll(self) -> None:
         """Reads whatever the process reported."""
@@ -1183,7 +1359,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
           optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0, warmup: int = 2,
           timeout: float = DEFAULT_TIMEOUT_S, threads: int = 1, collect_params: bool = False,
           progress: bool = False, die: tuple[int, int] | None = None, launcher: str = "processes",
-          placement: str = "balanced", **optimizer_kwargs: Any) -> TrainResult:
+          placement: str = "balanced", colocate: bool = False, **optimizer_kwargs: Any) -> TrainResult:
     """Trains locally with `servers` server processes and `workers` worker
     processes (spawned), and returns the statistics.
 
@@ -1204,6 +1380,9 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
             models and tests; not for gloo, and timings then share one GIL).
         placement: "balanced" (the default: by size, largest first to the
             least-loaded server) or "round-robin" (the paper's); see place().
+        colocate: one process per worker that also runs the server of the same
+            rank (the paper's layout; needs servers == workers): a worker's
+            share of the variables stays in its process (a memcpy), every mode alike.
     Raises:
         PSError naming the role that failed first, when any role fails; all
         processes have exited by then.
@@ -1214,6 +1393,11 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
         raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
     if workers < 1 or servers < 1:
         raise ValueError("need at least one worker and one server")
+    if colocate and servers != workers:
+        raise ValueError(f"colocate runs worker r and server r in process r: needs servers == workers "
+                         f"(got {servers} servers, {workers} workers)")
+    if colocate and launcher != "processes":
+        raise ValueError("colocate needs launcher='processes'")
     if "lr" not in optimizer_kwargs and isinstance(optimizer, str) and optimizer.lower() == "sgd":
         optimizer_kwargs["lr"] = 0.01
     try:
@@ -1222,7 +1406,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
         takes_rank = False
     cfg = TrainConfig(model_fn, data_fn, loss_fn, workers, servers, steps, mode, transport, optimizer,
                       dict(optimizer_kwargs), seed, min(warmup, max(0, steps - 1)), timeout, threads,
-                      collect_params, progress, die, takes_rank, placement)
+                      collect_params, progress, die, takes_rank, placement, colocate)
     import multiprocessing as mp
     if launcher not in ("processes", "threads"):
         raise ValueError(f"launcher must be processes or threads, not {launcher!r}")
@@ -1245,23 +1429,24 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
     try:
         init_method = None
         addresses = None
-        if mode == "gloo":
+        if colocate:
+            if mode == "gloo":
+                init_method = f"tcp://127.0.0.1:{_free_port()}"
+            procs = [_Proc(ctx, "coloc", r, cfg, None, init_method) for r in range(workers)]
+            if mode != "gloo":
+                _await_addresses(procs)
+                for p in procs:
+                    p.conn.send({"addresses": [q.address for q in procs]})
+            _supervise(procs, timeout)
+        elif mode == "gloo":
             init_method = f"tcp://127.0.0.1:{_free_port()}"
             procs = [_Proc(ctx, "server", s, cfg, None, init_method) for s in range(servers)]
         else:
             procs = [_Proc(ctx, "server", s, cfg, None, None) for s in range(servers)]
-            deadline = time.monotonic() + 60
-            while any(p.address is None for p in procs):
-                for p in procs:
-                    p.poll()
-                    if p.error or (not p.proc.is_alive() and p.address is None):
-                        raise PSError(f"server {p.rank} failed to start: {p.error or f'exit {p.proc.exitcode}'}")
-                if time.monotonic() > deadline:
-                    raise PSError("servers did not start within 60 s")
-                time.sleep(0.01)
-            addresses = [p.address for p in procs]
-        procs += [_Proc(ctx, "worker", w, cfg, addresses, init_method) for w in range(workers)]
-        _supervise(procs, timeout)
+            addresses = _await_addresses(procs)
+        if not colocate:
+            procs += [_Proc(ctx, "worker", w, cfg, addresses, init_method) for w in range(workers)]
+            _supervise(procs, timeout)
     finally:
         for k, v in saved_env.items():
             if v is None:
@@ -1280,6 +1465,20 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
 
 
 _ProcClass = _Proc
+
+
+def _await_addresses(procs: list[_Proc]) -> list[str]:
+    """The servers' device addresses, as each process reports its own."""
+    deadline = time.monotonic() + 60
+    while any(p.address is None for p in procs):
+        for p in procs:
+            p.poll()
+            if p.error or (not p.proc.is_alive() and p.address is None):
+                raise PSError(f"{p.name} failed to start: {p.error or f'exit {p.proc.exitcode}'}")
+        if time.monotonic() > deadline:
+            raise PSError("servers did not start within 60 s")
+        time.sleep(0.01)
+    return [p.address for p in procs]
 
 
 def _supervise(procs: list[_Proc], timeout: float) -> None:
@@ -1308,27 +1507,34 @@ def _supervise(procs: list[_Proc], timeout: float) -> None:
 
 
 def _summarise(cfg: TrainConfig, procs: list[_Proc], wall: float) -> TrainResult:
-    wk = sorted((p for p in procs if p.role == "worker"), key=lambda p: p.rank)
-    sv = sorted((p for p in procs if p.role == "server"), key=lambda p: p.rank)
-    samples = sum(p.result["samples"] for p in wk)
-    elapsed = max(p.result["elapsed_s"] for p in wk)
+    # every role's report, by rank (a colocated process reports both of its roles)
+    wk_by_rank: dict[int, dict] = {}
+    sv_by_rank: dict[int, dict] = {}
+    for p in procs:
+        if p.role == "coloc":
+            wk_by_rank[p.rank], sv_by_rank[p.rank] = p.result["worker"], p.result["server"]
+        else:
+            (wk_by_rank if p.role == "worker" else sv_by_rank)[p.rank] = p.result
+    wk = [wk_by_rank[r] for r in sorted(wk_by_rank)]
+    sv = [sv_by_rank[r] for r in sorted(sv_by_rank)]
+    samples = sum(r["samples"] for r in wk)
+    elapsed = max(r["elapsed_s"] for r in wk)
     split = {}
     for k in ("compute_s", "push_s", "aggregate_s", "pull_s", "step_s"):
-        vals = [p.result["stats"]["mean"].get(k, float("nan")) for p in wk]
+        vals = [r["stats"]["mean"].get(k, float("nan")) for r in wk]
         split[k.replace("_s", "")] = sum(vals) / len(vals)
     for k in ("wait_s", "sum_s", "optimizer_s", "pull_s"):
-        vals = [p.result["stats"]["mean"].get(k, float("nan")) for p in sv]
+        vals = [r["stats"]["mean"].get(k, float("nan")) for r in sv]
         split["server_" + k.replace("_s", "")] = sum(vals) / len(vals) if vals else float("nan")
-    copied = sum(p.result["stats"]["bytes_copied_per_step"] for p in procs)
-    sent = sum(p.result["stats"]["bytes_sent_per_step"] for p in procs)
-    roles = [dict(p.result["stats"], losses=p.result["losses"], step_times=p.result["step_times"])
-             if p.role == "worker" else p.result["stats"]
-             for p in wk + sv]
-    mean_losses = [sum(ls) / len(ls) for ls in zip(*(p.result["losses"] for p in wk))]
+    copied = sum(r["stats"]["bytes_copied_per_step"] for r in wk + sv)
+    sent = sum(r["stats"]["bytes_sent_per_step"] for r in wk + sv)
+    roles = [dict(r["stats"], losses=r["losses"], step_times=r["step_times"]) for r in wk] + \
+        [r["stats"] for r in sv]
+    mean_losses = [sum(ls) / len(ls) for ls in zip(*(r["losses"] for r in wk))]
     return TrainResult(cfg.mode, cfg.workers, cfg.servers, cfg.steps,
                        samples / elapsed if elapsed > 0 else float("nan"), split, mean_losses,
-                       [p.result["losses"] for p in wk], copied, sent, roles,
-                       _params_of(wk[0].result.get("params")), wall)
+                       [r["losses"] for r in wk], copied, sent, roles,
+                       _params_of(wk[0].get("params")), wall, cfg.colocate)
 
 
 def _params_of(arrays: dict | None) -> dict | None:
