@@ -233,6 +233,23 @@ def test_cli_train_json(tmp_path):
     assert "samples/s" in p.stdout
 
 
+def test_cli_colocate(tmp_path):
+    bad = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--workers", "2", "--servers", "1",
+                          "--colocate", "--steps", "2"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "needs --servers equal to --workers" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    out = tmp_path / "r.json"
+    # one process holds the only worker and the only server: nothing crosses the transport
+    p = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1",
+                        "--servers", "1", "--batch", "4", "--steps", "4", "--quiet", "--colocate",
+                        "--transport", "tcp", "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    import json
+    d = json.loads(out.read_text())
+    assert d["colocate"] is True and d["bytes_sent_per_step"] == 0 and d["samples_per_s"] > 0
+    assert "(colocated)" in p.stdout
+
+
 def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
     """Worker 0 finishes and closes its device while worker 1 still takes its
     time before leaving: the servers wait for worker 1's goodbye (they used to

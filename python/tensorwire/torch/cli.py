@@ -13,7 +13,8 @@ MODES = ("zerocopy", "copy", "gloo")
 
 TRAIN_HELP = """\
 Data-parallel training in the parameter-server architecture (the paper's §5.2):
-W worker processes and S server processes on this machine; the model's variables
+W worker processes and S server processes on this machine (--colocate: worker r
+and server r share process r, the paper's layout); the model's variables
 are placed on the servers balanced by size (--placement round-robin: the paper's
 order). Each synchronous SGD step: the workers
 compute gradients of their batch (compute), push each gradient into a static slot
@@ -55,6 +56,7 @@ examples:
   tensorwire train --list
   tensorwire train --model fcn5 --workers 2 --servers 2 --batch 8 --steps 50 --mode zerocopy --transport shm
   tensorwire train --model vgg16 --batch 1 --steps 10 --mode copy --transport tcp --json vgg.json
+  tensorwire train --model alexnet --batch 1 --mode gloo --colocate
   tensorwire train --model mlp --data digits --steps 300 --lr 0.5 --target-loss 0.3 --plot digits.png
   torchrun --nproc-per-node 4 -m tensorwire train --model fcn5 --workers 2 --servers 2
 """
@@ -289,6 +291,9 @@ def run_train(args) -> int:
                              "under torchrun/mpirun every process runs one role")
         from .launch_env import run_role
         return run_role(args, *env)
+    if args.colocate and args.workers != args.servers:
+        raise SystemExit(f"tensorwire train: --colocate runs worker r and server r in process r: needs --servers "
+                         f"equal to --workers (got {args.servers} servers, {args.workers} workers)")
     r = train_once(args, progress=not args.quiet)
     print(render_result(r, args))
     out = r.to_dict()
