@@ -100,8 +100,9 @@ def test_tcp_never_maps_another_device():
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_channel_to_its_own_device_copies_directly(transport):
     """One process hosting both ends (a colocated worker and server): the peer's
-    regions are its own memory, so writes, reads and slots are memcpys, even
-    over tcp, for pool blocks and registered user memory alike."""
+    pool blocks are its own memory, so writes, reads and slots are memcpys, even
+    over tcp. Registered user memory goes through UCX: its owner may free it,
+    and a copy into freed memory would crash where UCX fails the operation."""
     with tw.Device(host=HOST, transport=transport) as dev:
         dst = dev.alloc(4 * MiB)
         dev.publish("dst", dst)
@@ -117,7 +118,9 @@ def test_a_channel_to_its_own_device_copies_directly(transport):
         np.asarray(dst)[:] = pattern(4 * MiB, 12)
         ch.read(src, remote).wait(10)
         assert crc(np.asarray(src)) == crc(pattern(4 * MiB, 12))
+        assert not ch.maps(ch.lookup("user"), src)
         ch.write(src, ch.lookup("user"), nbytes=4096).wait(10)
+        ch.flush().wait(10)
         assert crc(user) == crc(pattern(4 * MiB, 12)[:4096])
         # slots through the same channel: static (write + flag) and dynamic (record + read)
         slot = dev.static_slot("s", (1024,), "float32", depth=2)
@@ -136,7 +139,28 @@ def test_a_channel_to_its_own_device_copies_directly(transport):
             del got
             req.wait(10)
         stats = ch.stats()
-        assert stats["posted"] == 0 and stats["direct_writes"] >= 2 + 10 and stats["direct_reads"] >= 1 + 5, stats
+        assert stats["posted"] == 1 and stats["direct_writes"] >= 1 + 10 and stats["direct_reads"] >= 1 + 5, stats
+
+
+def test_a_channel_to_its_own_device_keeps_a_freed_block_mapped():
+    """A direct write into a block its owner already freed (a protocol error,
+    as an RDMA write after deregistration) must neither crash the process nor
+    land in memory the pool has handed out since: the remote region pins the
+    memory it points to."""
+    with tw.Device(host=HOST, transport="tcp", slab_size=4 * MiB, pool_limit=160 * MiB) as dev:
+        dst = dev.alloc(64 * MiB)  # a dedicated slab each
+        src = dev.alloc(64 * MiB)
+        np.asarray(src)[:] = 7
+        dev.publish("dst", dst)
+        ch = dev.connect(dev.address)
+        remote = ch.lookup("dst")
+        assert ch.maps(remote, src)
+        del dst  # freed: the pool caches its slab ...
+        fresh = dev.alloc(80 * MiB)  # ... and drops (unmaps) it to stay under its limit
+        np.asarray(fresh)[:] = 1
+        ch.write(src, remote).wait(10)
+        assert ch.stats()["direct_writes"] == 1
+        assert np.all(np.asarray(fresh) == 1)
 
 
 def test_a_channel_to_its_own_device_goes_through_ucx_when_mapping_is_off():

@@ -145,11 +145,12 @@ bool maps_shared_memory(const Peer& peer) {
   return dev && dev->config.map_shared_memory && peer.info.same_host;
 }
 // A channel to this very device (one process hosting both ends, such as a
-// colocated worker and server): the peer's regions are this process's own
-// memory, whatever the transport.
-bool is_self(const Peer& peer) {
+// colocated worker and server): the peer's pool blocks are this process's
+// own memory, whatever the transport.
+std::weak_ptr<PoolImpl> own_pool(const Peer& peer) {
   auto dev = peer.device.lock();
-  return dev && peer.hello.device_id == dev->id;
+  if (!dev || peer.hello.device_id != dev->id) return {};
+  return dev->pool_impl;
 }
 }  // namespace
 
@@ -159,7 +160,8 @@ ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerC
       worker(std::move(w)),
       ops_(new PendingOps(peer, peer->describe())),
       map_shared_memory_(maps_shared_memory(*peer)),
-      self_(is_self(*peer)) {}
+      own_pool_(own_pool(*peer)),
+      self_(!own_pool_.expired()) {}
 
 void ChannelImpl::connect(const std::string& remote_worker_address) {
   ucp_ep_params_t params{};
@@ -214,7 +216,7 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   check_usable();
   if (length == 0) return Request();
   if (self_ && map_shared_memory_ && host_memory(local)) {
-    return direct(is_write, local, local_offset, reinterpret_cast<char*>(rd.address), remote_offset, length);
+    if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
   }
   const RemoteRegionImpl::Access access = remote.impl()->access_for(ep);
   if (access.mapped && map_shared_memory_ && host_memory(local)) {
@@ -237,6 +239,11 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   Request request = finish_post(ptr, op, &local.owner, &remote);
   drain_deferred_releases();
   return request;
+}
+
+char* ChannelImpl::own_memory(const RemoteRegion& remote) const {
+  auto pool = own_pool_.lock();
+  return pool ? remote.impl()->own_memory(*pool) : nullptr;
 }
 
 bool ChannelImpl::host_memory(const LocalRegion& local) const {
@@ -270,7 +277,7 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   if (!remote || !map_shared_memory_ || !local.memh || !host_memory(local)) return nullptr;
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
-  if (self_) return reinterpret_cast<char*>(remote.descriptor().address);
+  if (self_) return own_memory(remote);
   return remote.impl()->access_for(ep).mapped;
 }
 

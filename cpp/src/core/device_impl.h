@@ -110,10 +110,13 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   Request direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
                  std::size_t remote_offset, std::size_t length);
   bool host_memory(const LocalRegion& local) const;
+  // A pool block of this very device (self_): its first byte, pinned; else nullptr.
+  char* own_memory(const RemoteRegion& remote) const;
 
   PendingOps* ops_;  // holds one ref
   const bool map_shared_memory_;
-  const bool self_;  // the peer is this device: its regions are our memory
+  const std::weak_ptr<PoolImpl> own_pool_;  // the peer is this device: its pool, whose blocks are our memory
+  const bool self_;
   // fence() orders UCX operations among themselves; a direct copy after a
   // fence must also wait for the UCX operations posted before it.
   std::atomic<bool> ucx_since_fence_{false};

@@ -41,6 +41,11 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   Registration register_memory(void* ptr, std::size_t nbytes);
   PoolStats stats() const;
   void forget_registration(std::uintptr_t start);
+  // The slab holding [address, address+length), if this pool allocated it:
+  // whoever holds the result keeps that memory mapped, even after the pool
+  // freed or dropped the slab. Not for user registrations, whose memory the
+  // user may free.
+  std::shared_ptr<const void> pin(std::uint64_t address, std::size_t length) const;
 
  private:
   bool carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset);
@@ -85,9 +90,15 @@ class RemoteRegionImpl {
   };
   // The rkey unpacked on `endpoint` (cached; one per lane).
   Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint);
+  // For a region of a device of this process: its first byte, with the
+  // memory pinned for as long as this object lives (pool.pin); nullptr when
+  // `pool` did not allocate it (the first answer is cached).
+  char* own_memory(const PoolImpl& pool);
   const RegionDescriptor descriptor;
 
  private:
+  bool pin_tried_ = false;              // guarded by mu_
+  std::shared_ptr<const void> pinned_;  // guarded by mu_
   struct Entry {
     ucx::Endpoint* endpoint;
     std::unique_ptr<ucx::Rkey> rkey;

@@ -223,6 +223,26 @@ RegistrationImpl::~RegistrationImpl() {
   if (auto p = pool.lock()) p->forget_registration(reinterpret_cast<std::uintptr_t>(memh->address()));
 }
 
+std::shared_ptr<const void> PoolImpl::pin(std::uint64_t address, std::size_t length) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& slab : slabs_) {
+    const auto start = reinterpret_cast<std::uint64_t>(slab->memh->address());
+    if (address >= start && length <= slab->memh->length() && address - start <= slab->memh->length() - length) {
+      return slab->memh;
+    }
+  }
+  return nullptr;
+}
+
+char* RemoteRegionImpl::own_memory(const PoolImpl& pool) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!pin_tried_) {
+    pinned_ = pool.pin(descriptor.address, descriptor.length);
+    pin_tried_ = true;
+  }
+  return pinned_ ? reinterpret_cast<char*>(descriptor.address) : nullptr;
+}
+
 RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx::Endpoint>& endpoint) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& e : rkeys_) {
