@@ -428,17 +428,20 @@ class Server:
         self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
                                for ch in self.channels] for v in self.vars]
         self.stats.bytes_copied_per_step = 0 if self.mode == "zerocopy" else W * sum(v.nbytes for v in self.vars)
-        # a colocated worker (on this very device) gets its parameters by memcpy, not over the transport
-        remote = sum(int(h["device_id"]) != self.dev.id for h in hellos)
-        self.stats.bytes_sent_per_step = remote * sum(v.nbytes for v in self.vars)
+        # A colocated worker (on this very device) gets its parameters by a
+        # memcpy in the sending thread: sent last, after the remote transfers
+        # are under way.
+        local = [w for w, h in enumerate(hellos) if int(h["device_id"]) == self.dev.id]
+        self._send_order = [w for w in range(W) if w not in local] + local
+        self.stats.bytes_sent_per_step = (W - len(local)) * sum(v.nbytes for v in self.vars)
         self.stats.extra["vars"] = [v.name for v in self.vars]
         self._send_params()
 
     def _send_params(self) -> None:
         reqs = []
-        for i, v in enumerate(self.vars):
-            src = self.blocks[i] if self.mode == "zerocopy" else self.master[i].detach()
-            for w in range(self.num_workers):
+        for w in self._send_order:
+            for i, v in enumerate(self.vars):
+                src = self.blocks[i] if self.mode == "zerocopy" else self.master[i].detach()
                 reqs.append((self.param_senders[i][w].send(src, self.timeout), v.name, w))
         for req, name, w in reqs:
             try:
@@ -655,8 +658,10 @@ class Worker:
                         self.watch.wait(init.send(p.detach().contiguous(), self.timeout),
                                         f"sending the initial value of {v.name!r}")
         self._pull(first=True)
-        # variables of a colocated server (on this very device) are pushed by memcpy, not over the transport
+        # Variables of a colocated server (on this very device) are pushed by a
+        # memcpy in this thread: pushed last, after the remote transfers are under way.
         local = {s for s, ch in enumerate(self.channels) if int(ch.peer["device_id"]) == self.dev.id}
+        self._push_order = sorted(range(len(self.vars)), key=lambda i: self.owner[i] in local)
         self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
                                              if not v.sparse and s not in local)
         self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" else
@@ -716,7 +721,8 @@ class Worker:
             slot.release()
         self._views = []
         reqs, copied = [], 0
-        for i, ((v, p), sender) in enumerate(zip(self.vars, self.senders)):
+        for i in self._push_order:
+            (v, p), sender = self.vars[i], self.senders[i]
             if v.sparse:
                 g = p.grad.coalesce()
                 reqs.append((sender.send(g.indices()[0].contiguous(), self.timeout), v.name))
