@@ -659,9 +659,14 @@ class Worker:
                                         f"sending the initial value of {v.name!r}")
         self._pull(first=True)
         # Variables of a colocated server (on this very device) are pushed by a
-        # memcpy in this thread: pushed last, after the remote transfers are under way.
+        # memcpy in this thread: the remote dense pushes go first, so their
+        # transfers are under way meanwhile. Only those move: they never block
+        # (one send per slot and step), while a sparse push (two sends to one
+        # dynamic slot) waits for the server, which takes variables in their
+        # order; moving anything after it could deadlock.
         local = {s for s, ch in enumerate(self.channels) if int(ch.peer["device_id"]) == self.dev.id}
-        self._push_order = sorted(range(len(self.vars)), key=lambda i: self.owner[i] in local)
+        early = [i for i, ((v, _), s) in enumerate(zip(self.vars, self.owner)) if not v.sparse and s not in local]
+        self._push_order = early + [i for i in range(len(self.vars)) if i not in early]
         self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
                                              if not v.sparse and s not in local)
         self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" else
