@@ -43,11 +43,13 @@ Use :func:`train` to run everything locally (spawned processes), or
 
 from __future__ import annotations
 
+import collections
 import inspect
 import json
 import math
 import os
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -784,14 +786,11 @@ class _Mailbox:
     one memcpy, as tensorwire's channel to its own device."""
 
     def __init__(self, timeout: float) -> None:
-        import collections
-        import threading
         self.timeout = timeout
         self.cv = threading.Condition()
         self.queues: dict = collections.defaultdict(collections.deque)
 
     def put(self, key: tuple, obj: Any) -> "_MailDone":
-        import threading
         done = threading.Event()
         with self.cv:
             self.queues[key].append((obj, done))
@@ -879,11 +878,9 @@ class _Gloo:
         collective per process) and hands them to its server."""
         if self.colocated and specs is None:
             return self.mail.take(("server", "specs"))
-        objs: list = [None] * (self.S + self.W)
-        if self.colocated:
-            objs = [None] * self.W
+        objs: list = [None] * self.dist.get_world_size()
         self.dist.all_gather_object(objs, [v.to_json() for v in specs] if specs is not None else None)
-        out = [[VarSpec.from_json(v) for v in o] for o in objs[0 if self.colocated else self.S:]]
+        out = [[VarSpec.from_json(v) for v in o] for o in objs[self.worker_rank(0):]]
         if self.colocated:
             self.mail.put(("server", "specs"), out)
         return out
@@ -1098,9 +1095,7 @@ def _build_model(cfg: TrainConfig, rank: int) -> nn.Module:
         return cfg.model_fn(rank) if cfg.model_fn_takes_rank else cfg.model_fn()
 
 
-import threading as _threading  # noqa: E402
-
-_BUILD_LOCK = _threading.Lock()
+_BUILD_LOCK = threading.Lock()
 
 
 def _samples(x: Any) -> int:
@@ -1141,7 +1136,6 @@ def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) 
     """Worker `rank` (this thread) and server `rank` (a second thread) in one
     process, sharing one device (or gloo process group): what the worker and
     its own server exchange never crosses the transport."""
-    import threading
     box: dict = {}
     if cfg.mode == "gloo":
         group = _Gloo("both", rank, cfg.servers, cfg.workers, init_method, cfg.timeout, colocated=True)
@@ -1334,7 +1328,6 @@ class _ThreadRun:
     """A thread that looks like a multiprocessing.Process to _Proc."""
 
     def __init__(self, target: Callable, args: tuple) -> None:
-        import threading
         self.exitcode: int | None = None
 
         def body() -> None:
