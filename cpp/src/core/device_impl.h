@@ -116,7 +116,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   PendingOps* ops_;  // holds one ref
   const bool map_shared_memory_;
   const std::weak_ptr<PoolImpl> own_pool_;  // the peer is this device: its pool, whose blocks are our memory
-  const bool self_;
+  const bool self_;                         // own_pool_ was set (a channel to this very device)
   // fence() orders UCX operations among themselves; a direct copy after a
   // fence must also wait for the UCX operations posted before it.
   std::atomic<bool> ucx_since_fence_{false};

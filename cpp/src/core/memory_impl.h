@@ -90,9 +90,10 @@ class RemoteRegionImpl {
   };
   // The rkey unpacked on `endpoint` (cached; one per lane).
   Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint);
-  // For a region of a device of this process: its first byte, with the
-  // memory pinned for as long as this object lives (pool.pin); nullptr when
-  // `pool` did not allocate it (the first answer is cached).
+  // For a region of this process's own device (a channel to itself): its
+  // first byte, with the memory pinned for as long as this object lives
+  // (pool.pin); nullptr when `pool` did not allocate it (the first answer is
+  // cached).
   char* own_memory(const PoolImpl& pool);
   const RegionDescriptor descriptor;
 
