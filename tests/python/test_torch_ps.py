@@ -288,3 +288,21 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert all(s.steps_done == 3 for s in servers)
+
+
+def test_bench_train_smoke_with_the_tcp_floor(tmp_path):
+    """`tensorwire bench train` over tcp: Figure 8 for every mode, the targets,
+    and the TCP floor anchor beside them, in the table and the JSON."""
+    import json
+    prefix = tmp_path / "bt"
+    p = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "train", "--transport", "tcp", "--models", "mlp",
+                        "--batches", "2", "--figures", "fig8", "--steps", "3", "--warmup", "1", "--out", str(prefix)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "bt.txt").read_text()
+    assert "Figure 8" in text and "targets (issue 5, tcp" in text and "TCP floor" in text
+    d = json.loads((tmp_path / "bt.json").read_text())
+    assert sorted(r["mode"] for r in d["fig8"]) == ["copy", "gloo", "zerocopy"]
+    assert all(r["samples_per_s"] > 0 for r in d["fig8"])
+    (floor,) = d["tcp_floor"]
+    assert floor["model"] == "mlp" and floor["batch"] == 2 and floor["sequential"] > 0

@@ -150,7 +150,7 @@ def _ratio(a: float, b: float) -> float:
 
 def run_sweep(args) -> int:
     out = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "fig8": [], "fig10": [], "fig11": [],
-           "convergence": None,
+           "tcp_floor": [], "convergence": None,
            "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}}
     t0 = time.perf_counter()
     W = args.workers
@@ -160,6 +160,12 @@ def run_sweep(args) -> int:
             for batch in args.batches:
                 for mode in args.modes:
                     out["fig8"].append(_run(args, model, batch, mode, W))
+        if args.transport == "tcp":  # the anchor of the tcp targets: plain sockets moving the same bytes
+            from . import tcp_floor
+            colocate = getattr(args, "colocate", False)
+            for model in args.models:
+                _progress(f"    {model:<10} batch {min(args.batches):<3} TCP floor (plain sockets, no compute)")
+                out["tcp_floor"].append(tcp_floor.bound(model, min(args.batches), W, W, colocate))
     if "fig10" in args.figures:
         _progress("Figure 10: scaling (workers = servers)")
         for model in args.scale_models:
@@ -243,6 +249,25 @@ def render(out: dict, args) -> str:
                              f"{r['bytes_copied_per_step'] / 2**20:8.1f} MiB")
         if verdicts:
             lines += ["", f"targets (issue 5, {tr}, smallest batch per model):"] + verdicts
+    if out.get("tcp_floor"):
+        lines += ["", "TCP floor (tensorwire.torch.tcp_floor): plain sockets move a step's bytes in the same pattern,",
+                  "no compute; with each worker's compute measured alone that bounds samples/s over TCP here",
+                  "(sequential: compute then communication; overlapped: limited by the CPU both need);",
+                  "each mode's samples/s, and 1.2x gloo's, in percent of the sequential bound",
+                  f"{'model':<11}{'batch':>6}{'MiB/step':>10}{'floor ms':>10}{'bound seq':>11}{'bound ovl':>11}"
+                  + "".join(f"{m + ' %':>12}" for m in MODES if any(r['mode'] == m for r in out['fig8']))
+                  + f"{'1.2x gloo %':>13}"]
+        for b in out["tcp_floor"]:
+            rows = {r["mode"]: r for r in out["fig8"] if r["model"] == b["model"] and r["batch"] == b["batch"]}
+            line = (f"{b['model']:<11}{b['batch']:>6}{b['mib_per_step']:>10.1f}{b['floor_ms']:>10.1f}"
+                    f"{b['sequential']:>11.2f}{b['overlapped']:>11.2f}")
+            for m in MODES:
+                if any(r["mode"] == m for r in out["fig8"]):
+                    v = rows.get(m, {}).get("samples_per_s", float("nan"))
+                    line += f"{100 * v / b['sequential']:>11.0f}%"
+            g = rows.get("gloo", {}).get("samples_per_s", float("nan"))
+            line += f"{100 * 1.2 * g / b['sequential']:>12.0f}%"
+            lines.append(line)
     if out["fig10"]:
         lines += ["", f"Figure 10: samples/s vs workers (= servers), batch {args.scale_batch}"]
         for model in args.scale_models:

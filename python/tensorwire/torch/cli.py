@@ -65,7 +65,9 @@ BENCH_HELP = """\
 Sweeps the parameter-server training (the paper's Figures 8, 10 and 11) on this
 machine, each configuration a short `tensorwire train` run (synthetic data):
 
-  fig8   models x batch sizes x modes: samples/s (--models, --batches, --modes)
+  fig8   models x batch sizes x modes: samples/s (--models, --batches, --modes);
+         over tcp also the TCP floor of each model (plain sockets moving the same
+         bytes, no compute) and the samples/s it bounds, the tcp targets' anchor
   fig10  workers 1..N (servers = workers, as in the paper) for --scale-models
   fig11  zero-copy on/off: mean step time of zerocopy vs copy at --copy-batch
   convergence  (only when asked) the mlp on scikit-learn's digits, 2 workers x 2

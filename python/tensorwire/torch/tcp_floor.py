@@ -1,0 +1,192 @@
+"""The loopback-TCP floor of one parameter-server step: plain sockets move the
+bytes a training step moves, in the same pattern, with no compute and no
+tensor library.
+
+Every worker sends each server the bytes of the variables placed on it (the
+push); once a server has all of them it sends each worker those bytes back
+(the pull). The placement is tensorwire.torch.ps.place(), as in training;
+--colocate drops the flows between a worker and the server in its own
+process, as `tensorwire train --colocate` does. One TCP connection per
+process pair, one thread per flow (sendall / recv_into release the GIL), 4 MiB
+socket buffers as tensorwire sets for UCX. Prints the median step time, the
+CPU time all processes spent per step, and one worker's forward and backward
+at --batch measured alone (the fastest of 10), then two upper bounds on samples/s for any
+implementation that moves these bytes over TCP on this machine:
+  sequential  compute, then the floor step (a synchronous PS pushes after its backward)
+  overlapped  communication hidden behind compute, limited only by the CPU
+              both need: (floor CPU + W x compute) / CPUs, or the longer of the two
+
+    python3 -m tensorwire.torch.tcp_floor --model fcn5 [--batch 1] [--colocate] [--steps 20]
+    (also bench/micro/ps_tcp_floor.py; results: bench/results/ps_tcp_floor.txt)
+
+`tensorwire bench train --transport tcp` measures it beside Figure 8 (bound()).
+"""
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import threading
+import time
+
+SOCK_BUF = 4 << 20
+
+
+def flows(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool) -> tuple[int, list, list]:
+    """(processes, push flows, pull flows); a flow is (src, dst, nbytes).
+    push_bytes[s]/pull_bytes[s]: what one worker sends server s / gets back
+    (they differ by the sparse gradients, whose pushes are not counted).
+    Separate layout: servers are processes 0..S-1, workers S..S+W-1.
+    Colocated: process r is worker r and server r."""
+    S = len(push_bytes)
+    if colocate:
+        pairs = [(w, s) for w in range(workers) for s in range(S) if s != w]
+        return (workers, [(w, s, push_bytes[s]) for w, s in pairs if push_bytes[s]],
+                [(s, w, pull_bytes[s]) for w, s in pairs if pull_bytes[s]])
+    pairs = [(w, s) for w in range(workers) for s in range(S)]
+    return (S + workers, [(S + w, s, push_bytes[s]) for w, s in pairs if push_bytes[s]],
+            [(s, S + w, pull_bytes[s]) for w, s in pairs if pull_bytes[s]])
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed")
+        got += n
+
+
+def _phase(rank: int, phase: list, socks: dict, bufs: dict) -> None:
+    """This process's sends and receives of one phase, concurrently."""
+    ts = []
+    for src, dst, n in phase:
+        if src == rank:
+            ts.append(threading.Thread(target=socks[dst].sendall, args=(bufs[(src, dst)][:n],)))
+        elif dst == rank:
+            ts.append(threading.Thread(target=_recv_exact, args=(socks[src], bufs[(src, dst)][:n])))
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+
+
+def _proc(rank: int, nprocs: int, push: list, pull: list, steps: int, ports, out) -> None:
+    lst = socket.socket()
+    lst.bind(("127.0.0.1", 0))
+    lst.listen(nprocs)
+    ports[rank] = lst.getsockname()[1]
+    while any(p == 0 for p in ports[:nprocs]):
+        time.sleep(0.01)
+    peers = {p for f in push + pull for p in f[:2] if rank in f[:2]} - {rank}
+    socks = {}
+    for p in sorted(peers):  # the lower rank connects
+        if p > rank:
+            s = socket.create_connection(("127.0.0.1", ports[p]))
+            s.sendall(rank.to_bytes(4, "little"))
+            socks[p] = s
+    while len(socks) < len(peers):
+        c, _ = lst.accept()
+        socks[int.from_bytes(c.recv(4), "little")] = c
+    for s in socks.values():
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF)
+    bufs = {(a, b): memoryview(bytearray(n)) for a, b, n in push + pull if rank in (a, b)}
+    times, cpu = [], []
+    for _ in range(steps):
+        t0, c0 = time.perf_counter(), os.times()
+        _phase(rank, push, socks, bufs)
+        _phase(rank, pull, socks, bufs)
+        c1 = os.times()
+        times.append(time.perf_counter() - t0)
+        cpu.append(c1.user - c0.user + c1.system - c0.system)
+    out.put((rank, (times, cpu)))
+    for s in socks.values():
+        s.close()
+
+
+def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool, steps: int) -> dict:
+    nprocs, push, pull = flows(push_bytes, pull_bytes, workers, colocate)
+    ctx = mp.get_context("spawn")
+    ports = ctx.Array("i", [0] * nprocs)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_proc, args=(r, nprocs, push, pull, steps, ports, out)) for r in range(nprocs)]
+    for p in procs:
+        p.start()
+    res = dict(out.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join(30)
+    # a worker's step: from its push until its last parameter byte arrived
+    worker_ranks = range(nprocs) if colocate else range(len(push_bytes), nprocs)
+    per_step = [max(res[r][0][i] for r in worker_ranks) for i in range(steps)]
+    cpu_step = [sum(res[r][1][i] for r in res) for i in range(steps)]
+    skip = 2 if steps > 4 else 0
+    return {"median_s": statistics.median(per_step[skip:]), "min_s": min(per_step[skip:]),
+            # the mean: os.times() counts clock ticks, and per-step deltas add up to the exact total
+            "cpu_s": statistics.mean(cpu_step[skip:]), "bytes_per_step": sum(n for *_, n in push + pull)}
+
+
+def compute_s(model_name: str, batch: int, reps: int = 12) -> float:
+    """The fastest forward + backward of one worker's batch, alone in this
+    process, one torch thread, as a zerocopy worker computes it: the dense
+    layers' gradients written in place into buffers allocated once
+    (tensorwire.torch.alloc_sites), so no step page-faults fresh gradients."""
+    import torch
+    from tensorwire.torch import alloc_sites, data, models
+    torch.set_num_threads(1)
+    model = models.get(model_name).factory()
+    bufs = {id(p): torch.empty(p.numel(), dtype=p.dtype) for p in model.parameters()}
+    alloc_sites.install(model, lambda p: bufs.get(id(p)))
+    x, y = data.Synthetic(model_name, batch, 0)(0, 0)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for p in model.parameters():
+            p.grad = None
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        ts.append(time.perf_counter() - t0)
+    return min(ts[2:])
+
+
+def bound(model: str, batch: int, workers: int, servers: int, colocate: bool, steps: int = 12) -> dict:
+    """The floor and the two samples/s bounds for one configuration (see the module's doc)."""
+    from . import models, ps
+    specs = [v for v, _ in ps.variables(models.get(model).factory())]
+    owner = ps.place([v.nbytes for v in specs], servers, "balanced")
+    push = [sum(v.nbytes for v, o in zip(specs, owner) if o == s and not v.sparse) for s in range(servers)]
+    pull = [sum(v.nbytes for v, o in zip(specs, owner) if o == s) for s in range(servers)]
+    r = measure(push, pull, workers, colocate, steps)
+    c = compute_s(model, batch)
+    ncpu = os.cpu_count() or 1
+    floor, cpu = r["min_s"], r["cpu_s"]
+    return {"model": model, "batch": batch, "workers": workers, "servers": servers, "colocate": colocate,
+            "mib_per_step": r["bytes_per_step"] / 2**20, "floor_ms": floor * 1e3, "floor_median_ms": r["median_s"] * 1e3,
+            "cpu_ms": cpu * 1e3, "compute_ms": c * 1e3, "cpus": ncpu,
+            "sequential": workers * batch / (c + floor),
+            "overlapped": workers * batch / max(floor, c, (cpu + workers * c) / ncpu)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="fcn5")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--servers", type=int, default=2)
+    ap.add_argument("--colocate", action="store_true")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=1, help="batch per worker of the compute measurement")
+    a = ap.parse_args()
+    if a.colocate and a.servers != a.workers:
+        ap.error("--colocate needs --servers equal to --workers")
+    b = bound(a.model, a.batch, a.workers, a.servers, a.colocate, a.steps)
+    layout = "colocated" if a.colocate else "separate"
+    print(f"{a.model} batch {a.batch}, {a.workers}w x {a.servers}s {layout}: {b['mib_per_step']:.1f} MiB "
+          f"over TCP per step; floor step median {b['floor_median_ms']:.1f} ms (min {b['floor_ms']:.1f}), "
+          f"CPU {b['cpu_ms']:.0f} ms per step; compute {b['compute_ms']:.1f} ms per worker step; "
+          f"at most {b['sequential']:.2f} samples/s sequential, {b['overlapped']:.2f} overlapped on {b['cpus']} CPUs")
+
+
+if __name__ == "__main__":
+    main()

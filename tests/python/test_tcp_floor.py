@@ -1,0 +1,41 @@
+"""The loopback-TCP floor of a PS step (tensorwire.torch.tcp_floor): which flows
+it moves, and that it moves them."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tensorwire.torch import tcp_floor  # noqa: E402
+
+pytestmark = pytest.mark.torch
+
+
+def test_flows_separate_and_colocated():
+    # 2 workers, 2 servers; server 0 holds 1000 B of dense variables and 500 B of sparse ones
+    push, pull = [1000, 3000], [1500, 3000]
+    n, ps_, pl = tcp_floor.flows(push, pull, 2, colocate=False)
+    assert n == 4
+    assert sorted(ps_) == [(2, 0, 1000), (2, 1, 3000), (3, 0, 1000), (3, 1, 3000)]
+    assert sorted(pl) == [(0, 2, 1500), (0, 3, 1500), (1, 2, 3000), (1, 3, 3000)]
+    # colocated: process r is worker r and server r; nothing flows inside a process
+    n, ps_, pl = tcp_floor.flows(push, pull, 2, colocate=True)
+    assert n == 2
+    assert sorted(ps_) == [(0, 1, 3000), (1, 0, 1000)]
+    assert sorted(pl) == [(0, 1, 1500), (1, 0, 3000)]
+
+
+@pytest.mark.parametrize("colocate", [False, True])
+def test_measure_moves_the_bytes(colocate):
+    r = tcp_floor.measure([1 << 20, 2 << 20], [1 << 20, 2 << 20], 2, colocate, steps=5)
+    per_worker = (1 << 20) + (2 << 20)
+    expected = 2 * 2 * per_worker if not colocate else 2 * per_worker
+    assert r["bytes_per_step"] == expected
+    assert 0 < r["min_s"] <= r["median_s"] < 10
+
+
+def test_bound_of_a_small_model():
+    b = tcp_floor.bound("mlp", 4, 2, 2, colocate=False, steps=4)
+    assert b["floor_ms"] > 0 and b["compute_ms"] > 0
+    assert b["sequential"] > 0 and b["overlapped"] > 0 and b["mib_per_step"] > 0
