@@ -165,7 +165,10 @@ def run_sweep(args) -> int:
             colocate = getattr(args, "colocate", False)
             for model in args.models:
                 _progress(f"    {model:<10} batch {min(args.batches):<3} TCP floor (plain sockets, no compute)")
-                out["tcp_floor"].append(tcp_floor.bound(model, min(args.batches), W, W, colocate))
+                try:
+                    out["tcp_floor"].append(tcp_floor.bound(model, min(args.batches), W, W, colocate))
+                except Exception as e:  # noqa: BLE001 - the anchor failing must not lose the sweep
+                    _progress(f"    {model} TCP floor: FAILED: {e}")
     if "fig10" in args.figures:
         _progress("Figure 10: scaling (workers = servers)")
         for model in args.scale_models:

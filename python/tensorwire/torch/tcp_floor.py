@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import queue
 import socket
 import statistics
 import threading
@@ -116,9 +117,24 @@ def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate
     procs = [ctx.Process(target=_proc, args=(r, nprocs, push, pull, steps, ports, out)) for r in range(nprocs)]
     for p in procs:
         p.start()
-    res = dict(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(30)
+    res: dict = {}
+    deadline = time.monotonic() + 600
+    try:
+        while len(res) < nprocs:  # a process that dies fails the measurement at once, not at the deadline
+            try:
+                rank, r = out.get(timeout=0.5)
+                res[rank] = r
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if i not in res and p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(f"tcp floor: process(es) {dead} exited with codes "
+                                       f"{[procs[i].exitcode for i in dead]}" if dead else
+                                       "tcp floor: no result within 600 s")
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
     # a worker's step: from its push until its last parameter byte arrived
     worker_ranks = range(nprocs) if colocate else range(len(push_bytes), nprocs)
     per_step = [max(res[r][0][i] for r in worker_ranks) for i in range(steps)]
