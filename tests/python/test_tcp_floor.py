@@ -35,7 +35,17 @@ def test_measure_moves_the_bytes(colocate):
     assert 0 < r["min_s"] <= r["median_s"] < 10
 
 
+def test_aggregate_of_no_variables_is_free():
+    assert tcp_floor.aggregate_s([], 2) == 0.0
+    assert tcp_floor.aggregate_s([(256, 256), (256,)], 2) > 0
+
+
 def test_bound_of_a_small_model():
     b = tcp_floor.bound("mlp", 4, 2, 2, colocate=False, steps=4)
-    assert b["floor_ms"] > 0 and b["compute_ms"] > 0
-    assert b["sequential"] > 0 and b["overlapped"] > 0 and b["mib_per_step"] > 0
+    assert b["floor_ms"] > 0 and b["compute_ms"] > 0 and b["aggregate_ms"] > 0
+    assert b["aggregate_cpu_ms"] >= b["aggregate_ms"]
+    assert b["mib_per_step"] > 0
+    # sequential: one worker's compute, the floor step and the slowest server's aggregation, in turn
+    step_s = (b["compute_ms"] + b["floor_ms"] + b["aggregate_ms"]) / 1e3
+    assert b["sequential"] == pytest.approx(2 * 4 / step_s)
+    assert b["overlapped"] > 0

@@ -254,16 +254,18 @@ def render(out: dict, args) -> str:
             lines += ["", f"targets (issue 5, {tr}, smallest batch per model):"] + verdicts
     if out.get("tcp_floor"):
         lines += ["", "TCP floor (tensorwire.torch.tcp_floor): plain sockets move a step's bytes in the same pattern,",
-                  "no compute; with each worker's compute measured alone that bounds samples/s over TCP here",
-                  "(sequential: compute then communication; overlapped: limited by the CPU both need);",
+                  "no compute; with each worker's compute and each server's aggregation measured alone that",
+                  "bounds samples/s over TCP here (sequential: compute, communication, aggregation one after",
+                  "the other; overlapped: limited by the CPU all of them need);",
                   "each mode's samples/s, and 1.2x gloo's, in percent of the sequential bound",
-                  f"{'model':<11}{'batch':>6}{'MiB/step':>10}{'floor ms':>10}{'bound seq':>11}{'bound ovl':>11}"
+                  f"{'model':<11}{'batch':>6}{'MiB/step':>10}{'floor ms':>10}{'agg ms':>8}{'bound seq':>11}"
+                  f"{'bound ovl':>11}"
                   + "".join(f"{m + ' %':>12}" for m in MODES if any(r['mode'] == m for r in out['fig8']))
                   + f"{'1.2x gloo %':>13}"]
         for b in out["tcp_floor"]:
             rows = {r["mode"]: r for r in out["fig8"] if r["model"] == b["model"] and r["batch"] == b["batch"]}
             line = (f"{b['model']:<11}{b['batch']:>6}{b['mib_per_step']:>10.1f}{b['floor_ms']:>10.1f}"
-                    f"{b['sequential']:>11.2f}{b['overlapped']:>11.2f}")
+                    f"{b.get('aggregate_ms', float('nan')):>8.1f}{b['sequential']:>11.2f}{b['overlapped']:>11.2f}")
             for m in MODES:
                 if any(r["mode"] == m for r in out["fig8"]):
                     v = rows.get(m, {}).get("samples_per_s", float("nan"))

@@ -10,11 +10,16 @@ process, as `tensorwire train --colocate` does. One TCP connection per
 process pair, one thread per flow (sendall / recv_into release the GIL), 4 MiB
 socket buffers as tensorwire sets for UCX. Prints the median step time, the
 CPU time all processes spent per step, and one worker's forward and backward
-at --batch measured alone (the fastest of 10), then two upper bounds on samples/s for any
+at --batch measured alone (the fastest of 10), and each server's aggregation
+measured alone (the mean of W gradients and an SGD step over its variables, as
+tensorwire.torch.ps does it), then two upper bounds on samples/s for any
 implementation that moves these bytes over TCP on this machine:
-  sequential  compute, then the floor step (a synchronous PS pushes after its backward)
-  overlapped  communication hidden behind compute, limited only by the CPU
-              both need: (floor CPU + W x compute) / CPUs, or the longer of the two
+  sequential  compute, the floor step and the slowest server's aggregation, one
+              after the other (a synchronous PS pushes after its backward, and a
+              server updates once the gradients are in)
+  overlapped  everything hidden behind everything else, limited only by the CPU
+              all of it needs: (floor CPU + W x compute + every server's
+              aggregation) / CPUs, or the longest single part
 
     python3 -m tensorwire.torch.tcp_floor --model fcn5 [--batch 1] [--colocate] [--steps 20]
     (also bench/micro/ps_tcp_floor.py; results: bench/results/ps_tcp_floor.txt)
@@ -167,6 +172,31 @@ def compute_s(model_name: str, batch: int, reps: int = 12) -> float:
     return min(ts[2:])
 
 
+def aggregate_s(shapes: list[tuple[int, ...]], workers: int, reps: int = 6) -> float:
+    """The fastest aggregation of one server's dense variables, alone in this
+    process, one torch thread, as tensorwire.torch.ps's servers do it: the mean
+    of `workers` gradients in place (the first becomes the accumulator) and a
+    torch.optim.SGD step."""
+    import torch
+    from . import ps
+    torch.set_num_threads(1)
+    if not shapes:
+        return 0.0
+    master = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    grads = [[torch.full(s, float(w + 1)) for s in shapes] for w in range(workers)]
+    opt = ps.make_optimizer("sgd", master)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for i, m in enumerate(master):
+            m.grad = grads[0][i]
+            for w in range(1, workers):
+                ps._mean_into(m.grad, grads[w][i], w)
+        opt.step()
+        ts.append(time.perf_counter() - t0)
+    return min(ts[1:])
+
+
 def bound(model: str, batch: int, workers: int, servers: int, colocate: bool, steps: int = 12) -> dict:
     """The floor and the two samples/s bounds for one configuration (see the module's doc)."""
     from . import models, ps
@@ -176,13 +206,17 @@ def bound(model: str, batch: int, workers: int, servers: int, colocate: bool, st
     pull = [sum(v.nbytes for v, o in zip(specs, owner) if o == s) for s in range(servers)]
     r = measure(push, pull, workers, colocate, steps)
     c = compute_s(model, batch)
+    agg = [aggregate_s([v.shape for v, o in zip(specs, owner) if o == s and not v.sparse], workers)
+           for s in range(servers)]
     ncpu = os.cpu_count() or 1
     floor, cpu = r["min_s"], r["cpu_s"]
     return {"model": model, "batch": batch, "workers": workers, "servers": servers, "colocate": colocate,
             "mib_per_step": r["bytes_per_step"] / 2**20, "floor_ms": floor * 1e3, "floor_median_ms": r["median_s"] * 1e3,
-            "cpu_ms": cpu * 1e3, "compute_ms": c * 1e3, "cpus": ncpu,
-            "sequential": workers * batch / (c + floor),
-            "overlapped": workers * batch / max(floor, c, (cpu + workers * c) / ncpu)}
+            "cpu_ms": cpu * 1e3, "compute_ms": c * 1e3, "aggregate_ms": max(agg) * 1e3,
+            "aggregate_cpu_ms": sum(agg) * 1e3, "cpus": ncpu,
+            # a synchronous step: compute, push, the slowest server's aggregation, pull
+            "sequential": workers * batch / (c + floor + max(agg)),
+            "overlapped": workers * batch / max(floor, c, max(agg), (cpu + workers * c + sum(agg)) / ncpu)}
 
 
 def main() -> None:
@@ -201,6 +235,7 @@ def main() -> None:
     print(f"{a.model} batch {a.batch}, {a.workers}w x {a.servers}s {layout}: {b['mib_per_step']:.1f} MiB "
           f"over TCP per step; floor step median {b['floor_median_ms']:.1f} ms (min {b['floor_ms']:.1f}), "
           f"CPU {b['cpu_ms']:.0f} ms per step; compute {b['compute_ms']:.1f} ms per worker step; "
+          f"aggregation {b['aggregate_ms']:.1f} ms on the slowest server ({b['aggregate_cpu_ms']:.1f} ms all); "
           f"at most {b['sequential']:.2f} samples/s sequential, {b['overlapped']:.2f} overlapped on {b['cpus']} CPUs")
 
 
