@@ -1,0 +1,609 @@
+"""Graph partitioning: a module's forward split into pipeline stages, one
+process per stage, every tensor that crosses stages moved over tensorwire
+slots (the paper's graph analysis, §3.3-3.4, for a PyTorch forward).
+
+:func:`plan` traces the module with ``torch.fx``, cuts its nodes into contiguous
+stages (balanced by parameter bytes, or before the nodes you name), splits it
+with ``torch.fx.passes.split_module`` and classifies every edge between stages
+by shape propagation: **static** when its shape and dtype are known before
+execution (the same under every example input given), **dynamic** otherwise.
+:func:`run` then starts one process per stage. Before the first step each
+stage pre-allocates a static slot (depth 2) in registered memory for each
+static edge it receives and a dynamic slot for each dynamic one; its senders
+attach to them (the slots' attach calls are the only control traffic, the
+addresses exchange). A stage's node whose output crosses a static edge is
+rewritten to write that output into a registered block (the allocation site:
+``nn.Linear`` and ReLU), so that send copies nothing; any other output crossing
+stages is copied into the pool first, and the statistics say which ran. Each
+step a stage polls its incoming slots in turn and re-polls the ones not ready
+(polling-async), runs its part, and sends its outputs.
+
+    from tensorwire.torch import partition
+    p = partition.plan(model, (x,), stages=2)          # or cuts=["classifier.1"]
+    print(p.describe())
+    result = partition.run(model_fn, inputs_fn, stages=2, steps=20, check=True)
+
+Forward only (inference, under ``torch.no_grad``). Every stage process builds
+the model with ``model_fn()`` after ``torch.manual_seed(seed)``, so the
+weights must be a function of that seed (or loaded from a file).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import operator
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+from torch import nn
+from torch.fx.passes.shape_prop import ShapeProp
+from torch.fx.passes.split_module import split_module
+
+import tensorwire as tw
+
+POLL_S = 0.25                    # how often a waiting stage checks its peers' liveness
+MIN_SLEEP_S, MAX_SLEEP_S = 20e-6, 1e-3
+DEPTH = 2                        # static slot buffers per edge: stage k+1 reads one while stage k fills the other
+
+
+class PartitionError(RuntimeError):
+    """Planning or running a partitioned module failed (bad cuts, a stage died, a timeout)."""
+
+
+# --------------------------------------------------------------------- planning
+
+@dataclass(frozen=True)
+class Edge:
+    """A tensor that crosses stages: produced by stage `src`, read by stages `dsts`."""
+    name: str
+    src: int
+    dsts: tuple[int, ...]
+    kind: str                       # "static" or "dynamic"
+    shape: tuple[int, ...] | None   # the example's shape (every example's, if static)
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        if self.shape is None:
+            return 0
+        return math.prod(self.shape) * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` decided: the split module, each stage's nodes, the edges."""
+    module: torch.fx.GraphModule    # top level: calls submod_0 .. submod_{S-1} in order
+    stages: int
+    nodes: list[list[str]]          # the original graph's node names per stage
+    edges: list[Edge]
+    param_bytes: list[int]          # per stage
+    input_shapes: list[tuple[int, ...] | None]  # the example's inputs (checked each step when all edges are static)
+
+    def stage_module(self, s: int) -> torch.fx.GraphModule:
+        return getattr(self.module, f"submod_{s}")
+
+    def describe(self) -> str:
+        lines = [f"{self.stages} stages"]
+        for s in range(self.stages):
+            names = self.nodes[s]
+            shown = ", ".join(names[:6]) + (f", ... ({len(names)} nodes)" if len(names) > 6 else "")
+            lines.append(f"  stage {s}: {self.param_bytes[s] / 2**20:.2f} MiB of parameters; {shown}")
+        for e in self.edges:
+            shape = "?" if e.shape is None else "x".join(str(d) for d in e.shape) or "scalar"
+            lines.append(f"  edge {e.name}: stage {e.src} -> {', '.join(map(str, e.dsts))}, {e.kind}, "
+                         f"{e.dtype}[{shape}] ({e.nbytes / 2**10:.1f} KiB)")
+        return "\n".join(lines)
+
+
+def _param_bytes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> int:
+    if node.op == "call_module":
+        mod = gm.get_submodule(node.target)
+        return sum(p.numel() * p.element_size() for p in mod.parameters())
+    if node.op == "get_attr":
+        t = getattr(gm, str(node.target), None) if "." not in str(node.target) else None
+        return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+    return 0
+
+
+def _assign(gm: torch.fx.GraphModule, stages: int, cuts: Sequence[str] | None) -> dict[torch.fx.Node, int]:
+    """Stage of every compute node: contiguous runs of the graph's (topological) order."""
+    compute = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    if not compute:
+        raise PartitionError("the module's graph has no operations to partition")
+    if cuts:
+        starts = []
+        for c in cuts:
+            idx = next((i for i, n in enumerate(compute) if n.name == c or str(n.target) == c
+                        or (n.op == "call_module" and str(n.target).startswith(c + "."))), None)
+            if idx is None:
+                known = ", ".join(sorted({str(n.target) for n in compute if n.op == "call_module"})[:12])
+                raise PartitionError(f"no node or module named {c!r} to cut before (modules: {known}, ...)")
+            starts.append(idx)
+        if starts != sorted(starts) or len(set(starts)) != len(starts) or starts[0] == 0:
+            raise PartitionError(f"cuts {list(cuts)} must name distinct nodes after the first, in graph order")
+    else:
+        if stages < 1:
+            raise PartitionError(f"stages must be >= 1, got {stages}")
+        if stages > len(compute):
+            raise PartitionError(f"{stages} stages but the graph has only {len(compute)} operations")
+        # balance parameter bytes; every node weighs at least 1 so a parameterless graph splits evenly.
+        # Stage k starts at the node whose weight before it is closest to k shares, leaving a node
+        # for every later stage.
+        w = [max(_param_bytes(gm, n), 1) for n in compute]
+        before = [0]
+        for wi in w:
+            before.append(before[-1] + wi)
+        starts = []
+        for k in range(1, stages):
+            lo = (starts[-1] + 1) if starts else 1
+            hi = len(compute) - (stages - k)
+            i = min(range(lo, hi + 1), key=lambda i: (abs(before[i] - before[-1] * k / stages), i))
+            starts.append(i)
+    bounds = [0] + starts + [len(compute)]
+    return {n: s for s in range(len(bounds) - 1) for n in compute[bounds[s]:bounds[s + 1]]}
+
+
+def _meta_of(node: torch.fx.Node) -> tuple[tuple[int, ...], str] | None:
+    m = node.meta.get("tensor_meta")
+    if m is None or not hasattr(m, "shape"):
+        return None
+    return tuple(int(d) for d in m.shape), str(m.dtype).replace("torch.", "")
+
+
+def _producer(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The submod call a top-level value comes from (directly or through getitem)."""
+    if node.op == "call_module" and str(node.target).startswith("submod_"):
+        return node
+    if node.op == "call_function" and node.target is operator.getitem:
+        return _producer(node.args[0])
+    return None
+
+
+def plan(model: nn.Module, example_inputs: tuple, stages: int = 2, *, cuts: Sequence[str] | None = None,
+         other_inputs: Sequence[tuple] = ()) -> Plan:
+    """Partitions ``model``'s forward into stages (``len(cuts) + 1`` when cuts are
+    given: each names the node or module a new stage begins with). Edges whose
+    shape and dtype are equal under ``example_inputs`` and every tuple in
+    ``other_inputs`` are static; the others dynamic."""
+    if not isinstance(example_inputs, tuple):
+        example_inputs = (example_inputs,)
+    try:
+        gm = torch.fx.symbolic_trace(model)
+    except Exception as e:  # noqa: BLE001 - fx raises many kinds for untraceable code
+        raise PartitionError(f"torch.fx cannot trace the model: {e}") from None
+    stage_of = _assign(gm, stages, cuts)
+    S = max(stage_of.values()) + 1
+    names = [[n.name for n in gm.graph.nodes if stage_of.get(n) == s] for s in range(S)]
+    pbytes = [sum(_param_bytes(gm, n) for n in gm.graph.nodes if stage_of.get(n) == s) for s in range(S)]
+    top = split_module(gm, model, lambda n: stage_of[n], keep_original_order=True)
+    subs = [n for n in top.graph.nodes if n.op == "call_module"]
+    if [str(n.target) for n in subs] != [f"submod_{s}" for s in range(S)]:
+        raise PartitionError("split_module reordered the stages; cut the graph at other nodes")
+
+    def shapes(inputs: tuple) -> dict[str, tuple | None]:
+        try:
+            with torch.no_grad():
+                ShapeProp(top).propagate(*inputs)
+        except Exception as e:  # noqa: BLE001 - whatever the model raises on these inputs
+            raise PartitionError(f"the model fails on the example inputs: {str(e).splitlines()[0]}") from None
+        return {n.name: _meta_of(n) for n in top.graph.nodes}
+
+    first = shapes(example_inputs)
+    others = [shapes(o if isinstance(o, tuple) else (o,)) for o in other_inputs]
+    if others:  # leave the metadata of the example in place
+        shapes(example_inputs)
+    edges: dict[str, Edge] = {}
+    for dst, call in enumerate(subs):
+        for a in call.all_input_nodes:
+            prod = _producer(a)
+            if prod is None:
+                continue  # a model input: the stage computes it from inputs_fn
+            src = int(str(prod.target).split("_")[1])
+            meta = first[a.name]
+            if meta is None:
+                raise PartitionError(f"value {a.name!r} crosses from stage {src} to {dst} but is not a tensor; "
+                                     f"only tensors may cross stages: cut elsewhere")
+            static = all(o[a.name] == meta for o in others)
+            old = edges.get(a.name)
+            dsts = (old.dsts if old else ()) + (dst,)
+            edges[a.name] = Edge(a.name, src, dsts, "static" if static else "dynamic",
+                                 meta[0], meta[1])
+    inputs = [_meta_of(n) for n in top.graph.nodes if n.op == "placeholder"]
+    return Plan(top, S, names, list(edges.values()), pbytes, [m[0] if m else None for m in inputs])
+
+
+# --------------------------------------------------------------------- allocation sites
+
+class _LinearOut(nn.Module):
+    """nn.Linear writing into a fixed (registered) tensor: y = x W^T + b with
+    out=. Forward only: out= takes no part in autograd, so it runs without."""
+
+    def __init__(self, linear: nn.Linear, out: torch.Tensor) -> None:
+        super().__init__()
+        self.linear, self.out = linear, out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w, b = self.linear.weight, self.linear.bias
+        out2 = self.out.view(-1, self.out.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        with torch.no_grad():
+            if b is None:
+                torch.mm(x2, w.t(), out=out2)
+            else:
+                torch.addmm(b, x2, w.t(), out=out2)
+        return self.out
+
+
+class _ReluOut(nn.Module):
+    def __init__(self, out: torch.Tensor) -> None:
+        super().__init__()
+        self.out = out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.clamp_min(x, 0, out=self.out)
+
+
+def _is_relu(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
+    if n.op == "call_module":
+        return isinstance(gm.get_submodule(n.target), nn.ReLU)
+    return n.op == "call_function" and n.target in (torch.relu, torch.nn.functional.relu)
+
+
+def place_outputs(sub: torch.fx.GraphModule, outputs: dict[int, torch.Tensor]) -> set[int]:
+    """Rewrites the nodes that produce output positions ``outputs`` (index in
+    the submodule's return value -> registered tensor of its shape) to write
+    there. Returns the positions rewritten (nn.Linear, ReLU); the others are
+    copied at send time."""
+    out_node = next(n for n in sub.graph.nodes if n.op == "output")
+    ret = out_node.args[0]
+    rets = list(ret) if isinstance(ret, (tuple, list)) else [ret]
+    done: set[int] = set()
+    for i, buf in outputs.items():
+        n = rets[i]
+        if not isinstance(n, torch.fx.Node) or sum(1 for r in rets if r is n) > 1:
+            continue  # the same value twice: one buffer cannot serve two positions
+        if n.op == "call_module" and isinstance(sub.get_submodule(n.target), nn.Linear):
+            lin = sub.get_submodule(n.target)
+            if lin.weight.dtype != buf.dtype or lin.out_features != buf.shape[-1]:
+                continue
+            name = f"tw_out_{i}"
+            sub.add_submodule(name, _LinearOut(lin, buf))
+        elif _is_relu(sub, n) and len(n.args) >= 1 and not n.kwargs.get("inplace", False):
+            name = f"tw_out_{i}"
+            sub.add_submodule(name, _ReluOut(buf))
+            n.args = n.args[:1]
+        else:
+            continue
+        n.op, n.target, n.kwargs = "call_module", name, {}
+        done.add(i)
+    if done:
+        sub.recompile()
+    return done
+
+
+# --------------------------------------------------------------------- a stage process
+
+@dataclass
+class StageStats:
+    stage: int
+    steps: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    send_s: float = 0.0
+    bytes_sent: int = 0
+    sends_zero_copy: int = 0
+    sends_copied: int = 0
+    t_start: float = 0.0
+    t_end: float = 0.0
+    outputs: list = field(default_factory=list)  # per step: {output index: numpy} of the outputs this stage produced
+
+
+def _gather(dev: tw.Device, pending: dict[str, Any], peers: dict[int, str], seen: set[int], timeout: float,
+            who: str, step: int) -> dict[str, Any]:
+    """Polls every incoming slot, re-polling those not ready (polling-async)
+    with a back-off sleep; fails fast when a peer stage is gone."""
+    got: dict[str, Any] = {}
+    start = time.monotonic()
+    next_check, delay = start + POLL_S, MIN_SLEEP_S
+    while pending:
+        progressed = False
+        for name in list(pending):
+            try:
+                out = pending[name].poll()
+            except tw.ConnectionError as e:
+                raise PartitionError(f"{who}: the stage sending {name!r} died or left (step {step}): {e}") from None
+            if out is not None:
+                got[name] = out
+                del pending[name]
+                progressed = True
+        if not pending:
+            break
+        if progressed:
+            delay = MIN_SLEEP_S
+            continue
+        time.sleep(delay)
+        delay = min(2 * delay, MAX_SLEEP_S)
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + POLL_S
+            alive = {int(p["device_id"]) for p in dev.peers()}
+            # a peer counts once it connected (producers attach when they are ready); one that was
+            # never seen is the launcher's to judge (it watches every process)
+            dead = [d for i, d in peers.items() if i in seen and i not in alive]
+            seen.update(i for i in peers if i in alive)
+            if dead:
+                raise PartitionError(f"{who}: {dead[0]} died or disconnected while waiting for "
+                                     f"{', '.join(sorted(pending))} (step {step})")
+            if now - start > timeout:
+                raise PartitionError(f"{who}: timed out after {timeout:.0f} s waiting for "
+                                     f"{', '.join(sorted(pending))} (step {step})")
+    return got
+
+
+def _stage_main(conn: Any, s: int, cfg: dict) -> None:
+    dev = None
+    try:
+        torch.set_num_threads(cfg["threads"])
+        torch.manual_seed(cfg["seed"])
+        model = cfg["model_fn"]().eval()
+        inputs_fn = cfg["inputs_fn"]
+        p = plan(model, inputs_fn(0), cfg["stages"], cuts=cfg["cuts"],
+                 other_inputs=[inputs_fn(i) for i in cfg["probe_steps"]])
+        sub = p.stage_module(s)
+        call = next(n for n in p.module.graph.nodes if n.op == "call_module" and n.target == f"submod_{s}")
+        placeholders = [n.name for n in p.module.graph.nodes if n.op == "placeholder"]
+        out_node = next(n for n in p.module.graph.nodes if n.op == "output")
+        finals = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else [out_node.args[0]]
+        who = f"stage {s}"
+        dev = tw.Device(transport=cfg["transport"])
+        incoming = [e for e in p.edges if s in e.dsts]
+        outgoing = [e for e in p.edges if e.src == s]
+        slots = {e.name: (dev.static_slot(f"pp/{e.name}", e.shape, e.dtype, depth=DEPTH) if e.kind == "static"
+                          else dev.dynamic_slot(f"pp/{e.name}")) for e in incoming}
+        conn.send(("address", dev.address, dev.id))
+        msg = conn.recv()
+        if msg[0] != "addresses":
+            return
+        addresses = msg[1]
+        linked = {t for e in outgoing for t in e.dsts} | {e.src for e in incoming}
+        peers = {addresses[t][1]: f"stage {t} ({addresses[t][0]})" for t in linked}
+        seen: set[int] = set()
+        channels = {t: dev.connect(addresses[t][0]) for t in {d for e in outgoing for d in e.dsts}}
+        senders = {(e.name, t): (channels[t].static_sender(f"pp/{e.name}", path="copy", timeout=cfg["timeout"])
+                                 if e.kind == "static" else
+                                 channels[t].dynamic_sender(f"pp/{e.name}", path="copy", timeout=cfg["timeout"]))
+                   for e in outgoing for t in e.dsts}
+        # where each outgoing value sits in the submodule's return value
+        rets: list[tuple[str, int]] = []
+        for u in call.users:
+            if u.op == "call_function" and u.target is operator.getitem:
+                rets.append((u.name, u.args[1]))
+        single = not rets
+        index = {name: i for name, i in rets} if rets else {call.name: 0}
+        # allocation sites: static outputs produced straight into registered blocks
+        blocks = {e.name: dev.empty(e.shape, e.dtype) for e in outgoing if e.kind == "static"}
+        in_place = place_outputs(sub, {index[n]: torch.from_dlpack(b) for n, b in blocks.items()})
+        check_inputs = all(e.kind == "static" for e in p.edges)
+        stats = StageStats(s)
+        pending_sends: list = []
+        held: list = []  # (slot, view) released once this step's sends are done
+        for step in range(cfg["steps"]):
+            if step == cfg["die_at"]:  # fault injection (tests)
+                os._exit(17)
+            if step == cfg["warmup"]:
+                stats.t_start = time.monotonic()
+            t0 = time.monotonic()
+            values = _gather(dev, dict(slots), peers, seen, cfg["timeout"], who, step)
+            t1 = time.monotonic()
+            inputs = inputs_fn(step) if any(a.op == "placeholder" for a in call.all_input_nodes) else ()
+            if not isinstance(inputs, tuple):
+                inputs = (inputs,)
+            if check_inputs and inputs:
+                for i, (x, shp) in enumerate(zip(inputs, p.input_shapes)):
+                    if shp is not None and tuple(x.shape) != shp:
+                        raise PartitionError(f"{who}: input {i} of step {step} has shape {tuple(x.shape)}, the "
+                                             f"plan's example {shp}; pass other_inputs so that the edges whose "
+                                             f"shapes follow it go dynamic")
+            env = dict(zip(placeholders, inputs))
+            for e in incoming:
+                v = values[e.name]
+                if e.kind == "static":
+                    t = torch.from_numpy(v)
+                    env[e.name] = t.view(torch.bfloat16) if e.dtype == "bfloat16" else t  # numpy: raw uint16
+                    held.append((slots[e.name], v))
+                else:
+                    env[e.name] = torch.from_dlpack(v)
+            args = [env[a.name] for a in call.args]
+            for r in pending_sends:  # the registered outputs are rewritten now: last step's sends must be done
+                r.wait(cfg["timeout"])
+            pending_sends = []
+            with torch.no_grad():
+                out = sub(*args)
+            t2 = time.monotonic()
+            outs = [out] if single else list(out)
+            for e in outgoing:
+                v = outs[index[e.name]]
+                for t in e.dsts:
+                    zero = e.name in blocks and index[e.name] in in_place
+                    pending_sends.append(senders[(e.name, t)].send(blocks[e.name] if zero else v.contiguous(),
+                                                                   cfg["timeout"]))
+                    stats.sends_zero_copy += zero
+                    stats.sends_copied += not zero
+                    stats.bytes_sent += v.numel() * v.element_size()
+            for r in pending_sends:
+                r.wait(cfg["timeout"])
+            pending_sends = []
+            for slot, v in held:
+                slot.release(v)
+            held = []
+            if cfg["collect"]:
+                env_out = {call.name: out} if single else {n: outs[i] for n, i in rets}
+                stats.outputs.append({j: env_out[f.name].detach().clone().numpy() for j, f in enumerate(finals)
+                                      if isinstance(f, torch.fx.Node) and f.name in env_out})
+            t3 = time.monotonic()
+            if step >= cfg["warmup"]:
+                stats.steps += 1
+                stats.wait_s += t1 - t0
+                stats.compute_s += t2 - t1
+                stats.send_s += t3 - t2
+        stats.t_end = time.monotonic()
+        conn.send(("result", stats))
+        conn.recv()  # "exit": every stage is done, no slot is read any more
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher, which fails the run
+        msg = str(e) if isinstance(e, (PartitionError, tw.Error)) else f"{type(e).__name__}: {e}\n" \
+                                                                         f"{traceback.format_exc()}"
+        try:
+            conn.send(("error", msg if msg.startswith("stage") else f"stage {s}: {msg}"))
+        except (OSError, EOFError):
+            pass
+    finally:
+        if dev is not None:
+            dev.close()
+
+
+# --------------------------------------------------------------------- launcher
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """``inputs_fn`` for the models of tensorwire.torch.models: step -> (x,),
+    synthetic as in training; the batch cycles through ``batches`` (more than
+    one size: the edges' shapes change from step to step)."""
+    model: str
+    batches: tuple[int, ...] = (8,)
+    seed: int = 0
+
+    def __call__(self, step: int) -> tuple:
+        from . import data
+        x = data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed)(0, step)[0]
+        return x if isinstance(x, tuple) else (x,)
+
+
+@dataclass
+class PipelineResult:
+    stages: int
+    steps: int                       # timed steps (warm-up excluded)
+    steps_per_s: float
+    plan: str                        # Plan.describe()
+    edges: list[dict]
+    stage_stats: list[StageStats]
+    outputs: list | None             # per step, the model's outputs (numpy), with collect / check
+    max_abs_error: float | None      # against model_fn()(*inputs_fn(step)) in one process, with check
+
+    def to_dict(self) -> dict:
+        return {"stages": self.stages, "steps": self.steps, "steps_per_s": self.steps_per_s, "edges": self.edges,
+                "max_abs_error": self.max_abs_error,
+                "stage_stats": [{k: v for k, v in vars(st).items() if k != "outputs"} for st in self.stage_stats]}
+
+
+def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, stages: int = 2,
+        cuts: Sequence[str] | None = None, steps: int = 10, warmup: int = 1, transport: str = "auto",
+        seed: int = 0, probe_steps: Sequence[int] = (), collect: bool = False, check: bool = False,
+        timeout: float = 60.0, threads: int = 1, die: tuple[int, int] | None = None) -> PipelineResult:
+    """Runs ``steps`` forward passes of ``model_fn()`` on ``inputs_fn(step)``
+    split into stages, one local process each (see the module's doc).
+    ``probe_steps``: steps whose inputs also enter the plan's shape analysis
+    (edges whose shapes differ between them go dynamic). ``check``: compare
+    with the model run in this process. ``die=(stage, step)``: that stage
+    exits at that step (tests)."""
+    if steps < 1 or warmup < 0 or warmup >= steps:
+        raise ValueError(f"need steps >= 1 and 0 <= warmup < steps (got steps={steps}, warmup={warmup})")
+    torch.manual_seed(seed)
+    p = plan(model_fn().eval(), inputs_fn(0), stages, cuts=cuts, other_inputs=[inputs_fn(i) for i in probe_steps])
+    cfg = {"model_fn": model_fn, "inputs_fn": inputs_fn, "stages": stages, "cuts": list(cuts) if cuts else None,
+           "steps": steps, "warmup": warmup, "transport": transport, "seed": seed,
+           "probe_steps": list(probe_steps), "collect": collect or check, "timeout": timeout, "threads": threads}
+    ctx = mp.get_context("spawn")
+    procs, conns = [], []
+    for s in range(p.stages):
+        a, b = ctx.Pipe()
+        c = dict(cfg, die_at=die[1] if die and die[0] == s else None)
+        pr = ctx.Process(target=_stage_main, args=(b, s, c), name=f"tw-stage-{s}", daemon=True)
+        pr.start()
+        b.close()  # the child's end: its exit then reads as EOF here
+        procs.append(pr)
+        conns.append(a)
+    try:
+        addresses = [_expect(conns[s], procs[s], s, "address", timeout)[1:] for s in range(p.stages)]
+        for c in conns:
+            c.send(("addresses", addresses))
+        results: dict[int, StageStats] = {}
+        deadline = time.monotonic() + timeout * steps + 60
+        while len(results) < p.stages:
+            for s in range(p.stages):
+                if s in results:
+                    continue
+                if conns[s].poll(0.05):
+                    try:
+                        msg = conns[s].recv()
+                    except (EOFError, OSError):
+                        procs[s].join(1)
+                        raise PartitionError(f"stage {s} exited (code {procs[s].exitcode}) before its result") \
+                            from None
+                    if msg[0] == "error":
+                        raise PartitionError(msg[1])
+                    results[s] = msg[1]
+                elif not procs[s].is_alive():
+                    raise PartitionError(f"stage {s} exited with code {procs[s].exitcode} at no result")
+            if time.monotonic() > deadline:
+                raise PartitionError("the pipeline did not finish in time")
+        for c in conns:
+            c.send(("exit",))
+        for pr in procs:
+            pr.join(10)
+    finally:
+        for pr in procs:
+            if pr.is_alive():
+                pr.kill()
+                pr.join(5)
+    st = [results[s] for s in range(p.stages)]
+    n = st[0].steps
+    wall = max(x.t_end for x in st) - min(x.t_start for x in st)
+    outputs = None
+    err = None
+    if collect or check:
+        merged = [{j: o for x in st for j, o in x.outputs[i].items()} for i in range(steps)]
+        outputs = [[m[j] for j in sorted(m)] for m in merged]
+    if check:
+        torch.manual_seed(seed)
+        ref = model_fn().eval()
+        err = 0.0
+        with torch.no_grad():
+            for i in range(steps):
+                x = inputs_fn(i)
+                want = ref(*(x if isinstance(x, tuple) else (x,)))
+                want = list(want) if isinstance(want, (tuple, list)) else [want]
+                for w_, g in zip(want, outputs[i]):
+                    err = max(err, float((w_ - torch.from_numpy(g)).abs().max()) if w_.numel() else 0.0)
+    return PipelineResult(p.stages, n, n / wall if wall > 0 else float("nan"), p.describe(),
+                          [{"name": e.name, "src": e.src, "dsts": list(e.dsts), "kind": e.kind,
+                            "shape": list(e.shape) if e.shape else None, "dtype": e.dtype, "bytes": e.nbytes}
+                           for e in p.edges], st, outputs, err)
+
+
+def _expect(conn: Any, proc: Any, s: int, kind: str, timeout: float) -> tuple:
+    deadline = time.monotonic() + timeout
+    while not conn.poll(0.05):
+        if not proc.is_alive():
+            raise PartitionError(f"stage {s} exited with code {proc.exitcode} during setup")
+        if time.monotonic() > deadline:
+            raise PartitionError(f"stage {s} did not start within {timeout:.0f} s")
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        proc.join(1)
+        raise PartitionError(f"stage {s} exited (code {proc.exitcode}) during setup") from None
+    if msg[0] == "error":
+        raise PartitionError(msg[1])
+    if msg[0] != kind:
+        raise PartitionError(f"stage {s}: unexpected {msg[0]!r} during setup")
+    return msg
+
+
+__all__ = ["plan", "run", "ModelInputs", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]
