@@ -138,3 +138,21 @@ def test_a_dead_stage_fails_the_pipeline_fast(dead):
 def test_run_checks_its_arguments():
     with pytest.raises(ValueError, match="warmup"):
         partition.run(skip_model, skip_inputs, steps=2, warmup=2)
+
+
+def test_cli_partition(tmp_path):
+    import json
+    import subprocess
+    import sys
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--stages", "2",
+                        "--batch", "4,6", "--steps", "5", "--warmup", "1", "--transport", "tcp", "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "dynamic" in r.stdout and "one process" in r.stdout
+    d = json.loads(out.read_text())
+    assert d["max_abs_error"] < 1e-5 and d["samples_per_s"] > 0 and d["steps"] == 4
+    assert [e["kind"] for e in d["edges"]] == ["dynamic"]
+    bad = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--cut", "nope",
+                          "--plan"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "no node or module named 'nope'" in bad.stderr and "Traceback" not in bad.stderr

@@ -186,6 +186,29 @@ def add_commands(sub, bench_sub) -> None:
     _common(b)
     b.set_defaults(func=run_bench)
 
+    pp = sub.add_parser("partition", help="graph partitioning: a model's forward as pipeline stages over slots",
+                        description=PARTITION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pp.add_argument("--model", choices=MODEL_NAMES, default="fcn5", help="model to split (default fcn5)")
+    pp.add_argument("--stages", type=_positive, default=2,
+                    help="stage processes, cut where parameter bytes balance (default 2)")
+    pp.add_argument("--cut", action="append", default=[], metavar="NAME",
+                    help="start a new stage at this module or node (repeatable; overrides --stages)")
+    pp.add_argument("--batch", type=_ints, default=[8],
+                    help="batch size; several (4,8) cycle from step to step and make the edges whose shape "
+                         "follows the batch dynamic (default 8)")
+    pp.add_argument("--steps", type=_positive, default=20, help="forward passes (default 20)")
+    pp.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
+    pp.add_argument("--transport", choices=("auto", "tcp", "shm", "rdma"), default="auto")
+    pp.add_argument("--image-size", type=int, default=0, help="CNN input size (default: as tensorwire train)")
+    pp.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
+    pp.add_argument("--threads", type=int, default=1, help="torch threads per stage (default 1)")
+    pp.add_argument("--timeout", type=float, default=60.0, help="seconds a stage may wait for its inputs")
+    pp.add_argument("--plan", action="store_true", help="print the plan and exit")
+    pp.add_argument("--no-check", action="store_true",
+                    help="skip comparing the outputs with the model run in one process")
+    pp.add_argument("--json", metavar="FILE", help="write the result as JSON")
+    pp.set_defaults(func=run_partition)
+
 
 def _env_role() -> tuple[int, int] | None:
     """(rank, world size) when started by torchrun or mpirun."""
@@ -277,6 +300,101 @@ def _exit_on_sigterm() -> None:
     import threading
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+PARTITION_HELP = """\
+Splits a model's forward into pipeline stages (torch.fx), one process per stage
+on this machine, and runs --steps forward passes on synthetic batches. Every
+tensor that crosses stages goes over a tensorwire slot: static (pre-allocated,
+written in place) when shape propagation finds its shape fixed, dynamic
+(metadata, then a read) when it changes with the batch. A stage's output that
+crosses stages is produced in registered memory when an nn.Linear or a ReLU
+makes it (zero copy), else copied into the pool; the table says which ran.
+
+Output: the plan (nodes, parameters and edges per stage), per stage the mean
+wait / compute / send per step and the sends made zero-copy or copied, then
+samples/s of the pipeline beside the same forward in one process (same run), and
+the largest difference from that process's outputs.
+
+examples:
+  tensorwire partition --model fcn5 --stages 2 --plan
+  tensorwire partition --model alexnet --cut classifier --transport shm
+  tensorwire partition --model mlp --stages 3 --batch 4,8 --transport tcp
+"""
+
+
+def run_partition(args) -> int:
+    import time
+
+    import torch
+
+    from . import models, partition
+
+    if args.warmup < 0 or args.warmup >= args.steps:
+        print(f"tensorwire partition: error: --warmup must be in 0..{args.steps - 1}", file=sys.stderr)
+        return 2
+    info = models.get(args.model)
+    inputs = _PartitionInputs(args.model, tuple(args.batch), args.seed, args.image_size)
+    probe = tuple(range(1, len(args.batch)))
+    torch.manual_seed(args.seed)
+    try:
+        plan = partition.plan(info.factory().eval(), inputs(0), args.stages, cuts=args.cut or None,
+                              other_inputs=[inputs(i) for i in probe])
+    except partition.PartitionError as e:
+        print(f"tensorwire partition: error: {e}", file=sys.stderr)
+        return 2
+    print(plan.describe())
+    if args.plan:
+        return 0
+    r = partition.run(info.factory, inputs, stages=args.stages, cuts=args.cut or None, steps=args.steps,
+                      warmup=args.warmup, transport=args.transport, seed=args.seed, probe_steps=probe,
+                      check=not args.no_check, timeout=args.timeout, threads=args.threads)
+    # the anchor: the same forward passes in one process, one thread per stage's worth
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model = info.factory().eval()
+    xs = [inputs(i) for i in range(args.steps)]
+    with torch.no_grad():
+        for i in range(args.warmup):
+            model(*xs[i])
+        t0 = time.perf_counter()
+        for i in range(args.warmup, args.steps):
+            model(*xs[i])
+        local_s = time.perf_counter() - t0
+    timed = range(args.warmup, args.steps)
+    samples = sum(xs[i][0].shape[0] for i in timed)
+    pipe_sps = samples * r.steps_per_s / len(timed)
+    local_sps = samples / local_s
+    print(f"{'stage':>5} {'wait ms':>9} {'compute ms':>11} {'send ms':>9} {'zero-copy':>10} {'copied':>7} "
+          f"{'MiB sent':>9}")
+    for st in r.stage_stats:
+        n = max(st.steps, 1)
+        print(f"{st.stage:>5} {1e3 * st.wait_s / n:>9.2f} {1e3 * st.compute_s / n:>11.2f} {1e3 * st.send_s / n:>9.2f} "
+              f"{st.sends_zero_copy:>10} {st.sends_copied:>7} {st.bytes_sent / 2**20:>9.1f}")
+    print(f"pipeline: {pipe_sps:.1f} samples/s over {args.transport} ({r.stages} stages); one process: "
+          f"{local_sps:.1f} samples/s ({pipe_sps / local_sps:.2f}x)")
+    if r.max_abs_error is not None:
+        print(f"largest difference from one process: {r.max_abs_error:.3g}")
+    if args.json:
+        out = r.to_dict()
+        out.update({"model": args.model, "transport": args.transport, "batch": args.batch,
+                    "samples_per_s": pipe_sps, "one_process_samples_per_s": local_sps, "plan": r.plan})
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+class _PartitionInputs:
+    """step -> (x,): synthetic batches of a model (picklable for the stage processes)."""
+
+    def __init__(self, model: str, batches: tuple, seed: int, image_size: int) -> None:
+        self.model, self.batches, self.seed, self.image_size = model, batches, seed, image_size
+
+    def __call__(self, step: int) -> tuple:
+        from . import data
+        x = data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
+                           image_size=self.image_size)(0, step)[0]
+        return x if isinstance(x, tuple) else (x,)
 
 
 def run_train(args) -> int:
