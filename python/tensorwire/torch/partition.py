@@ -409,8 +409,9 @@ def _stage_main(conn: Any, s: int, cfg: dict) -> None:
                 for i, (x, shp) in enumerate(zip(inputs, p.input_shapes)):
                     if shp is not None and tuple(x.shape) != shp:
                         raise PartitionError(f"{who}: input {i} of step {step} has shape {tuple(x.shape)}, the "
-                                             f"plan's example {shp}; pass other_inputs so that the edges whose "
-                                             f"shapes follow it go dynamic")
+                                             f"plan's example {shp}; probe that shape too (plan(other_inputs=...), "
+                                             f"run(probe_steps=...), several --batch sizes) so that the edges "
+                                             f"whose shapes follow it go dynamic")
             env = dict(zip(placeholders, inputs))
             for e in incoming:
                 v = values[e.name]
@@ -421,9 +422,6 @@ def _stage_main(conn: Any, s: int, cfg: dict) -> None:
                 else:
                     env[e.name] = torch.from_dlpack(v)
             args = [env[a.name] for a in call.args]
-            for r in pending_sends:  # the registered outputs are rewritten now: last step's sends must be done
-                r.wait(cfg["timeout"])
-            pending_sends = []
             with torch.no_grad():
                 out = sub(*args)
             t2 = time.monotonic()
@@ -437,16 +435,18 @@ def _stage_main(conn: Any, s: int, cfg: dict) -> None:
                     stats.sends_zero_copy += zero
                     stats.sends_copied += not zero
                     stats.bytes_sent += v.numel() * v.element_size()
+            # the next step rewrites the registered outputs, and an output may be a view of a slot
+            # buffer read here: the sends must be done before either
             for r in pending_sends:
                 r.wait(cfg["timeout"])
             pending_sends = []
-            for slot, v in held:
-                slot.release(v)
-            held = []
             if cfg["collect"]:
                 env_out = {call.name: out} if single else {n: outs[i] for n, i in rets}
                 stats.outputs.append({j: env_out[f.name].detach().clone().numpy() for j, f in enumerate(finals)
                                       if isinstance(f, torch.fx.Node) and f.name in env_out})
+            for slot, v in held:
+                slot.release(v)
+            held = []
             t3 = time.monotonic()
             if step >= cfg["warmup"]:
                 stats.steps += 1
