@@ -156,3 +156,59 @@ def test_cli_partition(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--cut", "nope",
                           "--plan"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no node or module named 'nope'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+class SkipOne(Skip):
+    """One output (training needs one); the skip connection still crosses the cut."""
+
+    def forward(self, x):
+        h = self.a(x)
+        y = self.b(torch.relu(h)) + h
+        return self.c(torch.relu(y))
+
+
+def skip_one_model() -> nn.Module:
+    return SkipOne()
+
+
+def skip_data(step: int):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(6, 16, generator=g), torch.randint(0, 4, (6,), generator=g)
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_training_in_stages_matches_single_process_sgd(transport):
+    r = partition.train(skip_one_model, skip_data, cuts=["b"], steps=6, transport=transport, check=True, lr=0.1)
+    assert r.max_abs_error < 1e-5  # final parameters and every step's loss
+    assert len(r.losses) == 6
+    kinds = {e["name"]: e["kind"] for e in r.edges}
+    assert set(kinds.values()) == {"static"} and len(kinds) == 2  # h and relu(h) cross
+    # activations forward and their gradients back, every step
+    assert r.stage_stats[0].sends_copied == 2 * 6 and r.stage_stats[1].sends_copied == 2 * 6
+
+
+def test_training_with_dynamic_edges_and_three_stages():
+    r = partition.train(models.get("mlp").factory, partition.ModelData("mlp", batches=(3, 5)), stages=3, steps=6,
+                        probe_steps=(1,), transport="shm", check=True, optimizer="adam", lr=1e-3)
+    assert [e["kind"] for e in r.edges] == ["dynamic", "dynamic"]
+    assert r.max_abs_error < 1e-5
+
+
+def test_training_refuses_weights_shared_across_stages():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.a(torch.relu(self.a(x)))
+
+    with pytest.raises(PartitionError, match="shared across stages"):
+        partition.train(Tied, lambda step: (torch.randn(2, 8), torch.randint(0, 8, (2,))), stages=2, steps=2)
+
+
+def test_a_dead_stage_fails_training_fast():
+    t0 = time.monotonic()
+    with pytest.raises(PartitionError, match="stage 1"):
+        partition.train(skip_one_model, skip_data, cuts=["b"], steps=20, transport="tcp", die=(1, 3), timeout=60)
+    assert time.monotonic() - t0 < 30

@@ -303,6 +303,8 @@ class StageStats:
     t_start: float = 0.0
     t_end: float = 0.0
     outputs: list = field(default_factory=list)  # per step: {output index: numpy} of the outputs this stage produced
+    losses: list = field(default_factory=list)   # training, the last stage: the loss of every step
+    params: dict = field(default_factory=dict)   # training with collect: this stage's parameters after the run
 
 
 def _gather(dev: tw.Device, pending: dict[str, Any], peers: dict[int, str], seen: set[int], timeout: float,
@@ -347,125 +349,255 @@ def _gather(dev: tw.Device, pending: dict[str, Any], peers: dict[int, str], seen
     return got
 
 
-def _stage_main(conn: Any, s: int, cfg: dict) -> None:
-    dev = None
-    try:
+def _as_tuple(x: Any) -> tuple:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _slot_tensor(v: Any, e: Edge) -> torch.Tensor:
+    """A received value as a torch tensor: a static slot's numpy view or a dynamic slot's block."""
+    if e.kind != "static":
+        return torch.from_dlpack(v)
+    t = torch.from_numpy(v)
+    return t.view(torch.bfloat16) if e.dtype == "bfloat16" else t  # numpy holds bfloat16 as raw uint16
+
+
+class _Stage:
+    """One stage process: its part of the plan, its slots and senders (set up
+    by the constructor, which also meets the launcher and the other stages),
+    and the loops of inference and training."""
+
+    def __init__(self, conn: Any, s: int, cfg: dict) -> None:
+        self.conn, self.s, self.cfg = conn, s, cfg
+        self.who = f"stage {s}"
+        self.train = cfg.get("train")
         torch.set_num_threads(cfg["threads"])
         torch.manual_seed(cfg["seed"])
-        model = cfg["model_fn"]().eval()
-        inputs_fn = cfg["inputs_fn"]
-        p = plan(model, inputs_fn(0), cfg["stages"], cuts=cfg["cuts"],
-                 other_inputs=[inputs_fn(i) for i in cfg["probe_steps"]])
-        sub = p.stage_module(s)
-        call = next(n for n in p.module.graph.nodes if n.op == "call_module" and n.target == f"submod_{s}")
-        placeholders = [n.name for n in p.module.graph.nodes if n.op == "placeholder"]
+        self.model = cfg["model_fn"]()
+        self.model.train(bool(self.train))
+        self.data_fn = cfg["inputs_fn"]
+        example = self.data_fn(0)
+        p = self.plan = plan(self.model, self._model_inputs(example), cfg["stages"], cuts=cfg["cuts"],
+                             other_inputs=[self._model_inputs(self.data_fn(i)) for i in cfg["probe_steps"]])
+        self.sub = p.stage_module(s)
+        self.call = next(n for n in p.module.graph.nodes if n.op == "call_module" and n.target == f"submod_{s}")
+        self.placeholders = [n.name for n in p.module.graph.nodes if n.op == "placeholder"]
         out_node = next(n for n in p.module.graph.nodes if n.op == "output")
-        finals = out_node.args[0] if isinstance(out_node.args[0], (tuple, list)) else [out_node.args[0]]
-        who = f"stage {s}"
-        dev = tw.Device(transport=cfg["transport"])
-        incoming = [e for e in p.edges if s in e.dsts]
-        outgoing = [e for e in p.edges if e.src == s]
-        slots = {e.name: (dev.static_slot(f"pp/{e.name}", e.shape, e.dtype, depth=DEPTH) if e.kind == "static"
-                          else dev.dynamic_slot(f"pp/{e.name}")) for e in incoming}
+        ret = out_node.args[0]
+        self.finals = list(ret) if isinstance(ret, (tuple, list)) else [ret]
+        self.incoming = [e for e in p.edges if s in e.dsts]
+        self.outgoing = [e for e in p.edges if e.src == s]
+        # where each value this stage produces sits in the submodule's return value
+        self.rets = [(u.name, u.args[1]) for u in self.call.users
+                     if u.op == "call_function" and u.target is operator.getitem]
+        self.single = not self.rets
+        self.index = dict(self.rets) if self.rets else {self.call.name: 0}
+        self.loss_stage = bool(self.train) and any(isinstance(f, torch.fx.Node) and f.name in self.index
+                                                   for f in self.finals)
+        if self.train and (len(self.finals) != 1 or (self.loss_stage and s != p.stages - 1)):
+            raise PartitionError("training needs one model output, made by the last stage")
+        self.dev = tw.Device(transport=cfg["transport"])
+        dev = self.dev
+        # forward: a slot per edge read here; training: a slot per (edge, reader) for the gradients coming back
+        self.slots = {e.name: self._slot(f"pp/{e.name}", e) for e in self.incoming}
+        self.gslots = ({(e.name, t): self._slot(f"pg/{e.name}/{t}", e) for e in self.outgoing for t in e.dsts}
+                       if self.train else {})
         conn.send(("address", dev.address, dev.id))
         msg = conn.recv()
         if msg[0] != "addresses":
-            return
+            raise SystemExit(0)
         addresses = msg[1]
-        linked = {t for e in outgoing for t in e.dsts} | {e.src for e in incoming}
-        peers = {addresses[t][1]: f"stage {t} ({addresses[t][0]})" for t in linked}
-        seen: set[int] = set()
-        channels = {t: dev.connect(addresses[t][0]) for t in {d for e in outgoing for d in e.dsts}}
-        senders = {(e.name, t): (channels[t].static_sender(f"pp/{e.name}", path="copy", timeout=cfg["timeout"])
-                                 if e.kind == "static" else
-                                 channels[t].dynamic_sender(f"pp/{e.name}", path="copy", timeout=cfg["timeout"]))
-                   for e in outgoing for t in e.dsts}
-        # where each outgoing value sits in the submodule's return value
-        rets: list[tuple[str, int]] = []
-        for u in call.users:
-            if u.op == "call_function" and u.target is operator.getitem:
-                rets.append((u.name, u.args[1]))
-        single = not rets
-        index = {name: i for name, i in rets} if rets else {call.name: 0}
-        # allocation sites: static outputs produced straight into registered blocks
-        blocks = {e.name: dev.empty(e.shape, e.dtype) for e in outgoing if e.kind == "static"}
-        in_place = place_outputs(sub, {index[n]: torch.from_dlpack(b) for n, b in blocks.items()})
-        check_inputs = all(e.kind == "static" for e in p.edges)
-        stats = StageStats(s)
-        pending_sends: list = []
-        held: list = []  # (slot, view) released once this step's sends are done
+        to = {t for e in self.outgoing for t in e.dsts} | ({e.src for e in self.incoming} if self.train else set())
+        self.peers = {addresses[t][1]: f"stage {t} ({addresses[t][0]})"
+                      for t in to | {e.src for e in self.incoming}}
+        self.seen: set[int] = set()
+        channels = {t: dev.connect(addresses[t][0]) for t in to}
+        self.senders = {(e.name, t): self._sender(channels[t], f"pp/{e.name}", e)
+                        for e in self.outgoing for t in e.dsts}
+        self.gsenders = ({e.name: self._sender(channels[e.src], f"pg/{e.name}/{s}", e) for e in self.incoming}
+                         if self.train else {})
+        self.stats = StageStats(s)
+
+    def _model_inputs(self, item: Any) -> tuple:
+        return _as_tuple(item[0]) if self.train else _as_tuple(item)
+
+    def _slot(self, name: str, e: Edge) -> Any:
+        return (self.dev.static_slot(name, e.shape, e.dtype, depth=DEPTH) if e.kind == "static"
+                else self.dev.dynamic_slot(name))
+
+    def _sender(self, ch: Any, name: str, e: Edge) -> Any:
+        t = self.cfg["timeout"]
+        return (ch.static_sender(name, path="copy", timeout=t) if e.kind == "static"
+                else ch.dynamic_sender(name, path="copy", timeout=t))
+
+    def _gather(self, slots: dict, step: int) -> dict:
+        return _gather(self.dev, dict(slots), self.peers, self.seen, self.cfg["timeout"], self.who, step)
+
+    def _inputs(self, step: int) -> tuple[dict, Any]:
+        """(placeholder name -> tensor, target) of a step, when this stage reads them."""
+        needs = any(a.op == "placeholder" for a in self.call.all_input_nodes)
+        if not needs and not self.loss_stage:
+            return {}, None
+        item = self.data_fn(step)
+        x = self._model_inputs(item)
+        if all(e.kind == "static" for e in self.plan.edges):
+            for i, (t, shp) in enumerate(zip(x, self.plan.input_shapes)):
+                if shp is not None and tuple(t.shape) != shp:
+                    raise PartitionError(f"{self.who}: input {i} of step {step} has shape {tuple(t.shape)}, the "
+                                         f"plan's example {shp}; probe that shape too (plan(other_inputs=...), "
+                                         f"run(probe_steps=...), several --batch sizes) so that the edges "
+                                         f"whose shapes follow it go dynamic")
+        return dict(zip(self.placeholders, x)), (item[1] if self.train else None)
+
+    def _send(self, senders: list, value: torch.Tensor, block: Any = None) -> list:
+        reqs = [sd.send(block if block is not None else value.contiguous(), self.cfg["timeout"]) for sd in senders]
+        self.stats.sends_zero_copy += len(senders) if block is not None else 0
+        self.stats.sends_copied += 0 if block is not None else len(senders)
+        self.stats.bytes_sent += len(senders) * value.numel() * value.element_size()
+        return reqs
+
+    def _wait(self, reqs: list) -> None:
+        for r in reqs:
+            r.wait(self.cfg["timeout"])
+
+    def _collect(self, out: Any, outs: list) -> None:
+        env_out = {self.call.name: out} if self.single else {n: outs[i] for n, i in self.rets}
+        self.stats.outputs.append({j: env_out[f.name].detach().clone().numpy() for j, f in enumerate(self.finals)
+                                   if isinstance(f, torch.fx.Node) and f.name in env_out})
+
+    def _timed(self, step: int, t0: float, t1: float, t2: float) -> None:
+        if step >= self.cfg["warmup"]:
+            self.stats.steps += 1
+            self.stats.wait_s += t1 - t0
+            self.stats.compute_s += t2 - t1
+            self.stats.send_s += time.monotonic() - t2
+
+    def infer(self) -> None:
+        """Forward passes; static outputs written in place into registered blocks (allocation sites)."""
+        cfg = self.cfg
+        blocks = {e.name: self.dev.empty(e.shape, e.dtype) for e in self.outgoing if e.kind == "static"}
+        in_place = place_outputs(self.sub, {self.index[n]: torch.from_dlpack(b) for n, b in blocks.items()})
         for step in range(cfg["steps"]):
-            if step == cfg["die_at"]:  # fault injection (tests)
-                os._exit(17)
-            if step == cfg["warmup"]:
-                stats.t_start = time.monotonic()
+            self._step_start(step)
             t0 = time.monotonic()
-            values = _gather(dev, dict(slots), peers, seen, cfg["timeout"], who, step)
+            values = self._gather(self.slots, step)
             t1 = time.monotonic()
-            inputs = inputs_fn(step) if any(a.op == "placeholder" for a in call.all_input_nodes) else ()
-            if not isinstance(inputs, tuple):
-                inputs = (inputs,)
-            if check_inputs and inputs:
-                for i, (x, shp) in enumerate(zip(inputs, p.input_shapes)):
-                    if shp is not None and tuple(x.shape) != shp:
-                        raise PartitionError(f"{who}: input {i} of step {step} has shape {tuple(x.shape)}, the "
-                                             f"plan's example {shp}; probe that shape too (plan(other_inputs=...), "
-                                             f"run(probe_steps=...), several --batch sizes) so that the edges "
-                                             f"whose shapes follow it go dynamic")
-            env = dict(zip(placeholders, inputs))
-            for e in incoming:
-                v = values[e.name]
+            env, _ = self._inputs(step)
+            held = []
+            for e in self.incoming:
+                env[e.name] = _slot_tensor(values[e.name], e)
                 if e.kind == "static":
-                    t = torch.from_numpy(v)
-                    env[e.name] = t.view(torch.bfloat16) if e.dtype == "bfloat16" else t  # numpy: raw uint16
-                    held.append((slots[e.name], v))
-                else:
-                    env[e.name] = torch.from_dlpack(v)
-            args = [env[a.name] for a in call.args]
+                    held.append((self.slots[e.name], values[e.name]))
             with torch.no_grad():
-                out = sub(*args)
+                out = self.sub(*[env[a.name] for a in self.call.args])
             t2 = time.monotonic()
-            outs = [out] if single else list(out)
-            for e in outgoing:
-                v = outs[index[e.name]]
-                for t in e.dsts:
-                    zero = e.name in blocks and index[e.name] in in_place
-                    pending_sends.append(senders[(e.name, t)].send(blocks[e.name] if zero else v.contiguous(),
-                                                                   cfg["timeout"]))
-                    stats.sends_zero_copy += zero
-                    stats.sends_copied += not zero
-                    stats.bytes_sent += v.numel() * v.element_size()
+            outs = [out] if self.single else list(out)
+            reqs = []
+            for e in self.outgoing:
+                zero = e.name in blocks and self.index[e.name] in in_place
+                reqs += self._send([self.senders[(e.name, t)] for t in e.dsts], outs[self.index[e.name]],
+                                   blocks[e.name] if zero else None)
             # the next step rewrites the registered outputs, and an output may be a view of a slot
             # buffer read here: the sends must be done before either
-            for r in pending_sends:
-                r.wait(cfg["timeout"])
-            pending_sends = []
+            self._wait(reqs)
             if cfg["collect"]:
-                env_out = {call.name: out} if single else {n: outs[i] for n, i in rets}
-                stats.outputs.append({j: env_out[f.name].detach().clone().numpy() for j, f in enumerate(finals)
-                                      if isinstance(f, torch.fx.Node) and f.name in env_out})
+                self._collect(out, outs)
             for slot, v in held:
                 slot.release(v)
-            held = []
-            t3 = time.monotonic()
-            if step >= cfg["warmup"]:
-                stats.steps += 1
-                stats.wait_s += t1 - t0
-                stats.compute_s += t2 - t1
-                stats.send_s += t3 - t2
-        stats.t_end = time.monotonic()
-        conn.send(("result", stats))
-        conn.recv()  # "exit": every stage is done, no slot is read any more
+            self._timed(step, t0, t1, t2)
+
+    def fit(self) -> None:
+        """Training steps: forward, the gradients of the activations back, an optimizer step per stage."""
+        from . import ps
+        cfg, tr = self.cfg, self.train
+        params = list(self.sub.parameters())
+        opt = ps.make_optimizer(tr["optimizer"], params, **tr["kwargs"]) if params else None
+        loss_fn = tr["loss_fn"]
+        for step in range(cfg["steps"]):
+            self._step_start(step)
+            t0 = time.monotonic()
+            values = self._gather(self.slots, step)
+            t1 = time.monotonic()
+            env, target = self._inputs(step)
+            held, leaves = [], {}
+            for e in self.incoming:
+                t = _slot_tensor(values[e.name], e)
+                if e.kind == "static":
+                    held.append((self.slots[e.name], values[e.name]))
+                # a leaf whose .grad is what goes back to the producer
+                leaves[e.name] = env[e.name] = t.detach().requires_grad_(t.is_floating_point())
+            out = self.sub(*[env[a.name] for a in self.call.args])
+            outs = [out] if self.single else list(out)
+            reqs = []
+            for e in self.outgoing:
+                reqs += self._send([self.senders[(e.name, t)] for t in e.dsts], outs[self.index[e.name]].detach())
+            self._wait(reqs)
+            roots, grads = [], []
+            if self.loss_stage:
+                loss = loss_fn(out if self.single else outs[0], target)
+                roots.append(loss)
+                grads.append(None)
+                self.stats.losses.append(float(loss.detach()))
+            gheld = []
+            if self.gslots:
+                back = self._gather(self.gslots, step)
+                for e in self.outgoing:
+                    v = outs[self.index[e.name]]
+                    gs = [_slot_tensor(back[(e.name, t)], e) for t in e.dsts]
+                    gheld += [(self.gslots[(e.name, t)], back[(e.name, t)]) for t in e.dsts if e.kind == "static"]
+                    if v.requires_grad:
+                        roots.append(v)
+                        grads.append(gs[0] if len(gs) == 1 else torch.stack(gs).sum(0))
+            if roots:
+                torch.autograd.backward(roots, grads)
+            for slot, v in gheld:
+                slot.release(v)
+            reqs = []
+            for e in self.incoming:
+                g = leaves[e.name].grad
+                reqs += self._send([self.gsenders[e.name]], g if g is not None else torch.zeros_like(leaves[e.name]))
+            t2 = time.monotonic()
+            if opt is not None:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            self._wait(reqs)
+            for slot, v in held:
+                slot.release(v)
+            self._timed(step, t0, t1, t2)
+        if cfg["collect"]:  # the trained parameters, under the original model's names
+            mine = {id(p) for p in params}
+            self.stats.params = {n: p.detach().clone().numpy() for n, p in self.model.named_parameters()
+                                 if id(p) in mine}
+
+    def _step_start(self, step: int) -> None:
+        if step == self.cfg["die_at"]:  # fault injection (tests)
+            os._exit(17)
+        if step == self.cfg["warmup"]:
+            self.stats.t_start = time.monotonic()
+
+    def finish(self) -> None:
+        self.stats.t_end = time.monotonic()
+        self.conn.send(("result", self.stats))
+        self.conn.recv()  # "exit": every stage is done, no slot is read any more
+
+
+def _stage_main(conn: Any, s: int, cfg: dict) -> None:
+    st = None
+    try:
+        st = _Stage(conn, s, cfg)
+        st.fit() if st.train else st.infer()
+        st.finish()
+    except SystemExit:
+        pass
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, which fails the run
         msg = str(e) if isinstance(e, (PartitionError, tw.Error)) else f"{type(e).__name__}: {e}\n" \
                                                                          f"{traceback.format_exc()}"
         try:
-            conn.send(("error", msg if msg.startswith("stage") else f"stage {s}: {msg}"))
+            conn.send(("error", msg if msg.startswith("stage") else f"stage {s}: {msg}", time.monotonic()))
         except (OSError, EOFError):
             pass
     finally:
-        if dev is not None:
-            dev.close()
+        if st is not None:
+            st.dev.close()
 
 
 # --------------------------------------------------------------------- launcher
@@ -485,6 +617,15 @@ class ModelInputs:
         return x if isinstance(x, tuple) else (x,)
 
 
+@dataclass(frozen=True)
+class ModelData(ModelInputs):
+    """``data_fn`` for :func:`train`: step -> (inputs, target), synthetic."""
+
+    def __call__(self, step: int) -> tuple:
+        from . import data
+        return data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed)(0, step)
+
+
 @dataclass
 class PipelineResult:
     stages: int
@@ -494,12 +635,15 @@ class PipelineResult:
     edges: list[dict]
     stage_stats: list[StageStats]
     outputs: list | None             # per step, the model's outputs (numpy), with collect / check
-    max_abs_error: float | None      # against model_fn()(*inputs_fn(step)) in one process, with check
+    max_abs_error: float | None      # check: against the same run in one process (outputs; training:
+                                     # the final parameters and the losses)
+    losses: list | None = None       # training: the loss of every step
 
     def to_dict(self) -> dict:
         return {"stages": self.stages, "steps": self.steps, "steps_per_s": self.steps_per_s, "edges": self.edges,
-                "max_abs_error": self.max_abs_error,
-                "stage_stats": [{k: v for k, v in vars(st).items() if k != "outputs"} for st in self.stage_stats]}
+                "max_abs_error": self.max_abs_error, "losses": self.losses,
+                "stage_stats": [{k: v for k, v in vars(st).items() if k not in ("outputs", "params")}
+                                for st in self.stage_stats]}
 
 
 def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, stages: int = 2,
@@ -512,16 +656,96 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
     (edges whose shapes differ between them go dynamic). ``check``: compare
     with the model run in this process. ``die=(stage, step)``: that stage
     exits at that step (tests)."""
+    torch.manual_seed(seed)
+    p = plan(model_fn().eval(), _as_tuple(inputs_fn(0)), stages, cuts=cuts,
+             other_inputs=[_as_tuple(inputs_fn(i)) for i in probe_steps])
+    cfg = _config(model_fn, inputs_fn, stages, cuts, steps, warmup, transport, seed, probe_steps,
+                  collect or check, timeout, threads)
+    st = _launch(p.stages, cfg, die)
+    outputs = err = None
+    if collect or check:
+        merged = [{j: o for x in st for j, o in x.outputs[i].items()} for i in range(steps)]
+        outputs = [[m[j] for j in sorted(m)] for m in merged]
+    if check:
+        torch.manual_seed(seed)
+        ref = model_fn().eval()
+        err = 0.0
+        with torch.no_grad():
+            for i in range(steps):
+                want = ref(*_as_tuple(inputs_fn(i)))
+                want = list(want) if isinstance(want, (tuple, list)) else [want]
+                for w_, g in zip(want, outputs[i]):
+                    err = max(err, float((w_ - torch.from_numpy(g)).abs().max()) if w_.numel() else 0.0)
+    return _result(p, st, outputs, err)
+
+
+def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, stages: int = 2,
+          cuts: Sequence[str] | None = None, steps: int = 10, warmup: int = 1, transport: str = "auto",
+          seed: int = 0, probe_steps: Sequence[int] = (), optimizer: Any = "sgd",
+          loss_fn: Callable | None = None, check: bool = False, timeout: float = 60.0, threads: int = 1,
+          die: tuple[int, int] | None = None, **optimizer_kwargs: Any) -> PipelineResult:
+    """Trains ``model_fn()`` split into stages on ``data_fn(step) -> (inputs,
+    target)``: each step every stage runs its forward and sends its
+    activations on; the last stage takes ``loss_fn(output, target)``
+    (default cross-entropy); the gradients of the activations go back over
+    slots of the same kind, every stage runs its backward and its own
+    optimizer (``ps.make_optimizer``) on its own parameters. One step in
+    flight: the stages take turns. ``check``: compare the losses and the final
+    parameters with the same SGD in one process (models with dropout draw
+    other masks there)."""
+    from . import ps
+    torch.manual_seed(seed)
+    p = plan(model_fn(), _as_tuple(data_fn(0)[0]), stages, cuts=cuts,
+             other_inputs=[_as_tuple(data_fn(i)[0]) for i in probe_steps])
+    owners: dict[int, set[int]] = {}
+    for s in range(p.stages):
+        for prm in p.stage_module(s).parameters():
+            owners.setdefault(id(prm), set()).add(s)
+    shared = [sorted(v) for v in owners.values() if len(v) > 1]
+    if shared:
+        raise PartitionError(f"a parameter is used by stages {shared[0]}: weights shared across stages "
+                             f"cannot be trained apart; cut elsewhere")
+    cfg = _config(model_fn, data_fn, stages, cuts, steps, warmup, transport, seed, probe_steps, check, timeout,
+                  threads)
+    cfg["train"] = {"optimizer": optimizer, "kwargs": optimizer_kwargs,
+                    "loss_fn": loss_fn or torch.nn.functional.cross_entropy}
+    st = _launch(p.stages, cfg, die)
+    err = None
+    if check:
+        torch.manual_seed(seed)
+        ref = model_fn()
+        opt = ps.make_optimizer(optimizer, [q for q in ref.parameters() if q.requires_grad], **optimizer_kwargs)
+        fn = cfg["train"]["loss_fn"]
+        losses = []
+        for i in range(steps):
+            x, y = data_fn(i)
+            loss = fn(ref(*_as_tuple(x)), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        got = {n: a for x in st for n, a in x.params.items()}
+        err = max(float((q.detach() - torch.from_numpy(got[n])).abs().max()) for n, q in ref.named_parameters())
+        err = max([err] + [abs(a - b) for a, b in zip(losses, st[-1].losses)])
+    return _result(p, st, None, err)
+
+
+def _config(model_fn, inputs_fn, stages, cuts, steps, warmup, transport, seed, probe_steps, collect, timeout,
+            threads) -> dict:
     if steps < 1 or warmup < 0 or warmup >= steps:
         raise ValueError(f"need steps >= 1 and 0 <= warmup < steps (got steps={steps}, warmup={warmup})")
-    torch.manual_seed(seed)
-    p = plan(model_fn().eval(), inputs_fn(0), stages, cuts=cuts, other_inputs=[inputs_fn(i) for i in probe_steps])
-    cfg = {"model_fn": model_fn, "inputs_fn": inputs_fn, "stages": stages, "cuts": list(cuts) if cuts else None,
-           "steps": steps, "warmup": warmup, "transport": transport, "seed": seed,
-           "probe_steps": list(probe_steps), "collect": collect or check, "timeout": timeout, "threads": threads}
+    return {"model_fn": model_fn, "inputs_fn": inputs_fn, "stages": stages, "cuts": list(cuts) if cuts else None,
+            "steps": steps, "warmup": warmup, "transport": transport, "seed": seed,
+            "probe_steps": list(probe_steps), "collect": collect, "timeout": timeout, "threads": threads}
+
+
+def _launch(stages: int, cfg: dict, die: tuple[int, int] | None) -> list[StageStats]:
+    """Spawns the stage processes, hands them each other's addresses, and
+    returns their statistics; the first failure of any stage fails the run."""
     ctx = mp.get_context("spawn")
     procs, conns = [], []
-    for s in range(p.stages):
+    timeout = cfg["timeout"]
+    for s in range(stages):
         a, b = ctx.Pipe()
         c = dict(cfg, die_at=die[1] if die and die[0] == s else None)
         pr = ctx.Process(target=_stage_main, args=(b, s, c), name=f"tw-stage-{s}", daemon=True)
@@ -530,13 +754,13 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
         procs.append(pr)
         conns.append(a)
     try:
-        addresses = [_expect(conns[s], procs[s], s, "address", timeout)[1:] for s in range(p.stages)]
+        addresses = [_expect(conns[s], procs[s], s, "address", timeout)[1:] for s in range(stages)]
         for c in conns:
             c.send(("addresses", addresses))
         results: dict[int, StageStats] = {}
-        deadline = time.monotonic() + timeout * steps + 60
-        while len(results) < p.stages:
-            for s in range(p.stages):
+        deadline = time.monotonic() + timeout * cfg["steps"] + 60
+        while len(results) < stages:
+            for s in range(stages):
                 if s in results:
                     continue
                 if conns[s].poll(0.05):
@@ -547,7 +771,7 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
                         raise PartitionError(f"stage {s} exited (code {procs[s].exitcode}) before its result") \
                             from None
                     if msg[0] == "error":
-                        raise PartitionError(msg[1])
+                        raise PartitionError(_root_cause(procs, conns, s, msg))
                     results[s] = msg[1]
                 elif not procs[s].is_alive():
                     raise PartitionError(f"stage {s} exited with code {procs[s].exitcode} at no result")
@@ -562,29 +786,40 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
             if pr.is_alive():
                 pr.kill()
                 pr.join(5)
-    st = [results[s] for s in range(p.stages)]
+    return [results[s] for s in range(stages)]
+
+
+def _root_cause(procs: list, conns: list, s: int, msg: tuple) -> str:
+    """The first failure: of the errors the stages report within a second of
+    this one, the earliest (a stage that fails makes its peers fail next), led
+    by the death of a stage if one died (that is then usually why)."""
+    errors = [(msg[2], msg[1])]
+    deadline = time.monotonic() + 1.0
+    dead: list = []
+    while time.monotonic() < deadline:
+        for t, c in enumerate(conns):
+            try:
+                if t != s and c.poll(0):
+                    m = c.recv()
+                    if m[0] == "error":
+                        errors.append((m[2], m[1]))
+            except (EOFError, OSError):
+                pass
+        dead = [(t, pr.exitcode) for t, pr in enumerate(procs) if pr.exitcode not in (None, 0)]
+        if dead:
+            break
+        time.sleep(0.05)
+    first = min(errors)[1]
+    return f"stage {dead[0][0]} exited with code {dead[0][1]}; then {first}" if dead else first
+
+
+def _result(p: Plan, st: list[StageStats], outputs: list | None, err: float | None) -> PipelineResult:
     n = st[0].steps
     wall = max(x.t_end for x in st) - min(x.t_start for x in st)
-    outputs = None
-    err = None
-    if collect or check:
-        merged = [{j: o for x in st for j, o in x.outputs[i].items()} for i in range(steps)]
-        outputs = [[m[j] for j in sorted(m)] for m in merged]
-    if check:
-        torch.manual_seed(seed)
-        ref = model_fn().eval()
-        err = 0.0
-        with torch.no_grad():
-            for i in range(steps):
-                x = inputs_fn(i)
-                want = ref(*(x if isinstance(x, tuple) else (x,)))
-                want = list(want) if isinstance(want, (tuple, list)) else [want]
-                for w_, g in zip(want, outputs[i]):
-                    err = max(err, float((w_ - torch.from_numpy(g)).abs().max()) if w_.numel() else 0.0)
     return PipelineResult(p.stages, n, n / wall if wall > 0 else float("nan"), p.describe(),
                           [{"name": e.name, "src": e.src, "dsts": list(e.dsts), "kind": e.kind,
                             "shape": list(e.shape) if e.shape else None, "dtype": e.dtype, "bytes": e.nbytes}
-                           for e in p.edges], st, outputs, err)
+                           for e in p.edges], st, outputs, err, st[-1].losses or None)
 
 
 def _expect(conn: Any, proc: Any, s: int, kind: str, timeout: float) -> tuple:
@@ -606,4 +841,4 @@ def _expect(conn: Any, proc: Any, s: int, kind: str, timeout: float) -> tuple:
     return msg
 
 
-__all__ = ["plan", "run", "ModelInputs", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]
+__all__ = ["plan", "run", "train", "ModelInputs", "ModelData", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]
