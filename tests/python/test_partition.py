@@ -153,6 +153,12 @@ def test_cli_partition(tmp_path):
     d = json.loads(out.read_text())
     assert d["max_abs_error"] < 1e-5 and d["samples_per_s"] > 0 and d["steps"] == 4
     assert [e["kind"] for e in d["edges"]] == ["dynamic"]
+    tr = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--stages", "2", "--train",
+                         "--lr", "0.1", "--steps", "4", "--warmup", "1", "--transport", "shm", "--json", str(out)],
+                        capture_output=True, text=True, timeout=120)
+    assert tr.returncode == 0, tr.stderr
+    d = json.loads(out.read_text())
+    assert d["train"] and len(d["losses"]) == 4 and d["max_abs_error"] < 1e-5
     bad = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--cut", "nope",
                           "--plan"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no node or module named 'nope'" in bad.stderr and "Traceback" not in bad.stderr

@@ -204,6 +204,12 @@ def add_commands(sub, bench_sub) -> None:
     pp.add_argument("--threads", type=int, default=1, help="torch threads per stage (default 1)")
     pp.add_argument("--timeout", type=float, default=60.0, help="seconds a stage may wait for its inputs")
     pp.add_argument("--plan", action="store_true", help="print the plan and exit")
+    pp.add_argument("--train", action="store_true",
+                    help="train instead: activation gradients go back over slots, every stage steps its own "
+                         "optimizer; checked against the same SGD in one process")
+    pp.add_argument("--optimizer", choices=("sgd", "adam", "adamw", "adagrad", "rmsprop"), default="sgd",
+                    help="with --train (default sgd)")
+    pp.add_argument("--lr", type=float, default=0.01, help="with --train: learning rate (default 0.01)")
     pp.add_argument("--no-check", action="store_true",
                     help="skip comparing the outputs with the model run in one process")
     pp.add_argument("--json", metavar="FILE", help="write the result as JSON")
@@ -311,6 +317,12 @@ written in place) when shape propagation finds its shape fixed, dynamic
 crosses stages is produced in registered memory when an nn.Linear or a ReLU
 makes it (zero copy), else copied into the pool; the table says which ran.
 
+--train trains instead: the last stage takes the cross-entropy loss, the
+gradients of the activations go back over slots of the same kinds, and every
+stage steps its own optimizer on its own parameters (one step in flight: the
+stages take turns). The check then compares the parameters and losses with the
+same SGD in one process (models with dropout draw other masks there).
+
 Output: the plan (nodes, parameters and edges per stage), per stage the mean
 wait / compute / send per step and the sends made zero-copy or copied, then
 samples/s of the pipeline beside the same forward in one process (same run), and
@@ -320,6 +332,7 @@ examples:
   tensorwire partition --model fcn5 --stages 2 --plan
   tensorwire partition --model alexnet --cut classifier --transport shm
   tensorwire partition --model mlp --stages 3 --batch 4,8 --transport tcp
+  tensorwire partition --model fcn5 --stages 2 --train --lr 0.01 --transport shm
 """
 
 
@@ -346,21 +359,41 @@ def run_partition(args) -> int:
     print(plan.describe())
     if args.plan:
         return 0
-    r = partition.run(info.factory, inputs, stages=args.stages, cuts=args.cut or None, steps=args.steps,
-                      warmup=args.warmup, transport=args.transport, seed=args.seed, probe_steps=probe,
-                      check=not args.no_check, timeout=args.timeout, threads=args.threads)
-    # the anchor: the same forward passes in one process, one thread per stage's worth
+    common = dict(stages=args.stages, cuts=args.cut or None, steps=args.steps, warmup=args.warmup,
+                  transport=args.transport, seed=args.seed, probe_steps=probe, check=not args.no_check,
+                  timeout=args.timeout, threads=args.threads)
+    if args.train:
+        data_fn = _PartitionData(args.model, tuple(args.batch), args.seed, args.image_size)
+        r = partition.train(info.factory, data_fn, optimizer=args.optimizer, lr=args.lr, **common)
+    else:
+        r = partition.run(info.factory, inputs, **common)
+    # the anchor: the same steps in one process, one thread like a stage
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = info.factory().eval()
+    model = info.factory()
     xs = [inputs(i) for i in range(args.steps)]
-    with torch.no_grad():
-        for i in range(args.warmup):
-            model(*xs[i])
-        t0 = time.perf_counter()
-        for i in range(args.warmup, args.steps):
-            model(*xs[i])
-        local_s = time.perf_counter() - t0
+    if args.train:
+        from . import ps
+        opt = ps.make_optimizer(args.optimizer, list(model.parameters()), lr=args.lr)
+        ys = [data_fn(i)[1] for i in range(args.steps)]
+
+        def one(i: int) -> None:
+            loss = torch.nn.functional.cross_entropy(model(*xs[i]), ys[i])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+    else:
+        model.eval()
+
+        def one(i: int) -> None:
+            with torch.no_grad():
+                model(*xs[i])
+    for i in range(args.warmup):
+        one(i)
+    t0 = time.perf_counter()
+    for i in range(args.warmup, args.steps):
+        one(i)
+    local_s = time.perf_counter() - t0
     timed = range(args.warmup, args.steps)
     samples = sum(xs[i][0].shape[0] for i in timed)
     pipe_sps = samples * r.steps_per_s / len(timed)
@@ -373,15 +406,30 @@ def run_partition(args) -> int:
               f"{st.sends_zero_copy:>10} {st.sends_copied:>7} {st.bytes_sent / 2**20:>9.1f}")
     print(f"pipeline: {pipe_sps:.1f} samples/s over {args.transport} ({r.stages} stages); one process: "
           f"{local_sps:.1f} samples/s ({pipe_sps / local_sps:.2f}x)")
+    if r.losses:
+        print(f"loss: {r.losses[0]:.4f} at step 0, {r.losses[-1]:.4f} at step {len(r.losses) - 1}")
     if r.max_abs_error is not None:
-        print(f"largest difference from one process: {r.max_abs_error:.3g}")
+        what = "parameters and losses" if args.train else "outputs"
+        print(f"largest difference from one process ({what}): {r.max_abs_error:.3g}")
     if args.json:
         out = r.to_dict()
-        out.update({"model": args.model, "transport": args.transport, "batch": args.batch,
+        out.update({"model": args.model, "transport": args.transport, "batch": args.batch, "train": args.train,
                     "samples_per_s": pipe_sps, "one_process_samples_per_s": local_sps, "plan": r.plan})
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
+
+
+class _PartitionData:
+    """step -> (x, target): synthetic training batches of a model (picklable)."""
+
+    def __init__(self, model: str, batches: tuple, seed: int, image_size: int) -> None:
+        self.model, self.batches, self.seed, self.image_size = model, batches, seed, image_size
+
+    def __call__(self, step: int) -> tuple:
+        from . import data
+        return data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
+                              image_size=self.image_size)(0, step)
 
 
 class _PartitionInputs:
