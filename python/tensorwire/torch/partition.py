@@ -361,6 +361,19 @@ def _slot_tensor(v: Any, e: Edge) -> torch.Tensor:
     return t.view(torch.bfloat16) if e.dtype == "bfloat16" else t  # numpy holds bfloat16 as raw uint16
 
 
+class _Split:
+    """Time per phase of a step: lap(phase) books the time since the last lap to it."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.spent = {"wait": 0.0, "compute": 0.0, "send": 0.0}
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self.spent[phase] += now - self.last
+        self.last = now
+
+
 class _Stage:
     """One stage process: its part of the plan, its slots and senders (set up
     by the constructor, which also meets the launcher and the other stages),
@@ -464,12 +477,12 @@ class _Stage:
         self.stats.outputs.append({j: env_out[f.name].detach().clone().numpy() for j, f in enumerate(self.finals)
                                    if isinstance(f, torch.fx.Node) and f.name in env_out})
 
-    def _timed(self, step: int, t0: float, t1: float, t2: float) -> None:
+    def _book(self, step: int, clock: _Split) -> None:
         if step >= self.cfg["warmup"]:
             self.stats.steps += 1
-            self.stats.wait_s += t1 - t0
-            self.stats.compute_s += t2 - t1
-            self.stats.send_s += time.monotonic() - t2
+            self.stats.wait_s += clock.spent["wait"]
+            self.stats.compute_s += clock.spent["compute"]
+            self.stats.send_s += clock.spent["send"]
 
     def infer(self) -> None:
         """Forward passes; static outputs written in place into registered blocks (allocation sites)."""
@@ -478,9 +491,9 @@ class _Stage:
         in_place = place_outputs(self.sub, {self.index[n]: torch.from_dlpack(b) for n, b in blocks.items()})
         for step in range(cfg["steps"]):
             self._step_start(step)
-            t0 = time.monotonic()
+            clock = _Split()
             values = self._gather(self.slots, step)
-            t1 = time.monotonic()
+            clock.lap("wait")
             env, _ = self._inputs(step)
             held = []
             for e in self.incoming:
@@ -489,7 +502,7 @@ class _Stage:
                     held.append((self.slots[e.name], values[e.name]))
             with torch.no_grad():
                 out = self.sub(*[env[a.name] for a in self.call.args])
-            t2 = time.monotonic()
+            clock.lap("compute")
             outs = [out] if self.single else list(out)
             reqs = []
             for e in self.outgoing:
@@ -503,7 +516,8 @@ class _Stage:
                 self._collect(out, outs)
             for slot, v in held:
                 slot.release(v)
-            self._timed(step, t0, t1, t2)
+            clock.lap("send")
+            self._book(step, clock)
 
     def fit(self) -> None:
         """Training steps: forward, the gradients of the activations back, an optimizer step per stage."""
@@ -514,9 +528,9 @@ class _Stage:
         loss_fn = tr["loss_fn"]
         for step in range(cfg["steps"]):
             self._step_start(step)
-            t0 = time.monotonic()
+            clock = _Split()
             values = self._gather(self.slots, step)
-            t1 = time.monotonic()
+            clock.lap("wait")
             env, target = self._inputs(step)
             held, leaves = [], {}
             for e in self.incoming:
@@ -527,10 +541,12 @@ class _Stage:
                 leaves[e.name] = env[e.name] = t.detach().requires_grad_(t.is_floating_point())
             out = self.sub(*[env[a.name] for a in self.call.args])
             outs = [out] if self.single else list(out)
+            clock.lap("compute")
             reqs = []
             for e in self.outgoing:
                 reqs += self._send([self.senders[(e.name, t)] for t in e.dsts], outs[self.index[e.name]].detach())
             self._wait(reqs)
+            clock.lap("send")
             roots, grads = [], []
             if self.loss_stage:
                 loss = loss_fn(out if self.single else outs[0], target)
@@ -540,6 +556,7 @@ class _Stage:
             gheld = []
             if self.gslots:
                 back = self._gather(self.gslots, step)
+                clock.lap("wait")
                 for e in self.outgoing:
                     v = outs[self.index[e.name]]
                     gs = [_slot_tensor(back[(e.name, t)], e) for t in e.dsts]
@@ -551,18 +568,21 @@ class _Stage:
                 torch.autograd.backward(roots, grads)
             for slot, v in gheld:
                 slot.release(v)
+            clock.lap("compute")
             reqs = []
             for e in self.incoming:
                 g = leaves[e.name].grad
                 reqs += self._send([self.gsenders[e.name]], g if g is not None else torch.zeros_like(leaves[e.name]))
-            t2 = time.monotonic()
+            clock.lap("send")
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+            clock.lap("compute")
             self._wait(reqs)
             for slot, v in held:
                 slot.release(v)
-            self._timed(step, t0, t1, t2)
+            clock.lap("send")
+            self._book(step, clock)
         if cfg["collect"]:  # the trained parameters, under the original model's names
             mine = {id(p) for p in params}
             self.stats.params = {n: p.detach().clone().numpy() for n, p in self.model.named_parameters()
