@@ -218,3 +218,18 @@ def test_a_dead_stage_fails_training_fast():
     with pytest.raises(PartitionError, match="stage 1"):
         partition.train(skip_one_model, skip_data, cuts=["b"], steps=20, transport="tcp", die=(1, 3), timeout=60)
     assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("micro", [2, 3])
+def test_micro_batches_match_single_process_sgd(micro):
+    # batches of 6 in 2 or 3 micro-batches; the gradients accumulate to the whole batch's
+    r = partition.train(skip_one_model, skip_data, cuts=["b"], steps=5, transport="tcp", micro_batches=micro,
+                        check=True, lr=0.1, momentum=0.9)
+    assert r.max_abs_error < 1e-5
+    assert r.stage_stats[0].sends_copied == 2 * micro * 5  # two activations per micro-batch
+    assert {tuple(e["shape"]) for e in r.edges} == {(6 // micro, 32)}
+
+
+def test_micro_batches_must_split_the_batch_evenly():
+    with pytest.raises(PartitionError, match="does not split into 4"):
+        partition.train(skip_one_model, skip_data, cuts=["b"], steps=2, micro_batches=4)

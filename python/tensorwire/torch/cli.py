@@ -210,6 +210,9 @@ def add_commands(sub, bench_sub) -> None:
     pp.add_argument("--optimizer", choices=("sgd", "adam", "adamw", "adagrad", "rmsprop"), default="sgd",
                     help="with --train (default sgd)")
     pp.add_argument("--lr", type=float, default=0.01, help="with --train: learning rate (default 0.01)")
+    pp.add_argument("--micro-batches", type=_positive, default=1,
+                    help="with --train: split every batch into this many (GPipe): the stages work at once "
+                         "instead of in turns (default 1)")
     pp.add_argument("--no-check", action="store_true",
                     help="skip comparing the outputs with the model run in one process")
     pp.add_argument("--json", metavar="FILE", help="write the result as JSON")
@@ -319,8 +322,10 @@ makes it (zero copy), else copied into the pool; the table says which ran.
 
 --train trains instead: the last stage takes the cross-entropy loss, the
 gradients of the activations go back over slots of the same kinds, and every
-stage steps its own optimizer on its own parameters (one step in flight: the
-stages take turns). The check then compares the parameters and losses with the
+stage steps its own optimizer on its own parameters. One step is in flight, so
+the stages take turns unless --micro-batches M splits each batch into M parts
+run as GPipe does (every part's forward, then every part's backward, one
+optimizer step). The check then compares the parameters and losses with the
 same SGD in one process (models with dropout draw other masks there).
 
 Output: the plan (nodes, parameters and edges per stage), per stage the mean
@@ -333,6 +338,7 @@ examples:
   tensorwire partition --model alexnet --cut classifier --transport shm
   tensorwire partition --model mlp --stages 3 --batch 4,8 --transport tcp
   tensorwire partition --model fcn5 --stages 2 --train --lr 0.01 --transport shm
+  tensorwire partition --model fcn5 --stages 2 --train --micro-batches 4 --batch 32
 """
 
 
@@ -349,10 +355,15 @@ def run_partition(args) -> int:
     info = models.get(args.model)
     inputs = _PartitionInputs(args.model, tuple(args.batch), args.seed, args.image_size)
     probe = tuple(range(1, len(args.batch)))
+    micro = args.micro_batches if args.train else 1
+    if args.micro_batches > 1 and not args.train:
+        print("tensorwire partition: error: --micro-batches needs --train", file=sys.stderr)
+        return 2
     torch.manual_seed(args.seed)
     try:
-        plan = partition.plan(info.factory().eval(), inputs(0), args.stages, cuts=args.cut or None,
-                              other_inputs=[inputs(i) for i in probe])
+        plan = partition.plan(info.factory().eval(), partition._micro_example(inputs(0), micro), args.stages,
+                              cuts=args.cut or None,
+                              other_inputs=[partition._micro_example(inputs(i), micro) for i in probe])
     except partition.PartitionError as e:
         print(f"tensorwire partition: error: {e}", file=sys.stderr)
         return 2
@@ -364,7 +375,8 @@ def run_partition(args) -> int:
                   timeout=args.timeout, threads=args.threads)
     if args.train:
         data_fn = _PartitionData(args.model, tuple(args.batch), args.seed, args.image_size)
-        r = partition.train(info.factory, data_fn, optimizer=args.optimizer, lr=args.lr, **common)
+        r = partition.train(info.factory, data_fn, optimizer=args.optimizer, lr=args.lr,
+                            micro_batches=args.micro_batches, **common)
     else:
         r = partition.run(info.factory, inputs, **common)
     # the anchor: the same steps in one process, one thread like a stage

@@ -353,6 +353,16 @@ def _as_tuple(x: Any) -> tuple:
     return x if isinstance(x, tuple) else (x,)
 
 
+def _micro_example(x: tuple, micro: int) -> tuple:
+    """The first of `micro` micro-batches of the inputs x (split along dim 0)."""
+    if micro == 1:
+        return x
+    for t in x:
+        if t.shape[0] % micro:
+            raise PartitionError(f"a batch of {t.shape[0]} does not split into {micro} equal micro-batches")
+    return tuple(torch.tensor_split(t, micro)[0] for t in x)
+
+
 def _slot_tensor(v: Any, e: Edge) -> torch.Tensor:
     """A received value as a torch tensor: a static slot's numpy view or a dynamic slot's block."""
     if e.kind != "static":
@@ -388,9 +398,9 @@ class _Stage:
         self.model = cfg["model_fn"]()
         self.model.train(bool(self.train))
         self.data_fn = cfg["inputs_fn"]
-        example = self.data_fn(0)
-        p = self.plan = plan(self.model, self._model_inputs(example), cfg["stages"], cuts=cfg["cuts"],
-                             other_inputs=[self._model_inputs(self.data_fn(i)) for i in cfg["probe_steps"]])
+        self.micro = self.train["micro_batches"] if self.train else 1
+        p = self.plan = plan(self.model, self._example(0), cfg["stages"], cuts=cfg["cuts"],
+                             other_inputs=[self._example(i) for i in cfg["probe_steps"]])
         self.sub = p.stage_module(s)
         self.call = next(n for n in p.module.graph.nodes if n.op == "call_module" and n.target == f"submod_{s}")
         self.placeholders = [n.name for n in p.module.graph.nodes if n.op == "placeholder"]
@@ -433,8 +443,13 @@ class _Stage:
     def _model_inputs(self, item: Any) -> tuple:
         return _as_tuple(item[0]) if self.train else _as_tuple(item)
 
+    def _example(self, step: int) -> tuple:
+        """What the plan propagates: a step's inputs, or its first micro-batch."""
+        return _micro_example(self._model_inputs(self.data_fn(step)), self.micro)
+
     def _slot(self, name: str, e: Edge) -> Any:
-        return (self.dev.static_slot(name, e.shape, e.dtype, depth=DEPTH) if e.kind == "static"
+        # a stage holds every micro-batch's activations until its backward
+        return (self.dev.static_slot(name, e.shape, e.dtype, depth=max(DEPTH, self.micro)) if e.kind == "static"
                 else self.dev.dynamic_slot(name))
 
     def _sender(self, ch: Any, name: str, e: Edge) -> Any:
@@ -445,8 +460,9 @@ class _Stage:
     def _gather(self, slots: dict, step: int) -> dict:
         return _gather(self.dev, dict(slots), self.peers, self.seen, self.cfg["timeout"], self.who, step)
 
-    def _inputs(self, step: int) -> tuple[dict, Any]:
-        """(placeholder name -> tensor, target) of a step, when this stage reads them."""
+    def _inputs(self, step: int, micro: int = 1) -> tuple[dict, Any]:
+        """(placeholder name -> tensor, target) of a step, when this stage reads them
+        (``micro`` micro-batches: the plan's example is the first of them)."""
         needs = any(a.op == "placeholder" for a in self.call.all_input_nodes)
         if not needs and not self.loss_stage:
             return {}, None
@@ -454,6 +470,8 @@ class _Stage:
         x = self._model_inputs(item)
         if all(e.kind == "static" for e in self.plan.edges):
             for i, (t, shp) in enumerate(zip(x, self.plan.input_shapes)):
+                if shp is not None and micro > 1 and t.shape[0] % micro == 0:
+                    shp = (shp[0] * micro,) + tuple(shp[1:])
                 if shp is not None and tuple(t.shape) != shp:
                     raise PartitionError(f"{self.who}: input {i} of step {step} has shape {tuple(t.shape)}, the "
                                          f"plan's example {shp}; probe that shape too (plan(other_inputs=...), "
@@ -526,54 +544,72 @@ class _Stage:
         params = list(self.sub.parameters())
         opt = ps.make_optimizer(tr["optimizer"], params, **tr["kwargs"]) if params else None
         loss_fn = tr["loss_fn"]
+        M = tr["micro_batches"]
         for step in range(cfg["steps"]):
             self._step_start(step)
             clock = _Split()
-            values = self._gather(self.slots, step)
-            clock.lap("wait")
-            env, target = self._inputs(step)
-            held, leaves = [], {}
-            for e in self.incoming:
-                t = _slot_tensor(values[e.name], e)
-                if e.kind == "static":
-                    held.append((self.slots[e.name], values[e.name]))
-                # a leaf whose .grad is what goes back to the producer
-                leaves[e.name] = env[e.name] = t.detach().requires_grad_(t.is_floating_point())
-            out = self.sub(*[env[a.name] for a in self.call.args])
-            outs = [out] if self.single else list(out)
-            clock.lap("compute")
-            reqs = []
-            for e in self.outgoing:
-                reqs += self._send([self.senders[(e.name, t)] for t in e.dsts], outs[self.index[e.name]].detach())
+            env_all, target = self._inputs(step, micro=M)
+            parts = {k: torch.tensor_split(v, M) for k, v in env_all.items()}
+            targets = torch.tensor_split(target, M) if self.loss_stage else None
+            total = sum(len(t) for t in targets) if targets else 0
+            held, fwd, reqs = [], [], []
+            # GPipe's fill: every micro-batch forward, each sent on at once (the next stage starts on it)
+            for m in range(M):
+                values = self._gather(self.slots, step)
+                clock.lap("wait")
+                env, leaves = {k: v[m] for k, v in parts.items()}, {}
+                for e in self.incoming:
+                    t = _slot_tensor(values[e.name], e)
+                    if e.kind == "static":  # held until the step ends: backward reads it; FIFO releases
+                        held.append((self.slots[e.name], values[e.name]))
+                    # a leaf whose .grad is what goes back to the producer
+                    leaves[e.name] = env[e.name] = t.detach().requires_grad_(t.is_floating_point())
+                out = self.sub(*[env[a.name] for a in self.call.args])
+                outs = [out] if self.single else list(out)
+                fwd.append((leaves, out, outs))
+                clock.lap("compute")
+                for e in self.outgoing:
+                    reqs += self._send([self.senders[(e.name, t)] for t in e.dsts],
+                                       outs[self.index[e.name]].detach())
+                clock.lap("send")
             self._wait(reqs)
             clock.lap("send")
-            roots, grads = [], []
+            # the drain: backward in reverse order, gradients accumulating into the parameters
+            reqs, step_loss = [], 0.0
+            for m in reversed(range(M)):
+                leaves, out, outs = fwd[m]
+                roots, grads = [], []
+                if self.loss_stage:
+                    # mean-reduced losses: each micro-batch weighs its share, so the sum is the batch's loss
+                    loss = loss_fn(out if self.single else outs[0], targets[m]) * (len(targets[m]) / total)
+                    roots.append(loss)
+                    grads.append(None)
+                    step_loss += float(loss.detach())
+                gheld = []
+                if self.gslots:
+                    clock.lap("compute")
+                    back = self._gather(self.gslots, step)
+                    clock.lap("wait")
+                    for e in self.outgoing:
+                        v = outs[self.index[e.name]]
+                        gs = [_slot_tensor(back[(e.name, t)], e) for t in e.dsts]
+                        gheld += [(self.gslots[(e.name, t)], back[(e.name, t)]) for t in e.dsts
+                                  if e.kind == "static"]
+                        if v.requires_grad:
+                            roots.append(v)
+                            grads.append(gs[0] if len(gs) == 1 else torch.stack(gs).sum(0))
+                if roots:
+                    torch.autograd.backward(roots, grads)
+                for slot, v in gheld:
+                    slot.release(v)
+                clock.lap("compute")
+                for e in self.incoming:
+                    g = leaves[e.name].grad
+                    reqs += self._send([self.gsenders[e.name]],
+                                       g if g is not None else torch.zeros_like(leaves[e.name]))
+                clock.lap("send")
             if self.loss_stage:
-                loss = loss_fn(out if self.single else outs[0], target)
-                roots.append(loss)
-                grads.append(None)
-                self.stats.losses.append(float(loss.detach()))
-            gheld = []
-            if self.gslots:
-                back = self._gather(self.gslots, step)
-                clock.lap("wait")
-                for e in self.outgoing:
-                    v = outs[self.index[e.name]]
-                    gs = [_slot_tensor(back[(e.name, t)], e) for t in e.dsts]
-                    gheld += [(self.gslots[(e.name, t)], back[(e.name, t)]) for t in e.dsts if e.kind == "static"]
-                    if v.requires_grad:
-                        roots.append(v)
-                        grads.append(gs[0] if len(gs) == 1 else torch.stack(gs).sum(0))
-            if roots:
-                torch.autograd.backward(roots, grads)
-            for slot, v in gheld:
-                slot.release(v)
-            clock.lap("compute")
-            reqs = []
-            for e in self.incoming:
-                g = leaves[e.name].grad
-                reqs += self._send([self.gsenders[e.name]], g if g is not None else torch.zeros_like(leaves[e.name]))
-            clock.lap("send")
+                self.stats.losses.append(step_loss)
             if opt is not None:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
@@ -702,21 +738,27 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
 def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, stages: int = 2,
           cuts: Sequence[str] | None = None, steps: int = 10, warmup: int = 1, transport: str = "auto",
           seed: int = 0, probe_steps: Sequence[int] = (), optimizer: Any = "sgd",
-          loss_fn: Callable | None = None, check: bool = False, timeout: float = 60.0, threads: int = 1,
-          die: tuple[int, int] | None = None, **optimizer_kwargs: Any) -> PipelineResult:
+          loss_fn: Callable | None = None, micro_batches: int = 1, check: bool = False, timeout: float = 60.0,
+          threads: int = 1, die: tuple[int, int] | None = None, **optimizer_kwargs: Any) -> PipelineResult:
     """Trains ``model_fn()`` split into stages on ``data_fn(step) -> (inputs,
     target)``: each step every stage runs its forward and sends its
     activations on; the last stage takes ``loss_fn(output, target)``
     (default cross-entropy); the gradients of the activations go back over
     slots of the same kind, every stage runs its backward and its own
-    optimizer (``ps.make_optimizer``) on its own parameters. One step in
-    flight: the stages take turns. ``check``: compare the losses and the final
+    optimizer (``ps.make_optimizer``) on its own parameters.
+    ``micro_batches`` M > 1 splits every batch into M equal parts run as
+    GPipe does (every part's forward, each sent on at once, then every part's
+    backward in reverse, the gradients accumulating, one optimizer step): the
+    stages then work at once instead of in turns; the loss must be a mean
+    over the batch. ``check``: compare the losses and the final
     parameters with the same SGD in one process (models with dropout draw
     other masks there)."""
     from . import ps
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     torch.manual_seed(seed)
-    p = plan(model_fn(), _as_tuple(data_fn(0)[0]), stages, cuts=cuts,
-             other_inputs=[_as_tuple(data_fn(i)[0]) for i in probe_steps])
+    p = plan(model_fn(), _micro_example(_as_tuple(data_fn(0)[0]), micro_batches), stages, cuts=cuts,
+             other_inputs=[_micro_example(_as_tuple(data_fn(i)[0]), micro_batches) for i in probe_steps])
     owners: dict[int, set[int]] = {}
     for s in range(p.stages):
         for prm in p.stage_module(s).parameters():
@@ -727,7 +769,7 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
                              f"cannot be trained apart; cut elsewhere")
     cfg = _config(model_fn, data_fn, stages, cuts, steps, warmup, transport, seed, probe_steps, check, timeout,
                   threads)
-    cfg["train"] = {"optimizer": optimizer, "kwargs": optimizer_kwargs,
+    cfg["train"] = {"optimizer": optimizer, "kwargs": optimizer_kwargs, "micro_batches": micro_batches,
                     "loss_fn": loss_fn or torch.nn.functional.cross_entropy}
     st = _launch(p.stages, cfg, die)
     err = None
