@@ -22,10 +22,13 @@ step a stage polls its incoming slots in turn and re-polls the ones not ready
     p = partition.plan(model, (x,), stages=2)          # or cuts=["classifier.1"]
     print(p.describe())
     result = partition.run(model_fn, inputs_fn, stages=2, steps=20, check=True)
+    trained = partition.train(model_fn, data_fn, stages=2, steps=20, lr=0.01, check=True)
 
-Forward only (inference, under ``torch.no_grad``). Every stage process builds
-the model with ``model_fn()`` after ``torch.manual_seed(seed)``, so the
-weights must be a function of that seed (or loaded from a file).
+:func:`train` trains instead: the gradients of the activations go back over
+slots of the same kinds, every stage steps its own optimizer, optionally over
+GPipe micro-batches (docs/partition.md). Every stage process builds the model
+with ``model_fn()`` after ``torch.manual_seed(seed)``, so the weights must be a
+function of that seed (or loaded from a file).
 """
 
 from __future__ import annotations
