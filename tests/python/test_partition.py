@@ -233,3 +233,23 @@ def test_micro_batches_match_single_process_sgd(micro):
 def test_micro_batches_must_split_the_batch_evenly():
     with pytest.raises(PartitionError, match="does not split into 4"):
         partition.train(skip_one_model, skip_data, cuts=["b"], steps=2, micro_batches=4)
+
+
+class Normed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.c = nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.bn(self.a(x))))
+
+
+def normed_model() -> nn.Module:
+    return Normed()
+
+
+def test_training_with_batch_norm_matches_single_process_sgd():
+    # the plan's shape probes run in eval mode: they must not move the batch statistics
+    r = partition.train(normed_model, skip_data, cuts=["bn"], steps=4, transport="shm", check=True, lr=0.1)
+    assert r.max_abs_error < 1e-5

@@ -190,11 +190,16 @@ def plan(model: nn.Module, example_inputs: tuple, stages: int = 2, *, cuts: Sequ
         raise PartitionError("split_module reordered the stages; cut the graph at other nodes")
 
     def shapes(inputs: tuple) -> dict[str, tuple | None]:
+        # in eval mode: the probe must not move batch-norm statistics (the modules are the model's own)
+        training = model.training
+        top.eval()
         try:
             with torch.no_grad():
                 ShapeProp(top).propagate(*inputs)
         except Exception as e:  # noqa: BLE001 - whatever the model raises on these inputs
             raise PartitionError(f"the model fails on the example inputs: {str(e).splitlines()[0]}") from None
+        finally:
+            top.train(training)
         return {n.name: _meta_of(n) for n in top.graph.nodes}
 
     first = shapes(example_inputs)
@@ -307,7 +312,7 @@ class StageStats:
     t_end: float = 0.0
     outputs: list = field(default_factory=list)  # per step: {output index: numpy} of the outputs this stage produced
     losses: list = field(default_factory=list)   # training, the last stage: the loss of every step
-    params: dict = field(default_factory=dict)   # training with collect: this stage's parameters after the run
+    params: dict = field(default_factory=dict)   # training with collect: this stage's parameters and buffers
 
 
 def _gather(dev: tw.Device, pending: dict[str, Any], peers: dict[int, str], seen: set[int], timeout: float,
@@ -622,10 +627,10 @@ class _Stage:
                 slot.release(v)
             clock.lap("send")
             self._book(step, clock)
-        if cfg["collect"]:  # the trained parameters, under the original model's names
-            mine = {id(p) for p in params}
-            self.stats.params = {n: p.detach().clone().numpy() for n, p in self.model.named_parameters()
-                                 if id(p) in mine}
+        if cfg["collect"]:  # the trained parameters and buffers (batch-norm statistics), as the model names them
+            mine = {id(t) for t in params} | {id(t) for t in self.sub.buffers()}
+            state = list(self.model.named_parameters()) + list(self.model.named_buffers())
+            self.stats.params = {n: t.detach().clone().numpy() for n, t in state if id(t) in mine}
 
     def _step_start(self, step: int) -> None:
         if step == self.cfg["die_at"]:  # fault injection (tests)
@@ -790,7 +795,8 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
             opt.step()
             losses.append(float(loss.detach()))
         got = {n: a for x in st for n, a in x.params.items()}
-        err = max(float((q.detach() - torch.from_numpy(got[n])).abs().max()) for n, q in ref.named_parameters())
+        state = list(ref.named_parameters()) + list(ref.named_buffers())
+        err = max(float((q.detach().double() - torch.from_numpy(got[n]).double()).abs().max()) for n, q in state)
         err = max([err] + [abs(a - b) for a, b in zip(losses, st[-1].losses)])
     return _result(p, st, None, err)
 
