@@ -69,7 +69,7 @@ def test_plan_cuts_where_told_and_refuses_bad_cuts():
         partition.plan(m, x, cuts=["classifier", "features"])
     with pytest.raises(PartitionError, match="only 3 operations"):
         partition.plan(models.get("mlp").factory(), (torch.randn(2, 64),), stages=4)
-    with pytest.raises(PartitionError, match="fails on the example inputs"):
+    with pytest.raises(PartitionError, match="fails on the example inputs: .*[Kk]ernel size"):  # the model's own words
         partition.plan(m, (torch.randn(1, 3, 8, 8),), stages=2)
 
 

@@ -353,7 +353,7 @@ def run_partition(args) -> int:
         print(f"tensorwire partition: error: --warmup must be in 0..{args.steps - 1}", file=sys.stderr)
         return 2
     info = models.get(args.model)
-    inputs = _PartitionInputs(args.model, tuple(args.batch), args.seed, args.image_size)
+    inputs = partition.ModelInputs(args.model, tuple(args.batch), args.seed, args.image_size)
     probe = tuple(range(1, len(args.batch)))
     micro = args.micro_batches if args.train else 1
     if args.micro_batches > 1 and not args.train:
@@ -361,9 +361,9 @@ def run_partition(args) -> int:
         return 2
     torch.manual_seed(args.seed)
     try:
-        plan = partition.plan(info.factory().eval(), partition._micro_example(inputs(0), micro), args.stages,
+        plan = partition.plan(info.factory().eval(), partition.micro_example(inputs(0), micro), args.stages,
                               cuts=args.cut or None,
-                              other_inputs=[partition._micro_example(inputs(i), micro) for i in probe])
+                              other_inputs=[partition.micro_example(inputs(i), micro) for i in probe])
     except partition.PartitionError as e:
         print(f"tensorwire partition: error: {e}", file=sys.stderr)
         return 2
@@ -374,7 +374,7 @@ def run_partition(args) -> int:
                   transport=args.transport, seed=args.seed, probe_steps=probe, check=not args.no_check,
                   timeout=args.timeout, threads=args.threads)
     if args.train:
-        data_fn = _PartitionData(args.model, tuple(args.batch), args.seed, args.image_size)
+        data_fn = partition.ModelData(args.model, tuple(args.batch), args.seed, args.image_size)
         r = partition.train(info.factory, data_fn, optimizer=args.optimizer, lr=args.lr,
                             micro_batches=args.micro_batches, **common)
     else:
@@ -430,31 +430,6 @@ def run_partition(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0
-
-
-class _PartitionData:
-    """step -> (x, target): synthetic training batches of a model (picklable)."""
-
-    def __init__(self, model: str, batches: tuple, seed: int, image_size: int) -> None:
-        self.model, self.batches, self.seed, self.image_size = model, batches, seed, image_size
-
-    def __call__(self, step: int) -> tuple:
-        from . import data
-        return data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
-                              image_size=self.image_size)(0, step)
-
-
-class _PartitionInputs:
-    """step -> (x,): synthetic batches of a model (picklable for the stage processes)."""
-
-    def __init__(self, model: str, batches: tuple, seed: int, image_size: int) -> None:
-        self.model, self.batches, self.seed, self.image_size = model, batches, seed, image_size
-
-    def __call__(self, step: int) -> tuple:
-        from . import data
-        x = data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
-                           image_size=self.image_size)(0, step)[0]
-        return x if isinstance(x, tuple) else (x,)
 
 
 def run_train(args) -> int:

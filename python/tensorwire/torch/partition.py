@@ -33,6 +33,8 @@ function of that seed (or loaded from a file).
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import multiprocessing as mp
 import operator
@@ -194,9 +196,12 @@ def plan(model: nn.Module, example_inputs: tuple, stages: int = 2, *, cuts: Sequ
         training = model.training
         top.eval()
         try:
-            with torch.no_grad():
+            # ShapeProp prints the traceback of a failing node itself; the error below says it in one line
+            with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
                 ShapeProp(top).propagate(*inputs)
         except Exception as e:  # noqa: BLE001 - whatever the model raises on these inputs
+            while e.__cause__ is not None:  # ShapeProp wraps the model's own error
+                e = e.__cause__
             raise PartitionError(f"the model fails on the example inputs: {str(e).splitlines()[0]}") from None
         finally:
             top.train(training)
@@ -361,8 +366,9 @@ def _as_tuple(x: Any) -> tuple:
     return x if isinstance(x, tuple) else (x,)
 
 
-def _micro_example(x: tuple, micro: int) -> tuple:
-    """The first of `micro` micro-batches of the inputs x (split along dim 0)."""
+def micro_example(x: tuple, micro: int) -> tuple:
+    """The first of `micro` micro-batches of the inputs x (split along dim 0):
+    what a plan for training with micro-batches propagates."""
     if micro == 1:
         return x
     for t in x:
@@ -453,7 +459,7 @@ class _Stage:
 
     def _example(self, step: int) -> tuple:
         """What the plan propagates: a step's inputs, or its first micro-batch."""
-        return _micro_example(self._model_inputs(self.data_fn(step)), self.micro)
+        return micro_example(self._model_inputs(self.data_fn(step)), self.micro)
 
     def _slot(self, name: str, e: Edge) -> Any:
         # a stage holds every micro-batch's activations until its backward
@@ -674,11 +680,15 @@ class ModelInputs:
     model: str
     batches: tuple[int, ...] = (8,)
     seed: int = 0
+    image_size: int = 0   # CNNs: 0 is the model's default for CPU runs (as tensorwire train)
+
+    def batch(self, step: int) -> tuple:
+        from . import data
+        return data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
+                              image_size=self.image_size)(0, step)
 
     def __call__(self, step: int) -> tuple:
-        from . import data
-        x = data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed)(0, step)[0]
-        return x if isinstance(x, tuple) else (x,)
+        return _as_tuple(self.batch(step)[0])
 
 
 @dataclass(frozen=True)
@@ -686,8 +696,7 @@ class ModelData(ModelInputs):
     """``data_fn`` for :func:`train`: step -> (inputs, target), synthetic."""
 
     def __call__(self, step: int) -> tuple:
-        from . import data
-        return data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed)(0, step)
+        return self.batch(step)
 
 
 @dataclass
@@ -765,8 +774,8 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     torch.manual_seed(seed)
-    p = plan(model_fn(), _micro_example(_as_tuple(data_fn(0)[0]), micro_batches), stages, cuts=cuts,
-             other_inputs=[_micro_example(_as_tuple(data_fn(i)[0]), micro_batches) for i in probe_steps])
+    p = plan(model_fn(), micro_example(_as_tuple(data_fn(0)[0]), micro_batches), stages, cuts=cuts,
+             other_inputs=[micro_example(_as_tuple(data_fn(i)[0]), micro_batches) for i in probe_steps])
     owners: dict[int, set[int]] = {}
     for s in range(p.stages):
         for prm in p.stage_module(s).parameters():
@@ -912,4 +921,4 @@ def _expect(conn: Any, proc: Any, s: int, kind: str, timeout: float) -> tuple:
     return msg
 
 
-__all__ = ["plan", "run", "train", "ModelInputs", "ModelData", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]
+__all__ = ["plan", "run", "train", "ModelInputs", "ModelData", "micro_example", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]
