@@ -1,49 +1,16 @@
 // Copyright tensorwire authors.
 //
-// Dynamic allocation. The receiver's record (little-endian, `record_size`
-// bytes, the sequence word alone in the last 64-byte line):
-//   0 u32 magic "TWDR" | 4 u16 version | 6 u8 dtype code | 7 u8 dtype bits
-//   8 u32 ndim | 12 u32 rkey length | 16 u64 nbytes | 24 u64 sender address
-//   32 u64 sender device id | 40 i64 dims[max_ndim] | rkey bytes (kMaxRkey)
-//   record_size-64: u64 sequence
+// Dynamic allocation. The receiver's record is protocol/dynamic_record.h.
 // The sender's ack block: 0 u64 acked sequence | 8 u64 status of that record
-// (0 accepted, else a RecordError); the receiver writes status, fences, then
+// (0 accepted, else a RecordStatus); the receiver writes status, fences, then
 // the sequence.
 #include <cstring>
 
+#include "protocol/dynamic_record.h"
 #include "protocol/slot_common.h"
 
 namespace tensorwire {
 namespace detail {
-
-namespace {
-constexpr std::uint32_t kRecordMagic = 0x52445754;  // "TWDR"
-constexpr std::uint16_t kRecordVersion = 1;
-constexpr std::size_t kHeader = 40;
-constexpr std::size_t kMaxRkey = 2048;
-
-enum RecordError : std::uint64_t {
-  kAccepted = 0, kBadMagic = 1, kBadVersion = 2, kBadDtype = 3, kBadNdim = 4, kBadDims = 5,
-  kSizeMismatch = 6, kTooLarge = 7, kBadRkey = 8, kReadFailed = 9,
-};
-
-const char* describe_error(std::uint64_t e) {
-  switch (e) {
-    case kBadMagic: return "bad magic";
-    case kBadVersion: return "unknown record version";
-    case kBadDtype: return "unknown dtype";
-    case kBadNdim: return "too many dimensions";
-    case kBadDims: return "negative dimension";
-    case kSizeMismatch: return "nbytes does not match the shape and dtype";
-    case kTooLarge: return "nbytes exceeds the slot's limit";
-    case kBadRkey: return "bad remote key";
-    case kReadFailed: return "reading the data failed";
-    default: return "refused";
-  }
-}
-
-std::size_t record_size_for(int max_ndim) { return align64(kHeader + 8 * max_ndim + kMaxRkey) + 64; }
-}  // namespace
 
 class DynamicSlotImpl {
  public:
@@ -86,62 +53,28 @@ class DynamicSlotImpl {
     b.wait(10.0);
   }
 
-  // Validates the record; returns the spec, or a RecordError.
-  std::uint64_t validate(TensorSpec* spec, std::uint64_t* nbytes, std::uint64_t* address, std::string* rkey) const {
-    const char* p = base();
-    std::uint32_t magic, ndim, rkey_len;
-    std::uint16_t version;
-    std::memcpy(&magic, p + 0, 4);
-    std::memcpy(&version, p + 4, 2);
-    spec->dtype.code = static_cast<std::uint8_t>(p[6]);
-    spec->dtype.bits = static_cast<std::uint8_t>(p[7]);
-    std::memcpy(&ndim, p + 8, 4);
-    std::memcpy(&rkey_len, p + 12, 4);
-    std::memcpy(nbytes, p + 16, 8);
-    std::memcpy(address, p + 24, 8);
-    if (magic != kRecordMagic) return kBadMagic;
-    if (version != kRecordVersion) return kBadVersion;
-    if (!spec->dtype.valid()) return kBadDtype;
-    if (ndim > static_cast<std::uint32_t>(max_ndim)) return kBadNdim;
-    spec->shape.resize(ndim);
-    std::memcpy(spec->shape.data(), p + kHeader, 8 * ndim);
-    for (auto d : spec->shape) {
-      if (d < 0) return kBadDims;
-    }
-    std::size_t expect;
-    try {
-      expect = spec->nbytes();
-    } catch (const InvalidArgument&) {
-      return kTooLarge;
-    }
-    if (expect != *nbytes) return kSizeMismatch;
-    if (*nbytes > max_nbytes) return kTooLarge;
-    if (*nbytes > 0 && (rkey_len == 0 || rkey_len > kMaxRkey)) return kBadRkey;
-    rkey->assign(p + kHeader + 8 * max_ndim, rkey_len);
-    return kAccepted;
-  }
-
   // Consumes the record that is ready: returns the data, or throws.
   Block take(TensorSpec* spec) {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
     const std::uint64_t seq = expected++;
-    std::uint64_t nbytes = 0, address = 0;
-    std::string rkey;
-    std::uint64_t status = validate(spec, &nbytes, &address, &rkey);
+    DynamicRecord rec;
+    const RecordStatus status = decode_record(base(), record_size - 64, max_ndim, max_nbytes, &rec);
+    *spec = rec.spec;
+    const std::uint64_t nbytes = rec.nbytes;
     if (status != kAccepted) {
       ++stats.rejected;
       ack(seq, status);
       throw InvalidArgument("dynamic slot '" + name + "' refused record " + std::to_string(seq) + ": " +
-                            describe_error(status));
+                            describe_record_status(status));
     }
     Block out = dev->pool->allocate(nbytes ? nbytes : 1, 64);
     if (nbytes > 0) {
       RegionDescriptor d;
       d.device_id = link.sender_id;
-      d.address = address;
+      d.address = rec.address;
       d.length = nbytes;
-      d.rkey = rkey;
+      d.rkey = rec.rkey;
       try {
         RemoteRegion src = link.channel.remote_region(d);
         link.channel.read(out.region(), 0, src, 0, nbytes).wait(60.0);
@@ -241,7 +174,7 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   s.next_seq = r.get<std::uint64_t>();
   std::string desc = r.get_bytes32();
   s.record = channel.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
-  if (s.max_ndim > 64 || s.record_size != detail::record_size_for(s.max_ndim) || s.record.length() < s.record_size) {
+  if (s.max_ndim < 0 || s.max_ndim > detail::kRecordMaxNdim || s.record_size != detail::record_size_for(s.max_ndim) || s.record.length() < s.record_size) {
     throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), s.next_seq - 1);
@@ -277,26 +210,13 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
     }
   }
   // Build the record in the staging block (registered), then write it.
-  char* p = static_cast<char*>(s.staging.data());
-  std::memset(p, 0, detail::kHeader + 8 * s.max_ndim);
-  const std::uint32_t magic = 0x52445754, ndim = static_cast<std::uint32_t>(spec.shape.size());
-  const std::uint16_t version = 1;
-  const std::uint32_t rkey_len = n ? static_cast<std::uint32_t>(local.rkey->size()) : 0;
-  const std::uint64_t address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);
-  const std::uint64_t dev_id = s.channel.impl()->peer->device.lock() ? s.channel.impl()->peer->device.lock()->id : 0;
-  std::memcpy(p + 0, &magic, 4);
-  std::memcpy(p + 4, &version, 2);
-  p[6] = static_cast<char>(spec.dtype.code);
-  p[7] = static_cast<char>(spec.dtype.bits);
-  std::memcpy(p + 8, &ndim, 4);
-  std::memcpy(p + 12, &rkey_len, 4);
-  const std::uint64_t nb = n;
-  std::memcpy(p + 16, &nb, 8);
-  std::memcpy(p + 24, &address, 8);
-  std::memcpy(p + 32, &dev_id, 8);
-  std::memcpy(p + detail::kHeader, spec.shape.data(), 8 * ndim);
-  if (rkey_len) std::memcpy(p + detail::kHeader + 8 * s.max_ndim, local.rkey->data(), rkey_len);
-  const std::size_t record_bytes = detail::kHeader + 8 * s.max_ndim + rkey_len;
+  detail::DynamicRecord rec;
+  rec.spec = spec;
+  rec.nbytes = n;
+  rec.address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);
+  if (auto dev = s.channel.impl()->peer->device.lock()) rec.device_id = dev->id;
+  if (n) rec.rkey = *local.rkey;
+  const std::size_t record_bytes = detail::encode_record(rec, s.max_ndim, static_cast<char*>(s.staging.data()));
   Request body = s.channel.write(s.staging.region(), 0, s.record, 0, record_bytes);
   *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;
   Request flag = s.channel.write_ordered(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
@@ -333,7 +253,7 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
     } else {
       ++impl->stats.rejected;
       state->complete_error(ErrorKind::kInvalidArgument,
-                            std::string("the receiver refused the tensor: ") + detail::describe_error(status));
+                            std::string("the receiver refused the tensor: ") + detail::describe_record_status(status));
     }
     return true;
   };
