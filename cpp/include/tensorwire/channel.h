@@ -73,8 +73,13 @@ class Channel {
 
   // Asks the peer for the region it published under `name` (NotFound if none).
   RemoteRegion lookup(const std::string& name, double timeout_s = 10.0);
-  // A region of the peer described by `descriptor` (e.g. sent in a call).
+  // A region of the peer described by `descriptor` (e.g. sent in a call). It
+  // must lie inside a region the peer exported to this device (a lookup, a
+  // slot, or export_region() on the peer's side): InvalidArgument otherwise.
   RemoteRegion remote_region(const RegionDescriptor& descriptor);
+  // Exports `local` to the peer (one control call): descriptors of ranges
+  // inside it that this side hands over later are accepted there.
+  void export_region(const LocalRegion& local, double timeout_s = 10.0);
   // Small request/response call to a handler the peer registered by `name`.
   std::string call(const std::string& name, const std::string& payload, double timeout_s = 10.0);
 

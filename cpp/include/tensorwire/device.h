@@ -38,6 +38,10 @@ struct DeviceConfig {
   std::size_t pool_limit = std::size_t(16) << 30;
   double connect_timeout_s = 10.0;
   double keepalive_s = 1.0;        // control-plane liveness probe interval
+  // A peer that answers no control-plane ping for this long (a stopped or
+  // hung process, whose kernel still keeps its sockets open) is declared
+  // failed: its pending work fails with PeerFailed.
+  double liveness_s = 5.0;
   // Same-host peers: when a shared-memory transport maps the remote region
   // (ucp_rkey_ptr), write/read are a memcpy in the calling thread instead of
   // an operation posted to UCX. Large pool blocks are then allocated as
@@ -52,6 +56,9 @@ class DeviceImpl;
 }
 
 using CallHandler = std::function<std::string(const std::string& payload)>;
+// A call handler that learns who called: the device id the caller proved in
+// its HELLO on the connection the call arrived on (never a payload field).
+using PeerCallHandler = std::function<std::string(std::uint64_t caller, const std::string& payload)>;
 
 class Device {
  public:
@@ -74,6 +81,7 @@ class Device {
   // Registers a handler for Channel::call(name, ...). It runs on a dispatcher
   // thread, never on a progress thread.
   void on_call(const std::string& name, CallHandler handler);
+  void on_peer_call(const std::string& name, PeerCallHandler handler);
 
   // A channel to the device listening at `address` on `lane`. The first call
   // to an address connects (HELLO); later calls reuse the connection.

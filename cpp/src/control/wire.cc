@@ -20,7 +20,7 @@ Header decode_header(detail::ByteReader& r) {
   Header h;
   h.version = r.get<std::uint16_t>();
   auto type = r.get<std::uint8_t>();
-  if (type < 1 || type > 6) throw InvalidArgument("control message of unknown type " + std::to_string(type));
+  if (type < 1 || type > kMaxMsgType) throw InvalidArgument("control message of unknown type " + std::to_string(type));
   h.type = static_cast<MsgType>(type);
   r.get<std::uint8_t>();
   h.request_id = r.get<std::uint64_t>();
@@ -40,6 +40,7 @@ std::string encode_hello(const Hello& m) {
   if (m.workers.size() > 4096) throw InvalidArgument("too many workers");
   w.put<std::uint16_t>(static_cast<std::uint16_t>(m.workers.size()));
   for (const auto& a : m.workers) w.put_bytes32(a);
+  w.put_bytes16(m.self_proof);
   return std::move(w.str());
 }
 
@@ -55,6 +56,7 @@ Hello decode_hello(detail::ByteReader& r) {
   auto n = r.get<std::uint16_t>();
   if (n == 0 || n > 4096) throw InvalidArgument("HELLO with an invalid worker count");
   for (unsigned i = 0; i < n; ++i) m.workers.push_back(r.get_bytes32());
+  m.self_proof = r.get_bytes16();
   return m;
 }
 

@@ -23,10 +23,15 @@ constexpr std::size_t kMaxMessage = 1 << 20;   // calls and replies above this a
 
 enum class MsgType : std::uint8_t {
   kHello = 1, kHelloReply = 2, kLookup = 3, kLookupReply = 4, kCall = 5, kCallReply = 6,
+  kPing = 7, kPong = 8,  // liveness: a device pings a peer it has not heard from lately
 };
+constexpr std::uint8_t kMaxMsgType = 8;
 
 enum class Status : std::uint32_t {
   kOk = 0, kNotFound = 1, kVersionMismatch = 2, kTokenMismatch = 3, kHandlerError = 4, kBadMessage = 5,
+  kInvalidArgument = 6,  // a handler refused the call's argument
+  kIdentityRefused = 7,  // HELLO claims a device id that is not the sender's to claim
+  kNoHello = 8,          // LOOKUP or CALL on a connection that has not said HELLO
 };
 
 struct Header {
@@ -45,6 +50,10 @@ struct Hello {
   std::string address;           // the sender's listening address
   std::string token;
   std::vector<std::string> workers;  // packed UCP worker addresses, one per worker
+  // Only when a device connects to its own address: a secret that never
+  // leaves the process, proving that a HELLO claiming the receiver's own
+  // device id comes from the receiver itself. Empty otherwise.
+  std::string self_proof;
 };
 
 std::string encode(const Header& header, std::string_view body);

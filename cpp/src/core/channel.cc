@@ -473,9 +473,48 @@ std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
   return ch;
 }
 
-std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d) {
-  std::string key = d.to_bytes();
+std::shared_ptr<RemoteRegionImpl> Peer::accept_export(const RegionDescriptor& d) {
+  if (d.device_id != hello.device_id) {
+    throw InvalidArgument("a region exported by " + describe() + " belongs to another device");
+  }
   std::lock_guard<std::mutex> lock(mu_);
+  auto& ranges = exports_[d.rkey];
+  const std::pair<std::uint64_t, std::uint64_t> range{d.address, d.address + d.length};
+  if (std::find(ranges.begin(), ranges.end(), range) == ranges.end()) {
+    if (ranges.empty()) export_order_.push_back(d.rkey);
+    ranges.push_back(range);
+    if (++export_count_ > kMaxExports && export_order_.size() > 1) {
+      export_count_ -= exports_[export_order_.front()].size();
+      exports_.erase(export_order_.front());
+      export_order_.pop_front();
+    }
+  }
+  return region_locked(d);
+}
+
+bool Peer::exported(const RegionDescriptor& d) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = exports_.find(d.rkey);
+  if (it == exports_.end()) return false;
+  for (auto [start, end] : it->second) {
+    if (d.address >= start && d.address <= end && d.length <= end - d.address) return true;
+  }
+  return false;
+}
+
+std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d) {
+  if (!exported(d)) {
+    char range[64];
+    std::snprintf(range, sizeof(range), "[0x%llx, +%llu)", static_cast<unsigned long long>(d.address),
+                  static_cast<unsigned long long>(d.length));
+    throw InvalidArgument(std::string("the region ") + range + " with this key was not exported by " + describe());
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return region_locked(d);
+}
+
+std::shared_ptr<RemoteRegionImpl> Peer::region_locked(const RegionDescriptor& d) {
+  std::string key = d.to_bytes();
   auto& slot = regions_[key];
   auto r = slot.lock();
   if (!r) {
@@ -518,6 +557,8 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
 }  // namespace detail
 
 // ---- public Channel ----
+
+using detail::kExportCall;
 
 namespace {
 detail::ChannelImpl& impl_of(const std::shared_ptr<detail::ChannelImpl>& impl) {
@@ -573,7 +614,7 @@ RemoteRegion Channel::lookup(const std::string& name, double timeout_s) {
   if (d.device_id != ch.peer->hello.device_id) {
     throw ProtocolMismatch("lookup of '" + name + "' returned a region of another device");
   }
-  return RemoteRegion(ch.peer->remote_region(d));
+  return RemoteRegion(ch.peer->accept_export(d));
 }
 
 RemoteRegion Channel::remote_region(const RegionDescriptor& d) {
@@ -582,6 +623,19 @@ RemoteRegion Channel::remote_region(const RegionDescriptor& d) {
     throw InvalidArgument("the region descriptor belongs to another device than this channel's peer");
   }
   return RemoteRegion(ch.peer->remote_region(d));
+}
+
+void Channel::export_region(const LocalRegion& local, double timeout_s) {
+  auto& ch = impl_of(impl_);
+  auto dev = ch.peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  if (!local.address || !local.rkey) throw InvalidArgument("export_region: local memory is not registered");
+  RegionDescriptor d;
+  d.device_id = dev->id;
+  d.address = reinterpret_cast<std::uint64_t>(local.address);
+  d.length = local.length;
+  d.rkey = *local.rkey;
+  call(kExportCall, d.to_bytes(), timeout_s);
 }
 
 std::string Channel::call(const std::string& name, const std::string& payload, double timeout_s) {

@@ -147,6 +147,9 @@ ErrorKind kind_of(control::Status s) {
     case control::Status::kVersionMismatch: return ErrorKind::kProtocolMismatch;
     case control::Status::kTokenMismatch: return ErrorKind::kConnection;
     case control::Status::kBadMessage: return ErrorKind::kInvalidArgument;
+    case control::Status::kInvalidArgument: return ErrorKind::kInvalidArgument;
+    case control::Status::kIdentityRefused: return ErrorKind::kConnection;
+    case control::Status::kNoHello: return ErrorKind::kConnection;
     default: return ErrorKind::kGeneric;
   }
 }
@@ -160,6 +163,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   if (config.slab_size < 4096) throw InvalidArgument("slab_size must be at least 4096 bytes");
   if (config.connect_timeout_s <= 0) throw InvalidArgument("connect_timeout_s must be > 0");
   if (config.keepalive_s <= 0) throw InvalidArgument("keepalive_s must be > 0");
+  if (!(config.liveness_s > 0)) throw InvalidArgument("liveness_s must be > 0");
   if (const char* map = std::getenv("TENSORWIRE_MAP_SHARED_MEMORY")) {
     // Lets a user compare with UCX's own shared-memory path without code changes.
     config.map_shared_memory = std::string(map) != "0";
@@ -182,6 +186,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   }
   streaming_copy_min_from_env();  // a bad TENSORWIRE_STREAMING_COPY_MIN fails here, not at a copy
   id = random_id();
+  self_proof_ = std::to_string(random_id()) + std::to_string(random_id());
   boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
   start_time_ = process_start_time();
   char host[256] = {0};
@@ -250,9 +255,15 @@ void DeviceImpl::start() {
   if (host == "0.0.0.0") host = hostname_;  // reachable name for peers
   address = host + ":" + std::to_string(ntohs(sin->sin_port));
 
+  // Exports reach only the export table of the peer that made the call.
+  on_call(kExportCall, [](const std::shared_ptr<Peer>& caller, const std::string& payload) -> std::string {
+    caller->accept_export(RegionDescriptor::from_bytes(payload.data(), payload.size()));
+    return {};
+  });
   for (auto& w : workers) w->start();
   control_worker->start();
   dispatcher_ = std::thread([this] { dispatcher_loop(); });
+  liveness_ = std::thread([this] { liveness_loop(); });
 }
 
 void DeviceImpl::check_open() const {
@@ -419,9 +430,11 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   control::Hello unknown;
   unknown.address = addr;
   auto provisional = std::make_shared<Peer>(weak_from_this(), unknown, ep, false);
+  control::Hello mine = my_hello();
+  if (addr == address) mine.self_proof = self_proof_;  // a channel to this very device
   std::string body;
   try {
-    body = control_call(provisional, control::MsgType::kHello, control::encode_hello(my_hello()),
+    body = control_call(provisional, control::MsgType::kHello, control::encode_hello(mine),
                         config.connect_timeout_s, &guard);
   } catch (const Timeout&) {
     drop();
@@ -444,10 +457,25 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   }
   ByteReader r(body.data(), body.size(), "HELLO reply");
   control::Hello hello = control::decode_hello(r);
+  if (addr == address) hello.self_proof = self_proof_;  // we asked ourselves: the reply is ours
+  std::string conflict = identity_conflict(hello);
+  if (!conflict.empty()) {
+    drop();
+    ep->close(false);
+    throw ConnectionError("connection to " + addr + " refused: " + conflict);
+  }
   bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
   hello.address = addr;  // the address we reached it at
   auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), ep, same_host);
   std::lock_guard<std::mutex> lock(mu_);
+  if (peer->hello.device_id == id) {
+    // A channel to this very device: calls arriving on the accepted end of
+    // the connection come from this same peer (one export table, one channel).
+    auto accepted = peers_.find(id);
+    if (accepted != peers_.end() && accepted->second->hello.self_proof == self_proof_) {
+      peers_by_ep_[accepted->second->control_ep->get()] = peer;
+    }
+  }
   peers_[peer->hello.device_id] = peer;
   peers_by_ep_[handle] = peer;
   return peer;
@@ -534,11 +562,22 @@ void DeviceImpl::handle_hello(ucp_ep_h ep, const control::Header& h, ByteReader&
   }
   auto endpoint = endpoint_for(ep);
   if (!endpoint) return;
+  std::string conflict = identity_conflict(hello);
+  if (!conflict.empty()) {
+    TW_LOG_WARN("refused connection from %s: %s", who.c_str(), conflict.c_str());
+    refusals_.fetch_add(1);
+    reply(ep, h, control::MsgType::kHelloReply, control::Status::kIdentityRefused, conflict);
+    return;
+  }
   bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
   auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), endpoint, same_host);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    peers_[peer->hello.device_id] = peer;
+    // Identity is per connection (peers_by_ep_): a second connection that
+    // claims a live peer's id (the same device dialling back, or an
+    // impostor) never takes over the first one's entry.
+    auto& by_id = peers_[peer->hello.device_id];
+    if (!by_id || by_id->failed()) by_id = peer;
     peers_by_ep_[ep] = peer;
     new_peers_.push_back(peer->hello.device_id);
   }
@@ -546,9 +585,29 @@ void DeviceImpl::handle_hello(ucp_ep_h ep, const control::Header& h, ByteReader&
   reply(ep, h, control::MsgType::kHelloReply, control::Status::kOk, control::encode_hello(my_hello()));
 }
 
+std::shared_ptr<Peer> DeviceImpl::peer_on(ucp_ep_h ep) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = peers_by_ep_.find(ep);
+  return it == peers_by_ep_.end() ? nullptr : it->second;
+}
+
+std::string DeviceImpl::identity_conflict(const control::Hello& claimed) {
+  auto hex = [](std::uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
+    return std::string(buf);
+  };
+  if (claimed.device_id == 0) return "device id 0 is not a device";
+  if (claimed.device_id == id && claimed.self_proof != self_proof_) {
+    return "the peer claims this device's own id " + hex(id);
+  }
+  return "";
+}
+
 void DeviceImpl::on_message(ucp_ep_h ep, const void* data, std::size_t length) {
   ByteReader r(data, length, "control message");
   control::Header h = control::decode_header(r);  // throws (message dropped) on a bad magic or type
+  if (auto peer = peer_on(ep)) peer->heard();
   try {
     dispatch(ep, h, r);
   } catch (const std::exception& e) {
@@ -590,7 +649,17 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
       state->release();
       return;
     }
+    case control::MsgType::kPing:
+      reply(ep, h, control::MsgType::kPong, control::Status::kOk, "");
+      return;
+    case control::MsgType::kPong:
+      return;  // heard() above is all it is for
     case control::MsgType::kLookup: {
+      if (!peer_on(ep)) {
+        reply(ep, h, control::MsgType::kLookupReply, control::Status::kNoHello,
+              "LOOKUP before HELLO: this connection has not introduced itself");
+        return;
+      }
       std::string name = r.get_n(r.left());
       std::string body;
       control::Status status = control::Status::kOk;
@@ -612,9 +681,16 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
       std::string payload = r.get_bytes32();
       auto endpoint = endpoint_for(ep);
       if (!endpoint) return;
+      // The caller is who said HELLO on this connection, whatever the payload claims.
+      auto caller = peer_on(ep);
+      if (!caller) {
+        reply(ep, h, control::MsgType::kCallReply, control::Status::kNoHello,
+              "CALL before HELLO: this connection has not introduced itself");
+        return;
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back([this, endpoint, h, name = std::move(name), payload = std::move(payload)] {
-        CallHandler handler;
+      jobs_.push_back([this, endpoint, h, caller, name = std::move(name), payload = std::move(payload)] {
+        CallFn handler;
         {
           std::lock_guard<std::mutex> lock(mu_);
           auto it = handlers_.find(name);
@@ -627,7 +703,14 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
           out = "no call handler named '" + name + "' on " + address;
         } else {
           try {
-            out = handler(payload);
+            out = handler(caller, payload);
+          } catch (const Error& e) {
+            // A refusal keeps its kind across the wire; other failures are the handler's.
+            status = e.kind() == ErrorKind::kInvalidArgument ? control::Status::kInvalidArgument
+                     : e.kind() == ErrorKind::kNotFound      ? control::Status::kNotFound
+                                                             : control::Status::kHandlerError;
+            out = e.kind() == ErrorKind::kInvalidArgument ? std::string(e.what())
+                                                          : std::string("call handler '") + name + "' failed: " + e.what();
           } catch (const std::exception& e) {
             status = control::Status::kHandlerError;
             out = std::string("call handler '") + name + "' failed: " + e.what();
@@ -668,6 +751,41 @@ void DeviceImpl::dispatcher_loop() {
   }
 }
 
+void DeviceImpl::liveness_loop() {
+  // Ping a quiet peer a few times per bound: a stopped process keeps its
+  // sockets (the kernel answers tcp keepalive for it), only it never replies.
+  const auto tick = std::chrono::duration<double>(config.liveness_s / 4);
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_dispatcher_) {
+    liveness_cv_.wait_for(lock, tick, [&] { return stop_dispatcher_; });
+    if (stop_dispatcher_) return;
+    std::vector<std::shared_ptr<Peer>> peers;
+    for (auto& [pid, p] : peers_) {
+      if (!p->failed()) peers.push_back(p);
+    }
+    lock.unlock();
+    for (auto& p : peers) {
+      const double quiet = p->silent_s();
+      if (quiet > config.liveness_s) {
+        char why[96];
+        std::snprintf(why, sizeof(why), " has not answered for %.1f s (stopped or hung; liveness_s=%.1f)", quiet,
+                      config.liveness_s);
+        p->fail(ErrorKind::kPeerFailed, p->describe() + why);
+      } else if (quiet >= tick.count()) {
+        try {
+          control::Header ping;
+          ping.type = control::MsgType::kPing;
+          if (config.protocol_version) ping.version = config.protocol_version;
+          send(p->control_ep, ping, "");
+        } catch (const Error& e) {
+          TW_LOG_DEBUG("cannot ping %s: %s", p->describe().c_str(), e.what());
+        }
+      }
+    }
+    lock.lock();
+  }
+}
+
 void DeviceImpl::publish(const std::string& name, const RegionDescriptor& d) {
   check_open();
   if (name.empty() || name.size() > 1024) throw InvalidArgument("region names must be 1..1024 bytes");
@@ -680,7 +798,7 @@ void DeviceImpl::unpublish(const std::string& name) {
   published_.erase(name);
 }
 
-void DeviceImpl::on_call(const std::string& name, CallHandler handler) {
+void DeviceImpl::on_call(const std::string& name, CallFn handler) {
   check_open();
   if (name.empty()) throw InvalidArgument("call handler names must not be empty");
   std::lock_guard<std::mutex> lock(mu_);
@@ -737,7 +855,9 @@ void DeviceImpl::close() {
   }
   jobs_cv_.notify_all();
   peer_cv_.notify_all();
+  liveness_cv_.notify_all();
   if (dispatcher_.joinable()) dispatcher_.join();
+  if (liveness_.joinable()) liveness_.join();
   std::map<std::uint64_t, std::shared_ptr<Peer>> peers;
   std::map<ucp_ep_h, std::shared_ptr<ucx::Endpoint>> endpoints;
   {
@@ -802,7 +922,17 @@ MemoryPool& Device::pool() {
 }
 void Device::publish(const std::string& name, const RegionDescriptor& region) { impl_->publish(name, region); }
 void Device::unpublish(const std::string& name) { impl_->unpublish(name); }
-void Device::on_call(const std::string& name, CallHandler handler) { impl_->on_call(name, std::move(handler)); }
+void Device::on_call(const std::string& name, CallHandler handler) {
+  if (!handler) return impl_->on_call(name, nullptr);
+  impl_->on_call(name, [h = std::move(handler)](const std::shared_ptr<detail::Peer>&, const std::string& payload) {
+    return h(payload);
+  });
+}
+void Device::on_peer_call(const std::string& name, PeerCallHandler handler) {
+  if (!handler) return impl_->on_call(name, nullptr);
+  impl_->on_call(name, [h = std::move(handler)](const std::shared_ptr<detail::Peer>& caller,
+                                                const std::string& payload) { return h(caller->hello.device_id, payload); });
+}
 Channel Device::connect(const std::string& address, int lane) { return Channel(impl_->connect(address)->channel(lane)); }
 Channel Device::channel_to(std::uint64_t peer_device_id, int lane) {
   return Channel(impl_->peer_by_id(peer_device_id)->channel(lane));

@@ -15,6 +15,7 @@
 // Peer::fail() fails every pending request and control call on that peer.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -34,8 +35,16 @@
 
 namespace tensorwire::detail {
 
+// The built-in call by which a peer exports a range to us (Channel::export_region).
+inline constexpr const char* kExportCall = "tw.export";
+
 class DeviceImpl;
 class Peer;
+
+// A call handler as the device runs it: `caller` is the peer that said HELLO
+// on the connection the call came on (identity from the connection, never
+// from the payload).
+using CallFn = std::function<std::string(const std::shared_ptr<Peer>& caller, const std::string& payload)>;
 
 // The part of a channel that UCX callbacks touch. Reference counted by hand:
 // the channel holds one ref and every operation UCX still owns holds one, so
@@ -130,10 +139,20 @@ class Peer : public std::enable_shared_from_this<Peer> {
   Peer(std::weak_ptr<DeviceImpl> device, control::Hello hello, std::shared_ptr<ucx::Endpoint> control_ep,
        bool same_host);
   std::shared_ptr<ChannelImpl> channel(int lane);
+  // A region this peer exported to us through the control plane (a LOOKUP
+  // reply, a slot's attach call or reply, an export call): remembered, so
+  // that descriptors it hands us later can be checked against it.
+  std::shared_ptr<RemoteRegionImpl> accept_export(const RegionDescriptor& d);
+  // A region inside one this peer exported to us (same key, range inside);
+  // InvalidArgument otherwise: no descriptor reaches memory it did not export.
   std::shared_ptr<RemoteRegionImpl> remote_region(const RegionDescriptor& d);
+  bool exported(const RegionDescriptor& d) const;
   void fail(ErrorKind kind, const std::string& why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string describe() const;  // "device 0x.. at host:port (pid N)"
+  // Liveness: when a control message from this peer last arrived.
+  void heard() { last_heard_ns_.store(now_ns(), std::memory_order_relaxed); }
+  double silent_s() const { return 1e-9 * double(now_ns() - last_heard_ns_.load(std::memory_order_relaxed)); }
 
   const std::weak_ptr<DeviceImpl> device;
   const control::Hello hello;
@@ -141,13 +160,25 @@ class Peer : public std::enable_shared_from_this<Peer> {
   PeerInfo info;
 
  private:
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<int, std::weak_ptr<ChannelImpl>> channels_;
   std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
   static constexpr std::size_t kRecentRegions = 16;
   std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive
   std::size_t sweep_at_ = 2 * kRecentRegions;              // regions_ size that triggers a sweep
+  // What this peer exported to us: rkey bytes -> [start, end) ranges. Bounded:
+  // past kMaxExports the oldest key is forgotten (its regions then refuse).
+  static constexpr std::size_t kMaxExports = 4096;
+  std::map<std::string, std::vector<std::pair<std::uint64_t, std::uint64_t>>> exports_;
+  std::deque<std::string> export_order_;
+  std::size_t export_count_ = 0;
+  std::shared_ptr<RemoteRegionImpl> region_locked(const RegionDescriptor& d);
   std::atomic<bool> failed_{false};
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  std::atomic<std::int64_t> last_heard_ns_{now_ns()};
 };
 
 class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
@@ -172,7 +203,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
 
   void publish(const std::string& name, const RegionDescriptor& d);
   void unpublish(const std::string& name);
-  void on_call(const std::string& name, CallHandler handler);
+  void on_call(const std::string& name, CallFn handler);
   std::string describe() const;
   unsigned progress();
   // Fails every pending control call sent on `ep`.
@@ -202,6 +233,11 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   void handle_hello(ucp_ep_h ep, const control::Header& h, detail::ByteReader& r);
   void dispatch(ucp_ep_h ep, const control::Header& h, detail::ByteReader& r);
   void dispatcher_loop();
+  // Pings peers gone quiet; fails those silent for config.liveness_s.
+  void liveness_loop();
+  std::shared_ptr<Peer> peer_on(ucp_ep_h ep);
+  // Why a HELLO claiming `claimed` on `ep` must be refused ("" when it may stand).
+  std::string identity_conflict(const control::Hello& claimed);
   control::Hello my_hello() const;
 
   ucp_listener_h listener_ = nullptr;
@@ -212,7 +248,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::condition_variable peer_cv_;
   std::mutex connect_mu_;
   std::map<std::string, RegionDescriptor> published_;
-  std::map<std::string, CallHandler> handlers_;
+  std::map<std::string, CallFn> handlers_;
   std::map<std::uint64_t, std::shared_ptr<Peer>> peers_;            // by device id
   std::deque<std::uint64_t> new_peers_;                               // for wait_for_peer
   std::map<ucp_ep_h, std::shared_ptr<ucx::Endpoint>> endpoints_;     // every control endpoint
@@ -224,6 +260,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::map<std::uint64_t, PendingCall> pending_;
   std::uint64_t next_request_id_ = 1;
   std::thread dispatcher_;
+  std::thread liveness_;
+  std::condition_variable liveness_cv_;
+  std::string self_proof_;  // see control::Hello::self_proof
   std::deque<std::function<void()>> jobs_;
   std::condition_variable jobs_cv_;
   bool stop_dispatcher_ = false;

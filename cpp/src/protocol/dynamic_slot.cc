@@ -5,6 +5,8 @@
 // (0 accepted, else a RecordStatus); the receiver writes status, fences, then
 // the sequence.
 #include <cstring>
+#include <set>
+#include <tuple>
 
 #include "protocol/dynamic_record.h"
 #include "protocol/slot_common.h"
@@ -27,10 +29,12 @@ class DynamicSlotImpl {
   const char* base() const { return static_cast<const char*>(record.data()); }
   bool ready() const { return load_acquire(base() + record_size - 64) == expected; }
 
-  std::string attach(const std::string& payload) {
+  std::string attach(const std::shared_ptr<Peer>& caller, const std::string& payload) {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
-    link.attach(*dev, payload, 16, "dynamic slot '" + name + "'");
+    if (link.attach(caller, payload, 16, "dynamic slot '" + name + "'")) {
+      store_release(const_cast<char*>(base()) + record_size - 64, 0);  // a record of the failed sender
+    }
     ByteWriter w;
     w.put<std::uint32_t>(static_cast<std::uint32_t>(max_ndim));
     w.put<std::uint64_t>(max_nbytes);
@@ -62,21 +66,45 @@ class DynamicSlotImpl {
     const RecordStatus status = decode_record(base(), record_size - 64, max_ndim, max_nbytes, &rec);
     *spec = rec.spec;
     const std::uint64_t nbytes = rec.nbytes;
-    if (status != kAccepted) {
+    // Every refusal is acked with its reason: the sender's request fails with
+    // it, and the slot takes the next record.
+    auto refuse = [&](RecordStatus why) {
       ++stats.rejected;
-      ack(seq, status);
+      try {
+        ack(seq, why);
+      } catch (const Error&) {  // the sender is gone: nothing to unblock
+      }
+    };
+    if (status != kAccepted) {
+      refuse(status);
       throw InvalidArgument("dynamic slot '" + name + "' refused record " + std::to_string(seq) + ": " +
                             describe_record_status(status));
     }
-    Block out = dev->pool->allocate(nbytes ? nbytes : 1, 64);
+    RemoteRegion src;
     if (nbytes > 0) {
       RegionDescriptor d;
       d.device_id = link.sender_id;
       d.address = rec.address;
       d.length = nbytes;
       d.rkey = rec.rkey;
+      // Read only what the sender exported to this device (its export call).
+      if (!link.channel.impl()->peer->exported(d)) {
+        refuse(kNotExported);
+        throw InvalidArgument("dynamic slot '" + name + "' refused record " + std::to_string(seq) + ": " +
+                              describe_record_status(kNotExported));
+      }
+      src = link.channel.remote_region(d);
+    }
+    Block out;
+    try {
+      out = dev->pool->allocate(nbytes ? nbytes : 1, 64);
+    } catch (const PoolExhausted& e) {
+      refuse(kPoolExhausted);
+      throw PoolExhausted("dynamic slot '" + name + "' refused record " + std::to_string(seq) + " of " +
+                          std::to_string(nbytes) + " bytes: " + e.what());
+    }
+    if (nbytes > 0) {
       try {
-        RemoteRegion src = link.channel.remote_region(d);
         link.channel.read(out.region(), 0, src, 0, nbytes).wait(60.0);
       } catch (const Error&) {
         ++stats.rejected;
@@ -103,6 +131,7 @@ class DynamicSenderImpl {
   std::uint64_t next_seq = 1;
   Block ack, staging, seq_src;
   SlotStats stats;
+  std::set<std::tuple<std::uintptr_t, std::size_t, std::string>> exported;  // local regions exported to the receiver
   std::uint64_t acked() const { return load_acquire(ack.data()); }
   std::uint64_t status() const { return load_acquire(static_cast<const char*>(ack.data()) + 8); }
 };
@@ -173,7 +202,7 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   s.record_size = r.get<std::uint64_t>();
   s.next_seq = r.get<std::uint64_t>();
   std::string desc = r.get_bytes32();
-  s.record = channel.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
+  s.record = detail::exported_by_peer(channel, desc);
   if (s.max_ndim < 0 || s.max_ndim > detail::kRecordMaxNdim || s.record_size != detail::record_size_for(s.max_ndim) || s.record.length() < s.record_size) {
     throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
   }
@@ -198,7 +227,19 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   if (n > 0 && (offset > local.length || n > local.length - offset)) {
     throw InvalidArgument("tensor range exceeds its local region");
   }
-  if (n > 0 && (!local.rkey || local.rkey->size() > 2048)) throw InvalidArgument("local memory has no usable rkey");
+  if (n > 0 && (!local.rkey || local.rkey->size() > detail::kRecordMaxRkey)) {
+    throw InvalidArgument("local memory has no usable rkey");
+  }
+  // The receiver reads only ranges exported to it: export the whole local
+  // region once (one control call, remembered per sender).
+  if (n > 0) {
+    auto key = std::make_tuple(reinterpret_cast<std::uintptr_t>(local.address), local.length, *local.rkey);
+    if (!s.exported.count(key)) {
+      if (s.exported.size() >= 1024) s.exported.clear();
+      s.channel.export_region(local, timeout_s);
+      s.exported.insert(std::move(key));
+    }
+  }
   const std::uint64_t seq = s.next_seq;
   // One record in flight: the previous send must have been acknowledged.
   if (s.acked() < seq - 1) {
@@ -252,7 +293,8 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
       state->complete_ok();
     } else {
       ++impl->stats.rejected;
-      state->complete_error(ErrorKind::kInvalidArgument,
+      state->complete_error(status == detail::kPoolExhausted ? ErrorKind::kPoolExhausted
+                                                              : ErrorKind::kInvalidArgument,
                             std::string("the receiver refused the tensor: ") + detail::describe_record_status(status));
     }
     return true;

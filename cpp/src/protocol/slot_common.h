@@ -82,7 +82,8 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
 inline std::size_t align64(std::size_t v) { return (v + 63) & ~std::size_t(63); }
 
 // A slot's link back to its one sender, made by the sender's attach call
-// (payload: sender device id, descriptor of the sender's ack block).
+// (payload: the descriptor of the sender's ack block). The sender is the peer
+// that made the call on its own connection; it keeps the slot until it fails.
 struct SenderLink {
   std::mutex mu;
   Channel channel;  // lane 0 back to the sender
@@ -90,22 +91,36 @@ struct SenderLink {
   std::uint64_t sender_id = 0;
   std::atomic<bool> attached{false};
 
-  void attach(DeviceImpl& dev, const std::string& payload, std::size_t min_ack, const std::string& slot) {
+  // Returns true when this attach replaces a sender that failed.
+  bool attach(const std::shared_ptr<Peer>& caller, const std::string& payload, std::size_t min_ack,
+              const std::string& slot) {
     ByteReader r(payload.data(), payload.size(), "slot attach");
-    auto id = r.get<std::uint64_t>();
     std::string desc = r.get_bytes32();
-    Channel ch(dev.peer_by_id(id)->channel(0));
-    RemoteRegion region = ch.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
-    if (region.length() < min_ack) throw InvalidArgument("ack region too small");
+    if (r.left() != 0) throw InvalidArgument(slot + ": malformed attach call (trailing bytes)");
+    RegionDescriptor d = RegionDescriptor::from_bytes(desc.data(), desc.size());
+    if (d.length < min_ack) throw InvalidArgument(slot + ": the sender's ack region is too small");
     std::lock_guard<std::mutex> lock(mu);
-    if (attached && !channel.impl()->failed()) throw InvalidArgument(slot + " already has a sender");
+    const bool replaces = attached.load();
+    if (replaces && !channel.impl()->failed()) {
+      throw InvalidArgument(slot + " already has a sender (" + channel.impl()->peer->describe() +
+                            "); a second sender may attach only once that one is gone");
+    }
+    // The channel back goes to the workers the caller named in its own HELLO.
+    Channel ch(caller->channel(0));
+    ack = RemoteRegion(caller->accept_export(d));  // the attach call exports the ack block
     channel = ch;
-    ack = region;
-    sender_id = id;
+    sender_id = caller->hello.device_id;
     attached = true;
+    return replaces;
   }
   ChannelImpl* channel_impl() const { return attached ? channel.impl() : nullptr; }
 };
+
+// A region described in a slot's attach reply: exported by the slot's owner.
+inline RemoteRegion exported_by_peer(Channel& channel, const std::string& descriptor) {
+  return RemoteRegion(channel.impl()->peer->accept_export(
+      RegionDescriptor::from_bytes(descriptor.data(), descriptor.size())));
+}
 
 // Publishes a slot's region under `name` and answers its attach call.
 template <typename SlotImpl>
@@ -113,10 +128,10 @@ void publish_slot(Device& device, const std::string& name, const std::string& ca
                   const std::shared_ptr<SlotImpl>& slot) {
   std::weak_ptr<SlotImpl> weak = slot;
   device.publish(name, region);
-  device.on_call(call, [weak](const std::string& payload) -> std::string {
+  device.impl()->on_call(call, [weak](const std::shared_ptr<Peer>& caller, const std::string& payload) -> std::string {
     auto s = weak.lock();
     if (!s) throw NotFound("the slot is gone");
-    return s->attach(payload);
+    return s->attach(caller, payload);
   });
 }
 
@@ -134,7 +149,6 @@ inline std::string attach_to_slot(Channel& channel, const std::string& call, con
   auto dev = channel.impl()->peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
   ByteWriter w;
-  w.put<std::uint64_t>(dev->id);
   w.put_bytes32(ack.descriptor().to_bytes());
   return channel.call(call, w.str(), timeout_s);
 }

@@ -97,14 +97,21 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
     ack_pending.resize(kAckRing);
   }
 
-  std::string attach(const std::string& payload) {
+  std::string attach(const std::shared_ptr<Peer>& caller, const std::string& payload) {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
-    link.attach(*dev, payload, 8, "static slot '" + name + "'");
+    const std::uint64_t got = received, done = consumed;
+    if (link.attach(caller, payload, 8, "static slot '" + name + "'")) {
+      // A new sender after one that failed: forget what the old one may have
+      // written into buffers not yet received (the held ones stay intact).
+      for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
+    }
     ByteWriter w;
     w.put_raw(encode_spec(spec));
     w.put<std::uint32_t>(static_cast<std::uint32_t>(depth));
     w.put<std::uint64_t>(first_seq);
+    w.put<std::uint64_t>(first_seq + got);       // the next sequence the slot waits for
+    w.put<std::uint64_t>(first_seq + done - 1);  // the last released one
     w.put<std::uint64_t>(layout.stride);
     w.put<std::uint64_t>(layout.payload);
     w.put_bytes32(block.descriptor().to_bytes());
@@ -246,16 +253,20 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   detail::ByteReader r(reply.data(), reply.size(), "static slot description");
   s.spec = detail::decode_spec(r);
   s.depth = static_cast<int>(r.get<std::uint32_t>());
-  s.first_seq = s.next_seq = r.get<std::uint64_t>();
+  s.first_seq = r.get<std::uint64_t>();
+  s.next_seq = r.get<std::uint64_t>();
+  const std::uint64_t released = r.get<std::uint64_t>();
   s.stride = r.get<std::uint64_t>();
   s.payload = r.get<std::uint64_t>();
   std::string desc = r.get_bytes32();
-  s.slot = channel.remote_region(RegionDescriptor::from_bytes(desc.data(), desc.size()));
-  if (s.depth < 1 || s.payload < s.spec.nbytes() || s.stride < s.payload + 8 ||
+  s.slot = detail::exported_by_peer(channel, desc);
+  if (s.depth < 1 || s.depth > 1024 || s.first_seq == 0 || s.next_seq < s.first_seq || released + 1 < s.first_seq ||
+      released >= s.next_seq || s.payload < s.spec.nbytes() || s.stride < s.payload + 8 ||
+      s.stride > (std::uint64_t(1) << 62) / static_cast<std::uint64_t>(s.depth) ||
       s.slot.length() < s.stride * s.depth) {
     throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
   }
-  detail::store_release(s.ack.data(), s.first_seq - 1);  // nothing released yet
+  detail::store_release(s.ack.data(), released);
   s.seq_src = dev->pool->allocate(8 * s.depth, 64);
 }
 
