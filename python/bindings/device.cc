@@ -5,6 +5,7 @@
 
 #include "bench/kernels.h"
 #include "bindings.h"
+#include "checked.h"
 #include "py_types.h"
 
 namespace tensorwire::py {
@@ -50,18 +51,38 @@ struct PyCallable {
   }
 };
 
-std::size_t resolve_length(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                           std::size_t remote_offset, nb::object nbytes) {
-  if (!nbytes.is_none()) {
-    long long n = nb::cast<long long>(nbytes);
-    if (n < 0) throw InvalidArgument("nbytes must be >= 0");
-    return static_cast<std::size_t>(n);
+// The offsets and length of a one-sided operation, checked against both
+// regions here (not only in the core) so that every op, write_ordered
+// included, refuses a bad range at once, with the argument's name.
+struct Range {
+  std::size_t local_offset, remote_offset, length;
+};
+
+Range resolve_range(const LocalRegion& local, nb::handle local_offset, const RemoteRegion& remote,
+                    nb::handle remote_offset, nb::handle nbytes) {
+  const std::uint64_t lo = to_u64(local_offset, "local_offset");
+  const std::uint64_t ro = to_u64(remote_offset, "remote_offset");
+  const std::uint64_t llen = local.length, rlen = remote.length();
+  if (lo > llen) {
+    throw InvalidArgument("local_offset " + std::to_string(lo) + " is beyond the end of the local region (" +
+                          std::to_string(llen) + " bytes)");
+  }
+  if (ro > rlen) {
+    throw InvalidArgument("remote_offset " + std::to_string(ro) + " is beyond the end of the remote region (" +
+                          std::to_string(rlen) + " bytes)");
   }
   // Default: as much as fits in both regions from the offsets.
-  if (local_offset > local.length || remote_offset > remote.length()) {
-    throw InvalidArgument("offset beyond the end of a region");
+  if (nbytes.is_none()) return {lo, ro, std::min(llen - lo, rlen - ro)};
+  const std::uint64_t n = to_u64(nbytes, "nbytes");
+  if (n > llen - lo) {
+    throw InvalidArgument("nbytes " + std::to_string(n) + " at local_offset " + std::to_string(lo) +
+                          " exceeds the local region of " + std::to_string(llen) + " bytes");
   }
-  return std::min<std::size_t>(local.length - local_offset, remote.length() - remote_offset);
+  if (n > rlen - ro) {
+    throw InvalidArgument("nbytes " + std::to_string(n) + " at remote_offset " + std::to_string(ro) +
+                          " exceeds the remote region of " + std::to_string(rlen) + " bytes");
+  }
+  return {lo, ro, n};
 }
 
 }  // namespace
@@ -77,22 +98,24 @@ PyDevice::~PyDevice() {
 // that defaults to what fits), checked, then posted without the GIL.
 template <Request (Channel::*Op)(const LocalRegion&, std::size_t, const RemoteRegion&, std::size_t, std::size_t)>
 auto one_sided() {
-  return [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t local_offset,
-            std::size_t remote_offset, nb::object nbytes) {
+  // Offsets and nbytes arrive as Python objects: a size_t parameter would
+  // turn -1 or 2**64 into TypeError, and nb::cast a bad_cast.
+  return [](Channel& c, nb::handle local, const RemoteRegion& remote, nb::handle local_offset,
+            nb::handle remote_offset, nb::handle nbytes) {
     LocalRegion lr = local_region_of(local);
-    std::size_t n = resolve_length(lr, local_offset, remote, remote_offset, nbytes);
+    Range r = resolve_range(lr, local_offset, remote, remote_offset, nbytes);
     gil_scoped_release release;
-    return (c.*Op)(lr, local_offset, remote, remote_offset, n);
+    return (c.*Op)(lr, r.local_offset, remote, r.remote_offset, r.length);
   };
 }
 
 void bind_device(nb::module_& m) {
   nb::class_<Request>(m, "Request", "Completion handle of a data-path operation.")
-      .def("wait", [](Request& r, nb::object timeout) {
-        double t = timeout.is_none() ? -1.0 : nb::cast<double>(timeout);
+      .def("wait", [](Request& r, nb::handle timeout) {
+        double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
         gil_scoped_release release;
         r.wait(t);
-      }, nb::arg("timeout") = nb::none(),
+      }, nb::arg("timeout").none() = nb::none(),
          "Waits until complete (timeout in seconds; None = forever). Raises the operation's error, or "
          "Timeout (the operation keeps running).")
       .def("test", &Request::test, "True once complete (progresses the worker once).")
@@ -107,15 +130,15 @@ void bind_device(nb::module_& m) {
 
   nb::class_<Channel>(m, "Channel", nb::dynamic_attr(), "One endpoint to a peer device on one lane.")
       .def("write", one_sided<&Channel::write>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
-           nb::arg("remote_offset") = 0, nb::arg("nbytes") = nb::none(),
+           nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "
            "when the request completes; the data is visible remotely after a later flush().")
       .def("write_ordered", one_sided<&Channel::write_ordered>(), nb::arg("local"), nb::arg("remote"),
-           nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0, nb::arg("nbytes") = nb::none(),
+           nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "A write that lands after every write posted earlier on this channel (fence() + write() without "
            "blocking: over tcp it is posted when a flush of the earlier writes completes).")
       .def("read", one_sided<&Channel::read>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
-           nb::arg("remote_offset") = 0, nb::arg("nbytes") = nb::none(),
+           nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "One-sided read remote -> local; the data is there when it completes.")
       .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run
            "Later operations on this lane's worker land after earlier ones.")
@@ -200,16 +223,17 @@ void bind_device(nb::module_& m) {
       }, "The progress mode in effect (TENSORWIRE_PROGRESS overrides the argument).")
       .def_prop_ro("spin_us", [](PyDevice& d) { return dev(d).config().spin_us; },
                    "The spin in effect, in microseconds (TENSORWIRE_SPIN_US overrides the argument).")
-      .def("alloc_view", [](PyDevice& d, std::vector<std::int64_t> shape, int code, int bits,
-                            const std::string& format, std::size_t alignment) {
-        std::size_t itemsize = bits / 8;
-        if (bits % 8 != 0 || itemsize == 0) throw InvalidArgument("unsupported element size");
-        std::size_t count = 1;
-        for (auto s : shape) {
-          if (s < 0) throw InvalidArgument("negative dimension in shape");
-          count *= static_cast<std::size_t>(s);
+      .def("alloc_view", [](PyDevice& d, nb::handle shape_arg, int code, int bits, const std::string& format,
+                            nb::handle alignment_arg) {
+        if (bits <= 0 || bits % 8 != 0) {
+          throw InvalidArgument("unsupported element size of " + std::to_string(bits) + " bits");
         }
-        std::size_t nbytes = count * itemsize;
+        const std::size_t itemsize = static_cast<std::size_t>(bits) / 8;
+        std::vector<std::int64_t> shape = to_shape(shape_arg);
+        // Checked: an unchecked product wrapped (empty((1 << 62,), "float32") leased 64 bytes
+        // with the full shape, and DLPack consumers then read far past it).
+        const std::size_t nbytes = checked_nbytes(shape, itemsize);
+        const std::size_t alignment = to_u64(alignment_arg, "alignment", 4096);
         PyBlock b;
         {
           gil_scoped_release r;
@@ -224,10 +248,18 @@ void bind_device(nb::module_& m) {
         return b;
       }, nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("format"), nb::arg("alignment") = 64,
          "Low-level: a pool block with a tensor view (use Device.empty).")
-      .def("register_memory", [](PyDevice& d, std::uintptr_t ptr, std::size_t nbytes) {
+      .def("register_memory", [](PyDevice& d, nb::handle ptr_arg, nb::handle nbytes_arg) {
+        const std::uint64_t ptr = to_u64(ptr_arg, "ptr");
+        const std::uint64_t nbytes = to_u64(nbytes_arg, "nbytes", kMaxBytes);
+        if (ptr == 0 || nbytes == 0) throw InvalidArgument("cannot register an empty or null range");
+        // The core's cache compares ptr + nbytes: keep it from wrapping.
+        if (nbytes > std::numeric_limits<std::uintptr_t>::max() - ptr) {
+          throw InvalidArgument("ptr + nbytes wraps around the address space");
+        }
         gil_scoped_release r;
         return dev(d).pool().register_memory(reinterpret_cast<void*>(ptr), nbytes);
-      }, nb::arg("ptr"), nb::arg("nbytes"), "Low-level: registers [ptr, ptr+nbytes) (use Device.register).")
+      }, nb::arg("ptr"), nb::arg("nbytes"),
+         "Low-level: registers [ptr, ptr+nbytes); the caller keeps the memory alive (use Device.register).")
       .def("publish", [](PyDevice& d, const std::string& name, nb::handle region) {
         if (nb::isinstance<PyBlock>(region)) {
           auto& b = nb::cast<PyBlock&>(region);

@@ -69,11 +69,18 @@ nb::ndarray<> make_array(nb::handle self, PyBlock& b, bool numpy_dtype = false) 
 }  // namespace
 
 PyBlock fill_view(PyBlock b, const TensorSpec& spec) {
+  // The spec comes off the wire: its size is checked (TensorSpec::nbytes) and
+  // must fit the block, or numpy/DLPack views would reach past the lease.
+  const std::size_t nbytes = spec.nbytes();
+  if (b.block && nbytes > b.block.size()) {
+    throw ProtocolMismatch("a received tensor " + spec.describe() + " of " + std::to_string(nbytes) +
+                           " bytes does not fit its block of " + std::to_string(b.block.size()) + " bytes");
+  }
   b.shape = spec.shape;
   b.buffer_shape.assign(spec.shape.begin(), spec.shape.end());
   b.dtype = nb::dlpack::dtype{spec.dtype.code, spec.dtype.bits, 1};
   b.itemsize = spec.dtype.itemsize();
-  b.nbytes = spec.nbytes();
+  b.nbytes = nbytes;
   switch (spec.dtype.code) {
     case 0: b.format = spec.dtype.bits == 8 ? "b" : spec.dtype.bits == 16 ? "h" : spec.dtype.bits == 32 ? "i" : "q"; break;
     case 1: b.format = spec.dtype.bits == 8 ? "B" : spec.dtype.bits == 16 ? "H" : spec.dtype.bits == 32 ? "I" : "Q"; break;

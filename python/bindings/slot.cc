@@ -5,6 +5,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "checked.h"
 #include "py_types.h"
 #include "tensorwire/slot.h"
 
@@ -64,10 +65,14 @@ struct PyDynamicSender {
   std::uint64_t zero_copy = 0;
 };
 
+// A sender's timeout: seconds >= 0, or None for no bound.
+double sender_timeout(nb::handle t) { return to_timeout(t, "timeout"); }
+
 // The two senders' shared entry points (PyStaticSender, PyDynamicSender).
 template <typename PySender>
-Request send_block(PySender& s, PyBlock& b, double timeout) {
+Request send_block(PySender& s, PyBlock& b, nb::handle timeout_arg) {
   if (!b.block) throw InvalidArgument("this block was released");
+  const double timeout = sender_timeout(timeout_arg);
   TensorSpec spec = spec_of(b);
   LocalRegion local = b.block.region();
   Request req;
@@ -80,10 +85,10 @@ Request send_block(PySender& s, PyBlock& b, double timeout) {
 }
 
 template <typename PySender>
-Request send_region(PySender& s, nb::handle local, const std::vector<std::int64_t>& shape, int code, int bits,
-                    double timeout) {
+Request send_region(PySender& s, nb::handle local, nb::handle shape, int code, int bits, nb::handle timeout_arg) {
   LocalRegion lr = local_region_of(local);
-  TensorSpec spec = make_spec(shape, code, bits);
+  TensorSpec spec = make_spec(to_shape(shape), code, bits);
+  const double timeout = sender_timeout(timeout_arg);
   gil_scoped_release r;
   return s.sender->send(lr, 0, spec, timeout);
 }
@@ -93,21 +98,31 @@ Request send_region(PySender& s, nb::handle local, const std::vector<std::int64_
 void bind_slots(nb::module_& m) {
   nb::class_<StaticSlot>(m, "StaticSlot",
                          "Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.")
-      .def("__init__", [](StaticSlot* self, PyDevice& d, const std::string& name, std::vector<std::int64_t> shape,
-                          int code, int bits, int depth, std::uint64_t first_seq) {
-        new (self) StaticSlot(device_of(d), name, make_spec(shape, code, bits), depth, first_seq);
+      .def("__init__", [](StaticSlot* self, PyDevice& d, const std::string& name, nb::handle shape_arg,
+                          int code, int bits, nb::handle depth_arg, nb::handle first_seq_arg) {
+        TensorSpec spec = make_spec(to_shape(shape_arg), code, bits);
+        const int depth = static_cast<int>(to_int(depth_arg, "depth", 1, 1024));
+        const std::uint64_t first_seq = to_u64(first_seq_arg, "first_seq");
+        // The core leases depth x (payload rounded to 64 B + a 64 B sequence
+        // word) unchecked: a product that wraps would lease a short block.
+        const std::uint64_t stride = ((spec.nbytes() + 63) & ~std::uint64_t(63)) + 64;
+        if (stride > kMaxBytes / static_cast<std::uint64_t>(depth)) {
+          throw InvalidArgument("a static slot of depth " + std::to_string(depth) + " for " + spec.describe() +
+                                " is too large (at most 2^62 bytes in all)");
+        }
+        new (self) StaticSlot(device_of(d), name, spec, depth, first_seq);
       }, nb::arg("device"), nb::arg("name"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"),
          nb::arg("depth") = 2, nb::arg("first_seq") = 1, nb::keep_alive<1, 2>())
-      .def("recv", [](nb::handle self, nb::object timeout) {
+      .def("recv", [](nb::handle self, nb::handle timeout) {
         auto& slot = nb::cast<StaticSlot&>(self);
-        double t = timeout.is_none() ? -1.0 : nb::cast<double>(timeout);
+        double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
         int idx;
         {
           gil_scoped_release r;
           idx = slot.recv(t);
         }
         return numpy_view(self, slot.buffer(idx), slot.spec());
-      }, nb::arg("timeout") = nb::none(),
+      }, nb::arg("timeout").none() = nb::none(),
          "Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).")
       .def("poll", [](nb::handle self) -> nb::object {
         auto& slot = nb::cast<StaticSlot&>(self);
@@ -128,22 +143,25 @@ void bind_slots(nb::module_& m) {
       .def("stats", [](StaticSlot& s) { return stats_dict(s.stats()); });
 
   nb::class_<PyStaticSender>(m, "StaticSender", "Sender side of a static slot (use channel.static_sender).")
-      .def("__init__", [](PyStaticSender* self, Channel& ch, const std::string& name, double timeout) {
+      .def("__init__", [](PyStaticSender* self, Channel& ch, const std::string& name, nb::handle timeout_arg) {
+        const double timeout = sender_timeout(timeout_arg);  // before attaching: a bad one loses nothing
         new (self) PyStaticSender();
         gil_scoped_release r;
         self->sender = std::make_unique<StaticSender>(ch, name, timeout);
-      }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout") = 10.0)
-      .def("send_block", [](PyStaticSender& s, PyBlock& b, double timeout) {
+      }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout").none() = 10.0)
+      .def("send_block", [](PyStaticSender& s, PyBlock& b, nb::handle timeout) {
         return send_block(s, b, timeout);
-      }, nb::arg("block"), nb::arg("timeout") = 10.0, "Sends a pool block (zero copy).")
-      .def("send_region", [](PyStaticSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
-                             int bits, double timeout) {
+      }, nb::arg("block"), nb::arg("timeout").none() = 10.0, "Sends a pool block (zero copy).")
+      .def("send_region", [](PyStaticSender& s, nb::handle local, nb::handle shape, int code, int bits,
+                             nb::handle timeout) {
         return send_region(s, local, shape, code, bits, timeout);
-      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout") = 10.0)
-      .def("wait_consumed", [](PyStaticSender& s, std::uint64_t seq, double timeout) {
+      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout").none() = 10.0)
+      .def("wait_consumed", [](PyStaticSender& s, nb::handle seq_arg, nb::handle timeout_arg) {
+        const std::uint64_t seq = to_u64(seq_arg, "seq");
+        const double timeout = sender_timeout(timeout_arg);
         gil_scoped_release r;
         s.sender->wait_consumed(seq, timeout);
-      }, nb::arg("seq"), nb::arg("timeout") = 10.0, "Blocks until the receiver released tensor `seq`.")
+      }, nb::arg("seq"), nb::arg("timeout").none() = 10.0, "Blocks until the receiver released tensor `seq`.")
       .def_prop_ro("consumed", [](PyStaticSender& s) { return s.sender->consumed(); })
       .def_prop_ro("sent", [](PyStaticSender& s) { return s.sender->last_sent(); })
       .def_prop_ro("shape", [](PyStaticSender& s) { return s.sender->spec().shape; })
@@ -157,12 +175,15 @@ void bind_slots(nb::module_& m) {
       });
 
   nb::class_<DynamicSlot>(m, "DynamicSlot", "Receiver side of dynamic allocation: tensors of any shape.")
-      .def("__init__", [](DynamicSlot* self, PyDevice& d, const std::string& name, int max_ndim,
-                          std::size_t max_nbytes) { new (self) DynamicSlot(device_of(d), name, max_ndim, max_nbytes); },
+      .def("__init__", [](DynamicSlot* self, PyDevice& d, const std::string& name, nb::handle max_ndim,
+                          nb::handle max_nbytes) {
+        new (self) DynamicSlot(device_of(d), name, static_cast<int>(to_int(max_ndim, "max_ndim", 0, 64)),
+                               to_u64(max_nbytes, "max_nbytes"));
+      },
            nb::arg("device"), nb::arg("name"), nb::arg("max_ndim") = 8,
            nb::arg("max_nbytes") = std::size_t(1) << 32, nb::keep_alive<1, 2>())
-      .def("recv", [](DynamicSlot& slot, nb::object timeout) {
-        double t = timeout.is_none() ? -1.0 : nb::cast<double>(timeout);
+      .def("recv", [](DynamicSlot& slot, nb::handle timeout) {
+        double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
         TensorSpec spec;
         PyBlock b;
         {
@@ -170,7 +191,7 @@ void bind_slots(nb::module_& m) {
           b.block = slot.recv(&spec, t);
         }
         return fill_view(std::move(b), spec);
-      }, nb::arg("timeout") = nb::none(),
+      }, nb::arg("timeout").none() = nb::none(),
          "Waits for the next tensor; returns a Block (registered memory) holding it, with its shape and dtype.")
       .def("poll", [](DynamicSlot& slot) -> nb::object {
         TensorSpec spec;
@@ -188,18 +209,19 @@ void bind_slots(nb::module_& m) {
       .def("stats", [](DynamicSlot& s) { return stats_dict(s.stats()); });
 
   nb::class_<PyDynamicSender>(m, "DynamicSender", "Sender side of a dynamic slot (use channel.dynamic_sender).")
-      .def("__init__", [](PyDynamicSender* self, Channel& ch, const std::string& name, double timeout) {
+      .def("__init__", [](PyDynamicSender* self, Channel& ch, const std::string& name, nb::handle timeout_arg) {
+        const double timeout = sender_timeout(timeout_arg);  // before attaching: a bad one loses nothing
         new (self) PyDynamicSender();
         gil_scoped_release r;
         self->sender = std::make_unique<DynamicSender>(ch, name, timeout);
-      }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout") = 10.0)
-      .def("send_block", [](PyDynamicSender& s, PyBlock& b, double timeout) {
+      }, nb::arg("channel"), nb::arg("name"), nb::arg("timeout").none() = 10.0)
+      .def("send_block", [](PyDynamicSender& s, PyBlock& b, nb::handle timeout) {
         return send_block(s, b, timeout);
-      }, nb::arg("block"), nb::arg("timeout") = 10.0)
-      .def("send_region", [](PyDynamicSender& s, nb::handle local, std::vector<std::int64_t> shape, int code,
-                             int bits, double timeout) {
+      }, nb::arg("block"), nb::arg("timeout").none() = 10.0)
+      .def("send_region", [](PyDynamicSender& s, nb::handle local, nb::handle shape, int code, int bits,
+                             nb::handle timeout) {
         return send_region(s, local, shape, code, bits, timeout);
-      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout") = 10.0)
+      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout").none() = 10.0)
       .def("note_copy", [](PyDynamicSender& s, std::size_t n) { s.sender->note_copy(n); })
       .def("note_registration", [](PyDynamicSender& s) { s.sender->note_registration(); })
       .def("stats", [](PyDynamicSender& s) {

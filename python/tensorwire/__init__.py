@@ -39,6 +39,18 @@ _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bool_":
             "long": "int64", "int": "int32", "short": "int16"}
 
 
+_MAX_BYTES = 1 << 62  # the largest tensor or region (as the core's TensorSpec)
+
+
+def _size_arg(value: Any, what: str) -> int:
+    """An integer argument (Python or numpy int); InvalidArgument naming it otherwise."""
+    import operator
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise InvalidArgument(f"{what} must be an integer, got {value!r} ({type(value).__name__})") from None
+
+
 def dtype_name(dtype: Any) -> str:
     """Normalises a dtype given as a string, a numpy dtype or a torch dtype."""
     name = str(dtype)
@@ -53,21 +65,73 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-def _pointer_of(obj: Any) -> tuple[int, int]:
-    """(address, nbytes) of a C-contiguous array-like; raises InvalidArgument otherwise."""
+_REGISTER_INSTEAD = ("pass a numpy array (np.asarray(x)), a CPU torch tensor, a bytearray, or a Block "
+                     "from device.empty()")
+
+
+def _register_refusal(obj: Any, why: str) -> InvalidArgument:
+    return InvalidArgument(f"register needs memory that outlives the registration, but a {type(obj).__name__} object "
+                           f"{why}; {_REGISTER_INSTEAD}")
+
+
+def _address_of(arr: Any) -> int:
+    return arr.__array_interface__["data"][0]
+
+
+def _pointer_of(obj: Any) -> tuple[int, int, Any]:
+    """(address, nbytes, owner) of memory that `obj` owns and that stays put
+    while `owner` lives; raises InvalidArgument for anything numpy would copy
+    (the registration would then point at a temporary freed at once)."""
+    if isinstance(obj, (bytes, str)):
+        raise _register_refusal(obj, "is immutable (numpy would register a temporary copy of it)")
+    if obj is None or isinstance(obj, (list, tuple, dict, set, int, float, complex)):
+        raise _register_refusal(obj, "has no buffer of its own (numpy would register a temporary copy of it)")
     if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):  # torch.Tensor
         if not obj.is_contiguous():
             raise InvalidArgument("register needs a contiguous tensor")
         if obj.device.type != "cpu":
             raise InvalidArgument(f"register of {obj.device.type} tensors needs a GPU-enabled build")
-        return obj.data_ptr(), obj.numel() * obj.element_size()
+        return obj.data_ptr(), obj.numel() * obj.element_size(), obj
     import numpy as np
-    arr = np.asarray(obj) if not isinstance(obj, np.ndarray) else obj
+    if isinstance(obj, np.ndarray):
+        arr, owner = obj, obj
+    else:
+        try:
+            view = memoryview(obj)  # buffer protocol: bytearray, array.array, mmap, memoryview, Block
+        except TypeError:
+            view = None
+        if view is not None:
+            if view.readonly:
+                raise InvalidArgument(f"register needs writable memory, but this {type(obj).__name__} is "
+                                      f"read-only; {_REGISTER_INSTEAD}")
+            if not view.c_contiguous:
+                raise InvalidArgument("register needs a C-contiguous buffer")
+            if view.nbytes == 0:
+                raise InvalidArgument("register needs at least one byte, got an empty buffer")
+            # The held export also stops a bytearray from resizing (moving) under the registration.
+            arr, owner = np.frombuffer(view, dtype=np.uint8), (obj, view)
+        elif hasattr(obj, "__dlpack__"):
+            try:
+                arr = np.from_dlpack(obj)  # a view; it holds the producer's memory
+            except (BufferError, RuntimeError, TypeError, ValueError) as e:
+                raise InvalidArgument(f"register cannot view this {type(obj).__name__} through DLPack "
+                                      f"(CPU memory only): {e}") from None
+            owner = (obj, arr)
+        elif hasattr(obj, "__array_interface__") or hasattr(obj, "__array_struct__") or hasattr(obj, "__array__"):
+            arr = np.asarray(obj)
+            # Two conversions at one address: the memory is obj's own, not a copy made per call.
+            if arr.dtype == object or arr.size == 0 or _address_of(np.asarray(obj)) != _address_of(arr):
+                raise _register_refusal(obj, "converts to a fresh numpy copy each time")
+            owner = (obj, arr)
+        else:
+            raise _register_refusal(obj, "exposes no memory (no buffer protocol, DLPack or array interface)")
+    if arr.dtype == object:
+        raise InvalidArgument("register cannot register an array of Python objects (dtype=object)")
     if not arr.flags.c_contiguous:
         raise InvalidArgument("register needs a C-contiguous array")
     if not arr.flags.writeable:
         raise InvalidArgument("register needs writable memory")
-    return arr.__array_interface__["data"][0], arr.nbytes
+    return _address_of(arr), arr.nbytes, owner
 
 
 class Device(_core.Device):
@@ -95,23 +159,26 @@ class Device(_core.Device):
 
     def alloc(self, nbytes: int, alignment: int = 64) -> Block:
         """A block of ``nbytes`` registered bytes (uint8 view)."""
-        if nbytes <= 0:
-            raise InvalidArgument(f"nbytes must be > 0, got {nbytes}")
-        return self.alloc_view([int(nbytes)], 1, 8, "B", alignment)
+        n = _size_arg(nbytes, "nbytes")
+        if n <= 0:
+            raise InvalidArgument(f"nbytes must be > 0, got {n}")
+        if n > _MAX_BYTES:
+            raise InvalidArgument(f"nbytes {n} is too large (at most 2**62)")
+        return self.alloc_view([n], 1, 8, "B", alignment)
 
     def empty(self, shape: int | Sequence[int], dtype: Any = "float32", alignment: int = 64) -> Block:
         """An uninitialised tensor in registered memory; view it with
         ``numpy.asarray(block)``, ``numpy.from_dlpack(block)`` or ``torch.from_dlpack(block)``."""
-        if isinstance(shape, int):
-            shape = (shape,)
         code, bits, fmt = _DTYPES[dtype_name(dtype)]
-        return self.alloc_view([int(s) for s in shape], code, bits, fmt, alignment)
+        return self.alloc_view(shape, code, bits, fmt, alignment)  # checks the shape (overflow included)
 
     def register(self, array: Any) -> Registration:
-        """Registers an existing C-contiguous array/tensor (kept alive by the result)."""
-        ptr, nbytes = _pointer_of(array)
+        """Registers the memory of an existing C-contiguous, writable numpy array, CPU torch tensor,
+        DLPack producer or buffer (bytearray, mmap, ...); the result keeps it alive. Objects with no
+        memory of their own (list, tuple, bytes, str) are refused: numpy would register a copy."""
+        ptr, nbytes, owner = _pointer_of(array)
         reg = self.register_memory(ptr, nbytes)
-        reg._keepalive = array
+        reg._keepalive = owner  # the memory lives as long as the Registration
         return reg
 
     def connect(self, address: str, lane: int = 0) -> Channel:
@@ -130,10 +197,8 @@ class Device(_core.Device):
                     first_seq: int = 1) -> "_core.StaticSlot":
         """Receiver side of static placement: `depth` buffers of `shape`/`dtype`
         in registered memory, published as `name` (see tensorwire.slots)."""
-        if isinstance(shape, int):
-            shape = (shape,)
         code, bits, _ = _DTYPES[dtype_name(dtype)]
-        return _core.StaticSlot(self, name, [int(s) for s in shape], code, bits, depth, first_seq)
+        return _core.StaticSlot(self, name, shape, code, bits, depth, first_seq)
 
     def dynamic_slot(self, name: str, max_ndim: int = 8, max_nbytes: int = 1 << 32) -> "_core.DynamicSlot":
         """Receiver side of dynamic allocation: tensors of any shape up to `max_ndim`

@@ -25,12 +25,33 @@ Dynamic slots take tensors of any shape and dtype::
 from __future__ import annotations
 
 import asyncio
+import math
+import numbers
+import time
 from typing import Any
 
 from . import _core
-from .errors import InvalidArgument
+from .errors import InvalidArgument, Timeout
 
 PATHS = ("copy", "register")
+
+
+def _check_path(path: Any) -> str:
+    if path not in PATHS:
+        raise InvalidArgument(f"path must be one of {PATHS}, got {path!r}")
+    return path
+
+
+def _check_timeout(timeout: Any) -> float | None:
+    """A sender's timeout: seconds >= 0 (inf allowed) or None (no bound)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):  # numpy floats are Real
+        raise InvalidArgument(f"timeout must be a number of seconds or None, got {timeout!r}")
+    timeout = float(timeout)
+    if math.isnan(timeout) or timeout < 0:
+        raise InvalidArgument(f"timeout must be >= 0 seconds or None (forever), got {timeout!r}")
+    return timeout
 
 
 def _spec_of(tensor: Any) -> tuple[list[int], str]:
@@ -40,16 +61,19 @@ def _spec_of(tensor: Any) -> tuple[list[int], str]:
     return shape, dtype_name(tensor.dtype)
 
 
+def _left(deadline: float | None) -> float | None:
+    """Seconds until `deadline` (never negative: the core reads that as forever)."""
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class _Sender:
     """Shared logic of static and dynamic senders: how a tensor that is not
     in registered memory is sent (copy into the pool, or register in place)."""
 
     def __init__(self, core, device, path: str) -> None:
-        if path not in PATHS:
-            raise InvalidArgument(f"path must be one of {PATHS}, got {path!r}")
         self._core = core
         self._device = device
-        self.path = path
+        self.path = _check_path(path)
         self._staging = None
         self._last = None  # the request that still reads the staging block
         # register path: (request, registration) until the request completed.
@@ -57,8 +81,9 @@ class _Sender:
         # must not be freed (and its memory reused) while the receiver reads it.
         self._pinned: list = []
 
-    def _local(self, tensor: Any):
-        """(local region, shape, code, bits) for a tensor not in a Block."""
+    def _local(self, tensor: Any, deadline: float | None):
+        """(local region, shape, code, bits) for a tensor not in a Block; waits
+        for the staging block at most until `deadline` (time.monotonic())."""
         from . import _DTYPES, Registration
         if isinstance(tensor, Registration):
             raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
@@ -70,7 +95,14 @@ class _Sender:
         # copy path: one staging block per sender, reused (grown when needed)
         nbytes = max(1, int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size())
         if self._last is not None:
-            self._last.wait()  # the previous send may still read the staging block
+            # The previous send may still read the staging block (a dynamic
+            # send until the receiver took it): bounded by this send's timeout.
+            try:
+                self._last.wait(_left(deadline))
+            except Timeout:
+                raise Timeout("send: the previous send has not finished reading the staging buffer "
+                              "(path='copy') within the timeout; a dynamic slot's receiver has not taken "
+                              "that tensor yet") from None
             self._last = None
         if self._staging is None or self._staging.nbytes < nbytes:  # the view buffers see, not the lease
             self._staging = self._device.alloc(nbytes, alignment=4096)
@@ -88,12 +120,16 @@ class _Sender:
         else:
             dst[:] = np.ascontiguousarray(tensor).reshape(-1).view(np.uint8)
 
-    def send(self, tensor: Any, timeout: float = 10.0):
-        """Sends `tensor`; returns a Request (see the class docs for when it completes)."""
+    def send(self, tensor: Any, timeout: float | None = 10.0):
+        """Sends `tensor`; returns a Request (see the class docs for when it
+        completes). Every wait of the call is bounded by `timeout` in all
+        (None: no bound); past it, Timeout."""
+        timeout = _check_timeout(timeout)
         if isinstance(tensor, _core.Block):
             return self._core.send_block(tensor, timeout)
-        local, shape, code, bits = self._local(tensor)
-        req = self._core.send_region(local, shape, code, bits, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        local, shape, code, bits = self._local(tensor, deadline)
+        req = self._core.send_region(local, shape, code, bits, _left(deadline))
         # counted once sent: a tensor the sender refuses leaves the stats unchanged
         if local is self._staging:
             self._core.note_copy(int(tensor.nbytes) if hasattr(tensor, "nbytes")
@@ -115,14 +151,14 @@ class StaticSender(_Sender):
     `timeout`) while the buffer it would overwrite has not been released by
     the receiver. The request completes when the local bytes may be reused."""
 
-    def _local(self, tensor: Any):
+    def _local(self, tensor: Any, deadline: float | None):
         shape, name = _spec_of(tensor)
         if shape != list(self.shape) or name != self.dtype:
             raise InvalidArgument(f"the slot holds {self.dtype}{list(self.shape)}, refusing a tensor of "
                                   f"{name}{shape}")
-        return super()._local(tensor)
+        return super()._local(tensor, deadline)
 
-    def wait_consumed(self, seq: int, timeout: float = 10.0) -> None:
+    def wait_consumed(self, seq: int, timeout: float | None = 10.0) -> None:
         self._core.wait_consumed(seq, timeout)
 
     @property
@@ -148,14 +184,20 @@ class DynamicSender(_Sender):
     the receiver refused the record."""
 
 
-def _static_sender(channel, name: str, path: str = "copy", timeout: float = 10.0) -> StaticSender:
+# The arguments are checked before the core sender attaches: a slot takes one
+# sender, so a sender refused after attaching would leave the slot taken.
+
+
+def _static_sender(channel, name: str, path: str = "copy", timeout: float | None = 10.0) -> StaticSender:
     """A sender for the static slot `name` on this channel's peer."""
+    path, timeout = _check_path(path), _check_timeout(timeout)
     device = channel._device
     return StaticSender(_core.StaticSender(channel, name, timeout), device, path)
 
 
-def _dynamic_sender(channel, name: str, path: str = "copy", timeout: float = 10.0) -> DynamicSender:
+def _dynamic_sender(channel, name: str, path: str = "copy", timeout: float | None = 10.0) -> DynamicSender:
     """A sender for the dynamic slot `name` on this channel's peer."""
+    path, timeout = _check_path(path), _check_timeout(timeout)
     device = channel._device
     return DynamicSender(_core.DynamicSender(channel, name, timeout), device, path)
 
