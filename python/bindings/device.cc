@@ -148,6 +148,21 @@ void bind_device(nb::module_& m) {
         gil_scoped_release r;
         return c.lookup(name, timeout);
       }, nb::arg("name"), nb::arg("timeout") = 10.0, "The region the peer published under name (NotFound).")
+      .def("remote_region", [](Channel& c, nb::bytes descriptor) {
+        RegionDescriptor d = RegionDescriptor::from_bytes(descriptor.c_str(), descriptor.size());
+        gil_scoped_release r;
+        return c.remote_region(d);
+      }, nb::arg("descriptor"),
+         "The peer's region described by `descriptor` (bytes from block.descriptor() on the peer, sent by any "
+         "means). It must lie inside a region the peer exported to this device (publish + lookup, a slot, or "
+         "channel.export_region on the peer): InvalidArgument otherwise.")
+      .def("export_region", [](Channel& c, nb::handle local, double timeout) {
+        LocalRegion lr = local_region_of(local);
+        gil_scoped_release r;
+        c.export_region(lr, timeout);
+      }, nb::arg("local"), nb::arg("timeout") = 10.0,
+         "Lets the peer use descriptors of ranges inside `local` (a Block or Registration) that this side "
+         "hands over by other means (one control call).")
       .def("call", [](Channel& c, const std::string& name, nb::bytes payload, double timeout) {
         std::string p(payload.c_str(), payload.size());
         std::string out;
@@ -185,7 +200,7 @@ void bind_device(nb::module_& m) {
       .def("__init__", [](PyDevice* self, const std::string& host, int port, int workers, const std::string& progress,
                           unsigned spin_us, const std::string& transport, const std::string& net_devices,
                           const std::string& token, std::size_t slab_size, std::size_t pool_limit,
-                          double connect_timeout, double keepalive, int protocol_version, bool map_shared_memory) {
+                          double connect_timeout, double keepalive, double liveness, int protocol_version, bool map_shared_memory) {
         if (port < 0 || port > 65535) throw InvalidArgument("port must be in 0..65535");
         DeviceConfig c;
         c.host = host;
@@ -200,6 +215,7 @@ void bind_device(nb::module_& m) {
         c.pool_limit = pool_limit;
         c.connect_timeout_s = connect_timeout;
         c.keepalive_s = keepalive;
+        c.liveness_s = liveness;
         c.protocol_version = static_cast<std::uint16_t>(protocol_version);
         c.map_shared_memory = map_shared_memory;
         new (self) PyDevice();
@@ -209,7 +225,7 @@ void bind_device(nb::module_& m) {
          nb::arg("progress") = "blocking", nb::arg("spin_us") = 100, nb::arg("transport") = "auto",
          nb::arg("net_devices") = "auto", nb::arg("token") = "", nb::arg("slab_size") = std::size_t(64) << 20,
          nb::arg("pool_limit") = std::size_t(16) << 30, nb::arg("connect_timeout") = 10.0,
-         nb::arg("keepalive") = 1.0, nb::arg("protocol_version") = 0, nb::arg("map_shared_memory") = true)
+         nb::arg("keepalive") = 1.0, nb::arg("liveness") = 5.0, nb::arg("protocol_version") = 0, nb::arg("map_shared_memory") = true)
       .def_prop_ro("address", [](PyDevice& d) { return dev(d).address(); })
       .def_prop_ro("id", [](PyDevice& d) { return dev(d).id(); })
       .def_prop_ro("workers", [](PyDevice& d) { return dev(d).config().workers; })

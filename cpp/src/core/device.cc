@@ -830,7 +830,7 @@ PeerInfo DeviceImpl::wait_for_peer(double timeout_s) {
   check_open();
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] { return !new_peers_.empty() || closed(); };
-  if (timeout_s < 0) {
+  if (!(timeout_s >= 0) || timeout_s > 3e9) {
     peer_cv_.wait(lock, ready);
   } else if (!peer_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
     throw Timeout("no peer connected within " + std::to_string(timeout_s) + " s");

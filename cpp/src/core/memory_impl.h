@@ -50,7 +50,9 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
  private:
   bool carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset);
   std::shared_ptr<Slab> take_cached_large(std::size_t size);
+  // Frees empty shared slabs, then cached large ones, until `needed` more fits.
   void drop_cached_large(std::size_t needed);
+  void drop_slab(Slab* slab);  // the pool forgets it (caller holds mu_)
   std::shared_ptr<Slab> new_slab(std::size_t bytes, bool dedicated);
 
   std::shared_ptr<ucx::Context> context_;

@@ -14,6 +14,7 @@ constexpr std::size_t kPage = 4096;
 constexpr std::size_t kHugePage = std::size_t(2) << 20;
 constexpr std::size_t kLargeBlock = std::size_t(1) << 20;       // blocks from here on get their own slab
 constexpr std::size_t kLargeCacheBytes = std::size_t(1) << 30;  // freed large slabs kept for reuse
+constexpr std::size_t kMaxBlock = std::size_t(1) << 62;         // rounding and doubling stay in range
 }  // namespace
 
 PoolImpl::PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
@@ -69,6 +70,14 @@ std::shared_ptr<Slab> PoolImpl::take_cached_large(std::size_t size) {
 }
 
 void PoolImpl::drop_cached_large(std::size_t needed) {
+  // The reserve of empty shared slabs first, then the cache of large ones.
+  for (std::size_t i = slabs_.size(); i-- > 0 && stats_.bytes_reserved + needed > limit_;) {
+    Slab* s = slabs_[i].get();
+    if (!s->dedicated && s->free_.size() == 1 && s->free_.begin()->first == 0 &&
+        s->free_.begin()->second == s->memh->length()) {
+      drop_slab(s);
+    }
+  }
   while (!large_cache_.empty() && stats_.bytes_reserved + needed > limit_) {
     Slab* victim = large_cache_.back().get();
     cached_large_bytes_ -= victim->memh->length();
@@ -101,6 +110,9 @@ bool PoolImpl::carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std:
 
 Block PoolImpl::allocate(std::size_t nbytes, std::size_t alignment) {
   if (nbytes == 0) throw InvalidArgument("cannot allocate a block of 0 bytes");
+  if (nbytes > kMaxBlock) {
+    throw InvalidArgument("cannot allocate " + std::to_string(nbytes) + " bytes: blocks are limited to 2^62 bytes");
+  }
   if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kPage) {
     throw InvalidArgument("alignment must be a power of two <= 4096, got " + std::to_string(alignment));
   }
@@ -171,19 +183,38 @@ void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
     size += next->second;
     next = fl.erase(next);
   }
+  bool merged = false;
   if (next != fl.begin()) {
     auto prev = std::prev(next);
     if (prev->first + prev->second == offset) {
       prev->second += size;
+      merged = true;
+    }
+  }
+  if (!merged) fl.emplace(offset, size);
+  // An empty slab goes back, so that its bytes can serve a larger block;
+  // one shared slab stays as a reserve (dropped too when the limit needs it).
+  if (fl.size() == 1 && fl.begin()->first == 0 && fl.begin()->second == slab->memh->length()) {
+    const auto shared = std::count_if(slabs_.begin(), slabs_.end(), [](const auto& s) { return !s->dedicated; });
+    if (shared > 1) drop_slab(slab);
+  }
+}
+
+void PoolImpl::drop_slab(Slab* slab) {
+  for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
+    if (it->get() == slab) {
+      stats_.bytes_reserved -= slab->memh->length();
+      --stats_.slabs;
+      slabs_.erase(it);  // blocks still pointing at it keep it mapped
       return;
     }
   }
-  fl.emplace(offset, size);
 }
 
 Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes) {
   if (ptr == nullptr || nbytes == 0) throw InvalidArgument("cannot register an empty or null range");
   const auto start = reinterpret_cast<std::uintptr_t>(ptr);
+  if (start + nbytes < start) throw InvalidArgument("cannot register a range that wraps around the address space");
   std::shared_ptr<RegistrationImpl> candidate;  // released outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -175,6 +175,10 @@ StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec
   if (depth < 1 || depth > 1024) throw InvalidArgument("depth must be in 1..1024, got " + std::to_string(depth));
   if (first_seq == 0) throw InvalidArgument("first_seq must be >= 1");
   if (spec.shape.size() > 64) throw InvalidArgument("at most 64 dimensions");
+  if (detail::StaticLayout(spec.nbytes()).stride > (std::size_t(1) << 62) / static_cast<std::size_t>(depth)) {
+    throw InvalidArgument("static slot '" + name + "': " + std::to_string(depth) + " buffers of " + spec.describe() +
+                          " exceed 2^62 bytes");
+  }
   auto dev = device_impl(device);
   impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq);
   detail::publish_slot(device, name, "tw.static/" + name, impl_->block.descriptor(), impl_);

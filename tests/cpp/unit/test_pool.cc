@@ -117,18 +117,19 @@ TEST_F(PoolTest, FreeInRandomOrderCoalesces) {
   auto empty = pool().stats();
   EXPECT_EQ(empty.blocks, 0u);
   EXPECT_EQ(empty.bytes_in_use, 0u);
-  const std::size_t slabs = empty.slabs;
+  // Empty slabs went back to the pool but one, kept as a reserve.
+  EXPECT_EQ(empty.slabs, 1u);
+  EXPECT_EQ(empty.bytes_reserved, kSlab);
 
   // The largest block a shared slab serves (slab/2; larger ones get their
-  // own slab) must come from the first slab again, twice: it is one free
-  // range once more. And nothing new is reserved.
+  // own slab) comes from the reserve slab twice: it is one free range again.
   tw::Block h1 = pool().allocate(kSlab / 2, 4096);
   tw::Block h2 = pool().allocate(kSlab / 2, 4096);
+  EXPECT_EQ(pool().stats().slabs, 1u);
   tw::Block h3 = pool().allocate(kSlab / 2, 4096);
   tw::Block h4 = pool().allocate(kSlab / 2, 4096);
   auto after = pool().stats();
-  EXPECT_EQ(after.slabs, slabs);
-  EXPECT_EQ(after.bytes_reserved, empty.bytes_reserved);
+  EXPECT_EQ(after.slabs, 2u);
   EXPECT_EQ(after.bytes_in_use, 2 * kSlab);
 }
 
@@ -181,6 +182,30 @@ TEST_F(PoolTest, RejectsBadArguments) {
   auto s = pool().stats();
   EXPECT_EQ(s.blocks, 0u);
   EXPECT_EQ(s.slabs, 0u);
+}
+
+TEST(Pool, FreedSmallBlocksMakeRoomForALargeOne) {
+  // Fill the whole limit with small blocks, free them all: a block as large
+  // as the limit allows must fit (empty slabs, the reserve too, go back).
+  ASSERT_TRUE(kEnvReady);
+  tw::Device device(pool_config(kSlab, 4 * kSlab));
+  auto& pool = device.pool();
+  std::vector<tw::Block> blocks;
+  while (true) {
+    try {
+      blocks.push_back(pool.allocate(64 << 10));
+    } catch (const tw::PoolExhausted&) {
+      break;
+    }
+  }
+  EXPECT_EQ(pool.stats().bytes_reserved, 4 * kSlab);
+  EXPECT_THROW(pool.allocate(2 * kSlab), tw::PoolExhausted);
+  blocks.clear();
+  EXPECT_EQ(pool.stats().slabs, 1u);
+  tw::Block large = pool.allocate(4 * kSlab);
+  EXPECT_EQ(large.size(), 4 * kSlab);
+  EXPECT_EQ(pool.stats().bytes_reserved, 4 * kSlab);
+  std::memset(large.data(), 7, large.size());
 }
 
 TEST(Pool, LimitExceededThenStillUsable) {
