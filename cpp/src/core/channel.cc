@@ -161,6 +161,7 @@ ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerC
       ops_(new PendingOps(peer, peer->describe())),
       map_shared_memory_(maps_shared_memory(*peer)),
       own_pool_(own_pool(*peer)),
+      pool_(peer->device.lock() ? peer->device.lock()->pool_impl : nullptr),
       self_(!own_pool_.expired()) {}
 
 void ChannelImpl::connect(const std::string& remote_worker_address) {
@@ -218,7 +219,7 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   if (self_ && map_shared_memory_ && host_memory(local)) {
     if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
   }
-  const RemoteRegionImpl::Access access = remote.impl()->access_for(ep);
+  const RemoteRegionImpl::Access access = remote.impl()->access_for(ep, pool_.get());
   if (access.mapped && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
   }
@@ -278,7 +279,7 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);
-  return remote.impl()->access_for(ep).mapped;
+  return remote.impl()->access_for(ep, pool_.get()).mapped;
 }
 
 bool ChannelImpl::needs_target_progress() const {

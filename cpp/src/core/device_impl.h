@@ -125,6 +125,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   PendingOps* ops_;  // holds one ref
   const bool map_shared_memory_;
   const std::weak_ptr<PoolImpl> own_pool_;  // the peer is this device: its pool, whose blocks are our memory
+  const std::shared_ptr<PoolImpl> pool_;    // this device's pool (a peer's key must not map into it)
   const bool self_;                         // own_pool_ was set (a channel to this very device)
   // fence() orders UCX operations among themselves; a direct copy after a
   // fence must also wait for the UCX operations posted before it.

@@ -91,7 +91,9 @@ class RemoteRegionImpl {
     char* mapped = nullptr;
   };
   // The rkey unpacked on `endpoint` (cached; one per lane).
-  Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint);
+  // `own`: this device's pool, whose memory a peer's key must never map.
+  // InvalidArgument when the key maps less than the descriptor's range.
+  Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint, const PoolImpl* own);
   // For a region of this process's own device (a channel to itself): its
   // first byte, with the memory pinned for as long as this object lives
   // (pool.pin); nullptr when `pool` did not allocate it (the first answer is

@@ -1,5 +1,6 @@
 // Copyright tensorwire authors.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "core/log.h"
@@ -274,7 +275,34 @@ char* RemoteRegionImpl::own_memory(const PoolImpl& pool) {
   return pinned_ ? reinterpret_cast<char*>(descriptor.address) : nullptr;
 }
 
-RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx::Endpoint>& endpoint) {
+namespace {
+// Whether [p, p+len) lies inside one shared (MAP_SHARED) mapping of this
+// process that is not this device's own pool. UCX's shared-memory keys map
+// by offset without bounds (uct rkey_ptr), so a peer that exports a range
+// longer than its segment would make us touch unmapped memory, or our own.
+bool peer_mapping_covers(const char* p, std::size_t len, const PoolImpl* own) {
+  const auto lo = reinterpret_cast<std::uintptr_t>(p);
+  if (len == 0 || lo + len < lo) return false;
+  if (own && own->pin(lo, 1)) return false;
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (!f) return false;
+  bool ok = false;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f)) {
+    unsigned long start = 0, end = 0;
+    char perms[8] = {0};
+    if (std::sscanf(line, "%lx-%lx %7s", &start, &end, perms) != 3) continue;
+    if (lo < start || lo >= end) continue;
+    ok = perms[3] == 's' && len <= end - lo;
+    break;
+  }
+  std::fclose(f);
+  return ok;
+}
+}  // namespace
+
+RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx::Endpoint>& endpoint,
+                                                      const PoolImpl* own) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& e : rkeys_) {
     if (e.endpoint == endpoint.get()) return {e.rkey->get(), e.mapped};
@@ -282,6 +310,11 @@ RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx:
   auto rkey = std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey);
   void* mapped = nullptr;
   if (ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) mapped = nullptr;
+  if (mapped && !peer_mapping_covers(static_cast<char*>(mapped), descriptor.length, own)) {
+    // UCX's own shared-memory put would copy through the same mapping: refuse.
+    throw InvalidArgument("the peer's key does not map the whole region it describes (" +
+                          std::to_string(descriptor.length) + " bytes): refused before any access");
+  }
   rkeys_.push_back({endpoint.get(), std::move(rkey), static_cast<char*>(mapped)});
   return {rkeys_.back().rkey->get(), rkeys_.back().mapped};
 }

@@ -62,6 +62,13 @@ class DynamicSlotImpl {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
     const std::uint64_t seq = expected++;
+    if (!link.attached) {
+      // Anyone who looked the slot up can write its record; only the
+      // attached sender's records are read (and acked).
+      ++stats.rejected;
+      throw InvalidArgument("dynamic slot '" + name + "' refused record " + std::to_string(seq) +
+                            ": no sender is attached");
+    }
     DynamicRecord rec;
     const RecordStatus status = decode_record(base(), record_size - 64, max_ndim, max_nbytes, &rec);
     *spec = rec.spec;
