@@ -78,8 +78,10 @@ class Channel {
   // slot, or export_region() on the peer's side): InvalidArgument otherwise.
   RemoteRegion remote_region(const RegionDescriptor& descriptor);
   // Exports `local` to the peer (one control call): descriptors of ranges
-  // inside it that this side hands over later are accepted there.
-  void export_region(const LocalRegion& local, double timeout_s = 10.0);
+  // inside it that this side hands over later are accepted there. Returns
+  // the descriptor exported: hand over ranges with its key, which may be a
+  // registration of exactly `local` rather than the key of `local.memh`.
+  RegionDescriptor export_region(const LocalRegion& local, double timeout_s = 10.0);
   // Small request/response call to a handler the peer registered by `name`.
   std::string call(const std::string& name, const std::string& payload, double timeout_s = 10.0);
 

@@ -626,7 +626,7 @@ RemoteRegion Channel::remote_region(const RegionDescriptor& d) {
   return RemoteRegion(ch.peer->remote_region(d));
 }
 
-void Channel::export_region(const LocalRegion& local, double timeout_s) {
+RegionDescriptor Channel::export_region(const LocalRegion& local, double timeout_s) {
   auto& ch = impl_of(impl_);
   auto dev = ch.peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
@@ -636,7 +636,9 @@ void Channel::export_region(const LocalRegion& local, double timeout_s) {
   d.address = reinterpret_cast<std::uint64_t>(local.address);
   d.length = local.length;
   d.rkey = *local.rkey;
+  d = dev->export_for(std::move(d), *ch.peer);
   call(kExportCall, d.to_bytes(), timeout_s);
+  return d;
 }
 
 std::string Channel::call(const std::string& name, const std::string& payload, double timeout_s) {

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -663,6 +664,7 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
       std::string name = r.get_n(r.left());
       std::string body;
       control::Status status = control::Status::kOk;
+      std::optional<RegionDescriptor> found;
       {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = published_.find(name);
@@ -670,9 +672,10 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
           status = control::Status::kNotFound;
           body = "no region named '" + name + "' is published on " + address;
         } else {
-          body = it->second.to_bytes();
+          found = it->second;
         }
       }
+      if (found) body = export_for(*found, *peer_on(ep)).to_bytes();
       reply(ep, h, control::MsgType::kLookupReply, status, body);
       return;
     }
@@ -784,6 +787,16 @@ void DeviceImpl::liveness_loop() {
     }
     lock.lock();
   }
+}
+
+RegionDescriptor DeviceImpl::export_for(RegionDescriptor d, const Peer& to) {
+  if (d.device_id != id || d.length == 0) return d;
+  // A same-host peer with shared memory gets the slab's key, whose mapping
+  // is its direct path; it checks every use against our export (Peer::
+  // remote_region, RemoteRegionImpl::access_for), and is on our host anyway.
+  if (to.info.same_host && config.map_shared_memory && data_context->has_shared_memory()) return d;
+  d.rkey = pool_impl->exact_rkey(reinterpret_cast<const void*>(d.address), d.length);
+  return d;
 }
 
 void DeviceImpl::publish(const std::string& name, const RegionDescriptor& d) {

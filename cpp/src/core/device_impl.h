@@ -202,6 +202,10 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
                            double timeout_s,
                            std::unique_lock<std::mutex>* release_after_send = nullptr);
 
+  // `d` as exported to `to`: a peer that reaches our memory through a key
+  // (any transport but our shared-memory mapping, which a same-host peer
+  // needs for its direct path) gets the key of exactly d's range.
+  RegionDescriptor export_for(RegionDescriptor d, const Peer& to);
   void publish(const std::string& name, const RegionDescriptor& d);
   void unpublish(const std::string& name);
   void on_call(const std::string& name, CallFn handler);

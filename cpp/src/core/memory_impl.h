@@ -40,12 +40,17 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   void free(Slab* slab, std::size_t offset, std::size_t size);
   Registration register_memory(void* ptr, std::size_t nbytes);
   PoolStats stats() const;
-  void forget_registration(std::uintptr_t start);
+  void forget_registration(std::uintptr_t start, std::size_t length);
   // The slab holding [address, address+length), if this pool allocated it:
   // whoever holds the result keeps that memory mapped, even after the pool
   // freed or dropped the slab. Not for user registrations, whose memory the
   // user may free.
   std::shared_ptr<const void> pin(std::uint64_t address, std::size_t length) const;
+  // The packed rkey of a registration of exactly [address, address+length),
+  // for a peer that must reach nothing else of the slab (on RDMA a slab's
+  // key covers all of it). Cached until a block overlapping it is freed or
+  // its registration dropped; then the key stops working.
+  std::string exact_rkey(const void* address, std::size_t length);
 
  private:
   bool carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset);
@@ -69,6 +74,14 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   // only served while the caller still holds a registration of that range,
   // so freed-and-reused addresses never hit a stale entry).
   std::map<std::uintptr_t, std::weak_ptr<RegistrationImpl>> registrations_;
+  struct Exact {
+    std::size_t length;
+    std::shared_ptr<ucx::MemHandle> memh;
+  };
+  std::multimap<std::uintptr_t, Exact> exact_;  // start -> exact registrations (exact_rkey)
+  // Moves the exact registrations starting inside [start, end) to `out`
+  // (unmapped by the caller, outside mu_).
+  void take_exact(std::uintptr_t start, std::uintptr_t end, std::vector<std::shared_ptr<ucx::MemHandle>>* out);
 };
 
 class RegistrationImpl {

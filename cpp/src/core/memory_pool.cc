@@ -151,8 +151,37 @@ Block PoolImpl::allocate(std::size_t nbytes, std::size_t alignment) {
   return block;
 }
 
-void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
+std::string PoolImpl::exact_rkey(const void* address, std::size_t length) {
+  const auto start = reinterpret_cast<std::uintptr_t>(address);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [lo, hi] = exact_.equal_range(start);
+    for (auto it = lo; it != hi; ++it) {
+      if (it->second.length == length) return it->second.memh->packed_rkey();
+    }
+  }
+  auto memh = std::make_shared<ucx::MemHandle>(context_, const_cast<void*>(address), length,
+                                               ucx::MemHandle::Backing::kRegister);
+  std::string rkey = memh->packed_rkey();
   std::lock_guard<std::mutex> lock(mu_);
+  exact_.emplace(start, Exact{length, std::move(memh)});
+  return rkey;
+}
+
+void PoolImpl::take_exact(std::uintptr_t start, std::uintptr_t end, std::vector<std::shared_ptr<ucx::MemHandle>>* out) {
+  for (auto it = exact_.lower_bound(start); it != exact_.end() && it->first < end;) {
+    out->push_back(std::move(it->second.memh));
+    it = exact_.erase(it);
+  }
+}
+
+void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
+  std::vector<std::shared_ptr<ucx::MemHandle>> revoked;  // unmapped after the lock is released
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!exact_.empty()) {
+    const auto start = reinterpret_cast<std::uintptr_t>(slab->base()) + offset;
+    take_exact(start, start + size, &revoked);
+  }
   stats_.bytes_in_use -= size;
   --stats_.blocks;
   if (slab->dedicated) {
@@ -239,8 +268,10 @@ Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes) {
   return Registration(std::move(reg), ptr, nbytes);
 }
 
-void PoolImpl::forget_registration(std::uintptr_t start) {
+void PoolImpl::forget_registration(std::uintptr_t start, std::size_t length) {
+  std::vector<std::shared_ptr<ucx::MemHandle>> revoked;  // unmapped after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
+  take_exact(start, start + length, &revoked);
   auto it = registrations_.find(start);
   if (it != registrations_.end() && it->second.expired()) registrations_.erase(it);
   --stats_.registrations;
@@ -252,7 +283,7 @@ PoolStats PoolImpl::stats() const {
 }
 
 RegistrationImpl::~RegistrationImpl() {
-  if (auto p = pool.lock()) p->forget_registration(reinterpret_cast<std::uintptr_t>(memh->address()));
+  if (auto p = pool.lock()) p->forget_registration(reinterpret_cast<std::uintptr_t>(memh->address()), memh->length());
 }
 
 std::shared_ptr<const void> PoolImpl::pin(std::uint64_t address, std::size_t length) const {

@@ -5,7 +5,7 @@
 // (0 accepted, else a RecordStatus); the receiver writes status, fences, then
 // the sequence.
 #include <cstring>
-#include <set>
+#include <map>
 #include <tuple>
 
 #include "protocol/dynamic_record.h"
@@ -40,7 +40,7 @@ class DynamicSlotImpl {
     w.put<std::uint64_t>(max_nbytes);
     w.put<std::uint64_t>(record_size);
     w.put<std::uint64_t>(expected);
-    w.put_bytes32(record.descriptor().to_bytes());
+    w.put_bytes32(dev->export_for(record.descriptor(), *caller).to_bytes());
     return std::move(w.str());
   }
 
@@ -138,7 +138,8 @@ class DynamicSenderImpl {
   std::uint64_t next_seq = 1;
   Block ack, staging, seq_src;
   SlotStats stats;
-  std::set<std::tuple<std::uintptr_t, std::size_t, std::string>> exported;  // local regions exported to the receiver
+  // Local regions exported to the receiver -> the key it was given.
+  std::map<std::tuple<std::uintptr_t, std::size_t, std::string>, std::string> exported;
   std::uint64_t acked() const { return load_acquire(ack.data()); }
   std::uint64_t status() const { return load_acquire(static_cast<const char*>(ack.data()) + 8); }
 };
@@ -158,7 +159,7 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
   s.max_ndim = max_ndim;
   s.max_nbytes = max_nbytes;
   s.record_size = detail::record_size_for(max_ndim);
-  s.record = dev->pool->allocate(s.record_size, 64);
+  s.record = detail::allocate_exported(*dev, s.record_size);
   std::memset(s.record.data(), 0, s.record_size);
   s.ack_src = dev->pool->allocate(64, 64);
   detail::publish_slot(device, name, "tw.dynamic/" + name, s.record.descriptor(), impl_);
@@ -200,7 +201,7 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   s.channel = channel;
   auto dev = channel.impl()->peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
-  s.ack = dev->pool->allocate(64, 64);
+  s.ack = detail::allocate_exported(*dev, 64);
   std::memset(s.ack.data(), 0, 64);
   std::string reply = detail::attach_to_slot(channel, "tw.dynamic/" + name, s.ack, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "dynamic slot description");
@@ -239,13 +240,15 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   }
   // The receiver reads only ranges exported to it: export the whole local
   // region once (one control call, remembered per sender).
+  const std::string* export_key = nullptr;  // the key the receiver was given for `local`
   if (n > 0) {
     auto key = std::make_tuple(reinterpret_cast<std::uintptr_t>(local.address), local.length, *local.rkey);
-    if (!s.exported.count(key)) {
+    auto it = s.exported.find(key);
+    if (it == s.exported.end()) {
       if (s.exported.size() >= 1024) s.exported.clear();
-      s.channel.export_region(local, timeout_s);
-      s.exported.insert(std::move(key));
+      it = s.exported.emplace(std::move(key), s.channel.export_region(local, timeout_s).rkey).first;
     }
+    export_key = &it->second;
   }
   const std::uint64_t seq = s.next_seq;
   // One record in flight: the previous send must have been acknowledged.
@@ -263,7 +266,7 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   rec.nbytes = n;
   rec.address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);
   if (auto dev = s.channel.impl()->peer->device.lock()) rec.device_id = dev->id;
-  if (n) rec.rkey = *local.rkey;
+  if (n) rec.rkey = *export_key;
   const std::size_t record_bytes = detail::encode_record(rec, s.max_ndim, static_cast<char*>(s.staging.data()));
   Request body = s.channel.write(s.staging.region(), 0, s.record, 0, record_bytes);
   *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;

@@ -81,6 +81,14 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
 
 inline std::size_t align64(std::size_t v) { return (v + 63) & ~std::size_t(63); }
 
+// Memory a slot exports to its peer: whole pages of its own, so that a key
+// of exactly this range (DeviceImpl::export_for; RDMA keys are per page)
+// reaches no other data.
+inline Block allocate_exported(DeviceImpl& dev, std::size_t nbytes) {
+  constexpr std::size_t kPage = 4096;
+  return dev.pool->allocate((nbytes + kPage - 1) & ~(kPage - 1), kPage);
+}
+
 // A slot's link back to its one sender, made by the sender's attach call
 // (payload: the descriptor of the sender's ack block). The sender is the peer
 // that made the call on its own connection; it keeps the slot until it fails.
@@ -149,7 +157,7 @@ inline std::string attach_to_slot(Channel& channel, const std::string& call, con
   auto dev = channel.impl()->peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
   ByteWriter w;
-  w.put_bytes32(ack.descriptor().to_bytes());
+  w.put_bytes32(dev->export_for(ack.descriptor(), *channel.impl()->peer).to_bytes());
   return channel.call(call, w.str(), timeout_s);
 }
 

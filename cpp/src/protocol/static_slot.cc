@@ -91,7 +91,7 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
   StaticSlotImpl(std::shared_ptr<DeviceImpl> dev, std::string name, TensorSpec spec, int depth, std::uint64_t first)
       : device(dev), name(std::move(name)), spec(std::move(spec)), depth(depth), first_seq(first),
         layout(this->spec.nbytes()) {
-    block = dev->pool->allocate(layout.stride * depth, 64);
+    block = allocate_exported(*dev, layout.stride * depth);
     std::memset(block.data(), 0, block.size());
     ack_src = dev->pool->allocate(8 * kAckRing, 64);
     ack_pending.resize(kAckRing);
@@ -114,7 +114,7 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
     w.put<std::uint64_t>(first_seq + done - 1);  // the last released one
     w.put<std::uint64_t>(layout.stride);
     w.put<std::uint64_t>(layout.payload);
-    w.put_bytes32(block.descriptor().to_bytes());
+    w.put_bytes32(dev->export_for(block.descriptor(), *caller).to_bytes());
     return std::move(w.str());
   }
 
@@ -251,7 +251,7 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   s.channel = channel;
   auto dev = channel.impl()->peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
-  s.ack = dev->pool->allocate(64, 64);
+  s.ack = detail::allocate_exported(*dev, 64);
   std::memset(s.ack.data(), 0, 64);
   std::string reply = detail::attach_to_slot(channel, "tw.static/" + name, s.ack, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "static slot description");
