@@ -256,11 +256,6 @@ void DeviceImpl::start() {
   if (host == "0.0.0.0") host = hostname_;  // reachable name for peers
   address = host + ":" + std::to_string(ntohs(sin->sin_port));
 
-  // Exports reach only the export table of the peer that made the call.
-  on_call(kExportCall, [](const std::shared_ptr<Peer>& caller, const std::string& payload) -> std::string {
-    caller->accept_export(RegionDescriptor::from_bytes(payload.data(), payload.size()));
-    return {};
-  });
   for (auto& w : workers) w->start();
   control_worker->start();
   dispatcher_ = std::thread([this] { dispatcher_loop(); });
@@ -689,6 +684,19 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
       if (!caller) {
         reply(ep, h, control::MsgType::kCallReply, control::Status::kNoHello,
               "CALL before HELLO: this connection has not introduced itself");
+        return;
+      }
+      if (name == kExportCall) {
+        // Built in and never blocks: answered here, without the dispatcher's thread hop.
+        control::Status status = control::Status::kOk;
+        std::string out;
+        try {
+          caller->accept_export(RegionDescriptor::from_bytes(payload.data(), payload.size()));
+        } catch (const Error& e) {
+          status = control::Status::kInvalidArgument;
+          out = e.what();
+        }
+        reply(ep, h, control::MsgType::kCallReply, status, out);
         return;
       }
       std::lock_guard<std::mutex> lock(mu_);

@@ -114,7 +114,9 @@ void RequestState::wait(double timeout_s) {
     }
   }
   if (!finished()) {
-    throw Timeout("request did not complete within " + std::to_string(timeout_s) + " s");
+    throw Timeout("request did not complete within " + std::to_string(timeout_s) +
+                  " s; it is still in flight and may complete (its local buffer stays in use until it does): "
+                  "wait() again; it fails with PeerFailed once the peer is declared dead (liveness)");
   }
   if (status() == kFailed) throw_error();
 }

@@ -257,7 +257,7 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
     if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s)) {
       s.channel.impl()->check_usable();
       throw Timeout("dynamic slot: the receiver has not taken the previous tensor within " +
-                    std::to_string(timeout_s) + " s");
+                    std::to_string(timeout_s) + " s; nothing of this tensor was sent");
     }
   }
   // Build the record in the staging block (registered), then write it.

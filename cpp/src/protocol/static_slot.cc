@@ -293,7 +293,7 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
       if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s)) {
         s.channel.impl()->check_usable();
         throw Timeout("static slot: the receiver has not released tensor " + std::to_string(need) + " within " +
-                      std::to_string(timeout_s) + " s");
+                      std::to_string(timeout_s) + " s; nothing of this tensor was sent");
       }
     }
   }
