@@ -163,6 +163,8 @@ void bind_slots(nb::module_& m) {
         s.sender->wait_consumed(seq, timeout);
       }, nb::arg("seq"), nb::arg("timeout").none() = 10.0, "Blocks until the receiver released tensor `seq`.")
       .def_prop_ro("consumed", [](PyStaticSender& s) { return s.sender->consumed(); })
+      .def_prop_ro("region", [](PyStaticSender& s) { return s.sender->region(); },
+                   "The slot's memory at the receiver, as its attach reply exported it to this sender.")
       .def_prop_ro("sent", [](PyStaticSender& s) { return s.sender->last_sent(); })
       .def_prop_ro("shape", [](PyStaticSender& s) { return s.sender->spec().shape; })
       .def_prop_ro("dtype", [](PyStaticSender& s) { return s.sender->spec().dtype.name(); })
@@ -224,6 +226,8 @@ void bind_slots(nb::module_& m) {
       }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout").none() = 10.0)
       .def("note_copy", [](PyDynamicSender& s, std::size_t n) { s.sender->note_copy(n); })
       .def("note_registration", [](PyDynamicSender& s) { s.sender->note_registration(); })
+      .def_prop_ro("region", [](PyDynamicSender& s) { return s.sender->region(); },
+                   "The slot's record at the receiver, as its attach reply exported it to this sender.")
       .def("stats", [](PyDynamicSender& s) {
         SlotStats st = s.sender->stats();
         st.zero_copy = s.zero_copy;

@@ -144,6 +144,12 @@ class _Sender:
     def stats(self) -> dict:
         return self._core.stats()
 
+    @property
+    def region(self):
+        """The slot's memory at the receiver (a RemoteRegion), exported to this
+        sender alone by its attach (a static slot's buffers, a dynamic slot's record)."""
+        return self._core.region
+
 
 class StaticSender(_Sender):
     """Sender of a static slot. `send()` refuses a tensor of another shape or

@@ -101,6 +101,7 @@ class StaticSender {
   void wait_consumed(std::uint64_t seq, double timeout_s);
   std::uint64_t consumed() const;
   std::uint64_t last_sent() const;
+  RemoteRegion region() const;  // the slot's memory, exported to this sender by the attach
   const TensorSpec& spec() const;
   SlotStats stats() const;
   void note_copy(std::size_t bytes);  // the caller staged the tensor (copy path)
@@ -135,6 +136,7 @@ class DynamicSender {
  public:
   DynamicSender(Channel channel, const std::string& name, double timeout_s = 10.0);
   ~DynamicSender();
+  RemoteRegion region() const;  // the slot's record, exported to this sender by the attach
   // Describes local[offset..+spec.nbytes()] to the receiver. Waits (bounded)
   // for the previous send's ack first. The request completes on the
   // receiver's ack (the local bytes may then be reused or freed); it fails if

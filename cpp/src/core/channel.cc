@@ -219,7 +219,7 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   if (self_ && map_shared_memory_ && host_memory(local)) {
     if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
   }
-  const RemoteRegionImpl::Access access = remote.impl()->access_for(ep, pool_.get());
+  const RemoteRegionImpl::Access access = remote.impl()->access_for(ep, pool_.get(), peer->hello.pid);
   if (access.mapped && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
   }
@@ -274,12 +274,17 @@ Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t
   return Request();  // complete: the bytes are in place
 }
 
+void ChannelImpl::check_remote(const RemoteRegion& remote) const {
+  check_usable();
+  remote.impl()->access_for(ep, pool_.get(), peer->hello.pid);
+}
+
 char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& local) const {
   if (!remote || !map_shared_memory_ || !local.memh || !host_memory(local)) return nullptr;
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);
-  return remote.impl()->access_for(ep, pool_.get()).mapped;
+  return remote.impl()->access_for(ep, pool_.get(), peer->hello.pid).mapped;
 }
 
 bool ChannelImpl::needs_target_progress() const {

@@ -104,6 +104,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // not over shared memory or verbs RC/DC. Waiters on a word the peer writes
   // drive the worker only then. Conservative (true) until UCX can tell.
   bool needs_target_progress() const;
+  // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:
+  // InvalidArgument for a key a peer made up.
+  void check_remote(const RemoteRegion& remote) const;
 
   const std::shared_ptr<Peer> peer;
   const int lane;

@@ -46,6 +46,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   // freed or dropped the slab. Not for user registrations, whose memory the
   // user may free.
   std::shared_ptr<const void> pin(std::uint64_t address, std::size_t length) const;
+  std::vector<std::uintptr_t> slab_starts() const;  // the first byte of every slab
   // The packed rkey of a registration of exactly [address, address+length),
   // for a peer that must reach nothing else of the slab (on RDMA a slab's
   // key covers all of it). Cached until a block overlapping it is freed or
@@ -106,7 +107,8 @@ class RemoteRegionImpl {
   // The rkey unpacked on `endpoint` (cached; one per lane).
   // `own`: this device's pool, whose memory a peer's key must never map.
   // InvalidArgument when the key maps less than the descriptor's range.
-  Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint, const PoolImpl* own);
+  // `owner_pid`: the exporting peer's process, which must map the segment too.
+  Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint, const PoolImpl* own, std::uint32_t owner_pid);
   // For a region of this process's own device (a channel to itself): its
   // first byte, with the memory pinned for as long as this object lives
   // (pool.pin); nullptr when `pool` did not allocate it (the first answer is

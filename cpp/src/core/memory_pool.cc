@@ -286,6 +286,13 @@ RegistrationImpl::~RegistrationImpl() {
   if (auto p = pool.lock()) p->forget_registration(reinterpret_cast<std::uintptr_t>(memh->address()), memh->length());
 }
 
+std::vector<std::uintptr_t> PoolImpl::slab_starts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::uintptr_t> out;
+  for (const auto& slab : slabs_) out.push_back(reinterpret_cast<std::uintptr_t>(slab->memh->address()));
+  return out;
+}
+
 std::shared_ptr<const void> PoolImpl::pin(std::uint64_t address, std::size_t length) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& slab : slabs_) {
@@ -307,33 +314,70 @@ char* RemoteRegionImpl::own_memory(const PoolImpl& pool) {
 }
 
 namespace {
+struct Mapping {
+  unsigned long start = 0, end = 0, inode = 0;
+  char perms[8] = {0};
+  char dev[16] = {0};
+};
+
+std::vector<Mapping> read_mappings(const char* path = "/proc/self/maps") {
+  std::vector<Mapping> out;
+  FILE* f = std::fopen(path, "r");
+  if (!f) return out;
+  char line[512];
+  while (std::fgets(line, sizeof(line), f)) {
+    Mapping m;
+    unsigned long offset = 0;
+    if (std::sscanf(line, "%lx-%lx %7s %lx %15s %lu", &m.start, &m.end, m.perms, &offset, m.dev, &m.inode) == 6) {
+      out.push_back(m);
+    }
+  }
+  std::fclose(f);
+  return out;
+}
+
+const Mapping* mapping_at(const std::vector<Mapping>& maps, std::uintptr_t a) {
+  for (const auto& m : maps) {
+    if (a >= m.start && a < m.end) return &m;
+  }
+  return nullptr;
+}
+
 // Whether [p, p+len) lies inside one shared (MAP_SHARED) mapping of this
-// process that is not this device's own pool. UCX's shared-memory keys map
-// by offset without bounds (uct rkey_ptr), so a peer that exports a range
-// longer than its segment would make us touch unmapped memory, or our own.
-bool peer_mapping_covers(const char* p, std::size_t len, const PoolImpl* own) {
+// process that is not this device's own pool, under any address. UCX's
+// shared-memory keys map by offset without bounds (uct rkey_ptr): a peer
+// that exports a range longer than its segment would make us touch memory
+// we did not map, and one that re-exports our own slab's key (looked up from
+// us) maps our own memory a second time, at another address. The segment
+// must also be mapped by the exporting peer's own process (`owner_pid`, from
+// its HELLO), so a peer cannot hand on a third process's key as its own.
+bool peer_mapping_covers(const char* p, std::size_t len, const PoolImpl* own, std::uint32_t owner_pid) {
   const auto lo = reinterpret_cast<std::uintptr_t>(p);
   if (len == 0 || lo + len < lo) return false;
   if (own && own->pin(lo, 1)) return false;
-  FILE* f = std::fopen("/proc/self/maps", "r");
-  if (!f) return false;
-  bool ok = false;
-  char line[512];
-  while (std::fgets(line, sizeof(line), f)) {
-    unsigned long start = 0, end = 0;
-    char perms[8] = {0};
-    if (std::sscanf(line, "%lx-%lx %7s", &start, &end, perms) != 3) continue;
-    if (lo < start || lo >= end) continue;
-    ok = perms[3] == 's' && len <= end - lo;
-    break;
+  const auto maps = read_mappings();
+  const Mapping* m = mapping_at(maps, lo);
+  if (!m || m->perms[3] != 's' || len > m->end - lo) return false;
+  if (own && m->inode != 0) {
+    for (std::uintptr_t slab : own->slab_starts()) {
+      const Mapping* mine = mapping_at(maps, slab);
+      if (mine && mine->inode == m->inode && std::strcmp(mine->dev, m->dev) == 0) return false;
+    }
   }
-  std::fclose(f);
-  return ok;
+  if (owner_pid != 0 && m->inode != 0) {
+    const auto theirs = read_mappings(("/proc/" + std::to_string(owner_pid) + "/maps").c_str());
+    if (!theirs.empty()) {  // unreadable (another pid namespace): nothing to compare with
+      bool owned = false;
+      for (const auto& t : theirs) owned = owned || (t.inode == m->inode && std::strcmp(t.dev, m->dev) == 0);
+      if (!owned) return false;
+    }
+  }
+  return true;
 }
 }  // namespace
 
 RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx::Endpoint>& endpoint,
-                                                      const PoolImpl* own) {
+                                                      const PoolImpl* own, std::uint32_t owner_pid) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& e : rkeys_) {
     if (e.endpoint == endpoint.get()) return {e.rkey->get(), e.mapped};
@@ -341,7 +385,7 @@ RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx:
   auto rkey = std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey);
   void* mapped = nullptr;
   if (ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) mapped = nullptr;
-  if (mapped && !peer_mapping_covers(static_cast<char*>(mapped), descriptor.length, own)) {
+  if (mapped && !peer_mapping_covers(static_cast<char*>(mapped), descriptor.length, own, owner_pid)) {
     // UCX's own shared-memory put would copy through the same mapping: refuse.
     throw InvalidArgument("the peer's key does not map the whole region it describes (" +
                           std::to_string(descriptor.length) + " bytes): refused before any access");

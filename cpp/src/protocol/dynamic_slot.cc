@@ -32,9 +32,8 @@ class DynamicSlotImpl {
   std::string attach(const std::shared_ptr<Peer>& caller, const std::string& payload) {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
-    if (link.attach(caller, payload, 16, "dynamic slot '" + name + "'")) {
-      store_release(const_cast<char*>(base()) + record_size - 64, 0);  // a record of the failed sender
-    }
+    link.attach(caller, payload, 16, "dynamic slot '" + name + "'");
+    store_release(const_cast<char*>(base()) + record_size - 64, 0);  // a record left by anyone else
     ByteWriter w;
     w.put<std::uint32_t>(static_cast<std::uint32_t>(max_ndim));
     w.put<std::uint64_t>(max_nbytes);
@@ -162,10 +161,10 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
   s.record = detail::allocate_exported(*dev, s.record_size);
   std::memset(s.record.data(), 0, s.record_size);
   s.ack_src = dev->pool->allocate(64, 64);
-  detail::publish_slot(device, name, "tw.dynamic/" + name, s.record.descriptor(), impl_);
+  detail::serve_attach(device, "tw.dynamic/" + name, impl_);
 }
 
-DynamicSlot::~DynamicSlot() { detail::unpublish_slot(impl_->device, impl_->name, "tw.dynamic/" + impl_->name); }
+DynamicSlot::~DynamicSlot() { detail::stop_attach(impl_->device, "tw.dynamic/" + impl_->name); }
 
 Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto& s = *impl_;
@@ -313,6 +312,7 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
 }
 
 SlotStats DynamicSender::stats() const { return impl_->stats; }
+RemoteRegion DynamicSender::region() const { return impl_->record; }
 void DynamicSender::note_copy(std::size_t) { ++impl_->stats.copies; }
 void DynamicSender::note_registration() { ++impl_->stats.registrations; }
 

@@ -115,7 +115,9 @@ struct SenderLink {
     }
     // The channel back goes to the workers the caller named in its own HELLO.
     Channel ch(caller->channel(0));
-    ack = RemoteRegion(caller->accept_export(d));  // the attach call exports the ack block
+    RemoteRegion region(caller->accept_export(d));  // the attach call exports the ack block
+    ch.impl()->check_remote(region);                // a bad key fails the attach, not a later ack
+    ack = region;
     channel = ch;
     sender_id = caller->hello.device_id;
     attached = true;
@@ -130,12 +132,11 @@ inline RemoteRegion exported_by_peer(Channel& channel, const std::string& descri
       RegionDescriptor::from_bytes(descriptor.data(), descriptor.size())));
 }
 
-// Publishes a slot's region under `name` and answers its attach call.
+// Answers a slot's attach call. The slot's memory is not published: only
+// the sender that attached receives its descriptor (in the attach reply).
 template <typename SlotImpl>
-void publish_slot(Device& device, const std::string& name, const std::string& call, const RegionDescriptor& region,
-                  const std::shared_ptr<SlotImpl>& slot) {
+void serve_attach(Device& device, const std::string& call, const std::shared_ptr<SlotImpl>& slot) {
   std::weak_ptr<SlotImpl> weak = slot;
-  device.publish(name, region);
   device.impl()->on_call(call, [weak](const std::shared_ptr<Peer>& caller, const std::string& payload) -> std::string {
     auto s = weak.lock();
     if (!s) throw NotFound("the slot is gone");
@@ -143,12 +144,9 @@ void publish_slot(Device& device, const std::string& name, const std::string& ca
   });
 }
 
-inline void unpublish_slot(const std::weak_ptr<DeviceImpl>& device, const std::string& name, const std::string& call) {
+inline void stop_attach(const std::weak_ptr<DeviceImpl>& device, const std::string& call) {
   if (auto dev = device.lock()) {
-    if (!dev->closed()) {
-      dev->unpublish(name);
-      dev->on_call(call, nullptr);
-    }
+    if (!dev->closed()) dev->on_call(call, nullptr);
   }
 }
 

@@ -101,11 +101,10 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
     const std::uint64_t got = received, done = consumed;
-    if (link.attach(caller, payload, 8, "static slot '" + name + "'")) {
-      // A new sender after one that failed: forget what the old one may have
-      // written into buffers not yet received (the held ones stay intact).
-      for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
-    }
+    link.attach(caller, payload, 8, "static slot '" + name + "'");
+    // Forget what anyone but this sender (a failed one, a peer that wrote
+    // without attaching) left in buffers not yet received; held ones stay.
+    for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
     ByteWriter w;
     w.put_raw(encode_spec(spec));
     w.put<std::uint32_t>(static_cast<std::uint32_t>(depth));
@@ -121,6 +120,7 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
   volatile void* seq_word(std::size_t i) const { return static_cast<char*>(block.data()) + layout.seq_offset(i); }
 
   bool ready_next() const {
+    if (!link.attached) return false;  // only the attached sender's tensors count
     std::size_t idx = received % depth;
     return load_acquire(const_cast<void*>(seq_word(idx))) == first_seq + received;
   }
@@ -181,10 +181,10 @@ StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec
   }
   auto dev = device_impl(device);
   impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq);
-  detail::publish_slot(device, name, "tw.static/" + name, impl_->block.descriptor(), impl_);
+  detail::serve_attach(device, "tw.static/" + name, impl_);
 }
 
-StaticSlot::~StaticSlot() { detail::unpublish_slot(impl_->device, impl_->name, "tw.static/" + impl_->name); }
+StaticSlot::~StaticSlot() { detail::stop_attach(impl_->device, "tw.static/" + impl_->name); }
 
 int StaticSlot::recv(double timeout_s) {
   auto& s = *impl_;
@@ -339,6 +339,7 @@ void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
 
 std::uint64_t StaticSender::consumed() const { return impl_->acked(); }
 std::uint64_t StaticSender::last_sent() const { return impl_->next_seq - 1; }
+RemoteRegion StaticSender::region() const { return impl_->slot; }
 const TensorSpec& StaticSender::spec() const { return impl_->spec; }
 SlotStats StaticSender::stats() const { return impl_->stats; }
 void StaticSender::note_copy(std::size_t bytes) { ++impl_->stats.copies; (void)bytes; }

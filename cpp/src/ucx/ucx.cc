@@ -3,7 +3,9 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <vector>
 
@@ -181,6 +183,7 @@ MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_
   void* buf = nullptr;
   size_t size = 0;
   st = ucp_rkey_pack(context_->get(), handle_, &buf, &size);
+  if (st == UCS_OK) note_own_rkey(std::string(static_cast<const char*>(buf), size));
   if (st != UCS_OK) {
     ucp_mem_unmap(context_->get(), handle_);
     check(st, "ucp_rkey_pack");
@@ -197,9 +200,51 @@ MemHandle::~MemHandle() {
   if (mapped_) ::munmap(mapped_, length_);
 }
 
+namespace {
+std::atomic<int> rkey_format{-1};  // -1 no own key seen yet, 0 unknown layout, 1 checked
+}  // namespace
+
+void note_own_rkey(const std::string& packed) {
+  if (!packed_rkey_well_formed(packed)) {
+    if (rkey_format.exchange(0) != 0) TW_LOG_WARN("UCX packs remote keys in an unknown layout: peers' keys unchecked");
+  } else {
+    int unset = -1;
+    rkey_format.compare_exchange_strong(unset, 1);
+  }
+}
+
+bool rkey_format_known() { return rkey_format.load(std::memory_order_relaxed) == 1; }
+
+bool packed_rkey_well_formed(const std::string& packed) {
+  // UCP's packed key: u64 md map | u8 memory type | per md in the map: u8
+  // size + that many bytes | optionally u8 system device + 3 bytes per
+  // distance. ucp_ep_rkey_unpack takes no length and trusts all of it (a
+  // forged map makes it read past the key and crash), so a peer's key is
+  // walked here first. Calibrated on this UCX's own keys (rkey_format_known).
+  if (packed.size() < 9) return false;
+  std::uint64_t md_map;
+  std::memcpy(&md_map, packed.data(), 8);
+  if (static_cast<std::uint8_t>(packed[8]) >= UCS_MEMORY_TYPE_LAST) return false;
+  std::size_t at = 9;
+  for (; md_map; md_map &= md_map - 1) {
+    if (at >= packed.size()) return false;
+    at += 1 + static_cast<std::uint8_t>(packed[at]);
+    if (at > packed.size()) return false;
+  }
+  const std::size_t rest = packed.size() - at;
+  return rest == 0 || (rest - 1) % 3 == 0;
+}
+
 Rkey::Rkey(std::shared_ptr<Endpoint> endpoint, const std::string& packed) : endpoint_(std::move(endpoint)) {
   if (endpoint_->get() == nullptr) throw ConnectionError("channel is closed");
-  check(ucp_ep_rkey_unpack(endpoint_->get(), packed.data(), &handle_), "ucp_ep_rkey_unpack");
+  if (rkey_format_known() && !packed_rkey_well_formed(packed)) {
+    throw InvalidArgument("the peer's remote key is malformed (" + std::to_string(packed.size()) + " bytes)");
+  }
+  ucs_status_t st = ucp_ep_rkey_unpack(endpoint_->get(), packed.data(), &handle_);
+  if (st != UCS_OK) {
+    handle_ = nullptr;
+    throw InvalidArgument(std::string("the peer's remote key cannot be used: ") + ucs_status_string(st), st);
+  }
 }
 
 Rkey::~Rkey() {

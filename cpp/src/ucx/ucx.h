@@ -102,6 +102,14 @@ class MemHandle {
   void* mapped_ = nullptr;  // memory we mmap'ed ourselves (munmap after unmap)
 };
 
+// Whether `packed` has the layout of a UCP packed remote key (md map, memory
+// type, one sized entry per md, optional distances) within its length.
+bool packed_rkey_well_formed(const std::string& packed);
+// Keys this process packs are checked against that layout; if one does not
+// fit (another UCX version's format), peers' keys are not checked either.
+void note_own_rkey(const std::string& packed);
+bool rkey_format_known();
+
 class Endpoint;
 
 class Rkey {
