@@ -2,7 +2,7 @@
 # Runs each fuzz target for SECONDS on a scratch copy of its committed corpus
 # (tests/fuzz/corpus/<target>), so runs never modify the committed files.
 # Fails on the first crash, sanitizer report, leak, timeout or limit hit;
-# the input that did it is left as BUILD/crash-<target>-*.
+# the input that did it is left as BUILD/<target>-{crash,leak,oom,timeout}-*.
 #   usage: tests/fuzz/run.sh BUILD_DIR SECONDS TARGET...   (make fuzz / make test-fuzz)
 set -euo pipefail
 build=$1 seconds=$2
@@ -24,7 +24,7 @@ for t in "$@"; do
   cp "$here/corpus/$t"/* "$work/"
   log=$build/fuzz_$t.log
   start=$SECONDS
-  if ! "$build/fuzz_$t" "${flags[@]}" -max_total_time="$seconds" -artifact_prefix="$build/crash-$t-" \
+  if ! "$build/fuzz_$t" "${flags[@]}" -max_total_time="$seconds" -artifact_prefix="$build/$t-" \
       "$work" >"$log" 2>&1; then
     tail -n 60 "$log"
     echo "fuzz_$t FAILED (log: $log)" >&2
