@@ -2,8 +2,9 @@
 //
 // A control message as DeviceImpl::on_message/dispatch decodes it
 // (cpp/src/core/device.cc; docs/contracts.md §9.2): the header, then the body
-// its type calls for. Only the decoding; no device is started. Accepted
-// parts must re-encode to the bytes they were read from.
+// its type calls for (a built-in export CALL carries a region descriptor).
+// Only the decoding; no device is started. Accepted parts must re-encode to
+// the bytes they were read from.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -11,9 +12,11 @@
 
 #include "control/wire.h"
 #include "core/bytes.h"
+#include "core/device_impl.h"
 #include "fuzz_common.h"
 
 namespace ctl = tensorwire::control;
+using tensorwire::RegionDescriptor;
 using tensorwire::detail::ByteReader;
 using tensorwire::detail::ByteWriter;
 
@@ -57,8 +60,15 @@ std::optional<std::size_t> decode_body(const ctl::Header& h, const std::uint8_t*
         w.put_bytes16(name);
         w.put_bytes32(payload);
         TW_FUZZ_CHECK(same_bytes(w.str(), body, size - r.left()));
+        if (name == tensorwire::detail::kExportCall) {
+          const auto d = RegionDescriptor::from_bytes(payload.data(), payload.size());
+          TW_FUZZ_CHECK(d.to_bytes().size() == payload.size());
+        }
         break;
       }
+      case ctl::MsgType::kPing:
+      case ctl::MsgType::kPong:
+        return 0;  // no body: whatever follows the header is ignored
       default:
         TW_FUZZ_CHECK(!"decode_header let an unknown type through");
     }
@@ -75,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   TW_FUZZ_CHECK(size - r.left() == kHeaderSize);
   const auto type = static_cast<unsigned>(h->type);
-  TW_FUZZ_CHECK(type >= 1 && type <= 6);
+  TW_FUZZ_CHECK(type >= 1 && type <= ctl::kMaxMsgType);
   // The header re-encodes to its bytes but the reserved byte at offset 7.
   const std::string head = ctl::encode(*h, "");
   TW_FUZZ_CHECK(head.size() == kHeaderSize);

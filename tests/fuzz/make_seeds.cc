@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "control/wire.h"
+#include "core/device_impl.h"
 #include "protocol/dynamic_record.h"
 #include "tensorwire/region.h"
 
@@ -121,10 +122,19 @@ int main(int argc, char** argv) {
   call.put_bytes32(attach.str());
   write("control", "call", message(ctl::MsgType::kCall, call.str()));
   write("control", "call-reply", message(ctl::MsgType::kCallReply, "result"));
+  td::ByteWriter export_call;
+  export_call.put_bytes16(td::kExportCall);
+  export_call.put_bytes32(desc);
+  write("control", "call-export", message(ctl::MsgType::kCall, export_call.str()));
+  write("control", "ping", message(ctl::MsgType::kPing, ""));
+  write("control", "pong", message(ctl::MsgType::kPong, ""));
 
   write("hello", "one-worker", ctl::encode_hello(hello(1, "")));
   write("hello", "three-workers", ctl::encode_hello(hello(3, "token")));
   write("hello", "trailing", ctl::encode_hello(hello(1, "t")) + "appended field");
+  ctl::Hello self = hello(1, "");
+  self.self_proof = std::string(32, '\x5c');
+  write("hello", "self-proof", ctl::encode_hello(self));
 
   const std::uint64_t lots = std::uint64_t(1) << 32;
   const DType dtypes[] = {{0, 8}, {0, 16}, {0, 32}, {0, 64}, {1, 8}, {1, 16}, {1, 32},
