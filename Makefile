@@ -1,23 +1,31 @@
 # tensorwire: two commands do all the set-up on a fresh Debian machine (root):
 #   make demo   install what is needed, build, run a two-process tensor write
-#   make test   install what is needed, build, run the C++ and Python tests
+#   make test   install what is needed, build, run the C++ and Python tests (and 30 s of each fuzz target)
+#   make fuzz   build the libFuzzer targets (clang) and run each for FUZZ_SECONDS (default 60)
 # Variables: PYTHON (default python3), TENSORWIRE_UCX=wheel|system (default wheel).
 
 PYTHON ?= python3
 TENSORWIRE_UCX ?= wheel
 export TENSORWIRE_UCX
 BUILD_CPP := build/cpp
-APT_PACKAGES := g++ pkg-config libgtest-dev iproute2
+BUILD_FUZZ := build/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TEST_SECONDS ?= 30
+FUZZ_TARGETS := region control hello record
+# clang, and compiler-rt for libFuzzer (only recommended by clang, so named).
+FUZZ_APT_PACKAGES := clang libclang-rt-dev
+APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
 PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.22" "cmake>=3.20" ninja numpy
 PIP_TEST_DEPS := pytest pytest-timeout grpcio matplotlib "torch==2.13.0"
 STAMP := build/.stamp
 
-.PHONY: all deps deps-mpi build demo test test-cpp test-python bench-compare stubs clean help
+.PHONY: all deps deps-mpi build demo test test-cpp test-python test-fuzz fuzz fuzz-build fuzz-seeds fuzz-merge \
+	bench-compare stubs clean help
 
 all: build
 
 help:
-	@sed -n '1,6p' Makefile
+	@sed -n '1,7p' Makefile
 
 # System packages (only those missing), then the Python build and test tools.
 $(STAMP)/deps:
@@ -57,7 +65,36 @@ test-cpp: deps
 test-python: build
 	$(PYTHON) -m pytest tests/python -q
 
-test: test-cpp test-python
+test: test-cpp test-python test-fuzz
+
+# libFuzzer targets, one per wire format (tests/fuzz, docs/contracts.md §9.6), in their
+# own clang + ASan/UBSan tree. The package check also covers a deps stamp made before
+# clang was needed.
+fuzz-build: deps
+	@dpkg -s $(FUZZ_APT_PACKAGES) >/dev/null 2>&1 || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(FUZZ_APT_PACKAGES))
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DTENSORWIRE_BUILD_FUZZ=ON -DTENSORWIRE_BUILD_PYTHON=OFF -DTENSORWIRE_UCX=$(TENSORWIRE_UCX) \
+	  -DPython_EXECUTABLE=$$(command -v $(PYTHON))
+	cmake --build $(BUILD_FUZZ) --target tw_fuzz fuzz_make_seeds -j2
+
+# Each target for FUZZ_SECONDS on a scratch copy of tests/fuzz/corpus/<target>; fails on
+# any crash, sanitizer report, leak or limit (tests/fuzz/run.sh).
+fuzz: fuzz-build
+	bash tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+test-fuzz: fuzz-build
+	bash tests/fuzz/run.sh $(BUILD_FUZZ) $(FUZZ_TEST_SECONDS) $(FUZZ_TARGETS)
+
+# Rewrite the seed-* inputs from the real encoders (after a wire format changed).
+fuzz-seeds: fuzz-build
+	$(BUILD_FUZZ)/fuzz_make_seeds tests/fuzz/corpus
+
+# Add to the committed corpus what the last `make fuzz` found that covers something new.
+fuzz-merge: fuzz-build
+	for t in $(FUZZ_TARGETS); do \
+	  $(BUILD_FUZZ)/fuzz_$$t -merge=1 -max_len=4096 tests/fuzz/corpus/$$t $(BUILD_FUZZ)/corpus/$$t || exit 1; \
+	done
 
 # The performance comparison of the core issue (writes bench/results/).
 bench-compare: build
