@@ -265,7 +265,7 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   std::string desc = r.get_bytes32();
   s.slot = detail::exported_by_peer(channel, desc);
   if (s.depth < 1 || s.depth > 1024 || s.first_seq == 0 || s.next_seq < s.first_seq || released + 1 < s.first_seq ||
-      released >= s.next_seq || s.payload < s.spec.nbytes() || s.stride < s.payload + 8 ||
+      released >= s.next_seq || s.payload < s.spec.nbytes() || s.stride < 8 || s.payload > s.stride - 8 ||
       s.stride > (std::uint64_t(1) << 62) / static_cast<std::uint64_t>(s.depth) ||
       s.slot.length() < s.stride * s.depth) {
     throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
