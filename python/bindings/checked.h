@@ -38,14 +38,20 @@ inline std::string describe_value(nb::handle v) {
 
 // `v` as an integer in [0, max]. Accepts anything with __index__ (Python and
 // numpy integers); refuses floats, negatives and values above max.
-inline std::uint64_t to_u64(nb::handle v, const std::string& what,
-                            std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
+// `v` as a Python int (through __index__), or InvalidArgument naming `what`.
+inline nb::object index_of(nb::handle v, const std::string& what) {
   PyObject* idx = PyNumber_Index(v.ptr());
   if (!idx) {
     PyErr_Clear();
     throw InvalidArgument(what + " must be an integer, got " + describe_value(v));
   }
-  nb::object i = nb::steal(idx);
+  return nb::steal(idx);
+}
+
+inline std::uint64_t to_u64(nb::handle v, const std::string& what,
+                            std::uint64_t max = std::numeric_limits<std::uint64_t>::max()) {
+  nb::object i = index_of(v, what);
+  PyObject* idx = i.ptr();
   int overflow = 0;
   long long x = PyLong_AsLongLongAndOverflow(idx, &overflow);
   if (overflow < 0 || (overflow == 0 && x < 0)) {
@@ -67,12 +73,8 @@ inline std::uint64_t to_u64(nb::handle v, const std::string& what,
 
 // `v` as an integer in [lo, hi] (a count, a depth).
 inline std::int64_t to_int(nb::handle v, const std::string& what, std::int64_t lo, std::int64_t hi) {
-  PyObject* idx = PyNumber_Index(v.ptr());
-  if (!idx) {
-    PyErr_Clear();
-    throw InvalidArgument(what + " must be an integer, got " + describe_value(v));
-  }
-  nb::object i = nb::steal(idx);
+  nb::object i = index_of(v, what);
+  PyObject* idx = i.ptr();
   int overflow = 0;
   long long x = PyLong_AsLongLongAndOverflow(idx, &overflow);
   if (overflow != 0 || x < lo || x > hi) {

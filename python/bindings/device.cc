@@ -158,11 +158,16 @@ void bind_device(nb::module_& m) {
          "channel.export_region on the peer): InvalidArgument otherwise.")
       .def("export_region", [](Channel& c, nb::handle local, double timeout) {
         LocalRegion lr = local_region_of(local);
-        gil_scoped_release r;
-        c.export_region(lr, timeout);
+        std::string d;
+        {
+          gil_scoped_release r;
+          d = c.export_region(lr, timeout).to_bytes();
+        }
+        return nb::bytes(d.data(), d.size());
       }, nb::arg("local"), nb::arg("timeout") = 10.0,
          "Lets the peer use descriptors of ranges inside `local` (a Block or Registration) that this side "
-         "hands over by other means (one control call).")
+         "hands over by other means (one control call). Returns the descriptor exported (bytes): hand over "
+         "ranges with its key, which may be a registration of exactly `local`.")
       .def("call", [](Channel& c, const std::string& name, nb::bytes payload, double timeout) {
         std::string p(payload.c_str(), payload.size());
         std::string out;

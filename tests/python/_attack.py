@@ -16,11 +16,11 @@ built-in "tw.export" call any peer may make about its own memory.
 
 from __future__ import annotations
 
-import os
 import struct
-import traceback
 
 import numpy as np
+
+from _peers import run_device_peer
 
 DESCRIPTOR_MAGIC = 0x44525754  # "TWRD"
 RECORD_MAGIC = 0x52445754  # "TWDR"
@@ -75,49 +75,33 @@ def forger(conn, transport: str, device_kwargs: dict | None = None) -> None:
     """
     import tensorwire as tw
 
-    try:
-        dev = tw.Device(transport=transport, **(device_kwargs or {}))
-        conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
-    except BaseException:
-        conn.send({"error": traceback.format_exc()})
-        return
     channels: dict = {}
     blocks: list = []
-    try:
-        while conn.poll(600.0):
-            msg = conn.recv()
-            if msg == "stop":
-                break
+
+    def handle(dev, msg: dict) -> dict:
+        op = msg["op"]
+        if op == "connect":
+            channels[msg["address"]] = dev.connect(msg["address"])
+            reply = {}
+        elif op == "lookup":
+            reply = {"descriptor": channels[msg["address"]].lookup(msg["name"]).descriptor()}
+        elif op == "export":
             try:
-                op = msg["op"]
-                if op == "connect":
-                    channels[msg["address"]] = dev.connect(msg["address"])
-                    reply = {}
-                elif op == "lookup":
-                    reply = {"descriptor": channels[msg["address"]].lookup(msg["name"]).descriptor()}
-                elif op == "export":
-                    try:
-                        channels[msg["address"]].call(EXPORT_CALL, msg["descriptor"], 10.0)
-                        reply = {}
-                    except tw.Error as e:
-                        reply = {"raised": type(e).__name__, "message": str(e)}
-                elif op == "alloc":
-                    blk = dev.alloc(int(msg["nbytes"]))
-                    np.asarray(blk)[:] = msg.get("fill", 0)
-                    blocks.append(blk)
-                    reply = {"descriptor": blk.descriptor(), "ptr": blk.ptr}
-                else:
-                    raise ValueError(f"unknown op {op!r}")
-            except BaseException:
-                reply = {"error": traceback.format_exc()}
-            conn.send(reply)
-    except (EOFError, OSError):
-        pass
-    finally:
+                channels[msg["address"]].call(EXPORT_CALL, msg["descriptor"], 10.0)
+                reply = {}
+            except tw.Error as e:
+                reply = {"raised": type(e).__name__, "message": str(e)}
+        elif op == "alloc":
+            blk = dev.alloc(int(msg["nbytes"]))
+            np.asarray(blk)[:] = msg.get("fill", 0)
+            blocks.append(blk)
+            reply = {"descriptor": blk.descriptor(), "ptr": blk.ptr}
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        return reply
+
+    def forget() -> None:
         channels.clear()
         blocks.clear()
-        dev.close()
-    try:
-        conn.send("stopped")
-    except OSError:
-        pass
+
+    run_device_peer(conn, transport, device_kwargs, handle, forget)

@@ -258,6 +258,70 @@ def slot_peer(conn, transport: str, device_kwargs: dict | None = None) -> None:
     - "connect" {address}; "sender" {kind: "static"|"dynamic", name, path}
     - "send" {name, shape, dtype, start, count, delay}: np.full(shape, start+i) each, waited
     """
+    slots: dict = {}
+    senders: dict = {}
+    channel = None
+
+    def handle(dev, msg: dict) -> dict:
+        nonlocal channel
+        op = msg["op"]
+        if op == "static_slot":
+            s = dev.static_slot(msg["name"], tuple(msg["shape"]), msg["dtype"], depth=msg.get("depth", 2),
+                                first_seq=msg.get("first_seq", 1))
+            slots[msg["name"]] = (s, True)
+            reply = {"next_seq": s.next_seq}
+        elif op == "dynamic_slot":
+            s = dev.dynamic_slot(msg["name"], max_ndim=msg.get("max_ndim", 8),
+                                 max_nbytes=msg.get("max_nbytes", 1 << 32))
+            slots[msg["name"]] = (s, False)
+            reply = {"next_seq": s.next_seq, "record_size": s.record_size}
+        elif op == "drop":
+            slots.pop(msg["name"], None)
+            senders.pop(msg["name"], None)
+            reply = {}
+        elif op == "recv":
+            s, is_static = slots[msg["name"]]
+            reply = _slot_recv(dev, s, is_static, msg)
+        elif op == "poll":
+            s, is_static = slots[msg["name"]]
+            got = s.poll()
+            reply = {"none": got is None}
+            if got is not None:
+                if is_static:
+                    s.release(got)
+                else:
+                    got.release()
+        elif op == "next_seq":
+            reply = {"next_seq": slots[msg["name"]][0].next_seq}
+        elif op == "stats":
+            reply = {"stats": slots[msg["name"]][0].stats()}
+        elif op == "device_stats":
+            reply = {"stats": dev.stats()}
+        elif op == "connect":
+            channel = dev.connect(msg["address"])
+            reply = {}
+        elif op == "sender":
+            make = channel.static_sender if msg["kind"] == "static" else channel.dynamic_sender
+            senders[msg["name"]] = make(msg["name"], path=msg.get("path", "copy"))
+            reply = {}
+        elif op == "send":
+            reply = _slot_send(dev, senders[msg["name"]], msg)
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        return reply
+
+    def forget() -> None:
+        slots.clear()
+        senders.clear()
+
+    run_device_peer(conn, transport, device_kwargs, handle, forget)
+
+
+def run_device_peer(conn, transport: str, device_kwargs: dict | None, handle, forget) -> None:
+    """The body of a peer process driven through `conn`: makes a device, sends
+    its address, answers each {"op": ...} message with handle(dev, msg) (a
+    dict; {"error": traceback} when it raises) until "stop", EOF or an idle
+    limit, then forget()s what it holds and closes the device."""
     import tensorwire as tw
 
     try:
@@ -266,67 +330,20 @@ def slot_peer(conn, transport: str, device_kwargs: dict | None = None) -> None:
     except BaseException:
         conn.send({"error": traceback.format_exc()})
         return
-    slots: dict = {}
-    senders: dict = {}
-    channel = None
     try:
         while conn.poll(IDLE_LIMIT_S):
             msg = conn.recv()
             if msg == "stop":
                 break
             try:
-                op = msg["op"]
-                if op == "static_slot":
-                    s = dev.static_slot(msg["name"], tuple(msg["shape"]), msg["dtype"], depth=msg.get("depth", 2),
-                                        first_seq=msg.get("first_seq", 1))
-                    slots[msg["name"]] = (s, True)
-                    reply = {"next_seq": s.next_seq}
-                elif op == "dynamic_slot":
-                    s = dev.dynamic_slot(msg["name"], max_ndim=msg.get("max_ndim", 8),
-                                         max_nbytes=msg.get("max_nbytes", 1 << 32))
-                    slots[msg["name"]] = (s, False)
-                    reply = {"next_seq": s.next_seq, "record_size": s.record_size}
-                elif op == "drop":
-                    slots.pop(msg["name"], None)
-                    senders.pop(msg["name"], None)
-                    reply = {}
-                elif op == "recv":
-                    s, is_static = slots[msg["name"]]
-                    reply = _slot_recv(dev, s, is_static, msg)
-                elif op == "poll":
-                    s, is_static = slots[msg["name"]]
-                    got = s.poll()
-                    reply = {"none": got is None}
-                    if got is not None:
-                        if is_static:
-                            s.release(got)
-                        else:
-                            got.release()
-                elif op == "next_seq":
-                    reply = {"next_seq": slots[msg["name"]][0].next_seq}
-                elif op == "stats":
-                    reply = {"stats": slots[msg["name"]][0].stats()}
-                elif op == "device_stats":
-                    reply = {"stats": dev.stats()}
-                elif op == "connect":
-                    channel = dev.connect(msg["address"])
-                    reply = {}
-                elif op == "sender":
-                    make = channel.static_sender if msg["kind"] == "static" else channel.dynamic_sender
-                    senders[msg["name"]] = make(msg["name"], path=msg.get("path", "copy"))
-                    reply = {}
-                elif op == "send":
-                    reply = _slot_send(dev, senders[msg["name"]], msg)
-                else:
-                    raise ValueError(f"unknown op {op!r}")
+                reply = handle(dev, msg)
             except BaseException:
                 reply = {"error": traceback.format_exc()}
             conn.send(reply)
     except (EOFError, OSError):
         pass
     finally:
-        slots.clear()
-        senders.clear()
+        forget()
         dev.close()
     try:
         conn.send("stopped")

@@ -316,9 +316,8 @@ def _align64(n: int) -> int:
     return (n + 63) & ~63
 
 
-def _rkey_of(block) -> bytes:
+def _rkey_of_descriptor(d: bytes) -> bytes:
     """The packed rkey inside a region descriptor (see RegionDescriptor::to_bytes)."""
-    d = block.descriptor()
     (rkey_len,) = struct.unpack_from("<I", d, 32)
     return bytes(d[36:36 + rkey_len])
 
@@ -370,9 +369,9 @@ def test_dynamic_slot_rejects_lying_record(peer, client, channel, lie):
     created = op(peer, "dynamic_slot", name=name, max_ndim=LIE_MAX_NDIM, max_nbytes=LIE_MAX_NBYTES)
     record_size = created["record_size"]
     assert record_size == _align64(RECORD_HEADER + 8 * LIE_MAX_NDIM + MAX_RKEY) + 64
-    remote = channel.lookup(name)  # the slot publishes its record memory under its name
-    assert remote.nbytes >= record_size
     sender = channel.dynamic_sender(name)  # attaches: the receiver now knows this device
+    remote = sender.region  # the record memory, exported to this sender by the attach
+    assert remote.nbytes >= record_size
     first = slot_tensor("float32", (4, 4), seed=11)
     req = sender.send(first)
     expect_items(op(peer, "recv", name=name), [first])
@@ -381,7 +380,9 @@ def test_dynamic_slot_rejects_lying_record(peer, client, channel, lie):
     data = client.empty((4, 4), "float32")
     want = slot_tensor("float32", (4, 4), seed=12)
     fill_block(data, want)
-    good = dict(code=2, bits=32, dims=[4, 4], nbytes=64, address=data.ptr, device_id=client.id, rkey=_rkey_of(data))
+    exported = channel.export_region(data)  # the receiver reads only exported ranges, with the key exported
+    good = dict(code=2, bits=32, dims=[4, 4], nbytes=64, address=data.ptr, device_id=client.id,
+                rkey=_rkey_of_descriptor(exported))
     change, message = LIES[lie]
     seq = op(peer, "next_seq", name=name)["next_seq"]
     assert seq == 2
