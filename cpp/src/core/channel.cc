@@ -219,7 +219,7 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   if (self_ && map_shared_memory_ && host_memory(local)) {
     if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
   }
-  const RemoteRegionImpl::Access access = remote.impl()->access_for(ep, pool_.get(), peer->hello.pid);
+  const RemoteRegionImpl::Access access = access_to(remote);
   if (access.mapped && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
   }
@@ -276,7 +276,12 @@ Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t
 
 void ChannelImpl::check_remote(const RemoteRegion& remote) const {
   check_usable();
-  remote.impl()->access_for(ep, pool_.get(), peer->hello.pid);
+  access_to(remote);
+}
+
+RemoteRegionImpl::Access ChannelImpl::access_to(const RemoteRegion& remote) const {
+  // A channel to this very device reaches its own memory on purpose: nothing to verify.
+  return remote.impl()->access_for(ep, self_ ? nullptr : pool_.get(), peer->hello.pid, /*verify=*/!self_);
 }
 
 char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& local) const {
@@ -284,7 +289,7 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);
-  return remote.impl()->access_for(ep, pool_.get(), peer->hello.pid).mapped;
+  return access_to(remote).mapped;
 }
 
 bool ChannelImpl::needs_target_progress() const {

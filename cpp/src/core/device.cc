@@ -418,9 +418,14 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
     std::lock_guard<std::mutex> lock(mu_);
     endpoints_[handle] = ep;
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connecting_[handle] = Connecting{addr, ep, nullptr, {}};
+  }
   auto drop = [&] {
     std::lock_guard<std::mutex> lock(mu_);
     endpoints_.erase(handle);
+    connecting_.erase(handle);
   };
   // A provisional peer carries the endpoint through control_call.
   control::Hello unknown;
@@ -451,19 +456,37 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
     }
     throw;
   }
+  // The control thread registered the peer when the reply arrived
+  // (register_connected), before any message the peer sends right after it.
+  std::shared_ptr<Peer> peer;
+  std::string refused = "no HELLO reply";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto c = connecting_.find(handle);
+    if (c != connecting_.end()) {
+      peer = c->second.peer;
+      refused = c->second.refused;
+      connecting_.erase(c);
+    }
+  }
+  if (!peer) {
+    drop();
+    ep->close(false);  // outside mu_: closing progresses the worker
+    throw ConnectionError("connection to " + addr + " refused: " + refused);
+  }
+  return peer;
+}
+
+void DeviceImpl::register_connected(ucp_ep_h handle, Connecting& c, const std::string& body) {
   ByteReader r(body.data(), body.size(), "HELLO reply");
   control::Hello hello = control::decode_hello(r);
-  if (addr == address) hello.self_proof = self_proof_;  // we asked ourselves: the reply is ours
-  std::string conflict = identity_conflict(hello);
-  if (!conflict.empty()) {
-    drop();
-    ep->close(false);
-    throw ConnectionError("connection to " + addr + " refused: " + conflict);
-  }
+  if (c.address == address) hello.self_proof = self_proof_;  // we asked ourselves: the reply is ours
+  c.refused = identity_conflict(hello);
+  if (!c.refused.empty()) return;
   bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
-  hello.address = addr;  // the address we reached it at
-  auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), ep, same_host);
-  std::lock_guard<std::mutex> lock(mu_);
+  hello.address = c.address;  // the address we reached it at
+  auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), c.ep, same_host);
+  c.peer = peer;
   if (peer->hello.device_id == id) {
     // A channel to this very device: calls arriving on the accepted end of
     // the connection come from this same peer (one export table, one channel).
@@ -474,7 +497,6 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   }
   peers_[peer->hello.device_id] = peer;
   peers_by_ep_[handle] = peer;
-  return peer;
 }
 
 void DeviceImpl::on_connection_request(ucp_conn_request_h request) {
@@ -636,6 +658,17 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
         state->retain();
       }
       std::string body = r.get_n(r.left());
+      if (h.status == control::Status::kOk && h.type == control::MsgType::kHelloReply) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto c = connecting_.find(ep);
+        if (c != connecting_.end()) {
+          try {
+            register_connected(ep, c->second, body);
+          } catch (const Error& e) {
+            c->second.refused = std::string("bad HELLO reply: ") + e.what();
+          }
+        }
+      }
       if (h.status == control::Status::kOk) {
         state->payload = std::move(body);
         state->complete_ok();

@@ -107,6 +107,8 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:
   // InvalidArgument for a key a peer made up.
   void check_remote(const RemoteRegion& remote) const;
+  // remote's key on this lane (unpacked once) and its mapping, checked.
+  RemoteRegionImpl::Access access_to(const RemoteRegion& remote) const;
 
   const std::shared_ptr<Peer> peer;
   const int lane;
@@ -246,6 +248,16 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::shared_ptr<Peer> peer_on(ucp_ep_h ep);
   // Why a HELLO claiming `claimed` on `ep` must be refused ("" when it may stand).
   std::string identity_conflict(const control::Hello& claimed);
+  // An outgoing connection waiting for its HELLO reply.
+  struct Connecting {
+    std::string address;
+    std::shared_ptr<ucx::Endpoint> ep;
+    std::shared_ptr<Peer> peer;  // set when the reply registered it
+    std::string refused;         // or why not
+  };
+  // Registers the peer of a HELLO reply (control thread, mu_ held).
+  void register_connected(ucp_ep_h handle, Connecting& c, const std::string& body);
+  std::map<ucp_ep_h, Connecting> connecting_;
   control::Hello my_hello() const;
 
   ucp_listener_h listener_ = nullptr;

@@ -108,7 +108,9 @@ class RemoteRegionImpl {
   // `own`: this device's pool, whose memory a peer's key must never map.
   // InvalidArgument when the key maps less than the descriptor's range.
   // `owner_pid`: the exporting peer's process, which must map the segment too.
-  Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint, const PoolImpl* own, std::uint32_t owner_pid);
+  // `verify` false: a channel to this very device, whose regions are its own memory.
+  Access access_for(const std::shared_ptr<ucx::Endpoint>& endpoint, const PoolImpl* own, std::uint32_t owner_pid,
+                    bool verify);
   // For a region of this process's own device (a channel to itself): its
   // first byte, with the memory pinned for as long as this object lives
   // (pool.pin); nullptr when `pool` did not allocate it (the first answer is

@@ -357,7 +357,17 @@ bool peer_mapping_covers(const char* p, std::size_t len, const PoolImpl* own, st
   if (own && own->pin(lo, 1)) return false;
   const auto maps = read_mappings();
   const Mapping* m = mapping_at(maps, lo);
-  if (!m || m->perms[3] != 's' || len > m->end - lo) return false;
+  if (!m || m->perms[3] != 's') return false;
+  // The range may span several adjacent entries of the same file (the kernel
+  // splits a mapping whose pages got different attributes).
+  for (const Mapping* cur = m; cur->end - lo < len;) {
+    const Mapping* next = mapping_at(maps, cur->end);
+    if (!next || next->start != cur->end || next->perms[3] != 's' || next->inode != m->inode ||
+        std::strcmp(next->dev, m->dev) != 0) {
+      return false;
+    }
+    cur = next;
+  }
   if (own && m->inode != 0) {
     for (std::uintptr_t slab : own->slab_starts()) {
       const Mapping* mine = mapping_at(maps, slab);
@@ -377,7 +387,7 @@ bool peer_mapping_covers(const char* p, std::size_t len, const PoolImpl* own, st
 }  // namespace
 
 RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx::Endpoint>& endpoint,
-                                                      const PoolImpl* own, std::uint32_t owner_pid) {
+                                                      const PoolImpl* own, std::uint32_t owner_pid, bool verify) {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& e : rkeys_) {
     if (e.endpoint == endpoint.get()) return {e.rkey->get(), e.mapped};
@@ -385,7 +395,7 @@ RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx:
   auto rkey = std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey);
   void* mapped = nullptr;
   if (ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) mapped = nullptr;
-  if (mapped && !peer_mapping_covers(static_cast<char*>(mapped), descriptor.length, own, owner_pid)) {
+  if (mapped && verify && !peer_mapping_covers(static_cast<char*>(mapped), descriptor.length, own, owner_pid)) {
     // UCX's own shared-memory put would copy through the same mapping: refuse.
     throw InvalidArgument("the peer's key does not map the whole region it describes (" +
                           std::to_string(descriptor.length) + " bytes): refused before any access");
