@@ -136,6 +136,18 @@ class Channel:
     def lookup(self, name: str, timeout: float = 10.0) -> RemoteRegion:
         """The region the peer published under name (NotFound)."""
 
+    def remote_region(self, descriptor: bytes) -> RemoteRegion:
+        """
+        The peer's region described by `descriptor`; it must lie inside a region the peer exported to this
+        device (publish + lookup, a slot, or channel.export_region on the peer): InvalidArgument otherwise.
+        """
+
+    def export_region(self, local: object, timeout: float = 10.0) -> bytes:
+        """
+        Lets the peer use descriptors of ranges inside `local` (a Block or Registration); returns the
+        descriptor exported.
+        """
+
     def call(self, name: str, payload: bytes = ..., timeout: float = 10.0) -> bytes:
         """Small request/response call to the peer's handler `name`."""
 
@@ -163,7 +175,7 @@ class Channel:
 class Device:
     """A local endpoint of the fabric: UCX context, workers, pool, listener."""
 
-    def __init__(self, host: str = '127.0.0.1', port: int = 0, workers: int = 1, progress: str = 'blocking', spin_us: int = 100, transport: str = 'auto', net_devices: str = 'auto', token: str = '', slab_size: int = 67108864, pool_limit: int = 17179869184, connect_timeout: float = 10.0, keepalive: float = 1.0, protocol_version: int = 0, map_shared_memory: bool = True) -> None: ...
+    def __init__(self, host: str = '127.0.0.1', port: int = 0, workers: int = 1, progress: str = 'blocking', spin_us: int = 100, transport: str = 'auto', net_devices: str = 'auto', token: str = '', slab_size: int = 67108864, pool_limit: int = 17179869184, connect_timeout: float = 10.0, keepalive: float = 1.0, liveness: float = 5.0, protocol_version: int = 0, map_shared_memory: bool = True) -> None: ...
 
     @property
     def address(self) -> str: ...
@@ -353,6 +365,10 @@ class StaticSender:
     def consumed(self) -> int: ...
 
     @property
+    def region(self) -> RemoteRegion:
+        """The slot's memory at the receiver, as its attach reply exported it to this sender."""
+
+    @property
     def sent(self) -> int: ...
 
     @property
@@ -399,6 +415,10 @@ class DynamicSender:
     def note_copy(self, arg: int, /) -> None: ...
 
     def note_registration(self) -> None: ...
+
+    @property
+    def region(self) -> RemoteRegion:
+        """The slot's record at the receiver, as its attach reply exported it to this sender."""
 
     def stats(self) -> dict: ...
 
