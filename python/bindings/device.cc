@@ -351,6 +351,7 @@ void bind_device(nb::module_& m) {
         out["registrations"] = s.registrations;
         out["registration_cache_hits"] = s.registration_cache_hits;
         out["registration_cache_misses"] = s.registration_cache_misses;
+        out["exact_exports"] = s.exact_exports;
         out["refusals"] = dev(d).refusals();
         return out;
       })

@@ -46,6 +46,10 @@ def _check_timeout(timeout: Any) -> float | None:
     """A sender's timeout: seconds >= 0 (inf allowed) or None (no bound)."""
     if timeout is None:
         return None
+    if type(timeout) is float or type(timeout) is int:  # the common case, without the ABC check below
+        if timeout != timeout or timeout < 0:
+            raise InvalidArgument(f"timeout must be >= 0 seconds or None (forever), got {timeout!r}")
+        return float(timeout)
     if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):  # numpy floats are Real
         raise InvalidArgument(f"timeout must be a number of seconds or None, got {timeout!r}")
     timeout = float(timeout)
@@ -124,9 +128,9 @@ class _Sender:
         """Sends `tensor`; returns a Request (see the class docs for when it
         completes). Every wait of the call is bounded by `timeout` in all
         (None: no bound); past it, Timeout."""
-        timeout = _check_timeout(timeout)
         if isinstance(tensor, _core.Block):
-            return self._core.send_block(tensor, timeout)
+            return self._core.send_block(tensor, timeout)  # the binding checks the timeout
+        timeout = _check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         local, shape, code, bits = self._local(tensor, deadline)
         req = self._core.send_region(local, shape, code, bits, _left(deadline))

@@ -654,3 +654,44 @@ def test_finding5_fill_free_then_large_block(transport):
         gc.collect()
         again = [victim.alloc(64 << 10) for _ in range(limit // (64 << 10))]  # and small ones again
         assert len(again) == 64
+
+
+# =============================================================================================
+# exact keys (on by default only where hardware enforces keys: forced here over tcp)
+
+
+def test_exact_keys_cover_the_export_and_carry_transfers(monkeypatch):
+    """With exact export forced (TENSORWIRE_EXACT_EXPORT=1, as on an RDMA
+    fabric), a peer gets keys of registrations of exactly what was exported:
+    a looked-up region's key is not its slab's key, and writes, static and
+    dynamic slot transfers all work with such keys."""
+    monkeypatch.setenv("TENSORWIRE_EXACT_EXPORT", "1")
+    with _device("tcp") as server, _device("tcp") as client:
+        dst = server.empty((1024,), "int64", alignment=4096)
+        server.publish("dst", dst)
+        ch = client.connect(server.address)
+        remote = ch.lookup("dst")
+        assert server.stats()["exact_exports"] == 1  # the key the client got covers `dst` alone
+        src = _filled(client, 1024, 42)
+        ch.write(src, remote).wait(10)
+        ch.flush().wait(10)
+        assert (np.asarray(dst) == 42).all()
+        slot = server.static_slot("s", (16,), "int64", depth=2)
+        dyn = server.dynamic_slot("d")
+        sender, dsender = ch.static_sender("s"), ch.dynamic_sender("d")
+        for k in range(3):
+            sender.send(np.full(16, k, np.int64)).wait(10)
+            v = slot.recv(timeout=10)
+            assert v.tolist() == [k] * 16
+            slot.release(v)
+            req = dsender.send(np.full(5, k, np.int32))
+            b = dyn.recv(timeout=10)
+            req.wait(10)
+            assert b.numpy().tolist() == [k] * 5
+        # slot memory and the sender's ack blocks and sources were exported exactly too
+        assert server.stats()["exact_exports"] >= 3 and client.stats()["exact_exports"] >= 3
+        before = server.stats()["exact_exports"]
+        server.unpublish("dst")
+        del dst, remote
+        gc.collect()
+        assert server.stats()["exact_exports"] == before - 1  # freeing `dst` revoked its key; the slots' stay

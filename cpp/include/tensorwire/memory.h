@@ -88,6 +88,7 @@ struct PoolStats {
   std::size_t registrations = 0;    // live registrations of outside memory
   std::size_t registration_cache_hits = 0;
   std::size_t registration_cache_misses = 0;
+  std::size_t exact_exports = 0;    // live registrations of exactly an exported range (contracts §11)
 };
 
 class MemoryPool {

@@ -214,6 +214,13 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   control_worker = std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(control_context),
                                                ProgressMode::kBlocking, 50, "tw-control");
   control_worker->enable_progress_guard();  // see connect()
+  exact_export_ = data_context->has_hardware_keys();
+  if (const char* exact = std::getenv("TENSORWIRE_EXACT_EXPORT")) {
+    // Forces it either way: tests of the exact path on machines without RDMA.
+    const std::string e(exact);
+    if (e != "0" && e != "1") throw InvalidArgument("TENSORWIRE_EXACT_EXPORT must be 0 or 1, got '" + e + "'");
+    exact_export_ = e == "1";
+  }
   pool_impl = std::make_shared<PoolImpl>(data_context, id, config.slab_size, config.pool_limit,
                                          config.map_shared_memory && data_context->has_shared_memory());
   pool = std::make_unique<MemoryPool>(pool_impl);
@@ -831,7 +838,7 @@ void DeviceImpl::liveness_loop() {
 }
 
 RegionDescriptor DeviceImpl::export_for(RegionDescriptor d, const Peer& to) {
-  if (d.device_id != id || d.length == 0) return d;
+  if (!exact_export_ || d.device_id != id || d.length == 0) return d;
   // A same-host peer with shared memory gets the slab's key, whose mapping
   // is its direct path; it checks every use against our export (Peer::
   // remote_region, RemoteRegionImpl::access_for), and is on our host anyway.

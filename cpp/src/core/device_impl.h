@@ -283,6 +283,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::thread liveness_;
   std::condition_variable liveness_cv_;
   std::string self_proof_;  // see control::Hello::self_proof
+  bool exact_export_ = false;  // export_for gives exact keys (hardware keys, or TENSORWIRE_EXACT_EXPORT=1)
   std::deque<std::function<void()>> jobs_;
   std::condition_variable jobs_cv_;
   bool stop_dispatcher_ = false;

@@ -279,7 +279,9 @@ void PoolImpl::forget_registration(std::uintptr_t start, std::size_t length) {
 
 PoolStats PoolImpl::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  PoolStats s = stats_;
+  s.exact_exports = exact_.size();
+  return s;
 }
 
 RegistrationImpl::~RegistrationImpl() {

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
@@ -101,6 +102,22 @@ Context::~Context() {
 }
 
 std::string Context::transports() const { return tls_; }
+
+bool Context::has_hardware_keys() const {
+  char* buf = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  if (!f) return true;  // cannot tell: assume it matters
+  ucp_context_print_info(handle_, f);
+  std::fclose(f);
+  const std::string info(buf, size);
+  std::free(buf);
+  // Resource lines read "resource N : md M dev K flags -- rc_mlx5/mlx5_0:1".
+  for (const char* tl : {"-- rc_", "-- dc_", "-- ud_", "-- srd"}) {
+    if (info.find(tl) != std::string::npos) return true;
+  }
+  return false;
+}
 
 bool Context::has_shared_memory() const {
   std::string tls = tls_;

@@ -48,6 +48,11 @@ class Context {
   // Whether the TLS setting admits shared-memory transports (which can map
   // UCX-allocated memory of a same-host peer).
   bool has_shared_memory() const;
+  // Whether a transport whose remote keys the hardware enforces (verbs RC,
+  // DC, UD, SRD) is among this context's resources: only there does a key of
+  // exactly the exported range keep a peer out of the rest (tcp's emulated
+  // RMA ignores keys; shared memory maps by segment).
+  bool has_hardware_keys() const;
 
  private:
   ucp_context_h handle_ = nullptr;
