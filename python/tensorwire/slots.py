@@ -65,11 +65,6 @@ def _spec_of(tensor: Any) -> tuple[list[int], str]:
     return shape, dtype_name(tensor.dtype)
 
 
-def _left(deadline: float | None) -> float | None:
-    """Seconds until `deadline` (never negative: the core reads that as forever)."""
-    return None if deadline is None else max(0.0, deadline - time.monotonic())
-
-
 class _Sender:
     """Shared logic of static and dynamic senders: how a tensor that is not
     in registered memory is sent (copy into the pool, or register in place)."""
@@ -85,9 +80,9 @@ class _Sender:
         # must not be freed (and its memory reused) while the receiver reads it.
         self._pinned: list = []
 
-    def _local(self, tensor: Any, deadline: float | None):
-        """(local region, shape, code, bits) for a tensor not in a Block; waits
-        for the staging block at most until `deadline` (time.monotonic())."""
+    def _local(self, tensor: Any, timeout: float | None):
+        """(local region, shape, code, bits, time left of `timeout`) for a
+        tensor not in a Block; waits for the staging block within `timeout`."""
         from . import _DTYPES, Registration
         if isinstance(tensor, Registration):
             raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
@@ -95,23 +90,27 @@ class _Sender:
         code, bits, _ = _DTYPES[name]
         if self.path == "register":
             reg = self._device.register(tensor)
-            return reg, shape, code, bits
+            return reg, shape, code, bits, timeout
         # copy path: one staging block per sender, reused (grown when needed)
         nbytes = max(1, int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size())
         if self._last is not None:
             # The previous send may still read the staging block (a dynamic
-            # send until the receiver took it): bounded by this send's timeout.
+            # send until the receiver took it): bounded by this send's timeout,
+            # whose rest is left for the send itself (clock read only if waiting).
+            start = None if self._last.done() else time.monotonic()
             try:
-                self._last.wait(_left(deadline))
+                self._last.wait(timeout)
             except Timeout:
                 raise Timeout("send: the previous send has not finished reading the staging buffer "
                               "(path='copy') within the timeout; a dynamic slot's receiver has not taken "
                               "that tensor yet") from None
+            if start is not None and timeout is not None:
+                timeout = max(0.0, timeout - (time.monotonic() - start))
             self._last = None
         if self._staging is None or self._staging.nbytes < nbytes:  # the view buffers see, not the lease
             self._staging = self._device.alloc(nbytes, alignment=4096)
         self._copy_into(self._staging, tensor)
-        return self._staging, shape, code, bits
+        return self._staging, shape, code, bits, timeout
 
     @staticmethod
     def _copy_into(block, tensor: Any) -> None:
@@ -130,10 +129,8 @@ class _Sender:
         (None: no bound); past it, Timeout."""
         if isinstance(tensor, _core.Block):
             return self._core.send_block(tensor, timeout)  # the binding checks the timeout
-        timeout = _check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        local, shape, code, bits = self._local(tensor, deadline)
-        req = self._core.send_region(local, shape, code, bits, _left(deadline))
+        local, shape, code, bits, left = self._local(tensor, _check_timeout(timeout))
+        req = self._core.send_region(local, shape, code, bits, left)
         # counted once sent: a tensor the sender refuses leaves the stats unchanged
         if local is self._staging:
             self._core.note_copy(int(tensor.nbytes) if hasattr(tensor, "nbytes")
@@ -161,12 +158,12 @@ class StaticSender(_Sender):
     `timeout`) while the buffer it would overwrite has not been released by
     the receiver. The request completes when the local bytes may be reused."""
 
-    def _local(self, tensor: Any, deadline: float | None):
+    def _local(self, tensor: Any, timeout: float | None):
         shape, name = _spec_of(tensor)
         if shape != list(self.shape) or name != self.dtype:
             raise InvalidArgument(f"the slot holds {self.dtype}{list(self.shape)}, refusing a tensor of "
                                   f"{name}{shape}")
-        return super()._local(tensor, deadline)
+        return super()._local(tensor, timeout)
 
     def wait_consumed(self, seq: int, timeout: float | None = 10.0) -> None:
         self._core.wait_consumed(seq, timeout)
