@@ -194,6 +194,21 @@ def test_finding1_shm_export_longer_than_memory_refused():
         _good_peer_write(victim, "shm", seed=6)
 
 
+
+def _victim_writes_to(victim: tw.Device, attacker_id: int, descriptor: bytes) -> tw.InvalidArgument | None:
+    """The victim writes 4 KiB of 0xEE to what the attacker's `descriptor`
+    describes; returns the refusal, or None if the write went through."""
+    vch = victim.channel_to(attacker_id)
+    src = victim.alloc(4096)
+    np.asarray(src)[:] = 0xEE
+    try:
+        vch.write(src, vch.remote_region(descriptor)).wait(10)
+        vch.flush().wait(10)
+    except tw.InvalidArgument as e:
+        return e
+    return None
+
+
 def test_finding1_shm_peer_key_aliasing_victims_own_pool():
     """An attacker process looks up one of the victim's published blocks (over
     shm its descriptor carries the victim's slab key), then exports "its own"
@@ -211,16 +226,7 @@ def test_finding1_shm_peer_key_aliasing_victims_own_pool():
         pub_desc = attacker.request({"op": "lookup", "address": victim.address, "name": "pub"})["descriptor"]
         lie = make_descriptor(attacker.info["device_id"], secret.ptr, 4096, parse_descriptor(pub_desc)["rkey"])
         assert attacker.request({"op": "export", "address": victim.address, "descriptor": lie}) == {}
-        vch = victim.channel_to(attacker.info["device_id"])
-        src = victim.alloc(4096)
-        np.asarray(src)[:] = 0xEE
-        refused = None
-        try:
-            region = vch.remote_region(lie)
-            vch.write(src, region).wait(10)
-            vch.flush().wait(10)
-        except tw.InvalidArgument as e:
-            refused = e
+        refused = _victim_writes_to(victim, attacker.info["device_id"], lie)
         changed = int((np.asarray(secret) != 0x11).sum())
         assert changed == 0, (
             f"the victim wrote {changed} bytes into its own unexported block through a key the attacker took "
@@ -248,16 +254,7 @@ def test_finding1_shm_peer_key_aliasing_third_party():
         pub_desc = attacker.request({"op": "lookup", "address": third.address, "name": "pub"})["descriptor"]
         lie = make_descriptor(attacker.info["device_id"], hidden_address, 4096, parse_descriptor(pub_desc)["rkey"])
         assert attacker.request({"op": "export", "address": victim.address, "descriptor": lie}) == {}
-        vch = victim.channel_to(attacker.info["device_id"])
-        src = victim.alloc(4096)
-        np.asarray(src)[:] = 0xEE
-        refused = None
-        try:
-            region = vch.remote_region(lie)
-            vch.write(src, region).wait(10)
-            vch.flush().wait(10)
-        except tw.InvalidArgument as e:
-            refused = e
+        refused = _victim_writes_to(victim, attacker.info["device_id"], lie)
         assert remote_crc(och, "hidden", 0, 4096) == zeros, (
             "the victim wrote into a third party's unpublished block through a key the attacker exported")
         assert refused is not None
