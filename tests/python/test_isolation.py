@@ -692,3 +692,17 @@ def test_exact_keys_cover_the_export_and_carry_transfers(monkeypatch):
         del dst, remote
         gc.collect()
         assert server.stats()["exact_exports"] == before - 1  # freeing `dst` revoked its key; the slots' stay
+
+
+def test_export_table_is_bounded():
+    """A peer that exports range after range (over tcp every key is the same
+    bytes) cannot grow the victim's table without bound: past 4096 ranges
+    the oldest is forgotten, and a descriptor in it is refused again."""
+    with _device("tcp") as victim, _device("tcp") as peer:
+        ch = peer.connect(victim.address)
+        blocks = [peer.alloc(64) for _ in range(4100)]
+        exported = [ch.export_region(b) for b in blocks]
+        vch = victim.channel_to(peer.id)
+        with pytest.raises(tw.InvalidArgument, match="not exported"):
+            vch.remote_region(exported[0])
+        assert vch.remote_region(exported[-1]).nbytes == 64

@@ -493,6 +493,10 @@ std::shared_ptr<RemoteRegionImpl> Peer::accept_export(const RegionDescriptor& d)
   const std::pair<std::uint64_t, std::uint64_t> range{d.address, d.address + d.length};
   if (std::find(ranges.begin(), ranges.end(), range) == ranges.end()) {
     if (ranges.empty()) export_order_.push_back(d.rkey);
+    if (ranges.size() >= kMaxExports) {  // one key for everything (tcp): forget its oldest range
+      ranges.erase(ranges.begin());
+      --export_count_;
+    }
     ranges.push_back(range);
     if (++export_count_ > kMaxExports && export_order_.size() > 1) {
       export_count_ -= exports_[export_order_.front()].size();

@@ -173,7 +173,8 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive
   std::size_t sweep_at_ = 2 * kRecentRegions;              // regions_ size that triggers a sweep
   // What this peer exported to us: rkey bytes -> [start, end) ranges. Bounded:
-  // past kMaxExports the oldest key is forgotten (its regions then refuse).
+  // past kMaxExports ranges the oldest key (or, when all share one key, as
+  // over tcp, its oldest range) is forgotten, and descriptors in it refused.
   static constexpr std::size_t kMaxExports = 4096;
   std::map<std::string, std::vector<std::pair<std::uint64_t, std::uint64_t>>> exports_;
   std::deque<std::string> export_order_;
