@@ -691,7 +691,8 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
     case control::MsgType::kPong:
       return;  // heard() above is all it is for
     case control::MsgType::kLookup: {
-      if (!peer_on(ep)) {
+      auto asker = peer_on(ep);
+      if (!asker) {
         reply(ep, h, control::MsgType::kLookupReply, control::Status::kNoHello,
               "LOOKUP before HELLO: this connection has not introduced itself");
         return;
@@ -710,7 +711,7 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
           found = it->second;
         }
       }
-      if (found) body = export_for(*found, *peer_on(ep)).to_bytes();
+      if (found) body = export_for(*found, *asker).to_bytes();
       reply(ep, h, control::MsgType::kLookupReply, status, body);
       return;
     }
@@ -891,7 +892,7 @@ PeerInfo DeviceImpl::wait_for_peer(double timeout_s) {
   check_open();
   std::unique_lock<std::mutex> lock(mu_);
   auto ready = [&] { return !new_peers_.empty() || closed(); };
-  if (!(timeout_s >= 0) || timeout_s > 3e9) {
+  if (no_deadline(timeout_s)) {
     peer_cv_.wait(lock, ready);
   } else if (!peer_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), ready)) {
     throw Timeout("no peer connected within " + std::to_string(timeout_s) + " s");

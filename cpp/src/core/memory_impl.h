@@ -28,6 +28,8 @@ class Slab {
   bool dedicated;                            // one block spans the whole slab
   std::map<std::size_t, std::size_t> free_;  // offset -> length; guarded by the pool's mutex
   char* base() const { return static_cast<char*>(memh->address()); }
+  // A shared slab with nothing leased from it (pool's mutex held).
+  bool empty() const { return free_.size() == 1 && free_.begin()->first == 0 && free_.begin()->second == memh->length(); }
 };
 
 class PoolImpl : public std::enable_shared_from_this<PoolImpl> {

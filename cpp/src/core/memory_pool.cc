@@ -73,24 +73,13 @@ std::shared_ptr<Slab> PoolImpl::take_cached_large(std::size_t size) {
 void PoolImpl::drop_cached_large(std::size_t needed) {
   // The reserve of empty shared slabs first, then the cache of large ones.
   for (std::size_t i = slabs_.size(); i-- > 0 && stats_.bytes_reserved + needed > limit_;) {
-    Slab* s = slabs_[i].get();
-    if (!s->dedicated && s->free_.size() == 1 && s->free_.begin()->first == 0 &&
-        s->free_.begin()->second == s->memh->length()) {
-      drop_slab(s);
-    }
+    if (!slabs_[i]->dedicated && slabs_[i]->empty()) drop_slab(slabs_[i].get());
   }
   while (!large_cache_.empty() && stats_.bytes_reserved + needed > limit_) {
     Slab* victim = large_cache_.back().get();
     cached_large_bytes_ -= victim->memh->length();
-    stats_.bytes_reserved -= victim->memh->length();
-    --stats_.slabs;
+    drop_slab(victim);
     large_cache_.pop_back();
-    for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
-      if (it->get() == victim) {
-        slabs_.erase(it);
-        break;
-      }
-    }
   }
 }
 
@@ -196,14 +185,7 @@ void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
         }
       }
     }
-    for (auto it = slabs_.begin(); it != slabs_.end(); ++it) {
-      if (it->get() == slab) {
-        stats_.bytes_reserved -= slab->memh->length();
-        --stats_.slabs;
-        slabs_.erase(it);
-        break;
-      }
-    }
+    drop_slab(slab);
     return;
   }
   auto& fl = slab->free_;
@@ -224,7 +206,7 @@ void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
   if (!merged) fl.emplace(offset, size);
   // An empty slab goes back, so that its bytes can serve a larger block;
   // one shared slab stays as a reserve (dropped too when the limit needs it).
-  if (fl.size() == 1 && fl.begin()->first == 0 && fl.begin()->second == slab->memh->length()) {
+  if (slab->empty()) {
     const auto shared = std::count_if(slabs_.begin(), slabs_.end(), [](const auto& s) { return !s->dedicated; });
     if (shared > 1) drop_slab(slab);
   }

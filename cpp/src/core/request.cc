@@ -64,9 +64,7 @@ void RequestState::throw_error() const { tensorwire::throw_error(kind_, message_
 
 void RequestState::wait(double timeout_s) {
   using clock = std::chrono::steady_clock;
-  // NaN, negative, infinite or over a century: no deadline (a huge finite
-  // value would overflow the clock's arithmetic).
-  const bool forever = !(timeout_s >= 0) || timeout_s > 3e9;
+  const bool forever = no_deadline(timeout_s);
   const auto start = clock::now();
   const auto deadline = forever ? clock::time_point::max()
                                 : start + std::chrono::duration_cast<clock::duration>(

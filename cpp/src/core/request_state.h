@@ -25,6 +25,10 @@ class WorkerCtl;
 // releases are parked and done later by a thread outside UCX: after a post,
 // after a wait, when a channel or device closes.
 void defer_release(std::shared_ptr<const void> owner);
+
+// Whether a timeout means "no deadline": negative, NaN, or beyond a century
+// (a huge finite value would overflow the clock's arithmetic).
+inline bool no_deadline(double timeout_s) { return !(timeout_s >= 0) || timeout_s > 3e9; }
 void drain_deferred_releases();
 
 class RequestState {

@@ -1,7 +1,7 @@
 // Copyright tensorwire authors.
 //
 // The dynamic slot's metadata record: the one codec for its wire form
-// (docs/contracts.md §10.3). Little-endian, `record_size_for(max_ndim)` bytes,
+// (docs/contracts.md §10.4). Little-endian, `record_size_for(max_ndim)` bytes,
 // the sequence word alone in the last 64-byte line:
 //   0 u32 magic "TWDR" | 4 u16 version | 6 u8 dtype code | 7 u8 dtype bits
 //   8 u32 ndim | 12 u32 rkey length | 16 u64 nbytes | 24 u64 sender address

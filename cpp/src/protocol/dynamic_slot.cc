@@ -93,13 +93,15 @@ class DynamicSlotImpl {
       d.address = rec.address;
       d.length = nbytes;
       d.rkey = rec.rkey;
-      // Read only what the sender exported to this device (its export call).
-      if (!link.channel.impl()->peer->exported(d)) {
+      // Read only what the sender exported to this device (its export call):
+      // remote_region refuses anything else.
+      try {
+        src = link.channel.remote_region(d);
+      } catch (const InvalidArgument&) {
         refuse(kNotExported);
         throw InvalidArgument("dynamic slot '" + name + "' refused record " + std::to_string(seq) + ": " +
                               describe_record_status(kNotExported));
       }
-      src = link.channel.remote_region(d);
     }
     Block out;
     try {

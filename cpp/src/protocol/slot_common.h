@@ -33,7 +33,7 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
   using clock = std::chrono::steady_clock;
   if (ready()) return true;
   const auto start = clock::now();
-  const bool forever = !(timeout_s >= 0) || timeout_s > 3e9;  // NaN, < 0, huge: no deadline
+  const bool forever = no_deadline(timeout_s);
   const auto deadline = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(
                                     forever ? 0.0 : timeout_s));
   // The peer's write lands by itself unless the transport needs this side to
