@@ -389,6 +389,33 @@ def test_finding2_static_slot_ignores_writes_before_its_sender_attached(transpor
 # finding 3: a lying record from the attached sender
 
 
+def _lie_then_good_tensor(receiver, attacker: tw.Device, ch: tw.Channel, s, good: tw.Block, body: bytes,
+                          match: str) -> dict:
+    """The attached sender `s` sends `good`, then overwrites its record (the
+    slot's record, as the attach exported it: s.region) with `body` before the
+    receiver process reads it. The receiver refuses it (InvalidArgument whose
+    message holds `match`), the send fails with InvalidArgument, and the next
+    good tensor arrives intact. Returns the receiver's last reply."""
+    req = s.send(good)
+    ch.flush().wait(10)
+    stage = attacker.alloc(4096)
+    np.asarray(stage)[:len(body)] = np.frombuffer(body, dtype=np.uint8)
+    ch.write(stage, s.region, nbytes=len(body)).wait(10)
+    ch.flush().wait(10)
+    out = _receiver_reply(receiver, {"op": "recv", "name": "acts", "timeout": 10})
+    assert out.get("raised") == "InvalidArgument", f"receiver: {out.get('raised')}: {out.get('message')}"
+    assert match in out["message"], out["message"]
+    with pytest.raises(tw.InvalidArgument, match="refused the tensor"):
+        req.wait(10)
+    # the slot goes on: the next good tensor arrives, contents intact
+    np.asarray(good)[:] = 8
+    receiver.send({"op": "recv", "name": "acts"})
+    s.send(good).wait(10)
+    out = receiver.recv(10)
+    assert out["items"][0]["data"] == np.full(512, 8, np.int64).tobytes()
+    return out
+
+
 LIES = ["address_plus_1GiB", "address_0x10000", "unexported_own_block", "length_grown", "garbage_rkey"]
 
 
@@ -403,7 +430,6 @@ def test_finding3_lying_record_refused(transport, lie):
         receiver.request({"op": "dynamic_slot", "name": "acts"})
         ch = attacker.connect(receiver.address)
         s = ch.dynamic_sender("acts")
-        record = s.region  # the record, as the attach exported it to this sender
         good = _filled(attacker, 512, 7)  # 4 KiB, exported by its first send
         unexported = _filled(attacker, 512, 9)
         receiver.send({"op": "recv", "name": "acts"})
@@ -417,24 +443,8 @@ def test_finding3_lying_record_refused(transport, lie):
             "length_grown": (good.ptr, 8192, rkey),
             "garbage_rkey": (good.ptr, 4096, bytes((53 * i + 7) & 0xFF for i in range(len(rkey)))),
         }[lie]
-        req = s.send(good)
-        ch.flush().wait(10)
         body = record_body(MAX_NDIM, [nbytes // 8], 0, 64, nbytes, address, attacker.id, key)
-        stage = attacker.alloc(4096)
-        np.asarray(stage)[:len(body)] = np.frombuffer(body, dtype=np.uint8)
-        ch.write(stage, record, nbytes=len(body)).wait(10)
-        ch.flush().wait(10)
-        out = _receiver_reply(receiver, {"op": "recv", "name": "acts", "timeout": 10})
-        assert out.get("raised") == "InvalidArgument", f"receiver: {out.get('raised')}: {out.get('message')}"
-        assert "not one the sender exported" in out["message"], out["message"]
-        with pytest.raises(tw.InvalidArgument, match="refused the tensor"):
-            req.wait(10)
-        # the slot goes on: the next good tensor arrives, contents intact
-        np.asarray(good)[:] = 8
-        receiver.send({"op": "recv", "name": "acts"})
-        s.send(good).wait(10)
-        out = receiver.recv(10)
-        assert out["items"][0]["data"] == np.full(512, 8, np.int64).tobytes()
+        out = _lie_then_good_tensor(receiver, attacker, ch, s, good, body, match="not one the sender exported")
         assert out["stats"]["rejected"] == 1 and out["stats"]["received"] == 2
 
 
@@ -452,29 +462,14 @@ def test_finding3_exported_garbage_rkey_refused(transport, garbage):
         receiver.request({"op": "dynamic_slot", "name": "acts"})
         ch = attacker.connect(receiver.address)
         s = ch.dynamic_sender("acts")
-        record = s.region  # the record, as the attach exported it to this sender
         good = _filled(attacker, 512, 7)
         receiver.send({"op": "recv", "name": "acts"})
         s.send(good).wait(10)
         receiver.recv(10)
         key = bytes([GARBAGE_KEYS[garbage]]) * len(parse_descriptor(good.descriptor())["rkey"])
         ch.call(_attack.EXPORT_CALL, forge(good.descriptor(), rkey=key), 10)
-        req = s.send(good)
-        ch.flush().wait(10)
         body = record_body(MAX_NDIM, [512], 0, 64, 4096, good.ptr, attacker.id, key)
-        stage = attacker.alloc(4096)
-        np.asarray(stage)[:len(body)] = np.frombuffer(body, dtype=np.uint8)
-        ch.write(stage, record, nbytes=len(body)).wait(10)
-        ch.flush().wait(10)
-        out = _receiver_reply(receiver, {"op": "recv", "name": "acts", "timeout": 10})
-        assert out.get("raised") == "InvalidArgument", f"receiver: {out.get('raised')}: {out.get('message')}"
-        with pytest.raises(tw.InvalidArgument):
-            req.wait(10)
-        np.asarray(good)[:] = 8
-        receiver.send({"op": "recv", "name": "acts"})
-        s.send(good).wait(10)
-        out = receiver.recv(10)
-        assert out["items"][0]["data"] == np.full(512, 8, np.int64).tobytes()
+        _lie_then_good_tensor(receiver, attacker, ch, s, good, body, match="")
 
 
 @pytest.mark.parametrize("garbage", list(GARBAGE_KEYS))
