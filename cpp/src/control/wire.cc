@@ -41,6 +41,7 @@ std::string encode_hello(const Hello& m) {
   w.put<std::uint16_t>(static_cast<std::uint16_t>(m.workers.size()));
   for (const auto& a : m.workers) w.put_bytes32(a);
   w.put_bytes16(m.self_proof);
+  w.put<std::uint64_t>(m.data_token);
   return std::move(w.str());
 }
 
@@ -57,6 +58,7 @@ Hello decode_hello(detail::ByteReader& r) {
   if (n == 0 || n > 4096) throw InvalidArgument("HELLO with an invalid worker count");
   for (unsigned i = 0; i < n; ++i) m.workers.push_back(r.get_bytes32());
   m.self_proof = r.get_bytes16();
+  m.data_token = r.get<std::uint64_t>();
   return m;
 }
 

@@ -54,6 +54,10 @@ struct Hello {
   // leaves the process, proving that a HELLO claiming the receiver's own
   // device id comes from the receiver itself. Empty otherwise.
   std::string self_proof;
+  // The token the receiver of this HELLO must put in every data message it
+  // sends to the sender (core/messages.h): the sender chose it for this
+  // connection alone, so a data message proves which peer sent it.
+  std::uint64_t data_token = 0;
 };
 
 std::string encode(const Header& header, std::string_view body);

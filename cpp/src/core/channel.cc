@@ -127,6 +127,9 @@ void PendingOps::fail(ErrorKind kind, const std::string& why) {
     failed_.store(true, std::memory_order_release);
     to_fail.assign(pending_.begin(), pending_.end());
     for (auto* s : to_fail) s->retain();
+    // Flush waiters hold their own list ref, which failing hands over.
+    to_fail.insert(to_fail.end(), flush_waiters_.begin(), flush_waiters_.end());
+    flush_waiters_.clear();
   }
   // Requests stay tracked (UCX still owns them); they just complete now.
   for (auto* s : to_fail) {
@@ -136,6 +139,38 @@ void PendingOps::fail(ErrorKind kind, const std::string& why) {
 }
 
 void PendingOps::throw_failure() const { throw_error(fail_kind_, fail_message_); }
+
+void PendingOps::add_message(RequestState* state) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++messages_;
+  }
+  add(state);
+}
+
+void PendingOps::settle_message(RequestState* state, ucs_status_t status) {
+  std::vector<RequestState*> flushed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (messages_ > 0 && --messages_ == 0) flushed.swap(flush_waiters_);
+  }
+  retain();  // settle() may drop the last reference to us
+  settle(state, status);
+  for (auto* w : flushed) {
+    w->complete_ok();
+    w->release();
+  }
+  release();
+}
+
+Request PendingOps::flush_messages(const std::shared_ptr<WorkerCtl>& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed()) return Request::failed(fail_kind_, fail_message_);
+  if (messages_ == 0) return Request();
+  auto* state = new RequestState(worker, 2);  // the Request and this list
+  flush_waiters_.push_back(state);
+  return Request(state);
+}
 
 // ---- ChannelImpl ----
 
@@ -219,6 +254,7 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   if (self_ && map_shared_memory_ && host_memory(local)) {
     if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
   }
+  if (uses_messages()) return message_rma(is_write, local, local_offset, remote, remote_offset, length);
   const RemoteRegionImpl::Access access = access_to(remote);
   if (access.mapped && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
@@ -240,6 +276,87 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   Request request = finish_post(ptr, op, &local.owner, &remote);
   drain_deferred_releases();
   return request;
+}
+
+Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
+                                 const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
+  auto dev = peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  char* here = static_cast<char*>(local.address) + local_offset;
+  // One ref for the Request, one for the op table (settle drops it).
+  auto* state = new RequestState(worker, 2);
+  state->local_owner = local.owner;
+  state->remote_owner = remote.shared();
+  DeviceImpl::MessageOp op;
+  op.state = state;
+  op.ops = ops_;
+  op.peer = peer.get();
+  if (!is_write) {
+    op.dest = here;
+    op.memh = local.memh;
+    op.length = length;
+  }
+  ops_->add_message(state);  // before the post: the reply may beat its return
+  const std::uint64_t id = dev->add_message_op(op);
+  DataHeader h;
+  h.kind = is_write ? MsgKind::kPut : MsgKind::kGet;
+  h.token = peer->hello.data_token;
+  h.target = id;
+  h.a = remote.descriptor().address + remote_offset;
+  h.b = is_write ? 0 : length;
+  posted_.fetch_add(1, std::memory_order_relaxed);
+  ucs_status_ptr_t ptr;
+  {
+    WorkerCtl::Caller caller(worker.get());
+    WorkerCtl::Use use(worker.get());
+    // The op completes on the target's reply, which comes only after the
+    // payload left: the send itself needs no tracking.
+    ptr = post_message(ep->get(), h.encode(), is_write ? here : nullptr, is_write ? length : 0,
+                       is_write ? local.memh : nullptr, [](void* request, ucs_status_t, void*) { ucp_request_free(request); },
+                       nullptr);
+  }
+  if (UCS_PTR_IS_ERR(ptr)) {
+    DeviceImpl::MessageOp taken;
+    if (dev->take_message_op(id, peer.get(), &taken)) {
+      state->complete_error(ucx::error_kind(UCS_PTR_STATUS(ptr)), std::string(is_write ? "write" : "read") + " to " +
+                                                                       peer->describe() + " failed: " +
+                                                                       ucs_status_string(UCS_PTR_STATUS(ptr)));
+      ops_->settle_message(state, UCS_PTR_STATUS(ptr));
+    }
+  } else {
+    worker->wake();
+  }
+  drain_deferred_releases();
+  return Request(state);
+}
+
+Request ChannelImpl::send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
+                                  std::size_t length) {
+  check_usable();
+  h.token = peer->hello.data_token;
+  const void* payload = local && length ? static_cast<const char*>(local->address) + offset : nullptr;
+  posted_.fetch_add(1, std::memory_order_relaxed);
+  WorkerCtl::Caller caller(worker.get());
+  WorkerCtl::Use use(worker.get());
+  ucs_status_ptr_t ptr = post_message(ep->get(), h.encode(extra), payload, payload ? length : 0,
+                                      payload ? local->memh : nullptr, on_rma_complete, ops_);
+  Request request = finish_post(ptr, "send", local ? &local->owner : nullptr);
+  drain_deferred_releases();
+  return request;
+}
+
+bool ChannelImpl::uses_messages() const {
+  int known = messages_.load(std::memory_order_relaxed);
+  if (known >= 0) return known != 0;
+  bool use = false;
+  if (!self_) {
+    auto dev = peer->device.lock();
+    auto form = DeviceImpl::LaneForm::kAuto;
+    if (dev && !dev->lane_forms.empty()) form = dev->lane_forms[lane % dev->lane_forms.size()];
+    use = form == DeviceImpl::LaneForm::kMessages || (form == DeviceImpl::LaneForm::kAuto && needs_target_progress());
+  }
+  messages_.store(use ? 1 : 0, std::memory_order_relaxed);
+  return use;
 }
 
 char* ChannelImpl::own_memory(const RemoteRegion& remote) const {
@@ -329,6 +446,7 @@ ChannelStats ChannelImpl::stats() const {
 
 Request ChannelImpl::flush() {
   check_usable();
+  if (uses_messages()) return ops_->flush_messages(worker);  // every op completes on the target's reply
   // Large memcpys use non-temporal stores, which x86 does not order with
   // later stores: make every direct copy so far visible first.
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -343,6 +461,12 @@ Request ChannelImpl::flush() {
 
 void ChannelImpl::fence() {
   check_usable();
+  if (uses_messages()) {
+    // Eager messages are applied in order, but a rendezvous payload lands
+    // later: wait for every write in flight.
+    flush().wait(kDrainTimeoutS);
+    return;
+  }
   std::atomic_thread_fence(std::memory_order_seq_cst);  // orders direct copies (see flush)
   if (ucx_since_fence_.exchange(false, std::memory_order_acq_rel)) {
     drain_before_direct_.store(true, std::memory_order_release);
@@ -361,7 +485,7 @@ Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_o
   // Inline mode keeps the blocking fence too: no thread but the caller's
   // progresses, so a write chained to a flush would wait for the caller's
   // next wait (and never come if the caller sends last and leaves).
-  if (!needs_target_progress() || worker->mode() == ProgressMode::kInline) {
+  if ((!needs_target_progress() && !uses_messages()) || worker->mode() == ProgressMode::kInline) {
     fence();
     return rma(true, local, local_offset, remote, remote_offset, length);
   }
@@ -517,6 +641,33 @@ bool Peer::exported(const RegionDescriptor& d) const {
   return false;
 }
 
+void Peer::grant(std::uint64_t address, std::uint64_t length) {
+  if (length == 0 || address + length < address) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto [it, fresh] = grants_.emplace(address, address + length);
+  if (!fresh) {
+    it->second = std::max(it->second, address + length);
+    return;
+  }
+  grant_order_.push_back(address);
+  if (grant_order_.size() > kMaxExports) {  // bounded: the oldest range is forgotten
+    grants_.erase(grant_order_.front());
+    grant_order_.pop_front();
+  }
+}
+
+bool Peer::granted(std::uint64_t address, std::uint64_t length) const {
+  if (address + length < address) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  // Ranges may nest or overlap: look at every one that starts at or before
+  // the address (few: a peer is granted slots and blocks, not bytes).
+  for (auto it = grants_.upper_bound(address); it != grants_.begin();) {
+    --it;
+    if (address + length <= it->second) return true;
+  }
+  return false;
+}
+
 std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d) {
   if (!exported(d)) {
     char range[64];
@@ -566,7 +717,10 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
   }
   TW_LOG_INFO("%s", why.c_str());
   for (auto& ch : live) ch->fail(kind, why);
-  if (auto dev = device.lock()) dev->fail_pending_control(control_ep.get(), kind, why);
+  if (auto dev = device.lock()) {
+    dev->fail_pending_control(control_ep.get(), kind, why);
+    dev->drop_message_ops(this, why);
+  }
 }
 
 }  // namespace detail

@@ -125,6 +125,28 @@ ucs_status_t on_am(void* arg, const void*, size_t, void* data, size_t length, co
   return UCS_OK;
 }
 
+// The data workers' message handler: its argument is owned by the worker.
+struct DataArg {
+  std::weak_ptr<DeviceImpl> device;
+  int worker_index;
+};
+
+ucs_status_t on_data_am(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                        const ucp_am_recv_param_t* param) {
+  auto* a = static_cast<DataArg*>(arg);
+  auto dev = a->device.lock();
+  if (!dev) return UCS_OK;
+  if (!dev->closed()) {
+    try {
+      dev->on_data_message(a->worker_index, header, header_length, data, length, param);
+    } catch (const std::exception& e) {
+      TW_LOG_WARN("dropping a data message: %s", e.what());
+    }
+  }
+  defer_release(std::move(dev));  // never the last reference inside UCX
+  return UCS_OK;
+}
+
 void on_conn_request(ucp_conn_request_h request, void* arg) {
   if (auto dev = device_of(arg)) dev->on_connection_request(request);
 }
@@ -186,6 +208,21 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
     config.spin_us = static_cast<unsigned>(v);
   }
   streaming_copy_min_from_env();  // a bad TENSORWIRE_STREAMING_COPY_MIN fails here, not at a copy
+  if (const char* forms = std::getenv("TENSORWIRE_LANE_FORM")) {
+    // auto (default), rma or messages; a comma list gives lane i the form i % n.
+    std::string f(forms);
+    std::size_t at = 0;
+    while (at <= f.size()) {
+      std::size_t end = f.find(',', at);
+      if (end == std::string::npos) end = f.size();
+      const std::string one = f.substr(at, end - at);
+      if (one == "auto") lane_forms.push_back(LaneForm::kAuto);
+      else if (one == "rma") lane_forms.push_back(LaneForm::kRma);
+      else if (one == "messages") lane_forms.push_back(LaneForm::kMessages);
+      else throw InvalidArgument("TENSORWIRE_LANE_FORM must be auto, rma or messages, or a comma list of them; got '" + f + "'");
+      at = end + 1;
+    }
+  }
   id = random_id();
   self_proof_ = std::to_string(random_id()) + std::to_string(random_id());
   boot_id_ = read_first_line("/proc/sys/kernel/random/boot_id");
@@ -238,6 +275,18 @@ void DeviceImpl::start() {
   am.cb = on_am;
   am.arg = control_arg_;
   ucx::check(ucp_worker_set_am_recv_handler(control_worker->get(), &am), "ucp_worker_set_am_recv_handler");
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    auto data_arg = std::make_shared<DataArg>(DataArg{weak_from_this(), static_cast<int>(i)});
+    workers[i]->worker()->keep_until_destroyed(data_arg);
+    ucp_am_handler_param_t dm{};
+    dm.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    dm.id = kDataAmId;
+    dm.cb = on_data_am;
+    dm.arg = data_arg.get();
+    dm.flags = UCP_AM_FLAG_WHOLE_MSG;
+    ucx::check(ucp_worker_set_am_recv_handler(workers[i]->get(), &dm), "ucp_worker_set_am_recv_handler (data)");
+  }
 
   socklen_t len = 0;
   sockaddr_storage ss = resolve(config.host, config.port, &len);
@@ -440,6 +489,11 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   auto provisional = std::make_shared<Peer>(weak_from_this(), unknown, ep, false);
   control::Hello mine = my_hello();
   if (addr == address) mine.self_proof = self_proof_;  // a channel to this very device
+  mine.data_token = random_id();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    connecting_[handle].token = mine.data_token;
+  }
   std::string body;
   try {
     body = control_call(provisional, control::MsgType::kHello, control::encode_hello(mine),
@@ -493,6 +547,8 @@ void DeviceImpl::register_connected(ucp_ep_h handle, Connecting& c, const std::s
   bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
   hello.address = c.address;  // the address we reached it at
   auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), c.ep, same_host);
+  peer->inbound_token = c.token;
+  register_token(c.token, peer);
   c.peer = peer;
   if (peer->hello.device_id == id) {
     // A channel to this very device: calls arriving on the accepted end of
@@ -596,6 +652,8 @@ void DeviceImpl::handle_hello(ucp_ep_h ep, const control::Header& h, ByteReader&
   }
   bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
   auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), endpoint, same_host);
+  peer->inbound_token = random_id();
+  register_token(peer->inbound_token, peer);
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Identity is per connection (peers_by_ep_): a second connection that
@@ -607,7 +665,9 @@ void DeviceImpl::handle_hello(ucp_ep_h ep, const control::Header& h, ByteReader&
     new_peers_.push_back(peer->hello.device_id);
   }
   peer_cv_.notify_all();
-  reply(ep, h, control::MsgType::kHelloReply, control::Status::kOk, control::encode_hello(my_hello()));
+  control::Hello ours = my_hello();
+  ours.data_token = peer->inbound_token;
+  reply(ep, h, control::MsgType::kHelloReply, control::Status::kOk, control::encode_hello(ours));
 }
 
 std::shared_ptr<Peer> DeviceImpl::peer_on(ucp_ep_h ep) {
@@ -838,7 +898,9 @@ void DeviceImpl::liveness_loop() {
   }
 }
 
-RegionDescriptor DeviceImpl::export_for(RegionDescriptor d, const Peer& to) {
+RegionDescriptor DeviceImpl::export_for(RegionDescriptor d, Peer& to) {
+  // What a message-form write or read from `to` may reach (messages.cc).
+  if (d.device_id == id) to.grant(d.address, d.length);
   if (!exact_export_ || d.device_id != id || d.length == 0) return d;
   // A same-host peer with shared memory gets the slab's key, whose mapping
   // is its direct path; it checks every use against our export (Peer::
@@ -930,6 +992,7 @@ void DeviceImpl::close() {
   }
   for (auto& [pid, p] : peers) p->fail(ErrorKind::kConnection, "device is closed");
   for (auto& [h, ep] : endpoints) fail_pending_control(ep.get(), ErrorKind::kConnection, "device is closed");
+  drop_message_ops(nullptr, "device is closed");
   if (listener_) {
     ucp_listener_destroy(listener_);
     listener_ = nullptr;

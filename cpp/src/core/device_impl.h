@@ -24,11 +24,13 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "control/wire.h"
 #include "core/memory_impl.h"
+#include "core/messages.h"
 #include "core/request_state.h"
 #include "core/worker_ctl.h"
 #include "tensorwire/device.h"
@@ -65,6 +67,12 @@ class PendingOps {
   void settle(RequestState* state, ucs_status_t status);
   // Fails every pending request with `kind`; later adds fail too. Idempotent.
   void fail(ErrorKind kind, const std::string& why);
+  // Message-form writes and reads (ChannelImpl::message_rma): tracked like
+  // any operation, and counted so that flush_messages() can wait for them.
+  void add_message(RequestState* state);
+  void settle_message(RequestState* state, ucs_status_t status);
+  // Completes once every message op added so far has (at once if none is in flight).
+  Request flush_messages(const std::shared_ptr<WorkerCtl>& worker);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   [[noreturn]] void throw_failure() const;
 
@@ -75,6 +83,8 @@ class PendingOps {
   std::atomic<int> refs_{1};
   std::mutex mu_;
   std::unordered_set<RequestState*> pending_;
+  std::size_t messages_ = 0;                  // message ops in flight (under mu_)
+  std::vector<RequestState*> flush_waiters_;  // complete when messages_ reaches 0
   std::atomic<bool> failed_{false};
   ErrorKind fail_kind_ = ErrorKind::kConnection;
   std::string fail_message_;
@@ -104,6 +114,17 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // not over shared memory or verbs RC/DC. Waiters on a word the peer writes
   // drive the worker only then. Conservative (true) until UCX can tell.
   bool needs_target_progress() const;
+  // Whether this lane carries slots and plain write/read as messages
+  // (core/messages.h): where its RMA is emulated (needs_target_progress), or
+  // as TENSORWIRE_LANE_FORM forces; never on a channel to this very device.
+  bool uses_messages() const;
+  // Whether a waiter for something the peer sends must drive this lane's
+  // worker: emulated RMA, or messages (handled by whoever progresses).
+  bool waiter_drives() const { return needs_target_progress() || uses_messages(); }
+  // Posts a data message (header `h` with this peer's token, `extra`, and
+  // local[offset..+length) as payload); completes when the local bytes may be reused.
+  Request send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
+                       std::size_t length);
   // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:
   // InvalidArgument for a key a peer made up.
   void check_remote(const RemoteRegion& remote) const;
@@ -126,6 +147,10 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   bool host_memory(const LocalRegion& local) const;
   // A pool block of this very device (self_): its first byte, pinned; else nullptr.
   char* own_memory(const RemoteRegion& remote) const;
+  // write/read in the message form: the target checks and applies it; the
+  // request completes on its reply.
+  Request message_rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                      std::size_t remote_offset, std::size_t length);
 
   PendingOps* ops_;  // holds one ref
   const bool map_shared_memory_;
@@ -137,6 +162,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   std::atomic<bool> ucx_since_fence_{false};
   std::atomic<bool> drain_before_direct_{false};
   mutable std::atomic<int> target_progress_{-1};  // -1 unknown, else the answer
+  mutable std::atomic<int> messages_{-1};         // uses_messages(): -1 unknown, else the answer
   std::atomic<std::uint64_t> posted_{0}, direct_writes_{0}, direct_reads_{0}, direct_bytes_{0}, drains_{0};
 };
 
@@ -153,6 +179,11 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // InvalidArgument otherwise: no descriptor reaches memory it did not export.
   std::shared_ptr<RemoteRegionImpl> remote_region(const RegionDescriptor& d);
   bool exported(const RegionDescriptor& d) const;
+  // The other direction: ranges of our memory exported to this peer
+  // (DeviceImpl::export_for). A message-form write or read from this peer
+  // must fall inside one (contracts §11). Bounded like the export table.
+  void grant(std::uint64_t address, std::uint64_t length);
+  bool granted(std::uint64_t address, std::uint64_t length) const;
   void fail(ErrorKind kind, const std::string& why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string describe() const;  // "device 0x.. at host:port (pid N)"
@@ -164,6 +195,10 @@ class Peer : public std::enable_shared_from_this<Peer> {
   const control::Hello hello;
   const std::shared_ptr<ucx::Endpoint> control_ep;
   PeerInfo info;
+  // The token this peer puts in its data messages to us: we chose it and
+  // sent it in our HELLO (or reply) on its connection. Its HELLO carried the
+  // one we put in ours (hello.data_token).
+  std::uint64_t inbound_token = 0;
 
  private:
   mutable std::mutex mu_;
@@ -179,6 +214,8 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::map<std::string, std::vector<std::pair<std::uint64_t, std::uint64_t>>> exports_;
   std::deque<std::string> export_order_;
   std::size_t export_count_ = 0;
+  std::map<std::uint64_t, std::uint64_t> grants_;  // start -> end, our memory this peer may reach by message
+  std::deque<std::uint64_t> grant_order_;
   std::shared_ptr<RemoteRegionImpl> region_locked(const RegionDescriptor& d);
   std::atomic<bool> failed_{false};
   static std::int64_t now_ns() {
@@ -211,7 +248,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // `d` as exported to `to`: a peer that reaches our memory through a key
   // (any transport but our shared-memory mapping, which a same-host peer
   // needs for its direct path) gets the key of exactly d's range.
-  RegionDescriptor export_for(RegionDescriptor d, const Peer& to);
+  RegionDescriptor export_for(RegionDescriptor d, Peer& to);
   void publish(const std::string& name, const RegionDescriptor& d);
   void unpublish(const std::string& name);
   void on_call(const std::string& name, CallFn handler);
@@ -236,6 +273,32 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::unique_ptr<MemoryPool> pool;
   std::uint64_t refusal_count() const { return refusals_.load(); }
 
+  // ---- data messages (core/messages.cc) ----
+  enum class LaneForm { kAuto, kRma, kMessages };
+  std::vector<LaneForm> lane_forms;  // TENSORWIRE_LANE_FORM, per lane (lane % size); empty: auto
+  // A write or read in flight in the message form, waiting for its reply.
+  struct MessageOp {
+    RequestState* state = nullptr;
+    PendingOps* ops = nullptr;  // its channel's (kept alive by the pending op)
+    const Peer* peer = nullptr;  // only this peer may answer
+    void* dest = nullptr;        // a read's destination
+    ucp_mem_h memh = nullptr;
+    std::size_t length = 0;
+  };
+  std::uint64_t add_message_op(const MessageOp& op);
+  bool take_message_op(std::uint64_t id, const Peer* from, MessageOp* out);
+  void drop_message_ops(const Peer* peer, const std::string& why);  // its ops fail
+  std::uint64_t add_sink(std::weak_ptr<MessageSink> sink);
+  void remove_sink(std::uint64_t id);
+  std::shared_ptr<MessageSink> message_sink(std::uint64_t id);
+  std::shared_ptr<Peer> peer_by_token(std::uint64_t token);
+  // The data workers' AM handler (kDataAmId).
+  void on_data_message(int worker_index, const void* header, std::size_t header_length, void* data,
+                       std::size_t length, const ucp_am_recv_param_t* param);
+  // Logs (rate-limited) and counts a message refused by its target.
+  void refuse_message(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+  std::uint64_t message_refusals() const { return message_refusals_.load(); }
+
  private:
   void send(const std::shared_ptr<ucx::Endpoint>& ep, const control::Header& h, const std::string& body);
   void reply(ucp_ep_h ep, const control::Header& request, control::MsgType type, control::Status status,
@@ -255,11 +318,22 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
     std::shared_ptr<ucx::Endpoint> ep;
     std::shared_ptr<Peer> peer;  // set when the reply registered it
     std::string refused;         // or why not
+    std::uint64_t token = 0;     // the data token our HELLO gave the peer
   };
   // Registers the peer of a HELLO reply (control thread, mu_ held).
   void register_connected(ucp_ep_h handle, Connecting& c, const std::string& body);
   std::map<ucp_ep_h, Connecting> connecting_;
   control::Hello my_hello() const;
+
+  void register_token(std::uint64_t token, const std::shared_ptr<Peer>& peer);
+  std::mutex msg_mu_;
+  std::unordered_map<std::uint64_t, MessageOp> message_ops_;
+  std::uint64_t next_op_id_ = 1;
+  std::unordered_map<std::uint64_t, std::weak_ptr<MessageSink>> sinks_;
+  std::uint64_t next_sink_id_ = 1;
+  std::unordered_map<std::uint64_t, std::weak_ptr<Peer>> by_token_;
+  std::atomic<std::uint64_t> message_refusals_{0};
+  std::vector<std::shared_ptr<const void>> data_args_;
 
   ucp_listener_h listener_ = nullptr;
   void* control_arg_ = nullptr;  // owned by the control worker

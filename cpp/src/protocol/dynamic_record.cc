@@ -46,12 +46,14 @@ std::size_t record_size_for(int max_ndim) {
   return align64(kRecordHeader + 8 * static_cast<std::size_t>(max_ndim) + kRecordMaxRkey) + 64;
 }
 
-std::size_t encode_record(const DynamicRecord& r, int max_ndim, char* p) {
+std::size_t encode_record(const DynamicRecord& r, int max_ndim, char* p, RecordForm form) {
   if (r.spec.shape.size() > static_cast<std::size_t>(max_ndim)) {
     throw InvalidArgument("the slot takes at most " + std::to_string(max_ndim) + " dimensions, got " +
                           r.spec.describe());
   }
-  if (r.rkey.size() > kRecordMaxRkey || (r.nbytes > 0 && r.rkey.empty())) {
+  if (form == RecordForm::kInlineData) {
+    if (!r.rkey.empty() || r.address != 0) throw InvalidArgument("an inline-data record carries no address or rkey");
+  } else if (r.rkey.size() > kRecordMaxRkey || (r.nbytes > 0 && r.rkey.empty())) {
     throw InvalidArgument("local memory has no usable rkey");
   }
   const std::size_t dims_end = kRecordHeader + 8 * static_cast<std::size_t>(max_ndim);
@@ -71,10 +73,11 @@ std::size_t encode_record(const DynamicRecord& r, int max_ndim, char* p) {
 }
 
 RecordStatus decode_record(const void* data, std::size_t size, int max_ndim, std::size_t max_nbytes,
-                           DynamicRecord* out) {
+                           DynamicRecord* out, RecordForm form) {
   if (max_ndim < 0 || max_ndim > kRecordMaxNdim) return kBadNdim;
+  const bool inline_data = form == RecordForm::kInlineData;
   const std::size_t dims_end = kRecordHeader + 8 * static_cast<std::size_t>(max_ndim);
-  if (size < dims_end + kRecordMaxRkey) return kBadMagic;  // not a whole record
+  if (size < dims_end + (inline_data ? 0 : kRecordMaxRkey)) return kBadMagic;  // not a whole record
   const char* p = static_cast<const char*>(data);
   if (read_at<std::uint32_t>(p, 0) != kRecordMagic) return kBadMagic;
   if (read_at<std::uint16_t>(p, 4) != kRecordVersion) return kBadVersion;
@@ -100,6 +103,12 @@ RecordStatus decode_record(const void* data, std::size_t size, int max_ndim, std
   }
   if (expect != out->nbytes) return kSizeMismatch;
   if (out->nbytes > max_nbytes) return kTooLarge;
+  if (inline_data) {
+    // The data is the message's payload: a record that names memory lies.
+    if (rkey_len != 0 || out->address != 0) return kBadRkey;
+    out->rkey.clear();
+    return kAccepted;
+  }
   if (out->nbytes > 0 && (rkey_len == 0 || rkey_len > kRecordMaxRkey)) return kBadRkey;
   if (out->nbytes > 0 && out->address + out->nbytes < out->address) return kTooLarge;  // wraps around
   out->rkey.assign(p + dims_end, out->nbytes > 0 ? rkey_len : 0);

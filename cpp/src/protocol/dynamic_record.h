@@ -43,15 +43,22 @@ struct DynamicRecord {
   std::string rkey;             // packed rkey of the sender's range (empty when nbytes == 0)
 };
 
+// Where a record's data is: at the sender, read by the receiver with the
+// record's address and rkey (the RMA form, written into the slot's record),
+// or travelling with the record in the same message (the message form: rkey
+// length 0, address 0, and the record ends after the dims).
+enum class RecordForm { kRemoteData, kInlineData };
+
 // Writes everything but the sequence word into `out` (at least
 // record_size_for(max_ndim) bytes); returns how many leading bytes to send.
 // Throws InvalidArgument for a record the receiver would refuse.
-std::size_t encode_record(const DynamicRecord& record, int max_ndim, char* out);
+std::size_t encode_record(const DynamicRecord& record, int max_ndim, char* out,
+                          RecordForm form = RecordForm::kRemoteData);
 
 // Reads and validates a record of `size` bytes written for a slot of
 // `max_ndim` dimensions that accepts at most `max_nbytes`. Returns kAccepted
 // (and fills `out`) or the first reason to refuse it; never throws.
 RecordStatus decode_record(const void* data, std::size_t size, int max_ndim, std::size_t max_nbytes,
-                           DynamicRecord* out);
+                           DynamicRecord* out, RecordForm form = RecordForm::kRemoteData);
 
 }  // namespace tensorwire::detail

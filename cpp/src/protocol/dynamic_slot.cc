@@ -14,7 +14,7 @@
 namespace tensorwire {
 namespace detail {
 
-class DynamicSlotImpl {
+class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<DynamicSlotImpl> {
  public:
   std::weak_ptr<DeviceImpl> device;
   std::string name;
@@ -23,29 +23,141 @@ class DynamicSlotImpl {
   std::size_t record_size = 0;
   Block record, ack_src;
   SenderLink link;
-  std::uint64_t expected = 1;
+  std::atomic<std::uint64_t> expected{1};
   SlotStats stats;
+  SinkRegistration sink;
+  std::atomic<int> inbox{-1};
+  // A tensor that came in the message form: validated, placed (or refused)
+  // by the handler; `arrival_ready` once recv() may take it.
+  struct Arrival {
+    std::uint64_t seq = 0;
+    RecordStatus status = kAccepted;
+    TensorSpec spec;
+    Block block;
+  };
+  std::mutex arrival_mu;
+  Arrival arrival;
+  std::atomic<bool> arrival_pending{false}, arrival_ready{false};
 
   const char* base() const { return static_cast<const char*>(record.data()); }
-  bool ready() const { return load_acquire(base() + record_size - 64) == expected; }
+  bool ready() const {
+    return arrival_ready.load(std::memory_order_acquire) || load_acquire(base() + record_size - 64) == expected;
+  }
+
+  // The message form of a send: the record (inline form) in the header,
+  // checked like one written into the record; the payload straight into the
+  // block allocated for it.
+  void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader& extra, Incoming& payload,
+                  int worker_index) override {
+    auto dev = device.lock();
+    if (!dev) return;
+    if (h.kind != MsgKind::kDynamicSend) {
+      return dev->refuse_message("dynamic slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
+    }
+    if (!link.is(from)) {
+      return dev->refuse_message("dynamic slot '%s': a tensor from %s, which is not its sender", name.c_str(),
+                                 from->describe().c_str());
+    }
+    if (h.a != expected.load() || arrival_pending.exchange(true)) {
+      return dev->refuse_message("dynamic slot '%s': tensor %llu out of turn", name.c_str(),
+                                 static_cast<unsigned long long>(h.a));
+    }
+    inbox.store(worker_index, std::memory_order_relaxed);
+    const std::string bytes = extra.get_n(extra.left());
+    Arrival a;
+    a.seq = h.a;
+    DynamicRecord rec;
+    a.status = decode_record(bytes.data(), bytes.size(), max_ndim, max_nbytes, &rec, RecordForm::kInlineData);
+    if (a.status == kAccepted && payload.length() != rec.nbytes) a.status = kSizeMismatch;
+    a.spec = rec.spec;
+    if (a.status == kAccepted) {
+      try {
+        a.block = dev->pool->allocate(rec.nbytes ? rec.nbytes : 1, 64);
+      } catch (const PoolExhausted&) {
+        a.status = kPoolExhausted;
+      }
+    }
+    void* dst = a.block ? a.block.data() : nullptr;
+    ucp_mem_h memh = a.block ? a.block.region().memh : nullptr;
+    const bool receive = a.status == kAccepted && rec.nbytes > 0;
+    {
+      std::lock_guard<std::mutex> lock(arrival_mu);
+      arrival = std::move(a);
+    }
+    if (!receive) {
+      arrival_ready.store(true, std::memory_order_release);
+      return;  // a refused payload is dropped (its send completes)
+    }
+    Arrival* slot = &arrival;
+    std::atomic<bool>* done_flag = &arrival_ready;
+    payload.receive_into(
+        dst, memh,
+        [slot, done_flag](bool ok) {
+          if (!ok) slot->status = kReadFailed;
+          done_flag->store(true, std::memory_order_release);
+        },
+        shared_from_this());
+  }
+
+  // Takes the tensor the message handler placed: the data, or the refusal.
+  Block take_arrival(TensorSpec* spec) {
+    Arrival a;
+    {
+      std::lock_guard<std::mutex> lock(arrival_mu);
+      a = std::move(arrival);
+      arrival = Arrival();
+    }
+    arrival_ready.store(false, std::memory_order_relaxed);
+    arrival_pending.store(false, std::memory_order_release);
+    ++expected;
+    *spec = a.spec;
+    if (a.status != kAccepted) {
+      ++stats.rejected;
+      try {
+        ack(a.seq, a.status);
+      } catch (const Error&) {  // the sender is gone: nothing to unblock
+      }
+      const std::string why = "dynamic slot '" + name + "' refused record " + std::to_string(a.seq) + ": " +
+                              describe_record_status(a.status);
+      if (a.status == kPoolExhausted) throw PoolExhausted(why);
+      if (a.status == kReadFailed) throw ConnectionError(why);
+      throw InvalidArgument(why);
+    }
+    ack(a.seq, kAccepted);
+    ++stats.received;
+    const std::size_t nbytes = a.spec.nbytes();
+    stats.bytes += nbytes;
+    return std::move(a.block);
+  }
 
   std::string attach(const std::shared_ptr<Peer>& caller, const std::string& payload) {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
     link.attach(caller, payload, 16, "dynamic slot '" + name + "'");
     store_release(const_cast<char*>(base()) + record_size - 64, 0);  // a record left by anyone else
+    if (arrival_ready.load()) {  // likewise a message-form tensor the failed sender left
+      std::lock_guard<std::mutex> lock(arrival_mu);
+      arrival = Arrival();
+      arrival_ready = false;
+      arrival_pending = false;
+    }
     ByteWriter w;
     w.put<std::uint32_t>(static_cast<std::uint32_t>(max_ndim));
     w.put<std::uint64_t>(max_nbytes);
     w.put<std::uint64_t>(record_size);
     w.put<std::uint64_t>(expected);
     w.put_bytes32(dev->export_for(record.descriptor(), *caller).to_bytes());
+    w.put<std::uint64_t>(sink.id);
     return std::move(w.str());
   }
 
   // Status first, fence, then the sequence: the sender reads the sequence,
   // then trusts the status.
   void ack(std::uint64_t seq, std::uint64_t status) {
+    if (link.channel.impl()->uses_messages()) {
+      link.notify(MsgKind::kDynamicAck, seq, status);  // one message, applied in order by the sender
+      return;
+    }
     auto* w = static_cast<std::uint64_t*>(ack_src.data());
     w[0] = seq;
     w[1] = status;
@@ -60,6 +172,7 @@ class DynamicSlotImpl {
   Block take(TensorSpec* spec) {
     auto dev = device.lock();
     if (!dev) throw ConnectionError("device is closed");
+    if (arrival_ready.load(std::memory_order_acquire)) return take_arrival(spec);
     const std::uint64_t seq = expected++;
     if (!link.attached) {
       // Anyone who looked the slot up can write its record; only the
@@ -130,9 +243,24 @@ class DynamicSlotImpl {
   }
 };
 
-class DynamicSenderImpl {
+class DynamicSenderImpl : public MessageSink {
  public:
+  // The receiver's ack in the message form: status, then the sequence.
+  void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
+                  int worker_index) override {
+    if (h.kind != MsgKind::kDynamicAck || from != channel.impl()->peer) {
+      if (auto dev = from->device.lock()) dev->refuse_message("dynamic sender: a message it did not expect");
+      return;
+    }
+    inbox.store(worker_index, std::memory_order_relaxed);
+    store_release(static_cast<char*>(ack.data()) + 8, h.b);
+    store_release(ack.data(), h.a);
+  }
+
   Channel channel;
+  std::uint64_t slot_sink = 0;
+  std::atomic<int> inbox{-1};
+  SinkRegistration sink;
   RemoteRegion record;
   int max_ndim = 8;
   std::size_t max_nbytes = 0, record_size = 0;
@@ -163,6 +291,7 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
   s.record = detail::allocate_exported(*dev, s.record_size);
   std::memset(s.record.data(), 0, s.record_size);
   s.ack_src = dev->pool->allocate(64, 64);
+  s.sink.add(dev, impl_);
   detail::serve_attach(device, "tw.dynamic/" + name, impl_);
 }
 
@@ -173,7 +302,7 @@ Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev->workers[0].get() : nullptr;
   detail::ChannelImpl* ch = s.link.channel_impl();
-  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s)) {
+  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s, detail::inbox_of(dev, s.inbox))) {
     if (ch && ch->failed()) ch->check_usable();
     throw Timeout("dynamic slot '" + s.name + "': no tensor within " + std::to_string(timeout_s) + " s");
   }
@@ -183,7 +312,12 @@ Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
 bool DynamicSlot::poll(Block* out, TensorSpec* spec) {
   auto& s = *impl_;
   if (!s.ready()) {
-    if (auto* ch = s.link.channel_impl()) ch->worker->progress();
+    auto dev = s.device.lock();
+    if (auto* in = detail::inbox_of(dev, s.inbox)) {
+      in->progress();
+    } else if (auto* ch = s.link.channel_impl()) {
+      ch->worker->progress();
+    }
     if (!s.ready()) return false;
   }
   *out = s.take(spec);
@@ -204,13 +338,15 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   if (!dev) throw ConnectionError("device is closed");
   s.ack = detail::allocate_exported(*dev, 64);
   std::memset(s.ack.data(), 0, 64);
-  std::string reply = detail::attach_to_slot(channel, "tw.dynamic/" + name, s.ack, timeout_s);
+  s.sink.add(dev, impl_);
+  std::string reply = detail::attach_to_slot(channel, "tw.dynamic/" + name, s.ack, s.sink.id, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "dynamic slot description");
   s.max_ndim = static_cast<int>(r.get<std::uint32_t>());
   s.max_nbytes = r.get<std::uint64_t>();
   s.record_size = r.get<std::uint64_t>();
   s.next_seq = r.get<std::uint64_t>();
   std::string desc = r.get_bytes32();
+  s.slot_sink = r.get<std::uint64_t>();
   s.record = detail::exported_by_peer(channel, desc);
   if (s.max_ndim < 0 || s.max_ndim > detail::kRecordMaxNdim || s.record_size != detail::record_size_for(s.max_ndim) || s.record.length() < s.record_size) {
     throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
@@ -236,13 +372,15 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   if (n > 0 && (offset > local.length || n > local.length - offset)) {
     throw InvalidArgument("tensor range exceeds its local region");
   }
-  if (n > 0 && (!local.rkey || local.rkey->size() > detail::kRecordMaxRkey)) {
-    throw InvalidArgument("local memory has no usable rkey");
-  }
+  const bool messages = s.channel.impl()->uses_messages();
   // The receiver reads only ranges exported to it: export the whole local
-  // region once (one control call, remembered per sender).
+  // region once (one control call, remembered per sender). The message form
+  // carries the data itself: nothing to export.
   const std::string* export_key = nullptr;  // the key the receiver was given for `local`
-  if (n > 0) {
+  if (n > 0 && !messages) {
+    if (!local.rkey || local.rkey->size() > detail::kRecordMaxRkey) {
+      throw InvalidArgument("local memory has no usable rkey");
+    }
     auto key = std::make_tuple(reinterpret_cast<std::uintptr_t>(local.address), local.length, *local.rkey);
     auto it = s.exported.find(key);
     if (it == s.exported.end()) {
@@ -255,28 +393,43 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   // One record in flight: the previous send must have been acknowledged.
   if (s.acked() < seq - 1) {
     ++s.stats.waits_for_ack;
-    if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s)) {
+    auto dev = s.channel.impl()->peer->device.lock();
+    if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s,
+                            detail::inbox_of(dev, s.inbox))) {
       s.channel.impl()->check_usable();
       throw Timeout("dynamic slot: the receiver has not taken the previous tensor within " +
                     std::to_string(timeout_s) + " s; nothing of this tensor was sent");
     }
   }
-  // Build the record in the staging block (registered), then write it.
   detail::DynamicRecord rec;
   rec.spec = spec;
   rec.nbytes = n;
-  rec.address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);
   if (auto dev = s.channel.impl()->peer->device.lock()) rec.device_id = dev->id;
-  if (n) rec.rkey = *export_key;
-  const std::size_t record_bytes = detail::encode_record(rec, s.max_ndim, static_cast<char*>(s.staging.data()));
-  Request body = s.channel.write(s.staging.region(), 0, s.record, 0, record_bytes);
-  *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;
-  Request flag = s.channel.write_ordered(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
+  std::shared_ptr<std::pair<Request, Request>> posted;
+  if (messages) {
+    // One message: the record (inline form) as header, the tensor as payload.
+    std::string record(s.record_size, '\0');
+    record.resize(detail::encode_record(rec, s.max_ndim, record.data(), detail::RecordForm::kInlineData));
+    detail::DataHeader h;
+    h.kind = detail::MsgKind::kDynamicSend;
+    h.target = s.slot_sink;
+    h.a = seq;
+    posted = std::make_shared<std::pair<Request, Request>>(
+        s.channel.impl()->send_message(h, record, &local, offset, n), Request());
+  } else {
+    // Build the record in the staging block (registered), then write it.
+    rec.address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);
+    if (n) rec.rkey = *export_key;
+    const std::size_t record_bytes = detail::encode_record(rec, s.max_ndim, static_cast<char*>(s.staging.data()));
+    Request body = s.channel.write(s.staging.region(), 0, s.record, 0, record_bytes);
+    *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;
+    Request flag = s.channel.write_ordered(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
+    posted = std::make_shared<std::pair<Request, Request>>(std::move(body), std::move(flag));
+  }
   s.next_seq = seq + 1;
   ++s.stats.sent;
   s.stats.bytes += n;
   // Completes on the receiver's ack; keeps the local memory alive until then.
-  auto posted = std::make_shared<std::pair<Request, Request>>(std::move(body), std::move(flag));
   auto impl = impl_;
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
   state->local_owner = local.owner;

@@ -28,8 +28,10 @@ inline void store_release(void* p, std::uint64_t v) {
 // `worker`); after `spin_us` of nothing, naps 20 us at a time (on the
 // worker's event fd when driving it, so tcp data ends the nap). Returns false
 // at the deadline (timeout_s < 0: never), or as soon as `channel` failed.
+// `inbox`: the worker the peer's messages arrive on, when known (message
+// form: driven whatever the transport).
 template <typename Ready>
-bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s) {
+bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s, WorkerCtl* inbox = nullptr) {
   using clock = std::chrono::steady_clock;
   if (ready()) return true;
   const auto start = clock::now();
@@ -37,8 +39,9 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
   const auto deadline = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(
                                     forever ? 0.0 : timeout_s));
   // The peer's write lands by itself unless the transport needs this side to
-  // progress (tcp): only then drive the worker (and keep its thread out).
-  WorkerCtl* w = channel ? (channel->needs_target_progress() ? channel->worker.get() : nullptr) : worker;
+  // progress (tcp) or it comes as a message: only then drive the worker (and
+  // keep its thread out).
+  WorkerCtl* w = inbox ? inbox : channel ? (channel->waiter_drives() ? channel->worker.get() : nullptr) : worker;
   WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
   const auto spin = std::chrono::microseconds(spin_of && spin_of->spin_us() ? spin_of->spin_us() : 50);
   WorkerCtl::Caller caller(w);  // the progress thread stays out meanwhile
@@ -90,13 +93,15 @@ inline Block allocate_exported(DeviceImpl& dev, std::size_t nbytes) {
 }
 
 // A slot's link back to its one sender, made by the sender's attach call
-// (payload: the descriptor of the sender's ack block). The sender is the peer
-// that made the call on its own connection; it keeps the slot until it fails.
+// (payload: the descriptor of the sender's ack block, then the id its
+// messages reach it by). The sender is the peer that made the call on its own
+// connection; it keeps the slot until it fails.
 struct SenderLink {
   std::mutex mu;
   Channel channel;  // lane 0 back to the sender
   RemoteRegion ack;
   std::uint64_t sender_id = 0;
+  std::uint64_t sender_sink = 0;  // the sender's message sink (acks in the message form)
   std::atomic<bool> attached{false};
 
   // Returns true when this attach replaces a sender that failed.
@@ -104,6 +109,7 @@ struct SenderLink {
               const std::string& slot) {
     ByteReader r(payload.data(), payload.size(), "slot attach");
     std::string desc = r.get_bytes32();
+    const std::uint64_t sink = r.get<std::uint64_t>();
     if (r.left() != 0) throw InvalidArgument(slot + ": malformed attach call (trailing bytes)");
     RegionDescriptor d = RegionDescriptor::from_bytes(desc.data(), desc.size());
     if (d.length < min_ack) throw InvalidArgument(slot + ": the sender's ack region is too small");
@@ -120,10 +126,26 @@ struct SenderLink {
     ack = region;
     channel = ch;
     sender_id = caller->hello.device_id;
+    sender_sink = sink;
     attached = true;
     return replaces;
   }
   ChannelImpl* channel_impl() const { return attached ? channel.impl() : nullptr; }
+  // Whether a message from `from` comes from the attached sender (its
+  // connection's identity, core/messages.h).
+  bool is(const std::shared_ptr<Peer>& from) {
+    std::lock_guard<std::mutex> lock(mu);
+    return attached && channel.impl()->peer == from && !channel.impl()->failed();
+  }
+  // Sends a header-only message to the sender's sink.
+  void notify(MsgKind kind, std::uint64_t a, std::uint64_t b) {
+    DataHeader h;
+    h.kind = kind;
+    h.target = sender_sink;
+    h.a = a;
+    h.b = b;
+    channel.impl()->send_message(h, {}, nullptr, 0, 0);
+  }
 };
 
 // A region described in a slot's attach reply: exported by the slot's owner.
@@ -151,12 +173,34 @@ inline void stop_attach(const std::weak_ptr<DeviceImpl>& device, const std::stri
 }
 
 // Sender side of the attach call: returns the slot's description.
-inline std::string attach_to_slot(Channel& channel, const std::string& call, const Block& ack, double timeout_s) {
+inline std::string attach_to_slot(Channel& channel, const std::string& call, const Block& ack, std::uint64_t sink,
+                                  double timeout_s) {
   auto dev = channel.impl()->peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
   ByteWriter w;
   w.put_bytes32(dev->export_for(ack.descriptor(), *channel.impl()->peer).to_bytes());
+  w.put<std::uint64_t>(sink);
   return channel.call(call, w.str(), timeout_s);
+}
+
+// A slot end's registration as a message sink: the id travels in the attach
+// call or reply; dropped with the object.
+struct SinkRegistration {
+  std::weak_ptr<DeviceImpl> device;
+  std::uint64_t id = 0;
+  void add(const std::shared_ptr<DeviceImpl>& dev, std::weak_ptr<MessageSink> sink) {
+    device = dev;
+    id = dev->add_sink(std::move(sink));
+  }
+  ~SinkRegistration() {
+    if (auto dev = device.lock()) dev->remove_sink(id);
+  }
+};
+
+// The worker a sink's messages arrived on (-1: none yet), for waiters to drive.
+inline WorkerCtl* inbox_of(const std::shared_ptr<DeviceImpl>& dev, const std::atomic<int>& index) {
+  const int i = index.load(std::memory_order_relaxed);
+  return dev && i >= 0 && i < static_cast<int>(dev->workers.size()) ? dev->workers[i].get() : nullptr;
 }
 
 }  // namespace tensorwire::detail

@@ -86,7 +86,7 @@ struct StaticLayout {
   std::size_t seq_offset(std::size_t i) const { return i * stride + payload; }
 };
 
-class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
+class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<StaticSlotImpl> {
  public:
   StaticSlotImpl(std::shared_ptr<DeviceImpl> dev, std::string name, TensorSpec spec, int depth, std::uint64_t first)
       : device(dev), name(std::move(name)), spec(std::move(spec)), depth(depth), first_seq(first),
@@ -105,6 +105,7 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
     // Forget what anyone but this sender (a failed one, a peer that wrote
     // without attaching) left in buffers not yet received; held ones stay.
     for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
+    arrived = got;  // the message form continues from the next tensor too
     ByteWriter w;
     w.put_raw(encode_spec(spec));
     w.put<std::uint32_t>(static_cast<std::uint32_t>(depth));
@@ -114,7 +115,44 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
     w.put<std::uint64_t>(layout.stride);
     w.put<std::uint64_t>(layout.payload);
     w.put_bytes32(dev->export_for(block.descriptor(), *caller).to_bytes());
+    w.put<std::uint64_t>(sink.id);
     return std::move(w.str());
+  }
+
+  // The message form of a send: the payload goes straight into its buffer
+  // (UCX's rendezvous fetches a large one there), then the sequence word is
+  // set, as the RMA form's second write would.
+  void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming& payload,
+                  int worker_index) override {
+    auto dev = device.lock();
+    if (!dev) return;
+    if (h.kind != MsgKind::kStaticSend) {
+      return dev->refuse_message("static slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
+    }
+    if (!link.is(from)) {
+      return dev->refuse_message("static slot '%s': a tensor from %s, which is not its sender", name.c_str(),
+                                 from->describe().c_str());
+    }
+    const std::uint64_t seq = h.a, next = first_seq + arrived.load();
+    // In order, and never into a buffer the receiver still holds.
+    if (seq != next || seq >= first_seq + consumed_.load(std::memory_order_acquire) + depth) {
+      return dev->refuse_message("static slot '%s': tensor %llu out of turn (next %llu)", name.c_str(),
+                                 static_cast<unsigned long long>(seq), static_cast<unsigned long long>(next));
+    }
+    if (payload.length() != layout.nbytes) {
+      return dev->refuse_message("static slot '%s': a tensor of %zu bytes, the slot holds %zu", name.c_str(),
+                                 payload.length(), layout.nbytes);
+    }
+    inbox.store(worker_index, std::memory_order_relaxed);
+    arrived.fetch_add(1);
+    const std::size_t idx = (seq - first_seq) % depth;
+    void* word = const_cast<void*>(seq_word(idx));
+    payload.receive_into(
+        static_cast<char*>(block.data()) + layout.payload_offset(idx), block.region().memh,
+        [word, seq](bool ok) {
+          if (ok) store_release(word, seq);
+        },
+        shared_from_this());
   }
 
   volatile void* seq_word(std::size_t i) const { return static_cast<char*>(block.data()) + layout.seq_offset(i); }
@@ -136,6 +174,10 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
   Block block, ack_src;
   SenderLink link;
   std::uint64_t received = 0, consumed = 0;
+  std::atomic<std::uint64_t> consumed_{0};  // `consumed`, for the message handler
+  std::atomic<std::uint64_t> arrived{0};    // tensors placed by the message handler
+  std::atomic<int> inbox{-1};               // the worker messages arrive on
+  SinkRegistration sink;
   SlotStats stats;
   // Ack writes in flight, one per source word: release() does not wait for
   // them (over tcp a write completes only once the sender progresses, and a
@@ -144,9 +186,27 @@ class StaticSlotImpl : public std::enable_shared_from_this<StaticSlotImpl> {
   std::vector<Request> ack_pending;
 };
 
-class StaticSenderImpl {
+class StaticSenderImpl : public MessageSink {
  public:
+  // The receiver's release in the message form.
+  void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
+                  int worker_index) override {
+    if (h.kind != MsgKind::kStaticRelease || from != channel.impl()->peer) {
+      if (auto dev = from->device.lock()) dev->refuse_message("static sender: a message it did not expect");
+      return;
+    }
+    inbox.store(worker_index, std::memory_order_relaxed);
+    // Monotonic: a release never takes back an earlier one.
+    std::atomic_ref<std::uint64_t> word(*static_cast<std::uint64_t*>(ack.data()));
+    std::uint64_t cur = word.load(std::memory_order_relaxed);
+    while (h.a > cur && !word.compare_exchange_weak(cur, h.a, std::memory_order_release)) {
+    }
+  }
+
   Channel channel;
+  std::uint64_t slot_sink = 0;
+  std::atomic<int> inbox{-1};
+  SinkRegistration sink;
   RemoteRegion slot;
   TensorSpec spec;
   int depth = 0;
@@ -181,6 +241,7 @@ StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec
   }
   auto dev = device_impl(device);
   impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq);
+  impl_->sink.add(dev, impl_);
   detail::serve_attach(device, "tw.static/" + name, impl_);
 }
 
@@ -194,7 +255,8 @@ int StaticSlot::recv(double timeout_s) {
   }
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev->workers[0].get() : nullptr;
-  if (!detail::wait_until(s.channel(), worker, [&] { return s.ready_next(); }, timeout_s)) {
+  if (!detail::wait_until(s.channel(), worker, [&] { return s.ready_next(); }, timeout_s,
+                          detail::inbox_of(dev, s.inbox))) {
     if (s.channel() && s.channel()->failed()) s.channel()->check_usable();
     throw Timeout("static slot '" + s.name + "': no tensor (sequence " + std::to_string(s.first_seq + s.received) +
                   ") within " + std::to_string(timeout_s) + " s");
@@ -210,7 +272,12 @@ int StaticSlot::poll() {
   auto& s = *impl_;
   if (s.received - s.consumed >= static_cast<std::uint64_t>(s.depth)) return -1;
   if (!s.ready_next()) {
-    if (auto* ch = s.channel()) ch->worker->progress();
+    auto dev = s.device.lock();
+    if (auto* in = detail::inbox_of(dev, s.inbox)) {
+      in->progress();
+    } else if (auto* ch = s.channel()) {
+      ch->worker->progress();
+    }
     if (!s.ready_next()) return -1;
   }
   int idx = static_cast<int>(s.received % s.depth);
@@ -224,9 +291,14 @@ void StaticSlot::release() {
   auto& s = *impl_;
   if (s.consumed == s.received) throw InvalidArgument("static slot '" + s.name + "': nothing to release");
   ++s.consumed;
+  s.consumed_.store(s.consumed, std::memory_order_release);
   if (!s.link.attached) return;
   // The ack word: the sequence number of the last released tensor.
   const std::uint64_t last = s.first_seq + s.consumed - 1;
+  if (s.link.channel.impl()->uses_messages()) {
+    s.link.notify(detail::MsgKind::kStaticRelease, last, 0);
+    return;
+  }
   const std::size_t word = s.consumed % detail::StaticSlotImpl::kAckRing;
   s.ack_pending[word].wait(10.0);  // the write that last used this source word
   std::memcpy(static_cast<char*>(s.ack_src.data()) + 8 * word, &last, 8);
@@ -253,7 +325,8 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   if (!dev) throw ConnectionError("device is closed");
   s.ack = detail::allocate_exported(*dev, 64);
   std::memset(s.ack.data(), 0, 64);
-  std::string reply = detail::attach_to_slot(channel, "tw.static/" + name, s.ack, timeout_s);
+  s.sink.add(dev, impl_);
+  std::string reply = detail::attach_to_slot(channel, "tw.static/" + name, s.ack, s.sink.id, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "static slot description");
   s.spec = detail::decode_spec(r);
   s.depth = static_cast<int>(r.get<std::uint32_t>());
@@ -263,6 +336,7 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   s.stride = r.get<std::uint64_t>();
   s.payload = r.get<std::uint64_t>();
   std::string desc = r.get_bytes32();
+  s.slot_sink = r.get<std::uint64_t>();
   s.slot = detail::exported_by_peer(channel, desc);
   if (s.depth < 1 || s.depth > 1024 || s.first_seq == 0 || s.next_seq < s.first_seq || released + 1 < s.first_seq ||
       released >= s.next_seq || s.payload < s.spec.nbytes() || s.stride < 8 || s.payload > s.stride - 8 ||
@@ -290,12 +364,29 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
     const std::uint64_t need = seq - s.depth;
     if (s.acked() < need) {
       ++s.stats.waits_for_ack;
-      if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s)) {
+      auto dev = s.channel.impl()->peer->device.lock();
+      if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s,
+                              detail::inbox_of(dev, s.inbox))) {
         s.channel.impl()->check_usable();
         throw Timeout("static slot: the receiver has not released tensor " + std::to_string(need) + " within " +
                       std::to_string(timeout_s) + " s; nothing of this tensor was sent");
       }
     }
+  }
+  if (s.channel.impl()->uses_messages()) {
+    // One message: the sequence number and the tensor (contracts §12).
+    detail::DataHeader h;
+    h.kind = detail::MsgKind::kStaticSend;
+    h.target = s.slot_sink;
+    h.a = seq;
+    if (n > 0 && (offset > local.length || n > local.length - offset)) {
+      throw InvalidArgument("tensor range exceeds its local region");
+    }
+    Request sent = s.channel.impl()->send_message(h, {}, &local, offset, n);
+    s.next_seq = seq + 1;
+    ++s.stats.sent;
+    s.stats.bytes += n;
+    return sent;
   }
   Request payload = s.channel.write(local, offset, s.slot, idx * s.stride, n);
   auto* word = static_cast<std::uint64_t*>(s.seq_src.data()) + idx;
@@ -330,7 +421,9 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
 
 void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
   auto& s = *impl_;
-  if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s)) {
+  auto dev = s.channel.impl()->peer->device.lock();
+  if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s,
+                          detail::inbox_of(dev, s.inbox))) {
     s.channel.impl()->check_usable();
     throw Timeout("the receiver has not released tensor " + std::to_string(seq) + " within " +
                   std::to_string(timeout_s) + " s");

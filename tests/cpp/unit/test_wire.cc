@@ -309,7 +309,8 @@ TEST(ControlWire, HelloRejectsTooManyWorkers) {
   ctl::Hello one = sample_hello();
   one.workers = {"w"};
   std::string body = ctl::encode_hello(one);
-  const std::size_t count_off = body.size() - (4 + 1) - 2;  // before the one u32-prefixed address
+  // The tail: u16 count | u32-prefixed address "w" | u16-prefixed empty self proof | u64 data token.
+  const std::size_t count_off = body.size() - 8 - 2 - (4 + 1) - 2;
   std::uint16_t n = 4097;
   std::memcpy(body.data() + count_off, &n, 2);
   ByteReader r(body.data(), body.size(), "HELLO");

@@ -1,0 +1,311 @@
+// Copyright tensorwire authors.
+//
+// Data messages: the wire header, the payload's landing, and the target side
+// of plain write/read in the message form (DeviceImpl::on_data_message).
+#include "core/messages.h"
+
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+
+#include "core/device_impl.h"
+#include "core/log.h"
+
+namespace tensorwire::detail {
+
+std::string DataHeader::encode(std::string_view extra) const {
+  ByteWriter w;
+  w.put<std::uint32_t>(kDataMagic);
+  w.put<std::uint8_t>(static_cast<std::uint8_t>(kind));
+  w.put<std::uint8_t>(0);
+  w.put<std::uint16_t>(0);
+  w.put<std::uint64_t>(token);
+  w.put<std::uint64_t>(target);
+  w.put<std::uint64_t>(a);
+  w.put<std::uint64_t>(b);
+  w.put_raw(extra);
+  return std::move(w.str());
+}
+
+DataHeader DataHeader::decode(ByteReader& r) {
+  if (r.get<std::uint32_t>() != kDataMagic) throw InvalidArgument("data message with a bad magic");
+  DataHeader h;
+  const auto kind = r.get<std::uint8_t>();
+  if (kind < 1 || kind > static_cast<std::uint8_t>(MsgKind::kGetData)) {
+    throw InvalidArgument("data message of unknown kind " + std::to_string(kind));
+  }
+  h.kind = static_cast<MsgKind>(kind);
+  r.get<std::uint8_t>();
+  r.get<std::uint16_t>();
+  h.token = r.get<std::uint64_t>();
+  h.target = r.get<std::uint64_t>();
+  h.a = r.get<std::uint64_t>();
+  h.b = r.get<std::uint64_t>();
+  return h;
+}
+
+namespace {
+
+struct Landing {
+  std::function<void(bool)> done;
+  std::shared_ptr<const void> keep;
+};
+
+void on_landed(void* request, ucs_status_t status, std::size_t, void* user_data) {
+  auto* l = static_cast<Landing*>(user_data);
+  l->done(status == UCS_OK);
+  defer_release(std::move(l->keep));  // inside UCX: no memory or rkey release here
+  delete l;
+  ucp_request_free(request);
+}
+
+// Fire-and-forget sends (replies): the request is freed on completion.
+void on_reply_sent(void* request, ucs_status_t status, void*) {
+  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
+    TW_LOG_DEBUG("data reply not sent: %s", ucs_status_string(status));
+  }
+  ucp_request_free(request);
+}
+
+void send_reply(ucp_ep_h ep, const DataHeader& h, const void* payload, std::size_t length) {
+  if (!ep) return;
+  ucs_status_ptr_t p = post_message(ep, h.encode(), payload, length, nullptr, on_reply_sent, nullptr);
+  if (UCS_PTR_IS_ERR(p)) TW_LOG_DEBUG("data reply not sent: %s", ucs_status_string(UCS_PTR_STATUS(p)));
+}
+
+}  // namespace
+
+Incoming::~Incoming() = default;  // an untaken rendezvous is dropped by UCX when the handler returns
+
+void Incoming::receive_into(void* dst, ucp_mem_h memh, std::function<void(bool)> done,
+                            std::shared_ptr<const void> keep) {
+  taken_ = true;
+  if (!rendezvous_) {
+    if (length_) std::memcpy(dst, data_, length_);
+    done(true);
+    defer_release(std::move(keep));
+    return;
+  }
+  auto* landing = new Landing{std::move(done), std::move(keep)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.recv_am = on_landed;
+  param.user_data = landing;
+  if (memh) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    param.memh = memh;
+  }
+  ucs_status_ptr_t p = ucp_am_recv_data_nbx(worker_, data_, dst, length_, &param);
+  if (p == nullptr || UCS_PTR_IS_ERR(p)) {
+    landing->done(p == nullptr);
+    defer_release(std::move(landing->keep));
+    delete landing;
+  }
+}
+
+ucs_status_ptr_t post_message(ucp_ep_h ep, const std::string& header, const void* payload, std::size_t length,
+                              ucp_mem_h memh, ucp_send_nbx_callback_t cb, void* user_data) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.cb.send = cb;
+  param.user_data = user_data;
+  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER;
+  if (memh) {
+    param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    param.memh = memh;
+  }
+  return ucp_am_send_nbx(ep, kDataAmId, header.data(), header.size(), payload, length, &param);
+}
+
+// ---- DeviceImpl: tables of the message form ----
+
+std::uint64_t DeviceImpl::add_message_op(const MessageOp& op) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  const std::uint64_t op_id = next_op_id_++;
+  message_ops_.emplace(op_id, op);
+  return op_id;
+}
+
+bool DeviceImpl::take_message_op(std::uint64_t op_id, const Peer* from, MessageOp* out) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  auto it = message_ops_.find(op_id);
+  if (it == message_ops_.end() || it->second.peer != from) return false;  // only the asked peer answers
+  *out = it->second;
+  message_ops_.erase(it);
+  return true;
+}
+
+void DeviceImpl::drop_message_ops(const Peer* peer, const std::string& why) {
+  std::vector<MessageOp> dropped;
+  {
+    std::lock_guard<std::mutex> lock(msg_mu_);
+    for (auto it = message_ops_.begin(); it != message_ops_.end();) {
+      if (!peer || it->second.peer == peer) {
+        dropped.push_back(it->second);
+        it = message_ops_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& op : dropped) {
+    op.state->complete_error(ErrorKind::kPeerFailed, why);
+    op.ops->settle_message(op.state, UCS_ERR_CONNECTION_RESET);
+  }
+}
+
+std::uint64_t DeviceImpl::add_sink(std::weak_ptr<MessageSink> sink) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  const std::uint64_t sink_id = next_sink_id_++;
+  sinks_.emplace(sink_id, std::move(sink));
+  return sink_id;
+}
+
+void DeviceImpl::remove_sink(std::uint64_t sink_id) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  sinks_.erase(sink_id);
+}
+
+std::shared_ptr<MessageSink> DeviceImpl::message_sink(std::uint64_t sink_id) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  auto it = sinks_.find(sink_id);
+  return it == sinks_.end() ? nullptr : it->second.lock();
+}
+
+void DeviceImpl::register_token(std::uint64_t token, const std::shared_ptr<Peer>& peer) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  by_token_[token] = peer;
+}
+
+std::shared_ptr<Peer> DeviceImpl::peer_by_token(std::uint64_t token) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  auto it = by_token_.find(token);
+  if (it == by_token_.end()) return nullptr;
+  auto peer = it->second.lock();
+  if (!peer) by_token_.erase(it);
+  return peer;
+}
+
+void DeviceImpl::refuse_message(const char* fmt, ...) {
+  const std::uint64_t n = message_refusals_.fetch_add(1) + 1;
+  if (n > 16 && (n & (n - 1)) != 0) return;  // the first 16, then every power of two
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  TW_LOG_WARN("refused a data message (%llu so far): %s", static_cast<unsigned long long>(n), buf);
+}
+
+// ---- DeviceImpl: the receiving side of data messages ----
+
+void DeviceImpl::on_data_message(int worker_index, const void* header, std::size_t header_length, void* data,
+                                 std::size_t length, const ucp_am_recv_param_t* param) {
+  const bool rendezvous = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  Incoming payload(workers[worker_index]->get(), data, length, rendezvous);
+  ByteReader r(header, header_length, "data message");
+  DataHeader h;
+  try {
+    h = DataHeader::decode(r);
+  } catch (const Error& e) {
+    refuse_message("%s", e.what());
+    return;
+  }
+  std::shared_ptr<Peer> from = peer_by_token(h.token);
+  if (!from || from->failed()) {
+    refuse_message("a data message from an unknown or failed peer (kind %d)", static_cast<int>(h.kind));
+    return;
+  }
+  ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  switch (h.kind) {
+    case MsgKind::kPut: {
+      DataHeader done{MsgKind::kPutDone, from->hello.data_token, h.target, 0,
+                      static_cast<std::uint64_t>(AccessStatus::kOk)};
+      // The target checks the range against what it exported to this peer
+      // before any byte lands (contracts §11).
+      if (!from->granted(h.a, length)) {
+        refuse_message("%s wrote %zu bytes at 0x%llx, outside what was exported to it", from->describe().c_str(),
+                       length, static_cast<unsigned long long>(h.a));
+        done.b = static_cast<std::uint64_t>(AccessStatus::kNotExported);
+        send_reply(reply_ep, done, nullptr, 0);
+        return;
+      }
+      payload.receive_into(
+          reinterpret_cast<void*>(h.a), nullptr,
+          [reply_ep, done](bool ok) mutable {
+            if (!ok) done.b = static_cast<std::uint64_t>(AccessStatus::kFailed);
+            send_reply(reply_ep, done, nullptr, 0);
+          },
+          nullptr);
+      return;
+    }
+    case MsgKind::kGet: {
+      DataHeader reply{MsgKind::kGetData, from->hello.data_token, h.target, 0,
+                       static_cast<std::uint64_t>(AccessStatus::kOk)};
+      if (!from->granted(h.a, h.b)) {
+        refuse_message("%s read %llu bytes at 0x%llx, outside what was exported to it", from->describe().c_str(),
+                       static_cast<unsigned long long>(h.b), static_cast<unsigned long long>(h.a));
+        reply.b = static_cast<std::uint64_t>(AccessStatus::kNotExported);
+        send_reply(reply_ep, reply, nullptr, 0);
+        return;
+      }
+      send_reply(reply_ep, reply, reinterpret_cast<const void*>(h.a), h.b);
+      return;
+    }
+    case MsgKind::kPutDone:
+    case MsgKind::kGetData: {
+      MessageOp op;
+      if (!take_message_op(h.target, from.get(), &op)) {
+        refuse_message("%s answered an operation it was not asked (id %llu)", from->describe().c_str(),
+                       static_cast<unsigned long long>(h.target));
+        return;
+      }
+      const auto status = static_cast<AccessStatus>(h.b);
+      if (status != AccessStatus::kOk) {
+        op.state->complete_error(status == AccessStatus::kNotExported ? ErrorKind::kInvalidArgument
+                                                                      : ErrorKind::kConnection,
+                                 std::string(h.kind == MsgKind::kPutDone ? "write" : "read") + " refused by " +
+                                     from->describe() +
+                                     (status == AccessStatus::kNotExported
+                                          ? ": the range is not one it exported to this device"
+                                          : ": the target could not place the data"));
+        op.ops->settle_message(op.state, UCS_OK);
+        return;
+      }
+      if (h.kind == MsgKind::kPutDone) {
+        op.ops->settle_message(op.state, UCS_OK);
+        return;
+      }
+      if (length != op.length) {
+        op.state->complete_error(ErrorKind::kProtocolMismatch, "read: " + from->describe() + " sent " +
+                                                                   std::to_string(length) + " bytes for " +
+                                                                   std::to_string(op.length));
+        op.ops->settle_message(op.state, UCS_OK);
+        return;
+      }
+      RequestState* state = op.state;
+      PendingOps* ops = op.ops;
+      payload.receive_into(
+          op.dest, op.memh, [state, ops](bool ok) { ops->settle_message(state, ok ? UCS_OK : UCS_ERR_IO_ERROR); },
+          nullptr);
+      return;
+    }
+    default: {
+      std::shared_ptr<MessageSink> sink = message_sink(h.target);
+      if (!sink) {
+        refuse_message("a data message for sink %llu, which does not exist (kind %d)",
+                       static_cast<unsigned long long>(h.target), static_cast<int>(h.kind));
+        return;
+      }
+      try {
+        sink->on_message(from, h, r, payload, worker_index);
+      } catch (const std::exception& e) {
+        refuse_message("%s", e.what());
+      }
+      defer_release(std::move(sink));  // the last reference may free memory: not inside UCX
+      return;
+    }
+  }
+}
+
+}  // namespace tensorwire::detail

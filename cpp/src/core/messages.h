@@ -1,0 +1,100 @@
+// Copyright tensorwire authors.
+//
+// The message form of the data path (docs/contracts.md §12): where a lane's
+// RMA is emulated by UCX (tcp, UD), a one-sided put costs the target a
+// progress call anyway, and a fence costs a full flush round trip. There,
+// slots and plain write/read travel as UCX active messages that the target's
+// handler applies: one message per tensor (header + payload; UCX's
+// rendezvous puts a large payload straight into the buffer the handler
+// names), one small message per release/ack, and every write or read of
+// channel memory checked by the *target* against what it exported to the
+// initiator before a byte moves.
+//
+// Identity: a message names its sender by a token the receiver handed it in
+// its HELLO over that peer's own control connection (Peer::inbound_token), never by
+// a field the sender chooses freely.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <ucp/api/ucp.h>
+
+#include "core/bytes.h"
+
+namespace tensorwire::detail {
+
+class Peer;
+
+inline constexpr unsigned kDataAmId = 0x7478;          // the one AM id of data messages
+inline constexpr std::uint32_t kDataMagic = 0x4d445754;  // "TWDM"
+
+enum class MsgKind : std::uint8_t {
+  kStaticSend = 1,     // target: static slot; a = sequence; payload = tensor
+  kStaticRelease = 2,  // target: static sender; a = last released sequence
+  kDynamicSend = 3,    // target: dynamic slot; a = sequence; extra = record (inline form); payload = tensor
+  kDynamicAck = 4,     // target: dynamic sender; a = sequence; b = RecordStatus
+  kPut = 5,            // target: op id to answer; a = address; payload = bytes
+  kPutDone = 6,        // target: op id; b = status
+  kGet = 7,            // target: op id to answer; a = address; b = length
+  kGetData = 8,        // target: op id; b = status; payload = bytes
+};
+
+// Status of a put or get, in its reply.
+enum class AccessStatus : std::uint64_t { kOk = 0, kNotExported = 1, kFailed = 2 };
+
+// The fixed header of every data message (little-endian, 40 bytes), then
+// kind-specific bytes ("extra").
+struct DataHeader {
+  MsgKind kind = MsgKind::kPut;
+  std::uint64_t token = 0;   // the sender's identity at the receiver
+  std::uint64_t target = 0;  // sink id or op id
+  std::uint64_t a = 0, b = 0;
+  static constexpr std::size_t kSize = 40;
+  std::string encode(std::string_view extra = {}) const;
+  // Throws InvalidArgument on a short header, bad magic or unknown kind.
+  static DataHeader decode(ByteReader& r);
+};
+
+// The payload of an arriving message: eager (in UCX's buffer, valid only
+// during the handler) or announced by rendezvous (UCX fetches it into the
+// buffer the handler names).
+class Incoming {
+ public:
+  Incoming(ucp_worker_h worker, void* data, std::size_t length, bool rendezvous)
+      : worker_(worker), data_(data), length_(length), rendezvous_(rendezvous) {}
+  ~Incoming();  // a payload nobody took is released (a refused rendezvous)
+  Incoming(const Incoming&) = delete;
+  Incoming& operator=(const Incoming&) = delete;
+  std::size_t length() const { return length_; }
+  // Places the payload at dst (registered as memh, or nullptr) and calls
+  // done(ok) once it is there: at once when eager, from a UCX callback when
+  // by rendezvous. `keep` stays alive until then and is released outside UCX.
+  void receive_into(void* dst, ucp_mem_h memh, std::function<void(bool ok)> done, std::shared_ptr<const void> keep);
+
+ private:
+  ucp_worker_h worker_;
+  void* data_;
+  std::size_t length_;
+  bool rendezvous_;
+  bool taken_ = false;
+};
+
+// An object that messages address by id (slots and slot senders).
+class MessageSink {
+ public:
+  virtual ~MessageSink() = default;
+  // Runs on the thread progressing the data worker `worker_index`: must not
+  // block. Refusals are logged and counted, never thrown to UCX.
+  virtual void on_message(const std::shared_ptr<Peer>& from, const DataHeader& header, ByteReader& extra,
+                          Incoming& payload, int worker_index) = 0;
+};
+
+// Sends a header-only message or one with a payload from registered memory
+// (memh may be null). Flags: reply endpoint wanted, header copied.
+ucs_status_ptr_t post_message(ucp_ep_h ep, const std::string& header, const void* payload, std::size_t length,
+                              ucp_mem_h memh, ucp_send_nbx_callback_t cb, void* user_data);
+
+}  // namespace tensorwire::detail
