@@ -1,4 +1,5 @@
 // Copyright tensorwire authors.
+#include <dirent.h>
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netdb.h>
@@ -79,6 +80,15 @@ std::pair<std::string, std::uint16_t> split_address(const std::string& address) 
   return {address.substr(0, pos), static_cast<std::uint16_t>(port)};
 }
 
+bool has_rdma_devices() {
+  DIR* d = opendir("/sys/class/infiniband");
+  if (!d) return false;
+  bool any = false;
+  while (dirent* e = readdir(d)) any = any || e->d_name[0] != '.';
+  closedir(d);
+  return any;
+}
+
 std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConfig& c) {
   auto o = ucx::transport_overrides(c.transport);
   // Measured on loopback tcp (2 vCPUs): 4 MiB socket buffers lift 1 MiB
@@ -91,6 +101,17 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   // large-block size (static-slot transfer at 64 KiB: 9.5 -> 4.3 us; at 256
   // KiB: 27.5 -> 9.4 us). Large blocks are not mapped: cma stays their path.
   o.emplace_back("?CMA_BW", "4000MBps");
+  // A message's large payload goes by UCX's rendezvous (core/messages.h).
+  // Over tcp UCX's default scheme copies fragments in and out: ~1 GB/s here.
+  // put_zcopy lands the bytes from the socket in the buffer the receiver
+  // named: 4-5 GB/s (bench/results/lane_forms_tcp.txt). From 32 KiB: below
+  // UCX's own threshold (~270 KiB) a 256 KiB tensor took 215 us as copied
+  // eager fragments and 85 us by rendezvous. Only without RDMA devices: over
+  // verbs slots keep their one-sided form and UCX's own choices stand.
+  if (!has_rdma_devices()) {
+    o.emplace_back("?RNDV_SCHEME", "put_zcopy");
+    o.emplace_back("?RNDV_THRESH", "32K");
+  }
   if (c.net_devices == "auto") {
     // A device bound to loopback talks over loopback, unless the user chose.
     if (is_loopback(c.host) && !std::getenv("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
