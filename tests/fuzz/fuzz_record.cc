@@ -49,6 +49,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::memcpy(record.data(), data, std::min(size, record.size()));
   }
 
+  // The message form's inline records (contracts §12) are what the header of
+  // a dynamic-send message holds: any length, no rkey or address allowed.
+  {
+    td::DynamicRecord inl;
+    const auto st = td::decode_record(data, size, max_ndim, max_nbytes, &inl, td::RecordForm::kInlineData);
+    if (st == td::kAccepted) {
+      TW_FUZZ_CHECK(inl.spec.dtype.valid() && inl.nbytes == inl.spec.nbytes() && inl.nbytes <= max_nbytes);
+      TW_FUZZ_CHECK(inl.rkey.empty() && inl.address == 0);
+    }
+  }
+
   td::DynamicRecord rec;
   const auto status = td::decode_record(record.data(), record.size(), max_ndim, max_nbytes, &rec);
   TW_FUZZ_CHECK(std::strlen(td::describe_record_status(status)) > 0);

@@ -58,9 +58,10 @@ def record_body(max_ndim: int, shape, code: int, bits: int, nbytes: int, address
     return bytes(body) + bytes(rkey)
 
 
-def attach_payload(ack_descriptor: bytes) -> bytes:
-    """A slot attach call's payload: bytes32(descriptor of the sender's ack block) (contracts §10.2)."""
-    return struct.pack("<I", len(ack_descriptor)) + ack_descriptor
+def attach_payload(ack_descriptor: bytes, sink: int = 0) -> bytes:
+    """A slot attach call's payload: bytes32(descriptor of the sender's ack
+    block), u64 the sender's message sink (contracts §10.2)."""
+    return struct.pack("<I", len(ack_descriptor)) + ack_descriptor + struct.pack("<Q", sink)
 
 
 def forger(conn, transport: str, device_kwargs: dict | None = None) -> None:

@@ -30,6 +30,29 @@ import _peers  # noqa: E402
 
 HOST = "127.0.0.1"
 TRANSPORTS = ["tcp", "shm"]
+# The two forms of the slot protocols and of write/read (docs/contracts.md
+# §12): forced with TENSORWIRE_LANE_FORM, so both run on any machine (auto
+# picks messages over tcp and one-sided RMA over shared memory).
+LANE_FORMS = ["rma", "messages"]
+
+
+class lane_form:
+    """Sets TENSORWIRE_LANE_FORM for the devices made (and processes spawned) inside it."""
+
+    def __init__(self, form: str | None):
+        self.form = form
+
+    def __enter__(self):
+        self.old = os.environ.get("TENSORWIRE_LANE_FORM")
+        if self.form is not None:
+            os.environ["TENSORWIRE_LANE_FORM"] = self.form
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("TENSORWIRE_LANE_FORM", None)
+        else:
+            os.environ["TENSORWIRE_LANE_FORM"] = self.old
 PEER_START_TIMEOUT_S = 30.0
 PAIR_SLAB_SIZE = 4 << 20
 

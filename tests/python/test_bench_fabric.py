@@ -96,7 +96,8 @@ def test_formats_parse_like_the_anchors():
     assert [int(r[0]) for r in rows] == [8, 1024]
     for size, reps, t, mbs in ((int(a), int(b), float(c), float(d)) for a, b, c, d in rows):
         # Mbytes/sec = bytes / t[usec], up to the rounding of the printed t
-        assert reps == 50 and abs(mbs - size / t) <= size * 0.0051 / (t * t) + 0.011
+        # (|t - t_true| <= 0.005, so |size/t - size/t_true| <= size*0.005 / (t*(t-0.005)))
+        assert reps == 50 and abs(mbs - size / t) <= size * 0.0051 / (t * (t - 0.0051)) + 0.011
     imb_bw = ok(tw("bench", "read_bw", "--transport", "shm", "-s", "4K", "-n", "50", "--format", "imb"))
     assert _rows_after(imb_bw, "#bytes #repetitions   Mbytes/sec      Msg/sec")
     osu_lat = ok(tw("bench", "read_lat", "--transport", "shm", "-s", "8", "-n", "50", "--format", "osu"))

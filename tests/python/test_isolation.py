@@ -34,7 +34,7 @@ import tensorwire as tw
 import _attack
 from _attack import attach_payload, forge, make_descriptor, parse_descriptor, record_body
 from _peers import crc
-from conftest import (PAIR_SLAB_SIZE, PeerError, PeerProcess, TRANSPORTS, remote_crc, start_server,
+from conftest import (PAIR_SLAB_SIZE, PeerError, PeerProcess, TRANSPORTS, lane_form, remote_crc, start_server,
                       start_slot_peer)
 
 pytestmark = pytest.mark.timeout(60)
@@ -425,8 +425,10 @@ def test_finding3_lying_record_refused(transport, lie):
     """The attached sender (this process) sends a good tensor, then overwrites
     the record it just wrote with a lie before the receiver (another process)
     reads it. The receiver refuses it with InvalidArgument and lives on, the
-    sender's request fails with InvalidArgument, and the next tensor arrives."""
-    with start_slot_peer(transport) as receiver, _device(transport, slab_size=MiB) as attacker:
+    sender's request fails with InvalidArgument, and the next tensor arrives.
+    A record in slot memory is the RMA form's (forced here over tcp too); the
+    message form's lies are tests/cpp/loopback (MessageFormRefusesLyingRecords)."""
+    with lane_form("rma"), start_slot_peer(transport) as receiver, _device(transport, slab_size=MiB) as attacker:
         receiver.request({"op": "dynamic_slot", "name": "acts"})
         ch = attacker.connect(receiver.address)
         s = ch.dynamic_sender("acts")
@@ -457,8 +459,9 @@ def test_finding3_exported_garbage_rkey_refused(transport, garbage):
     """The attached sender *exports* a range of its own with a garbage key
     (tw.export takes whatever the peer says about its own memory), then sends a
     record with that key. Unpacking it must fail with InvalidArgument in the
-    receiver (another process), which lives on and takes the next tensor."""
-    with start_slot_peer(transport) as receiver, _device(transport, slab_size=MiB) as attacker:
+    receiver (another process), which lives on and takes the next tensor.
+    Keys travel only in the RMA form (forced here over tcp too)."""
+    with lane_form("rma"), start_slot_peer(transport) as receiver, _device(transport, slab_size=MiB) as attacker:
         receiver.request({"op": "dynamic_slot", "name": "acts"})
         ch = attacker.connect(receiver.address)
         s = ch.dynamic_sender("acts")
@@ -658,6 +661,7 @@ def test_exact_keys_cover_the_export_and_carry_transfers(monkeypatch):
     a looked-up region's key is not its slab's key, and writes, static and
     dynamic slot transfers all work with such keys."""
     monkeypatch.setenv("TENSORWIRE_EXACT_EXPORT", "1")
+    monkeypatch.setenv("TENSORWIRE_LANE_FORM", "rma")  # keys are used only by one-sided RMA
     with _device("tcp") as server, _device("tcp") as client:
         dst = server.empty((1024,), "int64", alignment=4096)
         server.publish("dst", dst)

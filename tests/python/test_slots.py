@@ -1,5 +1,6 @@
 """Tensor slots (static placement and dynamic allocation) across processes,
-over tcp and shm.
+over tcp and shm, in both protocol forms (one-sided RMA and messages, forced
+with TENSORWIRE_LANE_FORM: contracts §12).
 
 The peer process (tests/python/_peers.py:slot_peer) holds the slots, or the
 senders, and is driven through its pipe: it reports what it received (raw
@@ -21,7 +22,7 @@ import pytest
 
 import tensorwire as tw
 from _peers import slot_tensor
-from conftest import TRANSPORTS, start_slot_peer
+from conftest import LANE_FORMS, TRANSPORTS, lane_form, start_slot_peer
 
 DTYPES = sorted(tw._DTYPES)
 SHAPES = [(), (0,), (3, 0), (7,), (2, 3, 5)]
@@ -43,17 +44,22 @@ def op(_peer, _op: str, _timeout: float = 30.0, **kwargs) -> dict:
 # ---------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="module", params=TRANSPORTS)
+TRANSPORT_FORMS = [(t, f) for t in TRANSPORTS for f in LANE_FORMS]
+TRANSPORT_FORM_IDS = [f"{t}-{f}" for t, f in TRANSPORT_FORMS]
+
+
+@pytest.fixture(scope="module", params=TRANSPORT_FORMS, ids=TRANSPORT_FORM_IDS)
 def peer(request):
-    """One slot peer per transport for the module."""
-    with start_slot_peer(request.param) as p:
-        p.transport = request.param
+    """One slot peer per transport and protocol form for the module."""
+    transport, form = request.param
+    with lane_form(form), start_slot_peer(transport) as p:
+        p.transport, p.form = transport, form
         yield p
 
 
 @pytest.fixture(scope="module")
 def client(peer):
-    with tw.Device(transport=peer.transport, slab_size=4 << 20) as dev:
+    with lane_form(peer.form), tw.Device(transport=peer.transport, slab_size=4 << 20) as dev:
         yield dev
 
 
@@ -635,9 +641,9 @@ def _assert_failed_in_time(timer, when, excinfo_value) -> None:
     assert took < DETECT_S, f"the failure was seen only {took:.1f} s after the peer died ({excinfo_value!r})"
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_static_sender_blocked_on_ack_fails_when_receiver_dies(transport):
-    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as client:
+@pytest.mark.parametrize("transport, form", TRANSPORT_FORMS, ids=TRANSPORT_FORM_IDS)
+def test_static_sender_blocked_on_ack_fails_when_receiver_dies(transport, form):
+    with lane_form(form), start_slot_peer(transport) as peer, tw.Device(transport=transport) as client:
         op(peer, "static_slot", name="s", shape=[4], dtype="int32", depth=1)
         sender = client.connect(peer.address).static_sender("s")
         sender.send(np.zeros(4, np.int32)).wait(10)  # fills the only buffer; never released
@@ -648,9 +654,9 @@ def test_static_sender_blocked_on_ack_fails_when_receiver_dies(transport):
         assert sender.stats()["waits_for_ack"] == 1 and sender.stats()["sent"] == 1
 
 
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_dynamic_send_pending_on_ack_fails_when_receiver_dies(transport):
-    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as client:
+@pytest.mark.parametrize("transport, form", TRANSPORT_FORMS, ids=TRANSPORT_FORM_IDS)
+def test_dynamic_send_pending_on_ack_fails_when_receiver_dies(transport, form):
+    with lane_form(form), start_slot_peer(transport) as peer, tw.Device(transport=transport) as client:
         op(peer, "dynamic_slot", name="d")
         sender = client.connect(peer.address).dynamic_sender("d")
         req = sender.send(np.arange(4, dtype=np.int32))  # the receiver never takes it
@@ -664,9 +670,9 @@ def test_dynamic_send_pending_on_ack_fails_when_receiver_dies(transport):
 
 
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
-@pytest.mark.parametrize("transport", TRANSPORTS)
-def test_recv_fails_when_sender_dies(transport, kind):
-    with tw.Device(transport=transport) as dev, start_slot_peer(transport) as peer:
+@pytest.mark.parametrize("transport, form", TRANSPORT_FORMS, ids=TRANSPORT_FORM_IDS)
+def test_recv_fails_when_sender_dies(transport, form, kind):
+    with lane_form(form), tw.Device(transport=transport) as dev, start_slot_peer(transport) as peer:
         slot = _make_slot(dev, kind, "r")
         op(peer, "connect", address=dev.address)
         op(peer, "sender", kind=kind, name="r")
@@ -679,3 +685,29 @@ def test_recv_fails_when_sender_dies(transport, kind):
         with pytest.raises(DEAD_PEER_ERRORS) as info:
             slot.recv(timeout=30)  # nothing more comes: the sender dies
         _assert_failed_in_time(timer, when, info.value)
+
+
+# ---------------------------------------------------------------- forms
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+@pytest.mark.parametrize("forms", ["rma,messages", "messages,rma"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_mixed_channel_one_lane_native_one_emulated(transport, forms, kind):
+    """Lane 0 and lane 1 of one peer use different forms: the sender sends on
+    lane 1, the receiver releases (acks) on its lane 0 back, so one direction
+    goes as messages and the other as one-sided writes; contents intact."""
+    with lane_form(forms), start_slot_peer(transport) as peer, tw.Device(transport=transport) as client:
+        name = unique("mixed")
+        if kind == "static":
+            op(peer, "static_slot", name=name, shape=[3, 5], dtype="float32", depth=2)
+        else:
+            op(peer, "dynamic_slot", name=name)
+        ch = client.connect(peer.address, 1)
+        sender = ch.static_sender(name) if kind == "static" else ch.dynamic_sender(name)
+        expected = [slot_tensor("float32", (3, 5), seed=7 + i) for i in range(5)]
+        peer.send({"op": "recv", "name": name, "count": len(expected)})
+        for want in expected:  # five sends through a depth-2 slot: each waits for a release
+            sender.send(want).wait(10)
+        expect_items(peer.recv(30), expected)
+        assert sender.stats()["sent"] == len(expected)

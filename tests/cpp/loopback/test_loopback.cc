@@ -28,6 +28,9 @@
 #include <tuple>
 #include <vector>
 
+#include "core/device_impl.h"  // the message form's internals: a forged region bypasses the initiator's checks
+#include "protocol/dynamic_record.h"
+#include "tensorwire/slot.h"
 #include "tensorwire/channel.h"
 #include "tensorwire/device.h"
 #include "tensorwire/error.h"
@@ -252,6 +255,133 @@ TEST_P(Loopback, WriteAndReadSizes) {
     EXPECT_TRUE(all_equal(bytes(source), local_off, 0));
     EXPECT_TRUE(all_equal(bytes(source) + local_off + n, source.size() - local_off - n, 0));
   }
+}
+
+// In the message form (tcp by default) the *target* checks every write and
+// read against what it exported to that peer (contracts §11, §12), even when
+// a lying initiator skipped its own checks: nothing lands, nothing is read,
+// the request fails with InvalidArgument, and the target counts the refusal.
+TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
+  const char* was = std::getenv("TENSORWIRE_LANE_FORM");
+  const std::string saved = was ? was : "";
+  setenv("TENSORWIRE_LANE_FORM", "messages", 1);  // on every transport
+  start(1);
+  if (was) setenv("TENSORWIRE_LANE_FORM", saved.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
+  tw::Channel ch = client->connect(server->address());
+  ASSERT_TRUE(ch.impl()->uses_messages());
+  tw::RemoteRegion exported = ch.lookup("target", kWait);
+  tw::Block secret = server->allocate(4096);
+  std::memset(secret.data(), 0x5a, secret.size());
+  auto forged = [&](tw::RegionDescriptor d) {
+    return tw::RemoteRegion(std::make_shared<tw::detail::RemoteRegionImpl>(std::move(d)));
+  };
+  tw::RegionDescriptor beyond = target.descriptor();
+  beyond.length += 8192;  // the exported block, stretched past its end
+  const auto refused_before = server->impl()->message_refusals();
+  fill_pattern(source.data(), 4096, 9);
+  const std::vector<unsigned char> before(bytes(source), bytes(source) + 4096);
+  for (const tw::RemoteRegion& bad : {forged(secret.descriptor()), forged(beyond)}) {
+    const std::size_t off = bad.length() > target.size() ? target.size() : 0;
+    EXPECT_THROW(ch.write(source.region(), 0, bad, off, 4096).wait(kWait), tw::InvalidArgument);
+    EXPECT_THROW(ch.read(source.region(), 0, bad, off, 4096).wait(kWait), tw::InvalidArgument);
+  }
+  EXPECT_TRUE(all_equal(secret.data(), secret.size(), 0x5a)) << "a refused write landed";
+  EXPECT_EQ(first_diff(source.data(), before.data(), 4096), -1) << "a refused read changed the destination";
+  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 4);
+  // The channel stays usable for what was exported.
+  ch.write(source.region(), 0, exported, 0, 4096).wait(kWait);
+  EXPECT_EQ(first_diff(target.data(), source.data(), 4096), -1);
+}
+
+// The message form's dynamic send carries its record inline (contracts §12).
+// A lying one is refused by the receiver's recv() with the matching error,
+// the lie's payload is dropped, and the slot takes the next tensor intact.
+TEST_P(Loopback, MessageFormRefusesLyingRecords) {
+  namespace td = tw::detail;
+  const char* was = std::getenv("TENSORWIRE_LANE_FORM");
+  const std::string saved = was ? was : "";
+  setenv("TENSORWIRE_LANE_FORM", "messages", 1);
+  start(1);
+  if (was) setenv("TENSORWIRE_LANE_FORM", saved.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
+  const int max_ndim = 4;
+  tw::DynamicSlot slot(*server, "lies", max_ndim, std::size_t(1) << 20);
+  tw::Channel ch = client->connect(server->address());
+  // Attach by hand (ack block, no sink of ours): the reply ends with the slot's message id.
+  tw::Block ack = client->allocate(4096);
+  td::ByteWriter w;
+  w.put_bytes32(client->impl()->export_for(ack.descriptor(), *ch.impl()->peer).to_bytes());
+  w.put<std::uint64_t>(0);
+  const std::string reply = ch.call("tw.dynamic/lies", w.str(), kWait);
+  std::uint64_t slot_sink = 0;
+  std::memcpy(&slot_sink, reply.data() + reply.size() - 8, 8);
+
+  auto send = [&](const td::DynamicRecord& rec, std::size_t payload, td::RecordForm form) {
+    std::string extra(td::record_size_for(max_ndim), '\0');
+    extra.resize(td::encode_record(rec, max_ndim, extra.data(), form));
+    td::DataHeader h;
+    h.kind = td::MsgKind::kDynamicSend;
+    h.target = slot_sink;
+    h.a = slot.next_seq();
+    const tw::LocalRegion src = source.region();
+    ch.impl()->send_message(h, extra, &src, 0, payload).wait(kWait);
+  };
+  auto good = [](std::int64_t n) {
+    td::DynamicRecord r;
+    r.spec.dtype = tw::DType{0, 64};
+    r.spec.shape = {n};
+    r.nbytes = 8 * static_cast<std::uint64_t>(n);
+    return r;
+  };
+  struct Lie {
+    const char* what;
+    td::DynamicRecord rec;
+    std::size_t payload;
+    td::RecordForm form;
+    tw::ErrorKind kind;
+  };
+  std::vector<Lie> lies;
+  {
+    auto r = good(8);
+    r.address = 0x10000;
+    r.rkey = "key";
+    lies.push_back({"names memory", r, 64, td::RecordForm::kRemoteData, tw::ErrorKind::kInvalidArgument});
+  }
+  lies.push_back({"payload shorter than nbytes", good(8), 56, td::RecordForm::kInlineData,
+                  tw::ErrorKind::kInvalidArgument});
+  {
+    auto r = good(8);
+    r.nbytes = 4096;  // not the shape's
+    lies.push_back({"nbytes not the shape's", r, 4096, td::RecordForm::kInlineData, tw::ErrorKind::kInvalidArgument});
+  }
+  lies.push_back({"over max_nbytes", good(std::int64_t(1) << 18), std::size_t(2) << 20, td::RecordForm::kInlineData,
+                  tw::ErrorKind::kInvalidArgument});
+  {
+    auto r = good(8);
+    r.spec.dtype = tw::DType{9, 64};
+    lies.push_back({"unknown dtype", r, 64, td::RecordForm::kInlineData, tw::ErrorKind::kInvalidArgument});
+  }
+  ASSERT_GE(source.size(), std::size_t(2) << 20);
+  const std::size_t in_use_before = server->pool().stats().bytes_in_use;
+  for (const Lie& lie : lies) {
+    SCOPED_TRACE(lie.what);
+    send(lie.rec, lie.payload, lie.form);
+    tw::TensorSpec spec;
+    try {
+      slot.recv(&spec, kWait);
+      ADD_FAILURE() << "a lying record was accepted";
+    } catch (const tw::Error& e) {
+      EXPECT_EQ(e.kind(), lie.kind) << e.what();
+    }
+    EXPECT_EQ(server->pool().stats().bytes_in_use, in_use_before) << "a refused tensor kept memory";
+    // The slot goes on: the next tensor arrives intact.
+    fill_pattern(source.data(), 64, 3);
+    send(good(8), 64, td::RecordForm::kInlineData);
+    tw::Block got = slot.recv(&spec, kWait);
+    ASSERT_EQ(got.size(), 64u);
+    EXPECT_EQ(first_diff(got.data(), source.data(), 64), -1);
+  }
+  EXPECT_EQ(slot.stats().rejected, lies.size());
+  EXPECT_EQ(slot.stats().received, lies.size());
 }
 
 TEST_P(Loopback, WholeRegionAndZeroLength) {
