@@ -690,6 +690,32 @@ def test_recv_fails_when_sender_dies(transport, form, kind):
 # ---------------------------------------------------------------- forms
 
 
+@pytest.mark.parametrize("progress", ["inline", "blocking"])
+@pytest.mark.parametrize("transport, form", TRANSPORT_FORMS, ids=TRANSPORT_FORM_IDS)
+def test_release_reaches_sender_while_receiver_does_other_things(transport, form, progress):
+    """A receiver that releases and then leaves tensorwire alone (here: blocks
+    on its pipe) still lets its sender go on: a release is never held back
+    for a flush that would not come (inline progress has no thread to send a
+    deferred release; the message form once deferred it there too)."""
+    with lane_form(form), start_slot_peer(transport, progress=progress) as peer, \
+            tw.Device(transport=transport) as client:
+        name = unique("idle-release")
+        op(peer, "static_slot", name=name, shape=[16], dtype="int32", depth=1)
+        sender = client.connect(peer.address).static_sender(name)
+        for i in range(3):
+            # Not waited yet: over emulated RMA an inline receiver must drive
+            # progress for the send itself to complete, which its recv does.
+            request = sender.send(np.full(16, i, np.int32))
+            got = op(peer, "recv", name=name, count=1, mode="fill")  # received and released; then idle
+            assert "raised" not in got, got.get("message")
+            assert got["values"] == [i]
+            request.wait(10)
+            sender.wait_consumed(sender.sent, 10)  # Timeout here: the release never left the receiver
+        assert sender.consumed == 3
+
+
+
+
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("forms", ["rma,messages", "messages,rma"])
 @pytest.mark.parametrize("transport", TRANSPORTS)

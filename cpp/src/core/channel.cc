@@ -326,6 +326,7 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
   } else {
     worker->wake();
   }
+  worker->flush_deferred();  // after the caller's own message
   drain_deferred_releases();
   return Request(state);
 }
@@ -341,6 +342,7 @@ Request ChannelImpl::send_message(DataHeader h, std::string_view extra, const Lo
   ucs_status_ptr_t ptr = post_message(ep->get(), h.encode(extra), payload, payload ? length : 0,
                                       payload ? local->memh : nullptr, on_rma_complete, ops_);
   Request request = finish_post(ptr, "send", local ? &local->owner : nullptr);
+  worker->flush_deferred();  // after the caller's own message
   drain_deferred_releases();
   return request;
 }

@@ -16,6 +16,17 @@ namespace tensorwire::detail {
 
 namespace {
 
+// How often a parked progress thread looks whether the callers left (a
+// missed wake costs at most this), and how long after the last caller left
+// it still stays out (see stay_out).
+constexpr long kParkedLookNs = 1'000'000;
+constexpr std::int64_t kGraceNs = 200'000;
+
+std::int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, long timeout_ns) {
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "futex word");
   struct timespec ts{0, timeout_ns};
@@ -45,9 +56,37 @@ void WorkerCtl::stop() {
   if (!thread_.joinable()) return;
   stop_.store(true, std::memory_order_seq_cst);
   ucp_worker_signal(worker_->get());
-  if (parked_.load(std::memory_order_seq_cst)) futex_wake_all(&callers_);
+  wake_seq_.fetch_add(1, std::memory_order_seq_cst);
+  futex_wake_all(&wake_seq_);
   thread_.join();
   threaded_.store(false, std::memory_order_release);
+}
+
+void WorkerCtl::defer(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    deferred_.push_back(std::move(fn));
+  }
+  has_deferred_.store(true, std::memory_order_release);
+  // A progress thread asleep on the event fd flushes it now; a parked one
+  // within kParkedLookNs, unless a caller's next post or wait does first.
+  if (sleeping_.load(std::memory_order_acquire)) ucp_worker_signal(worker_->get());
+}
+
+void WorkerCtl::run_deferred() {
+  std::vector<std::function<void()>> fns;
+  {
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    fns.swap(deferred_);
+    has_deferred_.store(false, std::memory_order_release);
+  }
+  for (auto& fn : fns) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      TW_LOG_DEBUG("%s: a deferred notification failed: %s", name_.c_str(), e.what());
+    }
+  }
 }
 
 void WorkerCtl::lock_worker() {
@@ -60,26 +99,43 @@ void WorkerCtl::lock_worker() {
 }
 
 void WorkerCtl::leave() {
+  last_left_ns_.store(now_ns(), std::memory_order_relaxed);
+  const bool left_work = left_work_;
   // seq_cst pairs with stay_out(): either it sees no caller, or we see it parked.
-  if (callers_.fetch_sub(1, std::memory_order_seq_cst) == 1 && parked_.load(std::memory_order_seq_cst)) {
-    futex_wake_all(&callers_);
+  if (callers_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+    left_work_ = false;
+    if (left_work) {
+      work_left_.store(true, std::memory_order_seq_cst);
+      if (parked_.load(std::memory_order_seq_cst)) {
+        wake_seq_.fetch_add(1, std::memory_order_seq_cst);
+        futex_wake_all(&wake_seq_);
+      }
+    }
   }
 }
 
 void WorkerCtl::stay_out() {
-  // Posts are short: poll for a while before paying a futex sleep and wake.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
-  for (unsigned i = 1;; ++i) {
-    if (callers_.load(std::memory_order_acquire) == 0) return;
-    cpu_relax();
-    if ((i & 31) == 0 && std::chrono::steady_clock::now() > until) break;
-  }
-  // Not the event fd: it fires on every event the caller is handling.
+  // Parks at once (a spinning progress thread took the CPU that the peer of a
+  // latency loop needed), and stays out for kGraceNs after the last caller
+  // left: a latency loop (send, wait, send...) leaves the worker for
+  // microseconds, and a progress thread that took it then held the worker the
+  // caller came back to (tcp ping-pong through slots, default settings: 22 us
+  // average one way where the typical was 7.6). A caller that left work in
+  // flight (a post that did not complete in place) ends the grace at once.
+  // Sleeps on wake_seq_, which only leave() (work in flight) and stop()
+  // change: the callers count changes all the time, and a futex on it
+  // returned at once, a syscall spin.
   while (!stop_.load(std::memory_order_acquire)) {
     parked_.store(true, std::memory_order_seq_cst);
-    std::uint32_t c = callers_.load(std::memory_order_seq_cst);
-    if (c == 0) break;
-    futex_wait(&callers_, c, 5'000'000);  // bounded: a missed wake costs at most this
+    const std::uint32_t seq = wake_seq_.load(std::memory_order_seq_cst);
+    if (callers_.load(std::memory_order_seq_cst) != 0) {
+      futex_wait(&wake_seq_, seq, kParkedLookNs);  // bounded: a caller that left quietly waits at most this
+      continue;
+    }
+    if (work_left_.exchange(false, std::memory_order_seq_cst)) break;
+    const std::int64_t since = now_ns() - last_left_ns_.load(std::memory_order_relaxed);
+    if (since >= kGraceNs) break;
+    futex_wait(&wake_seq_, seq, static_cast<long>(kGraceNs - since));
   }
   parked_.store(false, std::memory_order_release);
 }
@@ -100,6 +156,7 @@ void WorkerCtl::run() {
   auto last_event = clock::now();
   unsigned idle_rounds = 0;
   while (!stop_.load(std::memory_order_acquire)) {
+    flush_deferred();
     if (callers_.load(std::memory_order_acquire) != 0) {
       // A caller drives the worker meanwhile (see WorkerCtl). Once it left,
       // no spin for it: what it left in flight raises events.

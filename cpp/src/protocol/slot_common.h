@@ -45,6 +45,8 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
   WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
   const auto spin = std::chrono::microseconds(spin_of && spin_of->spin_us() ? spin_of->spin_us() : 50);
   WorkerCtl::Caller caller(w);  // the progress thread stays out meanwhile
+  // (w's deferred notifications go with each drive(); a channel's other worker's here)
+  if (channel && channel->worker.get() != w) channel->worker->flush_deferred();
   // Naps of watch_nap_s: on the event fd when driving (tcp data ends it
   // early), else a plain sleep (a shared-memory write raises no event, so
   // the nap's length is added latency; a fixed 250 us cap cost 1 MiB

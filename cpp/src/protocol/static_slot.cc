@@ -177,7 +177,16 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
   std::atomic<std::uint64_t> consumed_{0};  // `consumed`, for the message handler
   std::atomic<std::uint64_t> arrived{0};    // tensors placed by the message handler
   std::atomic<int> inbox{-1};               // the worker messages arrive on
+  std::atomic<std::uint64_t> pending_release{0};
+  std::atomic<bool> release_queued{false};
   SinkRegistration sink;
+
+  // A deferred release (message form): the latest released sequence.
+  void send_release() {
+    release_queued.store(false, std::memory_order_seq_cst);
+    if (!link.attached) return;
+    link.notify(MsgKind::kStaticRelease, pending_release.load(std::memory_order_acquire), 0);
+  }
   SlotStats stats;
   // Ack writes in flight, one per source word: release() does not wait for
   // them (over tcp a write completes only once the sender progresses, and a
@@ -296,7 +305,23 @@ void StaticSlot::release() {
   // The ack word: the sequence number of the last released tensor.
   const std::uint64_t last = s.first_seq + s.consumed - 1;
   if (s.link.channel.impl()->uses_messages()) {
-    s.link.notify(detail::MsgKind::kStaticRelease, last, 0);
+    // Deferred to the next flush point on the worker (WorkerCtl::defer):
+    // the caller's next send goes first. Releases coalesce: only the last
+    // counts. Inline progress has no thread that would flush it while the
+    // caller does something else (a receiver that then blocks on a pipe left
+    // its sender waiting forever): there it goes at once.
+    s.pending_release.store(last, std::memory_order_release);
+    auto& worker = *s.link.channel.impl()->worker;
+    if (worker.mode() == ProgressMode::kInline) {
+      s.send_release();
+      return;
+    }
+    if (!s.release_queued.exchange(true)) {
+      std::weak_ptr<detail::StaticSlotImpl> weak = impl_;
+      s.link.channel.impl()->worker->defer([weak] {
+        if (auto slot = weak.lock()) slot->send_release();
+      });
+    }
     return;
   }
   const std::size_t word = s.consumed % detail::StaticSlotImpl::kAckRing;

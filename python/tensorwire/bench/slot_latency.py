@@ -38,7 +38,7 @@ def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str) -> 
         conn.recv()  # wait until the other side is done
 
 
-def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "inline") -> list[dict]:
+def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "blocking") -> list[dict]:
     import tensorwire as tw
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
@@ -79,9 +79,9 @@ def main() -> int:
     ap.add_argument("--transport", default="shm", choices=("auto", "tcp", "shm", "rdma"))
     ap.add_argument("--sizes", default="8,4K")
     ap.add_argument("--iters", type=int, default=20000)
-    ap.add_argument("--progress", default="inline", choices=("inline", "blocking", "polling"),
-                    help="the Devices' progress mode: inline (default; the waiting thread drives UCX), "
-                         "blocking (Device's default: progress threads that sleep when idle) or polling")
+    ap.add_argument("--progress", default="blocking", choices=("inline", "blocking", "polling"),
+                    help="the Devices' progress mode: blocking (default, as Device(): progress threads that "
+                         "sleep when idle), inline (the waiting thread drives UCX) or polling")
     ap.add_argument("--json")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
