@@ -285,6 +285,7 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
   char* here = static_cast<char*>(local.address) + local_offset;
   // One ref for the Request, one for the op table (settle drops it).
   auto* state = new RequestState(worker, 2);
+  state->inbound = !is_write;
   state->local_owner = local.owner;
   state->remote_owner = remote.shared();
   DeviceImpl::MessageOp op;

@@ -75,7 +75,8 @@ void RequestState::wait(double timeout_s) {
   // progress thread stays out meanwhile, so two threads never spin at once).
   if (auto worker = worker_.lock()) {
     WorkerCtl::Caller caller(worker.get());
-    const auto spin_until = start + std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
+    const auto spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
+    auto spin_until = start + spin;
     // Completion comes with an event, except for a polled word written
     // one-sidedly (no event over shared memory): then nap briefly
     // (watch_nap_s: the nap's length is added latency).
@@ -85,14 +86,17 @@ void RequestState::wait(double timeout_s) {
     while (!finished()) {
       unsigned events = worker->drive();
       if (poller && poller()) break;
-      if (events) continue;  // drain before napping: arm() needs an idle worker
+      if (events) {
+        if (inbound) spin_until = clock::now() + spin;
+        continue;  // drain before napping: arm() needs an idle worker
+      }
       if (!napping && (++rounds & 63) != 0) continue;
       auto now = clock::now();
       if (now >= deadline) break;
       // Spin from the start of the wait, not from the last event: while our
       // own large send streams out, its events would keep this thread
-      // spinning (CPU the receiver needs). wait_until, whose events are the
-      // awaited data arriving, spins from the last event instead.
+      // spinning (CPU the receiver needs). Inbound requests, and wait_until,
+      // whose events are the awaited data arriving, spin from the last event.
       if (!napping && now < spin_until) {
         if (now - start >= kYieldAfter) yield_cpu();  // the peer may be queued on this CPU
         continue;
