@@ -244,6 +244,46 @@ def test_targets_pick_the_worst_size():
     assert w["worst"] == pytest.approx(17000 / 16000) and w["at"] == 256 << 20
 
 
+def test_tcp_targets_are_those_of_the_network_path():
+    """Over tcp the bars are zerocopy against ucx-tag, gloo and a plain socket,
+    and the dynamic slot's speed relative to zerocopy (zerocopy / dynamic)."""
+    rows = [
+        {"series": "zerocopy", "size": 1 << 10, "median_us": 10.0},
+        {"series": "gloo", "size": 1 << 10, "median_us": 100.0},
+        {"series": "ucx-tag", "size": 1 << 10, "median_us": 9.0},
+        {"series": "socket", "size": 1 << 10, "median_us": 5.0},  # below 1 MiB: not judged
+        {"series": "zerocopy", "size": 1 << 20, "median_us": 200.0, "stream_MBps": 6000.0},
+        {"series": "dynamic", "size": 1 << 20, "median_us": 250.0},
+        {"series": "socket", "size": 1 << 20, "median_us": 300.0, "stream_MBps": 5000.0},
+        {"series": "gloo", "size": 1 << 20, "median_us": 190.0},
+    ]
+    got = {t["target"]: t for t in bt.targets(rows, "tcp")}
+    assert set(got) == {"zerocopy >= ucx-tag", "zerocopy >= gloo", "dynamic >= 0.9x zerocopy",
+                        "zerocopy >= socket", "zerocopy >= socket (stream)"}
+    assert got["zerocopy >= ucx-tag"]["worst"] == pytest.approx(0.9) and not got["zerocopy >= ucx-tag"]["met"]
+    g = got["zerocopy >= gloo"]
+    assert (g["worst"], g["at"], g["met"]) == (pytest.approx(0.95), 1 << 20, False)
+    d = got["dynamic >= 0.9x zerocopy"]
+    assert d["worst"] == pytest.approx(0.8) and not d["met"] and d["sizes"] == 1
+    s = got["zerocopy >= socket"]
+    assert (s["worst"], s["sizes"], s["met"]) == (pytest.approx(1.5), 1, True)
+    assert got["zerocopy >= socket (stream)"]["worst"] == pytest.approx(1.2)
+    assert bt.targets(rows, "rdma") == []  # no bars set for it
+
+
+def test_socket_series_moves_the_tensor(tmp_path):
+    """The plain-socket baseline delivers every tensor intact, serial and stream."""
+    out = tmp_path / "socket.json"
+    rc = cli.main(["bench", "tensor", "--series", "socket", "--transport", "tcp", "--sizes", "4K,1M",
+                   "--iters", "10", "--warmup", "2", "--timeout", "20", "--verify", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 0 and report["verdict"] == "PASS", report["checks"]
+    by = {r["size"]: r for r in report["rows"]}
+    for r in by.values():
+        assert r["transport"] == "tcp" and r["verified"] == r["iters"] + r["warmup"]  # every element compared
+    assert by[1 << 20]["stream_MBps"] > 0 and "stream_MBps" not in by[4096]
+
+
 def test_write_anchor_over_tcp_drives_the_receiver(tmp_path):
     """The one-sided write anchor (from 16 MiB) over tcp: RMA over tcp needs the
     target's progress, so the receiver drives its worker meanwhile (it used to

@@ -21,7 +21,7 @@ namespace tensorwire {
 
 enum class ProgressMode {
   kPolling,   // progress threads spin (lowest latency, burns one core per worker)
-  kBlocking,  // poll for spin_us after the last event, then sleep on the event fd
+  kBlocking,  // progress threads sleep on the event fd once idle; waiters spin spin_us first
   kInline,    // no threads: whoever waits drives progress (tests, benchmarks)
 };
 
@@ -30,7 +30,7 @@ struct DeviceConfig {
   std::uint16_t port = 0;          // 0 = pick a free port
   int workers = 1;
   ProgressMode progress = ProgressMode::kBlocking;
-  unsigned spin_us = 100;          // blocking mode: poll this long before sleeping
+  unsigned spin_us = 100;          // how long a waiting thread polls before it sleeps
   std::string transport = "auto";  // auto (UCX_TLS as set) | tcp | shm | rdma
   std::string net_devices = "auto";  // auto: "lo" when host is loopback
   std::string token;               // shared secret peers must present in HELLO
