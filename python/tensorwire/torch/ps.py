@@ -64,7 +64,7 @@ from . import alloc_sites
 
 MODES = ("zerocopy", "copy", "gloo")
 POLL_S = 0.25           # how often a waiter looks at its peers' liveness
-MIN_SLEEP_S, MAX_SLEEP_S = 20e-6, 1e-3  # back-off between polls of a slot
+GOODBYE_NAP_S = 1e-3  # between looks at a slot whose sender said goodbye
 BYE_GRACE_S = 10.0      # after a worker's goodbye, how long a server waits for the others to finish
 WAIT = "wait"           # a give-up check's answer: that worker left on purpose, keep waiting for the rest
 # glibc malloc: keep big freed blocks in the heap instead of unmapping them. The
@@ -225,31 +225,25 @@ class _Watch:
                 raise PSError(f"{self.who}: {desc} died or disconnected while {what}")
 
     def recv(self, slot: Any, what: str, give_up: Callable[[], str | None] | None = None) -> Any:
-        """slot.poll() with a sleep that doubles up to MAX_SLEEP_S between polls
-        (the paper's polling-async receive): a waiting server or worker costs a
-        few hundred wake-ups per second instead of spinning, which on a machine
-        with fewer cores than processes is CPU taken from the others' compute."""
-        start = time.monotonic()
-        deadline = start + self.timeout
-        next_check = start + POLL_S
-        delay = MIN_SLEEP_S
+        """slot.recv() in slices of POLL_S, looking at the peers in between.
+        The C++ wait drives the worker itself (spinning briefly after each
+        arrival, then napping on its event fd) with the GIL released, and
+        fails at once when the slot's sender dies; a Python poll-and-sleep
+        loop left a large tcp transfer to the progress thread, one wake-up
+        per socket read."""
+        deadline = time.monotonic() + self.timeout
         while True:
             try:
-                out = slot.poll()
-                if out is not None:
-                    return out
-                time.sleep(delay)
-                delay = min(delay * 2, MAX_SLEEP_S)
-                if time.monotonic() < next_check:
-                    continue
-                next_check = time.monotonic() + POLL_S
+                return slot.recv(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            except tw.Timeout:
+                pass
             except tw.ConnectionError as e:  # the slot's sender died or left
                 if give_up is not None:
                     reason = give_up()
                     if reason == WAIT:  # it said goodbye: the others may still be finishing
                         if time.monotonic() > deadline:
                             raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}") from None
-                        time.sleep(MAX_SLEEP_S)
+                        time.sleep(GOODBYE_NAP_S)
                         continue
                     if reason is not None:
                         return reason
