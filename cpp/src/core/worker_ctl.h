@@ -88,7 +88,9 @@ class WorkerCtl {
   class Caller {
    public:
     explicit Caller(WorkerCtl* w) : w_(w && w->handoff() ? w : nullptr) {
-      if (w_) w_->callers_.fetch_add(1, std::memory_order_seq_cst);
+      if (w_ && w_->callers_.fetch_add(1, std::memory_order_seq_cst) == 0) {
+        w_->holds_.fetch_add(1, std::memory_order_relaxed);  // a new hold begins
+      }
     }
     ~Caller() {
       if (w_) w_->leave();
@@ -190,6 +192,9 @@ class WorkerCtl {
   std::atomic<bool> sleeping_{false};
   std::atomic<std::uint32_t> callers_{0};  // see Caller; a futex word
   std::atomic<bool> parked_{false};
+  std::atomic<bool> deep_park_{false};  // parked with backed-off looks: the last caller out wakes it
+  long park_look_ns_;                   // the progress thread's first look when it parks (see stay_out)
+  std::atomic<std::uint64_t> holds_{0};  // times callers_ went from 0 to 1
   std::atomic<bool> threaded_{false};
   std::recursive_mutex use_;  // see Use
   bool guarded_ = false;
