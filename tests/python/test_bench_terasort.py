@@ -244,3 +244,41 @@ def test_killed_rank_fails_the_run_naming_it():
     killed_at = float(re.search(r"kills itself at the start of shuffle \(t=([0-9.]+)\)", r.stderr).group(1))
     assert ended - killed_at < 10, (ended - killed_at, r.stderr)
     assert time.monotonic() - t0 < 40
+
+
+def test_on_a_terminal_the_progress_bar_leaves_the_devices_alone():
+    """With stderr on a terminal the CLI turns on the per-phase progress lines
+    (TENSORWIRE_PROGRESS_BAR). It used to set TENSORWIRE_PROGRESS=1, which is
+    every Device's progress mode, and every rank then failed to open its device."""
+    import os
+    import pty
+
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWIRE_PROGRESS")}
+    got: list[bytes] = []
+
+    def drain() -> None:  # what goes to the terminal (the progress lines, any error); never blocks the writer
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: every writer closed its side
+                return
+            if not chunk:
+                return
+            got.append(chunk)
+
+    import threading
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "terasort", "--rows", "20k", "--ranks", "2",
+                            "--transport", "tcp", "--samples", "2000"],
+                           stdout=subprocess.PIPE, stderr=follower, text=True, timeout=90, env=env)
+    finally:
+        os.close(follower)
+    reader.join(10)
+    os.close(leader)
+    terminal = b"".join(got)
+    assert r.returncode == 0, r.stdout + terminal.decode(errors="replace")
+    assert re.search(r"^PASS terasort tcp 20000 rows", r.stdout, re.M), r.stdout
+    assert b"must be blocking, polling or inline" not in terminal

@@ -175,10 +175,10 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     chunk_rows = max(1, args.chunk // RECORD)
     ph = _Phase()
     # progress on rank 0: the one-line bar on a terminal; under `tensorwire run` (whose
-    # relay passes whole lines only) one line per phase when TENSORWIRE_PROGRESS=1
+    # relay passes whole lines only) one line per phase when TENSORWIRE_PROGRESS_BAR=1
     total_steps, done_steps, started = len(PHASES_RUN(args)), [0], time.monotonic()
     progress = Progress(total_steps, "terasort") if rank == 0 and sys.stderr.isatty() else None
-    lines = rank == 0 and progress is None and os.environ.get("TENSORWIRE_PROGRESS") == "1"
+    lines = rank == 0 and progress is None and os.environ.get("TENSORWIRE_PROGRESS_BAR") == "1"
 
     def step(what: str) -> None:
         done_steps[0] += 1

@@ -180,11 +180,12 @@ def check_latency_row(report: Report, size: int, st: dict[str, float]) -> None:
 
 class Progress:
     """A one-line progress indicator on stderr for sweeps (quiet when piped
-    unless TENSORWIRE_PROGRESS=1)."""
+    unless TENSORWIRE_PROGRESS_BAR=1; TENSORWIRE_PROGRESS is every Device's
+    progress mode)."""
 
     def __init__(self, total: int, label: str) -> None:
         self.total, self.label, self.done = total, label, 0
-        self.enabled = sys.stderr.isatty() or os.environ.get("TENSORWIRE_PROGRESS") == "1"
+        self.enabled = sys.stderr.isatty() or os.environ.get("TENSORWIRE_PROGRESS_BAR") == "1"
         self.start = time.monotonic()
 
     def step(self, what: str) -> None:

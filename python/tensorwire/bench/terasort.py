@@ -136,7 +136,9 @@ def _launch(args: argparse.Namespace) -> int:
         cmd += ["--kill-rank", str(args.kill_rank), "--kill-phase", args.kill_phase]
     sys.stdout.flush()
     if sys.stderr.isatty():  # rank 0 then reports each phase as it ends
-        os.environ.setdefault("TENSORWIRE_PROGRESS", "1")
+        # (not TENSORWIRE_PROGRESS: that is every Device's progress mode, and
+        # "1" made every rank fail to open its device)
+        os.environ.setdefault("TENSORWIRE_PROGRESS_BAR", "1")
     return run(cmd, plan(args.ranks))
 
 
