@@ -1,0 +1,79 @@
+"""Where the time of one static-slot transfer goes, across two processes.
+
+Usage: python3 bench/micro/slot_transfer_split.py SIZE ITERS [--progress blocking|inline] [--transport tcp|shm]
+
+A sender process and a receiver process (one Device each, the given progress
+mode, default settings otherwise) move a float32 tensor of SIZE bytes through
+a depth-1 static slot ITERS times: send().wait(), then wait_consumed(); the
+receiver recv()s, takes the max and releases. Both record time.perf_counter()
+(CLOCK_MONOTONIC, comparable across processes on one host) at each step, and
+the medians of the segments are printed (the first quarter of the iterations,
+at most 200, are warm-up). Used to find the blocking-mode costs of
+docs/architecture.md §6 (progress-thread spin, parked-thread looks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+
+import numpy as np
+
+
+def _receiver(q, rq, size: int, iters: int, progress: str, transport: str) -> None:
+    import tensorwire as tw
+    with tw.Device(transport=transport, progress=progress) as dev:
+        slot = dev.static_slot("split", (size // 4,), "float32", depth=1)
+        q.put(dev.address)
+        marks = []
+        for _ in range(iters):
+            a = time.perf_counter()
+            view = slot.recv(30)
+            b = time.perf_counter()
+            np.asarray(view).max()
+            slot.release(view)
+            marks.append((a, b, time.perf_counter()))
+        rq.put(marks)
+        time.sleep(0.5)  # the last release reaches the sender before the device closes
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("size", type=int)
+    ap.add_argument("iters", type=int)
+    ap.add_argument("--progress", default="blocking", choices=("blocking", "inline", "polling"))
+    ap.add_argument("--transport", default="tcp", choices=("tcp", "shm"))
+    args = ap.parse_args()
+    import tensorwire as tw
+    ctx = mp.get_context("spawn")
+    q, rq = ctx.Queue(), ctx.Queue()
+    proc = ctx.Process(target=_receiver, args=(q, rq, args.size, args.iters, args.progress, args.transport))
+    proc.start()
+    with tw.Device(transport=args.transport, progress=args.progress) as dev:
+        sender = dev.connect(q.get(timeout=60)).static_sender("split")
+        tensor = dev.empty((args.size // 4,), "float32")
+        marks = []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            sender.send(tensor).wait(30)
+            t1 = time.perf_counter()
+            sender.wait_consumed(sender.sent, 30)
+            marks.append((t0, t1, time.perf_counter()))
+        rx = rq.get(timeout=60)
+    proc.join(30)
+    skip = min(200, args.iters // 4)
+    s, r = np.array(marks[skip:]), np.array(rx[skip:])
+    print(f"# {args.size} B, {args.iters - skip} timed of {args.iters}, {args.transport}, {args.progress} progress; "
+          "medians in us (p10, p90)")
+    for name, x in (("send posted -> recv returns", r[:, 1] - s[:, 0]),
+                    ("recv returns -> released", r[:, 2] - r[:, 1]),
+                    ("send posted -> send done", s[:, 1] - s[:, 0]),
+                    ("total (send posted -> consumed seen)", s[:, 2] - s[:, 0])):
+        p10, p50, p90 = np.percentile(x * 1e6, [10, 50, 90])
+        print(f"  {name:<38} {p50:10.1f}  ({p10:.1f}, {p90:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
