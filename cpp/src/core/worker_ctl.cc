@@ -25,8 +25,9 @@ constexpr long kParkedLookNs = 1'000'000;
 // A caller that holds the worker longer than a look (a large transfer, a long
 // wait) backs the looks off to at most this; its leave() then wakes the
 // parked thread (deep_park_), so the longer look delays nothing. Waking every
-// 1 ms during a 12 ms tcp transfer preempted the waiting thread on two cores:
-// 64 MiB slot transfers took 12.5 ms blocking against 10.3 ms inline.
+// 1 ms during a 12 ms tcp transfer preempted the waiting thread on two cores
+// (509 involuntary switches of the receiving thread in 30 transfers of
+// 64 MiB, against 36 inline; bench/results/net_blocking_split.txt).
 constexpr long kDeepLookNs = 100'000'000;
 constexpr std::int64_t kGraceNs = 200'000;
 
@@ -209,7 +210,8 @@ void WorkerCtl::run() {
     // spin_us spin of its own. spin_us is the waiters' budget: a spinning
     // progress thread beside the spinning waiters of two processes
     // oversubscribes two cores, and the run falls into time slices (tcp
-    // 64 KiB slot transfers, depth 1: 120-190 us median instead of 45).
+    // 64 KiB slot transfers, depth 1: in some runs 120-190 us median instead
+    // of 45; bench/results/net_blocking_split.txt has three runs of each).
     if (++idle_rounds < 64) continue;
     idle_rounds = 0;
     // Raise the flag before arming: a post that lands between arm and poll
