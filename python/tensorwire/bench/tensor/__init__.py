@@ -69,7 +69,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .common import Progress, Report, check_number, human_size, iterations_for, print_table
+from ..common import Progress, Report, check_number, human_size, iterations_for, print_table
 
 HOST = "127.0.0.1"
 SERIES_ORDER = ("zerocopy", "dynamic", "copy", "rpc-ucx", "grpc", "socket", "ucx-tag", "gloo")
@@ -92,7 +92,7 @@ CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREA
 
 
 def _spin_us() -> int:
-    from .p2p import BENCH_SPIN_US
+    from ..p2p import BENCH_SPIN_US
     return BENCH_SPIN_US
 
 
@@ -441,12 +441,12 @@ class _UcxSeries(Series):
     """Raw UCX on its own context/worker (tensorwire._core.UcxBaseline)."""
 
     def _baseline(self):
-        from .. import _core
+        from ... import _core
         return _core.UcxBaseline(self.cfg["transport"], int(self.cfg["spin_us"]), True)
 
     @classmethod
     def unavailable(cls) -> str | None:
-        from .. import _core
+        from ... import _core
         return None if hasattr(_core, "UcxBaseline") else "this build has no UcxBaseline (rebuild tensorwire)"
 
     def r_open(self) -> dict[str, Any]:
