@@ -1,4 +1,4 @@
-"""`tensorwire bench tensor` (tensorwire/bench/tensor.py) and the raw UCX
+"""`tensorwire bench tensor` (the package tensorwire/bench/tensor/) and the raw UCX
 baselines under it (tensorwire._core.UcxBaseline).
 
 Each series runs at two tiny sizes with --verify through the CLI entry point,
@@ -19,6 +19,7 @@ import pytest
 import tensorwire as tw
 from tensorwire import _core, cli
 from tensorwire.bench import tensor as bt
+from tensorwire.bench.tensor.harness import _Checker, _stream_pass
 
 SIZES = [1024, 64 << 10]
 HAS_GRPC = importlib.util.find_spec("grpc") is not None
@@ -123,7 +124,7 @@ def test_meta_round_trip_and_pattern():
     p = np.empty(3000, np.float32)
     bt.fill_pattern(p)
     assert p.max() < 1.0 and p.min() == 0.0
-    checker = bt._Checker(3000 * 4, 2, verify=True)
+    checker = _Checker(3000 * 4, 2, verify=True)
     p[0] = 1.0
     checker.consume(p)
     p[0] = 3.0  # a stale or wrong tensor: max is not 1 + k
@@ -351,6 +352,6 @@ def test_stream_pass_warms_up_untimed_first():
 
     row, report = {}, FakeReport()
     view = np.zeros(4, np.float32)
-    bt._stream_pass(FakeSeries(), FakeRx(), view, 1 << 20, 5, {"timeout": 1.0}, row, report, warmup=3)
+    _stream_pass(FakeSeries(), FakeRx(), view, 1 << 20, 5, {"timeout": 1.0}, row, report, warmup=3)
     assert events == [("serve", 3)] + ["post"] * 3 + [("serve", 5)] + ["post"] * 5
     assert row["stream_iters"] == 5 and row["stream_MBps"] > 0 and not report.failures

@@ -1,0 +1,328 @@
+"""The harness of `tensorwire bench tensor`: the receiver process and the
+sender's handle on it, the receiver's checks, the serial and stream passes of
+one series, the warm-up rule and the memcpy anchor."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import statistics
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+
+from ..common import Progress, Report, check_number, human_size, iterations_for
+from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern
+from .registry import SERIES
+
+# Receiver processes start with one BLAS/OpenMP thread: OpenBLAS's pool
+# thread busy-waits after numpy is imported (~50 ms of CPU measured, and a
+# receiver thread was seen at ~90% of a core), which on 2 vCPUs competes with
+# the two benchmark processes. Nothing here uses BLAS.
+CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _spin_us() -> int:
+    from ..p2p import BENCH_SPIN_US
+    return BENCH_SPIN_US
+
+
+class _Checker:
+    """Receiver-side consumption and checks of one size."""
+
+    def __init__(self, size: int, count: int, verify: bool, reduce: bool = True) -> None:
+        self.n = size // ITEM
+        self.reduce = reduce  # False: the transfer-only pass reads just the first element
+        self.count = count
+        self.verify = verify
+        self.k = 0
+        self.errors: list[str] = []
+        self.verified = 0
+        self.expected = None
+        if verify:
+            self.expected = np.empty(self.n, DTYPE)
+            fill_pattern(self.expected)
+
+    def error(self, msg: str) -> None:
+        if len(self.errors) < 5:
+            self.errors.append(msg)
+
+    def consume(self, arr: np.ndarray) -> None:
+        k = self.k
+        self.k += 1
+        m = arr.max() if self.reduce else arr.reshape(-1)[0]  # the consumption (or only the tag)
+        if arr.dtype != DTYPE or arr.size != self.n:
+            self.error(f"transfer {k}: got {arr.dtype}[{arr.size}], expected float32[{self.n}]")
+            return
+        ok = float(m) == 1.0 + k
+        if not ok:
+            self.error(f"transfer {k}: max {float(m)} != {1.0 + k} (stale or corrupted tensor)")
+        if self.verify:
+            flat = arr.reshape(-1)
+            if not np.array_equal(flat[1:], self.expected[1:]):
+                bad = np.flatnonzero(flat[1:] != self.expected[1:]) + 1
+                self.error(f"transfer {k}: {bad.size} element(s) differ, the first at index {bad[0]}")
+            elif ok and float(flat[0]) == 1.0 + k:
+                self.verified += 1
+
+    def result(self) -> dict[str, Any]:
+        return {"received": self.k, "verified": self.verified, "errors": self.errors}
+
+
+
+# --- the receiver process ---------------------------------------------------------------------
+
+def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
+    """Runs one series' receiver side, driven by commands on `conn`."""
+    series: Series | None = None
+    try:
+        series = SERIES[name](cfg)
+        while True:
+            if not conn.poll(float(cfg.get("idle_timeout", 600))):
+                return  # the benchmark went away
+            msg = conn.recv()
+            cmd = msg[0]
+            try:
+                if cmd == "open":
+                    out: Any = series.r_open()
+                elif cmd == "connect":
+                    out = series.r_connect(msg[1])
+                elif cmd == "prepare":
+                    out = series.r_prepare(int(msg[1]))
+                elif cmd == "serve":
+                    _, size, count, verify, stream, reduce = msg
+                    checker = _Checker(int(size), int(count), bool(verify), bool(reduce))
+                    series.serve(int(count), checker.consume, bool(stream))
+                    out = checker.result()
+                elif cmd == "drive":  # progress the worker until the next command (RMA anchors)
+                    out = series.drive(lambda: conn.poll(0))
+                elif cmd == "stop":
+                    out = None
+                elif cmd == "close":
+                    conn.send(("ok", None))
+                    return
+                else:
+                    raise ValueError(f"unknown command {cmd!r}")
+                conn.send(("ok", out))
+            except Exception as e:
+                conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+                return
+    except (EOFError, BrokenPipeError, KeyboardInterrupt):
+        return
+    finally:
+        if series is not None:
+            try:
+                series.r_close()
+            except Exception:
+                pass
+
+
+class _Receiver:
+    """The sender's handle on the spawned receiver process."""
+
+    def __init__(self, name: str, cfg: dict[str, Any]) -> None:
+        for key, value in CHILD_ENV.items():  # inherited by the child; the user's settings win
+            os.environ.setdefault(key, value)
+        ctx = mp.get_context("spawn")  # never fork: UCX and gRPC run threads
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_receiver_main, args=(child, name, cfg), daemon=True,
+                                name=f"tensorwire-bench-{name}")
+        self.proc.start()
+        child.close()
+        self.name = name
+
+    def post(self, *msg: Any) -> None:
+        self.conn.send(msg)
+
+    def result(self, timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(0.2):
+            if not self.proc.is_alive():
+                if self.conn.poll(0):
+                    break
+                raise RuntimeError(f"{self.name} receiver exited (code {self.proc.exitcode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name} receiver did not answer in {timeout:.0f} s")
+        status, out = self.conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"{self.name} receiver failed: {out}")
+        return out
+
+    def error_hint(self, wait: float = 2.0) -> str:
+        """The receiver's own error, if it reported one (after a failed transfer)."""
+        try:
+            if self.conn.poll(wait):
+                status, out = self.conn.recv()
+                if status != "ok":
+                    return f"; the receiver reported: {_first_line(out)}"
+        except (EOFError, OSError):
+            pass
+        if not self.proc.is_alive():
+            return f"; the receiver exited (code {self.proc.exitcode})"
+        return ""
+
+    def call(self, timeout: float, *msg: Any) -> Any:
+        self.post(*msg)
+        return self.result(timeout)
+
+    def close(self) -> None:
+        try:
+            if self.proc.is_alive():
+                self.post("close")
+                self.proc.join(10)
+        except (OSError, BrokenPipeError):
+            pass
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+# --- the benchmark ----------------------------------------------------------------------------
+
+def warmup_for(size: int, iters: int, budget: int, warmup: int | None) -> int:
+    """Untimed iterations before a size: as asked, or a tenth of the timed
+    ones, raised for small sizes to an eighth of the byte budget (at most 200).
+    Seen on 2 vCPUs over shm (ucx-tag, 4 KiB, a machine shared with other
+    work): the first few hundred transfers of a fresh pair of processes ran
+    ~2.5x slower than later ones (11 vs 4.3 us)."""
+    if warmup is not None:
+        return max(0, warmup)
+    return max(2, min(200, max(iters // 10, budget // (8 * max(1, size)))))
+
+
+def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
+                rows: list[dict[str, Any]], report: Report) -> None:
+    series = SERIES[name](cfg)
+    rx = _Receiver(name, cfg)
+    transport = series.fixed_transport or args.transport
+    try:
+        info = rx.call(START_TIMEOUT_S + cfg["timeout"], "open")
+        info2 = series.s_open(info)
+        rx.post("connect", info2)
+        series.s_connect()
+        rx.result(START_TIMEOUT_S + cfg["timeout"])
+        for size in args.sizes:
+            rinfo = rx.call(cfg["timeout"], "prepare", size)
+            view = series.s_prepare(size, rinfo)
+            fill_pattern(view)
+            iters = iterations_for(size, args.iters, args.budget)
+            warmup = warmup_for(size, iters, args.budget, args.warmup)
+            count = warmup + iters
+            rx.post("serve", size, count, args.verify, False, True)
+            samples = []
+            clock = time.perf_counter
+            fresh = view.copy() if getattr(args, "refresh", False) else None
+            try:
+                for k in range(count):
+                    if fresh is not None:
+                        np.copyto(view, fresh)  # every line dirty in the sender's cache, as if just computed
+                    view[0] = 1.0 + k
+                    t0 = clock()
+                    series.transfer()
+                    t1 = clock()
+                    if k >= warmup:
+                        samples.append(t1 - t0)
+            except Exception as e:
+                raise RuntimeError(f"transfer {k} of {human_size(size)} failed: {type(e).__name__}: "
+                                   f"{_first_line(e)}{rx.error_hint()}") from e
+            res = rx.result(cfg["timeout"] * 2 + 30)
+            median = statistics.median(samples)
+            row = {"series": name, "transport": transport, "size": size, "iters": iters,
+                   "median_us": median * 1e6, "MBps": size / median / 1e6, "warmup": warmup,
+                   "min_us": min(samples) * 1e6, "verified": res["verified"] if args.verify else None}
+            check_number(report, f"{name} median", row["median_us"], size)
+            if res["received"] != count:
+                report.fail(f"{name} at {human_size(size)}: receiver consumed {res['received']} of {count}")
+            for err in res["errors"]:
+                report.fail(f"{name} at {human_size(size)}: {err}")
+            if args.verify and not res["errors"] and res["verified"] != count:
+                report.fail(f"{name} at {human_size(size)}: verified {res['verified']} of {count}")
+            if getattr(args, "stream", True) and size >= STREAM_FROM:
+                _stream_pass(series, rx, view, size, iters, cfg, row, report, warmup=max(2, warmup))
+                if series.anchors:
+                    # The slot's own bandwidth, like for like with the anchors
+                    # (neither reads what it moved): the receiver releases
+                    # each tensor after reading its first element.
+                    _stream_pass(series, rx, view, size, iters, cfg, row, report, reduce=False, warmup=2)
+                    rx.post("drive")
+                    try:
+                        row["write_MBps"] = series.write_bandwidth(size, iters)
+                    finally:
+                        rx.post("stop")
+                        rx.result(cfg["timeout"])  # drive
+                        rx.result(cfg["timeout"])  # stop
+                    row["memcpy_MBps"] = memcpy_bandwidth(size)
+            rows.append(row)
+            progress.step(f"{name} {human_size(size)}")
+    finally:
+        try:
+            series.s_close()
+        finally:
+            rx.close()
+
+
+def _stream_pass(series: Series, rx: "_Receiver", view: np.ndarray, size: int, count: int,
+                 cfg: dict[str, Any], row: dict[str, Any], report: Report, reduce: bool = True,
+                 warmup: int = 0) -> None:
+    """Back-to-back transfers with no bench ack in between: each series goes
+    as fast as its own flow control lets it (a static slot of depth 2 lets the
+    sender write tensor k+1 while the receiver consumes tensor k). The time
+    runs from the first send to the receiver's report that it consumed the
+    last tensor. `warmup` untimed transfers go first, as in the serial pass:
+    the static slots' stream buffers are fresh, and the sender's first write
+    into each faults in its mapping page by page (at 32 MiB that fault-in
+    took longer than the ten timed transfers)."""
+    name = series.name if reduce else f"{series.name} transfer-only"
+    key = "stream_MBps" if reduce else "transfer_MBps"
+    if warmup:
+        res = _stream_round(series, rx, view, size, warmup, cfg, reduce, "stream warm-up transfer")
+        if res["received"] != warmup or res["errors"]:
+            report.fail(f"{name} stream warm-up at {human_size(size)}: receiver consumed {res['received']} "
+                        f"of {warmup}{': ' + res['errors'][0] if res['errors'] else ''}")
+    clock = time.perf_counter
+    t0 = clock()
+    res = _stream_round(series, rx, view, size, count, cfg, reduce, "stream transfer")
+    elapsed = clock() - t0
+    row["stream_iters"] = count
+    row[key] = count * size / elapsed / 1e6
+    if res["received"] != count:
+        report.fail(f"{name} stream at {human_size(size)}: receiver consumed {res['received']} of {count}")
+    for err in res["errors"]:
+        report.fail(f"{name} stream at {human_size(size)}: {err}")
+
+
+def _stream_round(series: Series, rx: "_Receiver", view: np.ndarray, size: int, count: int,
+                  cfg: dict[str, Any], reduce: bool, what: str) -> dict[str, Any]:
+    """`count` back-to-back sends into one receiver serve; the receiver's result."""
+    rx.post("serve", size, count, False, True, reduce)
+    try:
+        for k in range(count):
+            view[0] = 1.0 + k
+            series.post()
+    except Exception as e:
+        raise RuntimeError(f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: "
+                           f"{_first_line(e)}{rx.error_hint()}") from e
+    return rx.result(cfg["timeout"] * 2 + 30)
+
+
+def memcpy_bandwidth(size: int, reps: int = 5) -> float:
+    """MB/s of one single-thread copy of `size` bytes between two touched
+    arrays (RAM to RAM once they exceed the caches): median of `reps`."""
+    src = np.ones(size, np.uint8)
+    dst = np.zeros(size, np.uint8)
+    clock = time.perf_counter
+    times = []
+    for _ in range(reps):
+        t0 = clock()
+        np.copyto(dst, src)
+        times.append(clock() - t0)
+    return size / statistics.median(times) / 1e6
+
+
+def _first_line(e: Any) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
