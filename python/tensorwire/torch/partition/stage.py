@@ -553,7 +553,7 @@ class _Stage:
 
     def fit(self) -> None:
         """Training steps: forward, the gradients of the activations back, an optimizer step per stage."""
-        from . import ps
+        from .. import ps
         cfg, tr = self.cfg, self.train
         params = list(self.sub.parameters())
         opt = ps.make_optimizer(tr["optimizer"], params, **tr["kwargs"]) if params else None
@@ -683,7 +683,7 @@ class ModelInputs:
     image_size: int = 0   # CNNs: 0 is the model's default for CPU runs (as tensorwire train)
 
     def batch(self, step: int) -> tuple:
-        from . import data
+        from .. import data
         return data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
                               image_size=self.image_size)(0, step)
 
@@ -770,7 +770,7 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
     over the batch. ``check``: compare the losses and the final
     parameters with the same SGD in one process (models with dropout draw
     other masks there)."""
-    from . import ps
+    from .. import ps
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     torch.manual_seed(seed)
