@@ -15,8 +15,8 @@ import argparse
 import sys
 from typing import Any, Callable
 
-from .common import parse_rate, parse_sizes
-from .common import arg_positive as _positive, arg_sizes as _sizes
+from ..common import parse_rate, parse_sizes
+from ..common import arg_positive as _positive, arg_sizes as _sizes
 
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
 FORMATS = ("perftest", "osu", "imb")
@@ -142,7 +142,7 @@ def add_commands(sub, bench_sub) -> None:
         _common_options(p, "2")
         p.add_argument("-n", "--iters", type=_positive, default=1000, help="iterations per size (default 1000)")
         p.set_defaults(func=_lat_main, op=op, test=name, lanes=1)
-    from .fullmesh import add_command
+    from ..fullmesh import add_command
     add_command(bench_sub)
 
 
@@ -156,14 +156,14 @@ def _sizes_of(args, default: str) -> list[int]:
 
 
 def _in_world() -> bool:
-    from ..world import detect
+    from ...world import detect
     p = detect()
     return p.launcher != "single" and p.size > 1
 
 
 def _serve_main(args) -> int:
-    from .. import Device
-    from . import p2p
+    from ... import Device
+    from .. import p2p
     with Device(host=args.host, port=args.port, transport=args.transport, progress="inline",
                 workers=args.workers, spin_us=_spin_us(args)) as dev:
         p2p.serve(dev)
@@ -173,7 +173,7 @@ def _serve_main(args) -> int:
 def _spin_us(args) -> int:
     """How long waiters poll before sleeping: long for latency tests (perftest busy-polls), short for
     bandwidth (on 2 vCPUs a spinning target starves the kernel's TCP work)."""
-    from . import p2p
+    from .. import p2p
     return p2p.LATENCY_SPIN_US if args.test.endswith("_lat") else p2p.BENCH_SPIN_US
 
 
@@ -181,11 +181,11 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
     """Runs body(client) against the right peer: rank 1 under a launcher, a
     --connect'ed server, or one spawned on loopback. Returns body's result on
     the measuring side, None on the others (ranks other than 0)."""
-    from . import p2p
+    from .. import p2p
     if _in_world():
         if args.connect:
             raise SystemExit("--connect makes no sense under a launcher: rank 0 measures against rank 1")
-        from ..world import World
+        from ...world import World
         world = World(transport=args.transport, progress="inline", workers=args.workers,
                       spin_us=_spin_us(args), timeout=60)
         out = None
@@ -227,7 +227,7 @@ def _finish_report(args, report, printer: Callable[[], None], plotter: Callable[
 def _bw_main(args) -> int:
     if args.server:
         return _serve_main(args)
-    from .common import iterations_for
+    from ..common import iterations_for
     sizes = _sizes_of(args, "65536")
     if args.duration is not None:
         margin = args.duration / 4 if args.margin is None else args.margin
@@ -242,8 +242,8 @@ def _bw_main(args) -> int:
 
 
 def measure_bw(args, client, sizes: list[int], iterations_for):
-    from . import p2p
-    from .common import (MIB, Progress, Report, check_bw_row, check_bw_trend, human_size,
+    from .. import p2p
+    from ..common import (MIB, Progress, Report, check_bw_row, check_bw_trend, human_size,
                          peak_bandwidth_posted, to_unit)
     op, bidir, lanes = args.op, args.bidirectional, args.lanes
     unit = {"perftest": "Gb/sec" if args.report_gbits else "MiB/sec", "osu": "MB/s", "imb": "MB/s"}[args.format]
@@ -344,7 +344,7 @@ def _kind(op: str) -> str:
 
 
 def print_bw_table(args, report, unit: str, out=None) -> None:
-    from .common import print_table
+    from ..common import print_table
     out = out or sys.stdout
     cfg = report.config
     bidir = cfg["bidirectional"]
@@ -386,7 +386,7 @@ def print_bw_table(args, report, unit: str, out=None) -> None:
 
 
 def to_unit_plot(bytes_per_s: float, unit: str) -> float:
-    from .common import to_unit
+    from ..common import to_unit
     return to_unit(bytes_per_s, unit)
 
 
@@ -446,7 +446,7 @@ def _lat_main(args) -> int:
 
 
 def measure_lat(args, client, sizes: list[int]):
-    from .common import (Progress, Report, check_latency_row, check_latency_trend, human_size, iterations_for,
+    from ..common import (Progress, Report, check_latency_row, check_latency_trend, human_size, iterations_for,
                          latency_stats)
     rtt = args.op == "read"
     report = Report(args.test, {
@@ -493,7 +493,7 @@ def measure_lat(args, client, sizes: list[int]):
 
 
 def print_lat_table(args, report, out=None) -> None:
-    from .common import print_table
+    from ..common import print_table
     out = out or sys.stdout
     cfg = report.config
     rtt = args.op == "read"
@@ -569,8 +569,8 @@ def compare_ucx_perftest(argv: list[str] | None = None) -> int:
     import subprocess
     import tempfile
 
-    from .. import _core
-    from .compare import perftest
+    from ... import _core
+    from ..compare import perftest
     ap = argparse.ArgumentParser(prog="python -m tensorwire.bench.fabric compare-ucx-perftest",
                                  description=compare_ucx_perftest.__doc__)
     ap.add_argument("--reps", type=int, default=3)
@@ -646,7 +646,7 @@ def transport_comparison(argv: list[str] | None = None) -> int:
              ("write_bw_bidir", ["-s", "64K,1M,16M", "-n", str(args.bw_iters), "--budget", args.budget, "-b"])]
     raw: dict[str, dict[str, list[dict]]] = {t: {name: [] for name, _ in tests} for t in transports}
     verdicts: dict[str, list[str]] = {}
-    from .common import Progress
+    from ..common import Progress
     progress = Progress(args.reps * len(transports) * len(tests), "transport comparison")
     for rep in range(args.reps):
         for name, extra in tests:
