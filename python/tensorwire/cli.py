@@ -170,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
 # them must stay cheap (no torch, no UCX): the work is imported inside `func`.
 COMMAND_MODULES = (
     "tensorwire.launch",           # tensorwire run
-    "tensorwire.bench.fabric",     # bench write_bw/read_bw/write_lat/read_lat/fullmesh
+    "tensorwire.bench.fabric.cli",  # bench write_bw/read_bw/write_lat/read_lat/fullmesh
     "tensorwire.bench.collectives",  # bench alltoall/allreduce
     "tensorwire.bench.terasort",   # bench terasort
     "tensorwire.testbed.cli",      # tensorwire testbed
@@ -238,14 +238,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         report = p2p.run_bandwidth(args)
     report.write_json(args.json)
     if args.plot and report.rows:
-        from .bench import fabric
+        from .bench.fabric import plots
         if args.bench == "latency":
-            fabric.plot_lat(report, args.plot)
+            plots.plot_lat(report, args.plot)
         else:  # the perftest plot, fed this command's row names
             from dataclasses import replace
             rows = [{**r, "bw_average": r["bw_MBps"], "bw_peak": r.get("bw_peak_MBps") or 0.0} for r in report.rows]
             cfg = {**report.config, "duration": None, "lanes": getattr(args, "lanes", 1)}
-            fabric.plot_bw(replace(report, rows=rows, config=cfg), args.plot, "MB/sec")
+            plots.plot_bw(replace(report, rows=rows, config=cfg), args.plot, "MB/sec")
         print(f"plot written to {args.plot}")
     return 0 if report.verdict != "FAIL" else 2
 

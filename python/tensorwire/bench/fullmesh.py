@@ -41,7 +41,8 @@ examples:
 
 
 def add_command(bench_sub) -> None:
-    from .fabric import TRANSPORTS, _positive, _rate, _seconds, _sizes
+    from .common import arg_positive as _positive, arg_sizes as _sizes
+    from .fabric.cli import TRANSPORTS, _rate, _seconds
     p = bench_sub.add_parser("fullmesh", help="all-pairs one-sided write bandwidth and fairness (N(N-1) flows)",
                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--transport", choices=TRANSPORTS, default="tcp",
@@ -75,7 +76,7 @@ def _main(args) -> int:
     if margin < 0 or 2 * margin >= args.duration:
         raise SystemExit(f"--margin {margin:g} leaves no sample window in --duration {args.duration:g}")
     args.margin = margin
-    from .fabric import _in_world
+    from .fabric.peer import _in_world
     if _in_world():
         return run_rank(args)
     return sweep(args)

@@ -1,5 +1,14 @@
-"""Fabric benchmarks (see cli.py's doc). fabric.py moved here whole, as cli.py, so that its
-history follows; the next commit splits it by job."""
+"""Fabric benchmarks in the anchor tools' semantics: `bench write_bw|read_bw`
+(perftest ib_write_bw/ib_read_bw), `bench write_lat|read_lat` (ib_write_lat/
+ib_read_lat) and `bench fullmesh` (the all-pairs ib_write_bw scripts of
+seed 004). The point-to-point tests run against a peer spawned on loopback,
+against `--connect HOST:PORT` (a `--server` elsewhere), or between ranks 0
+and 1 under `tensorwire run -n 2` (which is how they cross testbed hosts).
 
-from .cli import (TRANSPORTS, _in_world, _positive, _rate, _seconds, _sizes,  # noqa: F401
-                  add_commands, plot_bw, plot_lat)
+The package, one job per file: ``cli.py`` adds the commands and runs them;
+``peer.py`` finds the peer a test measures against (spawned, --connect'ed or
+rank 1); ``measure.py`` runs the bandwidth and latency tests; ``tables.py``
+prints their tables in perftest's, OSU's or IMB's columns and ``plots.py``
+plots them; ``comparisons.py`` holds the comparisons that
+``python -m tensorwire.bench.fabric`` runs (``__main__.py``).
+"""

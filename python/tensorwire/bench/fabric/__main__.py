@@ -2,7 +2,7 @@
 
 import sys
 
-from .cli import compare_ucx_perftest, transport_comparison
+from .comparisons import compare_ucx_perftest, transport_comparison
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["compare-ucx-perftest"]:
