@@ -24,6 +24,7 @@ def run_role(args, rank: int, world: int) -> int:
     import torch
     from . import models, ps
     from .cli import _data_fn, _opt_kwargs, render_result  # noqa: F401
+    from .ps.launch import _worker_loop
     S, W = args.servers, args.workers
     if world != S + W:
         print(f"tensorwire train: WORLD_SIZE is {world}, but --servers {S} + --workers {W} = {S + W}",
@@ -65,7 +66,7 @@ def run_role(args, rank: int, world: int) -> int:
                          args.optimizer, _opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
                          progress=not args.quiet and r == 0)
     try:
-        result = ps._worker_loop(cfg, r, worker, model)
+        result = _worker_loop(cfg, r, worker, model)
     finally:
         worker.close()
     st = result["stats"]["mean"]

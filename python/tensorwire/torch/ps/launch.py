@@ -1,0 +1,506 @@
+"""The local launcher: train() runs every role in a spawned process (or a
+thread), supervises them and sums up their reports; the role mains are what
+each of those processes runs."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+import tensorwire as tw
+
+from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss
+from .gloo import GlooServer, GlooWorker, _Gloo
+from .server import Server
+from .worker import Worker
+
+
+@dataclass
+class TrainConfig:
+    """Everything a spawned role needs (picklable)."""
+    model_fn: Callable[..., nn.Module]
+    data_fn: Callable[[int, int], Any]          # (worker rank, step) -> (inputs, target)
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    workers: int = 2
+    servers: int = 2
+    steps: int = 50
+    mode: str = "zerocopy"
+    transport: str = "auto"
+    optimizer: Any = "sgd"
+    optimizer_kwargs: dict = field(default_factory=lambda: {"lr": 0.01})
+    seed: int = 0
+    warmup: int = 2
+    timeout: float = DEFAULT_TIMEOUT_S
+    threads: int = 1
+    collect_params: bool = False
+    progress: bool = False
+    die: tuple[int, int] | None = None           # (worker rank, step): that worker exits there (tests)
+    model_fn_takes_rank: bool = False
+    placement: str = "balanced"                  # see place()
+    colocate: bool = False                       # process r runs worker r and server r (the paper's layout)
+
+
+
+def _build_model(cfg: TrainConfig, rank: int) -> nn.Module:
+    with _BUILD_LOCK:  # the global RNG: roles run as threads must not interleave their draws
+        torch.manual_seed(cfg.seed)
+        return cfg.model_fn(rank) if cfg.model_fn_takes_rank else cfg.model_fn()
+
+
+_BUILD_LOCK = threading.Lock()
+
+
+def _samples(x: Any) -> int:
+    while isinstance(x, (tuple, list)):
+        x = x[0]
+    return int(x.shape[0])
+
+
+def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> dict:
+    loss_fn = cfg.loss_fn or _default_loss
+    die_at = cfg.die[1] if cfg.die is not None and cfg.die[0] == rank else None
+    losses, t_start, samples = [], None, 0
+    t_begin = time.perf_counter()
+    for step in range(cfg.steps):
+        if step == cfg.warmup:
+            t_start = time.perf_counter()
+        x, y = cfg.data_fn(rank, step)
+        losses.append(worker.step(lambda: loss_fn(model(x), y), die_at=die_at))
+        if step >= cfg.warmup:
+            samples += _samples(x)
+        if cfg.progress and rank == 0:
+            el = time.perf_counter() - t_begin
+            print(f"\r  step {step + 1}/{cfg.steps}  loss {losses[-1]:.4f}  {el:.1f} s", end="", file=sys.stderr,
+                  flush=True)
+    t_end = time.perf_counter()
+    if cfg.progress and rank == 0:
+        print(file=sys.stderr)
+    out = {"losses": losses, "elapsed_s": t_end - (t_start or t_begin), "samples": samples,
+           "step_times": [st["step_s"] for st in worker.stats.steps],
+           "total_s": t_end - t_begin, "stats": worker.stats.to_dict(skip=cfg.warmup)}
+    if cfg.collect_params:
+        # numpy, not torch: torch pickles tensors through shared memory that dies with this process
+        out["params"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
+    return out
+
+
+def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) -> dict:
+    """Worker `rank` (this thread) and server `rank` (a second thread) in one
+    process, sharing one device (or gloo process group): what the worker and
+    its own server exchange never crosses the transport."""
+    box: dict = {}
+    if cfg.mode == "gloo":
+        group = _Gloo("both", rank, cfg.servers, cfg.workers, init_method, cfg.timeout, colocated=True)
+
+        def serve() -> None:
+            srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
+                             cfg.placement, group=group, **cfg.optimizer_kwargs)
+            box["stats"] = srv.run(cfg.steps).to_dict(skip=cfg.warmup)
+    else:
+        dev = tw.Device(transport=cfg.transport)
+        srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
+                     placement=cfg.placement, device=dev, **cfg.optimizer_kwargs)
+        conn.send({"address": srv.address})
+        if not conn.poll(60):
+            raise PSError(f"worker and server {rank}: no server addresses from the launcher within 60 s")
+        addresses = conn.recv()["addresses"]
+
+        def serve() -> None:
+            box["stats"] = srv.run().to_dict(skip=cfg.warmup)
+
+    def serve_and_report() -> None:
+        try:
+            serve()
+        except BaseException as e:  # noqa: BLE001 - reported by the worker's thread
+            box["error"] = str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}"
+
+    t = threading.Thread(target=serve_and_report, name=f"tensorwire-ps-server{rank}", daemon=True)
+    t.start()
+    model = _build_model(cfg, rank)
+    if cfg.mode == "gloo":
+        w: Any = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement,
+                            group=group)
+    else:
+        w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
+                   placement=cfg.placement, device=dev)
+        w.watch.partner = lambda: box.get("error") and f"its colocated server failed: {box['error']}"
+    try:
+        result = _worker_loop(cfg, rank, w, model)
+    finally:
+        w.close()
+    t.join(cfg.timeout)
+    if "error" in box or t.is_alive():
+        raise PSError(f"server {rank}: {box.get('error', f'did not finish within {cfg.timeout:.0f} s')}")
+    if cfg.mode == "gloo":
+        group.close()
+    else:
+        dev.close()
+    return {"worker": result, "server": {"stats": box["stats"]}}
+
+
+def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: list[str] | None,
+               init_method: str | None) -> None:
+    """Entry point of a spawned process: runs one role, sends its result (or error) back."""
+    torch.set_num_threads(cfg.threads)
+    try:
+        if role == "coloc":
+            result = _colocated(cfg, rank, conn, init_method)
+        elif cfg.mode == "gloo":
+            if role == "server":
+                srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
+                                 cfg.placement, **cfg.optimizer_kwargs)
+                result = {"stats": srv.run(cfg.steps).to_dict(skip=cfg.warmup)}
+            else:
+                model = _build_model(cfg, rank)
+                w = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement)
+                try:
+                    result = _worker_loop(cfg, rank, w, model)
+                finally:
+                    w.close()
+        elif role == "server":
+            srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
+                         timeout=cfg.timeout, placement=cfg.placement, **cfg.optimizer_kwargs)
+            conn.send({"address": srv.address})
+            result = {"stats": srv.run().to_dict(skip=cfg.warmup)}
+        else:
+            model = _build_model(cfg, rank)
+            w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
+                       placement=cfg.placement)
+            try:
+                result = _worker_loop(cfg, rank, w, model)
+            finally:
+                w.close()
+        conn.send({"result": result})
+    except BaseException as e:  # noqa: BLE001 - reported to the launcher
+        msg = str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        try:
+            conn.send({"error": msg})
+        except Exception:
+            pass
+        if role == "coloc":  # the other role's thread may sit in a wait: leave without joining it
+            sys.stderr.flush()
+            os._exit(1)
+        sys.exit(1)
+
+
+@dataclass
+class TrainResult:
+    mode: str
+    workers: int
+    servers: int
+    steps: int
+    samples_per_s: float
+    split: dict                 # mean seconds per step: compute, push, aggregate, pull, step
+    losses: list[float]         # per step: the mean of the workers' losses (= the loss of the global batch)
+    worker_losses: list[list[float]]
+    bytes_copied_per_step: int  # all processes together
+    bytes_sent_per_step: int
+    roles: list[dict]
+    params: dict | None = None
+    wall_s: float = 0.0
+    colocate: bool = False
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in ("mode", "workers", "servers", "steps", "samples_per_s", "split",
+                                           "losses", "bytes_copied_per_step", "bytes_sent_per_step", "wall_s",
+                                           "colocate")}
+        d["roles"] = self.roles
+        return d
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Proc:
+    """A role in a spawned process, and what it reported through its pipe."""
+
+    def __init__(self, ctx, role: str, rank: int, cfg: TrainConfig, addresses, init_method) -> None:
+        self.role, self.rank = role, rank
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_role_main, args=(child, role, rank, cfg, addresses, init_method),
+                                daemon=True, name=f"tensorwire-ps-{role}{rank}")
+        self.proc.start()
+        child.close()
+        self.result: dict | None = None
+        self.error: str | None = None
+        self.address: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"worker and server {self.rank}" if self.role == "coloc" else f"{self.role} {self.rank}"
+
+    def poll(self) -> None:
+        """Reads whatever the process reported."""
+        try:
+            while self.conn.poll(0):
+                msg = self.conn.recv()
+                if "address" in msg:
+                    self.address = msg["address"]
+                elif "result" in msg:
+                    self.result = msg["result"]
+                elif "error" in msg:
+                    self.error = msg["error"]
+        except (EOFError, OSError):
+            pass
+        except Exception as e:  # noqa: BLE001 - an unreadable report is a failure of that role
+            self.error = f"unreadable report: {type(e).__name__}: {e}"
+
+    @property
+    def finished(self) -> bool:
+        return self.result is not None or self.error is not None or not self.proc.is_alive()
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(5)
+
+
+class _LocalConn:
+    """The pipe end of a role run in a thread (launcher="threads")."""
+
+    def __init__(self) -> None:
+        import queue
+        self.q: Any = queue.Queue()
+
+    def send(self, msg: Any) -> None:
+        self.q.put(msg)
+
+    def poll(self, timeout: float = 0) -> bool:
+        return not self.q.empty()
+
+    def recv(self) -> Any:
+        return self.q.get()
+
+
+class _ThreadRun:
+    """A thread that looks like a multiprocessing.Process to _Proc."""
+
+    def __init__(self, target: Callable, args: tuple) -> None:
+        self.exitcode: int | None = None
+
+        def body() -> None:
+            try:
+                target(*args)
+                self.exitcode = 0
+            except SystemExit as e:
+                self.exitcode = int(e.code or 0)
+
+        self.t = threading.Thread(target=body, daemon=True, name=f"tensorwire-ps-{args[1]}{args[2]}")
+        self.t.start()
+
+    def is_alive(self) -> bool:
+        return self.t.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.t.join(timeout)
+
+    def kill(self) -> None:  # a thread cannot be killed; its waits are bounded by the timeout
+        pass
+
+
+class _ThreadProc(_Proc):
+    def __init__(self, role: str, rank: int, cfg: TrainConfig, addresses, init_method) -> None:
+        self.role, self.rank = role, rank
+        self.conn = _LocalConn()
+        self.proc = _ThreadRun(_role_main, (self.conn, role, rank, cfg, addresses, init_method))
+        self.result = self.error = self.address = None
+
+
+def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any], *, workers: int = 2,
+          servers: int = 2, steps: int = 50, mode: str = "zerocopy", transport: str = "auto",
+          optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0, warmup: int = 2,
+          timeout: float = DEFAULT_TIMEOUT_S, threads: int = 1, collect_params: bool = False,
+          progress: bool = False, die: tuple[int, int] | None = None, launcher: str = "processes",
+          placement: str = "balanced", colocate: bool = False, **optimizer_kwargs: Any) -> TrainResult:
+    """Trains locally with `servers` server processes and `workers` worker
+    processes (spawned), and returns the statistics.
+
+    Args:
+        model_fn: builds the model (called under ``torch.manual_seed(seed)`` in
+            every worker; worker 0's initial values are used). If it takes a
+            parameter named ``rank`` it gets the worker's rank.
+        data_fn: ``data_fn(rank, step) -> (inputs, target)``: worker ``rank``'s
+            batch at ``step`` (a module-level function or functools.partial).
+        loss_fn: ``loss_fn(output, target)``; default cross-entropy.
+        optimizer: a name (sgd, adam, adamw, adagrad, rmsprop) with keyword
+            arguments (``lr=...``), or a callable(params) -> optimizer.
+        mode: zerocopy, copy or gloo. transport: tcp, shm or auto (not gloo).
+        warmup: steps left out of samples/s and the per-step means.
+        collect_params: return worker 0's final parameters (``result.params``).
+        launcher: "processes" (spawned, the default) or "threads" (every role in
+            a thread of this process, each with its own device: quick for small
+            models and tests; not for gloo, and timings then share one GIL).
+        placement: "balanced" (the default: by size, largest first to the
+            least-loaded server) or "round-robin" (the paper's); see place().
+        colocate: one process per worker that also runs the server of the same
+            rank (the paper's layout; needs servers == workers): a worker's
+            share of the variables stays in its process (a memcpy), every mode alike.
+    Raises:
+        PSError naming the role that failed first, when any role fails; all
+        processes have exited by then.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+    if workers < 1 or servers < 1:
+        raise ValueError("need at least one worker and one server")
+    if colocate and servers != workers:
+        raise ValueError(f"colocate runs worker r and server r in process r: needs servers == workers "
+                         f"(got {servers} servers, {workers} workers)")
+    if colocate and launcher != "processes":
+        raise ValueError("colocate needs launcher='processes'")
+    if "lr" not in optimizer_kwargs and isinstance(optimizer, str) and optimizer.lower() == "sgd":
+        optimizer_kwargs["lr"] = 0.01
+    try:
+        takes_rank = "rank" in inspect.signature(model_fn).parameters
+    except (TypeError, ValueError):
+        takes_rank = False
+    cfg = TrainConfig(model_fn, data_fn, loss_fn, workers, servers, steps, mode, transport, optimizer,
+                      dict(optimizer_kwargs), seed, min(warmup, max(0, steps - 1)), timeout, threads,
+                      collect_params, progress, die, takes_rank, placement, colocate)
+    import multiprocessing as mp
+    if launcher not in ("processes", "threads"):
+        raise ValueError(f"launcher must be processes or threads, not {launcher!r}")
+    if launcher == "threads":
+        if mode == "gloo" or die is not None:
+            raise ValueError("launcher='threads' runs modes zerocopy and copy without fault injection")
+        cfg.threads = torch.get_num_threads()
+
+        def _Proc(ctx, role, rank, cfg, addresses, init_method):  # noqa: N802 - same call as the class
+            return _ThreadProc(role, rank, cfg, addresses, init_method)
+    else:
+        _Proc = _ProcClass
+    ctx = mp.get_context("spawn")
+    procs: list = []
+    t0 = time.perf_counter()
+    saved_env = {k: os.environ.get(k) for k in MALLOC_ENV}
+    if launcher == "processes":
+        for k, v in MALLOC_ENV.items():  # read by glibc when each role starts
+            os.environ.setdefault(k, v)
+    try:
+        init_method = None
+        addresses = None
+        if colocate:
+            if mode == "gloo":
+                init_method = f"tcp://127.0.0.1:{_free_port()}"
+            procs = [_Proc(ctx, "coloc", r, cfg, None, init_method) for r in range(workers)]
+            if mode != "gloo":
+                _await_addresses(procs)
+                for p in procs:
+                    p.conn.send({"addresses": [q.address for q in procs]})
+            _supervise(procs, timeout)
+        elif mode == "gloo":
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            procs = [_Proc(ctx, "server", s, cfg, None, init_method) for s in range(servers)]
+        else:
+            procs = [_Proc(ctx, "server", s, cfg, None, None) for s in range(servers)]
+            addresses = _await_addresses(procs)
+        if not colocate:
+            procs += [_Proc(ctx, "worker", w, cfg, addresses, init_method) for w in range(workers)]
+            _supervise(procs, timeout)
+    finally:
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        for p in procs:
+            p.kill()
+    errors = [(p, p.error or f"exited with code {p.proc.exitcode} without a report")
+              for p in procs if p.result is None]
+    if errors:
+        first = errors[0]
+        detail = "\n".join(f"  {p.name}: {e.strip()}" for p, e in errors)
+        raise PSError(f"training failed ({first[0].name} first):\n{detail}")
+    return _summarise(cfg, procs, time.perf_counter() - t0)
+
+
+_ProcClass = _Proc
+
+
+def _await_addresses(procs: list[_Proc]) -> list[str]:
+    """The servers' device addresses, as each process reports its own."""
+    deadline = time.monotonic() + 60
+    while any(p.address is None for p in procs):
+        for p in procs:
+            p.poll()
+            if p.error or (not p.proc.is_alive() and p.address is None):
+                raise PSError(f"{p.name} failed to start: {p.error or f'exit {p.proc.exitcode}'}")
+        if time.monotonic() > deadline:
+            raise PSError("servers did not start within 60 s")
+        time.sleep(0.01)
+    return [p.address for p in procs]
+
+
+def _supervise(procs: list[_Proc], timeout: float) -> None:
+    """Waits for every role; once one failed, gives the others a grace period
+    to fail on their own (they detect dead peers), then kills them."""
+    grace_end = None
+    while True:
+        for p in procs:
+            p.poll()
+        failed = [p for p in procs if p.finished and p.result is None]
+        if all(p.finished for p in procs):
+            for p in procs:
+                p.proc.join(5)
+                p.poll()
+            return
+        if failed and grace_end is None:
+            grace_end = time.monotonic() + 10.0
+        if grace_end is not None and time.monotonic() > grace_end:
+            for p in procs:
+                p.poll()
+                if not p.finished:
+                    p.error = "killed by the launcher after another role failed"
+                    p.kill()
+            return
+        time.sleep(0.02)
+
+
+def _summarise(cfg: TrainConfig, procs: list[_Proc], wall: float) -> TrainResult:
+    # every role's report, by rank (a colocated process reports both of its roles)
+    wk_by_rank: dict[int, dict] = {}
+    sv_by_rank: dict[int, dict] = {}
+    for p in procs:
+        if p.role == "coloc":
+            wk_by_rank[p.rank], sv_by_rank[p.rank] = p.result["worker"], p.result["server"]
+        else:
+            (wk_by_rank if p.role == "worker" else sv_by_rank)[p.rank] = p.result
+    wk = [wk_by_rank[r] for r in sorted(wk_by_rank)]
+    sv = [sv_by_rank[r] for r in sorted(sv_by_rank)]
+    samples = sum(r["samples"] for r in wk)
+    elapsed = max(r["elapsed_s"] for r in wk)
+    split = {}
+    for k in ("compute_s", "push_s", "aggregate_s", "pull_s", "step_s"):
+        vals = [r["stats"]["mean"].get(k, float("nan")) for r in wk]
+        split[k.replace("_s", "")] = sum(vals) / len(vals)
+    for k in ("wait_s", "sum_s", "optimizer_s", "pull_s"):
+        vals = [r["stats"]["mean"].get(k, float("nan")) for r in sv]
+        split["server_" + k.replace("_s", "")] = sum(vals) / len(vals) if vals else float("nan")
+    copied = sum(r["stats"]["bytes_copied_per_step"] for r in wk + sv)
+    sent = sum(r["stats"]["bytes_sent_per_step"] for r in wk + sv)
+    roles = [dict(r["stats"], losses=r["losses"], step_times=r["step_times"]) for r in wk] + \
+        [r["stats"] for r in sv]
+    mean_losses = [sum(ls) / len(ls) for ls in zip(*(r["losses"] for r in wk))]
+    return TrainResult(cfg.mode, cfg.workers, cfg.servers, cfg.steps,
+                       samples / elapsed if elapsed > 0 else float("nan"), split, mean_losses,
+                       [r["losses"] for r in wk], copied, sent, roles,
+                       _params_of(wk[0].get("params")), wall, cfg.colocate)
+
+
+def _params_of(arrays: dict | None) -> dict | None:
+    return None if arrays is None else {n: torch.from_numpy(a) for n, a in arrays.items()}

@@ -1,0 +1,257 @@
+"""The parameter server over tensorwire slots (modes zerocopy and copy)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+import tensorwire as tw
+
+from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, WAIT, PSError, Stats, VarSpec, _mean_into,
+                     _tensor_of_view, _torch_dtype, _Watch, check_specs, make_optimizer, place)
+
+
+class Server:
+    """One parameter server over tensorwire slots (modes zerocopy and copy).
+
+    Creates its device at once (``address`` is what workers connect to);
+    :meth:`run` waits for the ``num_workers`` workers, checks that their models
+    agree, takes the initial values from worker 0, and serves steps until every
+    worker called :meth:`Worker.close` (or raises :class:`PSError` when a worker
+    dies, refuses, or a step exceeds ``timeout``)."""
+
+    def __init__(self, rank: int = 0, num_servers: int = 1, num_workers: int = 1, optimizer: Any = "sgd",
+                 mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1", port: int = 0,
+                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
+                 placement: str = "balanced", device: tw.Device | None = None, **optimizer_kwargs: Any):
+        if mode not in ("zerocopy", "copy"):
+            raise ValueError(f"Server runs modes zerocopy and copy; gloo has GlooServer (got {mode!r})")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+        self.placement = placement
+        self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers
+        self.mode, self.timeout = mode, timeout
+        self.optimizer_spec, self.optimizer_kwargs = optimizer, optimizer_kwargs
+        # a device passed in is shared with a colocated Worker (and closed by its owner)
+        self._own_dev = device is None
+        self.dev = device or tw.Device(host=host, port=port, transport=transport, **(device_kwargs or {}))
+        self.who = f"server {rank}"
+        self.watch = _Watch(self.dev, timeout, self.who)
+        self._hellos: dict[int, dict] = {}
+        self._byes: set[int] = set()
+        self._state = "wait"
+        self._error = ""
+        self._init_slot = self.dev.dynamic_slot("ps.init")
+        self.dev.on_call("ps.hello", self._on_hello)
+        self.dev.on_call("ps.bye", self._on_bye)
+        self.stats = Stats("server", rank, mode)
+        self.steps_done = 0
+
+    @property
+    def address(self) -> str:
+        return self.dev.address
+
+    # handlers run on the device's dispatcher thread: record and answer, never block
+    def _on_hello(self, payload: bytes) -> bytes:
+        msg = json.loads(payload)
+        r = int(msg["rank"])
+        if not 0 <= r < self.num_workers:
+            return json.dumps({"state": "refused", "error": f"{self.who} expects workers 0..{self.num_workers - 1}, "
+                                                            f"not rank {r}"}).encode()
+        if msg.get("mode") != self.mode:
+            return json.dumps({"state": "refused", "error": f"{self.who} runs mode {self.mode!r}, worker {r} "
+                                                            f"asked for {msg.get('mode')!r}"}).encode()
+        if msg.get("placement") != self.placement:
+            return json.dumps({"state": "refused", "error": f"{self.who} places variables {self.placement!r}, "
+                                                            f"worker {r} {msg.get('placement')!r}"}).encode()
+        self._hellos.setdefault(r, msg)
+        return json.dumps({"state": self._state, "error": self._error}).encode()
+
+    def _on_bye(self, payload: bytes) -> bytes:
+        if not self._byes:
+            self._first_bye = time.monotonic()
+        r = int(payload.decode())
+        self._byes.add(r)
+        # A worker that finished may close its device while another still
+        # pulls its last parameters from us: not a failure (_give_up judges).
+        if r in self._hellos:
+            self.watch.excused.add(int(self._hellos[r]["device_id"]))
+        return b"ok"
+
+    def _setup(self) -> None:
+        deadline = time.monotonic() + self.timeout
+        while len(self._hellos) < self.num_workers:
+            if time.monotonic() > deadline:
+                raise PSError(f"{self.who}: only workers {sorted(self._hellos)} of {self.num_workers} "
+                              f"arrived within {self.timeout:.0f} s")
+            time.sleep(0.01)
+        hellos = [self._hellos[r] for r in range(self.num_workers)]
+        specs = [[VarSpec.from_json(v) for v in h["vars"]] for h in hellos]
+        for r in range(1, self.num_workers):
+            err = check_specs(specs[0], specs[r], r)
+            if err:
+                self._error = f"refused at setup: {err}"
+                self._state = "refused"
+                # let the workers poll the refusal before this device goes away
+                t_end = time.monotonic() + 2.0
+                while time.monotonic() < t_end:
+                    time.sleep(0.05)
+                raise PSError(f"{self.who}: {self._error}")
+        self.workers = hellos
+        for h in hellos:
+            self.watch.peers[int(h["device_id"])] = f"worker {h['rank']} (pid {h['pid']}, {h['address']})"
+        self.all_vars = specs[0]
+        owner = place([v.nbytes for v in self.all_vars], self.num_servers, self.placement)
+        self.vars = [v for v, s in zip(self.all_vars, owner) if s == self.rank]
+        W = self.num_workers
+        # master copies: registered memory (zerocopy) or plain torch memory (copy)
+        self.blocks, self.master = [], []
+        for v in self.vars:
+            if self.mode == "zerocopy":
+                blk = self.dev.empty(v.shape, v.dtype)
+                t = torch.from_dlpack(blk)
+            else:
+                blk, t = None, torch.empty(v.shape, dtype=_torch_dtype(v.dtype))
+            self.blocks.append(blk)
+            self.master.append(nn.Parameter(t, requires_grad=True))
+        self.grad_slots = [[self.dev.dynamic_slot(f"sgrad/{v.name}/{w}") if v.sparse else
+                            self.dev.static_slot(f"grad/{v.name}/{w}", v.shape, v.dtype, depth=1)
+                            for w in range(W)] for v in self.vars]
+        self._state = "ready"
+        # initial values from worker 0, in the order of this server's variables
+        for v, m in zip(self.vars, self.master):
+            blk = self.watch.recv(self._init_slot, f"waiting for the initial value of {v.name!r}")
+            with torch.no_grad():
+                m.copy_(torch.from_dlpack(blk).view(m.shape))
+            del blk
+        self.opt = make_optimizer(self.optimizer_spec, list(self.master), **self.optimizer_kwargs)
+        path = "copy"
+        self.channels = [self.dev.connect(h["address"]) for h in hellos]
+        self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
+                               for ch in self.channels] for v in self.vars]
+        self.stats.bytes_copied_per_step = 0 if self.mode == "zerocopy" else W * sum(v.nbytes for v in self.vars)
+        # A colocated worker (on this very device) gets its parameters by a
+        # memcpy in the sending thread: sent last, after the remote transfers
+        # are under way.
+        local = [w for w, h in enumerate(hellos) if int(h["device_id"]) == self.dev.id]
+        self._send_order = [w for w in range(W) if w not in local] + local
+        self.stats.bytes_sent_per_step = (W - len(local)) * sum(v.nbytes for v in self.vars)
+        self.stats.extra["vars"] = [v.name for v in self.vars]
+        self._send_params()
+
+    def _send_params(self) -> None:
+        reqs = []
+        for w in self._send_order:
+            for i, v in enumerate(self.vars):
+                src = self.blocks[i] if self.mode == "zerocopy" else self.master[i].detach()
+                reqs.append((self.param_senders[i][w].send(src, self.timeout), v.name, w))
+        for req, name, w in reqs:
+            try:
+                self.watch.wait(req, f"sending {name!r} to worker {w}")
+            except PSError:
+                # A worker says goodbye only after it received every parameter
+                # of its last step: its closing may fail our request (over tcp
+                # the completion waits for its ack) after the bytes landed.
+                if w in self._byes:
+                    continue
+                raise
+
+    def _give_up(self, first: bool, w: int, what: str) -> Callable[[], str | None]:
+        def check() -> str | None:
+            if first and len(self._byes) == self.num_workers:
+                return "done"
+            if w in self._byes:
+                if not first or time.monotonic() - self._first_bye > BYE_GRACE_S:
+                    raise PSError(f"{self.who}: worker {w} left after {self.steps_done} steps while {what}; "
+                                  f"all workers must run the same number of steps")
+                return WAIT
+            return None
+        return check
+
+    def _step(self) -> bool:
+        """One step; False once every worker has left."""
+        W = self.num_workers
+        t0 = time.perf_counter()
+        t_sum = 0.0
+        first = True
+        held: list = []  # (slot, view) whose buffer is a variable's gradient until the optimizer ran
+        for i, v in enumerate(self.vars):
+            m = self.master[i]
+            if v.sparse:
+                idx, vals = [], []
+                for w in range(W):
+                    what = f"waiting for worker {w}'s gradient of {v.name!r} (step {self.steps_done + 1})"
+                    bi = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
+                    if isinstance(bi, str):
+                        return False
+                    first = False
+                    bv = self.watch.recv(self.grad_slots[i][w], what)
+                    ts = time.perf_counter()
+                    idx.append(torch.from_dlpack(bi).clone())
+                    vals.append(torch.from_dlpack(bv).clone())
+                    t_sum += time.perf_counter() - ts
+                ts = time.perf_counter()
+                g = torch.sparse_coo_tensor(torch.cat(idx).view(1, -1), torch.cat(vals) / W, v.shape,
+                                            check_invariants=False)
+                m.grad = g.coalesce()
+                t_sum += time.perf_counter() - ts
+                continue
+            for w in range(W):
+                what = f"waiting for worker {w}'s gradient of {v.name!r} (step {self.steps_done + 1})"
+                view = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
+                if isinstance(view, str):
+                    return False
+                first = False
+                ts = time.perf_counter()
+                g = _tensor_of_view(view, v)
+                if w == 0:  # worker 0's slot buffer becomes the gradient: no copy
+                    m.grad = g
+                    held.append((self.grad_slots[i][0], view))
+                else:
+                    _mean_into(m.grad, g, w)
+                    self.grad_slots[i][w].release(view)
+                t_sum += time.perf_counter() - ts
+        t1 = time.perf_counter()
+        self.opt.step()
+        for slot, view in held:  # the optimizer has read them: workers may push again
+            slot.release(view)
+        for i, v in enumerate(self.vars):  # no .grad left pointing at memory a worker overwrites
+            if not v.sparse:
+                self.master[i].grad = None
+        t2 = time.perf_counter()
+        self._send_params()
+        t3 = time.perf_counter()
+        self.steps_done += 1
+        self.stats.steps.append({"wait_s": t1 - t0 - t_sum, "sum_s": t_sum, "optimizer_s": t2 - t1,
+                                 "aggregate_s": t_sum + (t2 - t1), "pull_s": t3 - t2, "step_s": t3 - t0})
+        return True
+
+    def run(self, steps: int | None = None) -> Stats:
+        """Serves until every worker left (or `steps` steps); returns the statistics."""
+        try:
+            self._setup()
+            while steps is None or self.steps_done < steps:
+                if not self._step():
+                    break
+            return self.stats
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if not self.dev.closed:
+            # Over tcp the last parameters may still be on their way: let them
+            # land before the device (and its endpoints) goes. A worker that
+            # said goodbye has them all (and its endpoint is gone).
+            for w, ch in enumerate(getattr(self, "channels", [])):
+                if w in self._byes:
+                    continue
+                try:
+                    ch.flush().wait(5.0)
+                except tw.Error:
+                    pass
+            if self._own_dev:
+                self.dev.close()

@@ -1,0 +1,238 @@
+"""The worker over tensorwire slots (modes zerocopy and copy)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable, Sequence
+
+import torch
+from torch import nn
+
+import tensorwire as tw
+
+from .. import alloc_sites
+from .common import DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, _tensor_of_view, _Watch, place, variables
+
+
+class Worker:
+    """One worker over tensorwire slots (modes zerocopy and copy).
+
+    Moves the model's parameters into the static slots the servers write
+    (``param/<var>``), gives every dense parameter a ``.grad`` in registered
+    memory (zerocopy), meets the servers (checking its model against worker 0's)
+    and loads the initial parameters from them. Then :meth:`step` runs one
+    synchronous SGD step."""
+
+    def __init__(self, model: nn.Module, servers: Sequence[str], rank: int = 0, num_workers: int = 1,
+                 mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1",
+                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
+                 placement: str = "balanced", device: tw.Device | None = None):
+        if mode not in ("zerocopy", "copy"):
+            raise ValueError(f"Worker runs modes zerocopy and copy; gloo has GlooWorker (got {mode!r})")
+        if placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
+        self.placement = placement
+        self.model, self.rank, self.num_workers, self.mode, self.timeout = model, rank, num_workers, mode, timeout
+        self.who = f"worker {rank}"
+        # a device passed in is shared with a colocated Server (and closed by its owner)
+        self._own_dev = device is None
+        self.dev = device or tw.Device(host=host, transport=transport, **(device_kwargs or {}))
+        self.watch = _Watch(self.dev, timeout, self.who)
+        self.stats = Stats("worker", rank, mode)
+        self.steps_done = 0
+        self._views: list = []
+        self._closed = False
+        self._zeroed = False
+        try:
+            self._setup(list(servers))
+        except BaseException:
+            if self._own_dev:
+                self.dev.close()
+            raise
+
+    def _setup(self, servers: list[str]) -> None:
+        S = len(servers)
+        self.vars = variables(self.model)
+        specs = [v for v, _ in self.vars]
+        self.owner = place([v.nbytes for v in specs], S, self.placement)
+        # the receiving side: one static slot per variable, its buffer becomes the parameter
+        self.param_slots = [self.dev.static_slot(f"param/{v.name}", v.shape, v.dtype, depth=1) for v in specs]
+        # gradients (zerocopy): a registered block per dense variable, which the
+        # backward of an nn.Linear writes directly (alloc_sites) and autograd
+        # accumulates into for any other parameter. copy: autograd's own fresh
+        # tensors (PyTorch's default zero_grad(set_to_none=True)), copied to send.
+        self.grad_blocks: list = []
+        for v, p in self.vars:
+            p.grad = None
+            self.grad_blocks.append(self.dev.empty(v.shape, v.dtype)
+                                    if self.mode == "zerocopy" and not v.sparse else None)
+        block_tensor = {id(p): torch.from_dlpack(blk).view(-1)
+                        for (v, p), blk in zip(self.vars, self.grad_blocks) if blk is not None}
+        direct = alloc_sites.install(self.model, lambda p: block_tensor.get(id(p)))
+        direct_ids = {id(p) for p in direct}
+        # produced in place each step (.grad unset before the backward) vs accumulated into a zeroed block
+        self._fresh = [not v.sparse and (self.mode == "copy" or id(p) in direct_ids) for v, p in self.vars]
+        for (v, p), blk, fresh in zip(self.vars, self.grad_blocks, self._fresh):
+            if blk is not None and not fresh:
+                p.grad = torch.from_dlpack(blk).view(p.shape)
+                p.grad.zero_()
+        self.channels = []
+        for s, addr in enumerate(servers):
+            try:
+                ch = self.dev.connect(addr)
+            except tw.Error as e:
+                raise PSError(f"{self.who}: cannot reach server {s} at {addr}: {e}") from None
+            self.channels.append(ch)
+            self.watch.peers[int(ch.peer["device_id"])] = f"server {s} ({addr})"
+        hello = json.dumps({"rank": self.rank, "device_id": self.dev.id, "address": self.dev.address,
+                            "pid": os.getpid(), "mode": self.mode, "placement": self.placement,
+                            "vars": [v.to_json() for v in specs]}).encode()
+        pending = set(range(S))
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            for s in sorted(pending):
+                try:
+                    reply = json.loads(self.channels[s].call("ps.hello", hello, 10.0))
+                except tw.Error as e:
+                    raise PSError(f"{self.who}: server {s} ({servers[s]}) failed during setup: {e}") from None
+                if reply["state"] == "refused":
+                    raise PSError(f"{self.who}: server {s} {reply['error']}")
+                if reply["state"] == "ready":
+                    pending.discard(s)
+            if pending:
+                if time.monotonic() > deadline:
+                    raise PSError(f"{self.who}: servers {sorted(pending)} not ready within {self.timeout:.0f} s")
+                time.sleep(0.01)
+        path = "register" if self.mode == "zerocopy" else "copy"
+        self.senders = []
+        for (v, p), s in zip(self.vars, self.owner):
+            ch = self.channels[s]
+            if v.sparse:
+                self.senders.append(ch.dynamic_sender(f"sgrad/{v.name}/{self.rank}", path=path, timeout=self.timeout))
+            else:
+                self.senders.append(ch.static_sender(f"grad/{v.name}/{self.rank}", path="copy", timeout=self.timeout))
+        if self.rank == 0:  # initial values: worker 0's
+            for s, ch in enumerate(self.channels):
+                init = ch.dynamic_sender("ps.init", path="copy", timeout=self.timeout)
+                for (v, p), o in zip(self.vars, self.owner):
+                    if o == s:
+                        self.watch.wait(init.send(p.detach().contiguous(), self.timeout),
+                                        f"sending the initial value of {v.name!r}")
+        self._pull(first=True)
+        # Variables of a colocated server (on this very device) are pushed by a
+        # memcpy in this thread: the remote dense pushes go first, so their
+        # transfers are under way meanwhile. Only those move: they never block
+        # (one send per slot and step), while a sparse push (two sends to one
+        # dynamic slot) waits for the server, which takes variables in their
+        # order; moving anything after it could deadlock.
+        local = {s for s, ch in enumerate(self.channels) if int(ch.peer["device_id"]) == self.dev.id}
+        early = [i for i, ((v, _), s) in enumerate(zip(self.vars, self.owner)) if not v.sparse and s not in local]
+        self._push_order = early + [i for i in range(len(self.vars)) if i not in early]
+        self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
+                                             if not v.sparse and s not in local)
+        self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" else
+                                            sum(v.nbytes for v, _ in self.vars if not v.sparse))
+
+    def _pull(self, first: bool = False) -> float:
+        """Waits for every parameter; returns when the first arrived (perf_counter)."""
+        t_first = 0.0
+        views = []
+        for i, ((v, p), slot) in enumerate(zip(self.vars, self.param_slots)):
+            view = self.watch.recv(slot, f"waiting for parameter {v.name!r} (step {self.steps_done})")
+            if i == 0:
+                t_first = time.perf_counter()
+            views.append(view)
+            if first:
+                p.data = _tensor_of_view(view, v).view(p.shape)
+            elif view.ctypes.data != p.data_ptr():  # never with depth 1; kept as a safety net
+                p.data = _tensor_of_view(view, v).view(p.shape)
+        self._views = views
+        return t_first
+
+    def zero_grad(self) -> None:
+        """Readies the gradients for the next backward: zeroes those autograd
+        accumulates into (in place: their registered memory stays), drops the
+        ones the backward produces afresh (sparse ones, and those its op writes
+        in place, see alloc_sites)."""
+        self._zero_accumulated()
+        self._drop_fresh()
+
+    def _zero_accumulated(self) -> None:
+        for (v, p), fresh in zip(self.vars, self._fresh):
+            if not v.sparse and not fresh and p.grad is not None:
+                p.grad.zero_()
+
+    def _drop_fresh(self) -> None:
+        for (v, p), fresh in zip(self.vars, self._fresh):
+            if v.sparse or fresh:
+                p.grad = None
+
+    def step(self, closure: Callable[[], torch.Tensor], die_at: int | None = None) -> float:
+        """One synchronous step: ``closure()`` returns the loss of this worker's
+        batch (forward only; the worker runs backward), then gradients are pushed
+        and the new parameters awaited. Returns the loss as a float."""
+        if self._closed:
+            raise PSError(f"{self.who} is closed")
+        t0 = time.perf_counter()
+        if not self._zeroed:  # (else done while the servers aggregated the last step)
+            self._zero_accumulated()
+        self._drop_fresh()  # the fresh ones stay readable until here
+        loss = closure()
+        loss.backward()
+        self._zeroed = False
+        t1 = time.perf_counter()
+        if die_at is not None and self.steps_done + 1 == die_at:  # fault injection (tests)
+            os._exit(17)
+        for slot in self.param_slots:  # the servers may overwrite our parameters from now on
+            slot.release()
+        self._views = []
+        reqs, copied = [], 0
+        for i in self._push_order:
+            (v, p), sender = self.vars[i], self.senders[i]
+            if v.sparse:
+                g = p.grad.coalesce()
+                reqs.append((sender.send(g.indices()[0].contiguous(), self.timeout), v.name))
+                reqs.append((sender.send(g.values().contiguous(), self.timeout), v.name))
+                continue
+            blk = self.grad_blocks[i]
+            if p.grad is None:  # the parameter took no part in this loss
+                p.grad = torch.zeros_like(p) if blk is None else torch.from_dlpack(blk).view(p.shape).zero_()
+            if blk is not None and p.grad.data_ptr() != blk.ptr:  # autograd put .grad elsewhere: move it
+                torch.from_dlpack(blk).view(p.shape).copy_(p.grad)
+                copied += v.nbytes
+                p.grad = torch.from_dlpack(blk).view(p.shape)
+            reqs.append((sender.send(blk if blk is not None else p.grad, self.timeout), v.name))
+        for req, name in reqs:
+            self.watch.wait(req, f"pushing the gradient of {name!r}")
+        t2 = time.perf_counter()
+        # the servers aggregate now: zero the accumulated gradients for the next step meanwhile
+        self._zero_accumulated()
+        self._zeroed = True
+        t_first = self._pull()
+        t3 = time.perf_counter()
+        self.steps_done += 1
+        self.stats.steps.append({"compute_s": t1 - t0, "push_s": t2 - t1, "aggregate_s": max(0.0, t_first - t2),
+                                 "pull_s": t3 - max(t_first, t2), "step_s": t3 - t0, "loss": float(loss.detach()),
+                                 "extra_copied": copied})
+        return float(loss.detach())
+
+    def close(self) -> None:
+        """Tells the servers this worker is done, then closes the device."""
+        if self._closed:
+            return
+        self._closed = True
+        for ch in self.channels:
+            try:
+                ch.call("ps.bye", str(self.rank).encode(), 5.0)
+            except tw.Error:
+                pass
+        if self._own_dev:
+            self.dev.close()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
