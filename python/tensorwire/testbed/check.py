@@ -149,7 +149,7 @@ def _drops(tb: Testbed) -> int:
 
 
 def _tc() -> str:
-    from . import _which
+    from .system import _which
     return _which("tc") or "tc"
 
 

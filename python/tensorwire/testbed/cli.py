@@ -142,7 +142,8 @@ def _guard(fn):
 
 @_guard
 def _up(args: argparse.Namespace) -> int:
-    from . import QUEUE_MS, Testbed, _check_root
+    from . import QUEUE_MS, Testbed
+    from .system import _check_root
     _check_root()
     tb = Testbed.up(hosts=args.hosts, groups=args.groups, host_rate=args.host_rate, isl_rate=args.isl_rate,
                     delay=args.delay, name=args.name, force=args.force, isl_shared=args.isl_shared,
@@ -153,7 +154,8 @@ def _up(args: argparse.Namespace) -> int:
 
 @_guard
 def _down(args: argparse.Namespace) -> int:
-    from . import _check_root, default_name, down, list_testbeds
+    from . import default_name, down, list_testbeds
+    from .system import _check_root
     _check_root()
     names = list_testbeds() if args.all else [args.name or default_name()]
     if args.all and not names:
@@ -170,7 +172,8 @@ def _down(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     import json
     import os
-    from . import Testbed, _check_root, default_name, list_testbeds
+    from . import Testbed, default_name, list_testbeds
+    from .system import _check_root
     _check_root()
     if args.name is None and not os.environ.get("TENSORWIRE_TESTBED"):
         names = list_testbeds()
@@ -185,7 +188,8 @@ def _status(args: argparse.Namespace) -> int:
 @_guard
 def _run(args: argparse.Namespace) -> int:
     import signal
-    from . import Testbed, TestbedError, _check_root
+    from . import Testbed, TestbedError
+    from .system import _check_root
     _check_root()
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
@@ -237,7 +241,8 @@ def _end(p, grace: float = 3.0) -> None:
 
 @_guard
 def _check(args: argparse.Namespace) -> int:
-    from . import Testbed, _check_root, format_rate
+    from . import Testbed, format_rate
+    from .system import _check_root
     from .check import HEADER, run_checks
     _check_root()
     tb = Testbed.load(args.name)
