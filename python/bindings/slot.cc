@@ -8,6 +8,7 @@
 #include "checked.h"
 #include "py_types.h"
 #include "tensorwire/slot.h"
+#include "tensorwire/wait.h"
 
 namespace tensorwire::py {
 
@@ -233,6 +234,31 @@ void bind_slots(nb::module_& m) {
         st.zero_copy = s.zero_copy;
         return stats_dict(st);
       });
+
+  m.def("wait_any", [](nb::handle items, nb::handle timeout) {
+    const double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
+    std::vector<Awaitable> awaitables;
+    std::vector<nb::object> keep;  // the Python objects stay alive while the wait runs
+    for (nb::handle item : nb::iter(items)) {
+      if (nb::isinstance<StaticSlot>(item)) {
+        awaitables.emplace_back(nb::cast<StaticSlot&>(item));
+      } else if (nb::isinstance<DynamicSlot>(item)) {
+        awaitables.emplace_back(nb::cast<DynamicSlot&>(item));
+      } else if (nb::isinstance<Request>(item)) {
+        awaitables.emplace_back(nb::cast<Request&>(item));
+      } else {
+        throw InvalidArgument("wait_any takes static slots, dynamic slots and requests, got " +
+                              std::string(nb::type_name(item.type()).c_str()));
+      }
+      keep.push_back(nb::borrow(item));
+    }
+    gil_scoped_release r;
+    return wait_any(awaitables, t);
+  }, nb::arg("items"), nb::arg("timeout").none() = nb::none(),
+     "Waits until one of `items` (static slots, dynamic slots, requests) is ready; returns its index.\n\n"
+     "A slot is ready once its next tensor arrived (recv() returns at once), a request once it completed "
+     "(wait() returns or raises at once). Raises PeerFailed (or ConnectionError) when the sender of a slot "
+     "it waits on fails, Timeout after `timeout` seconds (None: no bound). The GIL is released meanwhile.");
 }
 
 }  // namespace tensorwire::py

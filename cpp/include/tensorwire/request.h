@@ -26,6 +26,7 @@ namespace tensorwire {
 namespace detail {
 class RequestState;
 }
+class Awaitable;
 
 class Request {
  public:
@@ -55,8 +56,11 @@ class Request {
   int state() const;
   // The error message of a failed request ("" otherwise).
   std::string error_message() const;
+  // The error kind of a failed request (kGeneric otherwise).
+  ErrorKind error_kind() const;
 
  private:
+  friend class Awaitable;
   detail::RequestState* state_ = nullptr;
   // An inline failure (no state allocated).
   ErrorKind inline_error_kind_ = ErrorKind::kGeneric;

@@ -30,6 +30,8 @@
 
 namespace tensorwire {
 
+class Awaitable;
+
 // Element type in DLPack terms (code: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool).
 struct DType {
   std::uint8_t code = 2;
@@ -84,6 +86,7 @@ class StaticSlot {
   bool has_sender() const;
 
  private:
+  friend class Awaitable;
   std::shared_ptr<detail::StaticSlotImpl> impl_;
 };
 
@@ -129,6 +132,7 @@ class DynamicSlot {
   std::uint64_t next_seq() const;
 
  private:
+  friend class Awaitable;
   std::shared_ptr<detail::DynamicSlotImpl> impl_;
 };
 

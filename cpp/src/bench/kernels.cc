@@ -2,12 +2,12 @@
 #include "bench/kernels.h"
 
 #include "core/device_impl.h"
+#include "core/waiter.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <deque>
-#include <thread>
 
 namespace tensorwire::bench {
 
@@ -18,16 +18,22 @@ double since(clock::time_point t0) { return std::chrono::duration<double>(clock:
 
 std::uint8_t tag_of(int i) { return static_cast<std::uint8_t>(i % 251 + 1); }
 
-// Spins on a byte written by the peer, progressing the worker (tcp needs the
-// target to progress for a put to land). Bounded by `timeout_s`.
+// Waits for a byte written by the peer, progressing the channel's worker
+// (tcp needs the target to progress for a put to land). Latency tests set a
+// long spin_us (perftest busy-polls). Bounded by `deadline`.
 void wait_byte(Channel& ch, const volatile std::uint8_t* p, std::uint8_t value, clock::time_point deadline) {
-  unsigned spins = 0;
-  while (*p != value) {
-    ch.progress();
-    if ((++spins & 1023) == 0 && clock::now() > deadline) {
-      throw Timeout("benchmark peer did not answer in time (waiting for tag " + std::to_string(value) + ")");
-    }
+  detail::Drivers drivers;
+  drivers.add(ch.impl()->worker.get());
+  detail::WaitPolicy policy;
+  policy.spin = std::chrono::microseconds(ch.impl()->worker->spin_us());
+  policy.evented = ch.impl()->waiter_drives();  // over shared memory the byte lands with no event
+  auto failed = [&] { return ch.impl()->failed(); };
+  switch (detail::wait_for(drivers, [&] { return *p == value; }, failed, deadline, policy)) {
+    case detail::WaitEnd::kReady: return;
+    case detail::WaitEnd::kFailed: ch.impl()->check_usable(); [[fallthrough]];
+    case detail::WaitEnd::kTimeout: break;
   }
+  throw Timeout("benchmark peer did not answer in time (waiting for tag " + std::to_string(value) + ")");
 }
 }  // namespace
 
@@ -84,57 +90,25 @@ StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRe
 }
 
 bool wait_flag(Channel& ch, const volatile std::uint64_t* flag, std::uint64_t expected, double timeout_s) {
-  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
-  // Serve the peer's traffic: progress while there is work, and sleep on the
-  // worker's event fd once idle (on 2 vCPUs a spinning target starves the
-  // kernel's loopback TCP work).
-  auto& worker = *ch.impl()->worker;
-  auto last_event = clock::now();
-  const auto spin = std::chrono::microseconds(worker.spin_us());
-  unsigned spins = 0;
-  while (*flag != expected) {
-    if (ch.progress() > 0) {
-      last_event = clock::now();
-      continue;
-    }
-    if ((++spins & 63) != 0) continue;
-    auto now = clock::now();
-    if (now > deadline || ch.impl()->failed()) return false;
-    if (now - last_event > spin) {
-      worker.wait_event(0.001);
-      last_event = clock::now();
-    }
-  }
-  return true;
+  // Serve the peer's traffic while waiting (core/waiter.h: spin, then nap on
+  // the worker's event fd; on 2 vCPUs a spinning target starves the kernel's
+  // loopback TCP work).
+  detail::Drivers drivers;
+  drivers.add(ch.impl()->worker.get());
+  detail::WaitPolicy policy;
+  policy.spin = std::chrono::microseconds(ch.impl()->worker->spin_us());
+  policy.evented = ch.impl()->waiter_drives();
+  auto failed = [&] { return ch.impl()->failed(); };
+  return detail::wait_for(drivers, [&] { return *flag == expected; }, failed, detail::deadline_after(timeout_s),
+                          policy) == detail::WaitEnd::kReady;
 }
 
 namespace {
 
-// The distinct workers behind `channels` (lanes may share one).
-std::vector<detail::WorkerCtl*> workers_of(std::vector<Channel>& channels) {
-  std::vector<detail::WorkerCtl*> out;
-  for (auto& ch : channels) {
-    auto* w = ch.impl()->worker.get();
-    if (std::find(out.begin(), out.end(), w) == out.end()) out.push_back(w);
-  }
-  return out;
-}
-
-unsigned progress_all(const std::vector<detail::WorkerCtl*>& workers) {
-  unsigned n = 0;
-  for (auto* w : workers) n += w->progress();
-  return n;
-}
-
-// Idle: sleep on the event fd when there is one worker (it wakes on any
-// completion or arrival), else yield briefly.
-void idle_wait(const std::vector<detail::WorkerCtl*>& workers, double max_s) {
-  if (workers.size() == 1) {
-    workers[0]->wait_event(std::min(max_s, 0.001));
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
+// The workers behind `channels` (lanes may share one), announced for this
+// thread (core/waiter.h).
+void drive_all(detail::Drivers& drivers, std::vector<Channel>& channels) {
+  for (auto& ch : channels) drivers.add(ch.impl()->worker.get());
 }
 
 clock::duration seconds_to(double s) {
@@ -156,8 +130,9 @@ TimedStream stream_for(std::vector<Channel>& channels, bool is_write, const Loca
     if (size > r.length()) throw InvalidArgument("size exceeds a remote buffer");
   }
   const std::size_t n = channels.size();
-  auto workers = workers_of(channels);
-  const unsigned spin_us = workers[0]->spin_us();
+  detail::Drivers drivers;
+  drive_all(drivers, channels);
+  const unsigned spin_us = channels[0].impl()->worker->spin_us();
   TimedStream res;
   res.window_start = margin_s;
   res.window_end = duration_s - margin_s;
@@ -201,13 +176,13 @@ TimedStream stream_for(std::vector<Channel>& channels, bool is_write, const Loca
         active = true;
       }
     }
-    if (progress_all(workers) > 0) active = true;
+    if (drivers.drive() > 0) active = true;
     now = clock::now();
     if (reap(now) > 0) active = true;
     if (active) {
       last_event = now;
     } else if (now - last_event > std::chrono::microseconds(spin_us)) {
-      idle_wait(workers, std::chrono::duration<double>(end - now).count());
+      drivers.nap(std::min(0.001, std::chrono::duration<double>(end - now).count()));
       now = clock::now();
       last_event = now;
     } else if (now - last_event > seconds_to(timeout_s)) {
@@ -280,33 +255,20 @@ TimedOps stream_ops(std::vector<Channel>& channels, bool is_write, const LocalRe
 bool wait_flags(std::vector<Channel>& channels, const volatile std::uint64_t* flags, std::size_t count,
                 std::uint64_t expected, double timeout_s) {
   if (channels.empty()) throw InvalidArgument("wait_flags needs a channel");
-  auto workers = workers_of(channels);
-  const auto deadline = clock::now() + seconds_to(timeout_s);
-  const auto spin = std::chrono::microseconds(workers[0]->spin_us());
+  detail::Drivers drivers;
+  drive_all(drivers, channels);
   auto all_set = [&] {
     for (std::size_t i = 0; i < count; ++i) {
       if (flags[i] < expected) return false;
     }
     return true;
   };
-  auto last_event = clock::now();
-  unsigned spins = 0;
-  while (!all_set()) {
-    if (progress_all(workers) > 0) {
-      last_event = clock::now();
-      continue;
-    }
-    if ((++spins & 63) != 0) continue;
-    auto now = clock::now();
-    if (now > deadline) return false;
-    if (now - last_event > spin) {
-      // The flags are written one-sidedly; over tcp their arrival is an event
-      // on the worker, over shared memory it is not: sleep briefly only.
-      idle_wait(workers, 0.0002);
-      last_event = clock::now();
-    }
-  }
-  return true;
+  // The flags are written one-sidedly: over shared memory with no event, so
+  // the naps are short (watch naps).
+  detail::WaitPolicy policy;
+  policy.spin = std::chrono::microseconds(channels[0].impl()->worker->spin_us());
+  return detail::wait_for(drivers, all_set, [] { return false; }, detail::deadline_after(timeout_s), policy) ==
+         detail::WaitEnd::kReady;
 }
 
 }  // namespace tensorwire::bench

@@ -18,6 +18,7 @@
 
 #include "core/bulk_copy.h"
 #include "core/device_impl.h"
+#include "core/waiter.h"
 #include "core/log.h"
 
 namespace tensorwire {
@@ -427,16 +428,16 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
     if (config.progress == ProgressMode::kInline) {
       // Nobody else moves an inline device's data workers, and the peer's
       // handler may need them while we wait (a slot attach connects a data
-      // endpoint back to us over tcp, which our worker must accept).
-      using clock = std::chrono::steady_clock;
-      const auto start = clock::now();
-      auto elapsed = [&] { return std::chrono::duration<double>(clock::now() - start).count(); };
-      while (!state->finished() && (timeout_s < 0 || elapsed() < timeout_s)) {
-        unsigned events = 0;
-        for (auto& w : workers) events += w->progress();
-        if (events == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // endpoint back to us over tcp, which our worker must accept). The
+      // reply itself completes on the control worker, which raises no event
+      // on theirs: watch naps.
+      Drivers drivers;
+      for (auto& w : workers) drivers.add(w.get());
+      const auto deadline = deadline_after(timeout_s);
+      wait_for(drivers, [&] { return state->finished(); }, [] { return false; }, deadline, WaitPolicy{});
+      if (timeout_s >= 0) {
+        left = std::max(0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
       }
-      if (timeout_s >= 0) left = std::max(0.0, timeout_s - elapsed());
     }
     state->wait(left);
   } catch (...) {

@@ -4,8 +4,10 @@
 #include <thread>
 
 #include "core/request_state.h"
+#include "core/waiter.h"
 #include "core/worker_ctl.h"
 #include "tensorwire/request.h"
+#include "tensorwire/wait.h"
 
 namespace tensorwire {
 
@@ -63,49 +65,21 @@ bool RequestState::test() {
 void RequestState::throw_error() const { tensorwire::throw_error(kind_, message_); }
 
 void RequestState::wait(double timeout_s) {
-  using clock = std::chrono::steady_clock;
   const bool forever = no_deadline(timeout_s);
-  const auto start = clock::now();
-  const auto deadline = forever ? clock::time_point::max()
-                                : start + std::chrono::duration_cast<clock::duration>(
-                                              std::chrono::duration<double>(timeout_s));
-  // Spin first, progressing the worker from this thread: the common fast case
-  // completes here without any sleep or cross-thread wake-up. Then nap on the
-  // worker's event fd between bursts, still driving it (WorkerCtl: the
-  // progress thread stays out meanwhile, so two threads never spin at once).
+  const auto deadline = deadline_after(timeout_s);
+  // Drive the worker from this thread (core/waiter.h): the common fast case
+  // completes in the spin without any sleep or cross-thread wake-up.
   if (auto worker = worker_.lock()) {
-    WorkerCtl::Caller caller(worker.get());
-    const auto spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
-    auto spin_until = start + spin;
+    Drivers drivers;
+    drivers.add(worker.get());
+    WaitPolicy policy;
+    policy.spin = std::chrono::microseconds(worker->spin_us() ? worker->spin_us() : 20);
+    policy.spin_from_events = inbound;
     // Completion comes with an event, except for a polled word written
-    // one-sidedly (no event over shared memory): then nap briefly
-    // (watch_nap_s: the nap's length is added latency).
-    const bool watching = poller && !poller_evented;
-    unsigned rounds = 0;
-    bool napping = false;
-    while (!finished()) {
-      unsigned events = worker->drive();
-      if (poller && poller()) break;
-      if (events) {
-        if (inbound) spin_until = clock::now() + spin;
-        continue;  // drain before napping: arm() needs an idle worker
-      }
-      if (!napping && (++rounds & 63) != 0) continue;
-      auto now = clock::now();
-      if (now >= deadline) break;
-      // Spin from the start of the wait, not from the last event: while our
-      // own large send streams out, its events would keep this thread
-      // spinning (CPU the receiver needs). Inbound requests, and wait_until,
-      // whose events are the awaited data arriving, spin from the last event.
-      if (!napping && now < spin_until) {
-        if (now - start >= kYieldAfter) yield_cpu();  // the peer may be queued on this CPU
-        continue;
-      }
-      napping = true;
-      double left = std::chrono::duration<double>(deadline - now).count();
-      const double nap = watching ? watch_nap_s(std::chrono::duration<double>(now - start).count()) : 0.01;
-      worker->wait_event(left < nap ? left : nap);
-    }
+    // one-sidedly (no event over shared memory).
+    policy.evented = !(poller && !poller_evented);
+    wait_for(
+        drivers, [&] { return finished() || (poller && poller()); }, [] { return false; }, deadline, policy);
   }
   if (!finished()) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -123,7 +97,43 @@ void RequestState::wait(double timeout_s) {
   if (status() == kFailed) throw_error();
 }
 
+namespace {
+
+// A request for wait_any(): ready once complete (a failure is a completion:
+// the caller's wait() raises it).
+class RequestSource : public WaitSource {
+ public:
+  explicit RequestSource(RequestState* state) : state_(state) {
+    if (state_) state_->retain();
+  }
+  ~RequestSource() override {
+    if (state_) state_->release();
+  }
+  bool ready() override { return !state_ || state_->finished() || (state_->poller && state_->poller()); }
+  bool failed() override { return false; }
+  void throw_failure() override { throw ConnectionError("a request failed"); }  // not reached: failed() is false
+  void prepare(Drivers& drivers, WaitPolicy& policy) override {
+    if (!state_) return;
+    worker_ = state_->worker();
+    if (!worker_) return;
+    drivers.add(worker_.get());
+    policy.spin = std::chrono::microseconds(worker_->spin_us() ? worker_->spin_us() : 20);
+    policy.spin_from_events = state_->inbound;
+    policy.evented = !(state_->poller && !state_->poller_evented);
+  }
+  std::string describe() override { return "a request"; }
+
+ private:
+  RequestState* state_;
+  std::shared_ptr<WorkerCtl> worker_;  // alive while the wait drives it
+};
+
+}  // namespace
+
 }  // namespace detail
+
+Awaitable::Awaitable(const Request& request)
+    : source_(std::make_shared<detail::RequestSource>(request.state_)) {}
 
 Request Request::failed(ErrorKind kind, std::string what) {
   Request r;
@@ -188,6 +198,11 @@ int Request::state() const {
   if (!state_) return inline_failed_ ? -1 : 1;
   int s = state_->status();
   return s == detail::RequestState::kDone ? 1 : s == detail::RequestState::kFailed ? -1 : 0;
+}
+
+ErrorKind Request::error_kind() const {
+  if (!state_) return inline_failed_ ? inline_error_kind_ : ErrorKind::kGeneric;
+  return state_->status() == detail::RequestState::kFailed ? state_->error_kind() : ErrorKind::kGeneric;
 }
 
 std::string Request::error_message() const {

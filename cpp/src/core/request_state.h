@@ -53,6 +53,7 @@ class RequestState {
   bool test();                  // progresses the worker once if still pending
   void then(std::function<void(bool, const std::string&)> fn);
   ErrorKind error_kind() const { return kind_; }
+  std::shared_ptr<WorkerCtl> worker() const { return worker_.lock(); }
   const std::string& error_message() const { return message_; }
   [[noreturn]] void throw_error() const;
 

@@ -10,6 +10,7 @@
 
 #include "protocol/dynamic_record.h"
 #include "protocol/slot_common.h"
+#include "tensorwire/wait.h"
 
 namespace tensorwire {
 namespace detail {
@@ -295,6 +296,37 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
   detail::serve_attach(device, "tw.dynamic/" + name, impl_);
 }
 
+namespace detail {
+namespace {
+
+// A dynamic slot for wait_any(): ready once a record (or a message-form
+// tensor) arrived; recv() then validates, allocates and reads it.
+class DynamicSlotSource : public WaitSource {
+ public:
+  explicit DynamicSlotSource(std::shared_ptr<DynamicSlotImpl> slot) : s_(std::move(slot)) {}
+  bool ready() override { return s_->ready(); }
+  bool failed() override { return s_->link.channel_impl() && s_->link.channel_impl()->failed(); }
+  void throw_failure() override {
+    s_->link.channel_impl()->check_usable();
+    throw ConnectionError("dynamic slot '" + s_->name + "': its sender's channel failed");
+  }
+  void prepare(Drivers& drivers, WaitPolicy& policy) override {
+    dev_ = s_->device.lock();
+    policy = prepare_slot_wait(drivers, s_->link.channel_impl(), dev_ ? dev_->workers[0].get() : nullptr,
+                               inbox_of(dev_, s_->inbox));
+  }
+  std::string describe() override { return "dynamic slot '" + s_->name + "'"; }
+
+ private:
+  std::shared_ptr<DynamicSlotImpl> s_;
+  std::shared_ptr<DeviceImpl> dev_;
+};
+
+}  // namespace
+}  // namespace detail
+
+Awaitable::Awaitable(const DynamicSlot& slot) : source_(std::make_shared<detail::DynamicSlotSource>(slot.impl_)) {}
+
 DynamicSlot::~DynamicSlot() { detail::stop_attach(impl_->device, "tw.dynamic/" + impl_->name); }
 
 Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
@@ -437,7 +469,7 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
     // state(), not test(): the waiter (or the progress thread) progresses.
     for (Request* r : {&posted->first, &posted->second}) {
       if (r->state() < 0) {
-        state->complete_error(ErrorKind::kConnection, r->error_message());
+        state->complete_error(r->error_kind(), r->error_message());
         return true;
       }
     }

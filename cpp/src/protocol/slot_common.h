@@ -8,9 +8,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <thread>
 
 #include "core/device_impl.h"
+#include "core/waiter.h"
 #include "tensorwire/slot.h"
 
 namespace tensorwire::detail {
@@ -23,65 +23,33 @@ inline void store_release(void* p, std::uint64_t v) {
   std::atomic_ref<std::uint64_t>(*static_cast<std::uint64_t*>(p)).store(v, std::memory_order_release);
 }
 
-// Spins on `ready()`, progressing `channel`'s worker when the peer's writes
-// need it (tcp: see ChannelImpl::needs_target_progress; without a channel,
-// `worker`); after `spin_us` of nothing, naps 20 us at a time (on the
-// worker's event fd when driving it, so tcp data ends the nap). Returns false
-// at the deadline (timeout_s < 0: never), or as soon as `channel` failed.
-// `inbox`: the worker the peer's messages arrive on, when known (message
-// form: driven whatever the transport).
+// What a wait on a slot's word drives (core/waiter.h): the worker the peer's
+// messages arrive on (`inbox`, when known: message form, driven whatever the
+// transport); else `channel`'s worker when the peer's writes need this side
+// to progress (tcp: ChannelImpl::waiter_drives); without a channel, `worker`.
+// The spin is the channel's worker's spin_us (50 us when 0), restarted by each
+// event (the events are the awaited data arriving).
+inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, WorkerCtl* worker, WorkerCtl* inbox) {
+  WorkerCtl* w = inbox ? inbox : channel ? (channel->waiter_drives() ? channel->worker.get() : nullptr) : worker;
+  drivers.add(w);
+  // A channel's other worker's deferred notifications go now (w's go with each drive).
+  if (channel && channel->worker.get() != w) channel->worker->flush_deferred();
+  WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
+  WaitPolicy policy;
+  policy.spin = std::chrono::microseconds(spin_of && spin_of->spin_us() ? spin_of->spin_us() : 50);
+  return policy;
+}
+
+// Waits for `ready()` on a word in local memory (core/waiter.h). Returns
+// false at the deadline (timeout_s < 0: never), or as soon as `channel`
+// failed (callers then raise the channel's failure).
 template <typename Ready>
 bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s, WorkerCtl* inbox = nullptr) {
-  using clock = std::chrono::steady_clock;
   if (ready()) return true;
-  const auto start = clock::now();
-  const bool forever = no_deadline(timeout_s);
-  const auto deadline = start + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(
-                                    forever ? 0.0 : timeout_s));
-  // The peer's write lands by itself unless the transport needs this side to
-  // progress (tcp) or it comes as a message: only then drive the worker (and
-  // keep its thread out).
-  WorkerCtl* w = inbox ? inbox : channel ? (channel->waiter_drives() ? channel->worker.get() : nullptr) : worker;
-  WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
-  const auto spin = std::chrono::microseconds(spin_of && spin_of->spin_us() ? spin_of->spin_us() : 50);
-  WorkerCtl::Caller caller(w);  // the progress thread stays out meanwhile
-  // (w's deferred notifications go with each drive(); a channel's other worker's here)
-  if (channel && channel->worker.get() != w) channel->worker->flush_deferred();
-  // Naps of watch_nap_s: on the event fd when driving (tcp data ends it
-  // early), else a plain sleep (a shared-memory write raises no event, so
-  // the nap's length is added latency; a fixed 250 us cap cost 1 MiB
-  // transfers 280 us each, hence the proportional rule).
-  auto last = start;
-  unsigned rounds = 0;
-  bool napping = false;
-  while (!ready()) {
-    if (w) {
-      if (w->drive() > 0) {
-        last = clock::now();
-        continue;  // drain before napping: arm() needs an idle worker
-      }
-    } else {
-      cpu_relax();  // a polite spin on a line the peer is about to write
-    }
-    if (!napping && (++rounds & 63) != 0) continue;
-    // A dead peer never writes the word: stop at once (callers then raise the
-    // channel's failure) rather than at the deadline, or never.
-    if (channel && channel->failed()) return ready();
-    auto now = clock::now();
-    if (!forever && now > deadline) return ready();
-    if (!napping && now - last < spin) {
-      if (now - start >= kYieldAfter) yield_cpu();  // the peer may be queued on this CPU
-      continue;
-    }
-    napping = true;
-    const double nap = watch_nap_s(std::chrono::duration<double>(now - start).count());
-    if (w) {
-      w->wait_event(nap);
-    } else {
-      std::this_thread::sleep_for(std::chrono::duration<double>(nap));
-    }
-  }
-  return true;
+  Drivers drivers;
+  const WaitPolicy policy = prepare_slot_wait(drivers, channel, worker, inbox);
+  auto failed = [channel] { return channel && channel->failed(); };
+  return wait_for(drivers, ready, failed, deadline_after(timeout_s), policy) == WaitEnd::kReady;
 }
 
 inline std::size_t align64(std::size_t v) { return (v + 63) & ~std::size_t(63); }

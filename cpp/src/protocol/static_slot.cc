@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "protocol/slot_common.h"
+#include "tensorwire/wait.h"
 
 namespace tensorwire {
 
@@ -254,6 +255,41 @@ StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec
   detail::serve_attach(device, "tw.static/" + name, impl_);
 }
 
+namespace detail {
+namespace {
+
+// A static slot for wait_any(): ready once its next tensor arrived.
+class StaticSlotSource : public WaitSource {
+ public:
+  explicit StaticSlotSource(std::shared_ptr<StaticSlotImpl> slot) : s_(std::move(slot)) {}
+  bool ready() override {
+    // A full slot is ready too: recv() then says why at once.
+    return s_->received - s_->consumed >= static_cast<std::uint64_t>(s_->depth) || s_->ready_next();
+  }
+  bool failed() override { return s_->channel() && s_->channel()->failed(); }
+  void throw_failure() override {
+    s_->channel()->check_usable();
+    throw ConnectionError("static slot '" + s_->name + "': its sender's channel failed");
+  }
+  void prepare(Drivers& drivers, WaitPolicy& policy) override {
+    dev_ = s_->device.lock();
+    policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_->workers[0].get() : nullptr,
+                               inbox_of(dev_, s_->inbox));
+  }
+  std::string describe() override {
+    return "static slot '" + s_->name + "': tensor " + std::to_string(s_->first_seq + s_->received);
+  }
+
+ private:
+  std::shared_ptr<StaticSlotImpl> s_;
+  std::shared_ptr<DeviceImpl> dev_;  // its workers stay alive while the wait drives them
+};
+
+}  // namespace
+}  // namespace detail
+
+Awaitable::Awaitable(const StaticSlot& slot) : source_(std::make_shared<detail::StaticSlotSource>(slot.impl_)) {}
+
 StaticSlot::~StaticSlot() { detail::stop_attach(impl_->device, "tw.static/" + impl_->name); }
 
 int StaticSlot::recv(double timeout_s) {
@@ -434,7 +470,7 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
     if (both->first.state() == 0 || both->second.state() == 0) return false;
     for (Request* r : {&both->first, &both->second}) {
       if (r->state() < 0) {
-        state->complete_error(ErrorKind::kConnection, r->error_message());
+        state->complete_error(r->error_kind(), r->error_message());
         return true;
       }
     }

@@ -36,6 +36,7 @@
 #include "tensorwire/error.h"
 #include "tensorwire/memory.h"
 #include "tensorwire/region.h"
+#include "tensorwire/wait.h"
 
 namespace tw = tensorwire;
 
@@ -790,6 +791,69 @@ TEST_P(Loopback, LanesWithTwoWorkers) {
   }
   for (auto& r : reqs) r.wait(kWait);
   EXPECT_EQ(first_diff(source.data(), target.data(), kLanes * kSlice), -1);
+}
+
+// wait_any (core/waiter.h): which of several slots has a tensor, a request's
+// completion, the deadline, a dead sender.
+TEST_P(Loopback, WaitAnySaysWhichSlotIsReady) {
+  const tw::TensorSpec spec{{16}, tw::DType{2, 32}};
+  tw::StaticSlot a(*server, "a", spec, 2), b(*server, "b", spec, 2);
+  tw::DynamicSlot d(*server, "d");
+  tw::Channel ch = client->connect(server->address());
+  tw::StaticSender to_a(ch, "a", kWait), to_b(ch, "b", kWait);
+  tw::DynamicSender to_d(ch, "d", kWait);
+  EXPECT_THROW(tw::wait_any({}, kWait), tw::InvalidArgument);
+  auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW(tw::wait_any({a, b, d}, 0.05), tw::Timeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+
+  fill_pattern(source.data(), 64, 1);
+  to_b.send(source.region(), 0, spec, kWait).wait(kWait);
+  EXPECT_EQ(tw::wait_any({a, b, d}, kWait), 1u);
+  const int idx = b.recv(0);  // ready: no wait
+  EXPECT_EQ(first_diff(b.buffer(idx), source.data(), 64), -1);
+  b.release();
+
+  tw::Request pending = to_d.send(source.region(), 0, spec, kWait);  // completes on the receiver's ack
+  EXPECT_EQ(tw::wait_any({a, b, d}, kWait), 2u);
+  tw::TensorSpec got;
+  tw::Block blk = d.recv(&got, 0);
+  EXPECT_EQ(got.describe(), spec.describe());
+  EXPECT_EQ(first_diff(blk.data(), source.data(), 64), -1);
+  EXPECT_EQ(tw::wait_any({pending}, kWait), 0u);
+  EXPECT_NE(pending.state(), 0);
+  pending.wait(0);
+
+  to_a.send(source.region(), 0, spec, kWait).wait(kWait);
+  EXPECT_EQ(tw::wait_any({b, a}, kWait), 1u);
+  a.recv(0);
+  a.release();
+}
+
+TEST_P(Loopback, WaitAnyFailsWhenTheSenderDies) {
+  const tw::TensorSpec spec{{16}, tw::DType{2, 32}};
+  tw::StaticSlot slot(*server, "s", spec, 2);
+  {
+    tw::Channel ch = client->connect(server->address());
+    tw::StaticSender sender(ch, "s", kWait);
+    sender.send(source.region(), 0, spec, kWait).wait(kWait);
+    EXPECT_EQ(tw::wait_any({slot}, kWait), 0u);
+    slot.recv(0);
+    slot.release();
+  }
+  client->close();
+  // The wait ends with the sender's failure, well before its deadline.
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    tw::wait_any({slot}, 60.0);
+    FAIL() << "wait_any returned for a slot whose sender closed";
+  } catch (const tw::Timeout& e) {
+    FAIL() << "timed out instead of failing: " << e.what();
+  } catch (const tw::Error& e) {
+    EXPECT_TRUE(e.kind() == tw::ErrorKind::kPeerFailed || e.kind() == tw::ErrorKind::kConnection)
+        << static_cast<int>(e.kind()) << ": " << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
 }
 
 TEST_P(Loopback, ReverseChannel) {

@@ -1,0 +1,48 @@
+// Copyright tensorwire authors.
+//
+// Waiting on several things at once: the next tensor of any of several
+// slots, the completion of any of several requests, or a mix.
+//
+//   std::vector<Awaitable> items{slot_a, slot_b, request};
+//   std::size_t i = wait_any(items, 5.0);  // then slot_a.recv() etc. returns at once
+//
+// The wait drives the workers the items need, with the same spin, yield and
+// nap policy as every wait in tensorwire (core/waiter.h), and fails as soon
+// as the peer a slot waits on fails.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "tensorwire/request.h"
+#include "tensorwire/slot.h"
+
+namespace tensorwire {
+
+namespace detail {
+class WaitSource;
+}
+
+class Awaitable {
+ public:
+  // Ready once the slot's next tensor is there (recv() then returns at once;
+  // also when recv() would refuse because `depth` tensors are held).
+  Awaitable(const StaticSlot& slot);  // NOLINT: implicit, for brace lists
+  Awaitable(const DynamicSlot& slot);  // NOLINT
+  // Ready once the request completed, successfully or not (wait() then
+  // returns or throws at once). The request must outlive the wait.
+  Awaitable(const Request& request);  // NOLINT
+
+ private:
+  friend std::size_t wait_any(const std::vector<Awaitable>& items, double timeout_s);
+  std::shared_ptr<detail::WaitSource> source_;
+};
+
+// Waits until one of `items` is ready and returns its index (the lowest when
+// several are). Throws the failure of a slot whose sender's channel failed
+// (PeerFailed naming the peer, or ConnectionError), Timeout at the deadline
+// (timeout_s < 0: none), InvalidArgument for an empty list.
+std::size_t wait_any(const std::vector<Awaitable>& items, double timeout_s = -1.0);
+
+}  // namespace tensorwire

@@ -1,0 +1,103 @@
+// Copyright tensorwire authors.
+#include "core/waiter.h"
+
+#include "tensorwire/wait.h"
+
+#include <poll.h>
+#include <time.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+namespace tensorwire::detail {
+
+void Drivers::add(WorkerCtl* w) {
+  if (!w || std::find(workers_.begin(), workers_.end(), w) != workers_.end()) return;
+  workers_.push_back(w);
+  callers_.emplace_back(w);
+}
+
+void Drivers::nap(double seconds) {
+  if (seconds < 0) seconds = 0;
+  if (workers_.empty()) {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    return;
+  }
+  if (workers_.size() == 1) {
+    workers_[0]->wait_event(seconds);
+    return;
+  }
+  // Several workers: arm each (a busy one has events pending: progress
+  // instead of sleeping), then sleep on all their fds at once.
+  struct pollfd fds[16];
+  const std::size_t n = std::min<std::size_t>(workers_.size(), 16);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (ucp_worker_arm(workers_[i]->get()) != UCS_OK) return;
+    fds[i] = {workers_[i]->worker()->event_fd(), POLLIN, 0};
+  }
+  if (workers_.size() > n) seconds = std::min(seconds, 20e-6);  // the rest have no fd here: look again soon
+  struct timespec ts{static_cast<time_t>(seconds),
+                     static_cast<long>((seconds - static_cast<double>(static_cast<time_t>(seconds))) * 1e9)};
+  ::ppoll(fds, n, &ts, nullptr);
+}
+
+std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, double timeout_s) {
+  if (sources.empty()) throw InvalidArgument("wait_any: nothing to wait for");
+  Drivers drivers;
+  // The shortest spin any source asks for, evented only if all are.
+  WaitPolicy policy;
+  policy.evented = true;
+  bool first = true;
+  for (auto& s : sources) {
+    if (!s) throw InvalidArgument("wait_any: a source is empty");
+    WaitPolicy p;
+    s->prepare(drivers, p);
+    policy.spin = first ? p.spin : std::min(policy.spin, p.spin);
+    policy.spin_from_events = policy.spin_from_events && p.spin_from_events;
+    policy.evented = policy.evented && p.evented;
+    first = false;
+  }
+  std::size_t which = 0;
+  std::size_t broken = sources.size();
+  auto ready = [&] {
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i]->ready()) {
+        which = i;
+        return true;
+      }
+    }
+    return false;
+  };
+  auto failed = [&] {
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i]->failed()) {
+        broken = i;
+        return true;
+      }
+    }
+    return false;
+  };
+  switch (wait_for(drivers, ready, failed, deadline_after(timeout_s), policy)) {
+    case WaitEnd::kReady: return which;
+    case WaitEnd::kFailed: sources[broken]->throw_failure();
+    case WaitEnd::kTimeout: break;
+  }
+  std::string what;
+  for (std::size_t i = 0; i < sources.size() && i < 4; ++i) what += (i ? ", " : "") + sources[i]->describe();
+  if (sources.size() > 4) what += " and " + std::to_string(sources.size() - 4) + " more";
+  throw Timeout("wait_any: none became ready within " + std::to_string(timeout_s) + " s (" + what + ")");
+}
+
+}  // namespace tensorwire::detail
+
+namespace tensorwire {
+
+std::size_t wait_any(const std::vector<Awaitable>& items, double timeout_s) {
+  std::vector<std::shared_ptr<detail::WaitSource>> sources;
+  sources.reserve(items.size());
+  for (const auto& item : items) sources.push_back(item.source_);
+  return detail::wait_any(sources, timeout_s);
+}
+
+}  // namespace tensorwire

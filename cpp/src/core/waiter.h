@@ -1,0 +1,128 @@
+// Copyright tensorwire authors.
+//
+// The one way to wait. Every wait in the core (a request, a word a peer
+// writes, a slot's next tensor, any of several) is wait_for(): spin while
+// driving the workers whose progress the awaited change needs, offer the CPU
+// to other threads (sched_yield) past kYieldAfter, then nap on those workers'
+// event fds, or sleep briefly when the change raises no event (a one-sided
+// shared-memory write). It stops at the deadline and as soon as a watched
+// peer failed. Only this file spins, yields and naps; the callers say what
+// is ready, what failed, and which workers to drive.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <string>
+#include <memory>
+#include <vector>
+
+#include "core/request_state.h"  // no_deadline
+#include "core/worker_ctl.h"
+
+namespace tensorwire::detail {
+
+// The workers one wait progresses, each announced as a Caller (the progress
+// thread stays out while this thread drives it; see WorkerCtl).
+class Drivers {
+ public:
+  Drivers() = default;
+  Drivers(const Drivers&) = delete;
+  Drivers& operator=(const Drivers&) = delete;
+  void add(WorkerCtl* w);  // ignores nullptr and repeats
+  bool empty() const { return workers_.empty(); }
+  // Progresses each worker once; returns the events handled.
+  unsigned drive() {
+    unsigned n = 0;
+    for (auto* w : workers_) n += w->drive();
+    return n;
+  }
+  // Sleeps up to `seconds`: on the workers' event fds (an event ends the nap
+  // early), or a plain sleep when there are none.
+  void nap(double seconds);
+
+ private:
+  std::vector<WorkerCtl*> workers_;
+  std::deque<WorkerCtl::Caller> callers_;  // a deque: Callers do not move
+};
+
+struct WaitPolicy {
+  // Spin this long before napping (WorkerCtl::spin_us of the driven worker).
+  std::chrono::microseconds spin{50};
+  // Restart the spin after each event: the events are the awaited bytes
+  // arriving (a read, a slot's tensor). A send's events are its own bytes
+  // leaving: spinning on them only takes the CPU that the receiver needs, so
+  // those spin from the start of the wait.
+  bool spin_from_events = true;
+  // The awaited change raises an event on a driven worker (completion
+  // callbacks, tcp data): naps may be long. Otherwise a peer writes a word
+  // one-sidedly with no event, and each nap is added latency: watch_nap_s.
+  bool evented = false;
+};
+
+enum class WaitEnd { kReady, kFailed, kTimeout };
+
+inline std::chrono::steady_clock::time_point deadline_after(double timeout_s) {
+  using clock = std::chrono::steady_clock;
+  if (no_deadline(timeout_s)) return clock::time_point::max();
+  return clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+
+// Waits until ready() (kReady), failed() (kFailed; checked every 64 rounds,
+// so a dead peer ends the wait within a nap) or the deadline (kTimeout).
+template <typename Ready, typename Failed>
+WaitEnd wait_for(Drivers& drivers, Ready&& ready, Failed&& failed, std::chrono::steady_clock::time_point deadline,
+                 const WaitPolicy& policy) {
+  using clock = std::chrono::steady_clock;
+  if (ready()) return WaitEnd::kReady;
+  const auto start = clock::now();
+  auto spin_since = start;
+  unsigned rounds = 0;
+  bool napping = false;
+  for (;;) {
+    if (!drivers.empty()) {
+      const unsigned events = drivers.drive();
+      if (ready()) return WaitEnd::kReady;
+      if (events) {
+        if (policy.spin_from_events) spin_since = clock::now();
+        continue;  // drain before napping: arming needs an idle worker
+      }
+    } else {
+      cpu_relax();  // a polite spin on a line the peer is about to write
+      if (ready()) return WaitEnd::kReady;
+    }
+    if (!napping && (++rounds & 63) != 0) continue;
+    if (failed()) return ready() ? WaitEnd::kReady : WaitEnd::kFailed;
+    const auto now = clock::now();
+    if (now >= deadline) return ready() ? WaitEnd::kReady : WaitEnd::kTimeout;
+    if (!napping && now - spin_since < policy.spin) {
+      if (now - start >= kYieldAfter) yield_cpu();  // the peer may be queued on this CPU
+      continue;
+    }
+    napping = true;
+    double nap = policy.evented ? 0.01 : watch_nap_s(std::chrono::duration<double>(now - start).count());
+    const double left = std::chrono::duration<double>(deadline - now).count();
+    drivers.nap(left < nap ? left : nap);
+  }
+}
+
+// Something wait_any() watches: a slot's next tensor, a request's completion.
+class WaitSource {
+ public:
+  virtual ~WaitSource() = default;
+  // Whether the awaited thing is there (does not consume it).
+  virtual bool ready() = 0;
+  // Whether it can no longer become ready (its peer failed, its channel closed).
+  virtual bool failed() = 0;
+  // Throws why it failed (PeerFailed naming the peer, ConnectionError).
+  [[noreturn]] virtual void throw_failure() = 0;
+  // Adds the workers whose progress it needs, and says how it arrives.
+  virtual void prepare(Drivers& drivers, WaitPolicy& policy) = 0;
+  // For the Timeout message: what was awaited ("static slot 'x': tensor 3").
+  virtual std::string describe() = 0;
+};
+
+// Returns the index of the first ready source (lowest index first when
+// several are). Throws the failure of a failed source, or Timeout.
+std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, double timeout_s);
+
+}  // namespace tensorwire::detail
