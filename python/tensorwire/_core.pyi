@@ -112,17 +112,17 @@ class Request:
 class Channel:
     """One endpoint to a peer device on one lane."""
 
-    def write(self, local: object, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0, nbytes: object | None = None) -> Request:
+    def write(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
         """
         One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused when the request completes; the data is visible remotely after a later flush().
         """
 
-    def write_ordered(self, local: object, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0, nbytes: object | None = None) -> Request:
+    def write_ordered(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
         """
         A write that lands after every write posted earlier on this channel (fence() + write() without blocking: over tcp it is posted when a flush of the earlier writes completes).
         """
 
-    def read(self, local: object, remote: RemoteRegion, local_offset: int = 0, remote_offset: int = 0, nbytes: object | None = None) -> Request:
+    def read(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
         """One-sided read remote -> local; the data is there when it completes."""
 
     def fence(self) -> None:
@@ -138,14 +138,12 @@ class Channel:
 
     def remote_region(self, descriptor: bytes) -> RemoteRegion:
         """
-        The peer's region described by `descriptor`; it must lie inside a region the peer exported to this
-        device (publish + lookup, a slot, or channel.export_region on the peer): InvalidArgument otherwise.
+        The peer's region described by `descriptor` (bytes from block.descriptor() on the peer, sent by any means). It must lie inside a region the peer exported to this device (publish + lookup, a slot, or channel.export_region on the peer): InvalidArgument otherwise.
         """
 
     def export_region(self, local: object, timeout: float = 10.0) -> bytes:
         """
-        Lets the peer use descriptors of ranges inside `local` (a Block or Registration); returns the
-        descriptor exported.
+        Lets the peer use descriptors of ranges inside `local` (a Block or Registration) that this side hands over by other means (one control call). Returns the descriptor exported (bytes): hand over ranges with its key, which may be a registration of exactly `local`.
         """
 
     def call(self, name: str, payload: bytes = ..., timeout: float = 10.0) -> bytes:
@@ -198,11 +196,13 @@ class Device:
         The spin in effect, in microseconds (TENSORWIRE_SPIN_US overrides the argument).
         """
 
-    def alloc_view(self, shape: Sequence[int], code: int, bits: int, format: str, alignment: int = 64) -> Block:
+    def alloc_view(self, shape: object, code: int, bits: int, format: str, alignment: object = 64) -> Block:
         """Low-level: a pool block with a tensor view (use Device.empty)."""
 
-    def register_memory(self, ptr: int, nbytes: int) -> Registration:
-        """Low-level: registers [ptr, ptr+nbytes) (use Device.register)."""
+    def register_memory(self, ptr: object, nbytes: object) -> Registration:
+        """
+        Low-level: registers [ptr, ptr+nbytes); the caller keeps the memory alive (use Device.register).
+        """
 
     def publish(self, name: str, region: object) -> None:
         """Makes a block or registration findable by peers under name."""
@@ -314,7 +314,7 @@ class StaticSlot:
     Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.
     """
 
-    def __init__(self, device: Device, name: str, shape: Sequence[int], code: int, bits: int, depth: int = 2, first_seq: int = 1) -> None: ...
+    def __init__(self, device: Device, name: str, shape: object, code: int, bits: int, depth: object = 2, first_seq: object = 1) -> None: ...
 
     def recv(self, timeout: object | None = None) -> object:
         """
@@ -351,14 +351,14 @@ class StaticSlot:
 class StaticSender:
     """Sender side of a static slot (use channel.static_sender)."""
 
-    def __init__(self, channel: Channel, name: str, timeout: float = 10.0) -> None: ...
+    def __init__(self, channel: Channel, name: str, timeout: object | None = 10.0) -> None: ...
 
-    def send_block(self, block: Block, timeout: float = 10.0) -> Request:
+    def send_block(self, block: Block, timeout: object | None = 10.0) -> Request:
         """Sends a pool block (zero copy)."""
 
-    def send_region(self, local: object, shape: Sequence[int], code: int, bits: int, timeout: float = 10.0) -> Request: ...
+    def send_region(self, local: object, shape: object, code: int, bits: int, timeout: object | None = 10.0) -> Request: ...
 
-    def wait_consumed(self, seq: int, timeout: float = 10.0) -> None:
+    def wait_consumed(self, seq: object, timeout: object | None = 10.0) -> None:
         """Blocks until the receiver released tensor `seq`."""
 
     @property
@@ -366,7 +366,9 @@ class StaticSender:
 
     @property
     def region(self) -> RemoteRegion:
-        """The slot's memory at the receiver, as its attach reply exported it to this sender."""
+        """
+        The slot's memory at the receiver, as its attach reply exported it to this sender.
+        """
 
     @property
     def sent(self) -> int: ...
@@ -386,7 +388,7 @@ class StaticSender:
 class DynamicSlot:
     """Receiver side of dynamic allocation: tensors of any shape."""
 
-    def __init__(self, device: Device, name: str, max_ndim: int = 8, max_nbytes: int = 4294967296) -> None: ...
+    def __init__(self, device: Device, name: str, max_ndim: object = 8, max_nbytes: object = 4294967296) -> None: ...
 
     def recv(self, timeout: object | None = None) -> Block:
         """
@@ -406,11 +408,11 @@ class DynamicSlot:
 class DynamicSender:
     """Sender side of a dynamic slot (use channel.dynamic_sender)."""
 
-    def __init__(self, channel: Channel, name: str, timeout: float = 10.0) -> None: ...
+    def __init__(self, channel: Channel, name: str, timeout: object | None = 10.0) -> None: ...
 
-    def send_block(self, block: Block, timeout: float = 10.0) -> Request: ...
+    def send_block(self, block: Block, timeout: object | None = 10.0) -> Request: ...
 
-    def send_region(self, local: object, shape: Sequence[int], code: int, bits: int, timeout: float = 10.0) -> Request: ...
+    def send_region(self, local: object, shape: object, code: int, bits: int, timeout: object | None = 10.0) -> Request: ...
 
     def note_copy(self, arg: int, /) -> None: ...
 
@@ -418,9 +420,18 @@ class DynamicSender:
 
     @property
     def region(self) -> RemoteRegion:
-        """The slot's record at the receiver, as its attach reply exported it to this sender."""
+        """
+        The slot's record at the receiver, as its attach reply exported it to this sender.
+        """
 
     def stats(self) -> dict: ...
+
+def wait_any(items: object, timeout: object | None = None) -> int:
+    """
+    Waits until one of `items` (static slots, dynamic slots, requests) is ready; returns its index.
+
+    A slot is ready once its next tensor arrived (recv() returns at once), a request once it completed (wait() returns or raises at once). Raises PeerFailed (or ConnectionError) when the sender of a slot it waits on fails, Timeout after `timeout` seconds (None: no bound). The GIL is released meanwhile.
+    """
 
 def ucx_version() -> str:
     """Version of the UCX library loaded at run time."""

@@ -209,21 +209,33 @@ def _dynamic_sender(channel, name: str, path: str = "copy", timeout: float | Non
     return DynamicSender(_core.DynamicSender(channel, name, timeout), device, path)
 
 
+# How long one executor wait of recv_async lasts: a cancelled recv_async
+# leaves its thread waiting at most this long (never forever: the default
+# executor's threads are joined at exit).
+_ASYNC_SLICE_S = 0.25
+
+
 async def _recv_async(slot, timeout: float | None = None):
-    """Awaits the next tensor without blocking the event loop (polling-async:
-    a not-ready receive is re-enqueued instead of blocking a thread)."""
+    """Awaits the next tensor without blocking the event loop: a thread of the
+    default executor waits (tw.wait_any, GIL released; it consumes nothing),
+    then the tensor is taken on the loop's thread, so a cancelled await loses
+    no tensor."""
+    out = slot.poll()
+    if out is not None:
+        return out
     loop = asyncio.get_running_loop()
-    deadline = None if timeout is None else loop.time() + timeout
-    delay = 0.0
+    deadline = None if timeout is None else loop.time() + _check_timeout(timeout)
     while True:
+        left = _ASYNC_SLICE_S if deadline is None else min(_ASYNC_SLICE_S, max(0.0, deadline - loop.time()))
+        try:
+            await loop.run_in_executor(None, _core.wait_any, [slot], left)
+        except Timeout:
+            if deadline is not None and loop.time() >= deadline:
+                raise Timeout(f"no tensor within {timeout} s") from None
+            continue
         out = slot.poll()
         if out is not None:
             return out
-        if deadline is not None and loop.time() > deadline:
-            from .errors import Timeout
-            raise Timeout(f"no tensor within {timeout} s")
-        await asyncio.sleep(delay)
-        delay = min(0.001, delay * 2 + 0.00002)
 
 
 _core.StaticSlot.recv_async = _recv_async

@@ -619,6 +619,59 @@ def test_recv_async(client, reverse_peer, kind):
     op(peer, "drop", name=name)
 
 
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_cancelled_recv_async_loses_no_tensor(client, reverse_peer, kind):
+    """A cancelled recv_async consumed nothing: the tensor sent afterwards is
+    the next recv's."""
+    peer = reverse_peer
+    name = unique(f"cancel-{kind}")
+    slot = _make_slot(client, kind, name)
+    op(peer, "sender", kind=kind, name=name)
+
+    async def main():
+        task = asyncio.create_task(slot.recv_async(timeout=30))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    peer.send({"op": "send", "name": name, "shape": [5], "dtype": "int16", "start": 5, "count": 1})
+    arr = _value_and_release(slot, kind, slot.recv(timeout=10))
+    assert (arr == 5).all()
+    assert peer.recv(10)["sent"] == 1
+    op(peer, "drop", name=name)
+
+
+def test_wait_any_says_which_slot_is_ready(client, reverse_peer):
+    """tw.wait_any: which of several slots has a tensor (nothing consumed), a
+    request's completion, the deadline, bad input."""
+    peer = reverse_peer
+    names = {kind: unique(f"any-{kind}") for kind in ("static", "dynamic")}
+    slots = [_make_slot(client, kind, names[kind]) for kind in ("static", "dynamic")]
+    for kind in ("static", "dynamic"):
+        op(peer, "sender", kind=kind, name=names[kind])
+    start = time.monotonic()
+    with pytest.raises(tw.Timeout, match="none became ready"):
+        tw.wait_any(slots, timeout=0.05)
+    assert time.monotonic() - start < 5
+    with pytest.raises(tw.InvalidArgument):
+        tw.wait_any([])
+    with pytest.raises(tw.InvalidArgument, match="static slots, dynamic slots and requests"):
+        tw.wait_any([slots[0], "slot"])
+    for k, kind in ((1, "dynamic"), (0, "static")):
+        peer.send({"op": "send", "name": names[kind], "shape": [5], "dtype": "int16", "start": 9 + k, "count": 1})
+        assert tw.wait_any(slots, timeout=10) == k
+        assert tw.wait_any(slots, timeout=0) == k  # still there: waiting consumed nothing
+        arr = _value_and_release(slots[k], kind, slots[k].recv(timeout=0))
+        assert (arr == 9 + k).all()
+        assert peer.recv(10)["sent"] == 1
+    done = client.connect(peer.address).flush()
+    assert tw.wait_any([slots[0], done], timeout=10) == 1 and done.done()
+    for kind in ("static", "dynamic"):
+        op(peer, "drop", name=names[kind])
+
+
 # ---------------------------------------------------------------- peer death
 
 
@@ -684,6 +737,19 @@ def test_recv_fails_when_sender_dies(transport, form, kind):
         timer, when = _kill_after(peer, 0.5)
         with pytest.raises(DEAD_PEER_ERRORS) as info:
             slot.recv(timeout=30)  # nothing more comes: the sender dies
+        _assert_failed_in_time(timer, when, info.value)
+
+
+@pytest.mark.parametrize("transport, form", TRANSPORT_FORMS, ids=TRANSPORT_FORM_IDS)
+def test_wait_any_fails_when_sender_dies(transport, form):
+    with lane_form(form), tw.Device(transport=transport) as dev, start_slot_peer(transport) as peer:
+        slots = [_make_slot(dev, kind, f"w-{kind}") for kind in ("static", "dynamic")]
+        op(peer, "connect", address=dev.address)
+        for kind in ("static", "dynamic"):
+            op(peer, "sender", kind=kind, name=f"w-{kind}")
+        timer, when = _kill_after(peer, 0.5)
+        with pytest.raises(DEAD_PEER_ERRORS) as info:
+            tw.wait_any(slots, timeout=30)  # nothing comes: the senders die
         _assert_failed_in_time(timer, when, info.value)
 
 

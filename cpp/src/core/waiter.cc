@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <thread>
 
@@ -86,7 +87,9 @@ std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, do
   std::string what;
   for (std::size_t i = 0; i < sources.size() && i < 4; ++i) what += (i ? ", " : "") + sources[i]->describe();
   if (sources.size() > 4) what += " and " + std::to_string(sources.size() - 4) + " more";
-  throw Timeout("wait_any: none became ready within " + std::to_string(timeout_s) + " s (" + what + ")");
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", timeout_s);
+  throw Timeout(std::string("wait_any: none became ready within ") + secs + " s (" + what + ")");
 }
 
 }  // namespace tensorwire::detail

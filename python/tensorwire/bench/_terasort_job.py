@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+import tensorwire as tw
+
 from . import teragen
 from ._terasort_core import partition_of, pick_splitters, sample_keys, sort_records, summarize, validate
 from .common import Progress, Report, print_table
@@ -68,8 +70,8 @@ def _slot_exchange(rank: int, senders: dict, slots: dict, outgoing: dict[int, li
     """Every pair's pieces through the dynamic slots, driven by one thread: start
     the next send to a peer once its previous piece was acked (a slot holds one
     record at a time), take whatever piece has arrived (poll(): the receiver
-    allocates a block and RDMA-reads the sender's memory), sleep briefly when
-    nothing moved. One thread per rank rather than one per pair and direction:
+    allocates a block and RDMA-reads the sender's memory), and wait (tw.wait_any)
+    when nothing moved. One thread per rank rather than one per pair and direction:
     on few cores, many waiting threads each spinning on the worker starve the
     transport (see docs/terasort.md)."""
     received: dict[int, list] = {}
@@ -109,7 +111,12 @@ def _slot_exchange(rank: int, senders: dict, slots: dict, outgoing: dict[int, li
                     waiting = [f"sending to rank {d}" for d in list(todo) + list(inflight)] + \
                               [f"receiving from rank {s}" for s, n in expect.items() if len(got[s]) < n]
                     raise TimeoutError(f"shuffle stalled for {timeout:g} s: {', '.join(waiting)}")
-                time.sleep(20e-6)
+                # Until a piece arrives or a send is acked (the C++ wait: spin, then nap on the workers)
+                try:
+                    tw.wait_any([slots[s] for s, n in expect.items() if len(got[s]) < n] + list(inflight.values()),
+                                timeout=max(0.0, deadline - time.monotonic()))
+                except tw.Timeout:
+                    pass  # the next round names what stalled
         for src in got:
             have = sum(b.shape[0] for b in got[src])
             if have != incoming[src]:

@@ -802,6 +802,9 @@ TEST_P(Loopback, WaitAnySaysWhichSlotIsReady) {
   tw::Channel ch = client->connect(server->address());
   tw::StaticSender to_a(ch, "a", kWait), to_b(ch, "b", kWait);
   tw::DynamicSender to_d(ch, "d", kWait);
+  // Inline: the dynamic slot's ack is an RMA write to the client (rma form over
+  // tcp: its fence needs the client to progress while the server receives).
+  Pump client_pump(*client);
   EXPECT_THROW(tw::wait_any({}, kWait), tw::InvalidArgument);
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(tw::wait_any({a, b, d}, 0.05), tw::Timeout);

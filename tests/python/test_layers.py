@@ -1,0 +1,117 @@
+"""The import graph follows the layers of docs/architecture.md §4.1: arrows
+only point down. A module-level import against the rule fails here (a lazy
+import inside a function, for an optional feature, is allowed)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import tensorwire
+
+PACKAGE = pathlib.Path(tensorwire.__file__).parent
+
+# Area of a module (its first component below tensorwire) -> the areas it may
+# import at module level. "core" is the package root and its plain modules.
+CORE = "core"
+MAY_IMPORT = {
+    CORE: {CORE},
+    "bench": {CORE, "bench"},
+    "torch": {CORE, "bench", "torch"},
+    "testbed": {"testbed", "errors"},  # runs as root in namespaces: no device, no torch
+    "cli": {CORE, "bench", "torch", "testbed", "cli"},
+    "errors": {"errors"},  # every area may import the exceptions
+}
+# Third-party packages an area must not import at module level (optional
+# dependencies: their absence must not break the area's import).
+FORBIDDEN_EXTERNAL = {CORE: {"torch", "grpc", "matplotlib"}, "bench": {"torch", "grpc", "matplotlib"},
+                      "testbed": {"torch", "numpy"}}
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+AREA_OF = {"bench": "bench", "torch": "torch", "testbed": "testbed", "errors": "errors",
+           "cli": "cli", "__main__": "cli", "demo": "cli"}  # the rest of the top level is the core
+
+
+def _area(module: str) -> str:
+    parts = module.split(".")
+    return AREA_OF.get(parts[1], CORE) if len(parts) > 1 else CORE
+
+
+def _module_level_imports(path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of each import not inside a function or class."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    out = []
+    todo = list(ast.parse(path.read_text()).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.If, ast.Try, ast.With)):  # still module level
+            todo.extend(ast.iter_child_nodes(node))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                names = [f"{target}.{a.name}" for a in node.names] if node.module is None else [target]
+                out += [(node.lineno, n) for n in names]
+            else:
+                out.append((node.lineno, node.module or ""))
+    return out
+
+
+def _violations() -> list[str]:
+    bad = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        area = _area(module)
+        allowed = MAY_IMPORT[area] | {"errors"}
+        for line, target in _module_level_imports(path):
+            where = f"{path.relative_to(PACKAGE.parent)}:{line}"
+            if target.split(".")[0] == "tensorwire":
+                to = _area(target)
+                if to not in allowed:
+                    bad.append(f"{where}: {area} imports {target} ({to}) at module level")
+            elif target.split(".")[0] in FORBIDDEN_EXTERNAL.get(area, set()):
+                bad.append(f"{where}: {area} imports {target} at module level (an optional dependency)")
+    return bad
+
+
+def test_imports_point_down():
+    assert _violations() == []
+
+
+def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
+    """The rule is not vacuous: a bench module importing tensorwire.torch fails it."""
+    fake = tmp_path / "tensorwire"
+    (fake / "bench").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "bench" / "__init__.py").write_text("")
+    (fake / "bench" / "bad.py").write_text("from ..torch import ps\nimport torch\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
+    found = _violations()
+    assert any("bench imports tensorwire.torch" in v for v in found), found
+    assert any("bench imports torch at module level" in v for v in found), found
+
+
+@pytest.mark.parametrize("area, absent", [("bench", "torch"), ("testbed", "torch")])
+def test_importing_an_area_does_not_load(area, absent):
+    """Every module of `area` imports without pulling in `absent` (checked in a fresh interpreter)."""
+    modules = [_module_name(p) for p in sorted((PACKAGE / area).rglob("*.py")) if p.name != "__main__.py"]
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}: importlib.import_module(m)\n"
+            f"print(sorted(k for k in sys.modules if k == {absent!r} or k.startswith({absent!r} + '.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"importing tensorwire.{area} loaded {out.stdout.strip()}"
