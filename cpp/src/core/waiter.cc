@@ -14,33 +14,33 @@
 namespace tensorwire::detail {
 
 void Drivers::add(WorkerCtl* w) {
-  if (!w || std::find(workers_.begin(), workers_.end(), w) != workers_.end()) return;
-  workers_.push_back(w);
-  callers_.emplace_back(w);
+  if (!w || std::find(workers_, workers_ + n_, w) != workers_ + n_) return;
+  if (n_ == kMax) throw InvalidArgument("a wait may drive at most " + std::to_string(kMax) + " workers");
+  workers_[n_] = w;
+  callers_[n_].emplace(w);
+  ++n_;
 }
 
 void Drivers::nap(double seconds) {
   if (seconds < 0) seconds = 0;
-  if (workers_.empty()) {
+  if (n_ == 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
     return;
   }
-  if (workers_.size() == 1) {
+  if (n_ == 1) {
     workers_[0]->wait_event(seconds);
     return;
   }
   // Several workers: arm each (a busy one has events pending: progress
   // instead of sleeping), then sleep on all their fds at once.
-  struct pollfd fds[16];
-  const std::size_t n = std::min<std::size_t>(workers_.size(), 16);
-  for (std::size_t i = 0; i < n; ++i) {
+  struct pollfd fds[kMax];
+  for (std::size_t i = 0; i < n_; ++i) {
     if (ucp_worker_arm(workers_[i]->get()) != UCS_OK) return;
     fds[i] = {workers_[i]->worker()->event_fd(), POLLIN, 0};
   }
-  if (workers_.size() > n) seconds = std::min(seconds, 20e-6);  // the rest have no fd here: look again soon
   struct timespec ts{static_cast<time_t>(seconds),
                      static_cast<long>((seconds - static_cast<double>(static_cast<time_t>(seconds))) * 1e9)};
-  ::ppoll(fds, n, &ts, nullptr);
+  ::ppoll(fds, n_, &ts, nullptr);
 }
 
 std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, double timeout_s) {

@@ -11,9 +11,9 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
-#include <string>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "core/request_state.h"  // no_deadline
@@ -25,24 +25,28 @@ namespace tensorwire::detail {
 // thread stays out while this thread drives it; see WorkerCtl).
 class Drivers {
  public:
+  // More than a wait ever needs (a device has a few data workers); fixed, so
+  // that a wait allocates nothing on the latency path.
+  static constexpr std::size_t kMax = 16;
   Drivers() = default;
   Drivers(const Drivers&) = delete;
   Drivers& operator=(const Drivers&) = delete;
-  void add(WorkerCtl* w);  // ignores nullptr and repeats
-  bool empty() const { return workers_.empty(); }
+  void add(WorkerCtl* w);  // ignores nullptr and repeats; InvalidArgument past kMax
+  bool empty() const { return n_ == 0; }
   // Progresses each worker once; returns the events handled.
   unsigned drive() {
-    unsigned n = 0;
-    for (auto* w : workers_) n += w->drive();
-    return n;
+    unsigned events = 0;
+    for (std::size_t i = 0; i < n_; ++i) events += workers_[i]->drive();
+    return events;
   }
   // Sleeps up to `seconds`: on the workers' event fds (an event ends the nap
   // early), or a plain sleep when there are none.
   void nap(double seconds);
 
  private:
-  std::vector<WorkerCtl*> workers_;
-  std::deque<WorkerCtl::Caller> callers_;  // a deque: Callers do not move
+  std::size_t n_ = 0;
+  WorkerCtl* workers_[kMax] = {};
+  std::optional<WorkerCtl::Caller> callers_[kMax];  // optional: a Caller does not move
 };
 
 struct WaitPolicy {
