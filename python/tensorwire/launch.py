@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 GRACE_S = 3.0
 
 
-def add_commands(sub, bench_sub) -> None:
-    p = sub.add_parser(
+def register(commands) -> None:
+    p = commands.top.add_parser(
         "run", help="start N ranks of a command (tensorwire run -n 4 -- tensorwire bench fullmesh)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n", 1)[1] + """

@@ -137,21 +137,22 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="rank 0 writes the report, with every rank's raw samples")
     p.add_argument("--plot", metavar="FILE.png", help="latency vs size, one line per series (needs matplotlib)")
     p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)  # tests: SIGKILL this rank
-    p.set_defaults(func=run_command, coll_op=op)
+    p.set_defaults(func=run_command, coll_op=op, needs=(("matplotlib", "bench", "plot"),))
     return p
 
 
-def add_commands(sub, bench_sub) -> None:
-    """Adds `bench alltoall` and `bench allreduce` (called by tensorwire.cli)."""
+def register(commands) -> None:
+    """Adds `bench alltoall` and `bench allreduce` (tensorwire.cli's COMMAND_MODULES)."""
     for op in OPS:
-        _add_parser(bench_sub, op)
+        _add_parser(commands.bench, op)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """A parser with only this module's commands (what the ranks run: python -m tensorwire.bench.collectives)."""
     parser = argparse.ArgumentParser(prog="tensorwire bench")
     sub = parser.add_subparsers(dest="bench", required=True)
-    add_commands(None, sub)
+    for op in OPS:
+        _add_parser(sub, op)
     return parser
 
 

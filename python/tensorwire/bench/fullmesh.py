@@ -40,11 +40,12 @@ examples:
 """
 
 
-def add_command(bench_sub) -> None:
+def register(commands) -> None:
     from .common import arg_positive as _positive, arg_sizes as _sizes
     from .fabric.cli import TRANSPORTS, _rate, _seconds
-    p = bench_sub.add_parser("fullmesh", help="all-pairs one-sided write bandwidth and fairness (N(N-1) flows)",
-                             description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = commands.bench.add_parser(
+        "fullmesh", help="all-pairs one-sided write bandwidth and fairness (N(N-1) flows)",
+        description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--transport", choices=TRANSPORTS, default="tcp",
                    help="data transport (default tcp; across testbed hosts always tcp)")
     p.add_argument("-s", "--size", type=_sizes, default=[65536], help="message size (default 65536, perftest's)")

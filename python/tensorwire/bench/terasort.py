@@ -64,7 +64,12 @@ def parse_rows(text: str) -> int:
     return value
 
 
-def add_commands(sub, bench_sub) -> None:
+def register(commands) -> None:
+    """Adds `bench terasort` (tensorwire.cli's COMMAND_MODULES)."""
+    _add_parser(commands.bench)
+
+
+def _add_parser(bench_sub) -> None:
     p = bench_sub.add_parser("terasort", help="TeraGen/TeraSort/TeraValidate with the shuffle on tensorwire",
                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rows", type=parse_rows, default=parse_rows("1m"),
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     of the CLI (what the launcher starts on every rank)."""
     parser = argparse.ArgumentParser(prog="tensorwire bench")
     sub = parser.add_subparsers(dest="bench", required=True)
-    add_commands(None, sub)
+    _add_parser(sub)
     args = parser.parse_args(["terasort", *(sys.argv[1:] if argv is None else argv)])
     from .. import errors
     try:

@@ -1,6 +1,6 @@
 """`tensorwire testbed up|down|run|status|check`: the emulated fabric from the command line.
 
-Imported by tensorwire.cli to add its commands; the work is imported inside each func.
+Listed in tensorwire.cli's COMMAND_MODULES (register adds the commands); the work is imported inside each func.
 """
 
 from __future__ import annotations
@@ -62,9 +62,10 @@ examples:
 """
 
 
-def add_commands(sub, bench_sub) -> None:
-    tb = sub.add_parser("testbed", help="emulated fabric: hosts as network namespaces behind shaped links (root)",
-                        description=TESTBED_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+def register(commands) -> None:
+    tb = commands.top.add_parser(
+        "testbed", help="emulated fabric: hosts as network namespaces behind shaped links (root)",
+        description=TESTBED_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     tsub = tb.add_subparsers(dest="testbed", required=True, metavar="{up,down,run,status,check}")
 
     def name_opt(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
-"""`tensorwire train` and `tensorwire bench train` (imported by tensorwire.cli;
-importing this module must stay cheap: torch is imported inside the commands)."""
+"""`tensorwire train`, `tensorwire bench train` and `tensorwire partition` (listed in
+tensorwire.cli's COMMAND_MODULES; importing this module must stay cheap: torch is
+imported inside the commands, which declare it in `needs`)."""
 
 from __future__ import annotations
 
@@ -134,9 +135,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "alike (default: separate server and worker processes)")
 
 
-def add_commands(sub, bench_sub) -> None:
-    t = sub.add_parser("train", help="parameter-server training: zero-copy parameters and gradients (Figure 8)",
-                       description=TRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+def register(commands) -> None:
+    t = commands.top.add_parser(
+        "train", help="parameter-server training: zero-copy parameters and gradients (Figure 8)",
+        description=TRAIN_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("--list", action="store_true", help="print the models with the paper's Table 1 numbers and exit")
     t.add_argument("--model", choices=MODEL_NAMES, default="fcn5", help="model to train (default fcn5)")
     t.add_argument("--workers", type=_positive, default=2, help="worker processes W (default 2)")
@@ -155,10 +157,11 @@ def add_commands(sub, bench_sub) -> None:
     t.add_argument("--plot", metavar="FILE.png", help="plot the loss curve and the per-step split (matplotlib)")
     t.add_argument("--quiet", action="store_true", help="no progress line")
     _common(t)
-    t.set_defaults(func=run_train)
+    t.set_defaults(func=run_train, needs=(("torch", "torch"), ("matplotlib", "train", "plot")))
 
-    b = bench_sub.add_parser("train", help="PS training sweep: models x batches x modes, scaling, zero copy on/off",
-                             description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    b = commands.bench.add_parser(
+        "train", help="PS training sweep: models x batches x modes, scaling, zero copy on/off",
+        description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--models", type=_csv(MODEL_NAMES), default=["fcn5", "alexnet", "vgg16"],
                    help="models of fig8/fig11 (default fcn5,alexnet,vgg16: the communication-bound ones)")
     b.add_argument("--batches", type=_ints, default=[1, 8], help="batch sizes per worker of fig8 (default 1,8)")
@@ -184,10 +187,11 @@ def add_commands(sub, bench_sub) -> None:
     b.add_argument("--out", default="bench/results/train", metavar="PREFIX",
                    help="output prefix (default bench/results/train): PREFIX.txt, .json, _fig*.png")
     _common(b)
-    b.set_defaults(func=run_bench)
+    b.set_defaults(func=run_bench, needs=(("torch", "train"),))
 
-    pp = sub.add_parser("partition", help="graph partitioning: a model's forward as pipeline stages over slots",
-                        description=PARTITION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pp = commands.top.add_parser(
+        "partition", help="graph partitioning: a model's forward as pipeline stages over slots",
+        description=PARTITION_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     pp.add_argument("--model", choices=MODEL_NAMES, default="fcn5", help="model to split (default fcn5)")
     pp.add_argument("--stages", type=_positive, default=2,
                     help="stage processes, cut where parameter bytes balance (default 2)")
@@ -216,7 +220,7 @@ def add_commands(sub, bench_sub) -> None:
     pp.add_argument("--no-check", action="store_true",
                     help="skip comparing the outputs with the model run in one process")
     pp.add_argument("--json", metavar="FILE", help="write the result as JSON")
-    pp.set_defaults(func=run_partition)
+    pp.set_defaults(func=run_partition, needs=(("torch", "torch"),))
 
 
 def _env_role() -> tuple[int, int] | None:

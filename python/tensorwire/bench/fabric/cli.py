@@ -1,7 +1,7 @@
-"""The commands `bench write_bw|read_bw|write_lat|read_lat` (and `fullmesh`):
-their options and help, and the functions they run. Importing this module is
-cheap (the CLI imports it to add the commands); the work is imported inside
-the commands."""
+"""The commands `bench write_bw|read_bw|write_lat|read_lat` (fullmesh, in
+../fullmesh.py, shares their option types): their options and help, and the
+functions they run. Importing this module is cheap (the CLI imports it to
+register the commands); the work is imported inside the commands."""
 
 from __future__ import annotations
 
@@ -101,7 +101,8 @@ def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:
     p.add_argument("--plot", metavar="FILE.png", help="plot the results (needs matplotlib)")
 
 
-def add_commands(sub, bench_sub) -> None:
+def register(commands) -> None:
+    bench_sub = commands.bench
     fmt = argparse.RawDescriptionHelpFormatter
     for op in ("write", "read"):
         name = f"{op}_bw"
@@ -137,8 +138,6 @@ def add_commands(sub, bench_sub) -> None:
         _common_options(p, "2")
         p.add_argument("-n", "--iters", type=_positive, default=1000, help="iterations per size (default 1000)")
         p.set_defaults(func=_lat_main, op=op, test=name, lanes=1)
-    from ..fullmesh import add_command
-    add_command(bench_sub)
 
 
 def _sizes_of(args, default: str) -> list[int]:

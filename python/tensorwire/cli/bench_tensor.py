@@ -1,0 +1,105 @@
+"""`tensorwire bench tensor`: tensor transfer + consume, tensorwire's slots beside
+RPC over UCX, gRPC, UCX tag and gloo (tensorwire.bench.tensor; the paper's Figure 7)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..bench.common import arg_positive as _positive
+from ..bench.common import arg_sizes as _sizes
+from . import PLOT_NEEDS, TRANSPORTS
+
+
+def _tensor_sizes(text: str) -> list[int]:
+    sizes = _sizes(text)
+    bad = [s for s in sizes if s % 4]
+    if bad:
+        raise argparse.ArgumentTypeError(f"sizes must be multiples of 4 B (float32 tensors), not {bad}")
+    return sizes
+
+
+def _series(text: str) -> str:
+    from ..bench.tensor import select_series
+    try:
+        return ",".join(select_series(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+TENSOR_HELP = """\
+Moves one float32 tensor per iteration from this process to a receiver process
+(spawned on 127.0.0.1), where it is consumed (a max-reduction), and compares
+tensorwire's tensor slots with the usual ways of doing it (the paper's Figure 7).
+
+Series (default: all that are available here):
+  zerocopy  tensorwire static slot, sender tensor in registered memory
+  dynamic   tensorwire dynamic slot (any shape; receiver allocates)
+  copy      tensorwire static slot, sender tensor copied into the pool first
+  rpc-ucx   RPC over UCX active messages: serialize, send, copy out at the receiver
+  grpc      gRPC (grpcio) unary call over TCP carrying the tensor bytes
+  ucx-tag   UCX tagged send/recv (rendezvous for large sizes), as MPI and UCXX do
+  gloo      torch.distributed gloo send/recv (needs torch)
+grpc and gloo always use TCP; the others use --transport.
+
+Each sample: sender takes t0, sends; receiver gets a usable array, reduces it,
+acks by the series' own mechanism; sender takes t1 on the ack. Reported: median
+per transfer, MB/s (10^6 B/s) and zerocopy's speed-up over every other series
+(series time / zerocopy time). Warm-up iterations are untimed; --budget caps the
+bytes moved per size and series (at least 10 iterations).
+
+examples:
+  tensorwire bench tensor --transport shm --sizes 4K,1M,16M
+  tensorwire bench tensor --transport tcp --series zerocopy,grpc --plot fig7.png
+  tensorwire bench tensor --sizes 1K:1G --json tensor.json --verify
+"""
+
+
+def register(commands) -> None:
+    tensor = commands.bench.add_parser(
+        "tensor", help="tensor transfer + consume: slots vs RPC, gRPC, UCX tag, gloo (Figure 7)",
+        description=TENSOR_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    tensor.add_argument("--transport", choices=TRANSPORTS, default="auto",
+                        help="transport of the tensorwire and UCX series: tcp, shm, rdma or auto (UCX_TLS as set)")
+    tensor.add_argument("--sizes", type=_tensor_sizes, default=_tensor_sizes("1K:256M"),
+                        help="tensor sizes in bytes: a list like 4K,1M,16M or a range like 1K:1G (default 1K:256M)")
+    tensor.add_argument("--series", type=_series, default=None,
+                        help="comma-separated series to run (default: all): "
+                             "zerocopy,dynamic,copy,rpc-ucx,grpc,ucx-tag,gloo")
+    tensor.add_argument("--iters", type=_positive, default=100, help="timed iterations per size (default 100)")
+    tensor.add_argument("--repeat", type=_positive, default=1,
+                        help="passes over every series and size, interleaved; each cell reports its best pass "
+                             "(lowest median), the others' medians kept in the JSON (default 1)")
+    tensor.add_argument("--warmup", type=int, default=None,
+                        help="untimed iterations before each size (default: a tenth of --iters, more for "
+                             "small sizes: up to 200, at most an eighth of --budget)")
+    tensor.add_argument("--budget", type=_sizes, default=[256 << 20], metavar="BYTES",
+                        help="cap on bytes moved per size and series; lowers --iters (default 256M)")
+    tensor.add_argument("--timeout", type=float, default=60.0, help="seconds any one step may take (default 60)")
+    tensor.add_argument("--spin-us", type=int, default=None, metavar="US",
+                        help="how long a waiter (tensorwire devices, UCX baselines) polls before it sleeps on the "
+                             "worker's event fd (default: that of bench latency/bw, 100)")
+    tensor.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="skip the stream passes (from 1 MiB up: back-to-back transfers with no bench ack, "
+                             "each series paced by its own flow control) and the memcpy/write anchors")
+    tensor.add_argument("--verify", action="store_true",
+                        help="compare every element of every received tensor (timings then include it)")
+    tensor.add_argument("--progress", choices=("inline", "blocking", "polling"), default="inline",
+                        help="progress mode of the tensorwire devices (default inline: the waiter drives "
+                             "progress; blocking is the Device default: a progress thread that sleeps when idle)")
+    tensor.add_argument("--refresh", action="store_true",
+                        help="the sender rewrites the whole tensor (same values) before each timed transfer, "
+                             "untimed, like a producer that computes a new tensor every step; by default only "
+                             "its first element changes, so the series that pull (ucx-tag, dynamic) may read "
+                             "lines already cached on the receiver's core")
+    tensor.add_argument("--json", metavar="FILE",
+                        help="write the report: rows {series, transport, size, iters, median_us, MBps, ...}")
+    tensor.add_argument("--plot", metavar="FILE.png", help="log-log plot, one line per series (needs matplotlib)")
+    tensor.set_defaults(func=_main, needs=(PLOT_NEEDS,))
+
+
+def _main(args: argparse.Namespace) -> int:
+    from ..bench.tensor import run_tensor
+    args.budget = args.budget[0]
+    report = run_tensor(args)
+    report.write_json(args.json)
+    return 0 if report.verdict != "FAIL" else 2

@@ -1,0 +1,135 @@
+"""The command line's one registration mechanism (tensorwire.cli): every command
+module's commands are in --help, usage errors and missing optional
+dependencies exit 2 with one line, --version prints the version."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import tensorwire
+from tensorwire import cli
+
+OPTIONAL = ("torch", "grpc", "matplotlib", "sklearn", "mpi4py")
+
+
+def tw(*args: str, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """`tensorwire ARGS` in a fresh interpreter where the modules in `block` cannot be imported."""
+    code = ("import sys\n"
+            f"for m in {block!r}: sys.modules[m] = None  # import m: ModuleNotFoundError\n"
+            "from tensorwire.cli import main\n"
+            f"sys.exit(main({list(args)!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def _commands_of(module: str) -> tuple[list[str], list[str]]:
+    """(top-level commands, bench commands) that one command module registers."""
+    commands = cli.Commands(argparse.ArgumentParser(prog="tensorwire"))
+    importlib.import_module(module).register(commands)
+    top = [n for n in commands.top.choices if n != "bench"]
+    return top, (list(commands.bench.choices) if "bench" in commands.top.choices else [])
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for a in subs:
+        for name, sub in a.choices.items():
+            yield from _leaves(sub, path + (name,))
+
+
+def test_every_command_module_is_in_help():
+    top_help = tw("--help")
+    bench_help = tw("bench", "--help")
+    assert top_help.returncode == 0 and bench_help.returncode == 0
+    for module in cli.COMMAND_MODULES:
+        top, bench = _commands_of(module)
+        assert top or bench, f"{module} registers no command"
+        for name in top:
+            assert f"    {name} " in top_help.stdout, f"{name} ({module}) missing from tensorwire --help"
+        for name in bench:
+            assert f"    {name} " in bench_help.stdout, f"bench {name} ({module}) missing from --help"
+
+
+def test_every_command_has_a_handler():
+    leaves = dict(_leaves(cli.build_parser()))
+    assert ("train",) in leaves and ("bench", "latency") in leaves and ("testbed", "up") in leaves
+    for path, parser in leaves.items():
+        assert callable(parser.get_default("func")), f"tensorwire {' '.join(path)} has no func"
+        assert parser.get_default("command_prog") == " ".join(("tensorwire",) + path)
+
+
+def test_help_lists_commands_whose_dependency_is_missing():
+    r = tw("--help", block=OPTIONAL)
+    assert r.returncode == 0, r.stderr
+    for name in ("train", "partition", "testbed", "run", "info"):
+        assert f"    {name} " in r.stdout
+    r = tw("bench", "--help", block=OPTIONAL)
+    assert "    train " in r.stdout and "    tensor " in r.stdout
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--list"], "tensorwire train needs torch: pip install tensorwire[torch]"),
+    (["partition", "--plan"], "tensorwire partition needs torch: pip install tensorwire[torch]"),
+    (["bench", "train"], "tensorwire bench train needs torch: pip install tensorwire[train]"),
+])
+def test_missing_torch_names_the_extra_and_exits_2(argv, message):
+    r = tw(*argv, block=("torch",))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == message + "\n"  # one line, no traceback
+    assert r.stdout == ""
+
+
+def test_missing_matplotlib_for_plot(tmp_path):
+    png = str(tmp_path / "p.png")
+    r = tw("bench", "latency", "--plot", png, block=("matplotlib",))
+    assert r.returncode == 2 and r.stderr == \
+        "tensorwire bench latency --plot needs matplotlib: pip install tensorwire[bench]\n"
+    r = tw("bench", "tensor", "--plot", png, block=("matplotlib",))
+    assert r.returncode == 2 and "tensorwire bench tensor --plot needs matplotlib" in r.stderr
+
+
+def test_an_undeclared_optional_import_is_one_line_too(monkeypatch, capsys):
+    """A command that imports an optional dependency it did not declare in `needs`."""
+    def needs_sklearn(args):
+        assert sorted(vars(args)) == ["command", "func", "json", "transport"]  # no entries of main's own
+        raise ModuleNotFoundError("No module named 'sklearn'", name="sklearn")
+    monkeypatch.setattr(importlib.import_module("tensorwire.cli.info"), "_main", needs_sklearn)
+    assert cli.main(["info"]) == 2
+    assert capsys.readouterr().err == "tensorwire info needs sklearn: pip install tensorwire[train]\n"
+
+
+def test_version():
+    r = tw("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tensorwire {tensorwire.__version__}"
+    r = subprocess.run([sys.executable, "-m", "tensorwire", "--version"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == f"tensorwire {tensorwire.__version__}"
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "the following arguments are required: command"),
+    (["nosuch"], "invalid choice: 'nosuch'"),
+    (["bench"], "the following arguments are required: bench"),
+    (["bench", "latency", "--sizes", "x"], "bad size 'x'"),
+    (["train", "--model", "nope"], "invalid choice: 'nope'"),
+    (["run", "-n", "2"], "give the command after --"),                      # the command's own check
+    (["run", "-n", "1", "--hosts", "h1", "--", "true"], "give --testbed NAME too"),  # SystemExit("...")
+])
+def test_usage_errors_exit_2(argv, says):
+    r = tw(*argv)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert says in r.stderr and "Traceback" not in r.stderr
+
+
+def test_building_the_parser_imports_no_optional_dependency():
+    code = ("import sys\nfrom tensorwire.cli import build_parser\nbuild_parser()\n"
+            f"print(sorted(k for k in sys.modules if k.split('.')[0] in {OPTIONAL!r}))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
