@@ -59,26 +59,15 @@ std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, do
     policy.evented = policy.evented && p.evented;
     first = false;
   }
-  std::size_t which = 0;
-  std::size_t broken = sources.size();
-  auto ready = [&] {
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      if (sources[i]->ready()) {
-        which = i;
-        return true;
-      }
-    }
-    return false;
+  // The index of the first source that is ready (failed), or sources.size().
+  auto first_where = [&](bool (WaitSource::*pred)()) {
+    std::size_t i = 0;
+    while (i < sources.size() && !((*sources[i]).*pred)()) ++i;
+    return i;
   };
-  auto failed = [&] {
-    for (std::size_t i = 0; i < sources.size(); ++i) {
-      if (sources[i]->failed()) {
-        broken = i;
-        return true;
-      }
-    }
-    return false;
-  };
+  std::size_t which = sources.size(), broken = sources.size();
+  auto ready = [&] { return (which = first_where(&WaitSource::ready)) < sources.size(); };
+  auto failed = [&] { return (broken = first_where(&WaitSource::failed)) < sources.size(); };
   switch (wait_for(drivers, ready, failed, deadline_after(timeout_s), policy)) {
     case WaitEnd::kReady: return which;
     case WaitEnd::kFailed: sources[broken]->throw_failure();

@@ -4,6 +4,7 @@ each series implements on both sides)."""
 
 from __future__ import annotations
 
+import importlib.util
 import struct
 from typing import Any, Callable
 
@@ -64,6 +65,8 @@ class Series:
     # Also the transfer-only stream pass and the one-sided write and memcpy
     # anchors (needs write_bandwidth): zerocopy, the series the bars judge.
     anchors = False
+    # An optional package the series needs: (import name, pip name), or None.
+    requires: tuple[str, str] | None = None
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
@@ -72,6 +75,8 @@ class Series:
     @classmethod
     def unavailable(cls) -> str | None:
         """Why the series cannot run here (checked in the sender), or None."""
+        if cls.requires is not None and importlib.util.find_spec(cls.requires[0]) is None:
+            return f"{cls.requires[1]} is not installed (pip install {cls.requires[1]})"
         return None
 
     # receiver side

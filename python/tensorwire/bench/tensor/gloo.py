@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import socket
 from typing import Any
@@ -17,12 +16,8 @@ class Gloo(Series):
 
     name = "gloo"
     fixed_transport = "tcp"
+    requires = ("torch", "torch")
 
-    @classmethod
-    def unavailable(cls) -> str | None:
-        if importlib.util.find_spec("torch") is None:
-            return "torch is not installed (pip install torch)"
-        return None
 
     def _init(self, port: int, rank: int) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from typing import Any, Callable
@@ -21,12 +20,8 @@ class Grpc(Series):
 
     name = "grpc"
     fixed_transport = "tcp"
+    requires = ("grpc", "grpcio")
 
-    @classmethod
-    def unavailable(cls) -> str | None:
-        if importlib.util.find_spec("grpc") is None:
-            return "grpcio is not installed (pip install grpcio)"
-        return None
 
     def r_open(self) -> dict[str, Any]:
         import grpc
