@@ -2,6 +2,7 @@
 // dynamic). Python-side conveniences (paths for unregistered tensors,
 // asyncio) live in tensorwire/slots.py.
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
@@ -93,6 +94,16 @@ Request send_region(PySender& s, nb::handle local, nb::handle shape, int code, i
   gil_scoped_release r;
   return s.sender->send(lr, 0, spec, timeout);
 }
+
+// A flag word for wait_any (tw.Word): checked when made, kept with its memory.
+struct PyWord {
+  LocalRegion local;
+  std::size_t offset = 0;
+  std::uint64_t value = 0;
+  std::optional<Channel> channel;
+  nb::object memory;  // the Block or Registration: alive while the word is
+  Awaitable awaitable() const { return Awaitable::word(local, offset, value, channel ? &*channel : nullptr); }
+};
 
 }  // namespace
 
@@ -235,6 +246,24 @@ void bind_slots(nb::module_& m) {
         return stats_dict(st);
       });
 
+  nb::class_<PyWord>(m, "Word",
+                     "A flag a peer writes one-sidedly, for wait_any: ready once the 8-byte word at `offset` of "
+                     "`local` (a Block or Registration) equals `value`. With `channel` (the one the peer writes "
+                     "over), the wait drives its worker where the writes need it (tcp) and fails with its peer.")
+      .def("__init__", [](PyWord* self, nb::handle local, nb::handle offset, nb::handle value,
+                          std::optional<Channel> channel) {
+        PyWord w;
+        w.local = local_region_of(local);
+        w.offset = static_cast<std::size_t>(to_u64(offset, "offset"));
+        w.value = to_u64(value, "value");
+        w.channel = std::move(channel);
+        w.memory = nb::borrow(local);
+        w.awaitable();  // a word outside the region, or unaligned, is refused now
+        new (self) PyWord(std::move(w));
+      }, nb::arg("local"), nb::arg("offset"), nb::arg("value"), nb::arg("channel").none() = nb::none())
+      .def_ro("offset", &PyWord::offset)
+      .def_ro("value", &PyWord::value);
+
   m.def("wait_any", [](nb::handle items, nb::handle timeout) {
     const double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
     std::vector<Awaitable> awaitables;
@@ -246,8 +275,12 @@ void bind_slots(nb::module_& m) {
         awaitables.emplace_back(nb::cast<DynamicSlot&>(item));
       } else if (nb::isinstance<Request>(item)) {
         awaitables.emplace_back(nb::cast<Request&>(item));
+      } else if (nb::isinstance<Channel>(item)) {
+        awaitables.emplace_back(nb::cast<Channel&>(item));
+      } else if (nb::isinstance<PyWord>(item)) {
+        awaitables.push_back(nb::cast<PyWord&>(item).awaitable());
       } else {
-        throw InvalidArgument("wait_any takes static slots, dynamic slots and requests, got " +
+        throw InvalidArgument("wait_any takes static slots, dynamic slots, requests, words and channels, got " +
                               std::string(nb::type_name(item.type()).c_str()));
       }
       keep.push_back(nb::borrow(item));
@@ -255,10 +288,12 @@ void bind_slots(nb::module_& m) {
     gil_scoped_release r;
     return wait_any(awaitables, t);
   }, nb::arg("items"), nb::arg("timeout").none() = nb::none(),
-     "Waits until one of `items` (static slots, dynamic slots, requests) is ready; returns its index.\n\n"
+     "Waits until one of `items` (static slots, dynamic slots, requests, words) is ready; returns its index.\n\n"
      "A slot is ready once its next tensor arrived (recv() returns at once), a request once it completed "
-     "(wait() returns or raises at once). Raises PeerFailed (or ConnectionError) when the sender of a slot "
-     "it waits on fails, Timeout after `timeout` seconds (None: no bound). The GIL is released meanwhile.");
+     "(wait() returns or raises at once), a Word once it holds its value. A channel in `items` is never "
+     "ready: it is watched, and its peer's failure fails the wait. Raises PeerFailed (or ConnectionError) "
+     "when the sender of a slot, or a watched channel's peer, fails; Timeout after `timeout` seconds (None: "
+     "no bound). The GIL is released meanwhile.");
 }
 
 }  // namespace tensorwire::py

@@ -212,10 +212,11 @@ Channel.static_sender = _slots._static_sender
 Channel.dynamic_sender = _slots._dynamic_sender
 StaticSlot = _core.StaticSlot
 DynamicSlot = _core.DynamicSlot
-wait_any = _core.wait_any  # which of several slots/requests is ready (releases the GIL)
+wait_any = _core.wait_any  # which of several slots/requests/words is ready (releases the GIL)
+Word = _core.Word  # a flag word a peer writes, for wait_any
 
 __all__ = [
     "Device", "Block", "Registration", "RemoteRegion", "Channel", "Request", "parse_descriptor",
     "Error", "InvalidArgument", "Timeout", "ConnectionError", "PeerFailed", "PoolExhausted",
-    "ProtocolMismatch", "NotFound", "dtype_name", "StaticSlot", "DynamicSlot", "wait_any",
+    "ProtocolMismatch", "NotFound", "dtype_name", "StaticSlot", "DynamicSlot", "wait_any", "Word",
 ]

@@ -426,11 +426,24 @@ class DynamicSender:
 
     def stats(self) -> dict: ...
 
+class Word:
+    """
+    A flag a peer writes one-sidedly, for wait_any: ready once the 8-byte word at `offset` of `local` (a Block or Registration) equals `value`. With `channel` (the one the peer writes over), the wait drives its worker where the writes need it (tcp) and fails with its peer.
+    """
+
+    def __init__(self, local: object, offset: object, value: object, channel: Channel | None = None) -> None: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def value(self) -> int: ...
+
 def wait_any(items: object, timeout: object | None = None) -> int:
     """
-    Waits until one of `items` (static slots, dynamic slots, requests) is ready; returns its index.
+    Waits until one of `items` (static slots, dynamic slots, requests, words) is ready; returns its index.
 
-    A slot is ready once its next tensor arrived (recv() returns at once), a request once it completed (wait() returns or raises at once). Raises PeerFailed (or ConnectionError) when the sender of a slot it waits on fails, Timeout after `timeout` seconds (None: no bound). The GIL is released meanwhile.
+    A slot is ready once its next tensor arrived (recv() returns at once), a request once it completed (wait() returns or raises at once), a Word once it holds its value. A channel in `items` is never ready: it is watched, and its peer's failure fails the wait. Raises PeerFailed (or ConnectionError) when the sender of a slot, or a watched channel's peer, fails; Timeout after `timeout` seconds (None: no bound). The GIL is released meanwhile.
     """
 
 def ucx_version() -> str:

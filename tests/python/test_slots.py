@@ -753,6 +753,29 @@ def test_wait_any_fails_when_sender_dies(transport, form):
         _assert_failed_in_time(timer, when, info.value)
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_wait_any_watches_a_channel_and_a_word(transport):
+    """A Word is ready once a peer's one-sided write set it; a channel in the
+    list is never ready and fails the wait when its peer dies."""
+    with tw.Device(transport=transport) as dev, start_slot_peer(transport) as peer:
+        flags = dev.empty((4,), "uint64")
+        np.asarray(flags)[:] = 0
+        with pytest.raises(tw.InvalidArgument, match="8-byte aligned and inside"):
+            tw.Word(flags, 4, 1)
+        with pytest.raises(tw.InvalidArgument, match="8-byte aligned and inside"):
+            tw.Word(flags, 32, 1)
+        ch = dev.connect(peer.address)
+        word = tw.Word(flags, 16, 7, ch)
+        with pytest.raises(tw.Timeout, match="the word at offset 16 to become 7"):
+            tw.wait_any([ch, word], timeout=0.05)
+        np.asarray(flags)[2] = 7  # as a peer's write would land
+        assert tw.wait_any([ch, word], timeout=10) == 1
+        timer, when = _kill_after(peer, 0.5)
+        with pytest.raises(DEAD_PEER_ERRORS) as info:
+            tw.wait_any([ch, tw.Word(flags, 0, 1, ch)], timeout=30)
+        _assert_failed_in_time(timer, when, info.value)
+
+
 # ---------------------------------------------------------------- forms
 
 

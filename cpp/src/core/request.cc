@@ -112,14 +112,15 @@ class RequestSource : public WaitSource {
   bool ready() override { return !state_ || state_->finished() || (state_->poller && state_->poller()); }
   bool failed() override { return false; }
   void throw_failure() override { throw ConnectionError("a request failed"); }  // not reached: failed() is false
-  void prepare(Drivers& drivers, WaitPolicy& policy) override {
-    if (!state_) return;
+  bool prepare(Drivers& drivers, WaitPolicy& policy) override {
+    if (!state_) return true;
     worker_ = state_->worker();
-    if (!worker_) return;
+    if (!worker_) return true;
     drivers.add(worker_.get());
     policy.spin = std::chrono::microseconds(worker_->spin_us() ? worker_->spin_us() : 20);
     policy.spin_from_events = state_->inbound;
     policy.evented = !(state_->poller && !state_->poller_evented);
+    return true;
   }
   std::string describe() override { return "a request"; }
 

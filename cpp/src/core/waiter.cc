@@ -1,12 +1,15 @@
 // Copyright tensorwire authors.
 #include "core/waiter.h"
 
+#include "core/device_impl.h"
 #include "tensorwire/wait.h"
 
 #include <poll.h>
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -46,18 +49,18 @@ void Drivers::nap(double seconds) {
 std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, double timeout_s) {
   if (sources.empty()) throw InvalidArgument("wait_any: nothing to wait for");
   Drivers drivers;
-  // The shortest spin any source asks for, evented only if all are.
+  // The shortest spin any source asks for, evented only if all are
+  // (liveness watches have no say; alone, they get the defaults).
   WaitPolicy policy;
-  policy.evented = true;
-  bool first = true;
+  bool shaped = false;
   for (auto& s : sources) {
     if (!s) throw InvalidArgument("wait_any: a source is empty");
     WaitPolicy p;
-    s->prepare(drivers, p);
-    policy.spin = first ? p.spin : std::min(policy.spin, p.spin);
-    policy.spin_from_events = policy.spin_from_events && p.spin_from_events;
-    policy.evented = policy.evented && p.evented;
-    first = false;
+    if (!s->prepare(drivers, p)) continue;
+    policy.spin = shaped ? std::min(policy.spin, p.spin) : p.spin;
+    policy.spin_from_events = shaped ? policy.spin_from_events && p.spin_from_events : p.spin_from_events;
+    policy.evented = shaped ? policy.evented && p.evented : p.evented;
+    shaped = true;
   }
   // The index of the first source that is ready (failed), or sources.size().
   auto first_where = [&](bool (WaitSource::*pred)()) {
@@ -81,9 +84,81 @@ std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, do
   throw Timeout(std::string("wait_any: none became ready within ") + secs + " s (" + what + ")");
 }
 
+namespace {
+
+// A liveness watch: never ready, failed once the channel's peer failed.
+class ChannelSource : public WaitSource {
+ public:
+  explicit ChannelSource(Channel channel) : ch_(std::move(channel)) {}
+  bool ready() override { return false; }
+  bool failed() override { return ch_.impl()->failed(); }
+  void throw_failure() override {
+    ch_.impl()->check_usable();
+    throw ConnectionError("the channel to " + ch_.impl()->peer->describe() + " failed");
+  }
+  bool prepare(Drivers&, WaitPolicy&) override { return false; }
+  std::string describe() override { return "the channel to " + ch_.impl()->peer->describe(); }
+
+ private:
+  Channel ch_;
+};
+
+// A flag word a peer writes one-sidedly.
+class WordSource : public WaitSource {
+ public:
+  WordSource(LocalRegion local, std::size_t offset, std::uint64_t value, std::optional<Channel> channel)
+      : local_(std::move(local)), offset_(offset), value_(value), ch_(std::move(channel)) {}
+  bool ready() override {
+    const auto* p = static_cast<const std::uint64_t*>(static_cast<const void*>(
+        static_cast<const char*>(local_.address) + offset_));
+    return std::atomic_ref<const std::uint64_t>(*p).load(std::memory_order_acquire) == value_;
+  }
+  bool failed() override { return ch_ && ch_->impl()->failed(); }
+  void throw_failure() override {
+    ch_->impl()->check_usable();
+    throw ConnectionError("the channel to " + ch_->impl()->peer->describe() + " failed");
+  }
+  bool prepare(Drivers& drivers, WaitPolicy& policy) override {
+    if (!ch_) return true;  // lands by itself: spin, then watch naps
+    ChannelImpl* c = ch_->impl();
+    if (c->waiter_drives()) drivers.add(c->worker.get());  // tcp: the target progresses for a put to land
+    policy.spin = std::chrono::microseconds(c->worker->spin_us() ? c->worker->spin_us() : 50);
+    return true;
+  }
+  std::string describe() override {
+    return "the word at offset " + std::to_string(offset_) + " to become " + std::to_string(value_);
+  }
+
+ private:
+  LocalRegion local_;
+  std::size_t offset_;
+  std::uint64_t value_;
+  std::optional<Channel> ch_;
+};
+
+}  // namespace
+
 }  // namespace tensorwire::detail
 
 namespace tensorwire {
+
+Awaitable::Awaitable(const Channel& channel) : source_(std::make_shared<detail::ChannelSource>(channel)) {
+  if (!channel.impl()) throw InvalidArgument("wait_any: an empty channel");
+}
+
+Awaitable Awaitable::word(const LocalRegion& local, std::size_t offset, std::uint64_t value, const Channel* channel) {
+  if (!local.address) throw InvalidArgument("wait_any: the word's memory is empty");
+  if (offset % 8 != 0 || offset > local.length || local.length - offset < 8) {
+    throw InvalidArgument("wait_any: a word at offset " + std::to_string(offset) + " of a region of " +
+                          std::to_string(local.length) + " bytes (it must be 8-byte aligned and inside)");
+  }
+  if (reinterpret_cast<std::uintptr_t>(local.address) % 8 != 0) {
+    throw InvalidArgument("wait_any: the word's memory is not 8-byte aligned");
+  }
+  std::optional<Channel> ch;
+  if (channel) ch = *channel;
+  return Awaitable(std::make_shared<detail::WordSource>(local, offset, value, std::move(ch)));
+}
 
 std::size_t wait_any(const std::vector<Awaitable>& items, double timeout_s) {
   std::vector<std::shared_ptr<detail::WaitSource>> sources;

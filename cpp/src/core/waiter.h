@@ -120,7 +120,8 @@ class WaitSource {
   // Throws why it failed (PeerFailed naming the peer, ConnectionError).
   [[noreturn]] virtual void throw_failure() = 0;
   // Adds the workers whose progress it needs, and says how it arrives.
-  virtual void prepare(Drivers& drivers, WaitPolicy& policy) = 0;
+  // Returns false when it has no say in the policy (a liveness watch).
+  virtual bool prepare(Drivers& drivers, WaitPolicy& policy) = 0;
   // For the Timeout message: what was awaited ("static slot 'x': tensor 3").
   virtual std::string describe() = 0;
 };

@@ -310,10 +310,11 @@ class DynamicSlotSource : public WaitSource {
     s_->link.channel_impl()->check_usable();
     throw ConnectionError("dynamic slot '" + s_->name + "': its sender's channel failed");
   }
-  void prepare(Drivers& drivers, WaitPolicy& policy) override {
+  bool prepare(Drivers& drivers, WaitPolicy& policy) override {
     dev_ = s_->device.lock();
     policy = prepare_slot_wait(drivers, s_->link.channel_impl(), dev_ ? dev_->workers[0].get() : nullptr,
                                inbox_of(dev_, s_->inbox));
+    return true;
   }
   std::string describe() override { return "dynamic slot '" + s_->name + "'"; }
 

@@ -271,10 +271,11 @@ class StaticSlotSource : public WaitSource {
     s_->channel()->check_usable();
     throw ConnectionError("static slot '" + s_->name + "': its sender's channel failed");
   }
-  void prepare(Drivers& drivers, WaitPolicy& policy) override {
+  bool prepare(Drivers& drivers, WaitPolicy& policy) override {
     dev_ = s_->device.lock();
     policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_->workers[0].get() : nullptr,
                                inbox_of(dev_, s_->inbox));
+    return true;
   }
   std::string describe() override {
     return "static slot '" + s_->name + "': tensor " + std::to_string(s_->first_seq + s_->received);

@@ -277,8 +277,8 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         "algorithm": getattr(args, "algorithm", "pairwise"), "rd_ring_threshold": threshold if op == "allreduce"
         else None, "compare": args.compare, "mpi": mpi_version,
         "mpi_env": _mpi_env() if comm else None,
-        "wait_policy": {"spin_s": eng.spin_s, "yield_s": eng.yield_s, "oversubscribed": eng.oversubscribed,
-                        "payload_order": eng.order},
+        "wait_policy": {"wait": "tw.wait_any", "spin_us": world.device.spin_us,
+                        "oversubscribed": eng.oversubscribed, "payload_order": eng.order},
         "launcher": world.placement.launcher,
         "hosts": sorted(set(world.hosts)), "cpus": os.cpu_count(), "python": platform.python_version(),
         "unit": "usec (OSU: per-rank average over the timed iterations; Avg over ranks, Min/Max rank)",

@@ -48,38 +48,16 @@ fences): then nobody fences while somebody is on the control plane.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import numpy as np
 
-sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+import tensorwire as tw
 
 FLAG_SLOTS = 32           # source words per peer for flag writes, reused round-robin
-# A wait spins SPIN_S, then yields the CPU between polls until YIELD_S, then sleeps
-# SLEEP_S between polls (a short shm put to pool memory lands without an event on
-# the worker's fd, so sleeping on that fd would oversleep).
-SPIN_S = 50e-6
-YIELD_S = 20e-3
-YIELD_S_OVERSUBSCRIBED = 200e-6
-SLEEP_S = float(os.environ.get("TW_COLL_SLEEP_S", 20e-6))
 ALIGN = 64
 ARENA_NAME = "coll.arena"
 FLAGS_NAME = "coll.flags"
-
-
-
-def _nothing() -> int:
-    return 0
-
-
-def drain(progress: Any, limit: int) -> None:
-    """Progresses the worker while it has work (up to `limit` rounds): a rank that yields
-    the CPU between two progress calls while data is streaming in (tcp) would leave the
-    socket undrained for a whole time slice."""
-    for _ in range(limit):
-        if not progress():
-            return
 
 
 def align(n: int, a: int = ALIGN) -> int:
@@ -161,19 +139,10 @@ class OneSidedCollectives:
         self.order = os.environ.get("TW_COLL_ORDER") or order or "fence"
         if self.order not in ("fence", "flush"):
             raise ValueError(f"order must be 'fence' or 'flush', got {order!r}")
-        # tcp: keep progressing while the worker finds work (64 rounds at most); shm: one
-        # progress call per poll (measured: draining made the 4 MiB alltoall ~15% slower there)
-        self.drain_limit = int(os.environ.get("TW_COLL_DRAIN", 64 if self.order == "flush" else 1))
-        # more ranks on this host than cores: yield at once (a spinner takes the CPU from
-        # the rank it waits for); otherwise spin a little first (a yield costs a syscall)
+        # Every wait is tw.wait_any (the C++ waiter: spin for the device's spin_us driving the
+        # worker where the peer's writes need it, yield the CPU while spinning, then nap).
         local = sum(1 for h in world.hosts if h == world.hosts[world.rank]) if world.hosts else world.size
-        self.oversubscribed = local > (os.cpu_count() or 1)
-        self.spin_s = float(os.environ.get("TW_COLL_SPIN_S", 0.0 if self.oversubscribed else SPIN_S))
-        # oversubscribed, a long run of yields can leave the rank we wait for behind a queue
-        # of yielding spinners for a whole time slice (~0.75 ms per message measured):
-        # after a short yield phase, sleep instead, which hands the CPU over for sure
-        self.yield_s = float(os.environ.get("TW_COLL_YIELD_S",
-                                            YIELD_S_OVERSUBSCRIBED if self.oversubscribed else YIELD_S))
+        self.oversubscribed = local > (os.cpu_count() or 1)  # reported with the results
         self.world = world
         self.rank, self.n = world.rank, world.size
         self.timeout = timeout
@@ -241,13 +210,10 @@ class OneSidedCollectives:
             self.ch[peers[0]].fence()   # worker-wide: orders the writes to every peer
             return
         reqs = [self.ch[p].flush() for p in peers]
-        progress = self.ch[peers[0]].progress  # one worker serves every peer's channel
-
-        def flushed() -> bool:
-            drain(progress, self.drain_limit)
-            return all(r.done() for r in reqs)
-        if not flushed():
-            self._poll(flushed, lambda: f"a flush towards ranks {peers} did not complete within {self.timeout:g} s")
+        pending = [r for r in reqs if not r.done()]
+        while pending:
+            pending.pop(self._wait(pending, lambda: f"a flush towards ranks {peers} did not complete within "
+                                                    f"{self.timeout:g} s"))
         for r in reqs:
             if r.failed:
                 r.wait(0)  # raises its error
@@ -269,56 +235,27 @@ class OneSidedCollectives:
         self.flag_reqs[peer][slot] = ch.write(self.flagblk, self.rflags[peer], src * 8, dst, 8)
 
     def _recv(self, peer: int) -> None:
-        """Waits until the next message from `peer` has landed (its flag slot holds its number).
-        The wait drives this rank's worker (the target of a tcp put must progress): it spins
-        for SPIN_S (not at all when this host has more ranks than cores: a spinner starves the
-        rank it waits for), then yields the CPU between polls as Open MPI does when
-        oversubscribed, and after YIELD_S sleeps SLEEP_S between polls (a long wait, e.g. a
-        slow peer, should not burn a core). TW_COLL_SPIN_S / TW_COLL_YIELD_S /
-        TW_COLL_SLEEP_S override the policy (for experiments)."""
+        """Waits until the next message from `peer` has landed (its flag slot holds its number):
+        tw.wait_any on the flag word, driving the worker (the target of a tcp put must
+        progress) and failing at once when `peer`'s channel fails."""
         want = self.expect[peer] = self.expect[peer] + 1
         idx = peer * self.lay.slots + want % self.lay.slots
         f = self.fmem
         if f[idx] == want:
             return
-        progress = self.ch[peer].progress if self.drive else _nothing
-
-        def landed() -> bool:
-            drain(progress, self.drain_limit)
-            return f[idx] == want
 
         def why() -> str:
             got = int(f[idx])
             return (f"rank {peer} did not deliver its message {want} within {self.timeout:g} s "
                     f"(its slot holds {got}{'; it is more than a call ahead' if got > want else ''})")
-        self._poll(landed, why)
+        self._wait([tw.Word(self.flagblk, idx * 8, want, self.ch[peer] if self.drive else None)], why)
 
-    def _poll(self, done: Any, why: Any) -> None:
-        """Calls done() until it is true: spin SPIN_S, yield until YIELD_S, then sleep SLEEP_S
-        between calls; CollectiveError with why() after the timeout."""
-        clock = time.perf_counter
-        t0 = clock()
-        end = t0 + self.spin_s
-        while True:
-            if done():
-                return
-            if clock() > end:
-                break
-        yield_end = t0 + self.yield_s
-        deadline = t0 + self.timeout
-        polls = 0
-        while not done():
-            polls += 1
-            if polls & 15:
-                sched_yield()
-                continue
-            now = clock()
-            if now > yield_end:
-                if now > deadline:
-                    raise CollectiveError(f"rank {self.rank}: {why()}")
-                time.sleep(SLEEP_S)
-            else:
-                sched_yield()
+    def _wait(self, items: list, why: Any) -> int:
+        """tw.wait_any(items) within the timeout; CollectiveError with why() after it."""
+        try:
+            return tw.wait_any(items, timeout=self.timeout)
+        except tw.Timeout:
+            raise CollectiveError(f"rank {self.rank}: {why()}") from None
 
     def _complete(self) -> None:
         """Local completion of the call's data writes (their sources may be reused)."""
