@@ -16,7 +16,7 @@ FUZZ_TARGETS := region control hello record
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
 APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
 PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.22" "cmake>=3.20" ninja numpy
-PIP_TEST_DEPS := pytest pytest-timeout grpcio matplotlib "torch==2.13.0"
+PIP_TEST_DEPS := pytest pytest-timeout grpcio matplotlib mypy "torch==2.13.0"
 STAMP := build/.stamp
 
 .PHONY: all deps deps-mpi build demo test test-cpp test-python test-fuzz fuzz fuzz-build fuzz-seeds fuzz-merge \

@@ -129,6 +129,20 @@ void bind_device(nb::module_& m) {
       });
 
   nb::class_<Channel>(m, "Channel", nb::dynamic_attr(), "One endpoint to a peer device on one lane.")
+      // The senders' Python side (staging, paths) is tensorwire.slots; these are its entry points.
+      .def("static_sender", [](nb::handle self, nb::handle name, nb::handle path, nb::handle timeout) {
+        return nb::module_::import_("tensorwire.slots").attr("_static_sender")(self, name, path, timeout);
+      }, nb::arg("name").none(), nb::arg("path").none() = "copy", nb::arg("timeout").none() = 10.0,
+         nb::sig("def static_sender(self, name: str, path: str = 'copy', timeout: float | None = 10.0) "
+                 "-> tensorwire.slots.StaticSender"),
+         "A sender for the static slot `name` on this channel's peer (path: 'copy' or 'register', for "
+         "tensors that are not a Block).")
+      .def("dynamic_sender", [](nb::handle self, nb::handle name, nb::handle path, nb::handle timeout) {
+        return nb::module_::import_("tensorwire.slots").attr("_dynamic_sender")(self, name, path, timeout);
+      }, nb::arg("name").none(), nb::arg("path").none() = "copy", nb::arg("timeout").none() = 10.0,
+         nb::sig("def dynamic_sender(self, name: str, path: str = 'copy', timeout: float | None = 10.0) "
+                 "-> tensorwire.slots.DynamicSender"),
+         "A sender for the dynamic slot `name` on this channel's peer.")
       .def("write", one_sided<&Channel::write>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
            nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "

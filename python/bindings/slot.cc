@@ -135,13 +135,21 @@ void bind_slots(nb::module_& m) {
         }
         return numpy_view(self, slot.buffer(idx), slot.spec());
       }, nb::arg("timeout").none() = nb::none(),
+         nb::sig("def recv(self, timeout: float | None = None) -> numpy.typing.NDArray[typing.Any]"),
          "Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).")
+      .def("recv_async", [](nb::handle self, nb::handle timeout) {
+        return nb::module_::import_("tensorwire.slots").attr("_recv_async")(self, timeout);
+      }, nb::arg("timeout").none() = nb::none(),
+         nb::sig("def recv_async(self, timeout: float | None = None) -> "
+                 "collections.abc.Coroutine[typing.Any, typing.Any, numpy.typing.NDArray[typing.Any]]"),
+         "Awaits the next tensor without blocking the event loop (a cancelled await loses no tensor).")
       .def("poll", [](nb::handle self) -> nb::object {
         auto& slot = nb::cast<StaticSlot&>(self);
         int idx = slot.poll();
         if (idx < 0) return nb::none();
         return numpy_view(self, slot.buffer(idx), slot.spec());
-      }, "Non-blocking recv(): the next tensor's view, or None if it has not arrived.")
+      }, nb::sig("def poll(self) -> numpy.typing.NDArray[typing.Any] | None"),
+         "Non-blocking recv(): the next tensor's view, or None if it has not arrived.")
       .def("release", [](StaticSlot& slot, nb::object view) {
         gil_scoped_release r;
         slot.release();
@@ -207,6 +215,12 @@ void bind_slots(nb::module_& m) {
         return fill_view(std::move(b), spec);
       }, nb::arg("timeout").none() = nb::none(),
          "Waits for the next tensor; returns a Block (registered memory) holding it, with its shape and dtype.")
+      .def("recv_async", [](nb::handle self, nb::handle timeout) {
+        return nb::module_::import_("tensorwire.slots").attr("_recv_async")(self, timeout);
+      }, nb::arg("timeout").none() = nb::none(),
+         nb::sig("def recv_async(self, timeout: float | None = None) -> "
+                 "collections.abc.Coroutine[typing.Any, typing.Any, Block]"),
+         "Awaits the next tensor without blocking the event loop (a cancelled await loses no tensor).")
       .def("poll", [](DynamicSlot& slot) -> nb::object {
         TensorSpec spec;
         PyBlock b;

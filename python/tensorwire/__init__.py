@@ -206,10 +206,6 @@ class Device(_core.Device):
         return _core.DynamicSlot(self, name, max_ndim, max_nbytes)
 
 
-from . import slots as _slots  # noqa: E402
-
-Channel.static_sender = _slots._static_sender
-Channel.dynamic_sender = _slots._dynamic_sender
 StaticSlot = _core.StaticSlot
 DynamicSlot = _core.DynamicSlot
 wait_any = _core.wait_any  # which of several slots/requests/words is ready (releases the GIL)

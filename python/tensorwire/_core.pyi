@@ -2,15 +2,13 @@
 tensorwire core: devices, registered memory, channels and one-sided transfers over UCX
 """
 
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
+import numpy.typing
 from numpy.typing import NDArray
 
-from tensorwire.slots import (
-    _dynamic_sender as dynamic_sender,
-    _recv_async as recv_async,
-    _static_sender as static_sender
-)
+import tensorwire.slots
 
 
 class Block:
@@ -111,6 +109,14 @@ class Request:
 
 class Channel:
     """One endpoint to a peer device on one lane."""
+
+    def static_sender(self, name: str, path: str = 'copy', timeout: float | None = 10.0) -> tensorwire.slots.StaticSender:
+        """
+        A sender for the static slot `name` on this channel's peer (path: 'copy' or 'register', for tensors that are not a Block).
+        """
+
+    def dynamic_sender(self, name: str, path: str = 'copy', timeout: float | None = 10.0) -> tensorwire.slots.DynamicSender:
+        """A sender for the dynamic slot `name` on this channel's peer."""
 
     def write(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
         """
@@ -316,12 +322,17 @@ class StaticSlot:
 
     def __init__(self, device: Device, name: str, shape: object, code: int, bits: int, depth: object = 2, first_seq: object = 1) -> None: ...
 
-    def recv(self, timeout: object | None = None) -> object:
+    def recv(self, timeout: float | None = None) -> numpy.typing.NDArray[Any]:
         """
         Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).
         """
 
-    def poll(self) -> object:
+    def recv_async(self, timeout: float | None = None) -> Coroutine[Any, Any, numpy.typing.NDArray[Any]]:
+        """
+        Awaits the next tensor without blocking the event loop (a cancelled await loses no tensor).
+        """
+
+    def poll(self) -> numpy.typing.NDArray[Any] | None:
         """
         Non-blocking recv(): the next tensor's view, or None if it has not arrived.
         """
@@ -393,6 +404,11 @@ class DynamicSlot:
     def recv(self, timeout: object | None = None) -> Block:
         """
         Waits for the next tensor; returns a Block (registered memory) holding it, with its shape and dtype.
+        """
+
+    def recv_async(self, timeout: float | None = None) -> Coroutine[Any, Any, Block]:
+        """
+        Awaits the next tensor without blocking the event loop (a cancelled await loses no tensor).
         """
 
     def poll(self) -> object: ...

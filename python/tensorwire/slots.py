@@ -236,7 +236,3 @@ async def _recv_async(slot, timeout: float | None = None):
         out = slot.poll()
         if out is not None:
             return out
-
-
-_core.StaticSlot.recv_async = _recv_async
-_core.DynamicSlot.recv_async = _recv_async

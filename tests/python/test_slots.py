@@ -657,7 +657,7 @@ def test_wait_any_says_which_slot_is_ready(client, reverse_peer):
     assert time.monotonic() - start < 5
     with pytest.raises(tw.InvalidArgument):
         tw.wait_any([])
-    with pytest.raises(tw.InvalidArgument, match="static slots, dynamic slots and requests"):
+    with pytest.raises(tw.InvalidArgument, match="static slots, dynamic slots, requests, words and channels"):
         tw.wait_any([slots[0], "slot"])
     for k, kind in ((1, "dynamic"), (0, "static")):
         peer.send({"op": "send", "name": names[kind], "shape": [5], "dtype": "int16", "start": 9 + k, "count": 1})
