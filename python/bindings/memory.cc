@@ -53,20 +53,19 @@ PyType_Slot block_slots[] = {
     {0, nullptr},
 };
 
-nb::ndarray<> make_array(nb::handle self, PyBlock& b, bool numpy_dtype = false) {
+nb::ndarray<> make_array(nb::handle self, PyBlock& b, bool as_numpy = false) {
   live(b);
-  // Fix: numpy has no bfloat16, and nanobind's numpy export of one silently
-  // produced a 0-d object array; numpy views get the raw 16-bit words instead
-  // (as the buffer protocol does). DLPack keeps the true dtype.
-  nb::dlpack::dtype dtype = b.dtype;
-  if (numpy_dtype && dtype.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat)) {
-    dtype = nb::dtype<std::uint16_t>();
-  }
+  const nb::dlpack::dtype dtype = as_numpy ? numpy_dtype(b.dtype.code, b.dtype.bits) : b.dtype;
   return nb::ndarray<>(b.block.data(), b.shape.size(), reinterpret_cast<const std::size_t*>(b.shape.data()), self,
                        nullptr, dtype);
 }
 
 }  // namespace
+
+nb::dlpack::dtype numpy_dtype(std::uint8_t code, std::uint8_t bits) {
+  if (code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat)) return nb::dtype<std::uint16_t>();
+  return nb::dlpack::dtype{code, bits, 1};
+}
 
 PyBlock fill_view(PyBlock b, const TensorSpec& spec) {
   // The spec comes off the wire: its size is checked (TensorSpec::nbytes) and
@@ -81,14 +80,7 @@ PyBlock fill_view(PyBlock b, const TensorSpec& spec) {
   b.dtype = nb::dlpack::dtype{spec.dtype.code, spec.dtype.bits, 1};
   b.itemsize = spec.dtype.itemsize();
   b.nbytes = nbytes;
-  switch (spec.dtype.code) {
-    case 0: b.format = spec.dtype.bits == 8 ? "b" : spec.dtype.bits == 16 ? "h" : spec.dtype.bits == 32 ? "i" : "q"; break;
-    case 1: b.format = spec.dtype.bits == 8 ? "B" : spec.dtype.bits == 16 ? "H" : spec.dtype.bits == 32 ? "I" : "Q"; break;
-    case 2: b.format = spec.dtype.bits == 16 ? "e" : spec.dtype.bits == 32 ? "f" : "d"; break;
-    case 4: b.format = "H"; break;  // bfloat16: raw words for the buffer protocol
-    case 6: b.format = "?"; break;
-    default: b.format = "B";
-  }
+  b.format = spec.dtype.format();  // the dtype table (protocol/dtype.cc); valid: nbytes() checked it
   return b;
 }
 
@@ -122,7 +114,7 @@ void bind_memory(nb::module_& m) {
         return nb::bytes(s.data(), s.size());
       }, "The region descriptor a peer needs to reach this block (bytes).")
       .def("numpy", [](nb::handle self) {
-        return nb::ndarray<nb::numpy>(make_array(self, nb::cast<PyBlock&>(self), /*numpy_dtype=*/true));
+        return nb::ndarray<nb::numpy>(make_array(self, nb::cast<PyBlock&>(self), /*as_numpy=*/true));
       }, "A numpy array viewing this block (zero copy; keeps the block alive).")
       .def("__dlpack__", [](nb::handle self, nb::kwargs kwargs) {
         // Fix: an ndarray<> without a framework casts to a bare DLPack capsule, which

@@ -33,6 +33,11 @@ struct PyBlock {
 // A local memory operand of write/read: a pool Block or a Registration.
 LocalRegion local_region_of(nb::handle obj);
 
+// The dtype a numpy view shows: the tensor's own, but bfloat16 (which numpy
+// lacks: nanobind's numpy export of one made a 0-d object array) as its raw
+// 16-bit words, as the buffer protocol does. DLPack keeps the true dtype.
+nb::dlpack::dtype numpy_dtype(std::uint8_t code, std::uint8_t bits);
+
 // Gives `b` the tensor view of `spec` (shape, dtype, format, nbytes).
 PyBlock fill_view(PyBlock b, const TensorSpec& spec);
 

@@ -49,10 +49,9 @@ Device& device_of(PyDevice& d) {
   return *d.device;
 }
 
-// A numpy view of slot memory (bfloat16 as raw uint16), kept alive by `owner`.
+// A numpy view of slot memory (see numpy_dtype), kept alive by `owner`.
 nb::object numpy_view(nb::handle owner, void* data, const TensorSpec& spec) {
-  nb::dlpack::dtype dt{spec.dtype.code, spec.dtype.bits, 1};
-  if (spec.dtype.code == 4) dt = nb::dtype<std::uint16_t>();
+  const nb::dlpack::dtype dt = numpy_dtype(spec.dtype.code, spec.dtype.bits);
   std::vector<std::size_t> shape(spec.shape.begin(), spec.shape.end());
   return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr, dt));
 }
@@ -277,6 +276,13 @@ void bind_slots(nb::module_& m) {
       }, nb::arg("local"), nb::arg("offset"), nb::arg("value"), nb::arg("channel").none() = nb::none())
       .def_ro("offset", &PyWord::offset)
       .def_ro("value", &PyWord::value);
+
+  m.def("dtypes", [] {
+    nb::list out;
+    for (const auto& d : dtypes()) out.append(nb::make_tuple(d.name, d.dtype.code, d.dtype.bits, d.format));
+    return out;
+  }, nb::sig("def dtypes() -> list[tuple[str, int, int, str]]"),
+     "The supported dtypes: (name, DLPack type code, bits, buffer-protocol format), the core's one table.");
 
   m.def("wait_any", [](nb::handle items, nb::handle timeout) {
     const double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);

@@ -27,14 +27,9 @@ Channel = _core.Channel
 Request = _core.Request
 parse_descriptor = _core.parse_descriptor
 
-# dtype name -> (DLPack type code, bits, buffer-protocol format)
-_DTYPES = {
-    "float16": (2, 16, "e"), "float32": (2, 32, "f"), "float64": (2, 64, "d"),
-    "bfloat16": (4, 16, "H"),  # no buffer-protocol code: numpy sees raw uint16
-    "int8": (0, 8, "b"), "int16": (0, 16, "h"), "int32": (0, 32, "i"), "int64": (0, 64, "q"),
-    "uint8": (1, 8, "B"), "uint16": (1, 16, "H"), "uint32": (1, 32, "I"), "uint64": (1, 64, "Q"),
-    "bool": (6, 8, "?"),
-}
+# dtype name -> (DLPack type code, bits, buffer-protocol format): the core's table
+# (bfloat16's format is its raw 16-bit word: the buffer protocol has no code for it)
+_DTYPES = {name: (code, bits, fmt) for name, code, bits, fmt in _core.dtypes()}
 _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bool_": "bool",
             "long": "int64", "int": "int32", "short": "int16"}
 

@@ -455,6 +455,11 @@ class Word:
     @property
     def value(self) -> int: ...
 
+def dtypes() -> list[tuple[str, int, int, str]]:
+    """
+    The supported dtypes: (name, DLPack type code, bits, buffer-protocol format), the core's one table.
+    """
+
 def wait_any(items: object, timeout: object | None = None) -> int:
     """
     Waits until one of `items` (static slots, dynamic slots, requests, words) is ready; returns its index.

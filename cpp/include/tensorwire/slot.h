@@ -40,7 +40,20 @@ struct DType {
   std::size_t itemsize() const { return bits / 8; }
   bool valid() const;
   std::string name() const;  // "float32", "bfloat16", ...
+  // The buffer-protocol format of one element ("f", ...; bfloat16, which has
+  // none, as its raw 16-bit word "H"); "" for an unsupported dtype.
+  const char* format() const;
+  // The supported dtype called `name` ("float32"); InvalidArgument otherwise.
+  static DType from_name(const std::string& name);
 };
+
+// Every supported dtype, in one table (the core's and Python's).
+struct DTypeInfo {
+  const char* name;
+  DType dtype;
+  const char* format;  // buffer-protocol format (bfloat16: its raw word, "H")
+};
+const std::vector<DTypeInfo>& dtypes();
 
 struct TensorSpec {
   std::vector<std::int64_t> shape;

@@ -13,28 +13,6 @@
 
 namespace tensorwire {
 
-bool DType::valid() const {
-  switch (code) {
-    case 0: return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // int
-    case 1: return bits == 8 || bits == 16 || bits == 32 || bits == 64;  // uint
-    case 2: return bits == 16 || bits == 32 || bits == 64;               // float
-    case 4: return bits == 16;                                           // bfloat16
-    case 6: return bits == 8;                                            // bool
-    default: return false;
-  }
-}
-
-std::string DType::name() const {
-  switch (code) {
-    case 0: return "int" + std::to_string(bits);
-    case 1: return "uint" + std::to_string(bits);
-    case 2: return "float" + std::to_string(bits);
-    case 4: return "bfloat16";
-    case 6: return "bool";
-    default: return "dtype(" + std::to_string(code) + "," + std::to_string(bits) + ")";
-  }
-}
-
 std::size_t TensorSpec::nbytes() const {
   if (!dtype.valid()) throw InvalidArgument("unsupported dtype " + dtype.name());
   std::size_t n = dtype.itemsize();
