@@ -14,15 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import selectors
-import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 
-GRACE_S = 3.0
+from .roles import GRACE_S, Role, RoleError, Roles, describe_exit
 
 
 def register(commands) -> None:
@@ -109,86 +105,42 @@ def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int
                               "TW_LOCAL_RANK": str(r)}) for r in range(n)]
 
 
-def _describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
 def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None = None,
         quiet: bool = False) -> int:
     """Starts every rank, relays output, and returns the run's exit code."""
-    procs: list[subprocess.Popen] = []
-    sel = selectors.DefaultSelector()
-    stopping = {"signal": None}
+    rank_of: dict[int, int] = {}
 
-    def on_signal(signum, _frame):
-        stopping["signal"] = signum
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    def relay(role: Role, which: str, data: bytes) -> None:
+        rank = rank_of[id(role)]
+        _emit(sys.stdout if which == "stdout" else sys.stderr, rank, data, which == "stdout" and rank == 0, quiet)
+
+    def announce(err: RoleError) -> None:
+        if err.interrupted is not None:
+            what = "interrupted; stopping every rank"
+        elif err.timed_out:
+            slow = [str(rank_of[id(r)]) for r in roles if r.alive]
+            what = f"timed out after {timeout:g} s; ranks still running: {', '.join(slow)}"
+        else:
+            what = f"{err.first.name} {describe_exit(err.first.exitcode)}; stopping the other ranks"
+        print(f"tensorwire run: {what}", file=sys.stderr, flush=True)
+
+    with Roles(grace=GRACE_S) as roles:
         for p in placements:
             env = dict(os.environ)
             env.update(p.env)
             env.setdefault("PYTHONUNBUFFERED", "1")
-            proc = subprocess.Popen(p.prefix + cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True)
-            procs.append(proc)
-            sel.register(proc.stdout, selectors.EVENT_READ, (p.rank, sys.stdout, p.rank == 0))
-            sel.register(proc.stderr, selectors.EVENT_READ, (p.rank, sys.stderr, False))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        partial: dict[tuple[int, int], bytes] = {}
-        failed: tuple[int, int] | None = None
-        open_streams = 2 * len(procs)
-        while True:
-            for key, _ in sel.select(timeout=0.1):
-                rank, stream, raw = key.data
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    open_streams -= 1
-                    rest = partial.pop((rank, key.fd), b"")
-                    if rest:
-                        _emit(stream, rank, rest, raw, quiet)
-                    continue
-                buf = partial.get((rank, key.fd), b"") + chunk
-                *lines, tail = buf.split(b"\n")
-                partial[(rank, key.fd)] = tail
-                if lines:
-                    _emit(stream, rank, b"\n".join(lines) + b"\n", raw, quiet)
-            codes = [p.poll() for p in procs]
-            if failed is None:
-                bad = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                if bad:
-                    # Of the ranks seen failing in the same poll, name one killed by a
-                    # signal: the others usually fail because it died.
-                    failed = min(bad, key=lambda rc: (rc[1] > 0, rc[0]))
-                    print(f"tensorwire run: rank {failed[0]} {_describe_exit(failed[1])}; stopping the other "
-                          f"ranks", file=sys.stderr, flush=True)
-                    _stop(procs)
-                elif stopping["signal"] is not None:
-                    print("tensorwire run: interrupted; stopping every rank", file=sys.stderr, flush=True)
-                    _stop(procs)
-                    failed = (-1, 130)
-                elif deadline is not None and time.monotonic() > deadline:
-                    slow = [r for r, c in enumerate(codes) if c is None]
-                    print(f"tensorwire run: timed out after {timeout:g} s; ranks still running: "
-                          f"{', '.join(map(str, slow))}", file=sys.stderr, flush=True)
-                    _stop(procs)
-                    failed = (-1, 124)
-            if all(c is not None for c in codes) and open_streams == 0:
-                break
-        if failed is not None:
-            code = failed[1]
+            rank_of[id(roles.command(f"rank {p.rank}", p.prefix + cmd, env=env, on_output=relay))] = p.rank
+        try:
+            roles.supervise(timeout, need_result=False, interruptible=True, before_stop=announce)
+        except RoleError as e:
+            if e.interrupted is not None:
+                return 130
+            if e.timed_out:
+                return 124
+            code = e.first.exitcode or 1
             return code if 0 < code < 256 else 1
-        return 0
-    finally:
-        _stop(procs)
-        for s, h in old.items():
-            signal.signal(s, h)
-        sel.close()
+        roles.stop()  # the rest of their output
+    return 0
 
 
 def _emit(stream, rank: int, data: bytes, raw: bool, quiet: bool) -> None:
@@ -200,23 +152,3 @@ def _emit(stream, rank: int, data: bytes, raw: bool, quiet: bool) -> None:
         text = data.decode(errors="replace")
         stream.write("".join(f"[rank {rank}] {line}\n" for line in text.splitlines()))
     stream.flush()
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every live rank's process group, SIGKILL what is left after GRACE_S."""
-    live = [p for p in procs if p.poll() is None]
-    for p in live:
-        try:
-            os.killpg(p.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + GRACE_S
-    for p in live:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait()

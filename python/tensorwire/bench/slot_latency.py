@@ -9,10 +9,10 @@ statistics. This is what a Python user of tensorwire gets end to end.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import sys
 import time
 
+from ..roles import Roles
 from .common import Report, check_latency_row, latency_stats, parse_sizes, print_table
 
 
@@ -40,18 +40,13 @@ def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str) -> 
 
 def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "blocking") -> list[dict]:
     import tensorwire as tw
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_peer, args=(child, transport, sizes, iters + warmup, progress), daemon=True)
-    proc.start()
-    try:
-        if not parent.poll(60):
-            raise RuntimeError("the latency peer did not start")
-        address = parent.recv()
+    with Roles() as roles:
+        peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress)
+        address = peer.recv(60, "start")
         rows = []
         with tw.Device(transport=transport, progress=progress) as dev:
             slots = {s: dev.static_slot(f"pong{s}", _shape(s), "float32", depth=2) for s in sizes}
-            parent.send(dev.address)
+            peer.send(dev.address)
             ch = dev.connect(address)
             for s in sizes:
                 sender = ch.static_sender(f"ping{s}", timeout=30)
@@ -66,12 +61,9 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress:
                     if i >= warmup:
                         samples.append(time.perf_counter() - t0)
                 rows.append({"size": s, "iters": iters, "lat_us": latency_stats(samples, 0.5), "rtt": False})
-            parent.send("done")
+            peer.send("done")
+        roles.stop(wait=30)
         return rows
-    finally:
-        proc.join(30)
-        if proc.is_alive():
-            proc.kill()
 
 
 def main() -> int:

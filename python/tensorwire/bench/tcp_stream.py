@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import socket
 import time
 
+from ..roles import Roles
 from .common import iterations_for, parse_sizes
 
 
-def _receiver(port_q, sizes_iters) -> None:
+def _receiver(pipe, sizes_iters) -> None:
     srv = socket.socket()
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", 0))
     srv.listen(1)
-    port_q.put(srv.getsockname()[1])
+    pipe.send(srv.getsockname()[1])
     conn, _ = srv.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = bytearray(max(s for s, _ in sizes_iters))
@@ -39,25 +39,23 @@ def _receiver(port_q, sizes_iters) -> None:
 
 def measure(sizes: list[int], iters: int = 1000, budget: int = 1 << 30) -> list[dict]:
     plan = [(s, iterations_for(s, iters, budget)) for s in sizes]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    proc = ctx.Process(target=_receiver, args=(q, plan), daemon=True)
-    proc.start()
-    port = q.get(timeout=30)
-    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    payload = memoryview(bytearray(max(sizes)))
-    rows = []
-    for size, n in plan:
-        t0 = time.perf_counter()
-        for _ in range(n):
-            sock.sendall(payload[:size])
-        if sock.recv(1) != b"k":
-            raise RuntimeError("tcp_stream receiver went away")
-        dt = time.perf_counter() - t0
-        rows.append({"size": size, "iters": n, "seconds": dt, "bw_MBps": size * n / dt / 1e6})
-    sock.close()
-    proc.join(30)
+    with Roles() as roles:
+        rx = roles.spawn("the tcp_stream receiver", _receiver, plan)
+        port = rx.recv(30, "start")
+        sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        payload = memoryview(bytearray(max(sizes)))
+        rows = []
+        for size, n in plan:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                sock.sendall(payload[:size])
+            if sock.recv(1) != b"k":
+                raise RuntimeError("tcp_stream receiver went away")
+            dt = time.perf_counter() - t0
+            rows.append({"size": size, "iters": n, "seconds": dt, "bw_MBps": size * n / dt / 1e6})
+        sock.close()
+        roles.stop(wait=30)
     return rows
 
 

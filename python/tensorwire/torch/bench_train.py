@@ -52,35 +52,22 @@ def _run(args, model: str, batch: int, mode: str, n: int) -> dict:
 def _local(args, model: str, batch: int) -> dict:
     """Single-process training, no communication (Figure 10's "Local"), in a
     spawned process with the same malloc settings as the training roles."""
-    import multiprocessing as mp
+    from ..roles import Roles
     from .ps import MALLOC_ENV
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    saved = {k: os.environ.get(k) for k in MALLOC_ENV}
-    for k, v in MALLOC_ENV.items():
-        os.environ.setdefault(k, v)
-    try:
-        p = ctx.Process(target=_local_child, args=(q, args.threads, args.seed, args.lr, args.image_size,
-                                                   args.seq_len, args.steps, args.warmup, model, batch))
-        p.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-    step = q.get(timeout=args.timeout * 2)
-    p.join(10)
+    with Roles() as roles:
+        child = roles.spawn(f"local {model}", _local_child, args.threads, args.seed, args.lr, args.image_size,
+                            args.seq_len, args.steps, args.warmup, model, batch, env_defaults=MALLOC_ENV)
+        step = child.recv(args.timeout * 2, "report its step time")
     _progress(f"    {model:<10} batch {batch:<3} local      : {batch / step:8.2f} samples/s")
     return {"model": model, "batch": batch, "mode": "local", "workers": 1, "servers": 0,
             "samples_per_s": batch / step, "step_ms": step * 1e3}
 
 
-def _local_child(q, threads, seed, lr, image_size, seq_len, steps, warmup, model, batch) -> None:
+def _local_child(conn, threads, seed, lr, image_size, seq_len, steps, warmup, model, batch) -> None:
     import argparse
     args = argparse.Namespace(threads=threads, seed=seed, lr=lr, image_size=image_size, seq_len=seq_len,
                               steps=steps, warmup=warmup)
-    q.put(_local_step(args, model, batch))
+    conn.send(_local_step(args, model, batch))
 
 
 def _local_step(args, model: str, batch: int) -> float:

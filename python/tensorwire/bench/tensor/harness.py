@@ -4,8 +4,6 @@ one series, the warm-up rule and the memcpy anchor."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import statistics
 import time
 import traceback
@@ -13,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ...roles import RoleError, Roles
 from ..common import Progress, Report, check_number, human_size, iterations_for
 from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern
 from .registry import SERIES
@@ -123,44 +122,34 @@ class _Receiver:
     """The sender's handle on the spawned receiver process."""
 
     def __init__(self, name: str, cfg: dict[str, Any]) -> None:
-        for key, value in CHILD_ENV.items():  # inherited by the child; the user's settings win
-            os.environ.setdefault(key, value)
-        ctx = mp.get_context("spawn")  # never fork: UCX and gRPC run threads
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_receiver_main, args=(child, name, cfg), daemon=True,
-                                name=f"tensorwire-bench-{name}")
-        self.proc.start()
-        child.close()
+        self.roles = Roles()
+        # CHILD_ENV: the user's settings win
+        self.role = self.roles.spawn(f"{name} receiver", _receiver_main, name, cfg, env_defaults=CHILD_ENV)
         self.name = name
 
     def post(self, *msg: Any) -> None:
-        self.conn.send(msg)
+        self.role.send(msg)
 
     def result(self, timeout: float) -> Any:
-        deadline = time.monotonic() + timeout
-        while not self.conn.poll(0.2):
-            if not self.proc.is_alive():
-                if self.conn.poll(0):
-                    break
-                raise RuntimeError(f"{self.name} receiver exited (code {self.proc.exitcode})")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.name} receiver did not answer in {timeout:.0f} s")
-        status, out = self.conn.recv()
-        if status != "ok":
-            raise RuntimeError(f"{self.name} receiver failed: {out}")
-        return out
+        try:
+            return self.role.recv(timeout)[1]
+        except RoleError:
+            if self.role.error is not None:
+                raise RuntimeError(f"{self.name} receiver failed: {self.role.error}") from None
+            raise RuntimeError(f"{self.name} receiver exited (code {self.role.exitcode})") from None
+        except TimeoutError:
+            raise TimeoutError(f"{self.name} receiver did not answer in {timeout:.0f} s") from None
 
     def error_hint(self, wait: float = 2.0) -> str:
         """The receiver's own error, if it reported one (after a failed transfer)."""
         try:
-            if self.conn.poll(wait):
-                status, out = self.conn.recv()
-                if status != "ok":
-                    return f"; the receiver reported: {_first_line(out)}"
-        except (EOFError, OSError):
+            self.role.recv(wait)
+        except RoleError:
+            if self.role.error is not None:
+                return f"; the receiver reported: {_first_line(self.role.error)}"
+            return f"; the receiver exited (code {self.role.exitcode})"
+        except TimeoutError:
             pass
-        if not self.proc.is_alive():
-            return f"; the receiver exited (code {self.proc.exitcode})"
         return ""
 
     def call(self, timeout: float, *msg: Any) -> Any:
@@ -168,16 +157,12 @@ class _Receiver:
         return self.result(timeout)
 
     def close(self) -> None:
-        try:
-            if self.proc.is_alive():
+        if self.role.alive:
+            try:
                 self.post("close")
-                self.proc.join(10)
-        except (OSError, BrokenPipeError):
-            pass
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self.conn.close()
+            except OSError:
+                pass
+        self.roles.stop(wait=10)
 
 
 # --- the benchmark ----------------------------------------------------------------------------

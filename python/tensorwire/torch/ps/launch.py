@@ -18,6 +18,7 @@ from torch import nn
 
 import tensorwire as tw
 
+from ...roles import RoleError, Roles
 from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss
 from .gloo import GlooServer, GlooWorker, _Gloo
 from .server import Server
@@ -109,10 +110,10 @@ def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) 
         dev = tw.Device(transport=cfg.transport)
         srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
                      placement=cfg.placement, device=dev, **cfg.optimizer_kwargs)
-        conn.send({"address": srv.address})
+        conn.send(("address", srv.address))
         if not conn.poll(60):
             raise PSError(f"worker and server {rank}: no server addresses from the launcher within 60 s")
-        addresses = conn.recv()["addresses"]
+        addresses = conn.recv()[1]
 
         def serve() -> None:
             box["stats"] = srv.run().to_dict(skip=cfg.warmup)
@@ -169,7 +170,7 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: lis
         elif role == "server":
             srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
                          timeout=cfg.timeout, placement=cfg.placement, **cfg.optimizer_kwargs)
-            conn.send({"address": srv.address})
+            conn.send(("address", srv.address))
             result = {"stats": srv.run().to_dict(skip=cfg.warmup)}
         else:
             model = _build_model(cfg, rank)
@@ -179,11 +180,11 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: lis
                 result = _worker_loop(cfg, rank, w, model)
             finally:
                 w.close()
-        conn.send({"result": result})
+        conn.send(("result", result))
     except BaseException as e:  # noqa: BLE001 - reported to the launcher
         msg = str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
         try:
-            conn.send({"error": msg})
+            conn.send(("error", msg))
         except Exception:
             pass
         if role == "coloc":  # the other role's thread may sit in a wait: leave without joining it
@@ -222,101 +223,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-class _Proc:
-    """A role in a spawned process, and what it reported through its pipe."""
-
-    def __init__(self, ctx, role: str, rank: int, cfg: TrainConfig, addresses, init_method) -> None:
-        self.role, self.rank = role, rank
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_role_main, args=(child, role, rank, cfg, addresses, init_method),
-                                daemon=True, name=f"tensorwire-ps-{role}{rank}")
-        self.proc.start()
-        child.close()
-        self.result: dict | None = None
-        self.error: str | None = None
-        self.address: str | None = None
-
-    @property
-    def name(self) -> str:
-        return f"worker and server {self.rank}" if self.role == "coloc" else f"{self.role} {self.rank}"
-
-    def poll(self) -> None:
-        """Reads whatever the process reported."""
-        try:
-            while self.conn.poll(0):
-                msg = self.conn.recv()
-                if "address" in msg:
-                    self.address = msg["address"]
-                elif "result" in msg:
-                    self.result = msg["result"]
-                elif "error" in msg:
-                    self.error = msg["error"]
-        except (EOFError, OSError):
-            pass
-        except Exception as e:  # noqa: BLE001 - an unreadable report is a failure of that role
-            self.error = f"unreadable report: {type(e).__name__}: {e}"
-
-    @property
-    def finished(self) -> bool:
-        return self.result is not None or self.error is not None or not self.proc.is_alive()
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-
-
-class _LocalConn:
-    """The pipe end of a role run in a thread (launcher="threads")."""
-
-    def __init__(self) -> None:
-        import queue
-        self.q: Any = queue.Queue()
-
-    def send(self, msg: Any) -> None:
-        self.q.put(msg)
-
-    def poll(self, timeout: float = 0) -> bool:
-        return not self.q.empty()
-
-    def recv(self) -> Any:
-        return self.q.get()
-
-
-class _ThreadRun:
-    """A thread that looks like a multiprocessing.Process to _Proc."""
-
-    def __init__(self, target: Callable, args: tuple) -> None:
-        self.exitcode: int | None = None
-
-        def body() -> None:
-            try:
-                target(*args)
-                self.exitcode = 0
-            except SystemExit as e:
-                self.exitcode = int(e.code or 0)
-
-        self.t = threading.Thread(target=body, daemon=True, name=f"tensorwire-ps-{args[1]}{args[2]}")
-        self.t.start()
-
-    def is_alive(self) -> bool:
-        return self.t.is_alive()
-
-    def join(self, timeout: float | None = None) -> None:
-        self.t.join(timeout)
-
-    def kill(self) -> None:  # a thread cannot be killed; its waits are bounded by the timeout
-        pass
-
-
-class _ThreadProc(_Proc):
-    def __init__(self, role: str, rank: int, cfg: TrainConfig, addresses, init_method) -> None:
-        self.role, self.rank = role, rank
-        self.conn = _LocalConn()
-        self.proc = _ThreadRun(_role_main, (self.conn, role, rank, cfg, addresses, init_method))
-        self.result = self.error = self.address = None
 
 
 def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any], *, workers: int = 2,
@@ -372,114 +278,71 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
     cfg = TrainConfig(model_fn, data_fn, loss_fn, workers, servers, steps, mode, transport, optimizer,
                       dict(optimizer_kwargs), seed, min(warmup, max(0, steps - 1)), timeout, threads,
                       collect_params, progress, die, takes_rank, placement, colocate)
-    import multiprocessing as mp
     if launcher not in ("processes", "threads"):
         raise ValueError(f"launcher must be processes or threads, not {launcher!r}")
     if launcher == "threads":
         if mode == "gloo" or die is not None:
             raise ValueError("launcher='threads' runs modes zerocopy and copy without fault injection")
         cfg.threads = torch.get_num_threads()
-
-        def _Proc(ctx, role, rank, cfg, addresses, init_method):  # noqa: N802 - same call as the class
-            return _ThreadProc(role, rank, cfg, addresses, init_method)
-    else:
-        _Proc = _ProcClass
-    ctx = mp.get_context("spawn")
-    procs: list = []
     t0 = time.perf_counter()
-    saved_env = {k: os.environ.get(k) for k in MALLOC_ENV}
-    if launcher == "processes":
-        for k, v in MALLOC_ENV.items():  # read by glibc when each role starts
-            os.environ.setdefault(k, v)
-    try:
-        init_method = None
-        addresses = None
-        if colocate:
-            if mode == "gloo":
-                init_method = f"tcp://127.0.0.1:{_free_port()}"
-            procs = [_Proc(ctx, "coloc", r, cfg, None, init_method) for r in range(workers)]
-            if mode != "gloo":
-                _await_addresses(procs)
-                for p in procs:
-                    p.conn.send({"addresses": [q.address for q in procs]})
-            _supervise(procs, timeout)
-        elif mode == "gloo":
-            init_method = f"tcp://127.0.0.1:{_free_port()}"
-            procs = [_Proc(ctx, "server", s, cfg, None, init_method) for s in range(servers)]
-        else:
-            procs = [_Proc(ctx, "server", s, cfg, None, None) for s in range(servers)]
-            addresses = _await_addresses(procs)
-        if not colocate:
-            procs += [_Proc(ctx, "worker", w, cfg, addresses, init_method) for w in range(workers)]
-            _supervise(procs, timeout)
-    finally:
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
+    with Roles() as roles:
+        def start(role: str, rank: int, addresses: list[str] | None = None) -> None:
+            name = f"worker and server {rank}" if role == "coloc" else f"{role} {rank}"
+            args = (_role_main, role, rank, cfg, addresses, init_method)
+            if launcher == "threads":
+                roles.thread(name, *args)
+            else:  # MALLOC_ENV: read by glibc when each role starts
+                roles.spawn(name, *args, env_defaults=MALLOC_ENV)
+            kinds.append((role, rank))
+
+        kinds: list[tuple[str, int]] = []
+        init_method = f"tcp://127.0.0.1:{_free_port()}" if mode == "gloo" else None
+        try:
+            if colocate:
+                for r in range(workers):
+                    start("coloc", r)
+                if mode != "gloo":
+                    roles.broadcast(("addresses", _addresses(roles)))
             else:
-                os.environ[k] = v
-        for p in procs:
-            p.kill()
-    errors = [(p, p.error or f"exited with code {p.proc.exitcode} without a report")
-              for p in procs if p.result is None]
-    if errors:
-        first = errors[0]
-        detail = "\n".join(f"  {p.name}: {e.strip()}" for p, e in errors)
-        raise PSError(f"training failed ({first[0].name} first):\n{detail}")
-    return _summarise(cfg, procs, time.perf_counter() - t0)
+                for s in range(servers):
+                    start("server", s)
+                addresses = None if mode == "gloo" else _addresses(roles)
+                for w in range(workers):
+                    start("worker", w, addresses)
+            roles.supervise(linger=FAILURE_GRACE_S)
+        except RoleError as e:
+            if e.first is None:
+                raise PSError(str(e)) from None
+            detail = "\n".join(f"  {r.name}: {(r.failure() or 'no report').strip()}" for r in roles if not r.has_result)
+            raise PSError(f"training failed ({e.first.name} first):\n{detail}") from None
+        roles.stop(wait=5)
+    return _summarise(cfg, [(k, r, role.result) for (k, r), role in zip(kinds, roles)], time.perf_counter() - t0)
 
 
-_ProcClass = _Proc
+# Once a role failed, how long the others may take to fail on their own
+# (they notice the dead peer and say so) before the launcher kills them.
+FAILURE_GRACE_S = 10.0
 
 
-def _await_addresses(procs: list[_Proc]) -> list[str]:
+def _addresses(roles: Roles) -> list[str]:
     """The servers' device addresses, as each process reports its own."""
-    deadline = time.monotonic() + 60
-    while any(p.address is None for p in procs):
-        for p in procs:
-            p.poll()
-            if p.error or (not p.proc.is_alive() and p.address is None):
-                raise PSError(f"{p.name} failed to start: {p.error or f'exit {p.proc.exitcode}'}")
-        if time.monotonic() > deadline:
-            raise PSError("servers did not start within 60 s")
-        time.sleep(0.01)
-    return [p.address for p in procs]
+    try:
+        return [m[1] for m in roles.gather("address", 60)]
+    except RoleError as e:
+        if e.first is None:
+            raise PSError("servers did not start within 60 s") from None
+        raise PSError(f"{e.first.name} failed to start: {e.first.failure()}") from None
 
 
-def _supervise(procs: list[_Proc], timeout: float) -> None:
-    """Waits for every role; once one failed, gives the others a grace period
-    to fail on their own (they detect dead peers), then kills them."""
-    grace_end = None
-    while True:
-        for p in procs:
-            p.poll()
-        failed = [p for p in procs if p.finished and p.result is None]
-        if all(p.finished for p in procs):
-            for p in procs:
-                p.proc.join(5)
-                p.poll()
-            return
-        if failed and grace_end is None:
-            grace_end = time.monotonic() + 10.0
-        if grace_end is not None and time.monotonic() > grace_end:
-            for p in procs:
-                p.poll()
-                if not p.finished:
-                    p.error = "killed by the launcher after another role failed"
-                    p.kill()
-            return
-        time.sleep(0.02)
-
-
-def _summarise(cfg: TrainConfig, procs: list[_Proc], wall: float) -> TrainResult:
+def _summarise(cfg: TrainConfig, reports: list[tuple[str, int, dict]], wall: float) -> TrainResult:
     # every role's report, by rank (a colocated process reports both of its roles)
     wk_by_rank: dict[int, dict] = {}
     sv_by_rank: dict[int, dict] = {}
-    for p in procs:
-        if p.role == "coloc":
-            wk_by_rank[p.rank], sv_by_rank[p.rank] = p.result["worker"], p.result["server"]
+    for role, rank, result in reports:
+        if role == "coloc":
+            wk_by_rank[rank], sv_by_rank[rank] = result["worker"], result["server"]
         else:
-            (wk_by_rank if p.role == "worker" else sv_by_rank)[p.rank] = p.result
+            (wk_by_rank if role == "worker" else sv_by_rank)[rank] = result
     wk = [wk_by_rank[r] for r in sorted(wk_by_rank)]
     sv = [sv_by_rank[r] for r in sorted(sv_by_rank)]
     samples = sum(r["samples"] for r in wk)
