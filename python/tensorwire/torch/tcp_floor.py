@@ -29,13 +29,13 @@ implementation that moves these bytes over TCP on this machine:
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import queue
 import socket
 import statistics
 import threading
 import time
+
+from ..roles import RoleError, Roles
 
 SOCK_BUF = 4 << 20
 
@@ -79,13 +79,12 @@ def _phase(rank: int, phase: list, socks: dict, bufs: dict) -> None:
         t.join()
 
 
-def _proc(rank: int, nprocs: int, push: list, pull: list, steps: int, ports, out) -> None:
+def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int) -> None:
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(nprocs)
-    ports[rank] = lst.getsockname()[1]
-    while any(p == 0 for p in ports[:nprocs]):
-        time.sleep(0.01)
+    conn.send(("port", lst.getsockname()[1]))
+    tag, ports = conn.recv()  # every process's port (tensorwire.roles: gather, then broadcast)
     peers = {p for f in push + pull for p in f[:2] if rank in f[:2]} - {rank}
     socks = {}
     for p in sorted(peers):  # the lower rank connects
@@ -109,37 +108,24 @@ def _proc(rank: int, nprocs: int, push: list, pull: list, steps: int, ports, out
         c1 = os.times()
         times.append(time.perf_counter() - t0)
         cpu.append(c1.user - c0.user + c1.system - c0.system)
-    out.put((rank, (times, cpu)))
+    conn.send(("result", (times, cpu)))
     for s in socks.values():
         s.close()
 
 
 def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool, steps: int) -> dict:
     nprocs, push, pull = flows(push_bytes, pull_bytes, workers, colocate)
-    ctx = mp.get_context("spawn")
-    ports = ctx.Array("i", [0] * nprocs)
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_proc, args=(r, nprocs, push, pull, steps, ports, out)) for r in range(nprocs)]
-    for p in procs:
-        p.start()
-    res: dict = {}
-    deadline = time.monotonic() + 600
-    try:
-        while len(res) < nprocs:  # a process that dies fails the measurement at once, not at the deadline
-            try:
-                rank, r = out.get(timeout=0.5)
-                res[rank] = r
-            except queue.Empty:
-                dead = [i for i, p in enumerate(procs) if i not in res and p.exitcode not in (None, 0)]
-                if dead or time.monotonic() > deadline:
-                    raise RuntimeError(f"tcp floor: process(es) {dead} exited with codes "
-                                       f"{[procs[i].exitcode for i in dead]}" if dead else
-                                       "tcp floor: no result within 600 s")
-    finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
+    # a process that dies fails the measurement at once, not at the deadline
+    with Roles() as roles:
+        for r in range(nprocs):
+            roles.spawn(f"tcp floor process {r}", _proc, r, nprocs, push, pull, steps)
+        try:
+            ports = [m[1] for m in roles.gather("port", 60)]
+            roles.broadcast(("ports", ports))
+            roles.supervise(600)
+        except RoleError as e:
+            raise RuntimeError(f"tcp floor: {e}") from None
+        res = {r: role.result for r, role in enumerate(roles)}
     # a worker's step: from its push until its last parameter byte arrived
     worker_ranks = range(nprocs) if colocate else range(len(push_bytes), nprocs)
     per_step = [max(res[r][0][i] for r in worker_ranks) for i in range(steps)]
