@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs tensorwire's bench bw/latency and ucx_perftest (the same UCX, the same
+# Runs tensorwire's bench write_bw/write_lat and ucx_perftest (the same UCX, the same
 # UCX_TLS, loopback devices), plus a plain TCP socket stream, and prints the
 # ratios of the core issue. Output and JSON go to bench/results/.
 #   usage: bench/compare_ucx_perftest.sh [--reps N] [--transports tcp,shm]

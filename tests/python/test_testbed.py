@@ -246,7 +246,7 @@ def test_tensorwire_bench_across_hosts(tb2, tmp_path):
                     capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
         row = json.loads(out.read_text())["rows"][0]
-        mbit = row["bw_MBps"] * 8
+        mbit = row["bw_avg_Bps"] * 8 / 1e6
         assert 0 < mbit <= 200 * 1.15, row
     finally:
         if server.poll() is None:

@@ -1,10 +1,12 @@
 """Runs both sides of the core performance comparison in one go and prints
 the ratios (bench/compare_ucx_perftest.sh calls this):
 
-* `tensorwire bench bw` vs `ucx_perftest -t ucp_put_bw` (same UCX, same
+* `tensorwire bench write_bw` vs `ucx_perftest -t ucp_put_bw` (same UCX, same
   UCX_TLS, same devices) at 1 MiB and 16 MiB, for tcp and shared memory;
 * over tcp, vs a plain TCP socket stream between two processes;
-* `tensorwire bench latency` at 8 B vs `ucx_perftest -t ucp_put_lat`.
+* `tensorwire bench write_lat` at 8 B vs `ucx_perftest -t ucp_put_lat`.
+
+Bandwidth in MiB/s (2^20 B/s), the unit of write_bw and of ucx_perftest.
 
 Each measurement is repeated (--reps) and the median kept: single runs on a
 2-vCPU machine vary by tens of percent.
@@ -23,6 +25,7 @@ import time
 
 from .. import _core
 from . import tcp_stream
+from .common import MIB
 
 TLS = {"tcp": "tcp", "shm": "sm"}
 PERFTEST_PORT = 13457
@@ -45,7 +48,7 @@ def ucx_env(transport: str, extra: dict[str, str] | None = None) -> dict[str, st
 
 
 def perftest(test: str, transport: str, size: int, iters: int, extra: dict[str, str] | None = None) -> float:
-    """ucx_perftest's final row: MB/s (10^6) for *_bw, median one-way us for *_lat."""
+    """ucx_perftest's final row: MiB/s (its "MB/s" is 2^20 B/s) for *_bw, median one-way us for *_lat."""
     exe, env = ucx_bin("ucx_perftest"), ucx_env(transport, extra)
     args = ["-t", test, "-s", str(size), "-n", str(iters), "-p", str(PERFTEST_PORT)]
     server = subprocess.Popen([exe, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -63,17 +66,19 @@ def perftest(test: str, transport: str, size: int, iters: int, extra: dict[str, 
         raise RuntimeError(f"ucx_perftest printed no result:\n{out}")
     cols = [float(x) for x in rows[-1]]
     # iterations, lat p50, lat avg, lat overall, bw avg, bw overall (MiB/s), msgrate avg, overall
-    return cols[5] * 1.048576 if test.endswith("_bw") else cols[1]
+    return cols[5] if test.endswith("_bw") else cols[1]
 
 
-def tensorwire_bench(kind: str, transport: str, sizes: str, iters: int) -> dict[int, float]:
+def tensorwire_bench(test: str, transport: str, sizes: str, iters: int, budget: str = "1G") -> dict[int, float]:
+    """`tensorwire bench write_bw|write_lat`: MiB/s (BW average) or one-way us (t_typical) per size;
+    --budget lowers -n for the big sizes."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, "-m", "tensorwire", "bench", kind, "--transport", transport, "--sizes", sizes,
-               "--iters", str(iters), "--json", f.name]
+        cmd = [sys.executable, "-m", "tensorwire", "bench", test, "--transport", transport, "-s", sizes,
+               "-n", str(iters), "--budget", budget, "--json", f.name]
         subprocess.run(cmd, check=True, capture_output=True, timeout=600)
         rows = json.load(open(f.name))["rows"]
-    if kind == "bw":
-        return {r["size"]: r["bw_MBps"] for r in rows}
+    if test.endswith("_bw"):
+        return {r["size"]: r["bw_MiBps"] for r in rows}
     return {r["size"]: r["lat_us"]["p50"] for r in rows}
 
 
@@ -98,7 +103,7 @@ def main() -> int:
         results["rows"].append({"transport": transport, "metric": metric, "size": size, "tensorwire": ours,
                                 "anchor": anchor_name, "anchor_value": anchor, "ratio": ratio,
                                 "target": target, "pass": ok})
-        unit = "MB/s" if metric == "bw" else "us"
+        unit = "MiB/s" if metric == "bw" else "us"
         lines.append(f"{transport:<5}{metric:<9}{size:>10} {ours:>11.2f} {anchor_name:<30}{anchor:>11.2f} {unit:<5}"
                      f"{ratio:>7.2f}x  (target >= {target:.2f}x) {'PASS' if ok else 'FAIL'}")
         verdicts.append(ok)
@@ -107,10 +112,10 @@ def main() -> int:
         bw = {s: [] for s in sizes}
         lat = []
         for _ in range(args.reps):
-            r = tensorwire_bench("bw", transport, "1M,16M", 1000)
+            r = tensorwire_bench("write_bw", transport, "1M,16M", 1000)
             for s in sizes:
                 bw[s].append(r[s])
-            lat.append(tensorwire_bench("latency", transport, "8", 20000)[8])
+            lat.append(tensorwire_bench("write_lat", transport, "8", 20000)[8])
         ours_bw = {s: statistics.median(v) for s, v in bw.items()}
         ours_lat = statistics.median(lat)
         for s in sizes:
@@ -123,7 +128,7 @@ def main() -> int:
                                                               {"UCX_TCP_SNDBUF": "4M", "UCX_TCP_RCVBUF": "4M"}))
                 row(transport, "bw", s, ours_bw[s], "ucx_perftest (4M socket bufs)", tuned, 0.9)
                 sock = statistics.median(
-                    next(r["bw_MBps"] for r in tcp_stream.measure([s], 1000) if r["size"] == s)
+                    next(r["bw_MBps"] * 1e6 / MIB for r in tcp_stream.measure([s], 1000) if r["size"] == s)
                     for _ in range(args.reps))
                 row(transport, "bw", s, ours_bw[s], "plain TCP socket stream", sock, 1.0)
         pl = median_of(args.reps, lambda: perftest("ucp_put_lat", transport, 8, 100000))

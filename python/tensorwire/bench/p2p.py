@@ -1,6 +1,6 @@
-"""Point-to-point benchmarks over one-sided operations: latency (ping-pong of
-writes, or reads timed as full round trips) and bandwidth (streamed writes or
-reads, optionally bidirectional), in perftest's conventions.
+"""The two sides of the point-to-point benchmarks (the family `bench
+write_lat|read_lat|write_bw|read_bw`, measured and reported by bench/fabric/):
+the passive server and the client that drives it. Also the fullmesh's window.
 
 The server side is passive: it serves whatever the client asks for through
 control-plane calls ("bench.*"), so the same server runs every test. Timed
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -21,8 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import Device, _core
-from .common import (Progress, Report, check_latency_row, check_number, check_pattern, fill_pattern, human_size,
-                     iterations_for, latency_stats, peak_bandwidth, print_table)
+from .common import check_pattern, fill_pattern
 
 ADDRESS_TAG = "TENSORWIRE_ADDRESS"
 TIMEOUT_S = 120.0
@@ -139,20 +137,6 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0, re
             if not _core.bench_wait_flag(chans[0], b.flag.ptr, seq, TIMEOUT_S):
                 return {"error": "timed out waiting for the client's end flag"}
             return out
-        if kind == "bidir":
-            lanes = int(req["lanes"])
-            chans = [channel(i) for i in range(lanes)]
-            cls = size_class(size)
-            rem = [remote(i, f"bench.recv.{cls}") for i in range(lanes)]
-            seconds, completions = _core.bench_stream(chans, req["op"] == "write", b.send[cls], rem, size,
-                                                      int(req["iters"]), int(req["window"]),
-                                                      int(req["warmup"]), TIMEOUT_S)
-            # Tell the client we are done, then keep progressing (the client's
-            # stream may still need us) until bench.result raises our flag.
-            _signal(chans[0], b, remote(0, "bench.flag"), seq)
-            if not _core.bench_wait_flag(chans[0], b.flag.ptr, seq, TIMEOUT_S):
-                return {"error": "timed out waiting for the client's end flag"}
-            return {"seconds": seconds, "completions": list(completions)}
         return {"error": f"unknown benchmark kind {kind!r}"}
 
     def start(payload: bytes) -> bytes:
@@ -253,24 +237,6 @@ class Client:
         samples = _core.bench_read_latency(ch, b.recv[cls], self.remote_recv[cls][0], size, iters, warmup)
         self.call("bench.result", {"seq": self.seq})
         return list(samples)
-
-    def bandwidth(self, op: str, size: int, iters: int, window: int, bidirectional: bool
-                  ) -> tuple[float, list[float], float | None, list[float] | None]:
-        b = self.buffers
-        self.seq += 1
-        kind = "bidir" if bidirectional else "serve"
-        warmup = max(2, min(iters // 10, 100))
-        self.call("bench.start", {"kind": kind, "size": size, "iters": iters, "window": window,
-                                  "lanes": self.lanes, "op": op, "seq": self.seq, "warmup": warmup})
-        cls = size_class(size)
-        seconds, completions = _core.bench_stream(self.channels, op == "write", b.send[cls], self.remote_recv[cls],
-                                                  size, iters, window, warmup, TIMEOUT_S)
-        # The stream ended with a flush: everything landed. In bidirectional
-        # mode keep progressing (the server's stream needs us) until it is done.
-        if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
-            raise RuntimeError("timed out waiting for the server's end flag")
-        res = self.call("bench.result", {"seq": self.seq})
-        return seconds, list(completions), res.get("seconds"), res.get("completions")
 
     def stream_ops(self, op: str, size: int, iters: int, window: int, bidirectional: bool, warmup: int
                    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -387,86 +353,6 @@ class Client:
             pass
 
 
-def spawn_server(transport: str, workers: int = 1, extra_env: dict[str, str] | None = None
-                 ) -> tuple[subprocess.Popen, str]:
-    """Starts `tensorwire bench serve` on loopback and returns (process, address)."""
-    cmd = [sys.executable, "-m", "tensorwire", "bench", "serve", "--transport", transport,
-           "--host", "127.0.0.1", "--port", "0", "--workers", str(workers)]
-    env = dict(os.environ, **(extra_env or {}))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 60
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(ADDRESS_TAG):
-            return proc, line.split()[1]
-    proc.kill()
-    raise RuntimeError(f"the benchmark server did not start (exit code {proc.poll()})")
-
-
-def _open_client(args, max_size: int) -> tuple[Device, Client, subprocess.Popen | None]:
-    proc = None
-    address = args.connect
-    spin_us = getattr(args, "spin_us", None) or BENCH_SPIN_US
-    if not address:
-        proc, address = spawn_server(args.transport, args.workers, {"TW_BENCH_SPIN_US": str(spin_us)})
-    device = Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
-                    spin_us=spin_us)
-    try:
-        client = Client(device, address, args.lanes, max_size)
-    except BaseException:
-        device.close()
-        if proc:
-            proc.kill()
-        raise
-    return device, client, proc
-
-
-def _finish(device: Device, client: Client, proc: subprocess.Popen | None) -> None:
-    client.close()
-    device.close()
-    if proc is not None:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def run_latency(args) -> Report:
-    sizes = args.sizes
-    rtt = args.op == "read"
-    report = Report("read_lat" if rtt else "write_lat",
-                    {"transport": args.transport, "op": args.op, "iters": args.iters, "lanes": 1,
-                     "sizes": sizes, "unit": "usec", "latency": "round trip" if rtt else "one-way (RTT/2)"})
-    args.spin_us = LATENCY_SPIN_US
-    device, client, proc = _open_client(args, max(sizes))
-    try:
-        progress = Progress(len(sizes), report.test)
-        lines = []
-        for size in sizes:
-            iters = iterations_for(size, args.iters, args.budget)
-            warmup = max(10, iters // 10)
-            samples = client.latency(args.op, size, iters, warmup)
-            st = latency_stats(samples, 1.0 if rtt else 0.5)
-            check_latency_row(report, size, st)
-            report.rows.append({"size": size, "iters": iters, "lat_us": st, "rtt": rtt,
-                                "samples_us": [s * 1e6 for s in samples] if args.raw else None})
-            lines.append(f" {size:<7d} {iters:<11d}{st['min']:<15.2f}{st['max']:<15.2f}{st['p50']:<17.2f}"
-                         f"{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
-            progress.step(human_size(size))
-    finally:
-        _finish(device, client, proc)
-    label = "RDMA_Read latency (full round trip)" if rtt else "RDMA_Write latency (one-way = RTT/2)"
-    print(f"# {label} over {args.transport} (tensorwire)")
-    print_table(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
-                "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]", lines)
-    first = report.rows[0]
-    print(report.verdict_line(f"t_typical={first['lat_us']['p50']:.2f}us@{first['size']}B"))
-    return report
-
-
 IN_FLIGHT_BYTES = 8 << 20
 
 
@@ -477,48 +363,3 @@ def window_for(size: int, window: int | None) -> int:
     if window:
         return window
     return max(2, min(32, IN_FLIGHT_BYTES // max(1, size)))
-
-
-def run_bandwidth(args) -> Report:
-    sizes = args.sizes
-    name = f"{args.op}_bw" + ("_bidir" if args.bidirectional else "")
-    report = Report(name, {"transport": args.transport, "op": args.op, "iters": args.iters, "lanes": args.lanes,
-                           "window": args.window, "bidirectional": args.bidirectional, "sizes": sizes,
-                           "unit": "MB/s (10^6 B/s)"})
-    device, client, proc = _open_client(args, max(sizes))
-    try:
-        progress = Progress(len(sizes), name)
-        lines = []
-        for size in sizes:
-            iters = iterations_for(size, args.iters, args.budget)
-            window = window_for(size, args.window)
-            seconds, completions, peer_seconds, peer_completions = client.bandwidth(
-                args.op, size, iters, window, args.bidirectional)
-            avg = size * iters / seconds
-            peak = peak_bandwidth(size, completions, window * args.lanes)
-            if args.bidirectional and peer_seconds:
-                # perftest -b: each side measures what it initiates; report the sum.
-                avg += size * iters / peer_seconds
-                peak += peak_bandwidth(size, peer_completions or [], window * args.lanes)
-            msg_rate = avg / size / 1e6
-            check_number(report, "BW average", avg, size)
-            if peak == peak and avg > peak * 1.001:
-                # completions are observed in batches: clamp, but say so
-                report.warn(f"average above observed peak at {size} B; peak set to average")
-                peak = avg
-            report.rows.append({"size": size, "iters": iters, "bw_MBps": avg / 1e6,
-                                "bw_peak_MBps": peak / 1e6 if peak == peak else None,
-                                "msg_rate_Mpps": msg_rate, "seconds": seconds, "lanes": args.lanes,
-                                "window": window})
-            lines.append(f" {size:<11d}{iters * (2 if args.bidirectional else 1):<15d}"
-                         f"{peak / 1e6:<19.2f}{avg / 1e6:<21.2f}{msg_rate:.6f}")
-            progress.step(human_size(size))
-    finally:
-        _finish(device, client, proc)
-    kind = "RDMA_Write" if args.op == "write" else "RDMA_Read"
-    print(f"# {kind} {'bi-directional ' if args.bidirectional else ''}BW over {args.transport}, "
-          f"{args.lanes} lane(s), window {args.window or 'auto'} (tensorwire; MB = 10^6 B)")
-    print_table(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]", lines)
-    best = max(report.rows, key=lambda r: r["bw_MBps"])
-    print(report.verdict_line(f"BW={best['bw_MBps']:.1f}MB/s@{best['size']}B"))
-    return report

@@ -1,5 +1,7 @@
-"""The commands `bench write_bw|read_bw|write_lat|read_lat` (fullmesh, in
-../fullmesh.py, shares their option types): their options and help, and the
+"""The point-to-point family `bench write_bw|read_bw|write_lat|read_lat`, its
+aliases `bench bw|latency` (one command per kind, the operation chosen with
+--op) and `bench serve` (the passive side a spawned peer runs); fullmesh, in
+../fullmesh.py, shares their option types. Their options and help, and the
 functions they run. Importing this module is cheap (the CLI imports it to
 register the commands); the work is imported inside the commands."""
 
@@ -16,6 +18,10 @@ from .peer import _serve_main, with_client
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
 FORMATS = ("perftest", "osu", "imb")
 ALL_SIZES = "2:8M"  # perftest -a: 2^1..2^23
+BW_SIZES, LAT_SIZES = "65536", "2"  # perftest's -s defaults
+BW_ITERS = {"write": 5000, "read": 1000}  # perftest's -n defaults (per lane)
+LAT_ITERS = 1000
+PLOT_NEEDS = (("matplotlib", "bench", "plot"),)  # main() checks it before the run (tensorwire.cli)
 
 
 def _seconds(text: str) -> float:
@@ -33,7 +39,7 @@ def _rate(text: str) -> float:
 
 
 BW_HELP = """\
-Streams one-sided {op}s of each size on --lanes channels (perftest -q), at most
+Streams one-sided {ops} of each size on --lanes channels (perftest -q), at most
 --tx-depth in flight per lane, and reports perftest's columns: BW peak, BW
 average (MiB/sec = 2^20 B/s, or Gb/sec = 10^9 bit/s with --report-gbits) and
 MsgRate[Mpps]. --iters is per lane (perftest -n), so the table shows
@@ -75,10 +81,30 @@ examples:
   tensorwire bench {name} --transport tcp -a --format imb --json lat.json --plot lat.png
 """
 
+LAT_WHAT = {"write": ("Ping-pong of one-sided writes: each side polls the last byte of its receive buffer and "
+                      "answers (ib_write_lat / ucp_put_lat).", "Latency is one-way: half the round trip (RTT/2)."),
+            "read": ("One read at a time, timed from post to completion (ib_read_lat).",
+                     "Latency is the FULL ROUND TRIP (labelled rtt), as perftest reports reads.")}
 
-def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:
+ALIAS_HELP = """\
+`bench {name}` is an alias of `bench {family}` (--op picks the member: {members});
+it takes the same options and prints the same table, JSON rows and units.
+Its older spellings still work: --sizes (= -s), --iters (= -n), --window
+(= -t), --raw (a no-op: the JSON always has the raw samples).
+
+"""
+
+
+def _peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="data transport: tcp, shm (shared memory), rdma, or auto (UCX_TLS as set)")
+    p.add_argument("--workers", type=_positive, default=1, help="UCP workers per device (default 1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port to listen on with --server (default: pick one)")
+
+
+def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:
+    _peer_options(p)
     p.add_argument("-s", "--size", "--sizes", dest="sizes", type=_sizes, default=None,
                    help=f"message sizes: 8,4K,1M or a power-of-two range 2:8M (default {sizes})")
     p.add_argument("-a", "--all", action="store_true", help=f"all sizes 2 B..8 MiB (perftest -a: {ALL_SIZES})")
@@ -90,15 +116,41 @@ def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:
                    help="check received contents against an iteration-dependent pattern (FAIL on mismatch)")
     p.add_argument("--link-rate", type=_rate, default=None, metavar="RATE",
                    help="the link's rate (e.g. 1gbit, 25G): results above it FAIL")
-    p.add_argument("--workers", type=_positive, default=1, help="UCP workers per device (default 1)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--server", action="store_true",
                       help="run only the passive side and wait for a client (perftest without a host)")
     mode.add_argument("--connect", metavar="HOST:PORT", help="run the active side against a --server elsewhere")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port to listen on with --server (default: pick one)")
     p.add_argument("--json", metavar="FILE", help="write the report (with raw samples) as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot the results (needs matplotlib)")
+
+
+def _bw_options(p: argparse.ArgumentParser, iters: str) -> None:
+    _common_options(p, BW_SIZES)
+    p.add_argument("-n", "--iters", type=_positive, default=None,
+                   help=f"iterations per lane (perftest -n; default {iters})")
+    p.add_argument("-q", "--lanes", type=_positive, default=1, help="channels to the peer (perftest -q)")
+    p.add_argument("-t", "--tx-depth", "--window", dest="window", type=_positive, default=None,
+                   help="operations in flight per lane (default: ~8 MiB in flight, 2..32)")
+    p.add_argument("-D", "--duration", type=_seconds, default=None, metavar="S",
+                   help="run S seconds instead of --iters; sample the middle (perftest -D)")
+    p.add_argument("-f", "--margin", type=float, default=None, metavar="S",
+                   help="warm-up and cool-down margin of --duration (default D/4)")
+    p.add_argument("-b", "--bidirectional", action="store_true", help="both directions at once (sum)")
+    p.add_argument("--report-gbits", "--report_gbits", dest="report_gbits", action="store_true",
+                   help="report Gb/sec (10^9 bit/s) instead of MiB/sec")
+    p.add_argument("-N", "--no-peak", action="store_true", help="do not compute BW peak (prints 0.00)")
+
+
+def _lat_options(p: argparse.ArgumentParser) -> None:
+    _common_options(p, LAT_SIZES)
+    p.add_argument("-n", "--iters", type=_positive, default=LAT_ITERS,
+                   help=f"iterations per size (default {LAT_ITERS})")
+
+
+def _alias_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--op", choices=("write", "read"), default="write",
+                   help="one-sided operation: the family member to run (default write)")
+    p.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)  # old flag: the JSON always has them
 
 
 def register(commands) -> None:
@@ -108,36 +160,41 @@ def register(commands) -> None:
         name = f"{op}_bw"
         p = bench_sub.add_parser(name, formatter_class=fmt,
                                  help=f"one-sided {op} bandwidth, perftest ib_{op}_bw semantics (-q, -D, -b)",
-                                 description=BW_HELP.format(op=op, name=name))
-        _common_options(p, "65536")
-        p.add_argument("-n", "--iters", type=_positive, default=5000 if op == "write" else 1000,
-                       help=f"iterations per lane (perftest -n; default {5000 if op == 'write' else 1000})")
-        p.add_argument("-q", "--lanes", type=_positive, default=1, help="channels to the peer (perftest -q)")
-        p.add_argument("-t", "--tx-depth", dest="window", type=_positive, default=None,
-                       help="operations in flight per lane (default: ~8 MiB in flight, 2..32)")
-        p.add_argument("-D", "--duration", type=_seconds, default=None, metavar="S",
-                       help="run S seconds instead of --iters; sample the middle (perftest -D)")
-        p.add_argument("-f", "--margin", type=float, default=None, metavar="S",
-                       help="warm-up and cool-down margin of --duration (default D/4)")
-        p.add_argument("-b", "--bidirectional", action="store_true", help="both directions at once (sum)")
-        p.add_argument("--report-gbits", "--report_gbits", dest="report_gbits", action="store_true",
-                       help="report Gb/sec (10^9 bit/s) instead of MiB/sec")
-        p.add_argument("-N", "--no-peak", action="store_true", help="do not compute BW peak (prints 0.00)")
-        p.set_defaults(func=_bw_main, op=op, test=name)
-    for op, what, rtt in (
-            ("write", "Ping-pong of one-sided writes: each side polls the last byte of its receive buffer and "
-                      "answers (ib_write_lat / ucp_put_lat).",
-             "Latency is one-way: half the round trip (RTT/2)."),
-            ("read", "One read at a time, timed from post to completion (ib_read_lat).",
-             "Latency is the FULL ROUND TRIP (labelled rtt), as perftest reports reads.")):
+                                 description=BW_HELP.format(ops=op + "s", name=name))
+        _bw_options(p, str(BW_ITERS[op]))
+        p.set_defaults(func=_bw_main, op=op, test=name, needs=PLOT_NEEDS)
+    for op, (what, rtt) in LAT_WHAT.items():
         name = f"{op}_lat"
         p = bench_sub.add_parser(name, formatter_class=fmt,
                                  help=f"one-sided {op} latency, perftest ib_{op}_lat semantics"
                                       + (" (full RTT)" if op == "read" else " (RTT/2)"),
                                  description=LAT_HELP.format(what=what, rtt=rtt, name=name))
-        _common_options(p, "2")
-        p.add_argument("-n", "--iters", type=_positive, default=1000, help="iterations per size (default 1000)")
-        p.set_defaults(func=_lat_main, op=op, test=name, lanes=1)
+        _lat_options(p)
+        p.set_defaults(func=_lat_main, op=op, test=name, lanes=1, needs=PLOT_NEEDS)
+
+
+def register_aliases(commands) -> None:
+    """`bench latency` (write_lat, --op read: read_lat), `bench bw` (write_bw / read_bw) and `bench serve`."""
+    bench_sub = commands.bench
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = bench_sub.add_parser(
+        "latency", formatter_class=fmt, help="alias of write_lat (--op read: read_lat)",
+        description=ALIAS_HELP.format(name="latency", family="write_lat", members="write_lat, read_lat")
+        + LAT_HELP.format(what=" ".join(w for w, _ in LAT_WHAT.values()),
+                          rtt=" ".join(r for _, r in LAT_WHAT.values()), name="latency"))
+    _lat_options(p)
+    _alias_options(p)
+    p.set_defaults(func=_lat_main, test=None, lanes=1, needs=PLOT_NEEDS)
+    p = bench_sub.add_parser(
+        "bw", formatter_class=fmt, help="alias of write_bw (--op read: read_bw)",
+        description=ALIAS_HELP.format(name="bw", family="write_bw", members="write_bw, read_bw")
+        + BW_HELP.format(ops="writes (reads with --op read)", name="bw"))
+    _bw_options(p, "5000 write, 1000 read")
+    _alias_options(p)
+    p.set_defaults(func=_bw_main, test=None, needs=PLOT_NEEDS)
+    p = bench_sub.add_parser("serve", help="the passive side of the point-to-point benches (what --server runs)")
+    _peer_options(p)
+    p.set_defaults(func=_serve_main, test="serve")
 
 
 def _sizes_of(args, default: str) -> list[int]:
@@ -146,41 +203,35 @@ def _sizes_of(args, default: str) -> list[int]:
     return args.sizes or parse_sizes(default)
 
 
-def _finish_report(args, report, printer: Callable[[], None], plotter: Callable[[str], None], key: str) -> int:
+def _run(args, kind: str, measure: Callable) -> int:
+    """Runs the family member `args.op`_`kind` (an alias names it by --op) and reports."""
+    args.test = args.test or f"{args.op}_{kind}"
+    if args.server:
+        return _serve_main(args)
+    sizes = _sizes_of(args, BW_SIZES if kind == "bw" else LAT_SIZES)
+    out = with_client(args, max(sizes), lambda client: measure(args, client, sizes))
+    if out is None:
+        return 0
+    report, printer, plotter, key = out
     printer()
     if args.plot:
-        try:
-            plotter(args.plot)
-        except ImportError:
-            report.warn("no plot: matplotlib is not installed")
+        plotter(args.plot)
+        print(f"plot written to {args.plot}")
     print(report.verdict_line(key))
     report.write_json(args.json)
     return 0 if report.verdict != "FAIL" else 2
 
 
 def _bw_main(args) -> int:
-    if args.server:
-        return _serve_main(args)
-    from ..common import iterations_for
-    sizes = _sizes_of(args, "65536")
+    if args.iters is None:
+        args.iters = BW_ITERS[args.op]
     if args.duration is not None:
         margin = args.duration / 4 if args.margin is None else args.margin
         if margin < 0 or 2 * margin >= args.duration:
             raise SystemExit(f"--margin {margin:g} leaves no sample window in --duration {args.duration:g}")
         args.margin = margin
-    out = with_client(args, max(sizes), lambda client: measure_bw(args, client, sizes, iterations_for))
-    if out is None:
-        return 0
-    report, printer, plotter, key = out
-    return _finish_report(args, report, printer, plotter, key)
+    return _run(args, "bw", measure_bw)
 
 
 def _lat_main(args) -> int:
-    if args.server:
-        return _serve_main(args)
-    sizes = _sizes_of(args, "2")
-    out = with_client(args, max(sizes), lambda client: measure_lat(args, client, sizes))
-    if out is None:
-        return 0
-    report, printer, plotter, key = out
-    return _finish_report(args, report, printer, plotter, key)
+    return _run(args, "lat", measure_lat)

@@ -10,19 +10,32 @@ from .plots import plot_bw, plot_lat
 from .tables import print_bw_table, print_lat_table
 
 
-def measure_bw(args, client, sizes: list[int], iterations_for):
+def _config(args, sizes: list[int], unit: str, **specific: Any) -> dict[str, Any]:
+    """The report's config: the keys every test of the family has, then its own (docs/benchmarks.md)."""
+    return {"command": getattr(args, "bench", None) or args.test, "transport": args.transport, "op": args.op,
+            "sizes": sizes, "iters": args.iters, "lanes": args.lanes,
+            "budget": args.budget[0] if args.budget else None, "workers": args.workers, "format": args.format,
+            "unit": unit, "validate": args.validate,
+            "link_rate_Gbps": args.link_rate * 8 / 1e9 if args.link_rate else None,
+            "mode": "world" if _in_world() else ("connect" if args.connect else "spawned peer"), **specific}
+
+
+def _iterations(args, size: int) -> int:
+    """Per lane: -n, lowered by --budget for big sizes."""
+    from ..common import iterations_for
+    return iterations_for(size, args.iters, args.budget[0]) if args.budget else args.iters
+
+
+def measure_bw(args, client, sizes: list[int]):
     from .. import p2p
     from ..common import (MIB, Progress, Report, check_bw_row, check_bw_trend, human_size,
                          peak_bandwidth_posted, to_unit)
     op, bidir, lanes = args.op, args.bidirectional, args.lanes
     unit = {"perftest": "Gb/sec" if args.report_gbits else "MiB/sec", "osu": "MB/s", "imb": "MB/s"}[args.format]
-    report = Report(args.test + ("_bidir" if bidir else ""), {
-        "transport": args.transport, "op": op, "iters_per_lane": args.iters, "lanes": lanes,
-        "tx_depth": args.window or "auto", "bidirectional": bidir, "duration": args.duration,
-        "margin": args.margin, "sizes": sizes, "format": args.format, "unit": unit, "validate": args.validate,
-        "link_rate_Gbps": args.link_rate * 8 / 1e9 if args.link_rate else None,
-        "peak": "disabled" if (args.duration or args.no_peak) else "best run of >= in-flight consecutive ops",
-        "mode": "world" if _in_world() else ("connect" if args.connect else "spawned peer")})
+    report = Report(args.test + ("_bidir" if bidir else ""), _config(
+        args, sizes, unit, tx_depth=args.window or "auto", bidirectional=bidir, duration=args.duration,
+        margin=args.margin,
+        peak="disabled" if (args.duration or args.no_peak) else "best run of >= in-flight consecutive ops"))
     progress = Progress(len(sizes), report.test)
     trend = []
     for i, size in enumerate(sizes):
@@ -50,7 +63,7 @@ def measure_bw(args, client, sizes: list[int], iterations_for):
                                 "per_lane_total": list(ours["total"])}})
             iters_expected = None
         else:
-            iters = lanes * (iterations_for(size, args.iters, args.budget[0]) if args.budget else args.iters)
+            iters = lanes * _iterations(args, size)
             warmup = max(2, min(iters // 10, 100))
             ours, theirs = client.stream_ops(op, size, iters, window, bidir, warmup)
             sides = [ours] + ([theirs] if theirs else [])
@@ -109,19 +122,15 @@ def _split_bins(side: dict[str, Any] | None) -> list[list[int]]:
 
 
 def measure_lat(args, client, sizes: list[int]):
-    from ..common import (Progress, Report, check_latency_row, check_latency_trend, human_size, iterations_for,
-                         latency_stats)
+    from ..common import Progress, Report, check_latency_row, check_latency_trend, human_size, latency_stats
     rtt = args.op == "read"
-    report = Report(args.test, {
-        "transport": args.transport, "op": args.op, "iters": args.iters, "sizes": sizes, "format": args.format,
-        "unit": "usec", "latency": "full round trip (rtt)" if rtt else "one-way (RTT/2)",
-        "validate": args.validate, "link_rate_Gbps": args.link_rate * 8 / 1e9 if args.link_rate else None,
-        "tail": "2 largest samples dropped (perftest LAT_MEASURE_TAIL)",
-        "mode": "world" if _in_world() else ("connect" if args.connect else "spawned peer")})
+    report = Report(args.test, _config(
+        args, sizes, "usec", latency="full round trip (rtt)" if rtt else "one-way (RTT/2)",
+        tail="2 largest samples dropped (perftest LAT_MEASURE_TAIL)"))
     progress = Progress(len(sizes), report.test)
     trend = []
     for i, size in enumerate(sizes):
-        iters = iterations_for(size, args.iters, args.budget[0]) if args.budget else args.iters
+        iters = _iterations(args, size)
         warmup = max(10, iters // 10)
         samples = client.latency(args.op, size, iters, warmup)
         st = latency_stats(samples, 1.0 if rtt else 0.5)

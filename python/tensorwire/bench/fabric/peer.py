@@ -1,5 +1,7 @@
-"""The peer a fabric test measures against: rank 1 under a launcher, a
---connect'ed --server, or one spawned on loopback; and the --server side."""
+"""The peer a point-to-point test measures against: rank 1 under a launcher,
+a --connect'ed --server, or one spawned on loopback (`bench serve`); and the
+passive side itself (--server, `bench serve`). The protocol between the two
+sides is ../p2p.py's (p2p.serve, p2p.Client)."""
 
 from __future__ import annotations
 
@@ -23,9 +25,34 @@ def _serve_main(args) -> int:
 
 def _spin_us(args) -> int:
     """How long waiters poll before sleeping: long for latency tests (perftest busy-polls), short for
-    bandwidth (on 2 vCPUs a spinning target starves the kernel's TCP work)."""
+    bandwidth (on 2 vCPUs a spinning target starves the kernel's TCP work). `bench serve` (test "serve")
+    takes TW_BENCH_SPIN_US, which the client that spawns it sets to its own value."""
     from .. import p2p
     return p2p.LATENCY_SPIN_US if args.test.endswith("_lat") else p2p.BENCH_SPIN_US
+
+
+def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None):
+    """Starts `tensorwire bench serve` on loopback and returns (process, address)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from ..p2p import ADDRESS_TAG
+    cmd = [sys.executable, "-m", "tensorwire", "bench", "serve", "--transport", transport,
+           "--host", "127.0.0.1", "--port", "0", "--workers", str(workers)]
+    env = dict(os.environ, **({"TW_BENCH_SPIN_US": str(spin_us)} if spin_us else {}))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if line.startswith(ADDRESS_TAG):
+            return proc, line.split()[1]
+    proc.kill()
+    raise RuntimeError(f"the benchmark server did not start (exit code {proc.poll()})")
 
 
 def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
@@ -55,9 +82,24 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
         finally:
             world.close()
         return out
-    args.spin_us = _spin_us(args)
-    device, client, proc = p2p._open_client(args, max_size)
+    import subprocess
+
+    from ... import Device
+    spin_us = _spin_us(args)
+    proc, address = spawn_server(args.transport, args.workers, spin_us) if not args.connect else (None, args.connect)
+    client = None
     try:
-        return body(client)
+        with Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
+                    spin_us=spin_us) as device:
+            client = p2p.Client(device, address, args.lanes, max_size)
+            try:
+                return body(client)
+            finally:
+                client.close()  # bench.stop: the spawned server exits
     finally:
-        p2p._finish(device, client, proc)
+        if proc is not None:
+            try:
+                proc.wait(timeout=15 if client is not None else 0)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
