@@ -105,23 +105,6 @@ def latency_stats(samples_s: Sequence[float], scale: float) -> dict[str, float]:
             "avg": avg, "stdev": math.sqrt(var), "p99": pct(0.99), "p99_9": pct(0.999)}
 
 
-def peak_bandwidth(size: int, completions: Sequence[float], in_flight: int) -> float:
-    """Best throughput over a run of consecutive completions (bytes/s),
-    perftest's "BW peak" idea. The run spans at least every operation that can
-    be in flight (completions are observed in batches) and a quarter of all;
-    NaN when too few completions."""
-    n = len(completions)
-    k = max(1, min(n - 1, max(in_flight, n // 4)))
-    best = float("nan")
-    for j in range(k, n):
-        dt = completions[j] - completions[j - k]
-        if dt > 0:
-            bw = k * size / dt
-            if not best >= bw:
-                best = bw
-    return best
-
-
 @dataclass
 class Report:
     """One benchmark's result in the project's JSON convention:
