@@ -10,8 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/bytes.h"
 #include "control/wire.h"
-#include "core/bytes.h"
 #include "core/device_impl.h"
 #include "fuzz_common.h"
 

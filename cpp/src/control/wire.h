@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/bytes.h"
+#include "common/bytes.h"
 
 namespace tensorwire::control {
 

@@ -4,9 +4,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/log.h"
 #include "core/bulk_copy.h"
 #include "core/device_impl.h"
-#include "core/log.h"
 
 namespace tensorwire {
 namespace detail {

@@ -16,10 +16,10 @@
 #include <sstream>
 #include <thread>
 
+#include "common/log.h"
 #include "core/bulk_copy.h"
 #include "core/device_impl.h"
 #include "core/waiter.h"
-#include "core/log.h"
 
 namespace tensorwire {
 namespace detail {
