@@ -730,7 +730,7 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
 
 // ---- public Channel ----
 
-using detail::kExportCall;
+using control::kExportCall;
 
 namespace {
 detail::ChannelImpl& impl_of(const std::shared_ptr<detail::ChannelImpl>& impl) {
