@@ -9,6 +9,6 @@ namespace tensorwire::py {
 void bind_errors(nb::module_& m);
 void bind_memory(nb::module_& m);
 void bind_device(nb::module_& m);
-void bind_baselines(nb::module_& m);
+void bind_bench(nb::module_& m);  // bench_* kernels and UcxBaseline
 void bind_slots(nb::module_& m);
 }  // namespace tensorwire::py

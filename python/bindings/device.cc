@@ -3,7 +3,6 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "bench/kernels.h"
 #include "bindings.h"
 #include "checked.h"
 #include "py_types.h"
@@ -376,72 +375,6 @@ void bind_device(nb::module_& m) {
         gil_scoped_release r;
         d.device->close();
       }, "Fails pending work, closes connections, stops threads. Blocks stay readable.");
-
-  // ---- benchmark kernels (timed loops in C++) ----
-  m.def("bench_write_pingpong", [](Channel& c, nb::handle send, nb::handle recv, const RemoteRegion& remote,
-                                    std::size_t size, int iters, int warmup, bool initiator, double timeout) {
-    LocalRegion s = local_region_of(send), r = local_region_of(recv);
-    gil_scoped_release rel;
-    return bench::write_pingpong(c, s, r, remote, size, iters, warmup, initiator, timeout);
-  });
-  m.def("bench_read_latency", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t size,
-                                  int iters, int warmup) {
-    LocalRegion l = local_region_of(local);
-    gil_scoped_release rel;
-    return bench::read_latency(c, l, remote, size, iters, warmup);
-  });
-  m.def("bench_stream", [](std::vector<Channel> channels, bool is_write, nb::handle local,
-                            std::vector<RemoteRegion> remotes, std::size_t size, int iters, int window,
-                            int warmup, double timeout) {
-    LocalRegion l = local_region_of(local);
-    bench::StreamResult res;
-    {
-      gil_scoped_release rel;
-      res = bench::stream(channels, is_write, l, remotes, size, iters, window, warmup, timeout);
-    }
-    return nb::make_tuple(res.seconds, res.completions);
-  });
-  m.def("bench_wait_flag", [](Channel& c, std::uintptr_t address, std::uint64_t expected, double timeout) {
-    gil_scoped_release rel;
-    return bench::wait_flag(c, reinterpret_cast<const volatile std::uint64_t*>(address), expected, timeout);
-  });
-  m.def("bench_stream_for", [](std::vector<Channel> channels, bool is_write, nb::handle local,
-                                std::vector<RemoteRegion> remotes, std::size_t size, int window, double duration,
-                                double margin, double bin, double timeout) {
-    LocalRegion l = local_region_of(local);
-    bench::TimedStream r;
-    {
-      gil_scoped_release rel;
-      r = bench::stream_for(channels, is_write, l, remotes, size, window, duration, margin, bin, timeout);
-    }
-    nb::dict d;
-    d["window_start"] = r.window_start;
-    d["window_end"] = r.window_end;
-    d["elapsed"] = r.elapsed_s;
-    d["bin"] = r.bin_s;
-    d["nbins"] = r.nbins;
-    d["in_window"] = r.in_window;
-    d["total"] = r.total;
-    d["bins"] = r.bins;
-    return d;
-  }, "Duration-mode stream (perftest -D): per-channel completions inside [margin, duration - margin].");
-  m.def("bench_stream_ops", [](std::vector<Channel> channels, bool is_write, nb::handle local,
-                                std::vector<RemoteRegion> remotes, std::size_t size, std::int64_t iters, int window,
-                                int warmup, double timeout) {
-    LocalRegion l = local_region_of(local);
-    bench::TimedOps r;
-    {
-      gil_scoped_release rel;
-      r = bench::stream_ops(channels, is_write, l, remotes, size, iters, window, warmup, timeout);
-    }
-    return nb::make_tuple(r.seconds, r.posted, r.completions);
-  }, "Iteration-mode stream: (seconds, post times, completion times).");
-  m.def("bench_wait_flags", [](std::vector<Channel> channels, std::uintptr_t address, std::size_t count,
-                                std::uint64_t expected, double timeout) {
-    gil_scoped_release rel;
-    return bench::wait_flags(channels, reinterpret_cast<const volatile std::uint64_t*>(address), count, expected,
-                             timeout);
-  }, "Progresses the channels' workers until every one of `count` words at address is >= expected.");
 }
 
 }  // namespace tensorwire::py

@@ -1,7 +1,7 @@
 // Copyright tensorwire authors.
 //
 // A control message as DeviceImpl::on_message/dispatch decodes it
-// (cpp/src/core/device.cc; docs/contracts.md §9.2): the header, then the body
+// (cpp/src/control/plane.cc; docs/contracts.md §9.2): the header, then the body
 // its type calls for (a built-in export CALL carries a region descriptor).
 // Only the decoding; no device is started. Accepted parts must re-encode to
 // the bytes they were read from.
@@ -10,10 +10,10 @@
 #include <cstring>
 #include <string>
 
+#include "common/bytes.h"
 #include "control/wire.h"
-#include "core/bytes.h"
-#include "core/device_impl.h"
 #include "fuzz_common.h"
+#include "tensorwire/region.h"
 
 namespace ctl = tensorwire::control;
 using tensorwire::RegionDescriptor;
@@ -60,7 +60,7 @@ std::optional<std::size_t> decode_body(const ctl::Header& h, const std::uint8_t*
         w.put_bytes16(name);
         w.put_bytes32(payload);
         TW_FUZZ_CHECK(same_bytes(w.str(), body, size - r.left()));
-        if (name == tensorwire::detail::kExportCall) {
+        if (name == ctl::kExportCall) {
           const auto d = RegionDescriptor::from_bytes(payload.data(), payload.size());
           TW_FUZZ_CHECK(d.to_bytes().size() == payload.size());
         }

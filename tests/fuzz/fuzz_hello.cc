@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/bytes.h"
 #include "control/wire.h"
-#include "core/bytes.h"
 #include "fuzz_common.h"
 
 namespace ctl = tensorwire::control;

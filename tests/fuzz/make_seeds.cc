@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "control/wire.h"
-#include "core/device_impl.h"
 #include "protocol/dynamic_record.h"
 #include "tensorwire/region.h"
 
@@ -123,7 +122,7 @@ int main(int argc, char** argv) {
   write("control", "call", message(ctl::MsgType::kCall, call.str()));
   write("control", "call-reply", message(ctl::MsgType::kCallReply, "result"));
   td::ByteWriter export_call;
-  export_call.put_bytes16(td::kExportCall);
+  export_call.put_bytes16(ctl::kExportCall);
   export_call.put_bytes32(desc);
   write("control", "call-export", message(ctl::MsgType::kCall, export_call.str()));
   write("control", "ping", message(ctl::MsgType::kPing, ""));

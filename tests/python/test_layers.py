@@ -1,11 +1,13 @@
 """The import graph follows the layers of docs/architecture.md §4.1: arrows
 only point down. A module-level import against the rule fails here (a lazy
-import inside a function, for an optional feature, is allowed)."""
+import inside a function, for an optional feature, is allowed). The C++ rows
+are checked on the #include lines of cpp/src and python/bindings."""
 
 from __future__ import annotations
 
 import ast
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -115,3 +117,54 @@ def test_importing_an_area_does_not_load(area, absent):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"importing tensorwire.{area} loaded {out.stdout.strip()}"
+
+
+# The C++ rows: a directory of cpp/src (or the bindings) -> the directories its
+# `#include "dir/..."` lines may name. tensorwire/ (the public API) is open to all.
+REPO = pathlib.Path(__file__).resolve().parents[2]
+_BELOW_PROTOCOLS = {"common", "ucx", "control", "core"}
+CPP_MAY_INCLUDE = {
+    "common": {"common"},
+    "ucx": {"common", "ucx"},
+    "core": _BELOW_PROTOCOLS,
+    "control": _BELOW_PROTOCOLS,
+    "protocol": _BELOW_PROTOCOLS | {"protocol"},
+    "bench": _BELOW_PROTOCOLS | {"bench"},
+    "bindings": _BELOW_PROTOCOLS | {"protocol"},
+}
+# Files held to less than their directory: the control wire format stands on
+# common/ alone (the fuzz targets decode it without a device), and only
+# bench.cc binds the benchmark library.
+CPP_FILE_MAY_INCLUDE = {"control/wire.h": {"common"}, "control/wire.cc": {"common", "control"},
+                        "bindings/bench.cc": _BELOW_PROTOCOLS | {"protocol", "bench"}}
+_INCLUDE = re.compile(r'\s*#\s*include\s+"([^"/]+)/')
+
+
+def _cpp_violations(roots: dict[str, pathlib.Path]) -> list[str]:
+    """`roots`: label -> directory whose subdirectories (cpp/src) or files (bindings) are areas."""
+    bad = []
+    for label, root in roots.items():
+        for path in sorted(p for p in root.rglob("*") if p.suffix in (".h", ".cc")):
+            rel = path.relative_to(root)
+            area = label or rel.parts[0]
+            key = f"{area}/{rel.name}"
+            allowed = CPP_FILE_MAY_INCLUDE.get(key, CPP_MAY_INCLUDE[area])
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                m = _INCLUDE.match(line)
+                if m and m.group(1) != "tensorwire" and m.group(1) not in allowed:
+                    bad.append(f"{path.relative_to(root.parent)}:{n}: {key} includes {m.group(1)}/")
+    return bad
+
+
+def test_cpp_includes_point_down():
+    assert _cpp_violations({"": REPO / "cpp" / "src", "bindings": REPO / "python" / "bindings"}) == []
+
+
+def test_the_cpp_check_catches_an_upward_include(tmp_path):
+    for rel, text in {"ucx/ucx.cc": '#include "core/log.h"\n', "control/wire.h": '#include "core/bytes.h"\n',
+                      "core/device.cc": '#include "protocol/slot_common.h"\n'}.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    found = _cpp_violations({"": tmp_path})
+    assert [v.split(": ", 1)[1] for v in found] == ["control/wire.h includes core/", "core/device.cc includes protocol/",
+                                                     "ucx/ucx.cc includes core/"], found

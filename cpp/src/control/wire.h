@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/bytes.h"
+#include "common/bytes.h"
 
 namespace tensorwire::control {
 
@@ -20,6 +20,8 @@ constexpr std::uint16_t kProtocolVersion = 1;
 constexpr std::uint32_t kMagic = 0x50435754;  // "TWCP"
 constexpr unsigned kAmId = 0x7477;             // the one AM id of the control plane
 constexpr std::size_t kMaxMessage = 1 << 20;   // calls and replies above this are refused
+// The built-in call by which a peer exports a range to us (Channel::export_region).
+inline constexpr const char* kExportCall = "tw.export";
 
 enum class MsgType : std::uint8_t {
   kHello = 1, kHelloReply = 2, kLookup = 3, kLookupReply = 4, kCall = 5, kCallReply = 6,

@@ -37,11 +37,12 @@
 
 namespace tensorwire::detail {
 
-// The built-in call by which a peer exports a range to us (Channel::export_region).
-inline constexpr const char* kExportCall = "tw.export";
-
 class DeviceImpl;
 class Peer;
+
+// A random nonzero 64-bit id (device ids, data tokens).
+std::uint64_t random_id();
+bool is_loopback(const std::string& host);  // localhost or 127.x
 
 // A call handler as the device runs it: `caller` is the peer that said HELLO
 // on the connection the call came on (identity from the connection, never
@@ -234,26 +235,27 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   bool closed() const { return closed_.load(std::memory_order_acquire); }
   void check_open() const;
 
-  std::shared_ptr<Peer> connect(const std::string& address);
   std::shared_ptr<Peer> peer_by_id(std::uint64_t id);
   std::vector<PeerInfo> peers() const;
   PeerInfo wait_for_peer(double timeout_s);
+  // `d` as exported to `to`: a peer that reaches our memory through a key
+  // (any transport but our shared-memory mapping, which a same-host peer
+  // needs for its direct path) gets the key of exactly d's range.
+  RegionDescriptor export_for(RegionDescriptor d, Peer& to);
+  std::string describe() const;
+  unsigned progress();
+
+  // ---- control plane (control/connect.cc, control/plane.cc) ----
+  std::shared_ptr<Peer> connect(const std::string& address);
   // Sends a control request to `peer` and waits for the reply body.
   // `release_after_send`: a held lock (the control worker's progress guard)
   // to unlock once the request is sent, before waiting for the reply.
   std::string control_call(const std::shared_ptr<Peer>& peer, control::MsgType type, const std::string& body,
                            double timeout_s,
                            std::unique_lock<std::mutex>* release_after_send = nullptr);
-
-  // `d` as exported to `to`: a peer that reaches our memory through a key
-  // (any transport but our shared-memory mapping, which a same-host peer
-  // needs for its direct path) gets the key of exactly d's range.
-  RegionDescriptor export_for(RegionDescriptor d, Peer& to);
   void publish(const std::string& name, const RegionDescriptor& d);
   void unpublish(const std::string& name);
   void on_call(const std::string& name, CallFn handler);
-  std::string describe() const;
-  unsigned progress();
   // Fails every pending control call sent on `ep`.
   void fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, const std::string& why);
 
@@ -300,6 +302,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::uint64_t message_refusals() const { return message_refusals_.load(); }
 
  private:
+  // ---- control plane ----
+  // The control worker's AM handler and the listener; sets `address` (start()).
+  void listen();
   void send(const std::shared_ptr<ucx::Endpoint>& ep, const control::Header& h, const std::string& body);
   void reply(ucp_ep_h ep, const control::Header& request, control::MsgType type, control::Status status,
              const std::string& body);

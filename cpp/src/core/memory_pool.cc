@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "core/log.h"
+#include "common/log.h"
 #include "core/memory_impl.h"
 
 namespace tensorwire {

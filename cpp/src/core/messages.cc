@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/log.h"
 #include "core/device_impl.h"
-#include "core/log.h"
 
 namespace tensorwire::detail {
 

@@ -22,7 +22,7 @@
 
 #include <ucp/api/ucp.h>
 
-#include "core/bytes.h"
+#include "common/bytes.h"
 
 namespace tensorwire::detail {
 

@@ -3,7 +3,7 @@
 // Region descriptor wire form (little-endian):
 //   u32 magic "TWRD" | u8 version | u8 memory type | u16 reserved (0)
 //   u64 device id | u64 address | u64 length | u32 rkey length | rkey bytes
-#include "core/bytes.h"
+#include "common/bytes.h"
 #include "tensorwire/region.h"
 
 namespace tensorwire {

@@ -12,7 +12,7 @@
 #include <cerrno>
 #include <chrono>
 
-#include "core/log.h"
+#include "common/log.h"
 
 namespace tensorwire::detail {
 

@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "core/log.h"
+#include "common/log.h"
 
 namespace tensorwire::ucx {
 

@@ -9,8 +9,8 @@
 #include <limits>
 #include <string>
 
+#include "common/bytes.h"
 #include "control/wire.h"
-#include "core/bytes.h"
 #include "tensorwire/error.h"
 #include "tensorwire/region.h"
 

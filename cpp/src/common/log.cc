@@ -1,5 +1,5 @@
 // Copyright tensorwire authors.
-#include "core/log.h"
+#include "common/log.h"
 
 #include <unistd.h>
 

@@ -1,18 +1,23 @@
 // Copyright tensorwire authors.
 //
-// tensorwire._core.UcxBaseline: raw UCX tag and active-message baselines of
-// `tensorwire bench tensor` (cpp/src/bench/baselines.h). Buffers are given
-// as addresses (numpy: arr.ctypes.data); the caller keeps them alive. Every
-// blocking call releases the GIL.
+// The benchmarks' bindings (the tensorwire_bench library, cpp/src/bench/):
+// tensorwire._core.bench_* run the timed loops of bench/kernels.h with the
+// GIL released; tensorwire._core.UcxBaseline is the raw UCX tag and
+// active-message baselines of `tensorwire bench tensor` (bench/baselines.h).
+// Baseline buffers are given as addresses (numpy: arr.ctypes.data); the
+// caller keeps them alive. Every blocking call releases the GIL.
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <memory>
 #include <tuple>
 
 #include "bench/baselines.h"
+#include "bench/kernels.h"
 #include "bindings.h"
+#include "py_types.h"
 #include "tensorwire/error.h"
 
 namespace tensorwire::py {
@@ -36,7 +41,73 @@ struct PyBaseline {
 void* ptr(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
 }  // namespace
 
-void bind_baselines(nb::module_& m) {
+void bind_bench(nb::module_& m) {
+  // The benchmark kernels (timed loops in C++).
+  m.def("bench_write_pingpong", [](Channel& c, nb::handle send, nb::handle recv, const RemoteRegion& remote,
+                                    std::size_t size, int iters, int warmup, bool initiator, double timeout) {
+    LocalRegion s = local_region_of(send), r = local_region_of(recv);
+    gil_scoped_release rel;
+    return bench::write_pingpong(c, s, r, remote, size, iters, warmup, initiator, timeout);
+  });
+  m.def("bench_read_latency", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::size_t size,
+                                  int iters, int warmup) {
+    LocalRegion l = local_region_of(local);
+    gil_scoped_release rel;
+    return bench::read_latency(c, l, remote, size, iters, warmup);
+  });
+  m.def("bench_stream", [](std::vector<Channel> channels, bool is_write, nb::handle local,
+                            std::vector<RemoteRegion> remotes, std::size_t size, int iters, int window,
+                            int warmup, double timeout) {
+    LocalRegion l = local_region_of(local);
+    bench::StreamResult res;
+    {
+      gil_scoped_release rel;
+      res = bench::stream(channels, is_write, l, remotes, size, iters, window, warmup, timeout);
+    }
+    return nb::make_tuple(res.seconds, res.completions);
+  });
+  m.def("bench_wait_flag", [](Channel& c, std::uintptr_t address, std::uint64_t expected, double timeout) {
+    gil_scoped_release rel;
+    return bench::wait_flag(c, reinterpret_cast<const volatile std::uint64_t*>(address), expected, timeout);
+  });
+  m.def("bench_stream_for", [](std::vector<Channel> channels, bool is_write, nb::handle local,
+                                std::vector<RemoteRegion> remotes, std::size_t size, int window, double duration,
+                                double margin, double bin, double timeout) {
+    LocalRegion l = local_region_of(local);
+    bench::TimedStream r;
+    {
+      gil_scoped_release rel;
+      r = bench::stream_for(channels, is_write, l, remotes, size, window, duration, margin, bin, timeout);
+    }
+    nb::dict d;
+    d["window_start"] = r.window_start;
+    d["window_end"] = r.window_end;
+    d["elapsed"] = r.elapsed_s;
+    d["bin"] = r.bin_s;
+    d["nbins"] = r.nbins;
+    d["in_window"] = r.in_window;
+    d["total"] = r.total;
+    d["bins"] = r.bins;
+    return d;
+  }, "Duration-mode stream (perftest -D): per-channel completions inside [margin, duration - margin].");
+  m.def("bench_stream_ops", [](std::vector<Channel> channels, bool is_write, nb::handle local,
+                                std::vector<RemoteRegion> remotes, std::size_t size, std::int64_t iters, int window,
+                                int warmup, double timeout) {
+    LocalRegion l = local_region_of(local);
+    bench::TimedOps r;
+    {
+      gil_scoped_release rel;
+      r = bench::stream_ops(channels, is_write, l, remotes, size, iters, window, warmup, timeout);
+    }
+    return nb::make_tuple(r.seconds, r.posted, r.completions);
+  }, "Iteration-mode stream: (seconds, post times, completion times).");
+  m.def("bench_wait_flags", [](std::vector<Channel> channels, std::uintptr_t address, std::size_t count,
+                                std::uint64_t expected, double timeout) {
+    gil_scoped_release rel;
+    return bench::wait_flags(channels, reinterpret_cast<const volatile std::uint64_t*>(address), count, expected,
+                             timeout);
+  }, "Progresses the channels' workers until every one of `count` words at address is >= expected.");
+
   nb::class_<PyBaseline>(m, "UcxBaseline",
                          "Raw UCX (tag send/recv and an active-message RPC) on its own ucp context and worker, "
                          "for the baselines of `tensorwire bench tensor`.")
