@@ -104,6 +104,12 @@ struct PyWord {
   Awaitable awaitable() const { return Awaitable::word(local, offset, value, channel ? &*channel : nullptr); }
 };
 
+// A slot's recv_async: the coroutine of tensorwire.slots (waits with
+// wait_any on an executor thread, takes the tensor on the loop's thread).
+nb::object recv_async(nb::handle slot, nb::handle timeout) {
+  return nb::module_::import_("tensorwire.slots").attr("_recv_async")(slot, timeout);
+}
+
 }  // namespace
 
 void bind_slots(nb::module_& m) {
@@ -136,9 +142,7 @@ void bind_slots(nb::module_& m) {
       }, nb::arg("timeout").none() = nb::none(),
          nb::sig("def recv(self, timeout: float | None = None) -> numpy.typing.NDArray[typing.Any]"),
          "Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).")
-      .def("recv_async", [](nb::handle self, nb::handle timeout) {
-        return nb::module_::import_("tensorwire.slots").attr("_recv_async")(self, timeout);
-      }, nb::arg("timeout").none() = nb::none(),
+      .def("recv_async", &recv_async, nb::arg("timeout").none() = nb::none(),
          nb::sig("def recv_async(self, timeout: float | None = None) -> "
                  "collections.abc.Coroutine[typing.Any, typing.Any, numpy.typing.NDArray[typing.Any]]"),
          "Awaits the next tensor without blocking the event loop (a cancelled await loses no tensor).")
@@ -214,9 +218,7 @@ void bind_slots(nb::module_& m) {
         return fill_view(std::move(b), spec);
       }, nb::arg("timeout").none() = nb::none(),
          "Waits for the next tensor; returns a Block (registered memory) holding it, with its shape and dtype.")
-      .def("recv_async", [](nb::handle self, nb::handle timeout) {
-        return nb::module_::import_("tensorwire.slots").attr("_recv_async")(self, timeout);
-      }, nb::arg("timeout").none() = nb::none(),
+      .def("recv_async", &recv_async, nb::arg("timeout").none() = nb::none(),
          nb::sig("def recv_async(self, timeout: float | None = None) -> "
                  "collections.abc.Coroutine[typing.Any, typing.Any, Block]"),
          "Awaits the next tensor without blocking the event loop (a cancelled await loses no tensor).")

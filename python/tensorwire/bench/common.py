@@ -62,6 +62,23 @@ def arg_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def arg_rate(text: str) -> float:
+    """A link rate (parse_rate: "10G", "25Gbit", ...)."""
+    import argparse
+    try:
+        return parse_rate(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def arg_seconds(text: str) -> float:
+    import argparse
+    v = float(text)
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
+    return v
+
+
 def arg_sizes(text: str) -> list[int]:
     import argparse
     try:

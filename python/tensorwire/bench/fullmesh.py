@@ -42,7 +42,8 @@ examples:
 
 def register(commands) -> None:
     from .common import arg_positive as _positive, arg_sizes as _sizes
-    from .fabric.cli import TRANSPORTS, _rate, _seconds
+    from .common import arg_rate, arg_seconds
+    from .fabric.cli import TRANSPORTS
     p = commands.bench.add_parser(
         "fullmesh", help="all-pairs one-sided write bandwidth and fairness (N(N-1) flows)",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,7 +53,7 @@ def register(commands) -> None:
     p.add_argument("-q", "--lanes", type=_positive, default=1, help="channels per ordered pair (perftest -q)")
     p.add_argument("-t", "--tx-depth", dest="window", type=_positive, default=None,
                    help="writes in flight per channel (default: ~8 MiB in flight, 2..32)")
-    p.add_argument("-D", "--duration", type=_seconds, default=4.0, help="seconds of streaming (default 4)")
+    p.add_argument("-D", "--duration", type=arg_seconds, default=4.0, help="seconds of streaming (default 4)")
     p.add_argument("-f", "--margin", type=float, default=None,
                    help="warm-up and cool-down margin (default D/4, perftest's)")
     p.add_argument("--ranks", default=None, metavar="N,N,...",
@@ -60,9 +61,9 @@ def register(commands) -> None:
                         "or every size up to the testbed's host count")
     p.add_argument("--testbed", default=None, metavar="NAME", help="run the sweep inside this testbed's hosts")
     p.add_argument("--hosts", default=None, help="testbed hosts to use in order (default: all of the testbed)")
-    p.add_argument("--link-rate", type=_rate, default=None, metavar="RATE",
+    p.add_argument("--link-rate", type=arg_rate, default=None, metavar="RATE",
                    help="per-host link rate (e.g. 1gbit): a rank's TX or RX above it FAILs")
-    p.add_argument("--isl-rate", type=_rate, default=None, metavar="RATE",
+    p.add_argument("--isl-rate", type=arg_rate, default=None, metavar="RATE",
                    help="inter-group capacity drawn on the scaling plot (e.g. 4gbit)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="a run that takes longer FAILs (default: duration + 90 s)")

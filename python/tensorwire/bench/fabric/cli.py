@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ..common import parse_rate, parse_sizes
+from ..common import arg_rate, arg_seconds, parse_sizes
 from ..common import arg_positive as _positive, arg_sizes as _sizes
 from .measure import measure_bw, measure_lat
 from .peer import _serve_main, with_client
@@ -22,20 +22,6 @@ BW_SIZES, LAT_SIZES = "65536", "2"  # perftest's -s defaults
 BW_ITERS = {"write": 5000, "read": 1000}  # perftest's -n defaults (per lane)
 LAT_ITERS = 1000
 PLOT_NEEDS = (("matplotlib", "bench", "plot"),)  # main() checks it before the run (tensorwire.cli)
-
-
-def _seconds(text: str) -> float:
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return v
-
-
-def _rate(text: str) -> float:
-    try:
-        return parse_rate(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 BW_HELP = """\
@@ -114,7 +100,7 @@ def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:
                    help="table columns and units of which anchor (default perftest)")
     p.add_argument("-c", "--validate", action="store_true",
                    help="check received contents against an iteration-dependent pattern (FAIL on mismatch)")
-    p.add_argument("--link-rate", type=_rate, default=None, metavar="RATE",
+    p.add_argument("--link-rate", type=arg_rate, default=None, metavar="RATE",
                    help="the link's rate (e.g. 1gbit, 25G): results above it FAIL")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--server", action="store_true",
@@ -131,7 +117,7 @@ def _bw_options(p: argparse.ArgumentParser, iters: str) -> None:
     p.add_argument("-q", "--lanes", type=_positive, default=1, help="channels to the peer (perftest -q)")
     p.add_argument("-t", "--tx-depth", "--window", dest="window", type=_positive, default=None,
                    help="operations in flight per lane (default: ~8 MiB in flight, 2..32)")
-    p.add_argument("-D", "--duration", type=_seconds, default=None, metavar="S",
+    p.add_argument("-D", "--duration", type=arg_seconds, default=None, metavar="S",
                    help="run S seconds instead of --iters; sample the middle (perftest -D)")
     p.add_argument("-f", "--margin", type=float, default=None, metavar="S",
                    help="warm-up and cool-down margin of --duration (default D/4)")
