@@ -94,7 +94,7 @@ __all__ = [
 
 
 def run_tensor(args) -> Report:
-    """Runs the sweep described by the CLI arguments (see build_parser in cli.py)."""
+    """Runs the sweep described by the CLI arguments (see tensorwire/cli/bench_tensor.py)."""
     sizes = args.sizes
     bad = [s for s in sizes if s % ITEM]
     if bad:
