@@ -58,7 +58,7 @@ struct Range {
 };
 
 Range resolve_range(const LocalRegion& local, nb::handle local_offset, const RemoteRegion& remote,
-                    nb::handle remote_offset, nb::handle nbytes) {
+                    nb::handle remote_offset, nb::handle nbytes, bool reads) {
   const std::uint64_t lo = to_u64(local_offset, "local_offset");
   const std::uint64_t ro = to_u64(remote_offset, "remote_offset");
   const std::uint64_t llen = local.length, rlen = remote.length();
@@ -70,8 +70,17 @@ Range resolve_range(const LocalRegion& local, nb::handle local_offset, const Rem
     throw InvalidArgument("remote_offset " + std::to_string(ro) + " is beyond the end of the remote region (" +
                           std::to_string(rlen) + " bytes)");
   }
-  // Default: as much as fits in both regions from the offsets.
-  if (nbytes.is_none()) return {lo, ro, std::min(llen - lo, rlen - ro)};
+  // Default: the whole local region from its offset (what a write sends, what
+  // a read fills), and the remote range must hold it: a 128 B block written
+  // into a 64 B region is refused, not cut to 64 B.
+  if (nbytes.is_none()) {
+    if (llen - lo > rlen - ro) {
+      throw InvalidArgument(std::string(reads ? "read" : "write") + ": the local region holds " +
+                            std::to_string(llen - lo) + " bytes from its offset, the remote one only " +
+                            std::to_string(rlen - ro) + "; pass nbytes to move part of it");
+    }
+    return {lo, ro, llen - lo};
+  }
   const std::uint64_t n = to_u64(nbytes, "nbytes");
   if (n > llen - lo) {
     throw InvalidArgument("nbytes " + std::to_string(n) + " at local_offset " + std::to_string(lo) +
@@ -94,15 +103,16 @@ PyDevice::~PyDevice() {
 
 // Channel.write / write_ordered / read: the Python signature of a one-sided
 // operation (a Block, Registration or registered array; offsets; a length
-// that defaults to what fits), checked, then posted without the GIL.
-template <Request (Channel::*Op)(const LocalRegion&, std::size_t, const RemoteRegion&, std::size_t, std::size_t)>
+// that defaults to the whole source, which must fit), checked, then posted without the GIL.
+template <Request (Channel::*Op)(const LocalRegion&, std::size_t, const RemoteRegion&, std::size_t, std::size_t),
+          bool Reads = false>
 auto one_sided() {
   // Offsets and nbytes arrive as Python objects: a size_t parameter would
   // turn -1 or 2**64 into TypeError, and nb::cast a bad_cast.
   return [](Channel& c, nb::handle local, const RemoteRegion& remote, nb::handle local_offset,
             nb::handle remote_offset, nb::handle nbytes) {
     LocalRegion lr = local_region_of(local);
-    Range r = resolve_range(lr, local_offset, remote, remote_offset, nbytes);
+    Range r = resolve_range(lr, local_offset, remote, remote_offset, nbytes, Reads);
     gil_scoped_release release;
     return (c.*Op)(lr, r.local_offset, remote, r.remote_offset, r.length);
   };
@@ -150,7 +160,7 @@ void bind_device(nb::module_& m) {
            nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "A write that lands after every write posted earlier on this channel (fence() + write() without "
            "blocking: over tcp it is posted when a flush of the earlier writes completes).")
-      .def("read", one_sided<&Channel::read>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
+      .def("read", one_sided<&Channel::read, true>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
            nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "One-sided read remote -> local; the data is there when it completes.")
       .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run

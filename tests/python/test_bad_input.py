@@ -279,6 +279,40 @@ def test_bad_ranges_raise_and_the_channel_still_works(device_pair, op):
         np.testing.assert_array_equal(np.asarray(dst), np.r_[-1, np.arange(1, 16)])
 
 
+@pytest.mark.parametrize("op", ["write", "read", "write_ordered"])
+def test_a_source_larger_than_its_destination_is_refused_not_cut(device_pair, op):
+    """nbytes=None moves the whole local region (what a write sends, what a read
+    fills); a remote range too small for it is an error, not a silent cut."""
+    server, client = device_pair
+    small, big = server.empty((16,), "uint8"), client.empty((32,), "uint8")
+    np.asarray(small)[:] = 7
+    np.asarray(big)[:] = 1
+    server.publish(f"small-{op}", small)
+    ch = device_pair.channel()
+    remote = ch.lookup(f"small-{op}")
+    with pytest.raises(tw.InvalidArgument, match=f"{op.split('_')[0]}: the local region holds 32 bytes .* remote "
+                                                 "one only 16; pass nbytes"):
+        getattr(ch, op)(big, remote)
+    ch.flush().wait(10)
+    assert (np.asarray(small) == 7).all() and (np.asarray(big) == 1).all()  # nothing moved
+    if op == "read":
+        part = client.empty((8,), "uint8")
+        ch.read(part, remote).wait(10)  # 8 bytes: the local buffer, which the remote holds
+        assert (np.asarray(part) == 7).all()
+        return
+    getattr(ch, op)(big, remote, nbytes=16).wait(10)
+    ch.flush().wait(10)
+    assert (np.asarray(small) == 1).all()
+
+
+def test_an_unknown_slot_is_named_as_a_slot(device_pair):
+    server, client = device_pair
+    ch = device_pair.channel()
+    for kind in ("static", "dynamic"):
+        with pytest.raises(tw.NotFound, match=f"no {kind} slot named 'nope' on .*device.{kind}_slot"):
+            getattr(ch, f"{kind}_sender")("nope")
+
+
 def test_bad_timeouts_are_refused(device_pair):
     server, client = device_pair
     ch = device_pair.channel()

@@ -93,9 +93,11 @@ def test_bad_operands(device_pair):
     assert (np.asarray(dst) == 0x5A).all()
 
 
-def test_larger_local_than_remote_writes_what_fits(device_pair):
+def test_larger_local_than_remote_is_refused_unless_nbytes_says_so(device_pair):
     ch, src, remote, dst = _pair_with_regions(device_pair, remote_size=1024, local_size=4096)
-    ch.write(src, remote).wait(10)  # default length: min of both
+    with pytest.raises(tw.InvalidArgument, match="pass nbytes"):
+        ch.write(src, remote)  # default length: the whole local block, which does not fit
+    ch.write(src, remote, nbytes=1024).wait(10)
     ch.flush().wait(10)
     assert (np.asarray(dst) == 0xC3).all()
     with pytest.raises(tw.InvalidArgument):
@@ -411,7 +413,7 @@ def test_pool_exhausted_on_the_server_side_of_a_transfer(device_pair):
         with pytest.raises(tw.PoolExhausted):
             small.alloc(1 << 16)
         ch = small.connect(server.address)
-        ch.write(src, ch.lookup("dst")).wait(10)
+        ch.write(src, ch.lookup("dst"), nbytes=4096).wait(10)
         ch.flush().wait(10)
         assert (np.asarray(dst) == 1).all()
 

@@ -150,7 +150,15 @@ inline std::string attach_to_slot(Channel& channel, const std::string& call, con
   ByteWriter w;
   w.put_bytes32(dev->export_for(ack.descriptor(), *channel.impl()->peer).to_bytes());
   w.put<std::uint64_t>(sink);
-  return channel.call(call, w.str(), timeout_s);
+  try {
+    return channel.call(call, w.str(), timeout_s);
+  } catch (const NotFound&) {
+    // The slot's attach call is how its name is found: say it in slot terms.
+    const auto slash = call.find('/');
+    throw NotFound("no " + call.substr(3, slash - 3) + " slot named '" + call.substr(slash + 1) + "' on " +
+                   channel.impl()->peer->describe() + " (the receiver makes it: device." + call.substr(3, slash - 3) +
+                   "_slot(name, ...))");
+  }
 }
 
 // A slot end's registration as a message sink: the id travels in the attach
