@@ -10,7 +10,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -54,21 +54,20 @@ def parse_sizes(text: str) -> list[int]:
 
 # argparse types shared by every command (a bad value is a usage error, exit 2)
 
-def arg_size(text: str) -> int:
-    import argparse
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _usage_error(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` as an argparse type: its ValueError becomes a usage error."""
+    def arg(text: str) -> Any:
+        import argparse
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    arg.__name__ = parse.__name__
+    return arg
 
 
-def arg_rate(text: str) -> float:
-    """A link rate (parse_rate: "10G", "25Gbit", ...)."""
-    import argparse
-    try:
-        return parse_rate(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+arg_size = _usage_error(parse_size)
+arg_sizes = _usage_error(parse_sizes)
 
 
 def arg_seconds(text: str) -> float:
@@ -77,14 +76,6 @@ def arg_seconds(text: str) -> float:
     if not v > 0:
         raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
     return v
-
-
-def arg_sizes(text: str) -> list[int]:
-    import argparse
-    try:
-        return parse_sizes(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def arg_positive(text: str) -> int:
@@ -242,6 +233,9 @@ def parse_rate(text: str) -> float:
         return float(t) / 8
     except ValueError:
         raise ValueError(f"bad rate {text!r}: use e.g. 1gbit, 25G, 100Gb/s") from None
+
+
+arg_rate = _usage_error(parse_rate)  # a link rate: "10G", "25Gbit", ...
 
 
 # ---- statistics ----
