@@ -233,6 +233,6 @@ async def _recv_async(slot, timeout: float | None = None):
             if deadline is not None and loop.time() >= deadline:
                 raise Timeout(f"no tensor within {timeout} s") from None
             continue
-        out = slot.poll()
-        if out is not None:
-            return out
+        # Ready: recv returns at once (or says why it cannot: a static slot
+        # holding `depth` tensors is ready too, and poll() would spin on None).
+        return slot.recv(timeout=0)

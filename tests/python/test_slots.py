@@ -619,6 +619,24 @@ def test_recv_async(client, reverse_peer, kind):
     op(peer, "drop", name=name)
 
 
+def test_recv_async_on_a_full_slot_says_so_at_once(client, reverse_peer):
+    """A static slot holding `depth` tensors cannot receive: recv_async raises
+    at once (wait_any reports such a slot ready so that the receive says why)."""
+    peer = reverse_peer
+    name = unique("async-full")
+    slot = client.static_slot(name, (5,), "int16", depth=1)
+    op(peer, "sender", kind="static", name=name)
+    peer.send({"op": "send", "name": name, "shape": [5], "dtype": "int16", "start": 3, "count": 1})
+    held = slot.recv(timeout=10)
+    assert peer.recv(10)["sent"] == 1
+    start = time.monotonic()
+    with pytest.raises(tw.InvalidArgument, match="held"):
+        asyncio.run(slot.recv_async(timeout=5))
+    assert time.monotonic() - start < 2
+    slot.release(held)
+    op(peer, "drop", name=name)
+
+
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 def test_cancelled_recv_async_loses_no_tensor(client, reverse_peer, kind):
     """A cancelled recv_async consumed nothing: the tensor sent afterwards is

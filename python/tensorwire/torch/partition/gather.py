@@ -24,7 +24,7 @@ def _gather(dev: tw.Device, pending: dict[str, Any], peers: dict[int, str], seen
         names = list(pending)
         try:
             k = tw.wait_any([pending[n] for n in names], timeout=POLL_S)
-            out = pending[names[k]].poll()  # ready: it returns the tensor
+            out = pending[names[k]].recv(timeout=0)  # ready: at once (a full slot says why)
         except tw.Timeout:
             out = None
         except tw.ConnectionError as e:
