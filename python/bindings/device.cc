@@ -268,7 +268,7 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("spin_us", [](PyDevice& d) { return dev(d).config().spin_us; },
                    "The spin in effect, in microseconds (TENSORWIRE_SPIN_US overrides the argument).")
       .def("alloc_view", [](PyDevice& d, nb::handle shape_arg, int code, int bits, const std::string& format,
-                            nb::handle alignment_arg) {
+                            nb::handle alignment_arg, int gpu) {
         if (bits <= 0 || bits % 8 != 0) {
           throw InvalidArgument("unsupported element size of " + std::to_string(bits) + " bits");
         }
@@ -281,7 +281,8 @@ void bind_device(nb::module_& m) {
         PyBlock b;
         {
           gil_scoped_release r;
-          b.block = dev(d).allocate(nbytes ? nbytes : 1, alignment);
+          b.block = gpu < 0 ? dev(d).allocate(nbytes ? nbytes : 1, alignment)
+                            : dev(d).allocate(nbytes ? nbytes : 1, alignment, MemoryType::kCuda, gpu);
         }
         b.shape = std::move(shape);
         b.buffer_shape.assign(b.shape.begin(), b.shape.end());
@@ -291,8 +292,8 @@ void bind_device(nb::module_& m) {
         b.nbytes = nbytes;
         return b;
       }, nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("format"), nb::arg("alignment") = 64,
-         "Low-level: a pool block with a tensor view (use Device.empty).")
-      .def("register_memory", [](PyDevice& d, nb::handle ptr_arg, nb::handle nbytes_arg) {
+         nb::arg("gpu") = -1, "Low-level: a pool block with a tensor view, in GPU `gpu`'s memory if >= 0 (use Device.empty).")
+      .def("register_memory", [](PyDevice& d, nb::handle ptr_arg, nb::handle nbytes_arg, bool gpu) {
         const std::uint64_t ptr = to_u64(ptr_arg, "ptr");
         const std::uint64_t nbytes = to_u64(nbytes_arg, "nbytes", kMaxBytes);
         if (ptr == 0 || nbytes == 0) throw InvalidArgument("cannot register an empty or null range");
@@ -301,9 +302,11 @@ void bind_device(nb::module_& m) {
           throw InvalidArgument("ptr + nbytes wraps around the address space");
         }
         gil_scoped_release r;
-        return dev(d).pool().register_memory(reinterpret_cast<void*>(ptr), nbytes);
-      }, nb::arg("ptr"), nb::arg("nbytes"),
-         "Low-level: registers [ptr, ptr+nbytes); the caller keeps the memory alive (use Device.register).")
+        return dev(d).pool().register_memory(reinterpret_cast<void*>(ptr), nbytes,
+                                             gpu ? MemoryType::kCuda : MemoryType::kHost);
+      }, nb::arg("ptr"), nb::arg("nbytes"), nb::arg("gpu") = false,
+         "Low-level: registers [ptr, ptr+nbytes) (GPU memory if gpu); the caller keeps the memory alive "
+         "(use Device.register).")
       .def("publish", [](PyDevice& d, const std::string& name, nb::handle region) {
         if (nb::isinstance<PyBlock>(region)) {
           auto& b = nb::cast<PyBlock&>(region);

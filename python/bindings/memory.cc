@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "bindings.h"
+#include "cuda/driver.h"
 #include "py_types.h"
 
 namespace tensorwire::py {
@@ -20,6 +21,12 @@ int block_getbuffer(PyObject* exporter, Py_buffer* view, int flags) {
   PyBlock* b = nb::inst_ptr<PyBlock>(exporter);
   if (!b->block) {
     PyErr_SetString(PyExc_BufferError, "tensorwire block was released");
+    view->obj = nullptr;
+    return -1;
+  }
+  if (b->block.memory_type() != MemoryType::kHost) {
+    // The CPU must not dereference GPU memory: view it through DLPack (torch.from_dlpack).
+    PyErr_SetString(PyExc_BufferError, "this tensorwire block is GPU memory: view it with torch.from_dlpack(block)");
     view->obj = nullptr;
     return -1;
   }
@@ -56,8 +63,16 @@ PyType_Slot block_slots[] = {
 nb::ndarray<> make_array(nb::handle self, PyBlock& b, bool as_numpy = false) {
   live(b);
   const nb::dlpack::dtype dtype = as_numpy ? numpy_dtype(b.dtype.code, b.dtype.bits) : b.dtype;
+  const bool gpu = b.block.memory_type() == MemoryType::kCuda;
+  if (gpu && as_numpy) throw InvalidArgument("this block is GPU memory: view it with torch.from_dlpack(block)");
   return nb::ndarray<>(b.block.data(), b.shape.size(), reinterpret_cast<const std::size_t*>(b.shape.data()), self,
-                       nullptr, dtype);
+                       nullptr, dtype, gpu ? nb::device::cuda::value : nb::device::cpu::value,
+                       gpu ? b.block.gpu() : 0);
+}
+
+// "host" or "cuda:<ordinal>", as Device.empty(memory=...) takes it.
+std::string memory_name(MemoryType type, int gpu) {
+  return type == MemoryType::kCuda ? "cuda:" + std::to_string(gpu) : std::string("host");
 }
 
 }  // namespace
@@ -107,6 +122,8 @@ void bind_memory(nb::module_& m) {
       .def_prop_ro("shape", [](PyBlock& b) { return live(b).shape; })
       .def_prop_ro("format", [](PyBlock& b) { return b.format; })
       .def_prop_ro("released", [](PyBlock& b) { return !b.block; })
+      .def_prop_ro("memory", [](PyBlock& b) { return memory_name(live(b).block.memory_type(), b.block.gpu()); },
+                   "Where the bytes live: 'host' or 'cuda:<gpu>'.")
       .def("descriptor", [](PyBlock& b) {
         RegionDescriptor d = live(b).block.descriptor();
         if (b.nbytes) d.length = b.nbytes;  // the view, as publish() advertises it
@@ -124,18 +141,25 @@ void bind_memory(nb::module_& m) {
         nb::object arr = nb::cast(nb::ndarray<nb::array_api>(make_array(self, nb::cast<PyBlock&>(self))));
         return arr.attr("__dlpack__")(**kwargs);
       })
-      .def("__dlpack_device__", [](PyBlock&) { return nb::make_tuple(1, 0); })
+      .def("__dlpack_device__", [](PyBlock& b) {
+        // kDLCUDA (2) with the GPU's ordinal for GPU memory, kDLCPU (1) otherwise.
+        if (live(b).block.memory_type() == MemoryType::kCuda) return nb::make_tuple(2, b.block.gpu());
+        return nb::make_tuple(1, 0);
+      })
       .def("release", [](PyBlock& b) { b.block = Block(); },
            "Returns the memory to the pool now. Views taken earlier must not be used afterwards.")
       .def("__len__", [](PyBlock& b) { return live(b).nbytes; })
       .def("__repr__", [](PyBlock& b) {
         if (!b.block) return std::string("<tensorwire.Block released>");
-        return "<tensorwire.Block " + std::to_string(b.nbytes) + " bytes format=" + b.format + ">";
+        return "<tensorwire.Block " + std::to_string(b.nbytes) + " bytes format=" + b.format +
+               " memory=" + memory_name(b.block.memory_type(), b.block.gpu()) + ">";
       });
 
   nb::class_<Registration>(m, "Registration", nb::dynamic_attr(), "Outside memory registered with a device.")
       .def_prop_ro("nbytes", &Registration::size)
       .def_prop_ro("ptr", [](Registration& r) { return reinterpret_cast<std::uintptr_t>(r.data()); })
+      .def_prop_ro("memory", [](Registration& r) { return memory_name(r.memory_type(), r.gpu()); },
+                   "Where the bytes live: 'host' or 'cuda:<gpu>'.")
       .def("descriptor", [](Registration& r) {
         std::string s = r.descriptor().to_bytes();
         return nb::bytes(s.data(), s.size());
@@ -145,6 +169,9 @@ void bind_memory(nb::module_& m) {
       .def_prop_ro("address", &RemoteRegion::address)
       .def_prop_ro("nbytes", &RemoteRegion::length)
       .def_prop_ro("device_id", [](RemoteRegion& r) { return r.descriptor().device_id; })
+      .def_prop_ro("memory", [](RemoteRegion& r) {
+        return r.descriptor().memory_type == MemoryType::kCuda ? std::string("cuda") : std::string("host");
+      }, "Where the peer's bytes live: 'host' or 'cuda' (the peer's GPU ordinal is not sent).")
       .def("descriptor", [](RemoteRegion& r) {
         std::string s = r.descriptor().to_bytes();
         return nb::bytes(s.data(), s.size());
@@ -152,6 +179,17 @@ void bind_memory(nb::module_& m) {
       .def("__repr__", [](RemoteRegion& r) {
         return "<tensorwire.RemoteRegion " + std::to_string(r.length()) + " bytes>";
       });
+
+  m.def("cuda_info", [] {
+    nb::dict out;
+    out["available"] = cuda::available();
+    out["reason"] = cuda::unavailable_reason();
+    out["driver_version"] = cuda::driver_version();
+    nb::list names;
+    for (int i = 0; i < cuda::device_count(); ++i) names.append(cuda::device_name(i));
+    out["devices"] = names;
+    return out;
+  }, "What the CUDA driver offers: available, reason (when not), driver_version, devices (names).");
 
   m.def("parse_descriptor", [](nb::bytes b) {
     RegionDescriptor d = RegionDescriptor::from_bytes(b.c_str(), b.size());

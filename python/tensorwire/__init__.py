@@ -64,6 +64,68 @@ _REGISTER_INSTEAD = ("pass a numpy array (np.asarray(x)), a CPU torch tensor, a 
                      "from device.empty()")
 
 
+def _gpu_of(memory: Any) -> int:
+    """The GPU ordinal of a ``memory=`` argument: -1 for "host", N for "cuda"/"cuda:N"."""
+    if memory == "host" or memory == "cpu":
+        return -1
+    if isinstance(memory, str) and (memory == "cuda" or memory.startswith("cuda:")):
+        index = memory[len("cuda:"):] if ":" in memory else "0"
+        if index.isdigit():
+            return int(index)
+    raise InvalidArgument(f"memory must be 'host', 'cuda' or 'cuda:N', got {memory!r}")
+
+
+def cuda_info() -> dict:
+    """What the CUDA driver offers this process: ``available``, ``reason`` (when not),
+    ``driver_version`` and ``devices`` (names). Needs no CUDA at build time."""
+    return _core.cuda_info()
+
+
+def cuda_available() -> bool:
+    """Whether GPU memory can be allocated and registered (a driver and a GPU)."""
+    return bool(_core.cuda_info()["available"])
+
+
+def _cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
+    """(address, nbytes, owner) of a C-contiguous tensor in GPU memory, or None
+    when `obj` is not GPU memory: torch CUDA tensors, objects with the CUDA array
+    interface (CuPy, Numba) and DLPack producers on a CUDA device."""
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous") and hasattr(obj, "device"):
+        if obj.device.type != "cuda":
+            return None
+        if not obj.is_contiguous():
+            raise InvalidArgument("register needs a contiguous tensor (call .contiguous() first)")
+        if obj.numel() == 0:
+            raise InvalidArgument("register needs at least one byte, got an empty tensor")
+        return obj.data_ptr(), obj.numel() * obj.element_size(), obj
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is not None:
+        import math
+        shape = tuple(cai["shape"])
+        itemsize = int(cai["typestr"][2:])
+        strides = cai.get("strides")
+        if strides is not None:
+            expect, contiguous = itemsize, True
+            for dim, stride in zip(reversed(shape), reversed(strides)):
+                contiguous = contiguous and (dim == 1 or stride == expect)
+                expect *= dim
+            if not contiguous:
+                raise InvalidArgument("register needs a C-contiguous array")
+        nbytes = math.prod(shape) * itemsize
+        if nbytes == 0:
+            raise InvalidArgument("register needs at least one byte, got an empty array")
+        return int(cai["data"][0]), nbytes, obj
+    dev = getattr(obj, "__dlpack_device__", None)
+    if dev is not None and dev()[0] == 2:  # kDLCUDA: view it through torch, which reads any DLPack producer
+        try:
+            import torch
+        except ImportError:
+            raise InvalidArgument("register of a DLPack CUDA tensor other than torch/CuPy needs torch to read it") \
+                from None
+        return _cuda_pointer_of(torch.from_dlpack(obj))[:2] + (obj,)  # type: ignore[index]
+    return None
+
+
 def _register_refusal(obj: Any, why: str) -> InvalidArgument:
     return InvalidArgument(f"register needs memory that outlives the registration, but a {type(obj).__name__} object "
                            f"{why}; {_REGISTER_INSTEAD}")
@@ -85,7 +147,7 @@ def _pointer_of(obj: Any) -> tuple[int, int, Any]:
         if not obj.is_contiguous():
             raise InvalidArgument("register needs a contiguous tensor")
         if obj.device.type != "cpu":
-            raise InvalidArgument(f"register of {obj.device.type} tensors needs a GPU-enabled build")
+            raise InvalidArgument(f"register takes CPU and CUDA tensors, not {obj.device.type} ones")
         return obj.data_ptr(), obj.numel() * obj.element_size(), obj
     import numpy as np
     if isinstance(obj, np.ndarray):
@@ -152,25 +214,38 @@ class Device(_core.Device):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def alloc(self, nbytes: int, alignment: int = 64) -> Block:
-        """A block of ``nbytes`` registered bytes (uint8 view)."""
+    def alloc(self, nbytes: int, alignment: int = 64, memory: str = "host") -> Block:
+        """A block of ``nbytes`` registered bytes (uint8 view) in host memory, or
+        in GPU memory with ``memory="cuda"`` / ``"cuda:N"`` (the device's CUDA arena)."""
         n = _size_arg(nbytes, "nbytes")
         if n <= 0:
             raise InvalidArgument(f"nbytes must be > 0, got {n}")
         if n > _MAX_BYTES:
             raise InvalidArgument(f"nbytes {n} is too large (at most 2**62)")
-        return self.alloc_view([n], 1, 8, "B", alignment)
+        return self.alloc_view([n], 1, 8, "B", alignment, _gpu_of(memory))
 
-    def empty(self, shape: int | Sequence[int], dtype: Any = "float32", alignment: int = 64) -> Block:
+    def empty(self, shape: int | Sequence[int], dtype: Any = "float32", alignment: int = 64,
+              memory: str = "host") -> Block:
         """An uninitialised tensor in registered memory; view it with
-        ``numpy.asarray(block)``, ``numpy.from_dlpack(block)`` or ``torch.from_dlpack(block)``."""
+        ``numpy.asarray(block)``, ``numpy.from_dlpack(block)`` or ``torch.from_dlpack(block)``.
+        ``memory="cuda"`` (or ``"cuda:N"``) puts it in GPU memory: ``torch.from_dlpack(block)``
+        is then a CUDA tensor with no copy (numpy cannot view it)."""
         code, bits, fmt = _DTYPES[dtype_name(dtype)]
-        return self.alloc_view(shape, code, bits, fmt, alignment)  # checks the shape (overflow included)
+        # checks the shape (overflow included)
+        return self.alloc_view(shape, code, bits, fmt, alignment, _gpu_of(memory))
 
     def register(self, array: Any) -> Registration:
-        """Registers the memory of an existing C-contiguous, writable numpy array, CPU torch tensor,
-        DLPack producer or buffer (bytearray, mmap, ...); the result keeps it alive. Objects with no
-        memory of their own (list, tuple, bytes, str) are refused: numpy would register a copy."""
+        """Registers the memory of an existing C-contiguous, writable numpy array, torch tensor
+        (CPU or CUDA), CuPy array, DLPack producer or buffer (bytearray, mmap, ...); the result
+        keeps it alive. GPU memory is registered by its whole allocation, so the tensors of one
+        allocator segment share one registration. Objects with no memory of their own (list,
+        tuple, bytes, str) are refused: numpy would register a copy."""
+        gpu = _cuda_pointer_of(array)
+        if gpu is not None:
+            ptr, nbytes, owner = gpu
+            reg = self.register_memory(ptr, nbytes, True)
+            reg._keepalive = owner
+            return reg
         ptr, nbytes, owner = _pointer_of(array)
         reg = self.register_memory(ptr, nbytes)
         reg._keepalive = owner  # the memory lives as long as the Registration
@@ -210,4 +285,5 @@ __all__ = [
     "Device", "Block", "Registration", "RemoteRegion", "Channel", "Request", "parse_descriptor",
     "Error", "InvalidArgument", "Timeout", "ConnectionError", "PeerFailed", "PoolExhausted",
     "ProtocolMismatch", "NotFound", "dtype_name", "StaticSlot", "DynamicSlot", "wait_any", "Word",
+    "cuda_info", "cuda_available",
 ]

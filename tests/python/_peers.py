@@ -27,9 +27,29 @@ def crc(buf) -> int:
     return zlib.crc32(memoryview(buf).cast("B"))
 
 
+class GpuBytes:
+    """A GPU block's bytes as the handlers below index them (numpy in, numpy
+    out: the copies go through host memory, synchronised)."""
+
+    def __init__(self, block) -> None:
+        import torch
+        self.torch = torch
+        self.t = torch.from_dlpack(block)  # uint8, on the GPU, no copy
+
+    def __getitem__(self, index):
+        return self.t[index].cpu().numpy()
+
+    def __setitem__(self, index, value) -> None:
+        if np.isscalar(value):
+            self.t[index] = int(value)
+        else:
+            self.t[index] = self.torch.from_numpy(np.ascontiguousarray(value)).to(self.t.device)
+        self.torch.cuda.synchronize()
+
+
 def serve(conn, transport: str, regions: dict, device_kwargs: dict | None = None) -> None:
-    """Publishes one zeroed block per entry of `regions` (name -> bytes) and
-    answers calls:
+    """Publishes one zeroed block per entry of `regions` (name -> bytes, or
+    name -> (bytes, memory) for GPU memory: memory="cuda") and answers calls:
 
     - "checksum" {"name", "offset", "nbytes"} -> crc32 of that range (ascii)
     - "fill" {"name", "offset", "nbytes", "seed"} -> writes pattern(nbytes, seed) there
@@ -43,10 +63,11 @@ def serve(conn, transport: str, regions: dict, device_kwargs: dict | None = None
         dev = tw.Device(transport=transport, **(device_kwargs or {}))
         views = {}
         blocks = {}
-        for name, nbytes in regions.items():
-            blk = dev.alloc(int(nbytes))
+        for name, spec in regions.items():
+            nbytes, memory = spec if isinstance(spec, (tuple, list)) else (spec, "host")
+            blk = dev.alloc(int(nbytes), memory=memory)
             blocks[name] = blk
-            views[name] = np.asarray(blk)
+            views[name] = np.asarray(blk) if memory == "host" else GpuBytes(blk)
             dev.publish(name, blk)
 
         def checksum(payload: bytes) -> bytes:

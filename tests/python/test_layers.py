@@ -122,10 +122,11 @@ def test_importing_an_area_does_not_load(area, absent):
 # The C++ rows: a directory of cpp/src (or the bindings) -> the directories its
 # `#include "dir/..."` lines may name. tensorwire/ (the public API) is open to all.
 REPO = pathlib.Path(__file__).resolve().parents[2]
-_BELOW_PROTOCOLS = {"common", "ucx", "control", "core"}
+_BELOW_PROTOCOLS = {"common", "cuda", "ucx", "control", "core"}
 CPP_MAY_INCLUDE = {
     "common": {"common"},
-    "ucx": {"common", "ucx"},
+    "cuda": {"common", "cuda"},  # the CUDA driver, loaded at run time
+    "ucx": {"common", "cuda", "ucx"},
     "core": _BELOW_PROTOCOLS,
     "control": _BELOW_PROTOCOLS,
     "protocol": _BELOW_PROTOCOLS | {"protocol"},

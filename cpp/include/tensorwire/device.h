@@ -72,8 +72,12 @@ class Device {
   std::uint64_t id() const;
   const DeviceConfig& config() const;
 
-  MemoryPool& pool();
-  Block allocate(std::size_t nbytes, std::size_t alignment = 64) { return pool().allocate(nbytes, alignment); }
+  // The host pool, or GPU `gpu`'s CUDA arena (made on first use;
+  // InvalidArgument without CUDA or for a GPU that does not exist).
+  MemoryPool& pool(MemoryType type = MemoryType::kHost, int gpu = 0);
+  Block allocate(std::size_t nbytes, std::size_t alignment = 64, MemoryType type = MemoryType::kHost, int gpu = 0) {
+    return pool(type, gpu).allocate(nbytes, alignment);
+  }
 
   // Makes `region` findable by peers under `name` (replacing an earlier one).
   void publish(const std::string& name, const RegionDescriptor& region);

@@ -53,6 +53,8 @@ class Block {
   LocalRegion region() const;
   // What a peer needs to reach this block (device id, address, length, rkey).
   RegionDescriptor descriptor() const;
+  MemoryType memory_type() const noexcept;
+  int gpu() const noexcept;  // the CUDA device ordinal of GPU memory; -1 for host memory
 
  private:
   friend class detail::PoolImpl;
@@ -72,6 +74,8 @@ class Registration {
   std::size_t size() const noexcept { return length_; }
   LocalRegion region() const;
   RegionDescriptor descriptor() const;
+  MemoryType memory_type() const noexcept;
+  int gpu() const noexcept;  // -1 for host memory
   explicit operator bool() const noexcept { return impl_ != nullptr; }
 
  private:
@@ -97,9 +101,12 @@ class MemoryPool {
   // A block of at least `nbytes` (> 0) aligned to `alignment` (a power of two).
   // Throws PoolExhausted when the pool limit would be exceeded.
   Block allocate(std::size_t nbytes, std::size_t alignment = 64);
-  // Registers [ptr, ptr+nbytes). A range inside a live earlier registration is
-  // served from the cache without calling UCX.
-  Registration register_memory(void* ptr, std::size_t nbytes);
+  // Registers [ptr, ptr+nbytes). A range inside a live earlier registration
+  // of the same memory type is served from the cache without calling UCX.
+  // GPU memory (kCuda) is registered by its whole allocation, so the tensors
+  // of one allocator segment share one registration; a range that is not
+  // GPU memory, or spans past its allocation, is InvalidArgument.
+  Registration register_memory(void* ptr, std::size_t nbytes, MemoryType type = MemoryType::kHost);
   PoolStats stats() const;
 
  private:

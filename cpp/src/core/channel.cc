@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/bulk_copy.h"
+#include "cuda/driver.h"
 #include "core/device_impl.h"
 
 namespace tensorwire {
@@ -254,12 +255,16 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   }
   check_usable();
   if (length == 0) return Request();
-  if (self_ && map_shared_memory_ && host_memory(local)) {
+  // GPU memory is never copied here: UCX's CUDA transports move it, in this
+  // thread's CUDA context.
+  const bool host_target = rd.memory_type == MemoryType::kHost;
+  if (cuda::in_use()) cuda::bind_thread(cuda::first_ordinal());
+  if (self_ && host_target && map_shared_memory_ && host_memory(local)) {
     if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
   }
   if (uses_messages()) return message_rma(is_write, local, local_offset, remote, remote_offset, length);
   const RemoteRegionImpl::Access access = access_to(remote);
-  if (access.mapped && map_shared_memory_ && host_memory(local)) {
+  if (access.mapped && host_target && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
   }
   ucp_rkey_h rkey = access.rkey;
@@ -409,6 +414,7 @@ RemoteRegionImpl::Access ChannelImpl::access_to(const RemoteRegion& remote) cons
 
 char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& local) const {
   if (!remote || !map_shared_memory_ || !local.memh || !host_memory(local)) return nullptr;
+  if (remote.descriptor().memory_type != MemoryType::kHost) return nullptr;
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "core/bulk_copy.h"
 #include "core/device_impl.h"
+#include "cuda/driver.h"
 
 namespace tensorwire {
 namespace detail {
@@ -239,8 +240,35 @@ RegionDescriptor DeviceImpl::export_for(RegionDescriptor d, Peer& to) {
   // is its direct path; it checks every use against our export (Peer::
   // remote_region, RemoteRegionImpl::access_for), and is on our host anyway.
   if (to.info.same_host && config.map_shared_memory && data_context->has_shared_memory()) return d;
-  d.rkey = pool_impl->exact_rkey(reinterpret_cast<const void*>(d.address), d.length);
+  d.rkey = pool_holding(d).exact_rkey(reinterpret_cast<const void*>(d.address), d.length, d.memory_type);
   return d;
+}
+
+MemoryPool& DeviceImpl::cuda_pool(int gpu) {
+  check_open();
+  if (!cuda::available()) throw InvalidArgument("GPU memory needs CUDA: " + cuda::unavailable_reason());
+  if (gpu < 0 || gpu >= cuda::device_count()) {
+    throw InvalidArgument("no GPU " + std::to_string(gpu) + ": this machine has " +
+                          std::to_string(cuda::device_count()));
+  }
+  std::lock_guard<std::mutex> lock(cuda_pools_mu_);
+  auto& entry = cuda_pools_[gpu];
+  if (!entry.first) {
+    entry.first = std::make_shared<PoolImpl>(data_context, id, config.slab_size, config.pool_limit,
+                                             /*large_shared=*/false, gpu);
+    entry.second = std::make_unique<MemoryPool>(entry.first);
+  }
+  return *entry.second;
+}
+
+PoolImpl& DeviceImpl::pool_holding(const RegionDescriptor& d) {
+  if (d.memory_type == MemoryType::kCuda) {
+    std::lock_guard<std::mutex> lock(cuda_pools_mu_);
+    for (auto& [gpu, entry] : cuda_pools_) {
+      if (entry.first->pin(d.address, d.length)) return *entry.first;
+    }
+  }
+  return *pool_impl;  // host blocks, and every registration (the host pool keeps the registration cache)
 }
 
 std::shared_ptr<Peer> DeviceImpl::peer_by_id(std::uint64_t pid) {
@@ -351,9 +379,9 @@ Device::~Device() {
 std::string Device::address() const { return impl_->address; }
 std::uint64_t Device::id() const { return impl_->id; }
 const DeviceConfig& Device::config() const { return impl_->config; }
-MemoryPool& Device::pool() {
+MemoryPool& Device::pool(MemoryType type, int gpu) {
   impl_->check_open();
-  return *impl_->pool;
+  return type == MemoryType::kCuda ? impl_->cuda_pool(gpu) : *impl_->pool;
 }
 void Device::publish(const std::string& name, const RegionDescriptor& region) { impl_->publish(name, region); }
 void Device::unpublish(const std::string& name) { impl_->unpublish(name); }

@@ -273,6 +273,11 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::shared_ptr<WorkerCtl> control_worker;
   std::shared_ptr<PoolImpl> pool_impl;
   std::unique_ptr<MemoryPool> pool;
+  // The CUDA arena of GPU `gpu` (made on first use; InvalidArgument without CUDA).
+  MemoryPool& cuda_pool(int gpu);
+  // The pool whose slab holds [address, address+length): its exact exports
+  // are revoked when that memory returns (host pool: also registrations).
+  PoolImpl& pool_holding(const RegionDescriptor& d);
   std::uint64_t refusal_count() const { return refusals_.load(); }
 
   // ---- data messages (core/messages.cc) ----
@@ -343,6 +348,8 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   ucp_listener_h listener_ = nullptr;
   void* control_arg_ = nullptr;  // owned by the control worker
   std::atomic<std::uint64_t> refusals_{0};
+  std::mutex cuda_pools_mu_;
+  std::map<int, std::pair<std::shared_ptr<PoolImpl>, std::unique_ptr<MemoryPool>>> cuda_pools_;
   std::atomic<bool> closed_{false};
   mutable std::mutex mu_;
   std::condition_variable peer_cv_;

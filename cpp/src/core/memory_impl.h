@@ -20,12 +20,14 @@ class PoolImpl;
 
 class Slab {
  public:
-  Slab(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id, bool dedicated)
-      : memh(std::move(memh)), pool(std::move(pool)), device_id(device_id), dedicated(dedicated) {}
+  Slab(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id, bool dedicated,
+       int gpu)
+      : memh(std::move(memh)), pool(std::move(pool)), device_id(device_id), dedicated(dedicated), gpu(gpu) {}
   std::shared_ptr<ucx::MemHandle> memh;
   std::weak_ptr<PoolImpl> pool;
   std::uint64_t device_id;
-  bool dedicated;                            // one block spans the whole slab
+  bool dedicated;
+  int gpu;                                   // the GPU whose memory this is; -1 host                          // one block spans the whole slab
   std::map<std::size_t, std::size_t> free_;  // offset -> length; guarded by the pool's mutex
   char* base() const { return static_cast<char*>(memh->address()); }
   // A shared slab with nothing leased from it (pool's mutex held).
@@ -36,12 +38,17 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
  public:
   // `large_shared`: dedicated slabs for large blocks are UCX-allocated shared
   // memory (mappable by same-host peers) rather than anonymous huge pages.
+  // `gpu` >= 0: a CUDA arena, whose slabs are that GPU's memory.
   PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
-           std::size_t limit, bool large_shared);
+           std::size_t limit, bool large_shared, int gpu = -1);
   Block allocate(std::size_t nbytes, std::size_t alignment);
   void free(Slab* slab, std::size_t offset, std::size_t size);
-  Registration register_memory(void* ptr, std::size_t nbytes);
+  // kCuda: [ptr, ptr+nbytes) must lie in one GPU allocation, which is
+  // registered whole (one registration serves every tensor of an
+  // allocator's segment).
+  Registration register_memory(void* ptr, std::size_t nbytes, MemoryType type);
   PoolStats stats() const;
+  int gpu() const { return gpu_; }
   void forget_registration(std::uintptr_t start, std::size_t length);
   // The slab holding [address, address+length), if this pool allocated it:
   // whoever holds the result keeps that memory mapped, even after the pool
@@ -53,7 +60,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   // for a peer that must reach nothing else of the slab (on RDMA a slab's
   // key covers all of it). Cached until a block overlapping it is freed or
   // its registration dropped; then the key stops working.
-  std::string exact_rkey(const void* address, std::size_t length);
+  std::string exact_rkey(const void* address, std::size_t length, MemoryType type);
 
  private:
   bool carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset);
@@ -68,6 +75,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   std::size_t slab_size_;
   std::size_t limit_;
   bool large_shared_;
+  int gpu_;
   mutable std::mutex mu_;
   std::vector<std::shared_ptr<Slab>> slabs_;
   std::vector<std::shared_ptr<Slab>> large_cache_;  // freed dedicated slabs, for reuse
@@ -89,12 +97,14 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
 
 class RegistrationImpl {
  public:
-  RegistrationImpl(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id)
-      : memh(std::move(memh)), pool(std::move(pool)), device_id(device_id) {}
+  RegistrationImpl(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id,
+                   int gpu)
+      : memh(std::move(memh)), pool(std::move(pool)), device_id(device_id), gpu(gpu) {}
   ~RegistrationImpl();
   std::shared_ptr<ucx::MemHandle> memh;
   std::weak_ptr<PoolImpl> pool;
   std::uint64_t device_id;
+  int gpu;  // -1 host
 };
 
 class RemoteRegionImpl {

@@ -5,12 +5,18 @@
 
 #include "common/log.h"
 #include "core/memory_impl.h"
+#include "cuda/driver.h"
 
 namespace tensorwire {
 namespace detail {
 
 namespace {
 std::size_t align_up(std::size_t v, std::size_t a) { return (v + a - 1) & ~(a - 1); }
+std::string to_hex(std::uintptr_t v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%llx", static_cast<unsigned long long>(v));
+  return buf;
+}
 constexpr std::size_t kPage = 4096;
 constexpr std::size_t kHugePage = std::size_t(2) << 20;
 constexpr std::size_t kLargeBlock = std::size_t(1) << 20;       // blocks from here on get their own slab
@@ -19,12 +25,13 @@ constexpr std::size_t kMaxBlock = std::size_t(1) << 62;         // rounding and 
 }  // namespace
 
 PoolImpl::PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
-                   std::size_t limit, bool large_shared)
+                   std::size_t limit, bool large_shared, int gpu)
     : context_(std::move(context)),
       device_id_(device_id),
       slab_size_(align_up(slab_size, kPage)),
       limit_(limit),
-      large_shared_(large_shared) {}
+      large_shared_(large_shared),
+      gpu_(gpu) {}
 
 std::shared_ptr<Slab> PoolImpl::new_slab(std::size_t bytes, bool dedicated) {
   if (stats_.bytes_reserved + bytes > limit_) drop_cached_large(bytes);
@@ -33,6 +40,21 @@ std::shared_ptr<Slab> PoolImpl::new_slab(std::size_t bytes, bool dedicated) {
                         std::to_string(bytes) + " requested > limit " + std::to_string(limit_));
   }
   std::shared_ptr<ucx::MemHandle> memh;
+  if (gpu_ >= 0) {
+    // GPU memory from the driver, registered whole; the handle frees it
+    // after its unmap. Zeroed once, like host slabs.
+    void* p = cuda::allocate(gpu_, bytes);
+    const int gpu = gpu_;
+    cuda::bind_thread(gpu_);  // UCX registers GPU memory in the caller's context
+    memh = std::make_shared<ucx::MemHandle>(context_, p, bytes, ucx::MemHandle::Backing::kRegister, /*cuda=*/true,
+                                            [gpu, p] { cuda::release(gpu, p); });
+    cuda::zero(gpu_, p, bytes);
+    auto slab = std::make_shared<Slab>(std::move(memh), weak_from_this(), device_id_, dedicated, gpu_);
+    if (!dedicated) slab->free_.emplace(0, bytes);
+    stats_.bytes_reserved += bytes;
+    ++stats_.slabs;
+    return slab;
+  }
   try {
     // UCX-allocated slabs are shared memory that same-host peers map, so
     // their writes are a plain memcpy. Without that mapping (tcp, or
@@ -47,7 +69,7 @@ std::shared_ptr<Slab> PoolImpl::new_slab(std::size_t bytes, bool dedicated) {
   }
   // Touch every page now: a transfer into fresh pages is capped by page faults.
   std::memset(memh->address(), 0, bytes);
-  auto slab = std::make_shared<Slab>(std::move(memh), weak_from_this(), device_id_, dedicated);
+  auto slab = std::make_shared<Slab>(std::move(memh), weak_from_this(), device_id_, dedicated, -1);
   if (!dedicated) slab->free_.emplace(0, bytes);
   stats_.bytes_reserved += bytes;
   ++stats_.slabs;
@@ -140,7 +162,7 @@ Block PoolImpl::allocate(std::size_t nbytes, std::size_t alignment) {
   return block;
 }
 
-std::string PoolImpl::exact_rkey(const void* address, std::size_t length) {
+std::string PoolImpl::exact_rkey(const void* address, std::size_t length, MemoryType type) {
   const auto start = reinterpret_cast<std::uintptr_t>(address);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -149,8 +171,9 @@ std::string PoolImpl::exact_rkey(const void* address, std::size_t length) {
       if (it->second.length == length) return it->second.memh->packed_rkey();
     }
   }
+  if (type == MemoryType::kCuda) cuda::bind_thread(cuda::query(address).ordinal);
   auto memh = std::make_shared<ucx::MemHandle>(context_, const_cast<void*>(address), length,
-                                               ucx::MemHandle::Backing::kRegister);
+                                               ucx::MemHandle::Backing::kRegister, type == MemoryType::kCuda);
   std::string rkey = memh->packed_rkey();
   std::lock_guard<std::mutex> lock(mu_);
   exact_.emplace(start, Exact{length, std::move(memh)});
@@ -223,17 +246,39 @@ void PoolImpl::drop_slab(Slab* slab) {
   }
 }
 
-Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes) {
+Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes, MemoryType type) {
   if (ptr == nullptr || nbytes == 0) throw InvalidArgument("cannot register an empty or null range");
   const auto start = reinterpret_cast<std::uintptr_t>(ptr);
   if (start + nbytes < start) throw InvalidArgument("cannot register a range that wraps around the address space");
+  const bool cuda = type == MemoryType::kCuda;
+  // What is registered: the range itself, or for GPU memory its whole
+  // allocation (the driver knows it), so later tensors of it hit the cache.
+  void* reg_start = ptr;
+  std::size_t reg_length = nbytes;
+  int gpu = -1;
+  if (cuda) {
+    const cuda::PointerInfo info = cuda::query(ptr);
+    if (!info.device) {
+      throw InvalidArgument(cuda::available()
+                                ? "cannot register 0x" + to_hex(start) + " as GPU memory: it is not live GPU memory "
+                                  "(freed, host or managed memory)"
+                                : "cannot register GPU memory: " + cuda::unavailable_reason());
+    }
+    if (start + nbytes > info.base + info.size) {
+      throw InvalidArgument("cannot register " + std::to_string(nbytes) + " bytes at 0x" + to_hex(start) +
+                            ": the range runs past its GPU allocation of " + std::to_string(info.size) + " bytes");
+    }
+    reg_start = reinterpret_cast<void*>(info.base);
+    reg_length = info.size;
+    gpu = info.ordinal;
+  }
   std::shared_ptr<RegistrationImpl> candidate;  // released outside the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The candidate is the live registration with the greatest start <= ptr.
     auto it = registrations_.upper_bound(start);
     if (it != registrations_.begin()) candidate = std::prev(it)->second.lock();
-    if (candidate) {
+    if (candidate && candidate->memh->cuda() == cuda) {
       const auto rstart = reinterpret_cast<std::uintptr_t>(candidate->memh->address());
       if (start >= rstart && start + nbytes <= rstart + candidate->memh->length()) {
         ++stats_.registration_cache_hits;
@@ -242,10 +287,12 @@ Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes) {
     }
     ++stats_.registration_cache_misses;
   }
-  auto memh = std::make_shared<ucx::MemHandle>(context_, ptr, nbytes, ucx::MemHandle::Backing::kRegister);
-  auto reg = std::make_shared<RegistrationImpl>(std::move(memh), weak_from_this(), device_id_);
+  if (cuda) cuda::bind_thread(gpu);  // UCX registers GPU memory in the caller's context
+  auto memh = std::make_shared<ucx::MemHandle>(context_, reg_start, reg_length, ucx::MemHandle::Backing::kRegister,
+                                               cuda);
+  auto reg = std::make_shared<RegistrationImpl>(std::move(memh), weak_from_this(), device_id_, gpu);
   std::lock_guard<std::mutex> lock(mu_);
-  registrations_[start] = reg;
+  registrations_[reinterpret_cast<std::uintptr_t>(reg_start)] = reg;
   ++stats_.registrations;
   return Registration(std::move(reg), ptr, nbytes);
 }
@@ -378,7 +425,11 @@ RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx:
   }
   auto rkey = std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey);
   void* mapped = nullptr;
-  if (ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) mapped = nullptr;
+  // GPU memory is never mapped for a CPU copy (UCX's CUDA transports move it).
+  if (descriptor.memory_type != MemoryType::kHost ||
+      ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) {
+    mapped = nullptr;
+  }
   if (mapped && verify && !peer_mapping_covers(static_cast<char*>(mapped), descriptor.length, own, owner_pid)) {
     // UCX's own shared-memory put would copy through the same mapping: refuse.
     throw InvalidArgument("the peer's key does not map the whole region it describes (" +
@@ -425,8 +476,14 @@ RegionDescriptor Block::descriptor() const {
   d.address = reinterpret_cast<std::uint64_t>(data());
   d.length = size_;
   d.rkey = slab_->memh->packed_rkey();
+  d.memory_type = memory_type();
   return d;
 }
+
+MemoryType Block::memory_type() const noexcept {
+  return slab_ && slab_->gpu >= 0 ? MemoryType::kCuda : MemoryType::kHost;
+}
+int Block::gpu() const noexcept { return slab_ ? slab_->gpu : -1; }
 
 LocalRegion Registration::region() const {
   if (!impl_) throw InvalidArgument("empty registration");
@@ -440,11 +497,19 @@ RegionDescriptor Registration::descriptor() const {
   d.address = reinterpret_cast<std::uint64_t>(address_);
   d.length = length_;
   d.rkey = impl_->memh->packed_rkey();
+  d.memory_type = memory_type();
   return d;
 }
 
+MemoryType Registration::memory_type() const noexcept {
+  return impl_ && impl_->gpu >= 0 ? MemoryType::kCuda : MemoryType::kHost;
+}
+int Registration::gpu() const noexcept { return impl_ ? impl_->gpu : -1; }
+
 Block MemoryPool::allocate(std::size_t nbytes, std::size_t alignment) { return impl_->allocate(nbytes, alignment); }
-Registration MemoryPool::register_memory(void* ptr, std::size_t nbytes) { return impl_->register_memory(ptr, nbytes); }
+Registration MemoryPool::register_memory(void* ptr, std::size_t nbytes, MemoryType type) {
+  return impl_->register_memory(ptr, nbytes, type);
+}
 PoolStats MemoryPool::stats() const { return impl_->stats(); }
 
 const RegionDescriptor& RemoteRegion::descriptor() const {

@@ -3,6 +3,7 @@
 // Data messages: the wire header, the payload's landing, and the target side
 // of plain write/read in the message form (DeviceImpl::on_data_message).
 #include "core/messages.h"
+#include "cuda/driver.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -81,7 +82,12 @@ void Incoming::receive_into(void* dst, ucp_mem_h memh, std::function<void(bool)>
                             std::shared_ptr<const void> keep) {
   taken_ = true;
   if (!rendezvous_) {
-    if (length_) std::memcpy(dst, data_, length_);
+    // An eager payload is in host memory; GPU memory takes it by the driver.
+    if (length_ && cuda::in_use() && cuda::query(dst).device) {
+      cuda::copy(dst, data_, length_);
+    } else if (length_) {
+      std::memcpy(dst, data_, length_);
+    }
     done(true);
     defer_release(std::move(keep));
     return;

@@ -1,5 +1,6 @@
 // Copyright tensorwire authors.
 #include "core/worker_ctl.h"
+#include "cuda/driver.h"
 
 #include <linux/futex.h>
 #include <poll.h>
@@ -187,6 +188,8 @@ void WorkerCtl::wait_event(double seconds) {
 void WorkerCtl::run() {
   unsigned idle_rounds = 0;
   while (!stop_.load(std::memory_order_acquire)) {
+    // UCX's CUDA transports act in the progressing thread's context.
+    if (cuda::in_use()) cuda::bind_thread(cuda::first_ordinal());
     flush_deferred();
     if (callers_.load(std::memory_order_acquire) != 0) {
       // A caller drives the worker meanwhile (see WorkerCtl). Once it left,

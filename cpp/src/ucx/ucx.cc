@@ -1,5 +1,6 @@
 // Copyright tensorwire authors.
 #include "ucx/ucx.h"
+#include "cuda/driver.h"
 
 #include <sys/mman.h>
 
@@ -54,9 +55,14 @@ void request_init(void* request) {
 }  // namespace
 
 std::vector<std::pair<std::string, std::string>> transport_overrides(const std::string& transport) {
-  if (transport == "tcp") return {{"TLS", "tcp"}};
-  if (transport == "shm") return {{"TLS", "sm"}};
-  if (transport == "rdma") return {{"TLS", "rc,ud,sm"}};
+  // With a GPU, each named transport keeps UCX's CUDA transports, which move
+  // GPU memory: over tcp cuda_copy stages it through host memory; same-host
+  // GPU to GPU goes over cuda_ipc; gdr_copy and verbs with peer memory are
+  // GPUDirect RDMA.
+  const bool gpu = transport != "auto" && cuda::available();
+  if (transport == "tcp") return {{"TLS", gpu ? "tcp,cuda_copy" : "tcp"}};
+  if (transport == "shm") return {{"TLS", gpu ? "sm,cuda_copy,cuda_ipc" : "sm"}};
+  if (transport == "rdma") return {{"TLS", gpu ? "rc,ud,sm,cuda_copy,cuda_ipc,gdr_copy" : "rc,ud,sm"}};
   if (transport == "auto") return {};
   throw InvalidArgument("transport must be auto, tcp, shm or rdma, got '" + transport + "'");
 }
@@ -168,8 +174,9 @@ std::string Worker::address() const {
   return out;
 }
 
-MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, Backing backing)
-    : context_(std::move(context)), length_(length) {
+MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, Backing backing, bool cuda,
+                     std::function<void()> on_unmap)
+    : context_(std::move(context)), cuda_(cuda), on_unmap_(std::move(on_unmap)), length_(length) {
   bool allocate = backing == Backing::kUcx;
   if (backing == Backing::kHugeAnon) {
     mapped_ = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -186,14 +193,20 @@ MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_
   params.address = address;
   params.length = length;
   params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+  if (cuda) {
+    params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+    params.memory_type = UCS_MEMORY_TYPE_CUDA;
+  }
   ucs_status_t mst = ucp_mem_map(context_->get(), &params, &handle_);
   if (mst != UCS_OK && mapped_) ::munmap(mapped_, length_);
+  if (mst != UCS_OK && on_unmap_) on_unmap_();
   check(mst, "ucp_mem_map");
   ucp_mem_attr_t attr{};
   attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
   ucs_status_t st = ucp_mem_query(handle_, &attr);
   if (st != UCS_OK) {
     ucp_mem_unmap(context_->get(), handle_);
+    if (on_unmap_) on_unmap_();
     check(st, "ucp_mem_query");
   }
   address_ = attr.address;
@@ -203,6 +216,7 @@ MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_
   if (st == UCS_OK) note_own_rkey(std::string(static_cast<const char*>(buf), size));
   if (st != UCS_OK) {
     ucp_mem_unmap(context_->get(), handle_);
+    if (on_unmap_) on_unmap_();
     check(st, "ucp_rkey_pack");
   }
   rkey_.assign(static_cast<const char*>(buf), size);
@@ -215,6 +229,7 @@ MemHandle::~MemHandle() {
     if (st != UCS_OK) TW_LOG_WARN("ucp_mem_unmap failed: %s", ucs_status_string(st));
   }
   if (mapped_) ::munmap(mapped_, length_);
+  if (on_unmap_) on_unmap_();
 }
 
 namespace {

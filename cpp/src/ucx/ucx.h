@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -89,7 +90,11 @@ class MemHandle {
     kRegister,   // register the caller's [address, address+length)
     kHugeAnon,   // we mmap anonymous memory with transparent huge pages, then register
   };
-  MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, Backing backing);
+  // `cuda`: the range is GPU memory (registered with that memory type, so
+  // UCX need not detect it); `on_unmap` runs after the unmap (frees memory
+  // allocated for this handle).
+  MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, Backing backing, bool cuda = false,
+            std::function<void()> on_unmap = {});
   ~MemHandle();
   MemHandle(const MemHandle&) = delete;
   MemHandle& operator=(const MemHandle&) = delete;
@@ -97,10 +102,13 @@ class MemHandle {
   void* address() const { return address_; }
   std::size_t length() const { return length_; }
   const std::string& packed_rkey() const { return rkey_; }
+  bool cuda() const { return cuda_; }
 
  private:
   std::shared_ptr<Context> context_;
   ucp_mem_h handle_ = nullptr;
+  bool cuda_ = false;
+  std::function<void()> on_unmap_;
   void* address_ = nullptr;
   std::size_t length_ = 0;
   std::string rkey_;
