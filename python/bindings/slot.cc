@@ -49,11 +49,24 @@ Device& device_of(PyDevice& d) {
   return *d.device;
 }
 
-// A numpy view of slot memory (see numpy_dtype), kept alive by `owner`.
-nb::object numpy_view(nb::handle owner, void* data, const TensorSpec& spec) {
-  const nb::dlpack::dtype dt = numpy_dtype(spec.dtype.code, spec.dtype.bits);
+// A view of a static slot's buffer, kept alive by the slot: numpy for host
+// memory (see numpy_dtype); for GPU memory a DLPack array on that GPU
+// (torch.from_dlpack(view)), with the tensor's true dtype.
+nb::object slot_view(nb::handle slot_obj, const StaticSlot& slot, int index) {
+  const TensorSpec& spec = slot.spec();
   std::vector<std::size_t> shape(spec.shape.begin(), spec.shape.end());
-  return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, nullptr, dt));
+  void* data = slot.buffer(index);
+  if (slot.memory_type() == MemoryType::kCuda) {
+    const nb::dlpack::dtype dt{spec.dtype.code, spec.dtype.bits, 1};
+    return nb::cast(nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), slot_obj, nullptr, dt,
+                                               nb::device::cuda::value, slot.gpu()));
+  }
+  const nb::dlpack::dtype dt = numpy_dtype(spec.dtype.code, spec.dtype.bits);
+  return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), slot_obj, nullptr, dt));
+}
+
+std::string memory_name(MemoryType type, int gpu) {
+  return type == MemoryType::kCuda ? "cuda:" + std::to_string(gpu) : std::string("host");
 }
 
 struct PyStaticSender {
@@ -116,7 +129,7 @@ void bind_slots(nb::module_& m) {
   nb::class_<StaticSlot>(m, "StaticSlot",
                          "Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.")
       .def("__init__", [](StaticSlot* self, PyDevice& d, const std::string& name, nb::handle shape_arg,
-                          int code, int bits, nb::handle depth_arg, nb::handle first_seq_arg) {
+                          int code, int bits, nb::handle depth_arg, nb::handle first_seq_arg, int gpu) {
         TensorSpec spec = make_spec(to_shape(shape_arg), code, bits);
         const int depth = static_cast<int>(to_int(depth_arg, "depth", 1, 1024));
         const std::uint64_t first_seq = to_u64(first_seq_arg, "first_seq");
@@ -127,9 +140,11 @@ void bind_slots(nb::module_& m) {
           throw InvalidArgument("a static slot of depth " + std::to_string(depth) + " for " + spec.describe() +
                                 " is too large (at most 2^62 bytes in all)");
         }
-        new (self) StaticSlot(device_of(d), name, spec, depth, first_seq);
+        gil_scoped_release r;  // a GPU slot may initialise CUDA
+        new (self) StaticSlot(device_of(d), name, spec, depth, first_seq,
+                              gpu < 0 ? MemoryType::kHost : MemoryType::kCuda, gpu < 0 ? 0 : gpu);
       }, nb::arg("device"), nb::arg("name"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"),
-         nb::arg("depth") = 2, nb::arg("first_seq") = 1, nb::keep_alive<1, 2>())
+         nb::arg("depth") = 2, nb::arg("first_seq") = 1, nb::arg("gpu") = -1, nb::keep_alive<1, 2>())
       .def("recv", [](nb::handle self, nb::handle timeout) {
         auto& slot = nb::cast<StaticSlot&>(self);
         double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
@@ -138,10 +153,11 @@ void bind_slots(nb::module_& m) {
           gil_scoped_release r;
           idx = slot.recv(t);
         }
-        return numpy_view(self, slot.buffer(idx), slot.spec());
+        return slot_view(self, slot, idx);
       }, nb::arg("timeout").none() = nb::none(),
          nb::sig("def recv(self, timeout: float | None = None) -> numpy.typing.NDArray[typing.Any]"),
-         "Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).")
+         "Waits for the next tensor; returns a zero-copy view of it (valid until release()): a numpy array, or "
+         "for a slot in GPU memory a DLPack array on the GPU (torch.from_dlpack(view)).")
       .def("recv_async", &recv_async, nb::arg("timeout").none() = nb::none(),
          nb::sig("def recv_async(self, timeout: float | None = None) -> "
                  "collections.abc.Coroutine[typing.Any, typing.Any, numpy.typing.NDArray[typing.Any]]"),
@@ -150,7 +166,7 @@ void bind_slots(nb::module_& m) {
         auto& slot = nb::cast<StaticSlot&>(self);
         int idx = slot.poll();
         if (idx < 0) return nb::none();
-        return numpy_view(self, slot.buffer(idx), slot.spec());
+        return slot_view(self, slot, idx);
       }, nb::sig("def poll(self) -> numpy.typing.NDArray[typing.Any] | None"),
          "Non-blocking recv(): the next tensor's view, or None if it has not arrived.")
       .def("release", [](StaticSlot& slot, nb::object view) {
@@ -161,6 +177,8 @@ void bind_slots(nb::module_& m) {
       .def_prop_ro("shape", [](StaticSlot& s) { return s.spec().shape; })
       .def_prop_ro("dtype", [](StaticSlot& s) { return s.spec().dtype.name(); })
       .def_prop_ro("depth", &StaticSlot::depth)
+      .def_prop_ro("memory", [](StaticSlot& s) { return memory_name(s.memory_type(), s.gpu()); },
+                   "Where the buffers live: 'host' or 'cuda:<gpu>' (the sequence words are always host memory).")
       .def_prop_ro("next_seq", &StaticSlot::next_seq)
       .def_prop_ro("has_sender", &StaticSlot::has_sender)
       .def("stats", [](StaticSlot& s) { return stats_dict(s.stats()); });
@@ -201,12 +219,15 @@ void bind_slots(nb::module_& m) {
 
   nb::class_<DynamicSlot>(m, "DynamicSlot", "Receiver side of dynamic allocation: tensors of any shape.")
       .def("__init__", [](DynamicSlot* self, PyDevice& d, const std::string& name, nb::handle max_ndim,
-                          nb::handle max_nbytes) {
-        new (self) DynamicSlot(device_of(d), name, static_cast<int>(to_int(max_ndim, "max_ndim", 0, 64)),
-                               to_u64(max_nbytes, "max_nbytes"));
+                          nb::handle max_nbytes, int gpu) {
+        const int ndim = static_cast<int>(to_int(max_ndim, "max_ndim", 0, 64));
+        const std::uint64_t limit = to_u64(max_nbytes, "max_nbytes");
+        gil_scoped_release r;  // a GPU slot may initialise CUDA
+        new (self) DynamicSlot(device_of(d), name, ndim, limit, gpu < 0 ? MemoryType::kHost : MemoryType::kCuda,
+                               gpu < 0 ? 0 : gpu);
       },
            nb::arg("device"), nb::arg("name"), nb::arg("max_ndim") = 8,
-           nb::arg("max_nbytes") = std::size_t(1) << 32, nb::keep_alive<1, 2>())
+           nb::arg("max_nbytes") = std::size_t(1) << 32, nb::arg("gpu") = -1, nb::keep_alive<1, 2>())
       .def("recv", [](DynamicSlot& slot, nb::handle timeout) {
         double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
         TensorSpec spec;

@@ -264,16 +264,20 @@ class Device(_core.Device):
         return ch
 
     def static_slot(self, name: str, shape: int | Sequence[int], dtype: Any = "float32", depth: int = 2,
-                    first_seq: int = 1) -> "_core.StaticSlot":
+                    first_seq: int = 1, memory: str = "host") -> "_core.StaticSlot":
         """Receiver side of static placement: `depth` buffers of `shape`/`dtype`
-        in registered memory, published as `name` (see tensorwire.slots)."""
+        in registered memory, published as `name` (see tensorwire.slots).
+        ``memory="cuda"``: the buffers are GPU memory and ``recv()`` returns a DLPack
+        array on the GPU; the sequence words stay in host memory."""
         code, bits, _ = _DTYPES[dtype_name(dtype)]
-        return _core.StaticSlot(self, name, shape, code, bits, depth, first_seq)
+        return _core.StaticSlot(self, name, shape, code, bits, depth, first_seq, _gpu_of(memory))
 
-    def dynamic_slot(self, name: str, max_ndim: int = 8, max_nbytes: int = 1 << 32) -> "_core.DynamicSlot":
+    def dynamic_slot(self, name: str, max_ndim: int = 8, max_nbytes: int = 1 << 32,
+                     memory: str = "host") -> "_core.DynamicSlot":
         """Receiver side of dynamic allocation: tensors of any shape up to `max_ndim`
-        dimensions and `max_nbytes` bytes (see tensorwire.slots)."""
-        return _core.DynamicSlot(self, name, max_ndim, max_nbytes)
+        dimensions and `max_nbytes` bytes (see tensorwire.slots). ``memory="cuda"``:
+        each tensor is allocated in the GPU's arena and read there."""
+        return _core.DynamicSlot(self, name, max_ndim, max_nbytes, _gpu_of(memory))
 
 
 StaticSlot = _core.StaticSlot

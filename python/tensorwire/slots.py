@@ -58,6 +58,18 @@ def _check_timeout(timeout: Any) -> float | None:
     return timeout
 
 
+def _gpu_memory_of(tensor: Any) -> str | None:
+    """"cuda:N" for a torch tensor on GPU N, else None (host memory)."""
+    device = getattr(tensor, "device", None)
+    if getattr(device, "type", None) == "cuda":
+        return f"cuda:{device.index or 0}"
+    return None
+
+
+def _nbytes_of(tensor: Any) -> int:
+    return int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size()
+
+
 def _spec_of(tensor: Any) -> tuple[list[int], str]:
     """(shape, dtype name) of a numpy array or torch tensor."""
     from . import dtype_name
@@ -88,11 +100,17 @@ class _Sender:
             raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
         shape, name = _spec_of(tensor)
         code, bits, _ = _DTYPES[name]
+        gpu = _gpu_memory_of(tensor)
+        if gpu is not None:
+            # The stream contract (docs/contracts.md §1.1): UCX reads the tensor
+            # outside torch's streams, so the kernels writing it must be done.
+            import torch
+            torch.cuda.current_stream(tensor.device).synchronize()
         if self.path == "register":
             reg = self._device.register(tensor)
             return reg, shape, code, bits, timeout
-        # copy path: one staging block per sender, reused (grown when needed)
-        nbytes = max(1, int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size())
+        # copy path: one staging block per sender, in the tensor's memory, reused (grown when needed)
+        nbytes = max(1, _nbytes_of(tensor))
         if self._last is not None:
             # The previous send may still read the staging block (a dynamic
             # send until the receiver took it): bounded by this send's timeout,
@@ -107,15 +125,21 @@ class _Sender:
             if start is not None and timeout is not None:
                 timeout = max(0.0, timeout - (time.monotonic() - start))
             self._last = None
-        if self._staging is None or self._staging.nbytes < nbytes:  # the view buffers see, not the lease
-            self._staging = self._device.alloc(nbytes, alignment=4096)
+        memory = gpu or "host"
+        if self._staging is None or self._staging.nbytes < nbytes or self._staging.memory != memory:
+            self._staging = self._device.alloc(nbytes, alignment=4096, memory=memory)
         self._copy_into(self._staging, tensor)
         return self._staging, shape, code, bits, timeout
 
     @staticmethod
     def _copy_into(block, tensor: Any) -> None:
         import numpy as np
-        n = int(tensor.nbytes) if hasattr(tensor, "nbytes") else tensor.numel() * tensor.element_size()
+        n = _nbytes_of(tensor)
+        if block.memory != "host":  # a GPU tensor into a GPU staging block: a device copy
+            import torch
+            torch.from_dlpack(block)[:n].copy_(tensor.contiguous().view(torch.uint8).reshape(-1))
+            torch.cuda.current_stream(tensor.device).synchronize()
+            return
         dst = np.frombuffer(block, dtype=np.uint8, count=n)
         if hasattr(tensor, "data_ptr"):  # torch: copy through a uint8 view, no numpy dtype needed
             import torch
@@ -133,8 +157,7 @@ class _Sender:
         req = self._core.send_region(local, shape, code, bits, left)
         # counted once sent: a tensor the sender refuses leaves the stats unchanged
         if local is self._staging:
-            self._core.note_copy(int(tensor.nbytes) if hasattr(tensor, "nbytes")
-                                 else tensor.numel() * tensor.element_size())
+            self._core.note_copy(_nbytes_of(tensor))
             self._last = req
         else:
             self._core.note_registration()

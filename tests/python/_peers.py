@@ -198,6 +198,14 @@ def _torch_item(slot, obj, is_static: bool) -> dict:
     return {"shape": list(t.shape), "dtype": str(t.dtype), "data": data, "zero_copy": zero_copy}
 
 
+def _gpu_item(obj) -> dict:
+    """A tensor received into GPU memory, as its bytes (copied to the host) and where it was."""
+    import torch
+    t = torch.from_dlpack(obj)  # a GPU slot's view or a GPU Block: true dtype
+    data = t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
+    return {"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device), "data": data}
+
+
 def _slot_recv(dev, slot, is_static: bool, a: dict) -> dict:
     """Receives a["count"] tensors from `slot` (see slot_peer)."""
     import time
@@ -217,8 +225,10 @@ def _slot_recv(dev, slot, is_static: bool, a: dict) -> dict:
                        in_use_after_error=dev.stats()["bytes_in_use"], in_use_before_error=before)
             break
         out["in_use"].append((before, dev.stats()["bytes_in_use"]))
-        arr = obj if is_static else obj.numpy()
-        if mode == "fill":  # every element holds the tensor's index
+        arr = None if mode == "gpu" else obj if is_static else obj.numpy()
+        if mode == "gpu":
+            out["items"].append(_gpu_item(obj))
+        elif mode == "fill":  # every element holds the tensor's index
             flat = arr.reshape(-1)
             if flat.size == 0 or not (flat == flat[0]).all():
                 out["nonuniform"] += 1
@@ -269,9 +279,10 @@ def slot_peer(conn, transport: str, device_kwargs: dict | None = None) -> None:
     messages {"op": ...} through the pipe; every message gets one reply
     (a dict; {"error": traceback} for an unexpected failure):
 
-    - "static_slot" {name, shape, dtype, depth=2, first_seq=1} / "dynamic_slot" {name, max_ndim, max_nbytes}
+    - "static_slot" {name, shape, dtype, depth=2, first_seq=1, memory="host"} / "dynamic_slot" {name,
+      max_ndim, max_nbytes, memory="host"}
     - "drop" {name}: forgets a slot or sender
-    - "recv" {name, count=1, timeout=10, mode="bytes"|"fill"|"torch", sleep=0}: receives `count`
+    - "recv" {name, count=1, timeout=10, mode="bytes"|"fill"|"torch"|"gpu", sleep=0}: receives `count`
       tensors (releasing each after `sleep` s); an error ends the loop and is
       reported as {"raised", "message", "elapsed", ...}
     - "poll" {name}: {"none": bool}
@@ -288,12 +299,12 @@ def slot_peer(conn, transport: str, device_kwargs: dict | None = None) -> None:
         op = msg["op"]
         if op == "static_slot":
             s = dev.static_slot(msg["name"], tuple(msg["shape"]), msg["dtype"], depth=msg.get("depth", 2),
-                                first_seq=msg.get("first_seq", 1))
+                                first_seq=msg.get("first_seq", 1), memory=msg.get("memory", "host"))
             slots[msg["name"]] = (s, True)
             reply = {"next_seq": s.next_seq}
         elif op == "dynamic_slot":
             s = dev.dynamic_slot(msg["name"], max_ndim=msg.get("max_ndim", 8),
-                                 max_nbytes=msg.get("max_nbytes", 1 << 32))
+                                 max_nbytes=msg.get("max_nbytes", 1 << 32), memory=msg.get("memory", "host"))
             slots[msg["name"]] = (s, False)
             reply = {"next_seq": s.next_seq, "record_size": s.record_size}
         elif op == "drop":

@@ -15,7 +15,7 @@ import pytest
 
 import tensorwire as tw
 from _peers import crc, pattern
-from conftest import call_json, remote_crc, start_server
+from conftest import call_json, remote_crc, start_server, start_slot_peer
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -43,7 +43,9 @@ def test_cuda_block_is_a_cuda_tensor_without_copy():
         torch.cuda.synchronize()
         assert float(torch.from_dlpack(block).sum()) == 3.0 * 64 * 32
         with pytest.raises(BufferError, match="GPU memory"):
-            np.asarray(block)
+            memoryview(block)  # the buffer protocol would let the CPU dereference GPU memory
+        with pytest.raises(tw.InvalidArgument, match="GPU memory"):
+            block.numpy()
         assert dev.alloc(10, memory="cuda:0").memory == "cuda:0"
 
 
@@ -101,7 +103,7 @@ def _local(dev, nbytes, memory):
     reg = dev.register(t)  # a torch tensor, registered where it is
 
     def put_gpu(data):
-        t[:len(data)] = torch.from_numpy(data).cuda()
+        t[:len(data)] = torch.from_numpy(data.copy()).cuda()
         torch.cuda.synchronize()  # the stream contract: the bytes are written before the transfer reads them
 
     return reg, put_gpu, lambda n: t[:n].cpu().numpy()
@@ -140,3 +142,81 @@ def test_dead_peer_fails_pending_gpu_transfers():
             for _ in range(1000):  # bounded: the peer's failure ends it long before
                 ch.write(src, remote).wait(30)
         assert time.monotonic() - killed < 15.0
+
+
+DTYPES = list(tw._DTYPES)
+
+
+def _random_tensor(shape, dtype: str):
+    """A CUDA tensor of `dtype` with random bytes (bool: 0 or 1, as torch requires)."""
+    if dtype == "bool":
+        return torch.randint(0, 2, shape, device="cuda").bool()
+    tdtype = getattr(torch, dtype)
+    nbytes = int(np.prod(shape)) * torch.empty((), dtype=tdtype).element_size()
+    raw = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+    return raw.view(tdtype).reshape(shape)
+
+
+def _bytes_of(t) -> bytes:
+    return t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+
+
+@pytest.fixture(scope="module", params=["shm", "tcp"])
+def gpu_receiver(request):
+    with start_slot_peer(request.param) as peer:
+        peer.transport = request.param
+        yield peer
+
+
+@pytest.mark.parametrize("path", ["block", "copy", "register"])
+def test_static_gpu_slot_every_dtype(gpu_receiver, path):
+    """Static slots with GPU payloads (sequence words in host memory): every dtype,
+    from a CUDA Block (zero copy), or a torch CUDA tensor copied or registered."""
+    with tw.Device(transport=gpu_receiver.transport) as dev:
+        ch = dev.connect(gpu_receiver.address)
+        for dtype in DTYPES:
+            name = f"s-{path}-{dtype}"
+            shape = (17, 3)
+            gpu_receiver.request({"op": "static_slot", "name": name, "shape": shape, "dtype": dtype,
+                                  "depth": 2, "memory": "cuda"})
+            sender = ch.static_sender(name, path="copy" if path == "block" else path)
+            sent = []
+            for i in range(3):
+                t = _random_tensor(shape, dtype)
+                if path == "block":
+                    block = dev.empty(shape, dtype, memory="cuda")
+                    torch.from_dlpack(block).copy_(t)
+                    torch.cuda.synchronize()  # the stream contract for a Block: the caller's
+                    sender.send(block).wait(30)
+                else:
+                    sender.send(t).wait(30)
+                sent.append(_bytes_of(t))
+            got = gpu_receiver.request({"op": "recv", "name": name, "count": 3, "mode": "gpu"}, timeout=60)
+            assert "raised" not in got, got
+            assert [item["data"] for item in got["items"]] == sent, (dtype, path)
+            assert all(item["device"] == "cuda:0" for item in got["items"])
+            stats = sender.stats()
+            assert stats["zero_copy" if path == "block" else {"copy": "copies", "register": "registrations"}[path]] == 3
+            gpu_receiver.request({"op": "drop", "name": name})
+
+
+@pytest.mark.parametrize("path", ["copy", "register"])
+def test_dynamic_gpu_slot_every_dtype(gpu_receiver, path):
+    """Dynamic slots allocating in the receiver's CUDA arena, reading from GPU memory."""
+    with tw.Device(transport=gpu_receiver.transport) as dev:
+        ch = dev.connect(gpu_receiver.address)
+        name = f"d-{path}"
+        gpu_receiver.request({"op": "dynamic_slot", "name": name, "memory": "cuda"})
+        sender = ch.dynamic_sender(name, path=path)
+        sent = []
+        for i, dtype in enumerate(DTYPES):
+            t = _random_tensor((5 + i, 7), dtype)
+            req = sender.send(t)
+            got = gpu_receiver.request({"op": "recv", "name": name, "count": 1, "mode": "gpu"}, timeout=60)
+            req.wait(30)
+            assert "raised" not in got, got
+            item = got["items"][0]
+            assert item["data"] == _bytes_of(t) and item["shape"] == [5 + i, 7], dtype
+            assert item["device"] == "cuda:0"
+            sent.append(dtype)
+        assert sender.stats()["copies" if path == "copy" else "registrations"] == len(DTYPES)

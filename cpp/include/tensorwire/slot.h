@@ -81,8 +81,10 @@ class DynamicSenderImpl;
 
 class StaticSlot {
  public:
+  // `memory` kCuda: the buffers are GPU `gpu`'s memory, their sequence words
+  // host memory (polling stays a CPU load).
   StaticSlot(Device& device, const std::string& name, const TensorSpec& spec, int depth = 2,
-             std::uint64_t first_seq = 1);
+             std::uint64_t first_seq = 1, MemoryType memory = MemoryType::kHost, int gpu = 0);
   ~StaticSlot();
   // Waits for the next tensor; returns the index of the buffer holding it.
   // At most `depth` tensors may be received and not yet released.
@@ -92,6 +94,8 @@ class StaticSlot {
   // Marks the oldest received tensor consumed and tells the sender.
   void release();
   void* buffer(int index) const;
+  MemoryType memory_type() const;
+  int gpu() const;  // -1 for host memory
   const TensorSpec& spec() const;
   int depth() const;
   std::uint64_t next_seq() const;  // the sequence number recv() waits for
@@ -131,7 +135,10 @@ class StaticSender {
 
 class DynamicSlot {
  public:
-  DynamicSlot(Device& device, const std::string& name, int max_ndim = 8, std::size_t max_nbytes = std::size_t(1) << 32);
+  // `memory` kCuda: received tensors are allocated in GPU `gpu`'s CUDA arena
+  // and read there (the record stays in host memory).
+  DynamicSlot(Device& device, const std::string& name, int max_ndim = 8, std::size_t max_nbytes = std::size_t(1) << 32,
+              MemoryType memory = MemoryType::kHost, int gpu = 0);
   ~DynamicSlot();
   // Waits for the next record, validates it, allocates, reads the data, acks.
   // A record that lies (bad version, unknown dtype, nbytes != product(dims) x

@@ -213,6 +213,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // over tcp, its oldest range) is forgotten, and descriptors in it refused.
   static constexpr std::size_t kMaxExports = 4096;
   std::map<std::string, std::vector<std::pair<std::uint64_t, std::uint64_t>>> exports_;
+  std::map<std::string, MemoryType> export_types_;  // rkey bytes -> the memory type it was exported with
   std::deque<std::string> export_order_;
   std::size_t export_count_ = 0;
   std::map<std::uint64_t, std::uint64_t> grants_;  // start -> end, our memory this peer may reach by message

@@ -66,6 +66,7 @@ std::shared_ptr<RemoteRegionImpl> Peer::accept_export(const RegionDescriptor& d)
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto& ranges = exports_[d.rkey];
+  export_types_[d.rkey] = d.memory_type;
   const std::pair<std::uint64_t, std::uint64_t> range{d.address, d.address + d.length};
   if (std::find(ranges.begin(), ranges.end(), range) == ranges.end()) {
     if (ranges.empty()) export_order_.push_back(d.rkey);
@@ -77,6 +78,7 @@ std::shared_ptr<RemoteRegionImpl> Peer::accept_export(const RegionDescriptor& d)
     if (++export_count_ > kMaxExports && export_order_.size() > 1) {
       export_count_ -= exports_[export_order_.front()].size();
       exports_.erase(export_order_.front());
+      export_types_.erase(export_order_.front());
       export_order_.pop_front();
     }
   }
@@ -128,7 +130,11 @@ std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d)
     throw InvalidArgument(std::string("the region ") + range + " with this key was not exported by " + describe());
   }
   std::lock_guard<std::mutex> lock(mu_);
-  return region_locked(d);
+  // The memory type the peer declared when it exported the key (a dynamic
+  // record carries only address and key).
+  RegionDescriptor typed = d;
+  if (auto t = export_types_.find(d.rkey); t != export_types_.end()) typed.memory_type = t->second;
+  return region_locked(typed);
 }
 
 std::shared_ptr<RemoteRegionImpl> Peer::region_locked(const RegionDescriptor& d) {

@@ -22,6 +22,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   int max_ndim = 8;
   std::size_t max_nbytes = 0;
   std::size_t record_size = 0;
+  std::unique_ptr<MemoryPool> tensors;  // where received tensors go: the host pool or a GPU's CUDA arena
   Block record, ack_src;
   SenderLink link;
   std::atomic<std::uint64_t> expected{1};
@@ -73,7 +74,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     a.spec = rec.spec;
     if (a.status == kAccepted) {
       try {
-        a.block = dev->pool->allocate(rec.nbytes ? rec.nbytes : 1, 64);
+        a.block = tensors->allocate(rec.nbytes ? rec.nbytes : 1, 64);
       } catch (const PoolExhausted&) {
         a.status = kPoolExhausted;
       }
@@ -219,7 +220,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     }
     Block out;
     try {
-      out = dev->pool->allocate(nbytes ? nbytes : 1, 64);
+      out = tensors->allocate(nbytes ? nbytes : 1, 64);
     } catch (const PoolExhausted& e) {
       refuse(kPoolExhausted);
       throw PoolExhausted("dynamic slot '" + name + "' refused record " + std::to_string(seq) + " of " +
@@ -278,7 +279,8 @@ class DynamicSenderImpl : public MessageSink {
 
 // ---- DynamicSlot ----
 
-DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, std::size_t max_nbytes)
+DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, std::size_t max_nbytes,
+                         MemoryType memory, int gpu)
     : impl_(std::make_shared<detail::DynamicSlotImpl>()) {
   if (max_ndim < 0 || max_ndim > 64) throw InvalidArgument("max_ndim must be in 0..64");
   auto dev = device.impl()->shared_from_this();
@@ -289,6 +291,8 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
   s.max_ndim = max_ndim;
   s.max_nbytes = max_nbytes;
   s.record_size = detail::record_size_for(max_ndim);
+  // The record stays in host memory (polled by the CPU); tensors go where the slot says.
+  s.tensors = std::make_unique<MemoryPool>(device.pool(memory, gpu));
   s.record = detail::allocate_exported(*dev, s.record_size);
   std::memset(s.record.data(), 0, s.record_size);
   s.ack_src = dev->pool->allocate(64, 64);

@@ -57,10 +57,11 @@ inline std::size_t align64(std::size_t v) { return (v + 63) & ~std::size_t(63); 
 // Memory a slot exports to its peer: whole pages of its own, so that a key
 // of exactly this range (DeviceImpl::export_for; RDMA keys are per page)
 // reaches no other data.
-inline Block allocate_exported(DeviceImpl& dev, std::size_t nbytes) {
+inline Block allocate_exported(MemoryPool& pool, std::size_t nbytes) {
   constexpr std::size_t kPage = 4096;
-  return dev.pool->allocate((nbytes + kPage - 1) & ~(kPage - 1), kPage);
+  return pool.allocate((nbytes + kPage - 1) & ~(kPage - 1), kPage);
 }
+inline Block allocate_exported(DeviceImpl& dev, std::size_t nbytes) { return allocate_exported(*dev.pool, nbytes); }
 
 // A slot's link back to its one sender, made by the sender's attach call
 // (payload: the descriptor of the sender's ack block, then the id its

@@ -2,6 +2,9 @@
 //
 // Static placement. Receiver block layout, `depth` buffers of `stride` bytes:
 //   buffer i at i*stride: payload (nbytes, padded to 64) | u64 sequence | pad to 64
+// A slot in GPU memory keeps the payloads there (stride = the padded
+// payload) and the sequence words in a host block, one per 64-byte line, so
+// that polling stays a CPU load (the paper's GPUDirect layout).
 // Sender: ack block, u64 "last released sequence" written by the receiver;
 // one u64 sequence source word per buffer.
 // Attach: the sender calls "tw.static/<name>" with its device id and the ack
@@ -60,18 +63,30 @@ TensorSpec decode_spec(ByteReader& r) {
 
 struct StaticLayout {
   std::size_t nbytes = 0, payload = 0, stride = 0;
-  explicit StaticLayout(std::size_t n) : nbytes(n), payload(align64(n)), stride(align64(n) + 64) {}
+  bool separate = false;  // sequence words in their own (host) block
+  StaticLayout(std::size_t n, bool separate_words)
+      : nbytes(n), payload(align64(n)), stride(separate_words ? align64(n) : align64(n) + 64),
+        separate(separate_words) {}
   std::size_t payload_offset(std::size_t i) const { return i * stride; }
-  std::size_t seq_offset(std::size_t i) const { return i * stride + payload; }
+  // In the payload block, or in the word block (64 bytes per word).
+  std::size_t seq_offset(std::size_t i) const { return separate ? i * 64 : i * stride + payload; }
+  std::size_t seq_stride() const { return separate ? 64 : stride; }
 };
 
 class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<StaticSlotImpl> {
  public:
-  StaticSlotImpl(std::shared_ptr<DeviceImpl> dev, std::string name, TensorSpec spec, int depth, std::uint64_t first)
+  StaticSlotImpl(std::shared_ptr<DeviceImpl> dev, std::string name, TensorSpec spec, int depth, std::uint64_t first,
+                 MemoryType memory, int gpu)
       : device(dev), name(std::move(name)), spec(std::move(spec)), depth(depth), first_seq(first),
-        layout(this->spec.nbytes()) {
-    block = allocate_exported(*dev, layout.stride * depth);
-    std::memset(block.data(), 0, block.size());
+        layout(this->spec.nbytes(), memory == MemoryType::kCuda) {
+    if (layout.separate) {
+      block = allocate_exported(dev->cuda_pool(gpu), layout.stride * depth);
+      words = allocate_exported(*dev, 64 * static_cast<std::size_t>(depth));
+      std::memset(words.data(), 0, words.size());
+    } else {
+      block = allocate_exported(*dev, layout.stride * depth);
+      std::memset(block.data(), 0, block.size());
+    }
     ack_src = dev->pool->allocate(8 * kAckRing, 64);
     ack_pending.resize(kAckRing);
   }
@@ -95,6 +110,10 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     w.put<std::uint64_t>(layout.payload);
     w.put_bytes32(dev->export_for(block.descriptor(), *caller).to_bytes());
     w.put<std::uint64_t>(sink.id);
+    if (layout.separate) {  // appended: where the sequence words are (§10.3)
+      w.put<std::uint64_t>(layout.seq_stride());
+      w.put_bytes32(dev->export_for(words.descriptor(), *caller).to_bytes());
+    }
     return std::move(w.str());
   }
 
@@ -134,7 +153,9 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
         shared_from_this());
   }
 
-  volatile void* seq_word(std::size_t i) const { return static_cast<char*>(block.data()) + layout.seq_offset(i); }
+  volatile void* seq_word(std::size_t i) const {
+    return static_cast<char*>(layout.separate ? words.data() : block.data()) + layout.seq_offset(i);
+  }
 
   bool ready_next() const {
     if (!link.attached) return false;  // only the attached sender's tensors count
@@ -151,6 +172,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
   std::uint64_t first_seq;
   StaticLayout layout;
   Block block, ack_src;
+  Block words;  // the sequence words of a slot in GPU memory (host memory)
   SenderLink link;
   std::uint64_t received = 0, consumed = 0;
   std::atomic<std::uint64_t> consumed_{0};  // `consumed`, for the message handler
@@ -200,6 +222,8 @@ class StaticSenderImpl : public MessageSink {
   int depth = 0;
   std::uint64_t first_seq = 1, next_seq = 1;
   std::size_t stride = 0, payload = 0;
+  RemoteRegion words;           // where the sequence words are: `slot` itself, or a host block
+  std::size_t seq_at = 0, seq_stride = 0;  // word i at seq_at + i * seq_stride in `words`
   Block ack, seq_src;
   SlotStats stats;
 
@@ -219,16 +243,16 @@ std::shared_ptr<detail::DeviceImpl> device_impl(Device& device) {
 // ---- StaticSlot ----
 
 StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec& spec, int depth,
-                       std::uint64_t first_seq) {
+                       std::uint64_t first_seq, MemoryType memory, int gpu) {
   if (depth < 1 || depth > 1024) throw InvalidArgument("depth must be in 1..1024, got " + std::to_string(depth));
   if (first_seq == 0) throw InvalidArgument("first_seq must be >= 1");
   if (spec.shape.size() > 64) throw InvalidArgument("at most 64 dimensions");
-  if (detail::StaticLayout(spec.nbytes()).stride > (std::size_t(1) << 62) / static_cast<std::size_t>(depth)) {
+  if (detail::StaticLayout(spec.nbytes(), false).stride > (std::size_t(1) << 62) / static_cast<std::size_t>(depth)) {
     throw InvalidArgument("static slot '" + name + "': " + std::to_string(depth) + " buffers of " + spec.describe() +
                           " exceed 2^62 bytes");
   }
   auto dev = device_impl(device);
-  impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq);
+  impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq, memory, gpu);
   impl_->sink.add(dev, impl_);
   detail::serve_attach(device, "tw.static/" + name, impl_);
 }
@@ -350,6 +374,8 @@ void* StaticSlot::buffer(int index) const {
   return static_cast<char*>(impl_->block.data()) + impl_->layout.payload_offset(index);
 }
 const TensorSpec& StaticSlot::spec() const { return impl_->spec; }
+MemoryType StaticSlot::memory_type() const { return impl_->block.memory_type(); }
+int StaticSlot::gpu() const { return impl_->block.gpu(); }
 int StaticSlot::depth() const { return impl_->depth; }
 std::uint64_t StaticSlot::next_seq() const { return impl_->first_seq + impl_->received; }
 SlotStats StaticSlot::stats() const { return impl_->stats; }
@@ -378,8 +404,22 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   std::string desc = r.get_bytes32();
   s.slot_sink = r.get<std::uint64_t>();
   s.slot = detail::exported_by_peer(channel, desc);
+  const bool separate = r.left() > 0;  // a slot in GPU memory: its sequence words come next
+  bool words_ok = true;
+  if (separate) {
+    s.seq_stride = r.get<std::uint64_t>();
+    s.words = detail::exported_by_peer(channel, r.get_bytes32());
+    s.seq_at = 0;
+    words_ok = s.seq_stride >= 8 && s.seq_stride <= 4096 &&
+               s.words.length() >= s.seq_stride * static_cast<std::uint64_t>(s.depth - 1) + 8;
+  } else {
+    s.words = s.slot;
+    s.seq_at = s.payload;
+    s.seq_stride = s.stride;
+  }
   if (s.depth < 1 || s.depth > 1024 || s.first_seq == 0 || s.next_seq < s.first_seq || released + 1 < s.first_seq ||
-      released >= s.next_seq || s.payload < s.spec.nbytes() || s.stride < 8 || s.payload > s.stride - 8 ||
+      released >= s.next_seq || s.payload < s.spec.nbytes() || s.stride < 8 ||
+      s.payload > (separate ? s.stride : s.stride - 8) || !words_ok ||
       s.stride > (std::uint64_t(1) << 62) / static_cast<std::uint64_t>(s.depth) ||
       s.slot.length() < s.stride * s.depth) {
     throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
@@ -432,7 +472,7 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
   auto* word = static_cast<std::uint64_t*>(s.seq_src.data()) + idx;
   *word = seq;
   // The payload lands before the sequence word.
-  Request flag = s.channel.write_ordered(s.seq_src.region(), idx * 8, s.slot, idx * s.stride + s.payload, 8);
+  Request flag = s.channel.write_ordered(s.seq_src.region(), idx * 8, s.words, s.seq_at + idx * s.seq_stride, 8);
   s.next_seq = seq + 1;
   ++s.stats.sent;
   s.stats.bytes += n;

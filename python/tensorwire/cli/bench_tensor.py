@@ -1,5 +1,6 @@
 """`tensorwire bench tensor`: tensor transfer + consume, tensorwire's slots beside
-RPC over UCX, gRPC, UCX tag and gloo (tensorwire.bench.tensor; the paper's Figure 7)."""
+RPC over UCX, gRPC, UCX tag and gloo (tensorwire.bench.tensor; the paper's Figure 7);
+with --memory cuda from GPU memory to GPU memory (tensorwire.bench.tensor.cuda)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def _tensor_sizes(text: str) -> list[int]:
 
 def _series(text: str) -> str:
     from ..bench.tensor import select_series
-    try:
-        return ",".join(select_series(text))
+    try:  # a name of either memory here; _main checks it against --memory
+        return ",".join(select_series(text, None))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -41,6 +42,16 @@ Series (default: all that are available here):
   gloo      torch.distributed gloo send/recv (needs torch)
 grpc and gloo always use TCP; the others use --transport.
 
+With --memory cuda the tensor starts in the sender's GPU memory and must end in
+the receiver's (one GPU is enough: two processes on it). Series:
+  zerocopy  tensorwire static slot in GPU memory, sender tensor a CUDA Block
+  dynamic   tensorwire dynamic slot in GPU memory
+  staged    GPU -> pinned host, host static slot, host -> GPU ("GDR off")
+  gloo      gloo send/recv through pinned host copies (gloo has no CUDA send/recv)
+  cuda_ipc  anchor: a copy into the receiver's buffer through a CUDA IPC handle
+Each row also has a one-way time: send -> tensor usable at the receiver
+(cuda_ipc: its copy + synchronize). Needs torch with a CUDA GPU.
+
 Each sample: sender takes t0, sends; receiver gets a usable array, reduces it,
 acks by the series' own mechanism; sender takes t1 on the ack. Reported: median
 per transfer, MB/s (10^6 B/s) and zerocopy's speed-up over every other series
@@ -51,6 +62,7 @@ examples:
   tensorwire bench tensor --transport shm --sizes 4K,1M,16M
   tensorwire bench tensor --transport tcp --series zerocopy,grpc --plot fig7.png
   tensorwire bench tensor --sizes 1K:1G --json tensor.json --verify
+  tensorwire bench tensor --memory cuda --sizes 4K,64M,256M --json tensor_cuda.json
 """
 
 
@@ -62,9 +74,13 @@ def register(commands) -> None:
                         help="transport of the tensorwire and UCX series: tcp, shm, rdma or auto (UCX_TLS as set)")
     tensor.add_argument("--sizes", type=_tensor_sizes, default=_tensor_sizes("1K:256M"),
                         help="tensor sizes in bytes: a list like 4K,1M,16M or a range like 1K:1G (default 1K:256M)")
+    tensor.add_argument("--memory", choices=("host", "cuda"), default="host",
+                        help="where the tensors live: host (default) or cuda: GPU memory to GPU memory "
+                             "(series zerocopy, dynamic, staged, gloo, cuda_ipc; needs torch with a CUDA GPU)")
     tensor.add_argument("--series", type=_series, default=None,
-                        help="comma-separated series to run (default: all): "
-                             "zerocopy,dynamic,copy,rpc-ucx,grpc,ucx-tag,gloo")
+                        help="comma-separated series to run (default: all of --memory's): "
+                             "zerocopy,dynamic,copy,rpc-ucx,grpc,socket,ucx-tag,gloo; "
+                             "with --memory cuda zerocopy,dynamic,staged,gloo,cuda_ipc")
     tensor.add_argument("--iters", type=_positive, default=100, help="timed iterations per size (default 100)")
     tensor.add_argument("--repeat", type=_positive, default=1,
                         help="passes over every series and size, interleaved; each cell reports its best pass "
@@ -98,7 +114,20 @@ def register(commands) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from ..bench.tensor import run_tensor
+    import importlib.util
+
+    from ..bench.tensor import cuda_unavailable, run_tensor, select_series
+    if args.series:  # the parser took a name of either memory
+        try:
+            select_series(args.series, args.memory)
+        except ValueError as e:
+            raise SystemExit(f"tensorwire bench tensor: {e}") from None
+    if args.memory == "cuda":  # before any receiver is spawned: say it once, exit 2
+        if importlib.util.find_spec("torch") is None:
+            raise SystemExit("tensorwire bench tensor --memory cuda needs torch: pip install tensorwire[torch]")
+        why = cuda_unavailable()
+        if why:
+            raise SystemExit(f"tensorwire bench tensor --memory cuda needs a CUDA GPU ({why})")
     args.budget = args.budget[0]
     report = run_tensor(args)
     report.write_json(args.json)

@@ -1,8 +1,11 @@
-"""`tensorwire bench train`: the paper's Figures 8, 10 and 11 on this machine.
+"""`tensorwire bench train`: the paper's Figures 8, 10 and 11, and Table 2 on a
+GPU, on this machine.
 
 Every configuration is one short local `tensorwire train` run (spawned
 processes, synthetic data, warm-up steps excluded). Figure 10's "local" line is
-single-process training of the same model and batch with no communication."""
+single-process training of the same model and batch with no communication.
+Table 2 is the mean mini-batch time with GPUDirect (GPU memory registered and
+moved as is) against staging every tensor through host memory."""
 
 from __future__ import annotations
 
@@ -17,33 +20,43 @@ from .cli import train_once
 MODES = ("zerocopy", "copy", "gloo")
 # The issue's targets (zerocopy samples/s over the others, communication-bound models at small batch)
 TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
+# The paper's Table 2 (8 workers; P100 GPUs, 100 Gb/s InfiniBand, TensorFlow r1.2): mean
+# mini-batch time in ms with RDMA (GPU tensors staged through host memory),
+# with RDMA + GPUDirect, and the improvement (RDMA / RDMA+GDR - 1) in percent.
+PAPER_TABLE2 = {"alexnet": (178.5, 135.2, 32), "fcn5": (157.0, 101.9, 54), "vgg16": (690.1, 610.4, 13),
+                "inception3": (172.5, 171.9, 0.4), "lstm": (84.4, 68.1, 24), "gru": (62.3, 52.6, 19)}
+PAPER_TABLE2_SOURCE = ('"RPC Considered Harmful: Fast Distributed Deep Learning on RDMA", section 5 '
+                       '"GPUDirect Support", Table 2 (8 workers)')
 
 
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _run(args, model: str, batch: int, mode: str, n: int) -> dict:
+def _run(args, model: str, batch: int, mode: str, n: int, **over: str) -> dict:
+    """The best of --repeat runs; `over`: device and gdr instead of the command line's."""
     best = None
+    tag = mode + "".join(f" {k} {v}" for k, v in over.items())
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         try:
-            r = train_once(args, model=model, batch=batch, mode=mode, workers=n, servers=n)
+            r = train_once(args, model=model, batch=batch, mode=mode, workers=n, servers=n, **over)
         except Exception as e:  # noqa: BLE001 - one failed configuration must not lose the sweep
-            _progress(f"    {model} b{batch} {mode} x{n}: FAILED: " + str(e).replace("\n", "\n      "))
+            _progress(f"    {model} b{batch} {tag} x{n}: FAILED: " + str(e).replace("\n", "\n      "))
             row = {"model": model, "batch": batch, "mode": mode, "workers": n, "servers": n,
-                   "error": str(e), "samples_per_s": float("nan")}
+                   "error": str(e), "samples_per_s": float("nan"), **over}
             return row
         row = {"model": model, "batch": batch, "mode": mode, "workers": n, "servers": n,
                "transport": "tcp" if mode == "gloo" else args.transport,
                "samples_per_s": r.samples_per_s, "step_ms": r.split["step"] * 1e3,
                "split_ms": {k: v * 1e3 for k, v in r.split.items()},
                "bytes_copied_per_step": r.bytes_copied_per_step, "bytes_sent_per_step": r.bytes_sent_per_step,
-               "wall_s": time.perf_counter() - t0}
+               "bytes_staged_per_step": r.bytes_staged_per_step, "device": r.device,
+               "wall_s": time.perf_counter() - t0, **over}
         if best is None or row["samples_per_s"] > best["samples_per_s"]:
             best = row
     s = best["split_ms"]
-    _progress(f"    {model:<10} batch {batch:<3} {mode:<8} x{n}: {best['samples_per_s']:8.2f} samples/s  "
+    _progress(f"    {model:<10} batch {batch:<3} {tag:<8} x{n}: {best['samples_per_s']:8.2f} samples/s  "
               f"step {best['step_ms']:.1f} ms (compute {s['compute']:.1f}, push {s['push']:.1f}, "
               f"aggregate {s['aggregate']:.1f}, pull {s['pull']:.1f})")
     return best
@@ -56,35 +69,42 @@ def _local(args, model: str, batch: int) -> dict:
     from .ps import MALLOC_ENV
     with Roles() as roles:
         child = roles.spawn(f"local {model}", _local_child, args.threads, args.seed, args.lr, args.image_size,
-                            args.seq_len, args.steps, args.warmup, model, batch, env_defaults=MALLOC_ENV)
+                            args.seq_len, args.steps, args.warmup, model, batch, getattr(args, "device", "cpu"),
+                            env_defaults=MALLOC_ENV)
         step = child.recv(args.timeout * 2, "report its step time")
     _progress(f"    {model:<10} batch {batch:<3} local      : {batch / step:8.2f} samples/s")
     return {"model": model, "batch": batch, "mode": "local", "workers": 1, "servers": 0,
             "samples_per_s": batch / step, "step_ms": step * 1e3}
 
 
-def _local_child(conn, threads, seed, lr, image_size, seq_len, steps, warmup, model, batch) -> None:
+def _local_child(conn, threads, seed, lr, image_size, seq_len, steps, warmup, model, batch, device="cpu") -> None:
     import argparse
     args = argparse.Namespace(threads=threads, seed=seed, lr=lr, image_size=image_size, seq_len=seq_len,
-                              steps=steps, warmup=warmup)
+                              steps=steps, warmup=warmup, device=device)
     conn.send(_local_step(args, model, batch))
 
 
 def _local_step(args, model: str, batch: int) -> float:
     import torch
     from . import data, models
+    from .ps.launch import _to
+    from .ps.memory import Memory
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    m = models.get(model).factory()
+    mem = Memory(getattr(args, "device", "cpu"))
+    info = models.get(model)
+    m = info.factory().to(mem.device)
     opt = torch.optim.SGD(m.parameters(), lr=args.lr)
-    fn = data.Synthetic(model, batch, args.seed, args.image_size, args.seq_len)
+    size = args.image_size or (info.image_size if mem.cuda else 0)  # as train_once
+    fn = data.Synthetic(model, batch, args.seed, size, args.seq_len)
     times = []
     for step in range(args.steps):
-        x, y = fn(0, step)
+        x, y = _to(fn(0, step), mem.device)
         t0 = time.perf_counter()
         opt.zero_grad()  # PyTorch's default (set_to_none): autograd's fresh gradients
         torch.nn.functional.cross_entropy(m(x), y).backward()
         opt.step()
+        mem.sync()
         times.append(time.perf_counter() - t0)
     t = times[args.warmup:] or times
     return sum(t) / len(t)
@@ -131,13 +151,39 @@ def convergence(args) -> list[dict]:
     return rows
 
 
+def table2(args) -> list[dict]:
+    """The paper's Table 2: every model of --models, zerocopy on the GPU, GDR off then on."""
+    dev = args.device if args.device.startswith("cuda") else "cuda"
+    W, b = args.workers, args.table2_batch
+    _progress(f"Table 2: GDR off vs on, {dev}, {W} workers x {W} servers, batch {b}, transport {args.transport}")
+    return [_run(args, model, b, "zerocopy", W, device=dev, gdr=gdr) for model in args.models for gdr in ("off", "on")]
+
+
+def _table2_pairs(out: dict) -> list[tuple[str, dict, dict]]:
+    rows = out.get("table2") or []
+    pairs = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        by = {r["gdr"]: r for r in rows if r["model"] == model}
+        if "off" in by and "on" in by:
+            pairs.append((model, by["off"], by["on"]))
+    return pairs
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
 
 
 def run_sweep(args) -> int:
+    from .cli import device_error
+    from .ps import cuda_problem
+    if "table2" in args.figures and (problem := cuda_problem("cuda")) is not None:
+        print(f"tensorwire bench train: --figures table2 {problem}", file=sys.stderr)
+        return 2
+    if (err := device_error(args, "tensorwire bench train")) is not None:
+        print(err, file=sys.stderr)
+        return 2
     out = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "fig8": [], "fig10": [], "fig11": [],
-           "tcp_floor": [], "convergence": None,
+           "tcp_floor": [], "convergence": None, "table2": [],
            "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}}
     t0 = time.perf_counter()
     W = args.workers
@@ -172,6 +218,10 @@ def run_sweep(args) -> int:
                 out["fig11"].append(prev[0] if prev else _run(args, model, args.copy_batch, mode, W))
     if "convergence" in args.figures:
         out["convergence"] = convergence(args)
+    if "table2" in args.figures:
+        out["table2"] = table2(args)
+        out["paper_table2"] = {"source": PAPER_TABLE2_SOURCE, "columns": ["rdma_ms", "rdma_gdr_ms", "improvement_pct"],
+                               "rows": {m: list(v) for m, v in PAPER_TABLE2.items()}}
     out["host"]["loadavg_end"] = os.getloadavg()
     out["elapsed_s"] = time.perf_counter() - t0
     text = render(out, args)
@@ -292,8 +342,34 @@ def render(out: dict, args) -> str:
                          f"{r['step_ms']:>11.2f}")
         lines.append("(time to target: the sum of the measured step times up to that step; process start-up "
                      "excluded)")
+    if out.get("table2"):
+        lines += ["", render_table2(out, args)]
     lines.append("")
     lines.append(f"elapsed {out['elapsed_s']:.0f} s")
+    return "\n".join(lines)
+
+
+def render_table2(out: dict, args) -> str:
+    rows = out["table2"]
+    dev = rows[0].get("device", "cuda")
+    lines = [f"Table 2: mean mini-batch time (ms), GDR off vs on: {dev}, zerocopy, {args.workers} workers x "
+             f"{args.workers} servers, batch {args.table2_batch}/worker, transport {args.transport}",
+             f"{'model':<11}{'GDR off':>9}{'GDR on':>9}{'off/on':>8}{'improv.':>9}   |{'paper: RDMA':>12}"
+             f"{'RDMA+GDR':>10}{'improv.':>9}"]
+    for model, off, on in _table2_pairs(out):
+        r = _ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan")))
+        p = PAPER_TABLE2.get(model)
+        paper = f"{p[0]:>12.1f}{p[1]:>10.1f}{p[2]:>8g}%" if p else f"{'-':>12}{'-':>10}{'-':>9}"
+        lines.append(f"{model:<11}{off.get('step_ms', float('nan')):>9.1f}{on.get('step_ms', float('nan')):>9.1f}"
+                     f"{r:>7.2f}x{(r - 1) * 100:>8.0f}%   |{paper}")
+    for r in rows:
+        if "error" in r:
+            lines.append(f"  {r['model']} GDR {r['gdr']}: FAILED: {r['error'].splitlines()[0]}")
+    lines.append("improv. = GDR off / GDR on - 1, as the paper's column. GDR off stages every tensor that moves "
+                 "through host memory (GPU->host copy, host transfer, host->GPU copy); GDR on moves registered "
+                 "GPU memory as is.")
+    lines.append(f"paper: {PAPER_TABLE2_SOURCE}: RDMA vs RDMA+GDR, mini-batch time (ms); its cluster: 8 servers with "
+                 f"2 P100 GPUs and 100 Gb/s InfiniBand each, TensorFlow r1.2")
     return "\n".join(lines)
 
 
@@ -354,6 +430,27 @@ def plot(out: dict, args, prefix: str) -> None:
         ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(prefix + "_convergence.png", dpi=110)
+        plt.close(fig)
+    if out.get("table2"):
+        pairs = _table2_pairs(out)
+        fig, ax = plt.subplots(figsize=(1.6 + 1.6 * len(pairs), 3.6))
+        for i, (label, key) in enumerate((("GDR off (staged via host)", 1), ("GDR on", 2))):
+            ax.bar([j + i * 0.4 for j in range(len(pairs))], [p[key].get("step_ms", 0) for p in pairs], 0.4,
+                   label=label)
+        for j, (model, off, on) in enumerate(pairs):
+            paper = PAPER_TABLE2.get(model)
+            gain = (_ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan"))) - 1) * 100
+            ax.annotate(f"{gain:+.0f}%" + (f"\n(paper {paper[2]:g}%)" if paper else ""),
+                        (j + 0.2, max(off.get("step_ms", 0), on.get("step_ms", 0))), ha="center", va="bottom",
+                        fontsize=8)
+        ax.set_xticks([j + 0.2 for j in range(len(pairs))])
+        ax.set_xticklabels([p[0] for p in pairs])
+        ax.set_ylabel("mean mini-batch time (ms)")
+        ax.set_title(f"Table 2: GDR off vs on, batch {args.table2_batch}, {args.workers} workers, {args.transport}")
+        ax.legend(fontsize=8)
+        ax.margins(y=0.2)
+        fig.tight_layout()
+        fig.savefig(prefix + "_table2.png", dpi=110)
         plt.close(fig)
     if out["fig11"]:
         models = [m for m in args.models if any(r["model"] == m for r in out["fig11"])]

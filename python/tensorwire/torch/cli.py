@@ -32,6 +32,15 @@ Modes:
   gloo      the same algorithm over torch.distributed (gloo) send/recv (RPC-style
             baseline; always TCP)
 
+Devices: --device cpu (default) computes on the CPU. --device cuda (or cuda:N)
+runs every worker and server on that GPU (zerocopy and copy): parameters,
+gradients and the servers' master copies live in GPU memory and the servers
+apply their updates there. --gdr on (the default there) registers that GPU
+memory and moves it as is (the paper's GPUDirect RDMA); --gdr off stages every
+tensor that moves through host memory: a GPU-to-host copy, the host transfer,
+a host-to-GPU copy (the paper's Table 2 baseline; `bench train --figures table2`
+compares the two). Without a GPU, --device cuda exits 2.
+
 Models (tensorwire train --list prints their sizes beside the paper's Table 1):
   alexnet inception3 vgg16 lstm gru fcn5   the paper's six benchmarks
   widedeep   wide-and-deep with sparse embedding gradients (dynamic slots)
@@ -40,7 +49,7 @@ Models (tensorwire train --list prints their sizes beside the paper's Table 1):
 Data: synthetic batches generated on the fly (default; as in the paper), or
 --data digits (scikit-learn's digits dataset; needs scikit-learn). CNN images are
 --image-size pixels square: smaller than the paper's 224/299 by default so that
-CPU steps stay short; the variables, and so the bytes moved per step, are the
+CPU steps stay short (with --device cuda: the paper's); the variables, and so the bytes moved per step, are the
 paper's whatever the image size (the CNNs pool adaptively before their dense layers).
 
 Output: samples/s (all workers; warm-up steps excluded), the mean per-step split
@@ -59,6 +68,7 @@ examples:
   tensorwire train --model vgg16 --batch 1 --steps 10 --mode copy --transport tcp --json vgg.json
   tensorwire train --model alexnet --batch 1 --mode gloo --colocate
   tensorwire train --model mlp --data digits --steps 300 --lr 0.5 --target-loss 0.3 --plot digits.png
+  tensorwire train --model fcn5 --device cuda --gdr off --transport tcp --steps 20
   torchrun --nproc-per-node 4 -m tensorwire train --model fcn5 --workers 2 --servers 2
 """
 
@@ -73,14 +83,18 @@ machine, each configuration a short `tensorwire train` run (synthetic data):
   fig11  zero-copy on/off: mean step time of zerocopy vs copy at --copy-batch
   convergence  (only when asked) the mlp on scikit-learn's digits, 2 workers x 2
          servers in each mode and one process: loss curves, time to --target-loss
+  table2 (only when asked; needs a CUDA GPU) the paper's Table 2: mean mini-batch
+         time of --models (zerocopy, --workers x --workers, --table2-batch) on the
+         GPU with GDR off vs on, beside the paper's published improvements
 
 Writes PREFIX.txt (tables), PREFIX.json (every run) and PREFIX_fig8.png,
-PREFIX_fig10.png, PREFIX_fig11.png (with matplotlib).
+PREFIX_fig10.png, PREFIX_fig11.png, PREFIX_table2.png (with matplotlib).
 
 examples:
   tensorwire bench train --transport shm --out bench/results/train_shm
   tensorwire bench train --models fcn5 --batches 1,8 --figures fig8 --steps 8
   tensorwire bench train --figures convergence --out bench/results/train_convergence
+  tensorwire bench train --figures table2 --models fcn5 --steps 6 --out bench/results/train_gdr
 """
 
 
@@ -120,7 +134,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--momentum", type=float, default=0.0, help="SGD momentum (default 0)")
     p.add_argument("--image-size", type=int, default=0,
                    help="CNN input size in pixels (default: alexnet 96, vgg16 32, inception3 75; the paper's "
-                        "224/299 make CPU steps long); the variables do not change with it")
+                        "224/299 make CPU steps long; with --device cuda the paper's); the variables do not "
+                        "change with it")
     p.add_argument("--seq-len", type=int, default=0, help="RNN steps (default 80, the paper's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the model's initial values and the data")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
@@ -133,6 +148,12 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="the paper's layout: one process per worker that also runs the server of its rank "
                         "(servers = workers); a worker's share of the variables stays in its process, every mode "
                         "alike (default: separate server and worker processes)")
+    p.add_argument("--device", default="cpu", metavar="{cpu,cuda,cuda:N}",
+                   help="where workers and servers compute and keep parameters and gradients (default cpu); "
+                        "cuda needs a CUDA GPU (exit 2 without)")
+    p.add_argument("--gdr", choices=("on", "off"), default=None,
+                   help="with --device cuda: on (default) moves registered GPU memory directly (GPUDirect RDMA); "
+                        "off stages every tensor through host memory (GPU->host copy, host transfer, host->GPU)")
 
 
 def register(commands) -> None:
@@ -172,10 +193,12 @@ def register(commands) -> None:
     b.add_argument("--scale", type=_ints, default=[1, 2], help="worker counts of fig10 (default 1,2)")
     b.add_argument("--scale-batch", type=_positive, default=8, help="batch of fig10 (default 8)")
     b.add_argument("--copy-batch", type=_positive, default=8, help="batch of fig11 (default 8, as the paper)")
-    b.add_argument("--figures", type=_csv(("fig8", "fig10", "fig11", "convergence")),
+    b.add_argument("--figures", type=_csv(("fig8", "fig10", "fig11", "convergence", "table2")),
                    default=["fig8", "fig10", "fig11"],
                    help="which sweeps to run (default fig8,fig10,fig11); convergence: the mlp on scikit-learn's "
-                        "digits with 2 workers x 2 servers in every mode and in one process, time to --target-loss")
+                        "digits with 2 workers x 2 servers in every mode and in one process, time to --target-loss; "
+                        "table2: GDR off vs on on a CUDA GPU (the paper's Table 2)")
+    b.add_argument("--table2-batch", type=_positive, default=8, help="batch per worker of table2 (default 8)")
     b.add_argument("--conv-steps", type=_positive, default=300, help="steps of the convergence runs (default 300)")
     b.add_argument("--conv-batch", type=_positive, default=16, help="batch per worker of the convergence runs")
     b.add_argument("--conv-lr", type=float, default=0.5, help="SGD learning rate of the convergence runs")
@@ -241,6 +264,24 @@ def _data_fn(args):
     return data.Synthetic(args.model, args.batch, args.seed, args.image_size, args.seq_len)
 
 
+def device_error(args, prog: str) -> str | None:
+    """The usage error of --device/--gdr (exit 2), or None. Checked before any work."""
+    from .ps import cuda_problem
+    dev = getattr(args, "device", "cpu")
+    if getattr(args, "gdr", None) is not None and not dev.startswith("cuda"):
+        return f"{prog}: --gdr selects how GPU memory moves: it needs --device cuda"
+    if dev.startswith("cuda") and getattr(args, "mode", None) == "gloo":
+        return f"{prog}: --mode gloo runs on the CPU; --device cuda runs zerocopy and copy"
+    problem = cuda_problem(dev)
+    if problem is not None:
+        return f"{prog}: --device {dev} {problem}" if problem.startswith("needs") else f"{prog}: {problem}"
+    return None
+
+
+def _gdr(text: str | None) -> bool | None:
+    return None if text is None else text == "on"
+
+
 def _opt_kwargs(args) -> dict:
     kw = {"lr": args.lr}
     if args.optimizer in ("sgd", "rmsprop") and args.momentum:
@@ -249,21 +290,27 @@ def _opt_kwargs(args) -> dict:
 
 
 def train_once(args, model: str | None = None, batch: int | None = None, mode: str | None = None,
-               workers: int | None = None, servers: int | None = None, progress: bool = False):
+               workers: int | None = None, servers: int | None = None, progress: bool = False,
+               device: str | None = None, gdr: str | None = None):
     """One local run with the options of `args` (overridable); returns a ps.TrainResult."""
     from . import models, ps
     a = argparse.Namespace(**vars(args))
-    for k, v in (("model", model), ("batch", batch), ("mode", mode), ("workers", workers), ("servers", servers)):
+    for k, v in (("model", model), ("batch", batch), ("mode", mode), ("workers", workers), ("servers", servers),
+                 ("device", device), ("gdr", gdr)):
         if v is not None:
             setattr(a, k, v)
     if not hasattr(a, "data"):
         a.data = "synthetic"
     info = models.get(a.model)
+    dev = getattr(a, "device", "cpu")
+    if dev != "cpu" and not a.image_size:  # a GPU affords the paper's input size
+        a.image_size = info.image_size
     loss_fn = None
     return ps.train(info.factory, _data_fn(a), workers=a.workers, servers=a.servers, steps=a.steps,
                     mode=a.mode, transport=a.transport, optimizer=a.optimizer, loss_fn=loss_fn, seed=a.seed,
                     warmup=a.warmup, timeout=a.timeout, threads=a.threads, progress=progress,
-                    placement=a.placement, colocate=getattr(a, "colocate", False), **_opt_kwargs(a))
+                    placement=a.placement, colocate=getattr(a, "colocate", False), device=dev,
+                    gdr=_gdr(getattr(a, "gdr", None)), **_opt_kwargs(a))
 
 
 def _fmt_bytes(n: float) -> str:
@@ -290,14 +337,16 @@ def render_result(r, args) -> str:
     ms = {k: v * 1e3 for k, v in s.items()}
     lines = [
         f"model {args.model}  mode {r.mode}  transport {'tcp (gloo)' if r.mode == 'gloo' else args.transport}  "
-        f"{r.workers} workers x {r.servers} servers{' (colocated)' if r.colocate else ''}  batch {args.batch}/worker  steps {r.steps} "
-        f"({args.warmup} warm-up)",
+        f"{r.workers} workers x {r.servers} servers{' (colocated)' if r.colocate else ''}  batch {args.batch}/worker  "
+        f"steps {r.steps} ({args.warmup} warm-up)"
+        + ("" if r.device == "cpu" else f"  device {r.device} (GDR {'on' if r.gdr else 'off'})"),
         f"samples/s        {r.samples_per_s:10.1f}",
         f"per step (ms)    compute {ms['compute']:.2f} | push {ms['push']:.2f} | aggregate {ms['aggregate']:.2f} | "
         f"pull {ms['pull']:.2f} | step {ms['step']:.2f}",
         f"servers (ms)     wait for grads {ms['server_wait']:.2f} | sum {ms['server_sum']:.2f} | "
         f"optimizer {ms['server_optimizer']:.2f} | send params {ms['server_pull']:.2f}",
-        f"bytes per step   copied {_fmt_bytes(r.bytes_copied_per_step)} | sent {_fmt_bytes(r.bytes_sent_per_step)}",
+        f"bytes per step   copied {_fmt_bytes(r.bytes_copied_per_step)} | sent {_fmt_bytes(r.bytes_sent_per_step)}"
+        + (f" | staged GPU<->host {_fmt_bytes(r.bytes_staged_per_step)}" if r.bytes_staged_per_step else ""),
         f"loss             first {r.losses[0]:.4f}  last {r.losses[-1]:.4f}  (mean over the workers)",
     ]
     return "\n".join(lines)
@@ -443,6 +492,9 @@ def run_train(args) -> int:
         print("Table 1 of the paper (variable tensors, model size in MiB) beside this package's models:")
         print(models.render_table(models.table()))
         return 0
+    if (err := device_error(args, "tensorwire train")) is not None:
+        print(err, file=sys.stderr)
+        return 2
     env = _env_role()
     if env is not None and args.launch == "auto":
         if args.colocate:

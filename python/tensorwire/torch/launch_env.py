@@ -23,7 +23,7 @@ def _store(rank: int, world: int, timeout: float):
 def run_role(args, rank: int, world: int) -> int:
     import torch
     from . import models, ps
-    from .cli import _data_fn, _opt_kwargs, render_result  # noqa: F401
+    from .cli import _data_fn, _gdr, _opt_kwargs, render_result  # noqa: F401
     from .ps.launch import _worker_loop
     S, W = args.servers, args.workers
     if world != S + W:
@@ -33,6 +33,9 @@ def run_role(args, rank: int, world: int) -> int:
     torch.set_num_threads(args.threads)
     role, r = ("server", rank) if rank < S else ("worker", rank - S)
     info = models.get(args.model)
+    dev, gdr = getattr(args, "device", "cpu"), _gdr(getattr(args, "gdr", None))
+    if dev != "cpu" and not args.image_size:  # as train_once: the paper's input size on a GPU
+        args.image_size = info.image_size
     data_fn = _data_fn(args)
     if args.mode == "gloo":
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
@@ -52,7 +55,7 @@ def run_role(args, rank: int, world: int) -> int:
         if role == "server":
             srv = ps.Server(r, S, W, args.optimizer, args.mode, args.transport,
                             host=_my_host(), timeout=args.timeout, placement=args.placement,
-                            **_opt_kwargs(args))
+                            compute=dev, gdr=gdr, **_opt_kwargs(args))
             store.set(prefix + f"server/{r}", srv.address)
             stats = srv.run()
             print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
@@ -61,10 +64,10 @@ def run_role(args, rank: int, world: int) -> int:
         torch.manual_seed(args.seed)
         model = info.factory()
         worker = ps.Worker(model, addresses, r, W, args.mode, args.transport, host=_my_host(),
-                           timeout=args.timeout, placement=args.placement)
+                           timeout=args.timeout, placement=args.placement, compute=dev, gdr=gdr)
     cfg = ps.TrainConfig(info.factory, data_fn, None, W, S, args.steps, args.mode, args.transport,
                          args.optimizer, _opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
-                         progress=not args.quiet and r == 0)
+                         progress=not args.quiet and r == 0, device=dev, gdr=gdr)
     try:
         result = _worker_loop(cfg, r, worker, model)
     finally:

@@ -52,6 +52,10 @@ computes a new tensor every step would.
 Each series gets a fresh receiver process (multiprocessing "spawn"), driven
 through a pipe that is never on the timed path. Everything runs on 127.0.0.1.
 
+--memory cuda moves a tensor from GPU memory to GPU memory instead: series
+zerocopy, dynamic, staged, gloo and the cuda_ipc anchor, the same harness with
+torch tensors for numpy arrays, and each row's one-way time (see cuda.py).
+
 The package, one job per file:
 
   base        constants, the tensor's contents and header, the Series base class
@@ -60,7 +64,8 @@ The package, one job per file:
   grpc_call   grpc
   tcp_socket  socket
   gloo        gloo
-  registry    SERIES (name -> Series class), SERIES_ORDER, select_series
+  cuda        --memory cuda: the GPU forms of zerocopy, dynamic, gloo; staged, cuda_ipc
+  registry    SERIES, CUDA_SERIES (name -> Series class), series_class, select_series
   harness     the receiver process, the checks, the serial and stream passes of one series
   report      best of the passes, speed-ups, targets, the table and the plot
   (here)      run_tensor, the sweep
@@ -75,21 +80,24 @@ from typing import Any
 from ..common import Progress, Report
 from .base import (DEFAULT_SIZES, DTYPE, HOST, ITEM, START_TIMEOUT_S, STREAM_FROM, WRITE_ANCHOR_FROM, Series,
                    decode_meta, encode_meta, fill_pattern)
+from .cuda import CudaDynamic, CudaGloo, CudaIpc, CudaZeroCopy, Staged, cuda_unavailable
 from .gloo import Gloo
 from .grpc_call import GRPC_METHOD, GRPC_OPTIONS, Grpc
 from .harness import CHILD_ENV, _first_line, _run_series, _spin_us, memcpy_bandwidth, warmup_for
-from .registry import SERIES, SERIES_ORDER, select_series
-from .report import TARGETS, _expectations, _print, _speedups, best_of, plot, targets
+from .registry import CUDA_SERIES, SERIES, SERIES_ORDER, select_series, series_class, series_order
+from .report import CUDA_TARGETS, TARGETS, _expectations, _print, _speedups, best_of, plot, targets
 from .slots import Copy, Dynamic, StaticSeries, ZeroCopy
 from .tcp_socket import Socket
 from .ucx import TAG_ACK, TAG_DATA, RpcUcx, UcxTag
 
 __all__ = [
-    "CHILD_ENV", "DEFAULT_SIZES", "DTYPE", "GRPC_METHOD", "GRPC_OPTIONS", "HOST", "ITEM", "SERIES", "SERIES_ORDER",
-    "START_TIMEOUT_S", "STREAM_FROM", "TAG_ACK", "TAG_DATA", "TARGETS", "WRITE_ANCHOR_FROM",
-    "Copy", "Dynamic", "Gloo", "Grpc", "RpcUcx", "Series", "Socket", "StaticSeries", "UcxTag", "ZeroCopy",
-    "best_of", "decode_meta", "encode_meta", "fill_pattern", "memcpy_bandwidth", "plot", "run_tensor",
-    "select_series", "targets", "warmup_for",
+    "CHILD_ENV", "CUDA_SERIES", "CUDA_TARGETS", "DEFAULT_SIZES", "DTYPE", "GRPC_METHOD", "GRPC_OPTIONS", "HOST",
+    "ITEM", "SERIES", "SERIES_ORDER", "START_TIMEOUT_S", "STREAM_FROM", "TAG_ACK", "TAG_DATA", "TARGETS",
+    "WRITE_ANCHOR_FROM",
+    "Copy", "CudaDynamic", "CudaGloo", "CudaIpc", "CudaZeroCopy", "Dynamic", "Gloo", "Grpc", "RpcUcx", "Series",
+    "Socket", "Staged", "StaticSeries", "UcxTag", "ZeroCopy",
+    "best_of", "cuda_unavailable", "decode_meta", "encode_meta", "fill_pattern", "memcpy_bandwidth", "plot",
+    "run_tensor", "select_series", "series_class", "series_order", "targets", "warmup_for",
 ]
 
 
@@ -102,21 +110,26 @@ def run_tensor(args) -> Report:
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so before the sweep, not after
         raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])")
     explicit = bool(args.series)
-    names = select_series(args.series)
+    memory = getattr(args, "memory", "host")
+    names = select_series(args.series, memory)
     cfg = {"transport": args.transport, "timeout": float(args.timeout), "max_size": max(sizes),
-           "progress": getattr(args, "progress", "inline"),
+           "progress": getattr(args, "progress", "inline"), "memory": memory,
            "spin_us": _spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us)}
-    report = Report("tensor", {"transport": args.transport, "sizes": sizes, "iters": args.iters,
+    method = ("median over iterations of t(send) -> t(ack after the receiver's max-reduction), best of "
+              "--repeat passes; see tensorwire.bench.tensor")
+    if memory == "cuda":
+        method += (" and tensorwire.bench.tensor.cuda; one-way: t(send) -> t(recv returned the GPU tensor), "
+                   "the host's monotonic clock on both sides (cuda_ipc: its timed copy + synchronize)")
+    report = Report("tensor", {"transport": args.transport, "memory": memory, "sizes": sizes, "iters": args.iters,
                                "budget": args.budget, "warmup": args.warmup, "verify": bool(args.verify),
                                "refresh": bool(getattr(args, "refresh", False)), "progress": cfg["progress"],
                                "spin_us": cfg["spin_us"],
                                "series": names, "dtype": "float32", "unit": "usec, MB/s (10^6 B/s)",
-                               "method": "median over iterations of t(send) -> t(ack after the receiver's "
-                                         "max-reduction), best of --repeat passes; see tensorwire.bench.tensor"})
+                               "method": method})
     unavailable: dict[str, str] = {}
     runnable = []
     for name in names:
-        why = SERIES[name].unavailable()
+        why = series_class(name, memory).unavailable()
         if why:
             unavailable[name] = why
             print(f"tensorwire bench tensor: skipping {name}: {why}", file=sys.stderr)
@@ -146,7 +159,7 @@ def run_tensor(args) -> Report:
     # Performance bars are reported (MISS lines, JSON), not folded into the
     # verdict: the verdict says whether the run was sound (every tensor arrived
     # intact), which must not depend on how busy the machine was.
-    report.config["targets"] = targets(rows, args.transport)
+    report.config["targets"] = targets(rows, args.transport, memory)
     _print(report, args)
     if args.plot and rows:
         plot(report, args.plot)

@@ -115,12 +115,35 @@ class Series:
     def s_connect(self) -> None:
         pass
 
-    def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
-        """Makes the tensor to send and returns a numpy view of it (to fill)."""
+    def s_prepare(self, size: int, info: dict[str, Any]) -> Any:
+        """Makes the tensor to send and returns a view of it (to fill): a numpy
+        array, or for --memory cuda a torch tensor on the GPU."""
         raise NotImplementedError
 
-    def transfer(self) -> None:
-        """Sends the tensor and returns when the receiver's ack arrived."""
+    # The sender's tensor between transfers, untimed: filled once per size,
+    # stamped before each send (--refresh rewrites it from a snapshot first).
+    # A GPU series overrides these with torch and synchronises in stamp().
+    def fill(self, view: Any) -> None:
+        fill_pattern(view)
+
+    def stamp(self, view: Any, k: int) -> None:
+        view[0] = 1.0 + k
+
+    def snapshot(self, view: Any) -> Any:
+        return view.copy()
+
+    def restore(self, view: Any, fresh: Any) -> None:
+        np.copyto(view, fresh)
+
+    def make_checker(self, size: int, count: int, verify: bool, reduce: bool, serial: bool) -> Any:
+        """Receiver: the consumption and checks of one serve, or None for the
+        harness's numpy checker (GPU series consume a torch tensor)."""
+        return None
+
+    def transfer(self) -> float | None:
+        """Sends the tensor and returns when the receiver's ack arrived. A
+        series that times its own one-way part (the cuda_ipc anchor: the copy
+        into the peer's memory) returns those seconds; the others None."""
         raise NotImplementedError
 
     def post(self) -> None:

@@ -14,13 +14,16 @@ import numpy as np
 from ...roles import RoleError, Roles
 from ..common import Progress, Report, check_number, human_size, iterations_for
 from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern
-from .registry import SERIES
+from .registry import series_class
 
 # Receiver processes start with one BLAS/OpenMP thread: OpenBLAS's pool
 # thread busy-waits after numpy is imported (~50 ms of CPU measured, and a
 # receiver thread was seen at ~90% of a core), which on 2 vCPUs competes with
 # the two benchmark processes. Nothing here uses BLAS.
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+# One-way times subtract the sender's t0 from the receiver's arrival time:
+# only meaningful when perf_counter is the host-wide monotonic clock (Linux).
+SHARED_CLOCK = time.get_clock_info("perf_counter").implementation.startswith("clock_gettime(CLOCK_MONOTONIC")
 
 
 def _spin_us() -> int:
@@ -77,7 +80,7 @@ def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
     """Runs one series' receiver side, driven by commands on `conn`."""
     series: Series | None = None
     try:
-        series = SERIES[name](cfg)
+        series = series_class(name, cfg.get("memory", "host"))(cfg)
         while True:
             if not conn.poll(float(cfg.get("idle_timeout", 600))):
                 return  # the benchmark went away
@@ -92,7 +95,9 @@ def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
                     out = series.r_prepare(int(msg[1]))
                 elif cmd == "serve":
                     _, size, count, verify, stream, reduce = msg
-                    checker = _Checker(int(size), int(count), bool(verify), bool(reduce))
+                    size, count, verify, reduce = int(size), int(count), bool(verify), bool(reduce)
+                    checker = (series.make_checker(size, count, verify, reduce, not stream)
+                               or _Checker(size, count, verify, reduce))
                     series.serve(int(count), checker.consume, bool(stream))
                     out = checker.result()
                 elif cmd == "drive":  # progress the worker until the next command (RMA anchors)
@@ -180,7 +185,7 @@ def warmup_for(size: int, iters: int, budget: int, warmup: int | None) -> int:
 
 def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                 rows: list[dict[str, Any]], report: Report) -> None:
-    series = SERIES[name](cfg)
+    series = series_class(name, cfg.get("memory", "host"))(cfg)
     rx = _Receiver(name, cfg)
     transport = series.fixed_transport or args.transport
     try:
@@ -192,24 +197,27 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
         for size in args.sizes:
             rinfo = rx.call(cfg["timeout"], "prepare", size)
             view = series.s_prepare(size, rinfo)
-            fill_pattern(view)
+            series.fill(view)
             iters = iterations_for(size, args.iters, args.budget)
             warmup = warmup_for(size, iters, args.budget, args.warmup)
             count = warmup + iters
             rx.post("serve", size, count, args.verify, False, True)
-            samples = []
+            samples, starts, own = [], [], []
             clock = time.perf_counter
-            fresh = view.copy() if getattr(args, "refresh", False) else None
+            fresh = series.snapshot(view) if getattr(args, "refresh", False) else None
             try:
                 for k in range(count):
                     if fresh is not None:
-                        np.copyto(view, fresh)  # every line dirty in the sender's cache, as if just computed
-                    view[0] = 1.0 + k
+                        series.restore(view, fresh)  # every line dirty in the sender's cache, as if just computed
+                    series.stamp(view, k)
                     t0 = clock()
-                    series.transfer()
+                    one = series.transfer()
                     t1 = clock()
                     if k >= warmup:
                         samples.append(t1 - t0)
+                        starts.append(t0)
+                        if one is not None:
+                            own.append(one)
             except Exception as e:
                 raise RuntimeError(f"transfer {k} of {human_size(size)} failed: {type(e).__name__}: "
                                    f"{_first_line(e)}{rx.error_hint()}") from e
@@ -219,6 +227,7 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                    "median_us": median * 1e6, "MBps": size / median / 1e6, "warmup": warmup,
                    "min_us": min(samples) * 1e6, "verified": res["verified"] if args.verify else None}
             check_number(report, f"{name} median", row["median_us"], size)
+            _oneway(row, res, starts, own, warmup, report)
             if res["received"] != count:
                 report.fail(f"{name} at {human_size(size)}: receiver consumed {res['received']} of {count}")
             for err in res["errors"]:
@@ -239,7 +248,8 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                         rx.post("stop")
                         rx.result(cfg["timeout"])  # drive
                         rx.result(cfg["timeout"])  # stop
-                    row["memcpy_MBps"] = memcpy_bandwidth(size)
+                    # the series' own copy rate where it has one (a GPU's device-to-device copy)
+                    row["memcpy_MBps"] = getattr(series, "copy_bandwidth", memcpy_bandwidth)(size)
             rows.append(row)
             progress.step(f"{name} {human_size(size)}")
     finally:
@@ -249,7 +259,7 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
             rx.close()
 
 
-def _stream_pass(series: Series, rx: "_Receiver", view: np.ndarray, size: int, count: int,
+def _stream_pass(series: Series, rx: "_Receiver", view: Any, size: int, count: int,
                  cfg: dict[str, Any], row: dict[str, Any], report: Report, reduce: bool = True,
                  warmup: int = 0) -> None:
     """Back-to-back transfers with no bench ack in between: each series goes
@@ -279,18 +289,44 @@ def _stream_pass(series: Series, rx: "_Receiver", view: np.ndarray, size: int, c
         report.fail(f"{name} stream at {human_size(size)}: {err}")
 
 
-def _stream_round(series: Series, rx: "_Receiver", view: np.ndarray, size: int, count: int,
+def _stream_round(series: Series, rx: "_Receiver", view: Any, size: int, count: int,
                   cfg: dict[str, Any], reduce: bool, what: str) -> dict[str, Any]:
     """`count` back-to-back sends into one receiver serve; the receiver's result."""
     rx.post("serve", size, count, False, True, reduce)
+    stamp = getattr(series, "stamp", None)  # None: a bare double of the tests, stamped as on the host
     try:
         for k in range(count):
-            view[0] = 1.0 + k
+            if stamp is None:
+                view[0] = 1.0 + k
+            else:
+                stamp(view, k)
             series.post()
     except Exception as e:
         raise RuntimeError(f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: "
                            f"{_first_line(e)}{rx.error_hint()}") from e
     return rx.result(cfg["timeout"] * 2 + 30)
+
+
+def _oneway(row: dict[str, Any], res: dict[str, Any], starts: list[float], own: list[float], warmup: int,
+            report: Report) -> None:
+    """The one-way time per transfer of the series that have one (--memory
+    cuda): timed by the series itself (the cuda_ipc anchor's copy), or from
+    the sender's t0 to the receiver's arrival time (recv() returned a usable
+    tensor), the timed iterations' median."""
+    if res.get("first_verified") is not None:
+        row["first_verified"] = res["first_verified"]
+    if own:
+        times = own
+    elif res.get("arrived") and SHARED_CLOCK:
+        times = [a - t0 for a, t0 in zip(res["arrived"][warmup:], starts)]
+    else:
+        return
+    if not times:
+        return
+    median = statistics.median(times)
+    row["oneway_us"] = median * 1e6
+    row["oneway_MBps"] = row["size"] / median / 1e6 if median > 0 else None
+    check_number(report, f"{row['series']} one-way", row["oneway_us"], row["size"])
 
 
 def memcpy_bandwidth(size: int, reps: int = 5) -> float:

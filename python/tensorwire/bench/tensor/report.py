@@ -1,6 +1,6 @@
 """What `tensorwire bench tensor` makes of its rows: the best of the passes,
 the speed-ups over zerocopy, the paper's expectation, the targets per
-transport, the printed table and the plot."""
+transport (per memory for --memory cuda), the printed table and the plot."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from ..common import Report, human_size, print_table
 from .base import STREAM_FROM
-from .registry import SERIES_ORDER
+from .registry import series_order
 
 
 def best_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -73,11 +73,39 @@ TARGETS = {
 }
 
 
-def targets(rows: list[dict[str, Any]], transport: str = "shm") -> list[dict[str, Any]]:
-    """Each of the transport's targets with the worst ratio over the sizes it covers that ran."""
+# --memory cuda (issue 20 §4), any transport. "oneway" compares one-way
+# times (the anchor's / zerocopy's: zerocopy's one-way MB/s relative to the
+# anchor's); "latency" holds zerocopy's one-way time in us to at most the bar
+# (the worst is the highest), with the anchor's one-way time beside it.
+CUDA_TARGETS = (
+    ("zerocopy >= 0.8x cuda_ipc (one-way MB/s)", "cuda_ipc", (64 << 20, None), 0.8, "oneway"),
+    ("zerocopy >= 5x staged", "staged", (16 << 20, None), 5.0, "serial"),
+    ("zerocopy >= 5x gloo", "gloo", (16 << 20, None), 5.0, "serial"),
+    ("zerocopy one-way <= 25 us at 4 KiB", "cuda_ipc", (4 << 10, 4 << 10), 25.0, "latency"),
+)
+
+
+def _latency_target(by: dict[tuple[str, int], dict[str, Any]], what: str, anchor: str, lo: int, hi: int | None,
+                    bar: float) -> list[dict[str, Any]]:
+    cells = [(zc["oneway_us"], size) for (series, size), zc in by.items()
+             if series == "zerocopy" and size >= lo and (hi is None or size <= hi) and zc.get("oneway_us")]
+    if not cells:
+        return []
+    worst, at = max(cells)
+    a = by.get((anchor, at))
+    return [{"target": what, "bar": bar, "worst": worst, "at": at, "sizes": len(cells), "met": worst <= bar,
+             "unit": "us", "anchor": anchor, "anchor_us": a.get("oneway_us") if a else None}]
+
+
+def targets(rows: list[dict[str, Any]], transport: str = "shm", memory: str = "host") -> list[dict[str, Any]]:
+    """Each of the transport's (or the memory's) targets with the worst ratio
+    over the sizes it covers that ran."""
     by = {(r["series"], r["size"]): r for r in rows}
     out = []
-    for what, other, (lo, hi), bar, kind in TARGETS.get(transport, ()):
+    for what, other, (lo, hi), bar, kind in CUDA_TARGETS if memory == "cuda" else TARGETS.get(transport, ()):
+        if kind == "latency":
+            out += _latency_target(by, what, other, lo, hi, bar)
+            continue
         ratios = []
         for (series, size), zc in by.items():
             if series != "zerocopy" or size < lo or (hi is not None and size > hi):
@@ -89,6 +117,8 @@ def targets(rows: list[dict[str, Any]], transport: str = "shm") -> list[dict[str
                 a, b = zc.get("stream_MBps"), o and o.get("stream_MBps")
             elif kind == "of":
                 a, b = zc["median_us"], o and o["median_us"]
+            elif kind == "oneway":
+                a, b = o and o.get("oneway_us"), zc.get("oneway_us")
             else:
                 a, b = o and o["median_us"], zc["median_us"]
             if a and b:
@@ -102,43 +132,84 @@ def targets(rows: list[dict[str, Any]], transport: str = "shm") -> list[dict[str
 
 def _print(report: Report, args) -> None:
     rows = report.rows
-    order = {n: i for i, n in enumerate(SERIES_ORDER)}
+    cuda = report.config.get("memory") == "cuda"
+    order = {n: i for i, n in enumerate(series_order("cuda" if cuda else "host"))}
     lines = []
     for r in sorted(rows, key=lambda r: (r["size"], order[r["series"]])):
         sp = r.get("zerocopy_speedup")
         stream = f"{r['stream_MBps']:.1f}" if r.get("stream_MBps") else "-"
+        if cuda:
+            one = f"{r['oneway_us']:.2f}" if r.get("oneway_us") else "-"
+            one_bw = f"{r['oneway_MBps']:.1f}" if r.get("oneway_MBps") else "-"
+            lines.append(f" {r['size']:<11d}{r['series']:<10}{r['transport']:<10}{r['iters']:<9d}"
+                         f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{one:<15}{one_bw:<14}"
+                         f"{f'{sp:.2f}x' if sp else '-':<11}{stream}")
+            continue
         lines.append(f" {r['size']:<11d}{r['series']:<10}{r['transport']:<6}{r['iters']:<9d}"
                      f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{f'{sp:.2f}x' if sp else '-':<11}{stream}")
     rep = report.config.get("repeat", 1)
     best = f"; best of {rep} interleaved passes" if rep > 1 else ""
-    print(f"# Tensor transfer + consume over {args.transport} (float32; median per transfer{best}; MB = 10^6 B; "
-          f"speed-up = series time / zerocopy time){' [verify: times include the check]' if args.verify else ''}")
-    print_table(" #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec",
-                lines, out=sys.stdout)  # the current stdout (captured in tests)
-    anchors = [r for r in rows if r["series"] == "zerocopy" and (r.get("memcpy_MBps") or r.get("write_MBps"))]
-    if anchors:
-        print("# anchors, same run: zerocopy transfer-only stream MB/s (the receiver releases each tensor "
-              "unread) vs one-sided writes of the same block (2 in flight) and a single-thread memcpy; "
-              "the consumed stream (with the max-reduction) for reference")
-        for r in anchors:
-            w, m, t = r.get("write_MBps"), r.get("memcpy_MBps"), r.get("transfer_MBps")
-            if not t:
-                continue
-            print(f"#   {human_size(r['size']):>5}: transfer {t:.1f}"
-                  + (f", write {w:.1f} ({t / w:.2f}x)" if w else "")
-                  + (f", memcpy {m:.1f} ({t / m:.2f}x)" if m else "")
-                  + (f"; consumed stream {r['stream_MBps']:.1f} ({r['stream_MBps'] / m:.2f}x memcpy)"
-                     if m and r.get("stream_MBps") else ""))
+    verify = " [verify: times include the check]" if args.verify else ""
+    if cuda:
+        print(f"# GPU tensor transfer + consume, GPU memory to GPU memory, transport {args.transport} (float32; "
+              f"median per transfer{best}; one-way: send -> usable at the receiver; MB = 10^6 B; "
+              f"speed-up = series time / zerocopy time){verify}")
+        print_table(" #bytes     series    via       #iters   median[usec]    MB/sec        one-way[usec]  "
+                    "one-way MB/s  speed-up   stream MB/sec", lines, out=sys.stdout)
+    else:
+        print(f"# Tensor transfer + consume over {args.transport} (float32; median per transfer{best}; MB = 10^6 B; "
+              f"speed-up = series time / zerocopy time){verify}")
+        print_table(" #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec",
+                    lines, out=sys.stdout)  # the current stdout (captured in tests)
+    _print_anchors(rows, cuda)
     if report.config.get("targets"):
-        print(f"# targets for {args.transport}: worst ratio over the sizes each covers")
+        print(f"# targets for --memory cuda (transport {args.transport}): worst over the sizes each covers" if cuda
+              else f"# targets for {args.transport}: worst ratio over the sizes each covers")
         for t in report.config["targets"]:
             level = "PASS" if t["met"] else "MISS"
+            if t.get("unit") == "us":
+                beside = f"; {t['anchor']} {t['anchor_us']:.2f} us" if t.get("anchor_us") else ""
+                print(f"#   {level:<4} {t['target']:<42} {t['worst']:6.2f} us (bar {t['bar']:g} us) "
+                      f"worst at {human_size(t['at'])} of {t['sizes']} size(s){beside}")
+                continue
             print(f"#   {level:<4} {t['target']:<42} {t['worst']:6.2f}x (bar {t['bar']:g}x) "
                   f"worst at {human_size(t['at'])} of {t['sizes']} size(s)")
     if report.config.get("unavailable"):
         for name, why in report.config["unavailable"].items():
             print(f"# {name}: unavailable ({why})")
-    print(report.verdict_line(_key_metric(rows)))
+    key = _key_metric(rows)
+    print(report.verdict_line(f"cuda {key}{_cuda_latency(rows)}" if cuda else key))
+
+
+def _print_anchors(rows: list[dict[str, Any]], cuda: bool) -> None:
+    anchors = [r for r in rows if r["series"] == "zerocopy" and (r.get("memcpy_MBps") or r.get("write_MBps"))]
+    if not anchors:
+        return
+    if cuda:
+        print("# anchors, same run: zerocopy transfer-only stream MB/s (the receiver releases each tensor "
+              "unread) vs one-sided writes of the same GPU block into GPU memory (2 in flight) and a "
+              "device-to-device copy in one process; the consumed stream for reference")
+    else:
+        print("# anchors, same run: zerocopy transfer-only stream MB/s (the receiver releases each tensor "
+              "unread) vs one-sided writes of the same block (2 in flight) and a single-thread memcpy; "
+              "the consumed stream (with the max-reduction) for reference")
+    copy = "device copy" if cuda else "memcpy"
+    for r in anchors:
+        w, m, t = r.get("write_MBps"), r.get("memcpy_MBps"), r.get("transfer_MBps")
+        if not t:
+            continue
+        print(f"#   {human_size(r['size']):>5}: transfer {t:.1f}"
+              + (f", write {w:.1f} ({t / w:.2f}x)" if w else "")
+              + (f", {copy} {m:.1f} ({t / m:.2f}x)" if m else "")
+              + (f"; consumed stream {r['stream_MBps']:.1f} ({r['stream_MBps'] / m:.2f}x {copy})"
+                 if m and r.get("stream_MBps") else ""))
+
+
+def _cuda_latency(rows: list[dict[str, Any]]) -> str:
+    """The one-way times at 4 KiB, zerocopy's and the anchor's, for the verdict line."""
+    at = {r["series"]: r.get("oneway_us") for r in rows if r["size"] == 4 << 10}
+    parts = [f"{s} {at[s]:.1f}us" for s in ("zerocopy", "cuda_ipc") if at.get(s)]
+    return f"; one-way@4K: {', '.join(parts)}" if parts else ""
 
 
 def _key_metric(rows: list[dict[str, Any]]) -> str:
@@ -163,7 +234,8 @@ def plot(report: Report, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))
-    for name in SERIES_ORDER:
+    memory = report.config.get("memory", "host")
+    for name in series_order(memory):
         pts = sorted((r["size"], r["median_us"], r["MBps"]) for r in report.rows if r["series"] == name)
         if not pts:
             continue
@@ -180,7 +252,8 @@ def plot(report: Report, path: str) -> None:
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend()
-    fig.suptitle(f"tensor transfer + consume, transport {report.config.get('transport')} "
+    where = ", GPU memory to GPU memory" if memory == "cuda" else ""
+    fig.suptitle(f"tensor transfer + consume{where}, transport {report.config.get('transport')} "
                  f"({report.verdict})")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -1,5 +1,6 @@
 """The tensorwire series: static slots (zerocopy, copy) and the dynamic slot,
-over one inline-progress Device per side."""
+over one inline-progress Device per side; their GPU forms (cuda.py) change
+only where the memory lives and how it is viewed."""
 
 from __future__ import annotations
 
@@ -27,6 +28,17 @@ def _slot_api_missing(device_attr: str, channel_attr: str) -> str | None:
 
 class _TwSeries(Series):
     """Common part of the tensorwire series: one inline-progress Device per side."""
+
+    memory = "host"  # where the slots and the sender's Block live ("cuda": --memory cuda)
+
+    def _where(self) -> dict[str, Any]:
+        """The keyword that places a slot or Block in self.memory (none for
+        host memory: the host bench's calls stay as they were)."""
+        return {} if self.memory == "host" else {"memory": self.memory}
+
+    def _view(self, block) -> Any:
+        """The array the harness fills or the receiver consumes, viewing `block`."""
+        return np.asarray(block)
 
     def _device(self):
         import tensorwire as tw
@@ -87,30 +99,31 @@ class StaticSeries(_TwSeries):
         self.view = None
         self.slot = self.serial_slot = self.stream_slot = None  # the previous size's slots go first
         name = f"bench.tensor.{self.name}.{size}"
-        self.serial_slot = self.dev.static_slot(name, (size // ITEM,), "float32", depth=1)
-        self.stream_slot = self.dev.static_slot(name + ".stream", (size // ITEM,), "float32", depth=2)
+        self.serial_slot = self.dev.static_slot(name, (size // ITEM,), "float32", depth=1, **self._where())
+        self.stream_slot = self.dev.static_slot(name + ".stream", (size // ITEM,), "float32", depth=2,
+                                                **self._where())
         return {"name": name, "stream_name": name + ".stream"}
 
     def serve(self, count: int, consume: Callable[[np.ndarray], None], stream: bool = False) -> None:
         self.slot = self.stream_slot if stream else self.serial_slot
         super().serve(count, consume, stream)
 
-    def recv(self) -> np.ndarray:
+    def recv(self) -> Any:
         self.view = self.slot.recv(self.timeout)
-        return np.asarray(self.view)
+        return self._view(self.view)
 
     def ack(self) -> None:
         view, self.view = self.view, None
         self.slot.release(view)
 
-    def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
+    def s_prepare(self, size: int, info: dict[str, Any]) -> Any:
         self.sender = self.stream_sender = None
         self.tensor = None
         self.sender = self.ch.static_sender(info["name"], path=self.path)
         self.stream_sender = self.ch.static_sender(info["stream_name"], path=self.path)
         if self.registered:
-            self.tensor = self.dev.empty((size // ITEM,), "float32")
-            return np.asarray(self.tensor)
+            self.tensor = self.dev.empty((size // ITEM,), "float32", **self._where())
+            return self._view(self.tensor)
         self.tensor = np.empty(size // ITEM, DTYPE)
         return self.tensor
 
@@ -132,12 +145,12 @@ class ZeroCopy(StaticSeries):
         info = super().r_prepare(size)
         self.anchor = None
         if size >= WRITE_ANCHOR_FROM:  # a plain region for the one-sided write anchor
-            self.anchor = self.dev.empty((size // ITEM,), "float32")
+            self.anchor = self.dev.empty((size // ITEM,), "float32", **self._where())
             info["anchor"] = info["name"] + ".anchor"
             self.dev.publish(info["anchor"], self.anchor)
         return info
 
-    def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
+    def s_prepare(self, size: int, info: dict[str, Any]) -> Any:
         self.anchor_name = info.get("anchor")
         return super().s_prepare(size, info)
 
@@ -182,12 +195,12 @@ class Dynamic(_TwSeries):
 
     def r_open(self) -> dict[str, Any]:
         info = super().r_open()
-        self.dslot = self.dev.dynamic_slot(self.SLOT, max_ndim=8)
+        self.dslot = self.dev.dynamic_slot(self.SLOT, max_ndim=8, **self._where())
         return info
 
-    def recv(self) -> np.ndarray:
+    def recv(self) -> Any:
         self.block = self.dslot.recv(self.timeout)  # the sender was acked when this returns
-        return np.asarray(self.block)
+        return self._view(self.block)
 
     def ack(self) -> None:
         self.block = None  # frees the received block
@@ -196,10 +209,10 @@ class Dynamic(_TwSeries):
         super().s_connect()
         self.sender = self.ch.dynamic_sender(self.SLOT)
 
-    def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
+    def s_prepare(self, size: int, info: dict[str, Any]) -> Any:
         self.tensor = None
-        self.tensor = self.dev.empty((size // ITEM,), "float32")
-        return np.asarray(self.tensor)
+        self.tensor = self.dev.empty((size // ITEM,), "float32", **self._where())
+        return self._view(self.tensor)
 
     def transfer(self) -> None:
         self.sender.send(self.tensor).wait(self.timeout)

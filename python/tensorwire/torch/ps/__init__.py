@@ -29,6 +29,13 @@ Modes (how the sending side holds its tensors):
 ``gloo``      the same algorithm over ``torch.distributed`` (gloo) send/recv of
               autograd's fresh gradients, the RPC-style baseline.
 
+Devices (``device=``, ps.memory): every role computes on the CPU (default) or
+on a GPU (``"cuda"``). On a GPU, ``gdr=True`` (default) keeps parameters,
+gradients, slots and master copies in registered GPU memory that moves as is
+(the paper's GPUDirect RDMA, §3.5); ``gdr=False`` stages every tensor that
+moves through registered host memory (GPU-to-host copy, host transfer,
+host-to-GPU copy: Table 2's baseline). The slots' flags stay in host memory.
+
 Use :func:`train` to run everything locally (spawned processes), or
 :class:`Server` / :class:`Worker` in processes you start yourself::
 
@@ -47,6 +54,8 @@ The package, one job per file:
 ``server``     Server;
 ``worker``     Worker;
 ``gloo``       the gloo baseline (GlooServer, GlooWorker);
+``memory``     Memory: where a process computes and where the bytes it
+               moves live (CPU, GPU with GDR on or off);
 ``launch``     train() and the roles it spawns;
 ``reference``  reference_sgd().
 
@@ -59,9 +68,11 @@ from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, GOODBYE_NAP_S, MALLOC_ENV, 
                      STEP_FIELDS, WAIT, PSError, Stats, VarSpec, check_specs, make_optimizer, place, variables)
 from .gloo import GlooServer, GlooWorker
 from .launch import TrainConfig, TrainResult, train
+from .memory import NO_GPU, Memory, cuda_problem
 from .reference import reference_sgd
 from .server import Server
 from .worker import Worker
 
 __all__ = ["Server", "Worker", "GlooServer", "GlooWorker", "train", "TrainResult", "PSError", "VarSpec",
-           "variables", "place", "PLACEMENTS", "check_specs", "make_optimizer", "reference_sgd", "MODES"]
+           "variables", "place", "PLACEMENTS", "check_specs", "make_optimizer", "reference_sgd", "MODES",
+           "Memory", "cuda_problem", "NO_GPU"]

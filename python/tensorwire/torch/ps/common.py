@@ -244,6 +244,7 @@ class Stats:
     steps: list[dict] = field(default_factory=list)
     bytes_copied_per_step: int = 0
     bytes_sent_per_step: int = 0
+    bytes_staged_per_step: int = 0  # GDR off: copied between the GPU and host memory (ps.memory)
     registrations: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -254,8 +255,10 @@ class Stats:
     def to_dict(self, skip: int = 0) -> dict:
         keys = sorted({k for s in self.steps for k in s})
         extra = self.mean("extra_copied", skip)  # gradients autograd left outside their block, moved there
+        staged = self.mean("extra_staged", skip)  # sparse gradients staged (GDR off): their size varies
         return {"role": self.role, "rank": self.rank, "mode": self.mode, "steps": len(self.steps),
                 "mean": {k: self.mean(k, skip) for k in keys},
                 "bytes_copied_per_step": self.bytes_copied_per_step + (0 if math.isnan(extra) else round(extra)),
                 "bytes_sent_per_step": self.bytes_sent_per_step, "registrations": self.registrations,
+                "bytes_staged_per_step": self.bytes_staged_per_step + (0 if math.isnan(staged) else round(staged)),
                 **self.extra}

@@ -21,6 +21,7 @@ import tensorwire as tw
 from ...roles import RoleError, Roles
 from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss
 from .gloo import GlooServer, GlooWorker, _Gloo
+from .memory import Memory, cuda_problem
 from .server import Server
 from .worker import Worker
 
@@ -48,6 +49,8 @@ class TrainConfig:
     model_fn_takes_rank: bool = False
     placement: str = "balanced"                  # see place()
     colocate: bool = False                       # process r runs worker r and server r (the paper's layout)
+    device: str = "cpu"                          # where every role computes: cpu, cuda, cuda:N (ps.memory)
+    gdr: bool | None = None                      # GPU memory moved directly (default) or staged via host
 
 
 
@@ -66,6 +69,12 @@ def _samples(x: Any) -> int:
     return int(x.shape[0])
 
 
+def _to(x: Any, device: str) -> Any:
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(t, device) for t in x)
+    return x.to(device)
+
+
 def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> dict:
     loss_fn = cfg.loss_fn or _default_loss
     die_at = cfg.die[1] if cfg.die is not None and cfg.die[0] == rank else None
@@ -75,6 +84,8 @@ def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> 
         if step == cfg.warmup:
             t_start = time.perf_counter()
         x, y = cfg.data_fn(rank, step)
+        if cfg.device != "cpu":  # the batch is on the GPU before the step starts (data loading is not timed)
+            x, y = _to(x, cfg.device), _to(y, cfg.device)
         losses.append(worker.step(lambda: loss_fn(model(x), y), die_at=die_at))
         if step >= cfg.warmup:
             samples += _samples(x)
@@ -109,7 +120,7 @@ def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) 
     else:
         dev = tw.Device(transport=cfg.transport)
         srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
-                     placement=cfg.placement, device=dev, **cfg.optimizer_kwargs)
+                     placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr, **cfg.optimizer_kwargs)
         conn.send(("address", srv.address))
         if not conn.poll(60):
             raise PSError(f"worker and server {rank}: no server addresses from the launcher within 60 s")
@@ -132,7 +143,7 @@ def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) 
                             group=group)
     else:
         w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
-                   placement=cfg.placement, device=dev)
+                   placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr)
         w.watch.partner = lambda: box.get("error") and f"its colocated server failed: {box['error']}"
     try:
         result = _worker_loop(cfg, rank, w, model)
@@ -169,13 +180,14 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: lis
                     w.close()
         elif role == "server":
             srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
-                         timeout=cfg.timeout, placement=cfg.placement, **cfg.optimizer_kwargs)
+                         timeout=cfg.timeout, placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr,
+                         **cfg.optimizer_kwargs)
             conn.send(("address", srv.address))
             result = {"stats": srv.run().to_dict(skip=cfg.warmup)}
         else:
             model = _build_model(cfg, rank)
             w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
-                       placement=cfg.placement)
+                       placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr)
             try:
                 result = _worker_loop(cfg, rank, w, model)
             finally:
@@ -209,11 +221,14 @@ class TrainResult:
     params: dict | None = None
     wall_s: float = 0.0
     colocate: bool = False
+    device: str = "cpu"
+    gdr: bool | None = None
+    bytes_staged_per_step: int = 0  # GDR off: between the GPUs and host memory, all processes together
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("mode", "workers", "servers", "steps", "samples_per_s", "split",
                                            "losses", "bytes_copied_per_step", "bytes_sent_per_step", "wall_s",
-                                           "colocate")}
+                                           "colocate", "device", "gdr", "bytes_staged_per_step")}
         d["roles"] = self.roles
         return d
 
@@ -230,7 +245,8 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
           optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0, warmup: int = 2,
           timeout: float = DEFAULT_TIMEOUT_S, threads: int = 1, collect_params: bool = False,
           progress: bool = False, die: tuple[int, int] | None = None, launcher: str = "processes",
-          placement: str = "balanced", colocate: bool = False, **optimizer_kwargs: Any) -> TrainResult:
+          placement: str = "balanced", colocate: bool = False, device: str = "cpu", gdr: bool | None = None,
+          **optimizer_kwargs: Any) -> TrainResult:
     """Trains locally with `servers` server processes and `workers` worker
     processes (spawned), and returns the statistics.
 
@@ -254,6 +270,12 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
         colocate: one process per worker that also runs the server of the same
             rank (the paper's layout; needs servers == workers): a worker's
             share of the variables stays in its process (a memcpy), every mode alike.
+        device: where every role computes and keeps its tensors: "cpu" (the
+            default), "cuda" or "cuda:N" (all roles on that GPU; modes zerocopy
+            and copy). gdr: with a GPU, True (the default) registers GPU memory
+            and moves it directly; False stages every tensor that moves through
+            host memory (the paper's "GDR off"). On the CPU, False runs that
+            staging path with CPU compute tensors (tests). See ps.memory.
     Raises:
         PSError naming the role that failed first, when any role fails; all
         processes have exited by then.
@@ -269,6 +291,11 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
                          f"(got {servers} servers, {workers} workers)")
     if colocate and launcher != "processes":
         raise ValueError("colocate needs launcher='processes'")
+    mem = Memory(device, gdr)  # checks the pair (touches no GPU)
+    if mem.cuda and mode == "gloo":
+        raise ValueError("mode gloo runs on the CPU; device cuda runs modes zerocopy and copy")
+    if mem.cuda and (problem := cuda_problem(device)):
+        raise RuntimeError(f"device {device} {problem}" if problem.startswith("needs") else problem)
     if "lr" not in optimizer_kwargs and isinstance(optimizer, str) and optimizer.lower() == "sgd":
         optimizer_kwargs["lr"] = 0.01
     try:
@@ -277,7 +304,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
         takes_rank = False
     cfg = TrainConfig(model_fn, data_fn, loss_fn, workers, servers, steps, mode, transport, optimizer,
                       dict(optimizer_kwargs), seed, min(warmup, max(0, steps - 1)), timeout, threads,
-                      collect_params, progress, die, takes_rank, placement, colocate)
+                      collect_params, progress, die, takes_rank, placement, colocate, device, gdr)
     if launcher not in ("processes", "threads"):
         raise ValueError(f"launcher must be processes or threads, not {launcher!r}")
     if launcher == "threads":
@@ -362,7 +389,8 @@ def _summarise(cfg: TrainConfig, reports: list[tuple[str, int, dict]], wall: flo
     return TrainResult(cfg.mode, cfg.workers, cfg.servers, cfg.steps,
                        samples / elapsed if elapsed > 0 else float("nan"), split, mean_losses,
                        [r["losses"] for r in wk], copied, sent, roles,
-                       _params_of(wk[0].get("params")), wall, cfg.colocate)
+                       _params_of(wk[0].get("params")), wall, cfg.colocate, cfg.device,
+                       Memory(cfg.device, cfg.gdr).gdr, sum(r["stats"]["bytes_staged_per_step"] for r in wk + sv))
 
 
 def _params_of(arrays: dict | None) -> dict | None:

@@ -13,11 +13,12 @@ from .common import _default_loss, make_optimizer
 
 def reference_sgd(model_fn: Callable[[], nn.Module], data_fn: Callable[[int, int], Any], *, workers: int,
                   steps: int, optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0,
-                  **optimizer_kwargs: Any) -> tuple[nn.Module, list[float]]:
+                  device: str = "cpu", **optimizer_kwargs: Any) -> tuple[nn.Module, list[float]]:
     """Single-process training on the concatenation of the workers' batches (the
-    result synchronous PS training must reproduce). Returns (model, losses)."""
+    result synchronous PS training must reproduce), on `device` (the model is
+    built on the CPU, as the PS builds it). Returns (model, losses)."""
     torch.manual_seed(seed)
-    model = model_fn()
+    model = model_fn().to(device)
     loss_fn = loss_fn or _default_loss
     if isinstance(optimizer, str) and optimizer.lower() == "sgd":
         optimizer_kwargs.setdefault("lr", 0.01)
@@ -25,8 +26,8 @@ def reference_sgd(model_fn: Callable[[], nn.Module], data_fn: Callable[[int, int
     losses = []
     for step in range(steps):
         batches = [data_fn(w, step) for w in range(workers)]
-        x = _cat([b[0] for b in batches])
-        y = _cat([b[1] for b in batches])
+        x = _to(_cat([b[0] for b in batches]), device)
+        y = _to(_cat([b[1] for b in batches]), device)
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
@@ -39,3 +40,9 @@ def _cat(parts: list) -> Any:
     if isinstance(parts[0], (tuple, list)):
         return type(parts[0])(_cat([p[i] for p in parts]) for i in range(len(parts[0])))
     return torch.cat(parts)
+
+
+def _to(x: Any, device: str) -> Any:
+    if isinstance(x, (tuple, list)):
+        return type(x)(_to(t, device) for t in x)
+    return x.to(device)

@@ -1,4 +1,5 @@
-"""The parameter server over tensorwire slots (modes zerocopy and copy)."""
+"""The parameter server over tensorwire slots (modes zerocopy and copy), on the
+CPU or a GPU (ps.memory: the same steps, the memory kind a parameter)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from torch import nn
 import tensorwire as tw
 
 from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, WAIT, PSError, Stats, VarSpec, _mean_into,
-                     _tensor_of_view, _torch_dtype, _Watch, check_specs, make_optimizer, place)
+                     _Watch, check_specs, make_optimizer, place)
+from .memory import Memory
 
 
 class Server:
@@ -22,12 +24,18 @@ class Server:
     :meth:`run` waits for the ``num_workers`` workers, checks that their models
     agree, takes the initial values from worker 0, and serves steps until every
     worker called :meth:`Worker.close` (or raises :class:`PSError` when a worker
-    dies, refuses, or a step exceeds ``timeout``)."""
+    dies, refuses, or a step exceeds ``timeout``).
+
+    ``compute``: "cpu" (default), "cuda" or "cuda:N": where the master copies
+    live and the optimizer runs; ``gdr`` (GPU only, default on): gradient slots
+    and master copies in registered GPU memory, or (False) in host memory with
+    copies to and from the GPU (see ps.memory)."""
 
     def __init__(self, rank: int = 0, num_servers: int = 1, num_workers: int = 1, optimizer: Any = "sgd",
                  mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1", port: int = 0,
                  timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
-                 placement: str = "balanced", device: tw.Device | None = None, **optimizer_kwargs: Any):
+                 placement: str = "balanced", device: tw.Device | None = None, compute: str = "cpu",
+                 gdr: bool | None = None, **optimizer_kwargs: Any):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Server runs modes zerocopy and copy; gloo has GlooServer (got {mode!r})")
         if placement not in PLACEMENTS:
@@ -35,6 +43,7 @@ class Server:
         self.placement = placement
         self.rank, self.num_servers, self.num_workers = rank, num_servers, num_workers
         self.mode, self.timeout = mode, timeout
+        self.mem = Memory(compute, gdr)
         self.optimizer_spec, self.optimizer_kwargs = optimizer, optimizer_kwargs
         # a device passed in is shared with a colocated Worker (and closed by its owner)
         self._own_dev = device is None
@@ -50,6 +59,7 @@ class Server:
         self.dev.on_call("ps.bye", self._on_bye)
         self.stats = Stats("server", rank, mode)
         self.steps_done = 0
+        self._staged = 0  # sparse bytes staged this step (GDR off)
 
     @property
     def address(self) -> str:
@@ -108,18 +118,24 @@ class Server:
         owner = place([v.nbytes for v in self.all_vars], self.num_servers, self.placement)
         self.vars = [v for v, s in zip(self.all_vars, owner) if s == self.rank]
         W = self.num_workers
-        # master copies: registered memory (zerocopy) or plain torch memory (copy)
+        # master copies: registered memory (zerocopy) or plain torch memory (copy);
+        # staged (GDR off): plain GPU memory, sent from a host block it is copied into
+        mem = self.mem
         self.blocks, self.master = [], []
         for v in self.vars:
-            if self.mode == "zerocopy":
-                blk = self.dev.empty(v.shape, v.dtype)
+            if self.mode == "zerocopy" and not mem.staged:
+                blk = mem.block(self.dev, v)
                 t = torch.from_dlpack(blk)
             else:
-                blk, t = None, torch.empty(v.shape, dtype=_torch_dtype(v.dtype))
+                blk, t = (mem.block(self.dev, v) if mem.staged else None), mem.empty(v)
             self.blocks.append(blk)
             self.master.append(nn.Parameter(t, requires_grad=True))
-        self.grad_slots = [[self.dev.dynamic_slot(f"sgrad/{v.name}/{w}") if v.sparse else
-                            self.dev.static_slot(f"grad/{v.name}/{w}", v.shape, v.dtype, depth=1)
+        self._wire = [None if b is None or not mem.staged else torch.from_dlpack(b).view(-1) for b in self.blocks]
+        # staged: the GPU copies of worker 0's gradient (it becomes .grad) and of the others' (summed in)
+        self._land = [mem.empty(v) if mem.staged and not v.sparse else None for v in self.vars]
+        self._scratch = [mem.empty(v) if mem.staged and not v.sparse and W > 1 else None for v in self.vars]
+        self.grad_slots = [[mem.dynamic_slot(self.dev, f"sgrad/{v.name}/{w}") if v.sparse else
+                            mem.static_slot(self.dev, f"grad/{v.name}/{w}", v, depth=1)
                             for w in range(W)] for v in self.vars]
         self._state = "ready"
         # initial values from worker 0, in the order of this server's variables
@@ -133,7 +149,11 @@ class Server:
         self.channels = [self.dev.connect(h["address"]) for h in hellos]
         self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
                                for ch in self.channels] for v in self.vars]
-        self.stats.bytes_copied_per_step = 0 if self.mode == "zerocopy" else W * sum(v.nbytes for v in self.vars)
+        self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" or mem.staged else
+                                            W * sum(v.nbytes for v in self.vars))
+        if mem.staged:  # parameters out once each, every worker's dense gradients in (sparse: per step)
+            self.stats.bytes_staged_per_step = (sum(v.nbytes for v in self.vars) +
+                                                W * sum(v.nbytes for v in self.vars if not v.sparse))
         # A colocated worker (on this very device) gets its parameters by a
         # memcpy in the sending thread: sent last, after the remote transfers
         # are under way.
@@ -141,13 +161,17 @@ class Server:
         self._send_order = [w for w in range(W) if w not in local] + local
         self.stats.bytes_sent_per_step = (W - len(local)) * sum(v.nbytes for v in self.vars)
         self.stats.extra["vars"] = [v.name for v in self.vars]
+        self.stats.extra["device"] = mem.label
+        mem.sync()  # the initial values are in the master copies before they are sent
         self._send_params()
 
     def _send_params(self) -> None:
         reqs = []
-        for w in self._send_order:
+        for k, w in enumerate(self._send_order):
             for i, v in enumerate(self.vars):
-                src = self.blocks[i] if self.mode == "zerocopy" else self.master[i].detach()
+                if k == 0 and self._wire[i] is not None:  # staged: into its host block, once for all workers
+                    self._wire[i].copy_(self.master[i].detach().view(-1))
+                src = self.blocks[i] if self.blocks[i] is not None else self.master[i].detach()
                 reqs.append((self.param_senders[i][w].send(src, self.timeout), v.name, w))
         for req, name, w in reqs:
             try:
@@ -178,7 +202,12 @@ class Server:
         t0 = time.perf_counter()
         t_sum = 0.0
         first = True
-        held: list = []  # (slot, view) whose buffer is a variable's gradient until the optimizer ran
+        mem = self.mem
+        # (slot, view) whose buffer the optimizer still reads (worker 0's, the
+        # gradient itself), or on a GPU that queued kernels still read: released
+        # once the optimizer ran (and the GPU finished)
+        held: list = []
+        keep: list = []  # GPU: received sparse blocks that queued copies still read
         for i, v in enumerate(self.vars):
             m = self.master[i]
             if v.sparse:
@@ -191,8 +220,12 @@ class Server:
                     first = False
                     bv = self.watch.recv(self.grad_slots[i][w], what)
                     ts = time.perf_counter()
-                    idx.append(torch.from_dlpack(bi).clone())
-                    vals.append(torch.from_dlpack(bv).clone())
+                    idx.append(mem.to_compute(torch.from_dlpack(bi)))
+                    vals.append(mem.to_compute(torch.from_dlpack(bv)))
+                    if mem.defer:
+                        keep += [bi, bv]
+                    elif mem.staged:
+                        self._staged += bi.nbytes + bv.nbytes
                     t_sum += time.perf_counter() - ts
                 ts = time.perf_counter()
                 g = torch.sparse_coo_tensor(torch.cat(idx).view(1, -1), torch.cat(vals) / W, v.shape,
@@ -207,18 +240,24 @@ class Server:
                     return False
                 first = False
                 ts = time.perf_counter()
-                g = _tensor_of_view(view, v)
-                if w == 0:  # worker 0's slot buffer becomes the gradient: no copy
+                g = mem.tensor(view, v)
+                if mem.staged:  # a blocking copy to the GPU: the slot's buffer is free again at once
+                    g = (self._land[i] if w == 0 else self._scratch[i]).copy_(g.view(m.shape))
+                if w == 0:  # worker 0's slot buffer (staged: its GPU copy) becomes the gradient: no copy
                     m.grad = g
-                    held.append((self.grad_slots[i][0], view))
                 else:
                     _mean_into(m.grad, g, w)
+                if (w == 0 and not mem.staged) or mem.defer:
+                    held.append((self.grad_slots[i][w], view))
+                else:
                     self.grad_slots[i][w].release(view)
                 t_sum += time.perf_counter() - ts
         t1 = time.perf_counter()
         self.opt.step()
+        mem.sync()  # the update is done: the gradients were read, the new values may be sent
         for slot, view in held:  # the optimizer has read them: workers may push again
             slot.release(view)
+        keep.clear()
         for i, v in enumerate(self.vars):  # no .grad left pointing at memory a worker overwrites
             if not v.sparse:
                 self.master[i].grad = None
@@ -227,7 +266,9 @@ class Server:
         t3 = time.perf_counter()
         self.steps_done += 1
         self.stats.steps.append({"wait_s": t1 - t0 - t_sum, "sum_s": t_sum, "optimizer_s": t2 - t1,
-                                 "aggregate_s": t_sum + (t2 - t1), "pull_s": t3 - t2, "step_s": t3 - t0})
+                                 "aggregate_s": t_sum + (t2 - t1), "pull_s": t3 - t2, "step_s": t3 - t0,
+                                 **({"extra_staged": self._staged} if mem.staged else {})})
+        self._staged = 0
         return True
 
     def run(self, steps: int | None = None) -> Stats:

@@ -1,4 +1,5 @@
-"""The worker over tensorwire slots (modes zerocopy and copy)."""
+"""The worker over tensorwire slots (modes zerocopy and copy), on the CPU or a
+GPU (ps.memory: the same steps, the memory kind a parameter)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from torch import nn
 import tensorwire as tw
 
 from .. import alloc_sites
-from .common import DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, _tensor_of_view, _Watch, place, variables
+from .common import DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, _Watch, place, variables
+from .memory import Memory
 
 
 class Worker:
@@ -23,18 +25,25 @@ class Worker:
     (``param/<var>``), gives every dense parameter a ``.grad`` in registered
     memory (zerocopy), meets the servers (checking its model against worker 0's)
     and loads the initial parameters from them. Then :meth:`step` runs one
-    synchronous SGD step."""
+    synchronous SGD step.
+
+    ``compute`` "cuda" (or "cuda:N") moves the model to that GPU (the caller
+    puts its batches there): with ``gdr`` on (the default) parameters and
+    gradients are registered GPU memory the servers write and read directly;
+    off, they are plain GPU memory copied to and from host blocks (ps.memory)."""
 
     def __init__(self, model: nn.Module, servers: Sequence[str], rank: int = 0, num_workers: int = 1,
                  mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1",
                  timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
-                 placement: str = "balanced", device: tw.Device | None = None):
+                 placement: str = "balanced", device: tw.Device | None = None, compute: str = "cpu",
+                 gdr: bool | None = None):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Worker runs modes zerocopy and copy; gloo has GlooWorker (got {mode!r})")
         if placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, not {placement!r}")
         self.placement = placement
         self.model, self.rank, self.num_workers, self.mode, self.timeout = model, rank, num_workers, mode, timeout
+        self.mem = Memory(compute, gdr)
         self.who = f"worker {rank}"
         # a device passed in is shared with a colocated Server (and closed by its owner)
         self._own_dev = device is None
@@ -54,29 +63,42 @@ class Worker:
 
     def _setup(self, servers: list[str]) -> None:
         S = len(servers)
+        mem = self.mem
+        if mem.cuda:  # (worker 0 sends the servers the initial values from a host copy: setup only)
+            self.model.to(mem.device)
         self.vars = variables(self.model)
         specs = [v for v, _ in self.vars]
         self.owner = place([v.nbytes for v in specs], S, self.placement)
-        # the receiving side: one static slot per variable, its buffer becomes the parameter
-        self.param_slots = [self.dev.static_slot(f"param/{v.name}", v.shape, v.dtype, depth=1) for v in specs]
+        # the receiving side: one static slot per variable, its buffer becomes
+        # the parameter (staged: the parameter is copied from it)
+        self.param_slots = [mem.static_slot(self.dev, f"param/{v.name}", v, depth=1) for v in specs]
         # gradients (zerocopy): a registered block per dense variable, which the
         # backward of an nn.Linear writes directly (alloc_sites) and autograd
         # accumulates into for any other parameter. copy: autograd's own fresh
         # tensors (PyTorch's default zero_grad(set_to_none=True)), copied to send.
+        # Staged (GDR off), the block is host memory every dense gradient is
+        # copied into before it is sent; zerocopy then keeps a GPU tensor per
+        # gradient for the backward to write (home).
         self.grad_blocks: list = []
+        self._home: list = []  # where the backward puts the gradient, when that is fixed
         for v, p in self.vars:
             p.grad = None
-            self.grad_blocks.append(self.dev.empty(v.shape, v.dtype)
-                                    if self.mode == "zerocopy" and not v.sparse else None)
-        block_tensor = {id(p): torch.from_dlpack(blk).view(-1)
-                        for (v, p), blk in zip(self.vars, self.grad_blocks) if blk is not None}
+            blk = mem.block(self.dev, v) if not v.sparse and (self.mode == "zerocopy" or mem.staged) else None
+            self.grad_blocks.append(blk)
+            home = None
+            if blk is not None and self.mode == "zerocopy":
+                home = mem.empty(v).view(-1) if mem.staged else torch.from_dlpack(blk).view(-1)
+            self._home.append(home)
+        self._wire = [None if b is None or not mem.staged else torch.from_dlpack(b).view(-1)
+                      for b in self.grad_blocks]
+        block_tensor = {id(p): home for (v, p), home in zip(self.vars, self._home) if home is not None}
         direct = alloc_sites.install(self.model, lambda p: block_tensor.get(id(p)))
         direct_ids = {id(p) for p in direct}
         # produced in place each step (.grad unset before the backward) vs accumulated into a zeroed block
         self._fresh = [not v.sparse and (self.mode == "copy" or id(p) in direct_ids) for v, p in self.vars]
-        for (v, p), blk, fresh in zip(self.vars, self.grad_blocks, self._fresh):
-            if blk is not None and not fresh:
-                p.grad = torch.from_dlpack(blk).view(p.shape)
+        for (v, p), home, fresh in zip(self.vars, self._home, self._fresh):
+            if home is not None and not fresh:
+                p.grad = home.view(p.shape)
                 p.grad.zero_()
         self.channels = []
         for s, addr in enumerate(servers):
@@ -118,7 +140,7 @@ class Worker:
                 init = ch.dynamic_sender("ps.init", path="copy", timeout=self.timeout)
                 for (v, p), o in zip(self.vars, self.owner):
                     if o == s:
-                        self.watch.wait(init.send(p.detach().contiguous(), self.timeout),
+                        self.watch.wait(init.send(p.detach().cpu().contiguous(), self.timeout),
                                         f"sending the initial value of {v.name!r}")
         self._pull(first=True)
         # Variables of a colocated server (on this very device) are pushed by a
@@ -132,8 +154,12 @@ class Worker:
         self._push_order = early + [i for i in range(len(self.vars)) if i not in early]
         self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
                                              if not v.sparse and s not in local)
-        self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" else
+        self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" or mem.staged else
                                             sum(v.nbytes for v, _ in self.vars if not v.sparse))
+        if mem.staged:  # dense gradients out, every parameter in (sparse gradients: per step)
+            self.stats.bytes_staged_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse) + \
+                sum(v.nbytes for v, _ in self.vars)
+        self.stats.extra["device"] = mem.label
 
     def _pull(self, first: bool = False) -> float:
         """Waits for every parameter; returns when the first arrived (perf_counter)."""
@@ -144,10 +170,10 @@ class Worker:
             if i == 0:
                 t_first = time.perf_counter()
             views.append(view)
-            if first:
-                p.data = _tensor_of_view(view, v).view(p.shape)
-            elif view.ctypes.data != p.data_ptr():  # never with depth 1; kept as a safety net
-                p.data = _tensor_of_view(view, v).view(p.shape)
+            if self.mem.staged:  # GDR off: a blocking copy into the parameter's GPU memory
+                p.data.copy_(self.mem.tensor(view, v).view(p.shape))
+            elif first or self.mem.ptr(view) != p.data_ptr():  # later: never with depth 1; a safety net
+                p.data = self.mem.tensor(view, v).view(p.shape)
         self._views = views
         return t_first
 
@@ -181,6 +207,9 @@ class Worker:
         self._drop_fresh()  # the fresh ones stay readable until here
         loss = closure()
         loss.backward()
+        # On a GPU: the gradients are complete (the stream contract of a send),
+        # and no kernel reads the parameters any more when their slots are released.
+        self.mem.sync()
         self._zeroed = False
         t1 = time.perf_counter()
         if die_at is not None and self.steps_done + 1 == die_at:  # fault injection (tests)
@@ -188,21 +217,29 @@ class Worker:
         for slot in self.param_slots:  # the servers may overwrite our parameters from now on
             slot.release()
         self._views = []
-        reqs, copied = [], 0
+        reqs, copied, staged = [], 0, 0
+        mem = self.mem
         for i in self._push_order:
             (v, p), sender = self.vars[i], self.senders[i]
             if v.sparse:
                 g = p.grad.coalesce()
-                reqs.append((sender.send(g.indices()[0].contiguous(), self.timeout), v.name))
-                reqs.append((sender.send(g.values().contiguous(), self.timeout), v.name))
+                idx, vals = mem.outgoing(g.indices()[0].contiguous()), mem.outgoing(g.values().contiguous())
+                staged += (idx.nbytes + vals.nbytes) if mem.staged else 0
+                reqs.append((sender.send(idx, self.timeout), v.name))
+                reqs.append((sender.send(vals, self.timeout), v.name))
                 continue
-            blk = self.grad_blocks[i]
+            blk, home = self.grad_blocks[i], self._home[i]
+            fixed = p.grad is None or (home is not None and p.grad.data_ptr() != home.data_ptr())
             if p.grad is None:  # the parameter took no part in this loss
-                p.grad = torch.zeros_like(p) if blk is None else torch.from_dlpack(blk).view(p.shape).zero_()
-            if blk is not None and p.grad.data_ptr() != blk.ptr:  # autograd put .grad elsewhere: move it
-                torch.from_dlpack(blk).view(p.shape).copy_(p.grad)
+                p.grad = torch.zeros_like(p) if home is None else home.view(p.shape).zero_()
+            if home is not None and p.grad.data_ptr() != home.data_ptr():  # autograd put .grad elsewhere: move it
+                home.view(p.shape).copy_(p.grad)
                 copied += v.nbytes
-                p.grad = torch.from_dlpack(blk).view(p.shape)
+                p.grad = home.view(p.shape)
+            if self._wire[i] is not None:  # GDR off: a blocking copy into its host block
+                self._wire[i].copy_(p.grad.reshape(-1))
+            elif fixed:  # on a GPU the kernels just queued finish before the bytes move
+                mem.sync()
             reqs.append((sender.send(blk if blk is not None else p.grad, self.timeout), v.name))
         for req, name in reqs:
             self.watch.wait(req, f"pushing the gradient of {name!r}")
@@ -215,7 +252,7 @@ class Worker:
         self.steps_done += 1
         self.stats.steps.append({"compute_s": t1 - t0, "push_s": t2 - t1, "aggregate_s": max(0.0, t_first - t2),
                                  "pull_s": t3 - max(t_first, t2), "step_s": t3 - t0, "loss": float(loss.detach()),
-                                 "extra_copied": copied})
+                                 "extra_copied": copied, **({"extra_staged": staged} if mem.staged else {})})
         return float(loss.detach())
 
     def close(self) -> None:
