@@ -36,6 +36,10 @@ class Block:
     @property
     def released(self) -> bool: ...
 
+    @property
+    def memory(self) -> str:
+        """Where the bytes live: 'host' or 'cuda:<gpu>'."""
+
     def descriptor(self) -> bytes:
         """The region descriptor a peer needs to reach this block (bytes)."""
 
@@ -64,6 +68,10 @@ class Registration:
     @property
     def ptr(self) -> int: ...
 
+    @property
+    def memory(self) -> str:
+        """Where the bytes live: 'host' or 'cuda:<gpu>'."""
+
     def descriptor(self) -> bytes: ...
 
 class RemoteRegion:
@@ -78,9 +86,20 @@ class RemoteRegion:
     @property
     def device_id(self) -> int: ...
 
+    @property
+    def memory(self) -> str:
+        """
+        Where the peer's bytes live: 'host' or 'cuda' (the peer's GPU ordinal is not sent).
+        """
+
     def descriptor(self) -> bytes: ...
 
     def __repr__(self) -> str: ...
+
+def cuda_info() -> dict:
+    """
+    What the CUDA driver offers: available, reason (when not), driver_version, devices (names).
+    """
 
 def parse_descriptor(arg: bytes, /) -> dict:
     """Decodes a region descriptor (raises on malformed input)."""
@@ -202,12 +221,14 @@ class Device:
         The spin in effect, in microseconds (TENSORWIRE_SPIN_US overrides the argument).
         """
 
-    def alloc_view(self, shape: object, code: int, bits: int, format: str, alignment: object = 64) -> Block:
-        """Low-level: a pool block with a tensor view (use Device.empty)."""
-
-    def register_memory(self, ptr: object, nbytes: object) -> Registration:
+    def alloc_view(self, shape: object, code: int, bits: int, format: str, alignment: object = 64, gpu: int = -1) -> Block:
         """
-        Low-level: registers [ptr, ptr+nbytes); the caller keeps the memory alive (use Device.register).
+        Low-level: a pool block with a tensor view, in GPU `gpu`'s memory if >= 0 (use Device.empty).
+        """
+
+    def register_memory(self, ptr: object, nbytes: object, gpu: bool = False) -> Registration:
+        """
+        Low-level: registers [ptr, ptr+nbytes) (GPU memory if gpu); the caller keeps the memory alive (use Device.register).
         """
 
     def publish(self, name: str, region: object) -> None:
@@ -320,11 +341,11 @@ class StaticSlot:
     Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.
     """
 
-    def __init__(self, device: Device, name: str, shape: object, code: int, bits: int, depth: object = 2, first_seq: object = 1) -> None: ...
+    def __init__(self, device: Device, name: str, shape: object, code: int, bits: int, depth: object = 2, first_seq: object = 1, gpu: int = -1) -> None: ...
 
     def recv(self, timeout: float | None = None) -> numpy.typing.NDArray[Any]:
         """
-        Waits for the next tensor; returns a zero-copy numpy view of it (valid until release()).
+        Waits for the next tensor; returns a zero-copy view of it (valid until release()): a numpy array, or for a slot in GPU memory a DLPack array on the GPU (torch.from_dlpack(view)).
         """
 
     def recv_async(self, timeout: float | None = None) -> Coroutine[Any, Any, numpy.typing.NDArray[Any]]:
@@ -350,6 +371,12 @@ class StaticSlot:
 
     @property
     def depth(self) -> int: ...
+
+    @property
+    def memory(self) -> str:
+        """
+        Where the buffers live: 'host' or 'cuda:<gpu>' (the sequence words are always host memory).
+        """
 
     @property
     def next_seq(self) -> int: ...
@@ -399,7 +426,7 @@ class StaticSender:
 class DynamicSlot:
     """Receiver side of dynamic allocation: tensors of any shape."""
 
-    def __init__(self, device: Device, name: str, max_ndim: object = 8, max_nbytes: object = 4294967296) -> None: ...
+    def __init__(self, device: Device, name: str, max_ndim: object = 8, max_nbytes: object = 4294967296, gpu: int = -1) -> None: ...
 
     def recv(self, timeout: object | None = None) -> Block:
         """

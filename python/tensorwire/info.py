@@ -44,6 +44,37 @@ def transports(transport: str = "auto") -> list[str]:
     return sorted(set(out))
 
 
+_CUDA_TRANSPORTS = ("cuda_copy", "cuda_ipc", "gdr_copy")
+_VERBS = ("rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "dc_mlx5")
+
+
+def cuda(tls: list[str]) -> dict[str, Any]:
+    """GPUs, driver and runtime, UCX's CUDA transports, and whether GPUDirect
+    RDMA is possible here: gdr_copy, or a verbs device with peer memory
+    (nvidia_peermem) so the NIC reads and writes GPU memory itself."""
+    info = _core.cuda_info()
+    version = info["driver_version"]
+    runtime = None
+    import importlib.util
+    if importlib.util.find_spec("torch") is not None:
+        import torch  # only for the CUDA runtime it was built with
+        runtime = torch.version.cuda
+    names = [t.split("/")[0] for t in tls]
+    peer_memory = os.path.exists("/sys/module/nvidia_peermem") or os.path.exists("/sys/kernel/mm/memory_peers/nv_mem")
+    verbs = any(n in _VERBS for n in names)
+    return {
+        "available": info["available"],
+        "reason": info["reason"],
+        "driver": f"{version // 1000}.{version % 1000 // 10}" if version else None,
+        "runtime": runtime,
+        "devices": info["devices"],
+        "ucx_transports": sorted({t for t in tls if t.split("/")[0] in _CUDA_TRANSPORTS}),
+        "gdr_copy": "gdr_copy" in names,
+        "peer_memory": peer_memory,
+        "gpudirect_rdma": "gdr_copy" in names or (peer_memory and verbs),
+    }
+
+
 def collect(transport: str = "auto") -> dict[str, Any]:
     libs = loaded_ucx_libraries()
     info: dict[str, Any] = {
@@ -59,11 +90,12 @@ def collect(transport: str = "auto") -> dict[str, Any]:
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("UCX_", "TENSORWIRE_"))},
         "warnings": [],
     }
+    info["cuda"] = cuda(info["transports"])
     dirs = {os.path.dirname(p) for p in libs if "libucp" in p or "libucs" in p}
     if len(dirs) > 1:
         info["warnings"].append("more than one UCX is loaded in this process: " + ", ".join(sorted(dirs)))
     tls = info["transports"]
-    has_verbs = any(t.split("/")[0] in ("rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "dc_mlx5") for t in tls)
+    has_verbs = any(t.split("/")[0] in _VERBS for t in tls)
     if info["rdma_devices"] and not has_verbs:
         info["warnings"].append(
             "RDMA devices exist (" + ", ".join(info["rdma_devices"]) + ") but UCX offers no verbs transport: "
@@ -86,6 +118,22 @@ def render(info: dict[str, Any]) -> str:
         "  control plane: tcp with peer error handling and keepalive; data endpoints: no UCX error handling,"
         " liveness from the control plane",
     ]
+    c = info["cuda"]
+    if c["available"]:
+        lines += [
+            f"CUDA: driver {c['driver']}, runtime {c['runtime'] or 'unknown (no torch)'}; GPUs: "
+            + ", ".join(f"{i}: {name}" for i, name in enumerate(c["devices"])),
+            "  UCX CUDA transports: " + (", ".join(c["ucx_transports"]) or "none (this UCX has no CUDA support)"),
+            f"  GPUDirect RDMA: {'possible' if c['gpudirect_rdma'] else 'not possible'} (gdr_copy "
+            f"{'yes' if c['gdr_copy'] else 'no'}, NIC peer memory {'yes' if c['peer_memory'] else 'no'}, verbs "
+            f"{'yes' if has_verbs(info) else 'no'}); without it GPU memory crosses hosts staged through host memory",
+        ]
+    else:
+        lines.append(f"CUDA: not available ({c['reason']}); GPU memory cannot be used")
     for w in info["warnings"]:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
+
+
+def has_verbs(info: dict[str, Any]) -> bool:
+    return any(t.split("/")[0] in _VERBS for t in info["transports"])

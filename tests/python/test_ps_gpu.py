@@ -22,8 +22,8 @@ pytestmark = pytest.mark.torch
 STEPS = 5
 HAS_GPU = torch.cuda.is_available()
 needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU: torch.cuda.is_available() is False")
-# GPU memory needs UCX's cuda transports: "auto" leaves UCX_TLS as set (all of them by default)
-GPU_TRANSPORT = "auto"
+# the CLI's default; with a GPU the core adds UCX's cuda_copy and cuda_ipc to shared memory
+GPU_TRANSPORT = "shm"
 
 
 def small_mlp() -> torch.nn.Module:
