@@ -177,8 +177,9 @@ def test_static_gpu_slot_every_dtype(gpu_receiver, path):
         for dtype in DTYPES:
             name = f"s-{path}-{dtype}"
             shape = (17, 3)
+            # depth 3: the three sends below complete before the receiver takes any
             gpu_receiver.request({"op": "static_slot", "name": name, "shape": shape, "dtype": dtype,
-                                  "depth": 2, "memory": "cuda"})
+                                  "depth": 3, "memory": "cuda"})
             sender = ch.static_sender(name, path="copy" if path == "block" else path)
             sent = []
             for i in range(3):

@@ -651,11 +651,7 @@ RegionDescriptor Channel::export_region(const LocalRegion& local, double timeout
   d.address = reinterpret_cast<std::uint64_t>(local.address);
   d.length = local.length;
   d.rkey = *local.rkey;
-  ucp_mem_attr_t attr{};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_MEM_TYPE;
-  if (ucp_mem_query(local.memh, &attr) == UCS_OK && attr.mem_type == UCS_MEMORY_TYPE_CUDA) {
-    d.memory_type = MemoryType::kCuda;  // the receiver reads it as GPU memory
-  }
+  if (detail::gpu_memory(local)) d.memory_type = MemoryType::kCuda;  // the receiver reads it as GPU memory
   d = dev->export_for(std::move(d), *ch.peer);
   call(kExportCall, d.to_bytes(), timeout_s);
   return d;

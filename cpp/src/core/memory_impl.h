@@ -18,6 +18,13 @@ namespace tensorwire::detail {
 
 class PoolImpl;
 
+// Whether a registered local range is GPU memory (as UCX registered it).
+inline bool gpu_memory(const LocalRegion& local) {
+  ucp_mem_attr_t attr{};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_MEM_TYPE;
+  return local.memh && ucp_mem_query(local.memh, &attr) == UCS_OK && attr.mem_type == UCS_MEMORY_TYPE_CUDA;
+}
+
 class Slab {
  public:
   Slab(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id, bool dedicated,

@@ -263,8 +263,10 @@ bool packed_rkey_well_formed(const std::string& packed) {
     at += 1 + static_cast<std::uint8_t>(packed[at]);
     if (at > packed.size()) return false;
   }
+  // The tail: a system device byte and 3-byte distances; keys of GPU memory
+  // (UCX 1.22) end with one more 0xff byte after them.
   const std::size_t rest = packed.size() - at;
-  return rest == 0 || (rest - 1) % 3 == 0;
+  return rest == 0 || (rest - 1) % 3 == 0 || (rest >= 2 && (rest - 2) % 3 == 0 && packed.back() == '\xff');
 }
 
 Rkey::Rkey(std::shared_ptr<Endpoint> endpoint, const std::string& packed) : endpoint_(std::move(endpoint)) {

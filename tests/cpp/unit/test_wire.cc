@@ -11,6 +11,7 @@
 
 #include "common/bytes.h"
 #include "control/wire.h"
+#include "ucx/ucx.h"
 #include "tensorwire/error.h"
 #include "tensorwire/region.h"
 
@@ -414,4 +415,43 @@ TEST(ByteWriter, RejectsOversizedField) {
   EXPECT_TRUE(w.str().empty());  // nothing half-written
   EXPECT_NO_THROW(w.put_bytes16(std::string(0xffff, 'x')));
   EXPECT_EQ(w.str().size(), 2u + 0xffff);
+}
+
+// Packed UCP remote keys as UCX 1.22 made them on an H100 machine
+// (bench/results/gpu_env_h100.txt): the checker that walks a peer's key
+// before ucp_ep_rkey_unpack trusts it must accept both, and no truncation.
+namespace {
+std::string from_hex(const std::string& hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+const char* const kHostKey = "0500000000000000000c0c00000000d07fce057f000000ff";
+const char* const kGpuKey =
+    "0c000000000000000100c00100000000000000608e38030000000033020000000000000000000400000000004000000000000006"
+    "00000000ff000032000000000000002000d0c19600005c0000000000000000000000000000000000000000000000000000000000"
+    "0000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000009f"
+    "03000000000000330200007564615f0000009e057f00000000000400000000d578c0f737aa56651b215fff02eb857f0000000fff";
+}  // namespace
+
+TEST(PackedRkey, AcceptsHostAndGpuKeysOfUcx122) {
+  EXPECT_TRUE(tensorwire::ucx::packed_rkey_well_formed(from_hex(kHostKey)));
+  const std::string gpu = from_hex(kGpuKey);
+  ASSERT_EQ(gpu.size(), 208u);
+  EXPECT_TRUE(tensorwire::ucx::packed_rkey_well_formed(gpu));
+}
+
+TEST(PackedRkey, RefusesTruncatedOrForgedKeys) {
+  const std::string gpu = from_hex(kGpuKey);
+  // (Cutting the end marker alone leaves a well-formed tail: the walk guards
+  // the memory-domain entries, which UCX would read past.)
+  for (std::size_t cut : {2u, 6u, 50u, 199u}) {
+    EXPECT_FALSE(tensorwire::ucx::packed_rkey_well_formed(gpu.substr(0, gpu.size() - cut))) << cut;
+  }
+  std::string forged = gpu;
+  forged[0] = '\x7f';  // more memory domains than entries
+  EXPECT_FALSE(tensorwire::ucx::packed_rkey_well_formed(forged));
+  std::string bad_type = gpu;
+  bad_type[8] = '\x7f';
+  EXPECT_FALSE(tensorwire::ucx::packed_rkey_well_formed(bad_type));
 }
