@@ -4,6 +4,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "core/transport_policy.h"
 #include "checked.h"
 #include "py_types.h"
 
@@ -222,13 +223,17 @@ void bind_device(nb::module_& m) {
         return d;
       }, "Counts of this channel's operations by path: posted (to UCX), direct_writes, direct_reads, "
          "direct_bytes, drains (direct copies that first waited for earlier UCX operations after a fence).")
-      .def("progress", &Channel::progress);
+      .def("progress", &Channel::progress)
+      .def("transports", &Channel::transports,
+           "The UCX transports and devices this channel's endpoint uses, 'transport/device' "
+           "('posix/memory', 'tcp/lo', 'rc_mlx5/mlx5_0:1'), from UCX's endpoint query.");
 
   nb::class_<PyDevice>(m, "Device", nb::dynamic_attr(), "A local endpoint of the fabric: UCX context, workers, pool, listener.")
       .def("__init__", [](PyDevice* self, const std::string& host, int port, int workers, const std::string& progress,
                           unsigned spin_us, const std::string& transport, const std::string& net_devices,
                           const std::string& token, std::size_t slab_size, std::size_t pool_limit,
-                          double connect_timeout, double keepalive, double liveness, int protocol_version, bool map_shared_memory) {
+                          double connect_timeout, double keepalive, double liveness, int protocol_version, bool map_shared_memory,
+                          nb::handle require) {
         if (port < 0 || port > 65535) throw InvalidArgument("port must be in 0..65535");
         DeviceConfig c;
         c.host = host;
@@ -238,6 +243,11 @@ void bind_device(nb::module_& m) {
         c.spin_us = spin_us;
         c.transport = transport;
         c.net_devices = net_devices;
+        if (nb::isinstance<nb::str>(require)) {
+          c.require = nb::cast<std::string>(require);
+        } else if (!require.is_none()) {  // a list of families
+          for (nb::handle f : nb::iter(require)) c.require += (c.require.empty() ? "" : ",") + nb::cast<std::string>(nb::str(f));
+        }
         c.token = token;
         c.slab_size = slab_size;
         c.pool_limit = pool_limit;
@@ -253,7 +263,8 @@ void bind_device(nb::module_& m) {
          nb::arg("progress") = "blocking", nb::arg("spin_us") = 100, nb::arg("transport") = "auto",
          nb::arg("net_devices") = "auto", nb::arg("token") = "", nb::arg("slab_size") = std::size_t(64) << 20,
          nb::arg("pool_limit") = std::size_t(16) << 30, nb::arg("connect_timeout") = 10.0,
-         nb::arg("keepalive") = 1.0, nb::arg("liveness") = 5.0, nb::arg("protocol_version") = 0, nb::arg("map_shared_memory") = true)
+         nb::arg("keepalive") = 1.0, nb::arg("liveness") = 5.0, nb::arg("protocol_version") = 0, nb::arg("map_shared_memory") = true,
+         nb::arg("require").none() = nb::none())
       .def_prop_ro("address", [](PyDevice& d) { return dev(d).address(); })
       .def_prop_ro("id", [](PyDevice& d) { return dev(d).id(); })
       .def_prop_ro("workers", [](PyDevice& d) { return dev(d).config().workers; })
@@ -382,12 +393,19 @@ void bind_device(nb::module_& m) {
         return out;
       })
       .def("describe", [](PyDevice& d) { return dev(d).describe(); })
+      .def("resources", [](PyDevice& d) { return dev(d).resources(); },
+           "UCX's data resources on this device, 'transport/device'.")
       .def_prop_ro("closed", [](PyDevice& d) { return !d.device || d.device->closed(); })
       .def("close", [](PyDevice& d) {
         if (!d.device) return;
         gil_scoped_release r;
         d.device->close();
       }, "Fails pending work, closes connections, stops threads. Blocks stay readable.");
+
+  m.def("transport_family", &detail::transport_family, nb::arg("ucx_transport"),
+        "The family of a UCX transport name: tcp, shm, rdma, cuda, self, or '' (the core's one table).");
+  m.def("unusable_reason", &detail::unusable_reason, nb::arg("resources"), nb::arg("family"),
+        "Why transport family `family` is not usable with UCX `resources` ('transport/device'), '' if it is.");
 }
 
 }  // namespace tensorwire::py

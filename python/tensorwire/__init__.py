@@ -200,7 +200,12 @@ class Device(_core.Device):
         progress: "blocking" (default: poll, then sleep on the event fd),
             "polling" (spin; lowest latency, one core per worker) or "inline"
             (no threads; waiters drive progress).
-        transport: "auto" (UCX_TLS as set), "tcp", "shm" or "rdma".
+        transport: "auto" (UCX_TLS as set), "tcp", "shm" or "rdma". A named transport is a
+            promise: if UCX does not offer it here, the Device fails with InvalidArgument
+            naming what is missing (never a silent fall-back to another transport).
+        require: more transport families the device must offer ("cuda", or a list such as
+            ["rdma", "cuda"]), checked the same way. ``channel.transports()`` tells which UCX
+            transports a channel's endpoint actually uses.
         token: shared secret; peers with another token are refused.
         pool_limit, slab_size: registered memory pool bounds (bytes).
         map_shared_memory: with a same-host peer whose region a shared-memory

@@ -195,10 +195,15 @@ class Channel:
 
     def progress(self) -> int: ...
 
+    def transports(self) -> list[str]:
+        """
+        The UCX transports and devices this channel's endpoint uses, 'transport/device' ('posix/memory', 'tcp/lo', 'rc_mlx5/mlx5_0:1'), from UCX's endpoint query.
+        """
+
 class Device:
     """A local endpoint of the fabric: UCX context, workers, pool, listener."""
 
-    def __init__(self, host: str = '127.0.0.1', port: int = 0, workers: int = 1, progress: str = 'blocking', spin_us: int = 100, transport: str = 'auto', net_devices: str = 'auto', token: str = '', slab_size: int = 67108864, pool_limit: int = 17179869184, connect_timeout: float = 10.0, keepalive: float = 1.0, liveness: float = 5.0, protocol_version: int = 0, map_shared_memory: bool = True) -> None: ...
+    def __init__(self, host: str = '127.0.0.1', port: int = 0, workers: int = 1, progress: str = 'blocking', spin_us: int = 100, transport: str = 'auto', net_devices: str = 'auto', token: str = '', slab_size: int = 67108864, pool_limit: int = 17179869184, connect_timeout: float = 10.0, keepalive: float = 1.0, liveness: float = 5.0, protocol_version: int = 0, map_shared_memory: bool = True, require: object | None = None) -> None: ...
 
     @property
     def address(self) -> str: ...
@@ -258,6 +263,9 @@ class Device:
 
     def describe(self) -> str: ...
 
+    def resources(self) -> list[str]:
+        """UCX's data resources on this device, 'transport/device'."""
+
     @property
     def closed(self) -> bool: ...
 
@@ -265,6 +273,16 @@ class Device:
         """
         Fails pending work, closes connections, stops threads. Blocks stay readable.
         """
+
+def transport_family(ucx_transport: str) -> str:
+    """
+    The family of a UCX transport name: tcp, shm, rdma, cuda, self, or '' (the core's one table).
+    """
+
+def unusable_reason(resources: Sequence[str], family: str) -> str:
+    """
+    Why transport family `family` is not usable with UCX `resources` ('transport/device'), '' if it is.
+    """
 
 def bench_write_pingpong(arg0: Channel, arg1: object, arg2: object, arg3: RemoteRegion, arg4: int, arg5: int, arg6: int, arg7: bool, arg8: float, /) -> list[float]: ...
 

@@ -31,17 +31,19 @@ def rdma_devices() -> list[str]:
         return []
 
 
-def transports(transport: str = "auto") -> list[str]:
-    """Transport/device pairs UCX offers for data under `transport`."""
+FAMILIES = ("tcp", "shm", "rdma", "cuda")
+
+
+def transports() -> list[str]:
+    """Transport/device pairs UCX offers for data here (UCX_TLS as set)."""
     from . import Device
-    with Device(transport=transport, progress="inline") as dev:
-        text = dev.describe()
-    out = []
-    for line in text.splitlines():
-        m = re.search(r"resource \d+\s*:\s*md \d+\s+dev \d+\s+flags \S+\s+(\S+)", line)
-        if m:
-            out.append(m.group(1))
-    return sorted(set(out))
+    with Device(progress="inline") as dev:
+        return sorted(dev.resources())
+
+
+def usable(resources: list[str]) -> dict[str, str]:
+    """family -> "" when Device(transport=family) works here, else why not (the core's check)."""
+    return {f: _core.unusable_reason(resources, f) for f in FAMILIES}
 
 
 _CUDA_TRANSPORTS = ("cuda_copy", "cuda_ipc", "gdr_copy")
@@ -85,12 +87,14 @@ def collect(transport: str = "auto") -> dict[str, Any]:
         "ucx_library": os.path.realpath(_core.ucx_library_path()),
         "ucx_source": _core.ucx_source,
         "ucx_libraries_loaded": libs,
-        "transports": transports(transport),
+        "transports": transports(),
         "rdma_devices": rdma_devices(),
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("UCX_", "TENSORWIRE_"))},
         "warnings": [],
     }
     info["cuda"] = cuda(info["transports"])
+    info["usable"] = usable(info["transports"])
+    info["requested"] = transport
     dirs = {os.path.dirname(p) for p in libs if "libucp" in p or "libucs" in p}
     if len(dirs) > 1:
         info["warnings"].append("more than one UCX is loaded in this process: " + ", ".join(sorted(dirs)))
@@ -118,6 +122,9 @@ def render(info: dict[str, Any]) -> str:
         "  control plane: tcp with peer error handling and keepalive; data endpoints: no UCX error handling,"
         " liveness from the control plane",
     ]
+    lines.append("usable here (Device(transport=...) / --transport):")
+    for family, why in info["usable"].items():
+        lines.append(f"  {family:<5} {'yes' if not why else 'no: ' + why}")
     c = info["cuda"]
     if c["available"]:
         lines += [

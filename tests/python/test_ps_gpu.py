@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tensorwire.torch import models, ps  # noqa: E402
+from tensorwire.torch import ps  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -25,23 +25,8 @@ needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU: torch.cuda
 # the CLI's default; with a GPU the core adds UCX's cuda_copy and cuda_ipc to shared memory
 GPU_TRANSPORT = "shm"
 
-
-def small_mlp() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
-
-
-def mlp_data(rank: int, step: int):
-    g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(6, 12, generator=g), torch.randint(0, 5, (6,), generator=g)
-
-
-def small_wide_deep() -> torch.nn.Module:
-    return models.WideAndDeep(fields=3, vocab=50, dim=4, dense_features=3, hidden=8)
-
-
-def wide_deep_data(rank: int, step: int):
-    from tensorwire.torch import data
-    return data.wide_deep_batch(8, rank, step, seed=3, fields=3, vocab=50, dense_features=3)
+# the CPU tests' models and data (one definition; spawned processes import them from there)
+from test_torch_ps import mlp_data, small_mlp, small_wide_deep, wide_deep_data  # noqa: E402
 
 
 def _assert_same(model: torch.nn.Module, params: dict, atol: float) -> None:

@@ -844,3 +844,24 @@ def test_mixed_channel_one_lane_native_one_emulated(transport, forms, kind):
             sender.send(want).wait(10)
         expect_items(peer.recv(30), expected)
         assert sender.stats()["sent"] == len(expected)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_dynamic_slot_takes_pushed_tensors_on_a_one_sided_lane(transport):
+    """A dynamic sender pushes GPU memory in the message form whatever its lane's
+    form (UCX emulates a get of GPU memory), so a receiver whose lane is one-sided
+    takes pushed records and acks them with one-sided writes. The two forms are
+    forced per process here, with host memory."""
+    with lane_form("rma"), start_slot_peer(transport) as peer:
+        peer.request({"op": "dynamic_slot", "name": "mixed"})
+        with lane_form("messages"), tw.Device(transport=transport) as dev:
+            sender = dev.connect(peer.address).dynamic_sender("mixed")
+            for i in range(4):
+                t = np.full((100 + i, 3), i, dtype=np.float32)
+                req = sender.send(t)
+                got = peer.request({"op": "recv", "name": "mixed", "count": 1, "mode": "bytes"})
+                req.wait(10)
+                assert "raised" not in got, got
+                item = got["items"][0]
+                assert item["shape"] == [100 + i, 3] and item["data"] == t.tobytes()
+            assert sender.stats()["sent"] == 4

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorwire/memory.h"
 #include "tensorwire/region.h"
@@ -90,6 +91,9 @@ class Channel {
   // (DeviceConfig::map_shared_memory). Such operations complete on return.
   bool maps(const RemoteRegion& remote, const LocalRegion& local) const;
   ChannelStats stats() const;
+  // The UCX transports and devices this channel's endpoint uses
+  // ("posix/memory", "rc_mlx5/mlx5_0:1"), from UCX's endpoint query.
+  std::vector<std::string> transports() const;
 
   int lane() const;
   PeerInfo peer() const;

@@ -32,6 +32,11 @@ struct DeviceConfig {
   ProgressMode progress = ProgressMode::kBlocking;
   unsigned spin_us = 100;          // how long a waiting thread polls before it sleeps
   std::string transport = "auto";  // auto (UCX_TLS as set) | tcp | shm | rdma
+  // Transport families the device must offer besides `transport` (a comma
+  // list of tcp, shm, rdma, cuda). A named transport or a required family
+  // that UCX does not offer here fails the Device with InvalidArgument naming
+  // what is missing: a request is never silently served by another transport.
+  std::string require;
   std::string net_devices = "auto";  // auto: "lo" when host is loopback
   std::string token;               // shared secret peers must present in HELLO
   std::size_t slab_size = std::size_t(64) << 20;
@@ -108,6 +113,8 @@ class Device {
   std::uint64_t refusals() const;
   // Text for `tensorwire info`: UCX version, library path, transports.
   std::string describe() const;
+  // UCX's data resources here, "transport/device" ("tcp/lo", "posix/memory").
+  std::vector<std::string> resources() const;
   detail::DeviceImpl* impl() const noexcept { return impl_.get(); }
 
  private:

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
 #include "core/bulk_copy.h"
@@ -421,25 +422,37 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   return access_to(remote).mapped;
 }
 
-bool ChannelImpl::needs_target_progress() const {
-  int known = target_progress_.load(std::memory_order_relaxed);
-  if (known >= 0) return known != 0;
-  if (!ep || !ep->get()) return true;
+std::vector<std::string> ChannelImpl::lane_transports() const {
+  std::vector<std::string> out;
+  if (!ep || !ep->get()) return out;
   ucp_transport_entry_t entries[16];
   ucp_ep_attr_t attr{};
   attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
   attr.transports.entries = entries;
   attr.transports.num_entries = 16;
   attr.transports.entry_size = sizeof(ucp_transport_entry_t);
-  if (ucp_ep_query(ep->get(), &attr) != UCS_OK || attr.transports.num_entries == 0) return true;
+  if (ucp_ep_query(ep->get(), &attr) != UCS_OK) return out;
+  for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
+    std::string name = std::string(entries[i].transport_name ? entries[i].transport_name : "?") + "/" +
+                       (entries[i].device_name ? entries[i].device_name : "?");
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(std::move(name));
+  }
+  return out;
+}
+
+bool ChannelImpl::needs_target_progress() const {
+  int known = target_progress_.load(std::memory_order_relaxed);
+  if (known >= 0) return known != 0;
+  const std::vector<std::string> lanes = lane_transports();
+  if (lanes.empty()) return true;
   // Transports whose puts complete in the target's memory on their own.
   static const char* const kOneSided[] = {"posix", "sysv", "xpmem", "cma", "knem", "self", "rc_verbs", "rc_mlx5",
                                           "dc_mlx5", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc"};
   bool needs = false;
-  for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
-    const char* name = entries[i].transport_name ? entries[i].transport_name : "";
+  for (const std::string& lane : lanes) {
+    const std::string name = lane.substr(0, lane.find('/'));
     bool one_sided = false;
-    for (const char* t : kOneSided) one_sided = one_sided || std::strcmp(name, t) == 0;
+    for (const char* t : kOneSided) one_sided = one_sided || name == t;
     needs = needs || !one_sided;
   }
   target_progress_.store(needs ? 1 : 0, std::memory_order_relaxed);
@@ -603,6 +616,7 @@ int Channel::lane() const { return impl_of(impl_).lane; }
 bool Channel::maps(const RemoteRegion& remote, const LocalRegion& local) const {
   return impl_of(impl_).direct_target(remote, local) != nullptr;
 }
+std::vector<std::string> Channel::transports() const { return impl_of(impl_).lane_transports(); }
 ChannelStats Channel::stats() const { return impl_of(impl_).stats(); }
 PeerInfo Channel::peer() const { return impl_of(impl_).peer->info; }
 unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }

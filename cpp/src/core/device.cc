@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "core/bulk_copy.h"
 #include "core/device_impl.h"
+#include "core/transport_policy.h"
 #include "cuda/driver.h"
 
 namespace tensorwire {
@@ -174,6 +175,12 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
 
   data_context = std::make_shared<ucx::Context>(data_overrides(config), UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA,
                                                  "tensorwire");
+  // Fail closed: what was asked for must be there (contracts §13).
+  const std::vector<std::string> offered = data_context->resources();
+  for (const std::string& family : required_families(config.transport, config.require)) {
+    const std::string why = unusable_reason(offered, family);
+    if (!why.empty()) throw InvalidArgument("transport '" + family + "' was asked for but is not usable here: " + why);
+  }
   // The control plane always runs over tcp with peer error handling: it is
   // what detects a dead peer, whatever the data transport is.
   std::vector<std::pair<std::string, std::string>> ctl{{"TLS", "tcp"}};
@@ -406,6 +413,7 @@ unsigned Device::progress() { return impl_->progress(); }
 void Device::close() { impl_->close(); }
 bool Device::closed() const { return impl_->closed(); }
 std::string Device::describe() const { return impl_->describe(); }
+std::vector<std::string> Device::resources() const { return impl_->data_context->resources(); }
 std::uint64_t Device::refusals() const { return impl_->refusal_count(); }
 
 std::string ucx_version() { return ucp_get_version_string(); }

@@ -115,6 +115,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // not over shared memory or verbs RC/DC. Waiters on a word the peer writes
   // drive the worker only then. Conservative (true) until UCX can tell.
   bool needs_target_progress() const;
+  // The UCX transports of this channel's endpoint, "transport/device"
+  // (empty when UCX cannot say).
+  std::vector<std::string> lane_transports() const;
   // Whether this lane carries slots and plain write/read as messages
   // (core/messages.h): where its RMA is emulated (needs_target_progress), or
   // as TENSORWIRE_LANE_FORM forces; never on a channel to this very device.

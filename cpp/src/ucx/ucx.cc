@@ -4,6 +4,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <chrono>
@@ -109,18 +110,32 @@ Context::~Context() {
 
 std::string Context::transports() const { return tls_; }
 
-bool Context::has_hardware_keys() const {
+std::vector<std::string> Context::resources() const {
   char* buf = nullptr;
   size_t size = 0;
   FILE* f = open_memstream(&buf, &size);
-  if (!f) return true;  // cannot tell: assume it matters
+  if (!f) return {};
   ucp_context_print_info(handle_, f);
   std::fclose(f);
   const std::string info(buf, size);
   std::free(buf);
   // Resource lines read "resource N : md M dev K flags -- rc_mlx5/mlx5_0:1".
-  for (const char* tl : {"-- rc_", "-- dc_", "-- ud_", "-- srd"}) {
-    if (info.find(tl) != std::string::npos) return true;
+  std::vector<std::string> out;
+  for (std::size_t at = info.find("-- "); at != std::string::npos; at = info.find("-- ", at + 3)) {
+    const std::size_t end = info.find_first_of(" \n", at + 3);
+    std::string name = info.substr(at + 3, end == std::string::npos ? std::string::npos : end - at - 3);
+    if (name.find('/') != std::string::npos && std::find(out.begin(), out.end(), name) == out.end()) {
+      out.push_back(std::move(name));
+    }
+  }
+  return out;
+}
+
+bool Context::has_hardware_keys() const {
+  for (const std::string& r : resources()) {
+    for (const char* tl : {"rc_", "dc_", "ud_", "srd"}) {
+      if (r.rfind(tl, 0) == 0) return true;
+    }
   }
   return false;
 }

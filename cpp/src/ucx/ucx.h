@@ -54,6 +54,8 @@ class Context {
   // exactly the exported range keep a peer out of the rest (tcp's emulated
   // RMA ignores keys; shared memory maps by segment).
   bool has_hardware_keys() const;
+  // The context's resources as "transport/device" ("tcp/lo", "rc_mlx5/mlx5_0:1").
+  std::vector<std::string> resources() const;
 
  private:
   ucp_context_h handle_ = nullptr;

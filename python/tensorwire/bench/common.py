@@ -152,6 +152,20 @@ class Report:
         return f"{self.verdict} {self.test} {fabric} {key_metric}" + (f" ({why})" if why else "")
 
 
+def check_transports(report: Report, requested: str, channels: Sequence[Any]) -> list[str]:
+    """Records the UCX transports the measured channels used (config "lane_transports")
+    and FAILs when none of them is of the requested family: a bench of --transport rdma
+    that ran over shared memory says so instead of passing (docs/contracts.md §13).
+    Returns them, for the header."""
+    from .. import _core
+    used = sorted({t for ch in channels for t in ch.transports()} | set(report.config.get("lane_transports", [])))
+    report.config["lane_transports"] = used
+    families = {_core.transport_family(t) for t in used}
+    if requested != "auto" and used and requested not in families:
+        report.fail(f"the traffic went over {', '.join(used)}, not the requested {requested}")
+    return used
+
+
 def check_number(report: Report, name: str, value: float, size: int) -> None:
     if value is None or not math.isfinite(value) or value <= 0:
         report.fail(f"{name} at {size} B is {value}")

@@ -28,7 +28,7 @@ def _iterations(args, size: int) -> int:
 
 def measure_bw(args, client, sizes: list[int]):
     from .. import p2p
-    from ..common import (MIB, Progress, Report, check_bw_row, check_bw_trend, human_size,
+    from ..common import (MIB, Progress, Report, check_bw_row, check_bw_trend, check_transports, human_size,
                          peak_bandwidth_posted, to_unit)
     op, bidir, lanes = args.op, args.bidirectional, args.lanes
     unit = {"perftest": "Gb/sec" if args.report_gbits else "MiB/sec", "osu": "MB/s", "imb": "MB/s"}[args.format]
@@ -36,6 +36,7 @@ def measure_bw(args, client, sizes: list[int]):
         args, sizes, unit, tx_depth=args.window or "auto", bidirectional=bidir, duration=args.duration,
         margin=args.margin,
         peak="disabled" if (args.duration or args.no_peak) else "best run of >= in-flight consecutive ops"))
+    check_transports(report, args.transport, client.channels)
     progress = Progress(len(sizes), report.test)
     trend = []
     for i, size in enumerate(sizes):
@@ -122,11 +123,13 @@ def _split_bins(side: dict[str, Any] | None) -> list[list[int]]:
 
 
 def measure_lat(args, client, sizes: list[int]):
-    from ..common import Progress, Report, check_latency_row, check_latency_trend, human_size, latency_stats
+    from ..common import (Progress, Report, check_latency_row, check_latency_trend, check_transports, human_size,
+                         latency_stats)
     rtt = args.op == "read"
     report = Report(args.test, _config(
         args, sizes, "usec", latency="full round trip (rtt)" if rtt else "one-way (RTT/2)",
         tail="2 largest samples dropped (perftest LAT_MEASURE_TAIL)"))
+    check_transports(report, args.transport, client.channels)
     progress = Progress(len(sizes), report.test)
     trend = []
     for i, size in enumerate(sizes):

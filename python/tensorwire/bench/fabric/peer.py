@@ -86,20 +86,21 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
 
     from ... import Device
     spin_us = _spin_us(args)
-    proc, address = spawn_server(args.transport, args.workers, spin_us) if not args.connect else (None, args.connect)
-    client = None
-    try:
-        with Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
-                    spin_us=spin_us) as device:
+    # Our device first: a transport this machine lacks fails here, once, before a server is spawned.
+    with Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
+                spin_us=spin_us) as device:
+        proc, address = spawn_server(args.transport, args.workers, spin_us) if not args.connect else (None, args.connect)
+        client = None
+        try:
             client = p2p.Client(device, address, args.lanes, max_size)
             try:
                 return body(client)
             finally:
                 client.close()  # bench.stop: the spawned server exits
-    finally:
-        if proc is not None:
-            try:
-                proc.wait(timeout=15 if client is not None else 0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        finally:
+            if proc is not None:
+                try:
+                    proc.wait(timeout=15 if client is not None else 0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()

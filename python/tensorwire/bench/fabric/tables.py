@@ -9,6 +9,12 @@ def _kind(op: str) -> str:
     return "RDMA_Write" if op == "write" else "RDMA_Read"
 
 
+def _over(cfg: dict) -> str:
+    """The requested transport and the UCX transports the lanes used."""
+    used = cfg.get("lane_transports")
+    return f"{cfg['transport']} (UCX: {', '.join(used)})" if used else cfg["transport"]
+
+
 def print_bw_table(args, report, unit: str, out=None) -> None:
     from ..common import print_table
     out = out or sys.stdout
@@ -17,7 +23,7 @@ def print_bw_table(args, report, unit: str, out=None) -> None:
     rows = report.rows
     if args.format == "osu":
         title = "Bi-Directional Bandwidth Test" if bidir else "Bandwidth Test"
-        print(f"# OSU MPI-style {title} (tensorwire one-sided {args.op}s over {cfg['transport']}, "
+        print(f"# OSU MPI-style {title} (tensorwire one-sided {args.op}s over {_over(cfg)}, "
               f"{cfg['lanes']} lane(s))", file=out)
         print("# Datatype: MPI_CHAR.", file=out)
         print("# Size      Bandwidth (MB/s)" + ("          Validation" if args.validate else ""), file=out)
@@ -39,7 +45,7 @@ def print_bw_table(args, report, unit: str, out=None) -> None:
     rule = "-" * 87
     print(rule, file=out)
     print(f"{'':20}{_kind(args.op)} {'Bidirectional ' if bidir else ''}BW Test (tensorwire)", file=out)
-    print(f" Number of lanes : {cfg['lanes']:<8}\tTransport type : {cfg['transport']}", file=out)
+    print(f" Number of lanes : {cfg['lanes']:<8}\tTransport type : {_over(cfg)}", file=out)
     print(f" TX depth        : {cfg['tx_depth']!s:<8}\tPeer           : {cfg['mode']}", file=out)
     if args.duration:
         print(f" Duration        : {args.duration:g} s, sampled {args.margin:g}..{args.duration - args.margin:g} s"
@@ -58,7 +64,7 @@ def print_lat_table(args, report, out=None) -> None:
     rtt = args.op == "read"
     rows = report.rows
     if args.format == "osu":
-        print(f"# OSU MPI-style Latency Test (tensorwire one-sided {args.op}s over {cfg['transport']}; "
+        print(f"# OSU MPI-style Latency Test (tensorwire one-sided {args.op}s over {_over(cfg)}; "
               + ("latency is the FULL ROUND TRIP (rtt))" if rtt else "one-way latency = RTT/2)"), file=out)
         print("# Datatype: MPI_CHAR.", file=out)
         print("# Size       Avg Latency(us)" + ("        Validation" if args.validate else ""), file=out)
@@ -68,7 +74,7 @@ def print_lat_table(args, report, out=None) -> None:
         return
     if args.format == "imb":
         print("#---------------------------------------------------", file=out)
-        print(f"# Benchmarking PingPong (tensorwire one-sided {args.op}s over {cfg['transport']}; "
+        print(f"# Benchmarking PingPong (tensorwire one-sided {args.op}s over {_over(cfg)}; "
               + ("t is the FULL ROUND TRIP (rtt))" if rtt else "t = RTT/2)"), file=out)
         print("# #processes = 2", file=out)
         print("#---------------------------------------------------", file=out)
@@ -82,7 +88,7 @@ def print_lat_table(args, report, out=None) -> None:
     print(rule, file=out)
     print(f"{'':20}{_kind(args.op)} Latency Test (tensorwire)" + (" -- full round trip (rtt)" if rtt else
                                                                   " -- one-way = RTT/2"), file=out)
-    print(f" Transport type  : {cfg['transport']:<8}\tPeer           : {cfg['mode']}", file=out)
+    print(f" Transport type  : {_over(cfg)}\tPeer           : {cfg['mode']}", file=out)
     if args.validate:
         print(" Validation      : ON (iteration-dependent pattern)", file=out)
     print_table(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "

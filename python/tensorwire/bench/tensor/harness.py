@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...roles import RoleError, Roles
-from ..common import Progress, Report, check_number, human_size, iterations_for
+from ..common import Progress, Report, check_number, check_transports, human_size, iterations_for
 from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern
 from .registry import series_class
 
@@ -193,6 +193,8 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
         info2 = series.s_open(info)
         rx.post("connect", info2)
         series.s_connect()
+        if getattr(series, "ch", None) is not None and series.fixed_transport is None:
+            check_transports(report, args.transport, [series.ch])  # a tensorwire series: which UCX lanes
         rx.result(START_TIMEOUT_S + cfg["timeout"])
         for size in args.sizes:
             rinfo = rx.call(cfg["timeout"], "prepare", size)

@@ -161,6 +161,8 @@ def _print(report: Report, args) -> None:
               f"speed-up = series time / zerocopy time){verify}")
         print_table(" #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec",
                     lines, out=sys.stdout)  # the current stdout (captured in tests)
+    if report.config.get("lane_transports"):
+        print(f"# tensorwire's lanes used UCX: {', '.join(report.config['lane_transports'])}")
     _print_anchors(rows, cuda)
     if report.config.get("targets"):
         print(f"# targets for --memory cuda (transport {args.transport}): worst over the sizes each covers" if cuda
