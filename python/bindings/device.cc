@@ -119,6 +119,55 @@ auto one_sided() {
   };
 }
 
+// Channel.write_batch / read_batch: a list of (local, remote[, local_offset,
+// remote_offset, nbytes]) tuples, each resolved like write/read, all checked
+// before anything is posted.
+template <Request (Channel::*Op)(const std::vector<Transfer>&), bool Reads = false>
+auto batch() {
+  return [](Channel& c, nb::handle items) {
+    std::vector<Transfer> transfers;
+    std::size_t i = 0;
+    for (nb::handle item : nb::iter(items)) {
+      nb::tuple t;
+      try {
+        t = nb::cast<nb::tuple>(item);
+      } catch (const nb::cast_error&) {
+        throw InvalidArgument("batch item " + std::to_string(i) +
+                              ": expected a tuple (local, remote[, local_offset, remote_offset, nbytes])");
+      }
+      if (t.size() < 2 || t.size() > 5) {
+        throw InvalidArgument("batch item " + std::to_string(i) + ": expected 2 to 5 fields, got " +
+                              std::to_string(t.size()));
+      }
+      Transfer x;
+      x.local = local_region_of(t[0]);
+      if (!nb::isinstance<RemoteRegion>(t[1])) {
+        throw InvalidArgument("batch item " + std::to_string(i) + ": the second field must be a RemoteRegion");
+      }
+      x.remote = nb::cast<RemoteRegion>(t[1]);
+      nb::object zero = nb::int_(0);
+      Range r;
+      try {
+        r = resolve_range(x.local, t.size() > 2 ? t[2] : zero, x.remote, t.size() > 3 ? t[3] : zero,
+                          t.size() > 4 ? nb::handle(t[4]) : nb::handle(nb::none()), Reads);
+      } catch (const InvalidArgument& e) {
+        std::string why = e.what();
+        const std::string own = Reads ? "read: " : "write: ";
+        if (why.rfind(own, 0) == 0) why = why.substr(own.size());
+        throw InvalidArgument(std::string(Reads ? "read_batch" : "write_batch") + " item " + std::to_string(i) +
+                              ": " + why);
+      }
+      x.local_offset = r.local_offset;
+      x.remote_offset = r.remote_offset;
+      x.length = r.length;
+      transfers.push_back(std::move(x));
+      ++i;
+    }
+    gil_scoped_release release;
+    return (c.*Op)(transfers);
+  };
+}
+
 void bind_device(nb::module_& m) {
   nb::class_<Request>(m, "Request", "Completion handle of a data-path operation.")
       .def("wait", [](Request& r, nb::handle timeout) {
@@ -161,6 +210,12 @@ void bind_device(nb::module_& m) {
            nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "A write that lands after every write posted earlier on this channel (fence() + write() without "
            "blocking: over tcp it is posted when a flush of the earlier writes completes).")
+      .def("write_batch", batch<&Channel::write_batch>(), nb::arg("transfers"),
+           "Posts many writes in one call: `transfers` is a list of (local, remote[, local_offset, remote_offset, "
+           "nbytes]) tuples, each as in write(). All are checked before any is posted; the one Request completes "
+           "when all did (the first error of any).")
+      .def("read_batch", batch<&Channel::read_batch, true>(), nb::arg("transfers"),
+           "Posts many reads in one call (see write_batch).")
       .def("read", one_sided<&Channel::read, true>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
            nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "One-sided read remote -> local; the data is there when it completes.")

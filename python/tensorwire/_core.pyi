@@ -147,6 +147,14 @@ class Channel:
         A write that lands after every write posted earlier on this channel (fence() + write() without blocking: over tcp it is posted when a flush of the earlier writes completes).
         """
 
+    def write_batch(self, transfers: object) -> Request:
+        """
+        Posts many writes in one call: `transfers` is a list of (local, remote[, local_offset, remote_offset, nbytes]) tuples, each as in write(). All are checked before any is posted; the one Request completes when all did (the first error of any).
+        """
+
+    def read_batch(self, transfers: object) -> Request:
+        """Posts many reads in one call (see write_batch)."""
+
     def read(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
         """One-sided read remote -> local; the data is there when it completes."""
 

@@ -39,6 +39,15 @@ struct ChannelStats {
   std::uint64_t drains = 0;          // direct copies that first waited for earlier UCX operations
 };
 
+// One transfer of a batch (Channel::write_batch / read_batch).
+struct Transfer {
+  LocalRegion local;
+  std::size_t local_offset = 0;
+  RemoteRegion remote;
+  std::size_t remote_offset = 0;
+  std::size_t length = 0;
+};
+
 class Channel {
  public:
   Channel() = default;
@@ -56,6 +65,11 @@ class Channel {
   // Request completes.
   Request read(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                std::size_t remote_offset, std::size_t length);
+  // A batch of writes (reads) posted in one call: every transfer is checked
+  // before any is posted (InvalidArgument naming the first bad one); the one
+  // Request completes when all did, with the first error of any.
+  Request write_batch(const std::vector<Transfer>& transfers);
+  Request read_batch(const std::vector<Transfer>& transfers);
   // Orders: every operation posted on this channel's worker before the fence
   // is performed at the target before any operation posted after it.
   // Direct copies (see maps()) are included.

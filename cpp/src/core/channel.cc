@@ -235,9 +235,8 @@ void ChannelImpl::check_usable() const {
   if (!ep || !ep->get()) throw ConnectionError("channel is closed");
 }
 
-Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
-                         const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
-  const char* op = is_write ? "write" : "read";
+bool ChannelImpl::check_rma(const char* op, const LocalRegion& local, std::size_t local_offset,
+                            const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) const {
   if (!remote) throw InvalidArgument(std::string(op) + ": empty remote region");
   if (!local.address || !local.memh) throw InvalidArgument(std::string(op) + ": local memory is not registered");
   if (!range_ok(local_offset, length, local.length)) {
@@ -255,7 +254,14 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
     throw InvalidArgument(std::string(op) + ": the remote region belongs to another device than this channel's peer");
   }
   check_usable();
-  if (length == 0) return Request();
+  return length != 0;
+}
+
+Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
+                         const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
+  const char* op = is_write ? "write" : "read";
+  if (!check_rma(op, local, local_offset, remote, remote_offset, length)) return Request();
+  const RegionDescriptor& rd = remote.descriptor();
   // GPU memory is never copied here: UCX's CUDA transports move it, in this
   // thread's CUDA context.
   const bool host_target = rd.memory_type == MemoryType::kHost;
@@ -285,6 +291,42 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
   Request request = finish_post(ptr, op, &local.owner, &remote);
   drain_deferred_releases();
   return request;
+}
+
+Request ChannelImpl::batch(bool is_write, const std::vector<Transfer>& transfers) {
+  const std::string op = is_write ? "write_batch" : "read_batch";
+  for (std::size_t i = 0; i < transfers.size(); ++i) {  // all checked before any is posted
+    const Transfer& t = transfers[i];
+    check_rma((op + " item " + std::to_string(i)).c_str(), t.local, t.local_offset, t.remote, t.remote_offset,
+              t.length);
+  }
+  auto pending = std::make_shared<std::vector<Request>>();
+  for (const Transfer& t : transfers) {
+    Request r = rma(is_write, t.local, t.local_offset, t.remote, t.remote_offset, t.length);
+    if (r.state() == 0) {
+      pending->push_back(std::move(r));
+    } else if (r.state() < 0) {
+      r.wait(0);  // posted, then failed at once: its error is the batch's
+    }
+  }
+  if (pending->empty()) return Request();
+  // One request over the pending ones; they complete in any order.
+  auto* state = new RequestState(worker, 1);
+  state->poller_evented = true;  // UCX requests: their completions are events of this worker
+  auto next = std::make_shared<std::size_t>(0);
+  state->poller = [pending, next, state]() {
+    for (; *next < pending->size(); ++*next) {
+      Request& r = (*pending)[*next];
+      if (r.state() == 0) return false;
+      if (r.state() < 0) {
+        state->complete_error(r.error_kind(), r.error_message());
+        return true;
+      }
+    }
+    state->complete_ok();
+    return true;
+  };
+  return Request(state);
 }
 
 Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
@@ -605,6 +647,9 @@ Request Channel::read(const LocalRegion& local, std::size_t local_offset, const 
                       std::size_t remote_offset, std::size_t length) {
   return impl_of(impl_).rma(false, local, local_offset, remote, remote_offset, length);
 }
+
+Request Channel::write_batch(const std::vector<Transfer>& transfers) { return impl_of(impl_).batch(true, transfers); }
+Request Channel::read_batch(const std::vector<Transfer>& transfers) { return impl_of(impl_).batch(false, transfers); }
 
 void Channel::fence() { impl_of(impl_).fence(); }
 Request Channel::write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,

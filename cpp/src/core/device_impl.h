@@ -97,6 +97,10 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   ~ChannelImpl();
   void connect(const std::string& remote_worker_address);
 
+  // Checks one transfer (InvalidArgument naming `op`); true when it moves bytes.
+  bool check_rma(const char* op, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                 std::size_t remote_offset, std::size_t length) const;
+  Request batch(bool is_write, const std::vector<Transfer>& transfers);
   Request rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
               std::size_t remote_offset, std::size_t length);
   Request flush();

@@ -258,6 +258,37 @@ TEST_P(Loopback, WriteAndReadSizes) {
   }
 }
 
+// A batch posts many transfers as one request; a bad item refuses the whole
+// batch before anything is posted.
+TEST_P(Loopback, WriteAndReadBatches) {
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  constexpr std::size_t kItems = 200, kItem = 512;
+  ASSERT_GE(target.size(), kItems * kItem);
+  std::memset(target.data(), 0, target.size());
+  fill_pattern(bytes(source), kItems * kItem, 11);
+  std::vector<tw::Transfer> writes;
+  for (std::size_t i = 0; i < kItems; ++i) {  // item i to slot kItems-1-i: the offsets matter
+    writes.push_back({source.region(), i * kItem, remote, (kItems - 1 - i) * kItem, kItem});
+  }
+  ch.write_batch(writes).wait(kWait);
+  ch.flush().wait(kWait);
+  for (std::size_t i = 0; i < kItems; ++i) {
+    ASSERT_EQ(first_diff(bytes(target) + (kItems - 1 - i) * kItem, bytes(source) + i * kItem, kItem), -1) << i;
+  }
+  std::memset(source.data(), 0, kItems * kItem);
+  std::vector<tw::Transfer> reads;
+  for (std::size_t i = 0; i < kItems; ++i) reads.push_back({source.region(), i * kItem, remote, i * kItem, kItem});
+  ch.read_batch(reads).wait(kWait);
+  EXPECT_EQ(first_diff(bytes(source), bytes(target), kItems * kItem), -1);
+
+  std::memset(target.data(), 0x5a, target.size());
+  writes.push_back({source.region(), 0, remote, target.size() - 8, 64});  // runs past the region
+  EXPECT_THROW(ch.write_batch(writes), tw::InvalidArgument);
+  ch.flush().wait(kWait);
+  EXPECT_TRUE(all_equal(bytes(target), target.size(), 0x5a)) << "a refused batch wrote something";
+}
+
 // In the message form (tcp by default) the *target* checks every write and
 // read against what it exported to that peer (contracts §11, §12), even when
 // a lying initiator skipped its own checks: nothing lands, nothing is read,
