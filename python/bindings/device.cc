@@ -54,6 +54,9 @@ struct PyCallable {
 // The offsets and length of a one-sided operation, checked against both
 // regions here (not only in the core) so that every op, write_ordered
 // included, refuses a bad range at once, with the argument's name.
+// How long a notifying write in the message form waits for its data to land.
+constexpr double kNotifyAfterS = 60.0;
+
 struct Range {
   std::size_t local_offset, remote_offset, length;
 };
@@ -202,10 +205,29 @@ void bind_device(nb::module_& m) {
          nb::sig("def dynamic_sender(self, name: str, path: str = 'copy', timeout: float | None = 10.0) "
                  "-> tensorwire.slots.DynamicSender"),
          "A sender for the dynamic slot `name` on this channel's peer.")
-      .def("write", one_sided<&Channel::write>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
-           nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
+      .def("write", [](nb::handle self, nb::handle local, const RemoteRegion& remote, nb::handle local_offset,
+                       nb::handle remote_offset, nb::handle nbytes, nb::handle notify) {
+        Channel& c = nb::cast<Channel&>(self);
+        // The message is checked first: a bad one leaves the data unwritten too.
+        nb::object message = notify.is_none() ? nb::object()
+                                              : nb::module_::import_("tensorwire.notify").attr("_message")(notify);
+        Request req = one_sided<&Channel::write>()(c, local, remote, local_offset, remote_offset, nbytes);
+        if (message.is_valid()) {
+          if (c.uses_messages()) {
+            // The target places message-form data when it arrives: the
+            // notification may go only once the data landed (its reply).
+            gil_scoped_release r;
+            req.wait(kNotifyAfterS);
+          }
+          nb::module_::import_("tensorwire.notify").attr("_send")(self, message);
+        }
+        return req;
+      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
+           nb::arg("nbytes").none() = nb::none(), nb::arg("notify").none() = nb::none(),
            "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "
-           "when the request completes; the data is visible remotely after a later flush().")
+           "when the request completes; the data is visible remotely after a later flush(). With notify=bytes "
+           "(at most 252), the target's device.notifications() yields (this device's id, notify) once the data is "
+           "visible there (tensorwire.notify).")
       .def("write_ordered", one_sided<&Channel::write_ordered>(), nb::arg("local"), nb::arg("remote"),
            nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "A write that lands after every write posted earlier on this channel (fence() + write() without "
@@ -279,6 +301,8 @@ void bind_device(nb::module_& m) {
       }, "Counts of this channel's operations by path: posted (to UCX), direct_writes, direct_reads, "
          "direct_bytes, drains (direct copies that first waited for earlier UCX operations after a fence).")
       .def("progress", &Channel::progress)
+      .def_prop_ro("form", [](Channel& c) { return std::string(c.uses_messages() ? "messages" : "rma"); },
+                   "How this channel moves data: 'rma' (one-sided) or 'messages' (the target places them; tcp).")
       .def("transports", &Channel::transports,
            "The UCX transports and devices this channel's endpoint uses, 'transport/device' "
            "('posix/memory', 'tcp/lo', 'rc_mlx5/mlx5_0:1'), from UCX's endpoint query.");
@@ -387,12 +411,26 @@ void bind_device(nb::module_& m) {
         }
       }, nb::arg("name"), nb::arg("region"), "Makes a block or registration findable by peers under name.")
       .def("unpublish", [](PyDevice& d, const std::string& name) { dev(d).unpublish(name); })
-      .def("on_call", [](PyDevice& d, const std::string& name, nb::object fn) {
+      .def("on_call", [](PyDevice& d, const std::string& name, nb::object fn, bool with_caller) {
         if (fn.is_none()) {
           dev(d).on_call(name, nullptr);
           return;
         }
         auto holder = std::make_shared<PyCallable>(std::move(fn));
+        if (with_caller) {  // handler(caller device id, bytes): the id the caller proved in its HELLO
+          dev(d).on_peer_call(name, [holder](std::uint64_t caller, const std::string& payload) -> std::string {
+            nb::gil_scoped_acquire gil;
+            try {
+              nb::object out = holder->fn(caller, nb::bytes(payload.data(), payload.size()));
+              if (!nb::isinstance<nb::bytes>(out)) throw std::runtime_error("call handlers must return bytes");
+              nb::bytes b = nb::borrow<nb::bytes>(out);
+              return std::string(b.c_str(), b.size());
+            } catch (nb::python_error& e) {
+              throw std::runtime_error(e.what());
+            }
+          });
+          return;
+        }
         dev(d).on_call(name, [holder](const std::string& payload) -> std::string {
           nb::gil_scoped_acquire gil;
           try {
@@ -406,8 +444,9 @@ void bind_device(nb::module_& m) {
         });
       // Fix: .none() — nanobind rejects None for an nb::object argument by default,
       // so on_call(name, None) (removal, the branch above) raised TypeError.
-      }, nb::arg("name"), nb::arg("handler").none(),
-         "Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread.")
+      }, nb::arg("name"), nb::arg("handler").none(), nb::arg("with_caller") = false,
+         "Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread. "
+         "with_caller: handler(caller_device_id, bytes), the id the caller proved when it connected.")
       .def("connect", [](PyDevice& d, const std::string& address, int lane) {
         Device& device = dev(d);
         gil_scoped_release r;

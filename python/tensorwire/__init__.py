@@ -219,6 +219,25 @@ class Device(_core.Device):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def close(self) -> None:
+        """Fails pending work, closes connections, stops threads. Blocks stay readable."""
+        box = getattr(self, "_notify_inbox", None)
+        if box is not None:
+            box.close()
+        super().close()
+
+    def notifications(self) -> list[tuple[int, bytes]]:
+        """Notifications that arrived (``channel.write(..., notify=...)`` of peers): a list of
+        (sender device id, message), in order per sender; never blocks. The first call (or
+        ``next_notification``) opens this device to notifications."""
+        from . import notify
+        return notify.notifications(self)
+
+    async def next_notification(self, timeout: float | None = None) -> tuple[int, bytes]:
+        """Awaits the next notification: (sender device id, message). Timeout after `timeout` s."""
+        from . import notify
+        return await notify.next_notification(self, timeout)
+
     def alloc(self, nbytes: int, alignment: int = 64, memory: str = "host") -> Block:
         """A block of ``nbytes`` registered bytes (uint8 view) in host memory, or
         in GPU memory with ``memory="cuda"`` / ``"cuda:N"`` (the device's CUDA arena)."""

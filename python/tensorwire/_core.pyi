@@ -137,9 +137,9 @@ class Channel:
     def dynamic_sender(self, name: str, path: str = 'copy', timeout: float | None = 10.0) -> tensorwire.slots.DynamicSender:
         """A sender for the dynamic slot `name` on this channel's peer."""
 
-    def write(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
+    def write(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None, notify: object | None = None) -> Request:
         """
-        One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused when the request completes; the data is visible remotely after a later flush().
+        One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused when the request completes; the data is visible remotely after a later flush(). With notify=bytes (at most 252), the target's device.notifications() yields (this device's id, notify) once the data is visible there (tensorwire.notify).
         """
 
     def write_ordered(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
@@ -203,6 +203,12 @@ class Channel:
 
     def progress(self) -> int: ...
 
+    @property
+    def form(self) -> str:
+        """
+        How this channel moves data: 'rma' (one-sided) or 'messages' (the target places them; tcp).
+        """
+
     def transports(self) -> list[str]:
         """
         The UCX transports and devices this channel's endpoint uses, 'transport/device' ('posix/memory', 'tcp/lo', 'rc_mlx5/mlx5_0:1'), from UCX's endpoint query.
@@ -249,9 +255,9 @@ class Device:
 
     def unpublish(self, arg: str, /) -> None: ...
 
-    def on_call(self, name: str, handler: object | None) -> None:
+    def on_call(self, name: str, handler: object | None, with_caller: bool = False) -> None:
         """
-        Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread.
+        Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread. with_caller: handler(caller_device_id, bytes), the id the caller proved when it connected.
         """
 
     def connect(self, address: str, lane: int = 0) -> Channel:

@@ -381,3 +381,45 @@ def run_device_peer(conn, transport: str, device_kwargs: dict | None, handle, fo
         conn.send("stopped")
     except OSError:
         pass
+
+
+def notify_target(conn, transport: str, count: int, size: int, timeout: float = 60.0) -> None:
+    """Publishes "region" (count * size bytes), opens itself to notifications,
+    reports its address, then takes `count` notifications (each the decimal
+    index k of a write of pattern(size, k) at offset k * size) and checks, as
+    each arrives, that its data is already there. Reports {"got": [k...],
+    "late_data": [k...], "senders": [...]}."""
+    import time
+
+    import tensorwire as tw
+
+    try:
+        dev = tw.Device(transport=transport)
+        region = dev.alloc(count * size)
+        view = np.asarray(region)
+        dev.publish("region", region)
+        dev.notifications()  # opens the device to notifications
+        conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
+    except BaseException:
+        conn.send({"error": traceback.format_exc()})
+        return
+    got, late, senders = [], [], set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < count and time.monotonic() < deadline:
+            for peer, message in dev.notifications():
+                k = int(message.decode())
+                senders.add(peer)
+                got.append(k)
+                if crc(view[k * size:(k + 1) * size]) != crc(pattern(size, k)):
+                    late.append(k)
+            time.sleep(0.0005)
+        time.sleep(0.2)  # anything more (a duplicate) would arrive now
+        for peer, message in dev.notifications():
+            got.append(int(message.decode()))
+        conn.send({"got": got, "late_data": late, "senders": sorted(senders)})
+        conn.poll(IDLE_LIMIT_S)
+    except (EOFError, OSError):
+        pass
+    finally:
+        dev.close()

@@ -108,6 +108,9 @@ class Channel {
   // The UCX transports and devices this channel's endpoint uses
   // ("posix/memory", "rc_mlx5/mlx5_0:1"), from UCX's endpoint query.
   std::vector<std::string> transports() const;
+  // Whether this channel moves data as messages the target places (tcp and
+  // other transports without one-sided RMA; contracts §12) rather than RMA.
+  bool uses_messages() const;
 
   int lane() const;
   PeerInfo peer() const;

@@ -662,6 +662,7 @@ bool Channel::maps(const RemoteRegion& remote, const LocalRegion& local) const {
   return impl_of(impl_).direct_target(remote, local) != nullptr;
 }
 std::vector<std::string> Channel::transports() const { return impl_of(impl_).lane_transports(); }
+bool Channel::uses_messages() const { return impl_of(impl_).uses_messages(); }
 ChannelStats Channel::stats() const { return impl_of(impl_).stats(); }
 PeerInfo Channel::peer() const { return impl_of(impl_).peer->info; }
 unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }

@@ -3,7 +3,12 @@ processes ping-pong a tensor, each receiving into its own static slot
 (send, recv, release on each side); one-way = RTT/2, perftest-style
 statistics. This is what a Python user of tensorwire gets end to end.
 
-  python -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K [--json FILE]
+--series notify (or both) measures a write with a notification the same way:
+each side writes the tensor into the other's published block with
+notify=b"" and waits for the other's notification (docs/contracts.md §1:
+the notification arrives after the data). Target: notify <= 1.2x slot.
+
+  python -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K [--series both] [--json FILE]
 """
 
 from __future__ import annotations
@@ -20,47 +25,87 @@ def _shape(size: int) -> tuple[int, ...]:
     return (max(1, size // 4),)
 
 
-def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str) -> None:
+def _publish(dev, sizes: list[int], prefix: str) -> dict:
+    """Notify series: a block per size that the other side writes into."""
+    blocks = {s: dev.empty(_shape(s), "float32") for s in sizes}
+    for s, b in blocks.items():
+        dev.publish(f"{prefix}{s}", b)
+    dev.notifications()  # open to notifications
+    return blocks
+
+
+def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, series: str) -> None:
     import tensorwire as tw
+    from tensorwire import notify
     with tw.Device(transport=transport, progress=progress) as dev:
         slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2) for s in sizes}
+        keep = _publish(dev, sizes, "nping") if series != "slot" else {}  # noqa: F841 (the peer writes into them)
         conn.send(dev.address)
         back = conn.recv()
         ch = dev.connect(back)
+        box = notify.inbox(dev)
         for s in sizes:
-            sender = ch.static_sender(f"pong{s}", timeout=30)
             src = dev.empty(_shape(s), "float32")
-            slot = slots[s]
-            for _ in range(iters):
-                view = slot.recv(30)
-                slot.release(view)
-                sender.send(src, 30)
+            if series != "notify":
+                sender = ch.static_sender(f"pong{s}", timeout=30)
+                slot = slots[s]
+                for _ in range(iters):
+                    view = slot.recv(30)
+                    slot.release(view)
+                    sender.send(src, 30)
+            if series != "slot":
+                remote = ch.lookup(f"npong{s}")
+                pending = 0
+                for _ in range(iters):
+                    while pending == 0:
+                        pending += len(box.wait(30))
+                    pending -= 1
+                    ch.write(src, remote, notify=b"")
         conn.recv()  # wait until the other side is done
 
 
-def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "blocking") -> list[dict]:
+def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "blocking",
+            series: str = "slot") -> list[dict]:
     import tensorwire as tw
+    from tensorwire import notify
     with Roles() as roles:
-        peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress)
+        peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress, series)
         address = peer.recv(60, "start")
         rows = []
         with tw.Device(transport=transport, progress=progress) as dev:
             slots = {s: dev.static_slot(f"pong{s}", _shape(s), "float32", depth=2) for s in sizes}
+            keep = _publish(dev, sizes, "npong") if series != "slot" else {}  # noqa: F841
             peer.send(dev.address)
             ch = dev.connect(address)
+            box = notify.inbox(dev)
             for s in sizes:
-                sender = ch.static_sender(f"ping{s}", timeout=30)
                 src = dev.empty(_shape(s), "float32")
-                slot = slots[s]
-                samples = []
-                for i in range(iters + warmup):
-                    t0 = time.perf_counter()
-                    sender.send(src, 30)
-                    view = slot.recv(30)
-                    slot.release(view)
-                    if i >= warmup:
-                        samples.append(time.perf_counter() - t0)
-                rows.append({"size": s, "iters": iters, "lat_us": latency_stats(samples, 0.5), "rtt": False})
+                if series != "notify":
+                    sender = ch.static_sender(f"ping{s}", timeout=30)
+                    slot = slots[s]
+                    samples = []
+                    for i in range(iters + warmup):
+                        t0 = time.perf_counter()
+                        sender.send(src, 30)
+                        view = slot.recv(30)
+                        slot.release(view)
+                        if i >= warmup:
+                            samples.append(time.perf_counter() - t0)
+                    rows.append({"series": "slot", "size": s, "iters": iters, "lat_us": latency_stats(samples, 0.5),
+                                 "rtt": False})
+                if series != "slot":
+                    remote = ch.lookup(f"nping{s}")
+                    samples, pending = [], 0
+                    for i in range(iters + warmup):
+                        t0 = time.perf_counter()
+                        ch.write(src, remote, notify=b"")
+                        while pending == 0:
+                            pending += len(box.wait(30))
+                        pending -= 1
+                        if i >= warmup:
+                            samples.append(time.perf_counter() - t0)
+                    rows.append({"series": "notify", "size": s, "iters": iters,
+                                 "lat_us": latency_stats(samples, 0.5), "rtt": False})
             peer.send("done")
         roles.stop(wait=30)
         return rows
@@ -71,26 +116,36 @@ def main() -> int:
     ap.add_argument("--transport", default="shm", choices=("auto", "tcp", "shm", "rdma"))
     ap.add_argument("--sizes", default="8,4K")
     ap.add_argument("--iters", type=int, default=20000)
-    ap.add_argument("--progress", default="blocking", choices=("inline", "blocking", "polling"),
+    ap.add_argument("--progress-mode", default="blocking", choices=("inline", "blocking", "polling"),
                     help="the Devices' progress mode: blocking (default, as Device(): progress threads that "
                          "sleep when idle), inline (the waiting thread drives UCX) or polling")
+    ap.add_argument("--series", default="slot", choices=("slot", "notify", "both"),
+                    help="slot: static-slot send (default); notify: write with notify=; both, and the ratio")
     ap.add_argument("--json")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
     report = Report("slot_latency", {"transport": args.transport, "iters": args.iters, "sizes": sizes,
                                      "api": "Python", "latency": "one-way (RTT/2)", "unit": "usec",
-                                     "progress": args.progress})
-    report.rows = measure(args.transport, sizes, args.iters, max(100, args.iters // 10), args.progress)
+                                     "progress": args.progress_mode, "series": args.series})
+    report.rows = measure(args.transport, sizes, args.iters, max(100, args.iters // 10), args.progress_mode,
+                          args.series)
     lines = []
     for r in report.rows:
         st = r["lat_us"]
         check_latency_row(report, r["size"], st)
-        lines.append(f" {r['size']:<7d} {r['iters']:<11d}{st['min']:<15.2f}{st['max']:<15.2f}{st['p50']:<17.2f}"
-                     f"{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
-    print(f"# static-slot ping-pong through the Python API over {args.transport}, {args.progress} progress "
-          "(one-way = RTT/2)")
-    print_table(" #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+        lines.append(f" {r['series']:<7} {r['size']:<7d} {r['iters']:<11d}{st['min']:<15.2f}{st['max']:<15.2f}"
+                     f"{st['p50']:<17.2f}{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
+    print(f"# ping-pong through the Python API over {args.transport}, {args.progress_mode} progress "
+          "(one-way = RTT/2): slot = static-slot send, notify = write with notify=")
+    print_table(" series  #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
                 "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]", lines)
+    by = {(r["series"], r["size"]): r["lat_us"]["p50"] for r in report.rows}
+    for s in sizes:
+        if ("slot", s) in by and ("notify", s) in by:
+            ratio = by[("notify", s)] / by[("slot", s)]
+            report.config.setdefault("notify_over_slot", {})[s] = ratio
+            print(f"# {'PASS' if ratio <= 1.2 else 'MISS'} notify <= 1.2x slot at {s} B: {ratio:.2f}x "
+                  f"({by[('notify', s)]:.2f} vs {by[('slot', s)]:.2f} us)")
     first = report.rows[0]
     print(report.verdict_line(f"t_typical={first['lat_us']['p50']:.2f}us@{first['size']}B"))
     report.write_json(args.json)
