@@ -5,6 +5,7 @@
 
 #include "bindings.h"
 #include "core/transport_policy.h"
+#include "tensorwire/notify.h"
 #include "checked.h"
 #include "py_types.h"
 
@@ -209,17 +210,40 @@ void bind_device(nb::module_& m) {
                        nb::handle remote_offset, nb::handle nbytes, nb::handle notify) {
         Channel& c = nb::cast<Channel&>(self);
         // The message is checked first: a bad one leaves the data unwritten too.
-        nb::object message = notify.is_none() ? nb::object()
-                                              : nb::module_::import_("tensorwire.notify").attr("_message")(notify);
-        Request req = one_sided<&Channel::write>()(c, local, remote, local_offset, remote_offset, nbytes);
-        if (message.is_valid()) {
-          if (c.uses_messages()) {
-            // The target places message-form data when it arrives: the
-            // notification may go only once the data landed (its reply).
-            gil_scoped_release r;
-            req.wait(kNotifyAfterS);
+        std::string message;
+        const bool notifying = !notify.is_none();
+        if (notifying) {
+          if (nb::isinstance<nb::str>(notify)) {
+            message = nb::cast<std::string>(notify);
+          } else if (nb::isinstance<nb::bytes>(notify)) {
+            message.assign(nb::borrow<nb::bytes>(notify).c_str(), nb::len(notify));
+          } else {
+            throw InvalidArgument("notify must be bytes or str, got " + std::string(nb::type_name(notify.type()).c_str()));
           }
-          nb::module_::import_("tensorwire.notify").attr("_send")(self, message);
+          if (message.size() > kNotifyMaxMessage) {
+            throw InvalidArgument("notify takes at most " + std::to_string(kNotifyMaxMessage) + " bytes, got " +
+                                  std::to_string(message.size()));
+          }
+        }
+        Request req = one_sided<&Channel::write>()(c, local, remote, local_offset, remote_offset, nbytes);
+        if (notifying) {
+          // The channel's notifying side, made on first use and kept with the channel.
+          nb::object holder = nb::getattr(self, "_notify_sender", nb::none());
+          if (holder.is_none()) {
+            NotifySender* made;
+            {
+              gil_scoped_release r;
+              made = new NotifySender(c);  // attaches to the target's slot for us: a control call
+            }
+            holder = nb::cast(made, nb::rv_policy::take_ownership);
+            nb::setattr(self, "_notify_sender", holder);
+          }
+          NotifySender& sender = nb::cast<NotifySender&>(holder);
+          gil_scoped_release r;
+          // The target places message-form data when it arrives: the
+          // notification may go only once the data landed (its reply).
+          if (c.uses_messages()) req.wait(kNotifyAfterS);
+          sender.send(message);
         }
         return req;
       }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,

@@ -221,9 +221,8 @@ class Device(_core.Device):
 
     def close(self) -> None:
         """Fails pending work, closes connections, stops threads. Blocks stay readable."""
-        box = getattr(self, "_notify_inbox", None)
-        if box is not None:
-            box.close()
+        from . import notify
+        notify.close(self)  # before the device: the inbox stops serving its call
         super().close()
 
     def notifications(self) -> list[tuple[int, bytes]]:

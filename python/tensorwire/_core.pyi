@@ -514,6 +514,28 @@ class Word:
     @property
     def value(self) -> int: ...
 
+class NotifyInbox:
+    """
+    A device's notifications (use device.notifications / next_notification).
+    """
+
+    def __init__(self, device: Device) -> None: ...
+
+    def take(self) -> list:
+        """
+        Every notification that arrived: [(sender device id, bytes)], in order per sender; never blocks.
+        """
+
+    def wait(self, timeout: object | None = None) -> list:
+        """At least one notification (Timeout after `timeout` s)."""
+
+class NotifySender:
+    """The notifying side of a channel (channel.write(..., notify=))."""
+
+    def __init__(self, channel: Channel, timeout: object | None = 10.0) -> None: ...
+
+    def send(self, message: bytes, timeout: object | None = 10.0) -> None: ...
+
 def dtypes() -> list[tuple[str, int, int, str]]:
     """
     The supported dtypes: (name, DLPack type code, bits, buffer-protocol format), the core's one table.

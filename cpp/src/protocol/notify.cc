@@ -1,0 +1,138 @@
+// Copyright tensorwire authors.
+#include "tensorwire/notify.h"
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "protocol/slot_common.h"
+#include "tensorwire/slot.h"
+#include "tensorwire/wait.h"
+
+namespace tensorwire {
+
+namespace {
+constexpr const char* kCall = "tw.notify";
+constexpr double kSliceS = 0.05;  // a wait looks again for new senders' slots this often
+
+TensorSpec entry_spec() {
+  TensorSpec spec;
+  spec.shape = {static_cast<std::int64_t>(kNotifyEntry)};
+  spec.dtype = DType{1, 8};  // uint8
+  return spec;
+}
+}  // namespace
+
+struct NotifyInbox::Impl {
+  Device* device = nullptr;
+  std::mutex mu;
+  std::map<std::uint64_t, std::unique_ptr<StaticSlot>> slots;  // by sender
+};
+
+NotifyInbox::NotifyInbox(Device& device) : impl_(std::make_shared<Impl>()) {
+  impl_->device = &device;
+  std::weak_ptr<Impl> weak = impl_;
+  device.on_peer_call(kCall, [weak](std::uint64_t caller, const std::string&) -> std::string {
+    auto in = weak.lock();
+    if (!in) throw NotFound("this device takes no notifications");
+    char name[64];
+    std::snprintf(name, sizeof(name), "%s/%llx", kCall, static_cast<unsigned long long>(caller));
+    std::lock_guard<std::mutex> lock(in->mu);
+    auto& slot = in->slots[caller];
+    if (!slot) slot = std::make_unique<StaticSlot>(*in->device, name, entry_spec(), kNotifyDepth);
+    return name;
+  });
+}
+
+NotifyInbox::~NotifyInbox() {
+  try {
+    if (!impl_->device->closed()) impl_->device->on_peer_call(kCall, nullptr);
+  } catch (const Error&) {  // closing: nothing to stop serving
+  }
+}
+
+std::vector<Notification> NotifyInbox::take() {
+  std::vector<Notification> out;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  for (auto& [sender, slot] : impl_->slots) {
+    for (int idx; (idx = slot->poll()) >= 0;) {
+      const char* entry = static_cast<const char*>(slot->buffer(idx));
+      std::uint32_t n = 0;
+      std::memcpy(&n, entry, 4);
+      out.push_back({sender, std::string(entry + 4, std::min<std::size_t>(n, kNotifyMaxMessage))});
+      slot->release();
+    }
+  }
+  return out;
+}
+
+std::vector<Notification> NotifyInbox::wait(double timeout_s) {
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  while (true) {
+    std::vector<Notification> got = take();
+    if (!got.empty()) return got;
+    const double spent = std::chrono::duration<double>(clock::now() - start).count();
+    if (timeout_s >= 0 && spent >= timeout_s) {
+      throw Timeout("no notification within " + std::to_string(timeout_s) + " s");
+    }
+    const double slice = timeout_s < 0 ? kSliceS : std::min(kSliceS, timeout_s - spent);
+    std::vector<Awaitable> items;
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      for (auto& [sender, slot] : impl_->slots) items.emplace_back(*slot);
+    }
+    if (items.empty()) {  // no sender yet: nothing to wait on but time
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(slice, 0.001)));
+      continue;
+    }
+    try {
+      wait_any(items, slice);
+    } catch (const Timeout&) {
+    }
+  }
+}
+
+struct NotifySender::Impl {
+  std::unique_ptr<StaticSender> sender;
+  Block ring;  // one staging entry per slot entry
+  std::vector<Request> pending;
+  std::uint64_t next = 0;
+};
+
+NotifySender::NotifySender(Channel channel, double timeout_s) : impl_(std::make_unique<Impl>()) {
+  std::string name;
+  try {
+    name = channel.call(kCall, "", timeout_s);
+  } catch (const NotFound&) {
+    throw NotFound("the target takes no notifications yet: it accepts them once it opens an inbox "
+                   "(Python: device.notifications() or device.next_notification())");
+  }
+  impl_->sender = std::make_unique<StaticSender>(channel, name, timeout_s);
+  auto dev = channel.impl()->peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  impl_->ring = dev->pool->allocate(kNotifyEntry * kNotifyDepth, 64);
+  impl_->pending.resize(kNotifyDepth);
+}
+
+NotifySender::~NotifySender() = default;
+
+void NotifySender::send(const std::string& message, double timeout_s) {
+  if (message.size() > kNotifyMaxMessage) {
+    throw InvalidArgument("a notification takes at most " + std::to_string(kNotifyMaxMessage) + " bytes, got " +
+                          std::to_string(message.size()));
+  }
+  auto& s = *impl_;
+  const std::size_t k = s.next % kNotifyDepth;
+  if (s.pending[k].state() == 0) s.pending[k].wait(timeout_s);  // its last send still reads the entry
+  char* entry = static_cast<char*>(s.ring.data()) + k * kNotifyEntry;
+  const auto n = static_cast<std::uint32_t>(message.size());
+  std::memcpy(entry, &n, 4);
+  std::memcpy(entry + 4, message.data(), message.size());
+  s.pending[k] = s.sender->send(s.ring.region(), k * kNotifyEntry, entry_spec(), timeout_s);
+  ++s.next;
+}
+
+}  // namespace tensorwire
