@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any
 
-from . import __version__, _core
+from . import __version__, _core, config
 
 
 def loaded_ucx_libraries() -> list[str]:
@@ -92,6 +92,12 @@ def collect(transport: str = "auto") -> dict[str, Any]:
         "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(("UCX_", "TENSORWIRE_"))},
         "warnings": [],
     }
+    info["configuration"] = config.effective()
+    for c in info["configuration"]:
+        if c["name"] == "TENSORWIRE_UCX":  # a build-time choice: what this build used
+            c.update(value=f"{_core.ucx_source} (this build)", set=False)
+    info["warnings"] += [f"{k} is set but tensorwire reads no such variable (docs/configuration.md)"
+                         for k in info["env"] if k.startswith("TENSORWIRE_") and k not in config.NAMES]
     info["cuda"] = cuda(info["transports"])
     info["usable"] = usable(info["transports"])
     info["requested"] = transport
@@ -118,9 +124,12 @@ def render(info: dict[str, Any]) -> str:
         "  UCX libraries mapped: " + ", ".join(info["ucx_libraries_loaded"]),
         "transports UCX offers for data: " + (", ".join(info["transports"]) or "none"),
         "RDMA devices: " + (", ".join(info["rdma_devices"]) or "none"),
-        "configuration: " + (", ".join(f"{k}={v}" for k, v in info["env"].items()) or "UCX defaults"),
-        "  control plane: tcp with peer error handling and keepalive; data endpoints: no UCX error handling,"
+        "control plane: tcp with peer error handling and keepalive; data endpoints: no UCX error handling,"
         " liveness from the control plane",
+        "UCX environment: " + (", ".join(f"{k}={v}" for k, v in info["env"].items() if k.startswith("UCX_"))
+                               or "none (UCX defaults)"),
+        "tensorwire configuration (docs/configuration.md; '=' set in the environment, ':' the default):",
+        *(f"  {c['name']:<30}{'=' if c['set'] else ':'} {c['value']}" for c in info["configuration"]),
     ]
     lines.append("usable here (Device(transport=...) / --transport):")
     for family, why in info["usable"].items():

@@ -1,9 +1,11 @@
 """`tensorwire run`: start N ranks of a command on this machine or inside testbed hosts.
 
-Each rank gets TW_RANK, TW_SIZE, TW_LOCAL_RANK and TW_ROOT (rank 0's address,
-see tensorwire.world), plus TW_HOST (the address it listens on) inside a
-testbed. Rank 0's stdout passes through untouched (it writes the report);
-the others' stdout and everybody's stderr are prefixed with "[rank r]".
+Each rank gets TENSORWIRE_RANK, TENSORWIRE_SIZE, TENSORWIRE_LOCAL_RANK and
+TENSORWIRE_ROOT (rank 0's address, see tensorwire.world), plus TENSORWIRE_HOST
+(the address it listens on) inside a testbed, and TENSORWIRE_PROGRESS_BAR=1
+when the launcher's stderr is a terminal (unless set: docs/configuration.md).
+Rank 0's stdout passes through untouched (it writes the report); the others'
+stdout and everybody's stderr are prefixed with "[rank r]".
 
 The run ends as soon as one rank fails: the launcher names it (exit code or
 signal), stops the others (SIGTERM, then SIGKILL after a grace period) and
@@ -18,6 +20,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
+from .config import PROGRESS_BAR
 from .roles import GRACE_S, Role, RoleError, Roles, describe_exit
 
 
@@ -96,13 +99,13 @@ def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int
         for r, h in enumerate(where):
             local_rank[h] = local_rank.get(h, -1) + 1
             env = tb.host_env(h, {})
-            env.update(TW_RANK=str(r), TW_SIZE=str(n), TW_ROOT=root, TW_HOST=addr[h],
-                       TW_LOCAL_RANK=str(local_rank[h]))
+            env.update(TENSORWIRE_RANK=str(r), TENSORWIRE_SIZE=str(n), TENSORWIRE_ROOT=root,
+                       TENSORWIRE_HOST=addr[h], TENSORWIRE_LOCAL_RANK=str(local_rank[h]))
             out.append(RankPlacement(r, env, list(tb.exec_prefix(h)), h))
         return out
     root = f"127.0.0.1:{port or _free_port('127.0.0.1')}"
-    return [RankPlacement(r, {"TW_RANK": str(r), "TW_SIZE": str(n), "TW_ROOT": root,
-                              "TW_LOCAL_RANK": str(r)}) for r in range(n)]
+    return [RankPlacement(r, {"TENSORWIRE_RANK": str(r), "TENSORWIRE_SIZE": str(n), "TENSORWIRE_ROOT": root,
+                              "TENSORWIRE_LOCAL_RANK": str(r)}) for r in range(n)]
 
 
 def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None = None,
@@ -129,6 +132,9 @@ def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None =
             env = dict(os.environ)
             env.update(p.env)
             env.setdefault("PYTHONUNBUFFERED", "1")
+            # A rank's stderr is a pipe to us: whether the user watches is our terminal's
+            # to say (the ranks' bars then come as whole lines, which the relay passes).
+            env.setdefault(PROGRESS_BAR, "1" if sys.stderr.isatty() else "0")
             rank_of[id(roles.command(f"rank {p.rank}", p.prefix + cmd, env=env, on_output=relay))] = p.rank
         try:
             roles.supervise(timeout, need_result=False, interruptible=True, before_stop=announce)

@@ -9,19 +9,20 @@ only serves `allgather`/`barrier`, which are tiny control calls (the paper's
 
 Who am I? ``World.from_env()`` reads, in this order:
 
-========================  ==========================  =========================
-launcher                  rank / size                 root address
-========================  ==========================  =========================
-``tensorwire run``        TW_RANK / TW_SIZE           TW_ROOT (host:port)
-mpirun (Open MPI)         OMPI_COMM_WORLD_RANK/SIZE   TW_ROOT, else 127.0.0.1:29600
-MPICH / Intel MPI (PMI)   PMI_RANK / PMI_SIZE         TW_ROOT, else 127.0.0.1:29600
-srun (Slurm)              SLURM_PROCID / SLURM_NTASKS TW_ROOT, else 127.0.0.1:29600
-torchrun                  RANK / WORLD_SIZE           MASTER_ADDR : MASTER_PORT+1
-========================  ==========================  =========================
+========================  ================================  ===============================
+launcher                  rank / size                       root address
+========================  ================================  ===============================
+``tensorwire run``        TENSORWIRE_RANK / TENSORWIRE_SIZE TENSORWIRE_ROOT (host:port)
+mpirun (Open MPI)         OMPI_COMM_WORLD_RANK/SIZE         TENSORWIRE_ROOT, else 127.0.0.1:29600
+MPICH / Intel MPI (PMI)   PMI_RANK / PMI_SIZE               TENSORWIRE_ROOT, else 127.0.0.1:29600
+srun (Slurm)              SLURM_PROCID / SLURM_NTASKS       TENSORWIRE_ROOT, else 127.0.0.1:29600
+torchrun                  RANK / WORLD_SIZE                 MASTER_ADDR : MASTER_PORT+1
+========================  ================================  ===============================
 
 torchrun's own store already listens on MASTER_PORT, hence the +1. A rank
-listens on TW_HOST if set, else on 127.0.0.1 when the root is loopback,
-else on the local address that routes to the root.
+listens on TENSORWIRE_HOST if set, else on 127.0.0.1 when the root is
+loopback, else on the local address that routes to the root. Every variable:
+docs/configuration.md.
 
 Every wait is bounded: a rank that does not arrive in ``timeout`` seconds
 ends the bootstrap (on every rank) with an error that names it.
@@ -33,6 +34,7 @@ import json
 import os
 import socket
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -59,11 +61,27 @@ def _int(env: Mapping[str, str], key: str) -> int:
         raise InvalidArgument(f"{key}={env[key]!r} is not an integer") from None
 
 
+# The launcher's names before every variable became TENSORWIRE_* (docs/configuration.md):
+# no longer read, but a process that still sets one is told so once.
+_RETIRED = {f"TW_{n}": f"TENSORWIRE_{n}" for n in ("RANK", "SIZE", "ROOT", "HOST", "TOKEN", "LOCAL_RANK")}
+_warned_retired = False
+
+
+def _warn_retired(env: Mapping[str, str]) -> None:
+    global _warned_retired
+    old = [k for k in _RETIRED if k in env and _RETIRED[k] not in env]
+    if old and not _warned_retired:
+        _warned_retired = True
+        warnings.warn(", ".join(old) + " no longer read: tensorwire reads "
+                      + ", ".join(_RETIRED[k] for k in old) + " (docs/configuration.md)", stacklevel=3)
+
+
 def detect(env: Mapping[str, str] | None = None) -> Placement:
     """This process's placement from its environment (see the module docs)."""
     env = os.environ if env is None else env
-    default_root = env.get("TW_ROOT", f"127.0.0.1:{DEFAULT_ROOT_PORT}")
-    for rank_key, size_key, launcher in (("TW_RANK", "TW_SIZE", "tensorwire run"),
+    _warn_retired(env)
+    default_root = env.get("TENSORWIRE_ROOT", f"127.0.0.1:{DEFAULT_ROOT_PORT}")
+    for rank_key, size_key, launcher in (("TENSORWIRE_RANK", "TENSORWIRE_SIZE", "tensorwire run"),
                                          ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"),
                                          ("PMI_RANK", "PMI_SIZE", "pmi"),
                                          ("SLURM_PROCID", "SLURM_NTASKS", "slurm"),
@@ -71,7 +89,7 @@ def detect(env: Mapping[str, str] | None = None) -> Placement:
         if rank_key in env and size_key in env:
             rank, size = _int(env, rank_key), _int(env, size_key)
             root = default_root
-            if launcher == "torchrun" and "TW_ROOT" not in env:
+            if launcher == "torchrun" and "TENSORWIRE_ROOT" not in env:
                 if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
                     raise InvalidArgument("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not")
                 root = f"{env['MASTER_ADDR']}:{_int(env, 'MASTER_PORT') + 1}"
@@ -202,13 +220,13 @@ class World:
         self.rank, self.size = self.placement.rank, self.placement.size
         self.timeout = timeout
         root_host, root_port = _split(self.placement.root)
-        device_options.setdefault("token", os.environ.get("TW_TOKEN", ""))
+        device_options.setdefault("token", os.environ.get("TENSORWIRE_TOKEN", ""))
         self._round = 0
         self._channels: dict[tuple[int, int], Any] = {}
         self._root: _Root | None = None
         self._root_channel = None
         if self.size == 1:
-            self.device = Device(host=os.environ.get("TW_HOST", root_host), port=0, **device_options)
+            self.device = Device(host=os.environ.get("TENSORWIRE_HOST", root_host), port=0, **device_options)
             self.addresses = [self.device.address]
             self.hosts = [_host_name()]
             return
@@ -236,7 +254,7 @@ class World:
             self.addresses = list(self._root.addresses)
             self.hosts = list(self._root.hosts)
             return
-        host = os.environ.get("TW_HOST") or _local_host_towards(root_host)
+        host = os.environ.get("TENSORWIRE_HOST") or _local_host_towards(root_host)
         self.device = Device(host=host, port=0, **device_options)
         try:
             self._bootstrap(timeout)

@@ -138,7 +138,7 @@ def _pid_of_rank(marker, rank, deadline):
                 env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if f"TW_TEST_MARK={marker}".encode() in env and f"TW_RANK={rank}".encode() in env:
+            if f"FULLMESH_TEST_MARK={marker}".encode() in env and f"TENSORWIRE_RANK={rank}".encode() in env:
                 return int(pid)
         time.sleep(0.1)
     raise AssertionError(f"rank {rank} did not start")
@@ -146,7 +146,7 @@ def _pid_of_rank(marker, rank, deadline):
 
 def test_fullmesh_killed_rank_fails_the_run_naming_it():
     marker = uuid.uuid4().hex
-    env = dict(os.environ, TW_TEST_MARK=marker)
+    env = dict(os.environ, FULLMESH_TEST_MARK=marker)
     proc = subprocess.Popen([sys.executable, "-m", "tensorwire", "run", "-n", "3", "--", sys.executable, "-m",
                              "tensorwire", "bench", "fullmesh", "--transport", "tcp", "-D", "30"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

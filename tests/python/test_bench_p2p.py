@@ -116,7 +116,7 @@ def test_info_names_the_loaded_ucx():
 def test_slot_latency_bench(tmp_path, transport, progress):
     out = tmp_path / "slot.json"
     proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.slot_latency", "--transport", transport,
-                           "--sizes", "8,4K", "--iters", "200", "--progress", progress, "--json", str(out)],
+                           "--sizes", "8,4K", "--iters", "200", "--progress-mode", progress, "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())

@@ -101,7 +101,7 @@ def test_gpu_cli_train_and_table2(tmp_path):
     for gdr in ("on", "off"):
         out = tmp_path / f"r_{gdr}.json"
         p = _run(["train", "--model", "mlp", "--workers", "1", "--servers", "1", "--batch", "4", "--steps", "4",
-                  "--quiet", "--device", "cuda", "--gdr", gdr, "--transport", GPU_TRANSPORT, "--json", str(out)])
+                  "--no-progress", "--device", "cuda", "--gdr", gdr, "--transport", GPU_TRANSPORT, "--json", str(out)])
         assert p.returncode == 0, p.stderr
         d = json.loads(out.read_text())
         assert d["device"] == "cuda" and d["gdr"] is (gdr == "on") and d["samples_per_s"] > 0
@@ -187,7 +187,7 @@ def test_cpu_path_unchanged_by_the_new_options(tmp_path):
     """--device cpu (the default) is the PS as before: nothing staged, no GDR."""
     out = tmp_path / "r.json"
     p = _run(["train", "--model", "mlp", "--workers", "1", "--servers", "1", "--batch", "4", "--steps", "3",
-              "--quiet", "--device", "cpu", "--json", str(out)])
+              "--no-progress", "--device", "cpu", "--json", str(out)])
     assert p.returncode == 0, p.stderr
     d = json.loads(out.read_text())
     assert d["device"] == "cpu" and d["gdr"] is None and d["bytes_staged_per_step"] == 0

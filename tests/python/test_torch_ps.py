@@ -224,7 +224,7 @@ def test_cli_list_and_help():
 def test_cli_train_json(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1",
-                        "--servers", "1", "--batch", "4", "--steps", "4", "--quiet", "--json", str(out)],
+                        "--servers", "1", "--batch", "4", "--steps", "4", "--no-progress", "--json", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     import json
@@ -241,7 +241,7 @@ def test_cli_colocate(tmp_path):
     out = tmp_path / "r.json"
     # one process holds the only worker and the only server: nothing crosses the transport
     p = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1",
-                        "--servers", "1", "--batch", "4", "--steps", "4", "--quiet", "--colocate",
+                        "--servers", "1", "--batch", "4", "--steps", "4", "--no-progress", "--colocate",
                         "--transport", "tcp", "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     import json

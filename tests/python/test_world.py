@@ -63,10 +63,10 @@ def test_missing_rank_is_named(free_port=None):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {"TW_RANK": "0", "TW_SIZE": "3", "TW_ROOT": f"127.0.0.1:{port}"}
+    env = {"TENSORWIRE_RANK": "0", "TENSORWIRE_SIZE": "3", "TENSORWIRE_ROOT": f"127.0.0.1:{port}"}
     code = "import tensorwire.world as w; w.World(transport='tcp', timeout=2)"
     import os
-    procs = [subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env, "TW_RANK": str(r)},
+    procs = [subprocess.Popen([sys.executable, "-c", code], env={**os.environ, **env, "TENSORWIRE_RANK": str(r)},
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]
     errs = [p.communicate(timeout=60)[1] for p in procs]
     assert all(p.returncode != 0 for p in procs)
@@ -76,9 +76,10 @@ def test_missing_rank_is_named(free_port=None):
 
 
 @pytest.mark.parametrize("env, expect", [
-    ({"TW_RANK": "2", "TW_SIZE": "4", "TW_ROOT": "10.0.0.1:5000"}, (2, 4, "10.0.0.1:5000", "tensorwire run")),
+    ({"TENSORWIRE_RANK": "2", "TENSORWIRE_SIZE": "4", "TENSORWIRE_ROOT": "10.0.0.1:5000"},
+     (2, 4, "10.0.0.1:5000", "tensorwire run")),
     ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, (1, 2, "127.0.0.1:29600", "mpirun")),
-    ({"PMI_RANK": "0", "PMI_SIZE": "3", "TW_ROOT": "h:1"}, (0, 3, "h:1", "pmi")),
+    ({"PMI_RANK": "0", "PMI_SIZE": "3", "TENSORWIRE_ROOT": "h:1"}, (0, 3, "h:1", "pmi")),
     ({"SLURM_PROCID": "3", "SLURM_NTASKS": "8"}, (3, 8, "127.0.0.1:29600", "slurm")),
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"},
      (1, 2, "node0:29501", "torchrun")),
@@ -90,10 +91,10 @@ def test_detect_launchers(env, expect):
 
 
 @pytest.mark.parametrize("env, words", [
-    ({"TW_RANK": "4", "TW_SIZE": "4"}, "not a valid placement"),
-    ({"TW_RANK": "x", "TW_SIZE": "4"}, "not an integer"),
+    ({"TENSORWIRE_RANK": "4", "TENSORWIRE_SIZE": "4"}, "not a valid placement"),
+    ({"TENSORWIRE_RANK": "x", "TENSORWIRE_SIZE": "4"}, "not an integer"),
     ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
-    ({"TW_RANK": "0", "TW_SIZE": "1", "TW_ROOT": "nohostport"}, "host:port"),
+    ({"TENSORWIRE_RANK": "0", "TENSORWIRE_SIZE": "1", "TENSORWIRE_ROOT": "nohostport"}, "host:port"),
 ])
 def test_detect_rejects_bad_environment(env, words):
     with pytest.raises(InvalidArgument, match=words):

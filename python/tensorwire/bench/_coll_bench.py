@@ -206,14 +206,14 @@ def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validat
 
 def run_rank(args: argparse.Namespace) -> int:
     from ..world import World
-    if os.environ.get("TW_COLL_DEBUG"):
+    if os.environ.get("TENSORWIRE_COLL_DEBUG"):
         import faulthandler
         faulthandler.register(signal.SIGUSR1, all_threads=True)
     if args.compare == "mpi" and os.environ.get("OMPI_COMM_WORLD_SIZE"):
         # MPI_Init first: it waits for every rank holding the GIL, which would stall rank 0's
         # control-plane handlers (the World's bootstrap) if the World came first.
         from mpi4py import MPI  # noqa: F401
-    world = World(transport=args.transport, progress=args.progress, timeout=max(30.0, args.timeout))
+    world = World(transport=args.transport, progress=args.progress_mode, timeout=max(30.0, args.timeout))
     try:
         return _run(world, args)
     except CollectiveError as e:
@@ -270,7 +270,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     rounds = args.rounds if args.rounds else (5 if comm is not None else 1)
     test = op + ("_seed004" if seed else "")
     config = {
-        "op": op, "ranks": n, "transport": args.transport, "progress": args.progress, "sizes": sizes,
+        "op": op, "ranks": n, "transport": args.transport, "progress": args.progress_mode, "sizes": sizes,
         "size_unit": "bytes per peer" if op == "alltoall" else "bytes of the vector",
         "dtype": ("int32" if seed else "bytes (MPI_BYTE)") if op == "alltoall" else str(dtype),
         "iters": args.iters, "warmup": args.warmup, "rounds": rounds, "validate": bool(args.validate), "profile": args.profile,
@@ -292,7 +292,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     out = _Printer(args, op, n, series, report, seed)
     if rank == 0:
         out.header(world)
-    progress = _progress(len(sizes) * len(series), test) if rank == 0 else None
+    progress = Progress(len(sizes) * len(series), test, None if rank == 0 else False)
     kill_at: Callable[[int], None] | None = None
     if args.kill_rank is not None and args.kill_rank == rank:
         def kill_at(i: int) -> None:  # noqa: F811 - the tests' hook: this rank dies mid-run (10 timed calls into size 1)
@@ -314,8 +314,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
                     "n": len(samples), "samples": [round(x * 1e6, 3) for x in samples]}
             every = world.allgather(mine, timeout=max(60.0, args.timeout))
             results[s.name] = (every, s.algo_used)
-            if progress is not None:
-                progress.step(f"{s.name} {human_size(size)}")
+            progress.step(f"{s.name} {human_size(size)}")
         if rank == 0:
             out.row(size, iters, warm, results)
     if rank == 0:
@@ -327,27 +326,6 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         print(report.verdict_line(_key_metric(report, n)), flush=True)
     world.barrier()
     return 0 if report.verdict != "FAIL" or rank != 0 else 2
-
-
-class _LineProgress(Progress):
-    """Progress as whole lines: a rank's stderr reaches the terminal through the launcher,
-    which forwards complete lines only (a carriage-return bar would show at the end)."""
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        width = 24
-        filled = int(width * self.done / max(1, self.total))
-        sys.stderr.write(f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
-                         f"{what} {time.monotonic() - self.start:.1f}s\n")
-        sys.stderr.flush()
-
-
-def _progress(total: int, label: str) -> Progress:
-    """A bar on a terminal; whole lines when the launcher says its terminal is behind us
-    (TW_COLL_PROGRESS_LINES=1, set by the bench when it starts the ranks itself)."""
-    if not sys.stderr.isatty() and os.environ.get("TW_COLL_PROGRESS_LINES") == "1":
-        return _LineProgress(total, label)
-    return Progress(total, label)
 
 
 def _stats(every: list[dict[str, Any]]) -> dict[str, Any]:

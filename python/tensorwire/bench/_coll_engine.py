@@ -136,7 +136,7 @@ class OneSidedCollectives:
         # GIL, which on an oversubscribed host costs whole time slices (measured ~16 ms per
         # alltoall on 4 ranks / 2 cores). There we flush the channel instead and wait for
         # it in our own yielding loop (a flush is the stronger guarantee: data visible).
-        self.order = os.environ.get("TW_COLL_ORDER") or order or "fence"
+        self.order = os.environ.get("TENSORWIRE_COLL_ORDER") or order or "fence"
         if self.order not in ("fence", "flush"):
             raise ValueError(f"order must be 'fence' or 'flush', got {order!r}")
         # Every wait is tw.wait_any (the C++ waiter: spin for the device's spin_us driving the

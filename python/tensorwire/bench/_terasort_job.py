@@ -24,7 +24,7 @@ from .teragen import KEY, RECORD
 SLOT_DATA = "terasort/data/{src}"
 SLOT_SAMPLE = "terasort/sample/{src}"
 HEADER = np.dtype("<i8")
-_DEBUG = bool(os.environ.get("TW_TERASORT_DEBUG"))
+_DEBUG = bool(os.environ.get("TENSORWIRE_TERASORT_DEBUG"))
 
 
 class _Threads:
@@ -181,19 +181,9 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     timeout = args.timeout
     chunk_rows = max(1, args.chunk // RECORD)
     ph = _Phase()
-    # progress on rank 0: the one-line bar on a terminal; under `tensorwire run` (whose
-    # relay passes whole lines only) one line per phase when TENSORWIRE_PROGRESS_BAR=1
-    total_steps, done_steps, started = len(PHASES_RUN(args)), [0], time.monotonic()
-    progress = Progress(total_steps, "terasort") if rank == 0 and sys.stderr.isatty() else None
-    lines = rank == 0 and progress is None and os.environ.get("TENSORWIRE_PROGRESS_BAR") == "1"
-
-    def step(what: str) -> None:
-        done_steps[0] += 1
-        if progress:
-            progress.step(what)
-        elif lines:
-            print(f"terasort [{done_steps[0]}/{total_steps}] {what} done at {time.monotonic() - started:.1f} s",
-                  file=sys.stderr, flush=True)
+    # rank 0 draws the bar, one step per phase (the command's --progress, passed to the
+    # ranks as TENSORWIRE_PROGRESS_BAR)
+    step = Progress(len(PHASES_RUN(args)), "terasort", None if rank == 0 else False).step
 
     # receiving ends first: every slot exists before anybody attaches (barrier below)
     data_slots = {src: dev.dynamic_slot(SLOT_DATA.format(src=src), max_ndim=2,

@@ -28,7 +28,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from .common import arg_positive as _positive, arg_sizes as _sizes
+from .common import add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
 
 OPS = ("alltoall", "allreduce")
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
@@ -44,7 +44,7 @@ RD_RING_THRESHOLD = 512 << 10
 SEED004 = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
 OSU_TITLES = {"alltoall": "# OSU MPI All-to-All Personalized Exchange Latency Test v7.4",
               "allreduce": "# OSU MPI Allreduce Latency Test v7.4"}
-RANK_ENV = ("TW_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+RANK_ENV = ("TENSORWIRE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 EXAMPLES = {
     "alltoall": """\
@@ -53,7 +53,7 @@ examples:
   tensorwire bench alltoall --ranks 4 --sizes 4K,64K,1M --compare mpi --json a2a.json --plot a2a.png
   tensorwire bench alltoall --ranks 4 --profile seed004 --iters 20     (1 Mi int32 per peer, repeated)
   tensorwire run -n 4 -- tensorwire bench alltoall --format osu        (ranks started by you)
-  mpirun -n 4 tensorwire bench alltoall --compare mpi                  (TW_ROOT=host:port if not 127.0.0.1:29600)
+  mpirun -n 4 tensorwire bench alltoall --compare mpi                  (root: $TENSORWIRE_ROOT or 127.0.0.1:29600)
 """,
     "allreduce": """\
 examples:
@@ -129,9 +129,10 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "osu"), default="table",
                    help="table (default: both series side by side) or osu (OSU's header lines and columns, "
                         "one table per series)")
-    p.add_argument("--progress", choices=("inline", "blocking"), default="inline",
+    p.add_argument("--progress-mode", choices=("inline", "blocking"), default="inline",
                    help="who drives each rank's worker: inline (the waiting rank itself, default) or "
                         "blocking (a progress thread)")
+    add_progress_switch(p)
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="seconds any one wait for a peer may take before the run fails naming it (default 30)")
     p.add_argument("--json", metavar="FILE", help="rank 0 writes the report, with every rank's raw samples")
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
     """The command-line arguments that reproduce `args` (for the ranks we start)."""
-    out = [args.coll_op, "--transport", args.transport, "--format", args.format, "--progress", args.progress,
+    out = [args.coll_op, "--transport", args.transport, "--format", args.format, "--progress-mode", args.progress_mode,
            "--timeout", repr(args.timeout)]
     if args.sizes is not None:
         out += ["--sizes", ",".join(map(str, args.sizes))]
@@ -206,10 +207,9 @@ def _free_port() -> int:
 def _launch(args: argparse.Namespace) -> int:
     n = args.ranks or (4 if args.profile else 2)
     rank_cmd = [sys.executable, "-m", "tensorwire.bench.collectives", *_argv_of(args)]
-    if sys.stderr.isatty():  # rank 0 then reports progress as whole lines (see _coll_bench._progress)
-        os.environ["TW_COLL_PROGRESS_LINES"] = "1"
     env_path = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.compare == "mpi":
+        from ..config import PROGRESS_BAR
         why = mpi_unavailable()
         if why:
             print(f"tensorwire bench {args.coll_op}: --compare mpi is not possible here: {why}", file=sys.stderr)
@@ -220,10 +220,7 @@ def _launch(args: argparse.Namespace) -> int:
         if n > (os.cpu_count() or 1):
             cmd.append("--oversubscribe")
         root = f"127.0.0.1:{_free_port()}"
-        cmd += ["-x", f"TW_ROOT={root}", "-x", "PYTHONUNBUFFERED=1"]
-        if "TW_COLL_PROGRESS_LINES" in os.environ:
-            cmd += ["-x", "TW_COLL_PROGRESS_LINES"]
-        cmd += [
+        cmd += ["-x", f"TENSORWIRE_ROOT={root}", "-x", "PYTHONUNBUFFERED=1", "-x", PROGRESS_BAR,
                 "-x", "PYTHONPATH=" + os.pathsep.join(p for p in (env_path, os.environ.get("PYTHONPATH")) if p)]
         cmd += rank_cmd
         print(f"# launching: {' '.join(cmd)}", file=sys.stderr, flush=True)
@@ -249,6 +246,8 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"tensorwire bench allreduce: sizes must be multiples of 4 B (32-bit elements), not {bad}",
                   file=sys.stderr)
             return 2
+    from ..config import export_progress_bar
+    export_progress_bar(args.progress)  # the ranks started below inherit the choice
     if not _as_rank():
         return _launch(args)
     from ._coll_bench import run_rank

@@ -184,26 +184,39 @@ def check_latency_row(report: Report, size: int, st: dict[str, float]) -> None:
 
 
 class Progress:
-    """A one-line progress indicator on stderr for sweeps (quiet when piped
-    unless TENSORWIRE_PROGRESS_BAR=1; TENSORWIRE_PROGRESS is every Device's
-    progress mode)."""
+    """The benches' progress bar on stderr: one line redrawn in place on a terminal,
+    whole lines elsewhere (a rank's stderr reaches the terminal through `tensorwire
+    run`, whose relay passes complete lines only). Drawn when the command's
+    --progress/--no-progress says so, or (not given) TENSORWIRE_PROGRESS_BAR, or
+    (not set) when stderr is a terminal: tensorwire.config.progress_bar."""
 
-    def __init__(self, total: int, label: str) -> None:
+    def __init__(self, total: int, label: str, enabled: bool | None = None) -> None:
+        from ..config import progress_bar
         self.total, self.label, self.done = total, label, 0
-        self.enabled = sys.stderr.isatty() or os.environ.get("TENSORWIRE_PROGRESS_BAR") == "1"
+        self.enabled = progress_bar(enabled)
         self.start = time.monotonic()
 
     def step(self, what: str) -> None:
         self.done += 1
-        if self.enabled:
-            width = 24
-            filled = int(width * self.done / max(1, self.total))
-            elapsed = time.monotonic() - self.start
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
-                             f"{self.done}/{self.total} {what:<12} {elapsed:6.1f}s")
-            if self.done >= self.total:
-                sys.stderr.write("\n")
-            sys.stderr.flush()
+        if not self.enabled:
+            return
+        width = 24
+        filled = int(width * self.done / max(1, self.total))
+        bar = f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
+        elapsed = time.monotonic() - self.start
+        if sys.stderr.isatty():  # padded: a shorter step must cover the longer one it redraws
+            sys.stderr.write(f"\r{bar} {what:<12} {elapsed:6.1f}s" + ("\n" if self.done >= self.total else ""))
+        else:
+            sys.stderr.write(f"{bar} {what} {elapsed:.1f}s\n")
+        sys.stderr.flush()
+
+
+def add_progress_switch(parser: Any) -> None:
+    """--progress/--no-progress on a command that draws a Progress bar (one switch for all)."""
+    import argparse
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="draw a progress bar on stderr (default: when stderr is a terminal, or as "
+                             "TENSORWIRE_PROGRESS_BAR=0|1 says; ranks and processes it starts inherit the choice)")
 
 
 def iterations_for(size: int, iters: int, budget_bytes: int, minimum: int = 10) -> int:

@@ -42,7 +42,7 @@ examples:
 
 def register(commands) -> None:
     from .common import arg_positive as _positive, arg_sizes as _sizes
-    from .common import arg_rate, arg_seconds
+    from .common import add_progress_switch, arg_rate, arg_seconds
     from .fabric.cli import TRANSPORTS
     p = commands.bench.add_parser(
         "fullmesh", help="all-pairs one-sided write bandwidth and fairness (N(N-1) flows)",
@@ -69,6 +69,7 @@ def register(commands) -> None:
                    help="a run that takes longer FAILs (default: duration + 90 s)")
     p.add_argument("--json", metavar="FILE", help="rank 0 (or the sweep) writes the report here, with raw bins")
     p.add_argument("--plot", metavar="FILE.png", help="per-flow bars (one run) or the scaling plot (sweep)")
+    add_progress_switch(p)  # the sweep's bar: one step per world size
     p.set_defaults(func=_main, test="fullmesh")
 
 
@@ -78,6 +79,8 @@ def _main(args) -> int:
     if margin < 0 or 2 * margin >= args.duration:
         raise SystemExit(f"--margin {margin:g} leaves no sample window in --duration {args.duration:g}")
     args.margin = margin
+    from ..config import export_progress_bar
+    export_progress_bar(args.progress)
     from .fabric.peer import _in_world
     if _in_world():
         return run_rank(args)

@@ -29,7 +29,7 @@ FLOOR_RATE_BPS = 10e6  # the slowest rate a stream is waited for (a shaped testb
 # on 2 vCPUs over loopback tcp: pure busy-polling (perftest's way) starves
 # the kernel's own TCP work and cut write_bw at 1 MiB ~4x; latency kernels
 # poll memory directly and never sleep.
-BENCH_SPIN_US = int(os.environ.get("TW_BENCH_SPIN_US", "100"))
+BENCH_SPIN_US = int(os.environ.get("TENSORWIRE_BENCH_SPIN_US", "100"))
 # Latency tests poll for much longer before sleeping (perftest busy-polls):
 # on 2 vCPUs with a 100 us spin, read latency over tcp read 236 us typical
 # (each side kept falling asleep and paying a wake-up) against 12.7 us with

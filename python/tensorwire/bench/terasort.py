@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 import time
-from .common import arg_positive as _positive, arg_size as _size
+from .common import add_progress_switch, arg_positive as _positive, arg_size as _size
 
 HELP = """\
 TeraSort on tensorwire (Hadoop's TeraGen / TeraSort / TeraValidate, one process per rank):
@@ -34,8 +34,9 @@ ordered pair, sendall/recv_into) on the same data and addresses, and checks
 that it delivered the same bytes. Times are the slowest rank's; MB/s = 10^6 B/s;
 shuffle bytes count what left each rank (the rank's own partition stays local).
 
-Without TW_RANK in the environment the command starts --ranks ranks of itself
-through `tensorwire run`; under `tensorwire run` (or mpirun/srun) it runs as a rank.
+Without TENSORWIRE_RANK in the environment the command starts --ranks ranks of
+itself through `tensorwire run`; under `tensorwire run` (or mpirun/srun) it runs as a
+rank. Rank 0 draws the progress bar, one step per phase (--progress/--no-progress).
 
 examples:
   tensorwire bench terasort --rows 1m --ranks 4 --transport shm
@@ -99,6 +100,7 @@ def _add_parser(bench_sub) -> None:
                    help="only write --rows records from --start to FILE (gensort's binary format) and "
                         "print the checksum; no ranks")
     p.add_argument("--start", type=parse_rows, default=0, help="first row id with --gen-only (gensort -b)")
+    add_progress_switch(p)
     p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)   # failure tests
     p.add_argument("--kill-phase", choices=PHASES, default="shuffle", help=argparse.SUPPRESS)
     p.add_argument("--inject", choices=("swap", "drop"), default=None, help=argparse.SUPPRESS)
@@ -115,7 +117,9 @@ def _main(args: argparse.Namespace) -> int:
               f"{args.gen_only} in {dt:.2f} s", file=sys.stderr)
         print(f"{total:x}")
         return 0
+    from ..config import export_progress_bar
     from ..world import detect
+    export_progress_bar(args.progress)  # the ranks started below inherit the choice
     placement = detect()
     if placement.launcher == "single" and args.ranks > 1:
         return _launch(args)
@@ -140,10 +144,6 @@ def _launch(args: argparse.Namespace) -> int:
     if args.kill_rank is not None:
         cmd += ["--kill-rank", str(args.kill_rank), "--kill-phase", args.kill_phase]
     sys.stdout.flush()
-    if sys.stderr.isatty():  # rank 0 then reports each phase as it ends
-        # (not TENSORWIRE_PROGRESS: that is every Device's progress mode, and
-        # "1" made every rank fail to open its device)
-        os.environ.setdefault("TENSORWIRE_PROGRESS_BAR", "1")
     return run(cmd, plan(args.ranks))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench.common import arg_positive as _positive
+from ..bench.common import add_progress_switch, arg_positive as _positive
 from ..bench.common import arg_sizes as _sizes
 from . import PLOT_NEEDS, TRANSPORTS
 
@@ -99,7 +99,7 @@ def register(commands) -> None:
                              "each series paced by its own flow control) and the memcpy/write anchors")
     tensor.add_argument("--verify", action="store_true",
                         help="compare every element of every received tensor (timings then include it)")
-    tensor.add_argument("--progress", choices=("inline", "blocking", "polling"), default="inline",
+    tensor.add_argument("--progress-mode", choices=("inline", "blocking", "polling"), default="inline",
                         help="progress mode of the tensorwire devices (default inline: the waiter drives "
                              "progress; blocking is the Device default: a progress thread that sleeps when idle)")
     tensor.add_argument("--refresh", action="store_true",
@@ -110,6 +110,7 @@ def register(commands) -> None:
     tensor.add_argument("--json", metavar="FILE",
                         help="write the report: rows {series, transport, size, iters, median_us, MBps, ...}")
     tensor.add_argument("--plot", metavar="FILE.png", help="log-log plot, one line per series (needs matplotlib)")
+    add_progress_switch(tensor)
     tensor.set_defaults(func=_main, needs=(PLOT_NEEDS,))
 
 
@@ -117,6 +118,7 @@ def _main(args: argparse.Namespace) -> int:
     import importlib.util
 
     from ..bench.tensor import cuda_unavailable, run_tensor, select_series
+    from ..config import export_progress_bar
     if args.series:  # the parser took a name of either memory
         try:
             select_series(args.series, args.memory)
@@ -129,6 +131,7 @@ def _main(args: argparse.Namespace) -> int:
         if why:
             raise SystemExit(f"tensorwire bench tensor --memory cuda needs a CUDA GPU ({why})")
     args.budget = args.budget[0]
+    export_progress_bar(args.progress)
     report = run_tensor(args)
     report.write_json(args.json)
     return 0 if report.verdict != "FAIL" else 2

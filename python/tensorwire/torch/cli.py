@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from ..bench.common import add_progress_switch
+
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
 MODES = ("zerocopy", "copy", "gloo")
 
@@ -176,7 +178,7 @@ def register(commands) -> None:
                    help="auto: one role per process under torchrun/mpirun, else spawn all locally (default)")
     t.add_argument("--json", metavar="FILE", help="write the result as JSON (samples_per_s, split, losses, ...)")
     t.add_argument("--plot", metavar="FILE.png", help="plot the loss curve and the per-step split (matplotlib)")
-    t.add_argument("--quiet", action="store_true", help="no progress line")
+    add_progress_switch(t)  # rank 0's worker draws one step per training step
     _common(t)
     t.set_defaults(func=run_train, needs=(("torch", "torch"), ("matplotlib", "train", "plot")))
 
@@ -486,8 +488,10 @@ def run_partition(args) -> int:
 
 
 def run_train(args) -> int:
+    from ..config import export_progress_bar
     from . import models
     _exit_on_sigterm()
+    args.progress = export_progress_bar(args.progress)  # resolved once: what every role is told
     if args.list:
         print("Table 1 of the paper (variable tensors, model size in MiB) beside this package's models:")
         print(models.render_table(models.table()))
@@ -505,7 +509,7 @@ def run_train(args) -> int:
     if args.colocate and args.workers != args.servers:
         raise SystemExit(f"tensorwire train: --colocate runs worker r and server r in process r: needs --servers "
                          f"equal to --workers (got {args.servers} servers, {args.workers} workers)")
-    r = train_once(args, progress=not args.quiet)
+    r = train_once(args, progress=args.progress)
     print(render_result(r, args))
     out = r.to_dict()
     out.update(model=args.model, batch=args.batch, transport=args.transport if r.mode != "gloo" else "tcp")

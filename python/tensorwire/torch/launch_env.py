@@ -67,7 +67,7 @@ def run_role(args, rank: int, world: int) -> int:
                            timeout=args.timeout, placement=args.placement, compute=dev, gdr=gdr)
     cfg = ps.TrainConfig(info.factory, data_fn, None, W, S, args.steps, args.mode, args.transport,
                          args.optimizer, _opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
-                         progress=not args.quiet and r == 0, device=dev, gdr=gdr)
+                         progress=bool(args.progress) and r == 0, device=dev, gdr=gdr)
     try:
         result = _worker_loop(cfg, r, worker, model)
     finally:

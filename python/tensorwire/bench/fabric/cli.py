@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ..common import arg_rate, arg_seconds, parse_sizes
+from ..common import add_progress_switch, arg_rate, arg_seconds, parse_sizes
 from ..common import arg_positive as _positive, arg_sizes as _sizes
 from .measure import measure_bw, measure_lat
 from .peer import _serve_main, with_client
@@ -108,6 +108,7 @@ def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:
     mode.add_argument("--connect", metavar="HOST:PORT", help="run the active side against a --server elsewhere")
     p.add_argument("--json", metavar="FILE", help="write the report (with raw samples) as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot the results (needs matplotlib)")
+    add_progress_switch(p)
 
 
 def _bw_options(p: argparse.ArgumentParser, iters: str) -> None:
@@ -192,6 +193,8 @@ def _sizes_of(args, default: str) -> list[int]:
 def _run(args, kind: str, measure: Callable) -> int:
     """Runs the family member `args.op`_`kind` (an alias names it by --op) and reports."""
     args.test = args.test or f"{args.op}_{kind}"
+    from ...config import export_progress_bar
+    export_progress_bar(args.progress)
     if args.server:
         return _serve_main(args)
     sizes = _sizes_of(args, BW_SIZES if kind == "bw" else LAT_SIZES)

@@ -26,7 +26,7 @@ def _serve_main(args) -> int:
 def _spin_us(args) -> int:
     """How long waiters poll before sleeping: long for latency tests (perftest busy-polls), short for
     bandwidth (on 2 vCPUs a spinning target starves the kernel's TCP work). `bench serve` (test "serve")
-    takes TW_BENCH_SPIN_US, which the client that spawns it sets to its own value."""
+    takes TENSORWIRE_BENCH_SPIN_US, which the client that spawns it sets to its own value."""
     from .. import p2p
     return p2p.LATENCY_SPIN_US if args.test.endswith("_lat") else p2p.BENCH_SPIN_US
 
@@ -41,7 +41,7 @@ def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None):
     from ..p2p import ADDRESS_TAG
     cmd = [sys.executable, "-m", "tensorwire", "bench", "serve", "--transport", transport,
            "--host", "127.0.0.1", "--port", "0", "--workers", str(workers)]
-    env = dict(os.environ, **({"TW_BENCH_SPIN_US": str(spin_us)} if spin_us else {}))
+    env = dict(os.environ, **({"TENSORWIRE_BENCH_SPIN_US": str(spin_us)} if spin_us else {}))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
     assert proc.stdout is not None

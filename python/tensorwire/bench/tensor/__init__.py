@@ -113,7 +113,7 @@ def run_tensor(args) -> Report:
     memory = getattr(args, "memory", "host")
     names = select_series(args.series, memory)
     cfg = {"transport": args.transport, "timeout": float(args.timeout), "max_size": max(sizes),
-           "progress": getattr(args, "progress", "inline"), "memory": memory,
+           "progress": getattr(args, "progress_mode", "inline"), "memory": memory,
            "spin_us": _spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us)}
     method = ("median over iterations of t(send) -> t(ack after the receiver's max-reduction), best of "
               "--repeat passes; see tensorwire.bench.tensor")

@@ -18,6 +18,7 @@ from torch import nn
 
 import tensorwire as tw
 
+from ...bench.common import Progress
 from ...roles import RoleError, Roles
 from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss
 from .gloo import GlooServer, GlooWorker, _Gloo
@@ -79,6 +80,7 @@ def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> 
     loss_fn = cfg.loss_fn or _default_loss
     die_at = cfg.die[1] if cfg.die is not None and cfg.die[0] == rank else None
     losses, t_start, samples = [], None, 0
+    bar = Progress(cfg.steps, "train", cfg.progress and rank == 0)
     t_begin = time.perf_counter()
     for step in range(cfg.steps):
         if step == cfg.warmup:
@@ -89,13 +91,8 @@ def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> 
         losses.append(worker.step(lambda: loss_fn(model(x), y), die_at=die_at))
         if step >= cfg.warmup:
             samples += _samples(x)
-        if cfg.progress and rank == 0:
-            el = time.perf_counter() - t_begin
-            print(f"\r  step {step + 1}/{cfg.steps}  loss {losses[-1]:.4f}  {el:.1f} s", end="", file=sys.stderr,
-                  flush=True)
+        bar.step(f"loss {losses[-1]:.4f}")
     t_end = time.perf_counter()
-    if cfg.progress and rank == 0:
-        print(file=sys.stderr)
     out = {"losses": losses, "elapsed_s": t_end - (t_start or t_begin), "samples": samples,
            "step_times": [st["step_s"] for st in worker.stats.steps],
            "total_s": t_end - t_begin, "stats": worker.stats.to_dict(skip=cfg.warmup)}

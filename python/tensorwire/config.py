@@ -1,0 +1,172 @@
+"""Every environment variable tensorwire reads or sets, in one table.
+
+docs/configuration.md mirrors VARIABLES and UCX_VARIABLES (tests/python/
+test_configuration.py checks that the two agree and that no Python file reads
+a TENSORWIRE_* variable missing here); `tensorwire info` shows each with the
+value in force. Regenerate the document's tables with
+`python -m tensorwire.config`.
+
+All of tensorwire's own variables are TENSORWIRE_*: the TW_* names of
+earlier versions are no longer read (world.detect() warns once when it sees
+one of the launcher's).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    meaning: str
+    values: str
+    default: str
+    reader: str  # who reads it (or sets it, for the launcher's)
+
+
+CORE = "C++ core (every Device)"
+WORLD = "tensorwire.world (World, detect)"
+RUN = "set by `tensorwire run`; read by tensorwire.world"
+BENCH = "benches"
+TESTBED = "set by the testbed for commands in a host"
+
+VARIABLES: tuple[Variable, ...] = (
+    # -- C++ core: read when a Device is made (a bad value fails there) --
+    Variable("TENSORWIRE_PROGRESS", "progress mode of every Device's data workers (overrides Device(progress=))",
+             "blocking, polling, inline", "Device(progress=...), blocking", CORE),
+    Variable("TENSORWIRE_SPIN_US", "how long a waiter polls before it sleeps on the event fd (overrides "
+             "Device(spin_us=))", "0..1000000 (microseconds)", "Device(spin_us=...), 100", CORE),
+    Variable("TENSORWIRE_LANE_FORM", "how lanes move data: one-sided RMA or active messages (a comma list: "
+             "lane i takes item i mod n)", "auto, rma, messages, or a comma list of them",
+             "auto (messages where UCX emulates RMA, e.g. tcp; rma elsewhere)", CORE),
+    Variable("TENSORWIRE_EXACT_EXPORT", "give remote peers keys of a registration of exactly the exported "
+             "range (instead of its pool slab's)", "0, 1", "1 when UCX offers verbs RC/DC/UD or SRD (hardware "
+             "keys), else 0", CORE),
+    Variable("TENSORWIRE_MAP_SHARED_MEMORY", "map same-host peers' pool slabs for the direct path (memcpy "
+             "instead of UCX)", "0 off, anything else on", "Device(map_shared_memory=...), on", CORE),
+    Variable("TENSORWIRE_STREAMING_COPY_MIN", "smallest copy that uses streaming (non-temporal) stores",
+             "bytes; 0 = never", "half the last-level cache + 1", CORE),
+    Variable("TENSORWIRE_LOG", "level of the core's log lines on stderr", "error, warn, info, debug", "warn",
+             CORE),
+    # -- the world of ranks (tensorwire run, World) --
+    Variable("TENSORWIRE_RANK", "this process's rank", "0..SIZE-1", "unset: OMPI/PMI/Slurm/torchrun variables, "
+             "else a single rank", RUN),
+    Variable("TENSORWIRE_SIZE", "number of ranks", "integer >= 1", "as TENSORWIRE_RANK", RUN),
+    Variable("TENSORWIRE_LOCAL_RANK", "rank among those on the same host (for the rank's own program)",
+             "integer >= 0", "unset", "set by `tensorwire run`"),
+    Variable("TENSORWIRE_ROOT", "address rank 0's device listens on, known to every rank", "host:port",
+             "127.0.0.1:29600; MASTER_ADDR:MASTER_PORT+1 under torchrun", RUN),
+    Variable("TENSORWIRE_HOST", "address this process's device listens on", "host or IP",
+             "127.0.0.1 when the root is loopback, else the local address that routes to it",
+             "tensorwire.world, tensorwire train (PS roles); set by `tensorwire run --testbed`"),
+    Variable("TENSORWIRE_TOKEN", "shared secret of a World's devices: peers with another token are refused",
+             "any string", "empty (no token)", WORLD),
+    # -- benches --
+    Variable("TENSORWIRE_PROGRESS_BAR", "draw the benches' progress bar on stderr (how ranks and spawned "
+             "processes learn --progress/--no-progress)", "0, 1", "1 when stderr is a terminal",
+             BENCH + ", tensorwire train; set by --progress/--no-progress and by `tensorwire run`"),
+    Variable("TENSORWIRE_BENCH_SPIN_US", "spin of the bandwidth benches' devices (Device(spin_us=)); the "
+             "client passes its value to the `bench serve` it spawns", "microseconds", "100", BENCH),
+    Variable("TENSORWIRE_COLL_ORDER", "how the collectives order a payload before its flag (overrides the "
+             "bench's choice)", "fence, flush", "flush over tcp, else fence", "bench alltoall/allreduce"),
+    Variable("TENSORWIRE_COLL_DEBUG", "SIGUSR1 dumps every thread's stack (faulthandler) in each rank",
+             "non-empty = on", "off", "bench alltoall/allreduce"),
+    Variable("TENSORWIRE_TERASORT_DEBUG", "print each shuffle piece's arrival time", "non-empty = on", "off",
+             "bench terasort"),
+    # -- testbed --
+    Variable("TENSORWIRE_TESTBED", "name of the testbed that commands use", "a name", "tw",
+             "tensorwire testbed; " + TESTBED),
+    Variable("TENSORWIRE_TESTBED_HOST", "testbed host this command runs in (a rank's host name)", "a host name",
+             "unset: the machine's host name", "tensorwire.world; " + TESTBED),
+    Variable("TENSORWIRE_TESTBED_ADDR", "address of that testbed host", "IP", "unset", TESTBED),
+    # -- build --
+    Variable("TENSORWIRE_UCX", "which UCX the build links (Makefile, pip via pyproject.toml, CMake)",
+             "wheel, system", "wheel", "build time only"),
+)
+
+_BY_NAME = {v.name: v for v in VARIABLES}
+NAMES = frozenset(_BY_NAME)
+
+
+@dataclass(frozen=True)
+class UcxVariable:
+    name: str
+    what_tensorwire_does: str
+
+
+UCX_VARIABLES: tuple[UcxVariable, ...] = (
+    UcxVariable("UCX_TLS", "respected with transport auto; transport tcp/shm/rdma replaces it for the data "
+                "context; the control plane always uses tcp"),
+    UcxVariable("UCX_NET_DEVICES", "respected; unset and a device bound to loopback: lo (Device(net_devices=) "
+                "overrides both)"),
+    UcxVariable("UCX_TCP_SNDBUF, UCX_TCP_RCVBUF", "4M unless set"),
+    UcxVariable("UCX_CMA_BW", "4000MBps unless set (memcpy into mapped slabs beats process_vm_writev)"),
+    UcxVariable("UCX_RNDV_SCHEME, UCX_RNDV_THRESH", "put_zcopy and 32K on hosts without RDMA devices, unless "
+                "set"),
+    UcxVariable("UCX_KEEPALIVE_INTERVAL", "set on the control plane from Device(keepalive=), 1 s"),
+    UcxVariable("UCX_ROOT", "build time: prefix of a system UCX (TENSORWIRE_UCX=system)"),
+    UcxVariable("other UCX_*", "UCX's own (e.g. UCX_LOG_LEVEL): apply to every context"),
+)
+
+
+def variable(name: str) -> Variable:
+    """The table's entry for `name` (KeyError names the unknown variable)."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a tensorwire environment variable (tensorwire.config.VARIABLES)") from None
+
+
+def effective(env: Mapping[str, str] | None = None) -> list[dict[str, str | bool]]:
+    """Every variable with the value in force: the environment's, else its default."""
+    env = os.environ if env is None else env
+    return [{"name": v.name, "value": env[v.name] if v.name in env else v.default, "set": v.name in env}
+            for v in VARIABLES]
+
+
+# ---- the progress bar switch: --progress/--no-progress -> TENSORWIRE_PROGRESS_BAR ----
+
+PROGRESS_BAR = "TENSORWIRE_PROGRESS_BAR"
+
+
+def progress_bar(choice: bool | None = None) -> bool:
+    """Whether to draw the progress bar: the command's --progress/--no-progress, else
+    TENSORWIRE_PROGRESS_BAR (what a parent command chose), else whether stderr is a terminal."""
+    if choice is not None:
+        return choice
+    value = os.environ.get(PROGRESS_BAR)
+    if value in ("0", "1"):
+        return value == "1"
+    return sys.stderr.isatty()
+
+
+def export_progress_bar(choice: bool | None = None) -> bool:
+    """progress_bar(choice), written to TENSORWIRE_PROGRESS_BAR so that the ranks and
+    processes this command starts draw (or not) the same way. Returns it."""
+    on = progress_bar(choice)
+    os.environ[PROGRESS_BAR] = "1" if on else "0"
+    return on
+
+
+# ---- docs/configuration.md ----
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def markdown_tables() -> str:
+    """The two tables of docs/configuration.md, as they appear there."""
+    lines = ["| Variable | Meaning | Values | Default | Read by |", "|---|---|---|---|---|"]
+    lines += [f"| `{v.name}` | {_cell(v.meaning)} | {_cell(v.values)} | {_cell(v.default)} | {_cell(v.reader)} |"
+              for v in VARIABLES]
+    lines += ["", "| UCX variable | What tensorwire does with it |", "|---|---|"]
+    lines += [f"| `{u.name}` | {_cell(u.what_tensorwire_does)} |" for u in UCX_VARIABLES]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_tables())
