@@ -11,6 +11,7 @@
 #include "core/bulk_copy.h"
 #include "cuda/driver.h"
 #include "core/device_impl.h"
+#include "ucx/features.h"
 
 namespace tensorwire {
 namespace detail {
@@ -418,6 +419,7 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);
+  if (uses_messages()) return nullptr;  // writes and reads go as messages, never a copy here
   return access_to(remote).mapped;
 }
 
@@ -425,6 +427,12 @@ bool ChannelImpl::needs_target_progress() const {
   int known = target_progress_.load(std::memory_order_relaxed);
   if (known >= 0) return known != 0;
   if (!ep || !ep->get()) return true;
+#if !TW_UCX_HAS_EP_TRANSPORTS
+  // This UCX cannot name an endpoint's transports: assume the RMA is emulated
+  // (the message form, correct on every transport).
+  target_progress_.store(1, std::memory_order_relaxed);
+  return true;
+#else
   ucp_transport_entry_t entries[16];
   ucp_ep_attr_t attr{};
   attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
@@ -444,6 +452,7 @@ bool ChannelImpl::needs_target_progress() const {
   }
   target_progress_.store(needs ? 1 : 0, std::memory_order_relaxed);
   return needs;
+#endif
 }
 
 ChannelStats ChannelImpl::stats() const {
