@@ -17,7 +17,9 @@ FUZZ_TARGETS := region control hello record
 # clang, and compiler-rt for libFuzzer (only recommended by clang, so named).
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
 APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
-PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" "libucx-cu13>=1.22" "cmake>=3.20" ninja numpy
+# The UCX wheel only for the build that links it (TENSORWIRE_UCX=wheel).
+PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
+	"cmake>=3.20" ninja numpy
 PIP_TEST_DEPS := pytest pytest-timeout grpcio matplotlib mypy "torch==2.13.0"
 STAMP := build/.stamp
 
