@@ -2,6 +2,7 @@
 #   make demo   install what is needed, build, run a two-process tensor write
 #   make test   install what is needed, build, run the C++ and Python tests (and 30 s of each fuzz target)
 #   make fuzz   build the libFuzzer targets (clang) and run each for FUZZ_SECONDS (default 60)
+#   make test-system-ucx   the build against the system's UCX (Debian's libucx-dev, 1.13), its tests (part of test)
 # Variables: PYTHON (default python3), TENSORWIRE_UCX=wheel|system (default wheel).
 
 PYTHON ?= python3
@@ -9,23 +10,26 @@ TENSORWIRE_UCX ?= wheel
 export TENSORWIRE_UCX
 BUILD_CPP := build/cpp
 BUILD_FUZZ := build/fuzz
+BUILD_SYSTEM := build/cpp-system
 FUZZ_SECONDS ?= 60
 FUZZ_TEST_SECONDS ?= 30
 FUZZ_TARGETS := region control hello record
 # clang, and compiler-rt for libFuzzer (only recommended by clang, so named).
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
 APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
-PIP_BUILD_DEPS := "scikit-build-core>=0.10" "nanobind>=2.4" "libucx-cu13>=1.22" "cmake>=3.20" ninja numpy
+# The UCX wheel only for the build that links it (TENSORWIRE_UCX=wheel).
+PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
+	"cmake>=3.20" ninja numpy
 PIP_TEST_DEPS := pytest pytest-timeout grpcio matplotlib mypy "torch==2.13.0"
 STAMP := build/.stamp
 
-.PHONY: all deps deps-mpi build demo test test-cpp test-python test-fuzz fuzz fuzz-build fuzz-seeds fuzz-merge \
-	bench-compare stubs clean help
+.PHONY: all deps deps-mpi build demo test test-cpp test-python test-fuzz test-system-ucx fuzz fuzz-build fuzz-seeds \
+	fuzz-merge bench-compare stubs clean help
 
 all: build
 
 help:
-	@sed -n '1,7p' Makefile
+	@sed -n '1,8p' Makefile
 
 # System packages (only those missing), then the Python build and test tools.
 $(STAMP)/deps:
@@ -65,7 +69,28 @@ test-cpp: deps
 test-python: build
 	$(PYTHON) -m pytest tests/python -q
 
-test: test-cpp test-python test-fuzz
+test: test-cpp test-python test-fuzz test-system-ucx
+
+# The build against the system's UCX (issue 19 §6): Debian's libucx-dev (UCX 1.13,
+# the oldest supported) or UCX_ROOT's, in its own tree: the C++ tests, then a Python
+# smoke in its own venv, the package from the source tree with this tree's module.
+# The main (editable) install is not touched. Its tcp RMA is slow: the tests stay small.
+SYSTEM_SMOKE := tests/python/test_system_ucx.py tests/python/test_device.py
+test-system-ucx: deps
+	@dpkg -s libucx-dev >/dev/null 2>&1 || (apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libucx-dev)
+	cmake -S . -B $(BUILD_SYSTEM) -G Ninja -DTENSORWIRE_BUILD_TESTS=ON -DTENSORWIRE_UCX=system \
+	  -DPython_EXECUTABLE=$$(command -v $(PYTHON))
+	cmake --build $(BUILD_SYSTEM) -j2
+	cd $(BUILD_SYSTEM) && ctest --output-on-failure --timeout 120
+	@test -f $(BUILD_SYSTEM)/venv/.ready || { rm -rf $(BUILD_SYSTEM)/venv && \
+	  { $(PYTHON) -m venv $(BUILD_SYSTEM)/venv || { rm -rf $(BUILD_SYSTEM)/venv && \
+	    apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(BUILD_SYSTEM)/venv; }; } && \
+	  $(BUILD_SYSTEM)/venv/bin/pip install -q numpy pytest pytest-timeout && touch $(BUILD_SYSTEM)/venv/.ready; }
+	rm -rf $(BUILD_SYSTEM)/py && mkdir -p $(BUILD_SYSTEM)/py/tensorwire
+	for f in $(CURDIR)/python/tensorwire/*; do case $$f in *.so) ;; *) ln -s $$f $(BUILD_SYSTEM)/py/tensorwire/;; esac; done
+	cp $(BUILD_SYSTEM)/_core*.so $(BUILD_SYSTEM)/py/tensorwire/
+	PYTHONPATH=$(CURDIR)/$(BUILD_SYSTEM)/py $(BUILD_SYSTEM)/venv/bin/python -m pytest $(SYSTEM_SMOKE) -q -p no:cacheprovider
 
 # libFuzzer targets, one per wire format (tests/fuzz, docs/contracts.md §9.6), in their
 # own clang + ASan/UBSan tree. The package check also covers a deps stamp made before

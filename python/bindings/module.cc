@@ -2,6 +2,7 @@
 #include "bindings.h"
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include "tensorwire/device.h"
 
@@ -16,6 +17,8 @@ NB_MODULE(_core, m) {
   m.def("ucx_version", &tensorwire::ucx_version, "Version of the UCX library loaded at run time.");
   m.def("ucx_library_path", &tensorwire::ucx_library_path, "File the UCX library was loaded from.");
   m.def("ucx_header_version", &tensorwire::ucx_header_version, "UCX API version tensorwire was compiled against.");
+  m.def("ucx_limits", &tensorwire::ucx_limits,
+        "What the UCX tensorwire was compiled against cannot do that a newer UCX can (empty from 1.14 on).");
   m.def("protocol_version", &tensorwire::protocol_version, "tensorwire control-protocol version.");
   m.attr("ucx_source") = TW_UCX_SOURCE;
 }

@@ -557,6 +557,11 @@ def ucx_library_path() -> str:
 def ucx_header_version() -> str:
     """UCX API version tensorwire was compiled against."""
 
+def ucx_limits() -> list[str]:
+    """
+    What the UCX tensorwire was compiled against cannot do that a newer UCX can (empty from 1.14 on).
+    """
+
 def protocol_version() -> int:
     """tensorwire control-protocol version."""
 

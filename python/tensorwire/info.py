@@ -86,6 +86,7 @@ def collect(transport: str = "auto") -> dict[str, Any]:
         "ucx_headers": _core.ucx_header_version(),
         "ucx_library": os.path.realpath(_core.ucx_library_path()),
         "ucx_source": _core.ucx_source,
+        "ucx_limits": _core.ucx_limits(),
         "ucx_libraries_loaded": libs,
         "transports": transports(),
         "rdma_devices": rdma_devices(),
@@ -122,6 +123,7 @@ def render(info: dict[str, Any]) -> str:
         f"UCX {info['ucx_version']} loaded from {info['ucx_library']}",
         f"  built against UCX API {info['ucx_headers']} from the {info['ucx_source']} build",
         "  UCX libraries mapped: " + ", ".join(info["ucx_libraries_loaded"]),
+        *(f"  limit: {limit}" for limit in info["ucx_limits"]),
         "transports UCX offers for data: " + (", ".join(info["transports"]) or "none"),
         "RDMA devices: " + (", ".join(info["rdma_devices"]) or "none"),
         "control plane: tcp with peer error handling and keepalive; data endpoints: no UCX error handling,"

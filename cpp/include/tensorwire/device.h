@@ -126,6 +126,9 @@ class Device {
 std::string ucx_version();
 std::string ucx_library_path();
 std::string ucx_header_version();
+// What the UCX compiled against cannot do that a newer one can, one sentence
+// each (empty from UCX 1.14 on; see ucx/features.h).
+std::vector<std::string> ucx_limits();
 std::uint16_t protocol_version();
 
 }  // namespace tensorwire

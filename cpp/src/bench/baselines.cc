@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "tensorwire/error.h"
+#include "ucx/features.h"
 #include "ucx/ucx.h"
 
 namespace tensorwire::bench {
@@ -16,6 +17,11 @@ namespace {
 
 constexpr unsigned kAmRequest = 0x7462;  // "tb": tensor bench request
 constexpr unsigned kAmReply = 0x7463;
+#if TW_UCX_HAS_AM_COPY_HEADER
+constexpr unsigned kCopyHeader = UCP_AM_SEND_FLAG_COPY_HEADER;
+#else
+constexpr unsigned kCopyHeader = 0;  // every send here is waited for: its header outlives it
+#endif
 
 [[noreturn]] void fail(ucs_status_t st, const std::string& what) {
   switch (st) {
@@ -57,8 +63,10 @@ UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool lo
   auto o = ucx::transport_overrides(transport);
   // The same tcp defaults as Device's data context (docs/architecture.md §3),
   // but UCX's own choice between memcpy and cma: this is what UCX users get.
+#if TW_UCX_HAS_TL_CONFIG_MODIFY
   o.emplace_back("?TCP_SNDBUF", "4M");
   o.emplace_back("?TCP_RCVBUF", "4M");
+#endif
   if (loopback && !is_set("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
   context_ = std::make_shared<ucx::Context>(o, UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
                                             "tensorwire-baseline");
@@ -279,7 +287,7 @@ std::string UcxBaseline::am_request(const std::string& header, const void* paylo
   if (nbytes) std::memcpy(send_msg_.data(), payload, nbytes);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_COPY_HEADER;
+  param.flags = kCopyHeader;
   ucs_status_ptr_t req =
       ucp_am_send_nbx(ep_, kAmRequest, header.data(), header.size(), send_msg_.data(), nbytes, &param);
   ucs_status_t st = wait_request(req, deadline, "am_request send");
@@ -330,7 +338,7 @@ void UcxBaseline::am_reply(const std::string& payload, double timeout_s) {
   require_ep();
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_COPY_HEADER;
+  param.flags = UCP_AM_SEND_FLAG_EAGER | kCopyHeader;
   ucs_status_ptr_t req = ucp_am_send_nbx(ep_, kAmReply, nullptr, 0, payload.data(), payload.size(), &param);
   ucs_status_t st = wait_request(req, deadline_after(timeout_s), "am_reply");
   if (st != UCS_OK) fail(st, "ucp_am_send_nbx (reply)");

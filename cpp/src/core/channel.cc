@@ -12,6 +12,7 @@
 #include "core/bulk_copy.h"
 #include "cuda/driver.h"
 #include "core/device_impl.h"
+#include "ucx/features.h"
 
 namespace tensorwire {
 namespace detail {
@@ -461,12 +462,16 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);
+  if (uses_messages()) return nullptr;  // writes and reads go as messages, never a copy here
   return access_to(remote).mapped;
 }
 
 std::vector<std::string> ChannelImpl::lane_transports() const {
   std::vector<std::string> out;
   if (!ep || !ep->get()) return out;
+#if !TW_UCX_HAS_EP_TRANSPORTS
+  return out;  // this UCX cannot name an endpoint's transports (ucx_limits)
+#else
   ucp_transport_entry_t entries[16];
   ucp_ep_attr_t attr{};
   attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
@@ -480,12 +485,15 @@ std::vector<std::string> ChannelImpl::lane_transports() const {
     if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(std::move(name));
   }
   return out;
+#endif
 }
 
 bool ChannelImpl::needs_target_progress() const {
   int known = target_progress_.load(std::memory_order_relaxed);
   if (known >= 0) return known != 0;
   const std::vector<std::string> lanes = lane_transports();
+  // Unknown (an older UCX): assume the RMA is emulated, i.e. the message form,
+  // correct on every transport.
   if (lanes.empty()) return true;
   // Transports whose puts complete in the target's memory on their own.
   static const char* const kOneSided[] = {"posix", "sysv", "xpmem", "cma", "knem", "self", "rc_verbs", "rc_mlx5",

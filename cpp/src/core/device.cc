@@ -20,6 +20,7 @@
 #include "core/device_impl.h"
 #include "core/transport_policy.h"
 #include "cuda/driver.h"
+#include "ucx/features.h"
 
 namespace tensorwire {
 namespace detail {
@@ -69,14 +70,17 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   auto o = ucx::transport_overrides(c.transport);
   // Measured on loopback tcp (2 vCPUs): 4 MiB socket buffers lift 1 MiB
   // writes from ~1.65 to ~2.5 GB/s (bench/results/tcp_tuning.md).
-  o.emplace_back("?TCP_SNDBUF", "4M");
-  o.emplace_back("?TCP_RCVBUF", "4M");
   // UCX estimates cma at 11 GB/s and so writes everything above ~4 KiB with
   // a process_vm_writev syscall, even into pool slabs that shared memory maps.
   // Measured here, a plain memcpy into the mapping is 2-3x faster up to our
   // large-block size (static-slot transfer at 64 KiB: 9.5 -> 4.3 us; at 256
   // KiB: 27.5 -> 9.4 us). Large blocks are not mapped: cma stays their path.
+  // (Transport settings: not with UCX 1.13, ucx/features.h.)
+#if TW_UCX_HAS_TL_CONFIG_MODIFY
+  o.emplace_back("?TCP_SNDBUF", "4M");
+  o.emplace_back("?TCP_RCVBUF", "4M");
   o.emplace_back("?CMA_BW", "4000MBps");
+#endif
   // A message's large payload goes by UCX's rendezvous (core/messages.h).
   // Over tcp UCX's default scheme copies fragments in and out: ~1 GB/s here.
   // put_zcopy lands the bytes from the socket in the buffer the receiver
@@ -419,6 +423,21 @@ std::uint64_t Device::refusals() const { return impl_->refusal_count(); }
 std::string ucx_version() { return ucp_get_version_string(); }
 std::string ucx_header_version() {
   return std::to_string(UCP_API_MAJOR) + "." + std::to_string(UCP_API_MINOR);
+}
+std::vector<std::string> ucx_limits() {
+  std::vector<std::string> out;
+#if !TW_UCX_HAS_EP_TRANSPORTS
+  out.push_back("this UCX (" + ucx_header_version() +
+                ") cannot report an endpoint's transports: they count as unknown, and every channel to another "
+                "process takes the message form as if its RMA were emulated (same-host peers get no shared-memory "
+                "direct copy; TENSORWIRE_LANE_FORM=rma forces one-sided RMA)");
+#endif
+#if !TW_UCX_HAS_TL_CONFIG_MODIFY
+  out.push_back("this UCX (" + ucx_header_version() +
+                ") cannot take transport settings from a program: tensorwire's tcp and cma tuning is off "
+                "(set UCX_TCP_SNDBUF=4M UCX_TCP_RCVBUF=4M in the environment for it)");
+#endif
+  return out;
 }
 std::string ucx_library_path() {
   Dl_info info{};

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "core/device_impl.h"
+#include "ucx/features.h"
 
 namespace tensorwire::detail {
 
@@ -109,18 +110,48 @@ void Incoming::receive_into(void* dst, ucp_mem_h memh, std::function<void(bool)>
   }
 }
 
+#if !TW_UCX_HAS_AM_COPY_HEADER
+namespace {
+
+// UCX before 1.14 reads the header of a pending send until it completes: the
+// send carries its own copy, freed after the caller's callback.
+struct HeldHeader {
+  std::string header;
+  ucp_send_nbx_callback_t cb;
+  void* user_data;
+};
+
+void on_held_sent(void* request, ucs_status_t status, void* user_data) {
+  auto* held = static_cast<HeldHeader*>(user_data);
+  held->cb(request, status, held->user_data);
+  delete held;
+}
+
+}  // namespace
+#endif
+
 ucs_status_ptr_t post_message(ucp_ep_h ep, const std::string& header, const void* payload, std::size_t length,
                               ucp_mem_h memh, ucp_send_nbx_callback_t cb, void* user_data) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   param.cb.send = cb;
   param.user_data = user_data;
-  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER;
   if (memh) {
     param.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
     param.memh = memh;
   }
+#if TW_UCX_HAS_AM_COPY_HEADER
+  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER;
   return ucp_am_send_nbx(ep, kDataAmId, header.data(), header.size(), payload, length, &param);
+#else
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  auto* held = new HeldHeader{header, cb, user_data};
+  param.cb.send = on_held_sent;
+  param.user_data = held;
+  ucs_status_ptr_t p = ucp_am_send_nbx(ep, kDataAmId, held->header.data(), held->header.size(), payload, length, &param);
+  if (!UCS_PTR_IS_PTR(p)) delete held;  // done at once or failed: no callback comes
+  return p;
+#endif
 }
 
 // ---- DeviceImpl: tables of the message form ----

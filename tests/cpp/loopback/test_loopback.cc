@@ -338,14 +338,15 @@ TEST_P(Loopback, MessageFormRefusesLyingRecords) {
   const int max_ndim = 4;
   tw::DynamicSlot slot(*server, "lies", max_ndim, std::size_t(1) << 20);
   tw::Channel ch = client->connect(server->address());
-  // Attach by hand (ack block, no sink of ours): the reply ends with the slot's message id.
+  // Attach by hand (ack block, no sink of ours): the reply ends with the slot's
+  // message id and the memory type of its tensors (one byte, §10.4).
   tw::Block ack = client->allocate(4096);
   td::ByteWriter w;
   w.put_bytes32(client->impl()->export_for(ack.descriptor(), *ch.impl()->peer).to_bytes());
   w.put<std::uint64_t>(0);
   const std::string reply = ch.call("tw.dynamic/lies", w.str(), kWait);
   std::uint64_t slot_sink = 0;
-  std::memcpy(&slot_sink, reply.data() + reply.size() - 8, 8);
+  std::memcpy(&slot_sink, reply.data() + reply.size() - 9, 8);
 
   auto send = [&](const td::DynamicRecord& rec, std::size_t payload, td::RecordForm form) {
     std::string extra(td::record_size_for(max_ndim), '\0');
