@@ -157,13 +157,18 @@ def check_transports(report: Report, requested: str, channels: Sequence[Any]) ->
     and FAILs when none of them is of the requested family: a bench of --transport rdma
     that ran over shared memory says so instead of passing (docs/contracts.md §13).
     Returns them, for the header."""
+    return check_lane_transports(report, requested, [t for ch in channels for t in ch.transports()])
+
+
+def check_lane_transports(report: Report, requested: str, used: Iterable[str]) -> list[str]:
+    """check_transports for names gathered elsewhere (other ranks' channels)."""
     from .. import _core
-    used = sorted({t for ch in channels for t in ch.transports()} | set(report.config.get("lane_transports", [])))
-    report.config["lane_transports"] = used
-    families = {_core.transport_family(t) for t in used}
-    if requested != "auto" and used and requested not in families:
-        report.fail(f"the traffic went over {', '.join(used)}, not the requested {requested}")
-    return used
+    names = sorted(set(used) | set(report.config.get("lane_transports", [])))
+    report.config["lane_transports"] = names
+    families = {_core.transport_family(t) for t in names}
+    if requested != "auto" and names and requested not in families:
+        report.fail(f"the traffic went over {', '.join(names)}, not the requested {requested}")
+    return names
 
 
 def check_number(report: Report, name: str, value: float, size: int) -> None:

@@ -162,6 +162,7 @@ def run_rank(args) -> int:
                           "per_lane_in_window": [res["in_window"][c] for c in idx],
                           "bins": bins})
         mine = {"rank": me, "host": world.hosts[me], "address": world.addresses[me], "started": started,
+                "lane_transports": sorted({t for ch in channels for t in ch.transports()}),
                 "window_start": res["window_start"], "window_end": res["window_end"], "elapsed": res["elapsed"],
                 "bin_s": res["bin"], "flows": flows, "validation": validation}
         everyone = world.allgather(mine, timeout=timeout)
@@ -185,7 +186,7 @@ def run_rank(args) -> int:
 
 
 def build_report(args, everyone: list[dict[str, Any]], window: int, n: int):
-    from .common import Report, check_fairness
+    from .common import Report, check_fairness, check_lane_transports
     size = args.size
     report = Report("fullmesh", {
         "transport": args.transport, "ranks": n, "size": size, "lanes": args.lanes, "tx_depth": window,
@@ -193,6 +194,7 @@ def build_report(args, everyone: list[dict[str, Any]], window: int, n: int):
         "hosts": [e["host"] for e in everyone], "addresses": [e["address"] for e in everyone],
         "link_rate_Gbps": args.link_rate * 8 / 1e9 if args.link_rate else None,
         "start_skew_s": max(e["started"] for e in everyone) - min(e["started"] for e in everyone)})
+    check_lane_transports(report, args.transport, [t for e in everyone for t in e.get("lane_transports", [])])
     flows = []
     tx = [0.0] * n
     rx = [0.0] * n
@@ -237,7 +239,9 @@ def print_report(report, out=None) -> None:
     cfg, row = report.config, report.rows[0]
     print("-" * 87, file=out)
     print(f"{'':20}Fullmesh RDMA_Write BW Test (tensorwire)", file=out)
-    print(f" Ranks           : {cfg['ranks']:<8}\tTransport type : {cfg['transport']}", file=out)
+    used = cfg.get("lane_transports")
+    over = f"{cfg['transport']} (UCX: {', '.join(used)})" if used else cfg["transport"]
+    print(f" Ranks           : {cfg['ranks']:<8}\tTransport type : {over}", file=out)
     print(f" Lanes per pair  : {cfg['lanes']:<8}\tTX depth       : {cfg['tx_depth']}", file=out)
     print(f" Message size    : {cfg['size']:<8}\tDuration       : {cfg['duration']:g} s, sampled "
           f"{cfg['margin']:g}..{cfg['duration'] - cfg['margin']:g} s", file=out)
