@@ -72,7 +72,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_BENCH_SPIN_US", "spin of the bandwidth benches' devices (Device(spin_us=)); the "
              "client passes its value to the `bench serve` it spawns", "microseconds", "100", BENCH),
     Variable("TENSORWIRE_COLL_ORDER", "how the collectives order a payload before its flag (overrides the "
-             "bench's choice)", "fence, flush", "flush over tcp, else fence", "bench alltoall/allreduce"),
+             "engine's choice)", "fence, flush", "flush over tcp, else fence",
+             "tensorwire.collectives (World collectives, bench alltoall/allreduce)"),
     Variable("TENSORWIRE_COLL_DEBUG", "SIGUSR1 dumps every thread's stack (faulthandler) in each rank",
              "non-empty = on", "off", "bench alltoall/allreduce"),
     Variable("TENSORWIRE_TERASORT_DEBUG", "print each shuffle piece's arrival time", "non-empty = on", "off",

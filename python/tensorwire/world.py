@@ -1,11 +1,18 @@
-"""A world of N ranks: bootstrap, address table, barrier and small-object exchange.
+"""A world of N ranks: bootstrap, address table, collectives on tensors, barrier
+and small-object exchange.
 
 Every rank owns one Device. Rank 0's device listens on the *root address*
 that all ranks know; the others connect to it, say who they are (JOIN), and
 poll until rank 0 has heard from everybody, then get the table of all device
 addresses. After that, ranks talk directly (`world.channel(peer)`); rank 0
-only serves `allgather`/`barrier`, which are tiny control calls (the paper's
-"RPC only for addresses").
+only serves `allgather` and the object form of `broadcast`, which are tiny
+control calls (the paper's "RPC only for addresses").
+
+Tensors: `allreduce`, `alltoall` and `broadcast` of a numpy array or CPU torch
+tensor run on the one-sided collectives engine (tensorwire.collectives), made
+on first use and grown when a call needs more; `barrier` runs on it once it
+exists. Every rank must make the same collective calls, with the same shapes,
+dtypes, ops and roots, in the same order (docs/collectives.md, "As a library").
 
 Who am I? ``World.from_env()`` reads, in this order:
 
@@ -37,6 +44,8 @@ import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+import numpy as np
 
 from .errors import ConnectionError as TwConnectionError
 from .errors import Error, InvalidArgument, PeerFailed, Timeout
@@ -225,6 +234,14 @@ class World:
         self._channels: dict[tuple[int, int], Any] = {}
         self._root: _Root | None = None
         self._root_channel = None
+        self._coll: Any = None       # the collectives engine (OneSidedCollectives), made on first use
+        self._coll_gen = 0           # engines made so far (each publishes under its own names)
+        self._coll_dims: tuple[int, ...] = (0, 0, 0)  # what it holds: alltoall block, allreduce vector, broadcast (bytes)
+        # The engine's rule (tensorwire.collectives): control-plane calls sit between engine
+        # barriers. _coll_data: a data-path call since the last engine barrier (a control-plane
+        # call must barrier first); _coll_control: a control-plane call since then (the next
+        # data-path call must barrier first). Every rank makes the same calls, so all agree.
+        self._coll_data = self._coll_control = False
         if self.size == 1:
             self.device = Device(host=os.environ.get("TENSORWIRE_HOST", root_host), port=0, **device_options)
             self.addresses = [self.device.address]
@@ -298,6 +315,11 @@ class World:
     def allgather(self, value: Any, timeout: float | None = None) -> list[Any]:
         """Every rank's `value` (JSON-serialisable), in rank order, on every rank."""
         timeout = self.timeout if timeout is None else timeout
+        if self._coll is not None and not self._coll.broken:
+            if self._coll_data:
+                self._coll.barrier()
+                self._coll_data = False
+            self._coll_control = True
         self._round += 1
         rnd = self._round
         if self.size == 1:
@@ -313,14 +335,118 @@ class World:
                                              f"collective round {rnd} within {timeout:g} s")
 
     def barrier(self, timeout: float | None = None) -> None:
-        """Returns once every rank has entered this barrier."""
-        self.allgather(None, timeout)
+        """Returns once every rank has entered this barrier. One meaning, two paths: the
+        collectives engine's dissemination barrier (flags only, microseconds) once the
+        engine exists, rank 0's control plane before (and after a collective failed)."""
+        if self._coll is None or self._coll.broken:
+            self.allgather(None, timeout)
+            return
+        self._coll.barrier(timeout)
+        self._coll_data = self._coll_control = False
 
     def broadcast(self, value: Any = None, root: int = 0, timeout: float | None = None) -> Any:
-        """`value` of rank `root`, on every rank."""
+        """Rank `root`'s `value` on every rank.
+
+        A tensor (numpy array, CPU torch tensor, writable buffer) is broadcast in place
+        on the data path: every rank passes one of the same shape and dtype, the root's
+        bytes land in the others' (exactly), and it is returned. Any other value must
+        be JSON-serialisable and goes through rank 0's control plane (small values;
+        the other ranks' `value` is ignored)."""
         if not 0 <= root < self.size:
             raise InvalidArgument(f"root must be a rank in 0..{self.size - 1}, got {root}")
-        return self.allgather(value if self.rank == root else None, timeout)[root]
+        if not _is_tensor(value):
+            return self.allgather(value if self.rank == root else None, timeout)[root]
+        arr = _array(value, "broadcast", writable=self.rank != root, any_dtype=True)
+        if self.size == 1 or arr.nbytes == 0:
+            return value
+        eng = self._engine(bc=arr.nbytes)
+        flat = arr.reshape(-1).view(np.uint8)
+        if self.rank == root:
+            eng.bc_view(flat.size)[:] = flat
+        got = eng.broadcast(flat.size, root)
+        if self.rank != root:
+            flat[:] = got
+        return value
+
+    # -- collectives on tensors (the one-sided engine, tensorwire.collectives) --
+
+    def allreduce(self, tensor: Any, op: str = "sum") -> Any:
+        """Reduces `tensor` over all ranks in place and returns it: op "sum" (default),
+        "prod", "min" or "max", on integer, float and complex dtypes (min/max: not
+        complex). Every rank passes the same shape and dtype. The algorithm is chosen
+        by size (recursive doubling below 512 KiB, then recursive halving or the ring):
+        each rank ends with the same bytes."""
+        from .collectives import OPS, choose_allreduce
+        name = op.lower() if isinstance(op, str) else None
+        if name not in OPS:
+            raise InvalidArgument(f"allreduce op {op!r} is not supported; supported: {', '.join(OPS)}")
+        arr = _array(tensor, "allreduce", writable=True)
+        if arr.dtype.kind not in "iufc" or (arr.dtype.kind == "c" and name in ("min", "max")):
+            raise InvalidArgument(f"allreduce {name} of {arr.dtype} is not supported: integer, float or complex "
+                                  f"dtypes (min and max: not complex)")
+        if self.size == 1 or arr.size == 0:
+            return tensor
+        eng = self._engine(ar=arr.nbytes)
+        flat = arr.reshape(-1)
+        eng.ar_view("src", flat.size, arr.dtype)[:] = flat
+        flat[:] = eng.allreduce(flat.size, arr.dtype, choose_allreduce(arr.nbytes, self.size), name)
+        return tensor
+
+    def alltoall(self, out: Any, inp: Any) -> Any:
+        """All-to-all of N equal blocks (N = world size) along dimension 0: block r of `inp`
+        goes to rank r, block s of `out` comes from rank s (torch.distributed's
+        all_to_all_single without split sizes). `out` and `inp` have the same dtype and
+        size (every rank the same); exact bytes of any dtype. Returns `out`."""
+        o = _array(out, "alltoall out", writable=True, any_dtype=True)
+        i = _array(inp, "alltoall inp", any_dtype=True)
+        n = self.size
+        if i.dtype != o.dtype or i.nbytes != o.nbytes:
+            raise InvalidArgument(f"alltoall needs out and inp of one dtype and size, got {o.dtype} x {o.size} "
+                                  f"and {i.dtype} x {i.size}")
+        for a, what in ((i, "inp"), (o, "out")):
+            if a.ndim == 0 or a.shape[0] % n:
+                raise InvalidArgument(f"alltoall {what} must hold {n} equal blocks (one per rank) along dimension "
+                                      f"0, got shape {a.shape}")
+        if n == 1 or i.nbytes == 0:
+            np.copyto(o.reshape(-1), i.reshape(-1))
+            return out
+        b = i.nbytes // n
+        eng = self._engine(a2a=b)
+        eng.a2a_send_view(b)[:] = i.reshape(-1).view(np.uint8).reshape(n, b)
+        o.reshape(-1).view(np.uint8).reshape(n, b)[:] = eng.alltoall(b)
+        return out
+
+    def _engine(self, a2a: int = 0, ar: int = 0, bc: int = 0) -> Any:
+        """The engine for a data-path call needing these sizes: made on first use, grown
+        (to the next power of two) when too small. Every rank makes the same calls, so all
+        grow together; the old engine's barrier, the control plane, the new one's barrier."""
+        self._coll_data = True  # the caller is about to use the data path
+        need = (a2a, ar, bc)
+        eng = self._coll
+        if eng is not None and all(x <= have for x, have in zip(need, self._coll_dims)):
+            if self._coll_control:
+                eng.barrier()
+                self._coll_control = False
+            return eng
+        from .collectives import RD_RING_THRESHOLD, OneSidedCollectives
+        # the next power of two (at least 4 KiB): a growing series of calls grows the engine O(log) times
+        dims = tuple(max(have, max(4096, 1 << (x - 1).bit_length()) if x else 0)
+                     for x, have in zip(need, self._coll_dims))
+        if eng is not None:
+            eng.barrier()  # nobody fences while anybody is on the control plane
+        self._coll = None
+        every = self.allgather(list(need))  # a cheap check of the caller's contract
+        if any(e != every[0] for e in every):
+            raise InvalidArgument(f"rank {self.rank}: the ranks disagree about a collective call (buffer sizes "
+                                  f"[alltoall block, allreduce, broadcast] by rank: {every})")
+        new = OneSidedCollectives(self, dims[0], dims[1], timeout=self.timeout, bc_bytes=dims[2],
+                                  rd_bytes=min(dims[1], RD_RING_THRESHOLD), name=f"coll.{self._coll_gen}")
+        self._coll_gen += 1
+        new.barrier()
+        if eng is not None:
+            eng.close()
+        self._coll, self._coll_dims, self._coll_control = new, dims, False
+        return new
 
     # -- data paths --
 
@@ -335,6 +461,17 @@ class World:
         return ch
 
     def close(self) -> None:
+        self._close(sync=True)
+
+    def _close(self, sync: bool) -> None:
+        eng, self._coll = self._coll, None
+        if eng is not None and not self.device.closed:
+            try:  # no peer may still write into our buffers when the device goes
+                if sync and self._coll_data and not eng.broken:
+                    eng.barrier(min(self.timeout, 10.0))
+                eng.close()
+            except Error:
+                pass
         if self._root is not None and not self.device.closed:
             # the others may still fetch the last round from us: give them a moment
             deadline = time.monotonic() + min(self.timeout, 5.0)
@@ -348,7 +485,61 @@ class World:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._close(sync=exc[0] is None)  # after an error the others may never arrive
 
     def __repr__(self) -> str:
         return f"World(rank={self.rank}, size={self.size}, launcher={self.placement.launcher!r})"
+
+
+# -- tensors as numpy views (zero-copy) --
+
+_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _is_torch(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr") and hasattr(x, "is_contiguous")
+
+
+def _is_tensor(x: Any) -> bool:
+    """A tensor for the data path: an array, a torch tensor or a buffer (not a JSON value)."""
+    if isinstance(x, np.ndarray) or _is_torch(x):
+        return True
+    try:
+        memoryview(x)
+        return True
+    except TypeError:
+        return False
+
+
+def _array(x: Any, what: str, writable: bool = False, any_dtype: bool = False) -> np.ndarray:
+    """A C-contiguous numpy view of `x` (numpy array, CPU torch tensor, buffer), never a
+    copy: results are written into the caller's memory. any_dtype: only bytes move, so a
+    dtype numpy lacks (bfloat16) is viewed as an integer of its size."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    elif _is_torch(x):
+        if x.device.type != "cpu":
+            raise InvalidArgument(f"{what} takes CPU tensors, got one on {x.device} (copy it with .cpu())")
+        if not x.is_contiguous():
+            raise InvalidArgument(f"{what} needs a contiguous tensor (call .contiguous() first)")
+        t = x.detach()
+        try:
+            arr = t.numpy()
+        except (TypeError, RuntimeError) as e:
+            if not any_dtype or t.element_size() not in _INT_OF_SIZE:
+                raise InvalidArgument(f"{what} of a {x.dtype} tensor is not supported ({e})") from None
+            import torch
+            arr = t.view(getattr(torch, _INT_OF_SIZE[t.element_size()])).numpy()
+    else:
+        try:
+            arr = np.asarray(memoryview(x))
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"{what} needs a numpy array, a CPU torch tensor or a buffer, "
+                                  f"got {type(x).__name__}") from None
+    if not arr.flags.c_contiguous:
+        raise InvalidArgument(f"{what} needs a C-contiguous array (np.ascontiguousarray makes one)")
+    if writable and not arr.flags.writeable:
+        raise InvalidArgument(f"{what} is written in place: it must be writable")
+    if arr.dtype.hasobject:
+        raise InvalidArgument(f"{what} cannot move Python objects (dtype=object)")
+    return arr

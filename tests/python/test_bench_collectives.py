@@ -5,6 +5,7 @@ doubling with a folded-in extra rank, ring chunks of unequal and empty
 length), the seed-004 profile and OSU format, a rank killed mid-run, and the
 comparison with MPI where mpirun + mpi4py are installed (skipped otherwise)."""
 
+import importlib.util
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import time
 import pytest
 
 from tensorwire.bench import collectives as coll
-from tensorwire.bench._coll_engine import Layout, choose_allreduce, rd_geometry, ring_chunks
+from tensorwire.collectives import RD_RING_THRESHOLD, Layout, choose_allreduce, rd_geometry, ring_chunks
 
 FAST = ["--iters", "20", "--warmup", "2"]
 
@@ -123,6 +124,26 @@ def test_compare_mpi_same_run(tmp_path):
     assert "Open MPI" in report["config"]["mpi"] and "MPI/tw" in proc.stdout
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs torch")
+@pytest.mark.parametrize("op, sizes", [("allreduce", "4,64K"), ("alltoall", "1,4K")])
+def test_api_path_beside_gloo(tmp_path, op, sizes):
+    """--api times world.allreduce/alltoall (the library path); --compare gloo puts
+    torch.distributed's gloo beside it in the same processes."""
+    out = tmp_path / "api.json"
+    proc = bench(op, "--ranks", "3", "--transport", "shm", "--sizes", sizes, "--api", "--compare", "gloo",
+                 "--validate", "--json", str(out), "--iters", "6", "--warmup", "1", timeout=120)
+    report = json.loads(out.read_text())
+    assert {r["series"] for r in report["rows"]} == {"tensorwire", "gloo"}
+    assert all(r["validation"] == "Pass" for r in report["rows"]), proc.stdout
+    assert report["config"]["path"].startswith("api") and "gloo" in report["config"]["gloo"]
+    assert "gloo/tw" in proc.stdout and all("gloo_over_tw" in r for r in report["rows"] if r["series"] == "tensorwire")
+
+
+def test_api_refuses_an_algorithm():
+    proc = bench("allreduce", "--api", "--algorithm", "ring", check=False)
+    assert proc.returncode == 2 and "chooses its algorithm itself" in proc.stderr
+
+
 def test_helpers():
     assert rd_geometry(3) == (2, 1, 1) and rd_geometry(4) == (4, 0, 2) and rd_geometry(7) == (4, 3, 2)
     assert ring_chunks(10, 4) == [(0, 3), (3, 3), (6, 3), (9, 1)]
@@ -131,6 +152,11 @@ def test_helpers():
     assert choose_allreduce(4096, 3, 1024) == "ring" and choose_allreduce(4096, 2, 1024) == "ring"
     lay = Layout(3, 1 << 20, 1 << 20)
     assert lay.slots >= 2 * (2 * 2 + 1 + 2) and lay.total >= 2 * 3 * (1 << 20)
+    # recursive doubling's landing slots only up to rd_bytes; rh's halves fit in about one vector
+    small = Layout(4, 0, 8 << 20, rd_bytes=512 << 10)
+    assert small.land < 2 * (8 << 20) < Layout(4, 0, 8 << 20).land
+    assert small.rh_offsets[-1] <= (8 << 20) + 4 * 128
+    assert coll.RD_RING_THRESHOLD == RD_RING_THRESHOLD  # the bench's mirror of the engine's
 
 
 def test_argv_round_trip():

@@ -1,6 +1,8 @@
 """The rank side of `tensorwire bench alltoall|allreduce` (see collectives.py):
-timed loops for the one-sided collectives and, with --compare mpi, for the
-same operation through mpi4py, OSU statistics, tables, checks, JSON, plot."""
+timed loops for the one-sided collectives (the engine on its own buffers, or with
+--api the library path world.allreduce/alltoall) and, with --compare mpi|gloo, for
+the same operation through mpi4py or torch.distributed gloo (the series are in
+_coll_series.py), OSU statistics, tables, checks, JSON, plot."""
 
 from __future__ import annotations
 
@@ -15,133 +17,13 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..collectives import CollectiveError, OneSidedCollectives
 from . import collectives as cli
-from ._coll_engine import CollectiveError, OneSidedCollectives, choose_allreduce
+from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, _Patterns
 from .common import Progress, Report, human_size
 
 FIELD = 18   # OSU's FIELD_WIDTH
 SIZE_W = 10  # OSU prints the size as %-10d
-
-
-class Series:
-    """One implementation of the operation at one size: prepare(i), call(), check(out, i)."""
-    name = ""
-
-    def setup(self, size: int) -> None: ...
-    def prepare(self, i: int) -> None: ...
-    def call(self) -> Any: ...
-    def check(self, out: Any, i: int) -> bool: ...
-    def sync(self) -> None: ...
-
-
-class _Patterns:
-    """Iteration-dependent inputs and their expected outputs, shared by both series.
-
-    alltoall: byte j of the block rank s sends to rank d in iteration i is
-    (j + 31 s + 7 d + i) mod 256. allreduce: element j of rank r's vector is
-    (r + 1) * ((i + j) mod 7 + 1), so the sum is N(N+1)/2 * ((i + j) mod 7 + 1)
-    (exact in float32 and int32)."""
-
-    def __init__(self, op: str, rank: int, n: int, size: int, dtype: np.dtype | None) -> None:
-        self.op, self.rank, self.n, self.size = op, rank, n, size
-        if op == "alltoall":
-            self.seq = (np.arange(size + 256) & 0xFF).astype(np.uint8)
-        else:
-            self.count = size // dtype.itemsize
-            self.base = (np.arange(self.count + 7) % 7 + 1).astype(dtype)
-            self.expected_scale = n * (n + 1) // 2
-
-    def a2a_block(self, src: int, dst: int, i: int) -> np.ndarray:
-        off = (31 * src + 7 * dst + i) & 0xFF
-        return self.seq[off: off + self.size]
-
-    def fill_a2a(self, send: np.ndarray, i: int) -> None:
-        for d in range(self.n):
-            send[d] = self.a2a_block(self.rank, d, i)
-
-    def check_a2a(self, recv: np.ndarray, i: int) -> bool:
-        return all(np.array_equal(recv[s], self.a2a_block(s, self.rank, i)) for s in range(self.n))
-
-    def ar_base(self, i: int) -> np.ndarray:
-        return self.base[i % 7: i % 7 + self.count]
-
-    def fill_ar(self, src: np.ndarray, i: int) -> None:
-        np.multiply(self.ar_base(i), self.rank + 1, out=src)
-
-    def check_ar(self, out: np.ndarray, i: int) -> bool:
-        return bool(np.array_equal(out, self.ar_base(i) * self.expected_scale))
-
-
-class TensorwireSeries(Series):
-    name = "tensorwire"
-
-    def __init__(self, eng: OneSidedCollectives, op: str, dtype: np.dtype | None, algorithm: str,
-                 threshold: int) -> None:
-        self.eng, self.op, self.dtype = eng, op, dtype
-        self.algorithm, self.threshold = algorithm, threshold
-        self.algo_used = ""
-
-    def setup(self, size: int, pat: _Patterns) -> None:
-        self.size, self.pat = size, pat
-        if self.op == "alltoall":
-            self.send = self.eng.a2a_send_view(size)
-            self.call = lambda: self.eng.alltoall(size)
-            self.algo_used = "pairwise"
-        else:
-            count = size // self.dtype.itemsize
-            self.src = self.eng.ar_view("src", count, self.dtype)
-            algo = self.algorithm
-            if algo == "auto":
-                algo = choose_allreduce(size, self.eng.n, self.threshold)
-            self.algo_used = algo
-            self.call = lambda: self.eng.allreduce(count, self.dtype, algo)
-
-    def prepare(self, i: int) -> None:
-        if self.op == "alltoall":
-            self.pat.fill_a2a(self.send, i)
-        else:
-            self.pat.fill_ar(self.src, i)
-
-    def check(self, out: Any, i: int) -> bool:
-        return self.pat.check_a2a(out, i) if self.op == "alltoall" else self.pat.check_ar(out, i)
-
-    def sync(self) -> None:
-        self.eng.barrier()
-
-
-class MpiSeries(Series):
-    name = "mpi"
-
-    def __init__(self, comm: Any, op: str, dtype: np.dtype | None) -> None:
-        self.comm, self.op, self.dtype = comm, op, dtype
-        self.algo_used = "Open MPI's choice"
-
-    def setup(self, size: int, pat: _Patterns) -> None:
-        from mpi4py import MPI
-        self.pat = pat
-        n = self.comm.Get_size()
-        if self.op == "alltoall":
-            self.sbuf = np.zeros((n, size), np.uint8)
-            self.rbuf = np.zeros((n, size), np.uint8)
-            s, r = [self.sbuf, MPI.BYTE], [self.rbuf, MPI.BYTE]
-            self.call = lambda: (self.comm.Alltoall(s, r), self.rbuf)[1]
-        else:
-            count = size // self.dtype.itemsize
-            self.sbuf = np.zeros(count, self.dtype)
-            self.rbuf = np.zeros(count, self.dtype)
-            self.call = lambda: (self.comm.Allreduce(self.sbuf, self.rbuf, op=MPI.SUM), self.rbuf)[1]
-
-    def prepare(self, i: int) -> None:
-        if self.op == "alltoall":
-            self.pat.fill_a2a(self.sbuf, i)
-        else:
-            self.pat.fill_ar(self.sbuf, i)
-
-    def check(self, out: Any, i: int) -> bool:
-        return self.pat.check_a2a(out, i) if self.op == "alltoall" else self.pat.check_ar(out, i)
-
-    def sync(self) -> None:
-        self.comm.Barrier()
 
 
 def osu_counts(size: int, args: argparse.Namespace) -> tuple[int, int]:
@@ -260,14 +142,22 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:
             raise SystemExit("--plot needs matplotlib: pip install matplotlib")
-    eng = OneSidedCollectives(world, max(sizes) if op == "alltoall" else 0,
-                              max(sizes) if op == "allreduce" else 0, timeout=args.timeout,
-                              order="flush" if args.transport == "tcp" else "fence")
-    series: list[Series] = [TensorwireSeries(eng, op, dtype, getattr(args, "algorithm", ""), threshold)]
+    if args.api:  # the library path: the World makes (and grows) its engine on first use
+        world.allreduce(np.zeros(1, np.float32))
+        eng, series = world._coll, [ApiSeries(world, op, dtype)]
+        quiesce = world.barrier  # the engine's barrier, now that it exists
+    else:
+        # order None: flush over tcp, fence elsewhere (the engine looks at the channels)
+        eng = OneSidedCollectives(world, max(sizes) if op == "alltoall" else 0,
+                                  max(sizes) if op == "allreduce" else 0, timeout=args.timeout)
+        series = [TensorwireSeries(eng, op, dtype, getattr(args, "algorithm", ""), threshold)]
+        quiesce = eng.barrier
     if comm is not None:
         series.append(MpiSeries(comm, op, dtype))
+    elif args.compare == "gloo":
+        series.append(GlooSeries(world, op, dtype, quiesce))
     seed = args.profile == "seed004"
-    rounds = args.rounds if args.rounds else (5 if comm is not None else 1)
+    rounds = args.rounds if args.rounds else (5 if len(series) > 1 else 1)
     test = op + ("_seed004" if seed else "")
     config = {
         "op": op, "ranks": n, "transport": args.transport, "progress": args.progress_mode, "sizes": sizes,
@@ -276,6 +166,9 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         "iters": args.iters, "warmup": args.warmup, "rounds": rounds, "validate": bool(args.validate), "profile": args.profile,
         "algorithm": getattr(args, "algorithm", "pairwise"), "rd_ring_threshold": threshold if op == "allreduce"
         else None, "compare": args.compare, "mpi": mpi_version,
+        "gloo": series[1].version if args.compare == "gloo" else None,
+        "path": ("api: world.allreduce/alltoall on numpy arrays (copies in and out timed)" if args.api
+                 else "engine: inputs and outputs in its registered buffers"),
         "mpi_env": _mpi_env() if comm else None,
         "wait_policy": {"wait": "tw.wait_any", "spin_us": world.device.spin_us,
                         "oversubscribed": eng.oversubscribed, "payload_order": eng.order},
@@ -317,6 +210,8 @@ def _run(world: Any, args: argparse.Namespace) -> int:
             progress.step(f"{s.name} {human_size(size)}")
         if rank == 0:
             out.row(size, iters, warm, results)
+    for s in series:
+        s.close()
     if rank == 0:
         _checks(report, op, n, args)
         out.finish()
@@ -342,18 +237,21 @@ class _Printer:
                  seed: bool) -> None:
         self.args, self.op, self.n, self.series, self.report, self.seed = args, op, n, series, report, seed
         self.osu_buffer: dict[str, list[str]] = {s.name: [] for s in series}
-        self.mpi = len(series) > 1
+        self.other = series[1] if len(series) > 1 else None  # the comparison (mpi or gloo)
 
     def header(self, world: Any) -> None:
         a = self.args
         what = ("pairwise exchange" if self.op == "alltoall" else
                 f"allreduce SUM {self.report.config['dtype']}, algorithm {a.algorithm}"
-                + (f" (rd below {self.report.config['rd_ring_threshold']} B, ring from there)"
-                   if a.algorithm == "auto" else ""))
+                + (f" (rd below {self.report.config['rd_ring_threshold']} B, then rh on 4, 8, ... ranks, "
+                   f"else the ring)" if a.algorithm == "auto" else ""))
         print(f"# tensorwire bench {self.op}: {self.n} ranks, transport {a.transport}, {what}, one-sided writes"
               f"{', validation on' if a.validate else ''}", flush=True)
-        if self.report.config.get("mpi"):
-            print(f"# compared with: {self.report.config['mpi']} through mpi4py, in the same processes; the "
+        print(f"# tensorwire path: {self.report.config['path']}", flush=True)
+        if self.other is not None:
+            via = ("through mpi4py" if self.other.name == "mpi" else
+                   "torch.distributed, TCP (gloo has no shared-memory transport)")
+            print(f"# compared with: {self.report.config[self.other.name]} {via}, in the same processes; the "
                   f"series take turns in {self.report.config['rounds']} blocks per size", flush=True)
         if self.seed:
             print("# profile seed004: 1 Mi int32 " + ("per peer" if self.op == "alltoall" else "vector")
@@ -372,15 +270,17 @@ class _Printer:
             cols += f"{'Validation':>12}"
         if self.op == "allreduce":
             cols += f"{'Algorithm':>10}"
-        if self.mpi:
-            cols += f"{'MPI Avg(us)':>{FIELD}}{'MPI Min(us)':>{FIELD - 4}}{'MPI Max(us)':>{FIELD - 4}}"
+        if self.other is not None:
+            x = self.other.label
+            cols += f"{x + ' Avg(us)':>{FIELD}}{x + ' Min(us)':>{FIELD - 4}}{x + ' Max(us)':>{FIELD - 4}}"
             if a.validate:
-                cols += f"{'MPI Valid.':>12}"
-            cols += f"{'MPI/tw':>8}"
+                cols += f"{x + ' Valid.':>12}"
+            cols += f"{x + '/tw':>8}"
         print(cols, flush=True)
 
     def _osu_header(self, name: str) -> None:
-        print(cli.OSU_TITLES[self.op] + ("" if name == "mpi" else " (tensorwire one-sided)"))
+        print(cli.OSU_TITLES[self.op] + {"mpi": "", "gloo": " (torch.distributed gloo)"}.get(
+            name, " (tensorwire one-sided)"))
         dt = "MPI_CHAR" if self.op == "alltoall" else ("MPI_INT" if self.report.config["dtype"] == "int32"
                                                        else "MPI_FLOAT")
         print(f"# Datatype: {dt}.")
@@ -400,9 +300,11 @@ class _Printer:
                 st.update(_bandwidths(self.op, self.n, size, st["avg_us"]))
             self.report.rows.append(st)
             stats[name] = st
-        tw, mp = stats["tensorwire"], stats.get("mpi")
+        tw = stats["tensorwire"]
+        mp = stats.get(self.other.name) if self.other is not None else None
+        ratio = f"{self.other.name}_over_tw" if self.other is not None else ""
         if mp is not None:
-            tw["mpi_over_tw"] = mp["avg_us"] / tw["avg_us"] if tw["avg_us"] > 0 else float("nan")
+            tw[ratio] = mp["avg_us"] / tw["avg_us"] if tw["avg_us"] > 0 else float("nan")
         a = self.args
         if self.seed:
             for st in stats.values():
@@ -432,7 +334,7 @@ class _Printer:
             line += f"{mp['avg_us']:>{FIELD}.2f}{mp['min_us']:>{FIELD - 4}.2f}{mp['max_us']:>{FIELD - 4}.2f}"
             if a.validate:
                 line += f"{mp['validation']:>12}"
-            line += f"{tw['mpi_over_tw']:>7.2f}x"
+            line += f"{tw[ratio]:>7.2f}x"
         print(line, flush=True)
 
     def finish(self) -> None:
@@ -444,8 +346,9 @@ class _Printer:
                 self._osu_header(name)
                 for line in lines:
                     print(line)
-        if self.mpi and self.args.format != "osu" and not self.seed:
-            print("# MPI/tw: MPI's Avg over tensorwire's (> 1: tensorwire is faster)")
+        if self.other is not None and self.args.format != "osu" and not self.seed:
+            x = self.other.label
+            print(f"# {x}/tw: {x}'s Avg over tensorwire's (> 1: tensorwire is faster)")
         sys.stdout.flush()
 
 
@@ -483,11 +386,13 @@ def _checks(report: Report, op: str, n: int, args: argparse.Namespace) -> None:
             if a["size"] >= 64 << 10 and b["avg_us"] < 0.9 * a["avg_us"]:
                 report.warn(f"{name}: {b['size']} B is {1 - b['avg_us'] / a['avg_us']:.0%} faster than "
                             f"{a['size']} B")
-    # performance goal: not slower than MPI from 1 MiB on
+    # performance goal: not slower than MPI (or gloo) from 1 MiB on
     for r in report.rows:
-        if r["series"] == "tensorwire" and "mpi_over_tw" in r and r["size"] >= 1 << 20 and r["mpi_over_tw"] < 1:
-            report.warn(f"slower than MPI at {human_size(r['size'])}: {r['avg_us']:.1f} us vs "
-                        f"{r['avg_us'] * r['mpi_over_tw']:.1f} us")
+        for other, label in (("mpi", "MPI"), ("gloo", "gloo")):
+            x = r.get(f"{other}_over_tw")
+            if r["series"] == "tensorwire" and x is not None and r["size"] >= 1 << 20 and x < 1:
+                report.warn(f"slower than {label} at {human_size(r['size'])}: {r['avg_us']:.1f} us vs "
+                            f"{r['avg_us'] * x:.1f} us")
 
 
 def _key_metric(report: Report, n: int) -> str:
@@ -498,8 +403,10 @@ def _key_metric(report: Report, n: int) -> str:
     s = f"{n} ranks, {human_size(r['size'])}: avg {r['avg_us']:.1f} us"
     if "algbw_GBps" in r:
         s += f", algbw {r['algbw_GBps']:.2f} GB/s, busbw {r['busbw_GBps']:.2f} GB/s"
-    if "mpi_over_tw" in r:
-        s += f" (MPI {r['avg_us'] * r['mpi_over_tw']:.1f} us: {r['mpi_over_tw']:.2f}x)"
+    for other, label in (("mpi", "MPI"), ("gloo", "gloo")):
+        if f"{other}_over_tw" in r:
+            x = r[f"{other}_over_tw"]
+            s += f" ({label} {r['avg_us'] * x:.1f} us: {x:.2f}x)"
     if report.config.get("validate"):
         bad = sum(1 for x in report.rows if x["errors"])
         s += ", validation " + ("Pass" if not bad else f"Fail in {bad} rows")
@@ -512,12 +419,12 @@ def plot(report: Report, path: str) -> None:
     import matplotlib.pyplot as plt
     cfg = report.config
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name, color in (("tensorwire", "tab:blue"), ("mpi", "tab:orange")):
+    for name, color in (("tensorwire", "tab:blue"), ("mpi", "tab:orange"), ("gloo", "tab:green")):
         rows = sorted((r for r in report.rows if r["series"] == name), key=lambda r: r["size"])
         if not rows:
             continue
         xs = [r["size"] for r in rows]
-        label = "tensorwire (one-sided)" if name == "tensorwire" else (cfg.get("mpi") or "MPI").split(",")[0]
+        label = "tensorwire (one-sided)" if name == "tensorwire" else (cfg.get(name) or name).split(",")[0]
         ax.plot(xs, [r["avg_us"] for r in rows], marker="o", markersize=3, color=color, label=f"{label}: Avg")
         ax.fill_between(xs, [r["min_us"] for r in rows], [r["max_us"] for r in rows], color=color, alpha=0.2,
                         label=f"{label}: Min-Max rank")

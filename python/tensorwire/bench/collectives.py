@@ -1,7 +1,7 @@
 """`tensorwire bench alltoall` and `tensorwire bench allreduce`: collectives
 built on one-sided writes into pre-registered per-peer buffers
-(tensorwire.bench._coll_engine), measured the way the OSU micro-benchmarks
-measure MPI collectives, optionally beside MPI itself in the same run.
+(tensorwire.collectives), measured the way the OSU micro-benchmarks measure MPI
+collectives, optionally beside MPI or torch.distributed gloo in the same run.
 
 Method (osu_alltoall / osu_allreduce): per size, `warm-up` untimed calls, then
 `iterations` timed calls; each call is timed alone on every rank and followed
@@ -14,6 +14,10 @@ the reduced vector (allreduce, float32 or int32 SUM).
 --validate fills the inputs with a pattern that depends on rank, peer,
 element and iteration before every call and checks every output after it
 (both outside the timer); any mismatch is a FAIL.
+
+--api times the library path instead of the engine on its own buffers:
+world.allreduce(array) / world.alltoall(out, inp) on plain numpy arrays, the
+copies into and out of the registered buffers included.
 
 Importing this module is cheap (no UCX, no MPI): the work is imported inside
 the command functions.
@@ -37,9 +41,9 @@ OSU_LARGE = 8192
 OSU_ITERS = (1000, 100)
 OSU_SKIP = (100, 10)
 DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
-# allreduce --algorithm auto: recursive doubling below this many bytes, ring from it on.
-# Measured with `tensorwire bench allreduce --algorithm ring|rd` on 2, 3 and 4 ranks
-# (bench/results/collectives_threshold.txt, docs/collectives.md).
+# allreduce --algorithm auto: recursive doubling below this many bytes. The engine's
+# tensorwire.collectives.RD_RING_THRESHOLD (mirrored: importing the engine loads numpy;
+# a test checks the two agree).
 RD_RING_THRESHOLD = 512 << 10
 SEED004 = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
 OSU_TITLES = {"alltoall": "# OSU MPI All-to-All Personalized Exchange Latency Test v7.4",
@@ -51,6 +55,7 @@ EXAMPLES = {
 examples:
   tensorwire bench alltoall --ranks 4 --transport shm --validate
   tensorwire bench alltoall --ranks 4 --sizes 4K,64K,1M --compare mpi --json a2a.json --plot a2a.png
+  tensorwire bench alltoall --ranks 4 --sizes 64K --api --compare gloo   (world.alltoall vs torch.distributed)
   tensorwire bench alltoall --ranks 4 --profile seed004 --iters 20     (1 Mi int32 per peer, repeated)
   tensorwire run -n 4 -- tensorwire bench alltoall --format osu        (ranks started by you)
   mpirun -n 4 tensorwire bench alltoall --compare mpi                  (root: $TENSORWIRE_ROOT or 127.0.0.1:29600)
@@ -60,6 +65,7 @@ examples:
   tensorwire bench allreduce --ranks 4 --validate --type int
   tensorwire bench allreduce --ranks 3 --algorithm rd --sizes 4:64K     (non-power-of-two recursive doubling)
   tensorwire bench allreduce --ranks 4 --sizes 1M --compare mpi --json ar.json
+  tensorwire bench allreduce --ranks 4 --transport shm --sizes 1M --api --compare gloo --validate
   tensorwire bench allreduce --ranks 4 --profile seed004               (1 Mi int32, repeated)
 """,
 }
@@ -117,9 +123,13 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
                        help=f"auto's switch from rd to ring (default {RD_RING_THRESHOLD >> 10}K)")
     p.add_argument("--validate", "-c", action="store_true",
                    help="iteration-dependent pattern in, every output checked (adds a Validation column)")
-    p.add_argument("--compare", choices=("mpi",), default=None,
-                   help="also measure the same operation through mpi4py in the same run (ranks are started "
-                        "by mpirun; needs mpirun and mpi4py)")
+    p.add_argument("--compare", choices=("mpi", "gloo"), default=None,
+                   help="also measure the same operation in the same run through mpi4py (ranks are started "
+                        "by mpirun; needs mpirun and mpi4py) or torch.distributed's gloo backend (needs torch)")
+    p.add_argument("--api", action="store_true",
+                   help="time the library path, world.%s on numpy arrays (copies in and out included), "
+                        "instead of the engine on its own buffers" % ("alltoall(out, inp)" if op == "alltoall"
+                                                                      else "allreduce(array)"))
     p.add_argument("--profile", choices=("seed004",), default=None,
                    help="seed004: the paper's MPI_Alltoall experiment, 1 Mi int32 per peer (or an int32 "
                         "vector of 1 Mi for allreduce), called back to back; adds algbw/busbw")
@@ -179,6 +189,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
             out += ["--threshold", str(args.threshold[0])]
     if args.validate:
         out.append("--validate")
+    if args.api:
+        out.append("--api")
     return out
 
 
@@ -231,6 +243,12 @@ def _launch(args: argparse.Namespace) -> int:
             os.killpg(proc.pid, 15)
             proc.wait()
             return 130
+    if args.compare == "gloo":
+        import importlib.util
+        if importlib.util.find_spec("torch") is None:
+            print(f"tensorwire bench {args.coll_op}: --compare gloo needs torch: pip install tensorwire[torch]",
+                  file=sys.stderr)
+            return 2
     from .. import launch
     return launch.run(rank_cmd, launch.plan(n))
 
@@ -246,6 +264,10 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"tensorwire bench allreduce: sizes must be multiples of 4 B (32-bit elements), not {bad}",
                   file=sys.stderr)
             return 2
+    if args.api and args.coll_op == "allreduce" and (args.algorithm != "auto" or args.threshold):
+        print("tensorwire bench allreduce: --api times world.allreduce, which chooses its algorithm itself "
+              "(auto); leave out --algorithm/--threshold", file=sys.stderr)
+        return 2
     from ..config import export_progress_bar
     export_progress_bar(args.progress)  # the ranks started below inherit the choice
     if not _as_rank():
