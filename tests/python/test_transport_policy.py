@@ -92,3 +92,13 @@ def test_cli_with_an_unusable_transport_exits_with_the_reason():
     assert info.returncode == 1
     assert "rdma  no: no verbs transport" in info.stdout and "tcp   yes" in info.stdout
     assert _cli("info").returncode == 0
+
+
+def test_perftest_style_device_choice():
+    """-d/--ib-dev picks the network device(s) UCX may use (perftest -d), for the peer too."""
+    ok = _cli("bench", "write_lat", "-s", "8", "-n", "50", "--transport", "tcp", "-d", "lo")
+    assert ok.returncode == 0, ok.stderr
+    assert "(UCX: tcp/lo)" in ok.stdout
+    bad = _cli("bench", "write_lat", "-s", "8", "-n", "50", "--transport", "tcp", "-d", "nosuchdev0")
+    assert bad.returncode == 1
+    assert "no device UCX can use for transport 'tcp' among net devices 'nosuchdev0'" in bad.stderr

@@ -177,8 +177,17 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   gethostname(host, sizeof(host) - 1);
   hostname_ = host;
 
-  data_context = std::make_shared<ucx::Context>(data_overrides(config), UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA,
-                                                 "tensorwire");
+  try {
+    data_context = std::make_shared<ucx::Context>(data_overrides(config),
+                                                   UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA, "tensorwire");
+  } catch (const Error& e) {
+    if (e.ucx_status() != UCS_ERR_NO_DEVICE) throw;
+    // Name what was asked: UCX says only "No such device".
+    const char* env = std::getenv("UCX_NET_DEVICES");
+    const std::string devices = config.net_devices != "auto" ? config.net_devices : env ? env : "any";
+    throw InvalidArgument("no device UCX can use for transport '" + config.transport + "' among net devices '" +
+                          devices + "' (" + e.what() + "); `tensorwire info` lists the devices UCX offers");
+  }
   // Fail closed: what was asked for must be there (contracts §13).
   const std::vector<std::string> offered = data_context->resources();
   for (const std::string& family : required_families(config.transport, config.require)) {

@@ -86,7 +86,11 @@ def _peer_options(p: argparse.ArgumentParser) -> None:
                    help="data transport: tcp, shm (shared memory), rdma, or auto (UCX_TLS as set)")
     p.add_argument("--workers", type=_positive, default=1, help="UCP workers per device (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port to listen on with --server (default: pick one)")
+    p.add_argument("-p", "--port", type=int, default=0,
+                   help="port to listen on with --server (perftest -p; default: pick one)")
+    p.add_argument("-d", "--ib-dev", "--net-devices", dest="net_devices", default="auto", metavar="DEV",
+                   help="the network device(s) UCX may use for data, e.g. mlx5_0:1 or eth0 (perftest -d; sets "
+                        "UCX_NET_DEVICES for this device and a spawned peer; default: lo on loopback, else UCX's choice)")
 
 
 def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:

@@ -18,7 +18,7 @@ def _serve_main(args) -> int:
     from ... import Device
     from .. import p2p
     with Device(host=args.host, port=args.port, transport=args.transport, progress="inline",
-                workers=args.workers, spin_us=_spin_us(args)) as dev:
+                workers=args.workers, spin_us=_spin_us(args), net_devices=args.net_devices) as dev:
         p2p.serve(dev)
     return 0
 
@@ -31,7 +31,7 @@ def _spin_us(args) -> int:
     return p2p.LATENCY_SPIN_US if args.test.endswith("_lat") else p2p.BENCH_SPIN_US
 
 
-def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None):
+def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None, net_devices: str = "auto"):
     """Starts `tensorwire bench serve` on loopback and returns (process, address)."""
     import os
     import subprocess
@@ -40,7 +40,7 @@ def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None):
 
     from ..p2p import ADDRESS_TAG
     cmd = [sys.executable, "-m", "tensorwire", "bench", "serve", "--transport", transport,
-           "--host", "127.0.0.1", "--port", "0", "--workers", str(workers)]
+           "--host", "127.0.0.1", "--port", "0", "--workers", str(workers), "--net-devices", net_devices]
     env = dict(os.environ, **({"TENSORWIRE_BENCH_SPIN_US": str(spin_us)} if spin_us else {}))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
@@ -65,7 +65,7 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
             raise SystemExit("--connect makes no sense under a launcher: rank 0 measures against rank 1")
         from ...world import World
         world = World(transport=args.transport, progress="inline", workers=args.workers,
-                      spin_us=_spin_us(args), timeout=60)
+                      spin_us=_spin_us(args), timeout=60, net_devices=args.net_devices)
         out = None
         try:
             if world.rank == 1:  # handlers first, then the barrier that lets rank 0 go
@@ -88,8 +88,9 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
     spin_us = _spin_us(args)
     # Our device first: a transport this machine lacks fails here, once, before a server is spawned.
     with Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
-                spin_us=spin_us) as device:
-        proc, address = spawn_server(args.transport, args.workers, spin_us) if not args.connect else (None, args.connect)
+                spin_us=spin_us, net_devices=args.net_devices) as device:
+        proc, address = (spawn_server(args.transport, args.workers, spin_us, args.net_devices) if not args.connect
+                         else (None, args.connect))
         client = None
         try:
             client = p2p.Client(device, address, args.lanes, max_size)
