@@ -1,5 +1,5 @@
 """Notifications: ``channel.write(..., notify=b"...")`` delivers a small message
-to the target once the written data is visible there (issue 19; NIXL users rely
+to the target once the written data is visible there (NIXL users rely
 on such notifications).
 
 Not an RPC (``tensorwire/notify.h``): each sending device gets, on first use, its

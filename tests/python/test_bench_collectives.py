@@ -87,9 +87,9 @@ def test_allreduce_auto_float_osu_format():
     assert [r[0] for r in rows] == ["4", "131072"] and all(r[-1] == "Pass" for r in rows)
 
 
-def test_seed004_profile_small(tmp_path):
+def test_1mi_int32_profile_small(tmp_path):
     out = tmp_path / "seed.json"
-    proc = bench("alltoall", "--ranks", "2", "--profile", "seed004", "--sizes", "64K", "--iters", "5",
+    proc = bench("alltoall", "--ranks", "2", "--profile", "1mi-int32", "--sizes", "64K", "--iters", "5",
                  "--warmup", "1", "--validate", "--json", str(out))
     assert "algbw[GB/s]" in proc.stdout and "busbw[GB/s]" in proc.stdout
     row = json.loads(out.read_text())["rows"][0]

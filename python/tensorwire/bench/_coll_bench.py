@@ -28,8 +28,8 @@ SIZE_W = 10  # OSU prints the size as %-10d
 
 def osu_counts(size: int, args: argparse.Namespace) -> tuple[int, int]:
     """(iterations, warm-up) for a size: OSU's defaults unless given."""
-    if args.profile == "seed004":
-        iters, warm = cli.SEED004["iters"], cli.SEED004["warmup"]
+    if args.profile == "1mi-int32":
+        iters, warm = cli.PROFILE_1MI_INT32["iters"], cli.PROFILE_1MI_INT32["warmup"]
     else:
         large = size > cli.OSU_LARGE
         iters, warm = cli.OSU_ITERS[large], cli.OSU_SKIP[large]
@@ -133,7 +133,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     sizes = list(args.sizes)
     dtype = None
     if op == "allreduce":
-        dtype = np.dtype("int32" if args.type == "int" or args.profile == "seed004" else "float32")
+        dtype = np.dtype("int32" if args.type == "int" or args.profile == "1mi-int32" else "float32")
     threshold = (args.threshold[0] if getattr(args, "threshold", None) else cli.RD_RING_THRESHOLD)
     comm, mpi_version = (None, None)
     if args.compare == "mpi":
@@ -156,9 +156,9 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         series.append(MpiSeries(comm, op, dtype))
     elif args.compare == "gloo":
         series.append(GlooSeries(world, op, dtype, quiesce))
-    seed = args.profile == "seed004"
+    seed = args.profile == "1mi-int32"
     rounds = args.rounds if args.rounds else (5 if len(series) > 1 else 1)
-    test = op + ("_seed004" if seed else "")
+    test = op + ("_1mi_int32" if seed else "")
     config = {
         "op": op, "ranks": n, "transport": args.transport, "progress": args.progress_mode, "sizes": sizes,
         "size_unit": "bytes per peer" if op == "alltoall" else "bytes of the vector",
@@ -254,7 +254,7 @@ class _Printer:
             print(f"# compared with: {self.report.config[self.other.name]} {via}, in the same processes; the "
                   f"series take turns in {self.report.config['rounds']} blocks per size", flush=True)
         if self.seed:
-            print("# profile seed004: 1 Mi int32 " + ("per peer" if self.op == "alltoall" else "vector")
+            print("# profile 1mi-int32: 1 Mi int32 " + ("per peer" if self.op == "alltoall" else "vector")
                   + ", back-to-back calls; " + self.report.config["bandwidth"], flush=True)
             print(f"{'#ranks':>6} {'#bytes' + ('/peer' if self.op == 'alltoall' else ''):>12} {'#iterations':>11} "
                   f"{'t_avg[usec]':>12} {'t_min[usec]':>12} {'t_max[usec]':>12} {'algbw[GB/s]':>12} "

@@ -45,7 +45,7 @@ DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
 # tensorwire.collectives.RD_RING_THRESHOLD (mirrored: importing the engine loads numpy;
 # a test checks the two agree).
 RD_RING_THRESHOLD = 512 << 10
-SEED004 = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
+PROFILE_1MI_INT32 = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
 OSU_TITLES = {"alltoall": "# OSU MPI All-to-All Personalized Exchange Latency Test v7.4",
               "allreduce": "# OSU MPI Allreduce Latency Test v7.4"}
 RANK_ENV = ("TENSORWIRE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -56,7 +56,7 @@ examples:
   tensorwire bench alltoall --ranks 4 --transport shm --validate
   tensorwire bench alltoall --ranks 4 --sizes 4K,64K,1M --compare mpi --json a2a.json --plot a2a.png
   tensorwire bench alltoall --ranks 4 --sizes 64K --api --compare gloo   (world.alltoall vs torch.distributed)
-  tensorwire bench alltoall --ranks 4 --profile seed004 --iters 20     (1 Mi int32 per peer, repeated)
+  tensorwire bench alltoall --ranks 4 --profile 1mi-int32 --iters 20     (1 Mi int32 per peer, repeated)
   tensorwire run -n 4 -- tensorwire bench alltoall --format osu        (ranks started by you)
   mpirun -n 4 tensorwire bench alltoall --compare mpi                  (root: $TENSORWIRE_ROOT or 127.0.0.1:29600)
 """,
@@ -66,7 +66,7 @@ examples:
   tensorwire bench allreduce --ranks 3 --algorithm rd --sizes 4:64K     (non-power-of-two recursive doubling)
   tensorwire bench allreduce --ranks 4 --sizes 1M --compare mpi --json ar.json
   tensorwire bench allreduce --ranks 4 --transport shm --sizes 1M --api --compare gloo --validate
-  tensorwire bench allreduce --ranks 4 --profile seed004               (1 Mi int32, repeated)
+  tensorwire bench allreduce --ranks 4 --profile 1mi-int32               (1 Mi int32, repeated)
 """,
 }
 
@@ -101,7 +101,7 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
         epilog=EXAMPLES[op], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", "-n", type=_positive, default=None,
                    help="when not started as a rank: start this many ranks here (default 2; 4 with "
-                        "--profile seed004)")
+                        "--profile 1mi-int32)")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="data transport between ranks: tcp, shm, rdma, or auto (UCX_TLS as set; shm on one host)")
     p.add_argument("--sizes", type=_sizes, default=None,
@@ -130,8 +130,8 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
                    help="time the library path, world.%s on numpy arrays (copies in and out included), "
                         "instead of the engine on its own buffers" % ("alltoall(out, inp)" if op == "alltoall"
                                                                       else "allreduce(array)"))
-    p.add_argument("--profile", choices=("seed004",), default=None,
-                   help="seed004: the paper's MPI_Alltoall experiment, 1 Mi int32 per peer (or an int32 "
+    p.add_argument("--profile", choices=("1mi-int32",), default=None,
+                   help="1mi-int32: the RoCE study's MPI_Alltoall experiment, 1 Mi int32 per peer (or an int32 "
                         "vector of 1 Mi for allreduce), called back to back; adds algbw/busbw")
     p.add_argument("--rounds", type=_positive, default=None,
                    help="split each size's timed iterations into this many blocks, the series taking turns "
@@ -254,8 +254,8 @@ def _launch(args: argparse.Namespace) -> int:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    if args.profile == "seed004" and args.sizes is None:
-        args.sizes = [SEED004["bytes"]]
+    if args.profile == "1mi-int32" and args.sizes is None:
+        args.sizes = [PROFILE_1MI_INT32["bytes"]]
     if args.sizes is None:
         args.sizes = _sizes(DEFAULT_SIZES[args.coll_op])
     if args.coll_op == "allreduce":

@@ -288,7 +288,7 @@ def render(out: dict, args) -> str:
                              f"{s['push']:8.1f} {s['aggregate']:8.1f} {s['pull']:8.1f} = {s['step']:8.1f}   "
                              f"{r['bytes_copied_per_step'] / 2**20:8.1f} MiB")
         if verdicts:
-            lines += ["", f"targets (issue 5, {tr}, smallest batch per model):"] + verdicts
+            lines += ["", f"targets ({tr}, smallest batch per model):"] + verdicts
     if out.get("tcp_floor"):
         lines += ["", "TCP floor (tensorwire.torch.tcp_floor): plain sockets move a step's bytes in the same pattern,",
                   "no compute; with each worker's compute and each server's aggregation measured alone that",

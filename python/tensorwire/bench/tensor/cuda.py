@@ -1,5 +1,5 @@
 """`tensorwire bench tensor --memory cuda`: the tensor starts in the sender's
-GPU memory and must end in the receiver's (issue 20 §4).
+GPU memory and must end in the receiver's.
 
   zerocopy  tensorwire static slot in GPU memory; the sender's tensor is a CUDA
             Block (device.empty(..., memory="cuda")), sent with no copy.

@@ -73,7 +73,7 @@ TARGETS = {
 }
 
 
-# --memory cuda (issue 20 §4), any transport. "oneway" compares one-way
+# --memory cuda, any transport. "oneway" compares one-way
 # times (the anchor's / zerocopy's: zerocopy's one-way MB/s relative to the
 # anchor's); "latency" holds zerocopy's one-way time in us to at most the bar
 # (the worst is the highest), with the anchor's one-way time beside it.
