@@ -300,7 +300,7 @@ def test_bench_train_smoke_with_the_tcp_floor(tmp_path):
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     text = (tmp_path / "bt.txt").read_text()
-    assert "Figure 8" in text and "targets (issue 5, tcp" in text and "TCP floor" in text
+    assert "Figure 8" in text and "targets (tcp" in text and "TCP floor" in text
     d = json.loads((tmp_path / "bt.json").read_text())
     assert sorted(r["mode"] for r in d["fig8"]) == ["copy", "gloo", "zerocopy"]
     assert all(r["samples_per_s"] > 0 for r in d["fig8"])
