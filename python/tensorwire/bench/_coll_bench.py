@@ -20,7 +20,7 @@ import numpy as np
 from ..collectives import CollectiveError, OneSidedCollectives
 from . import collectives as cli
 from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, _Patterns
-from .common import Progress, Report, human_size
+from .common import Progress, Report, check_lane_transports, human_size
 
 FIELD = 18   # OSU's FIELD_WIDTH
 SIZE_W = 10  # OSU prints the size as %-10d
@@ -212,7 +212,13 @@ def _run(world: Any, args: argparse.Namespace) -> int:
             out.row(size, iters, warm, results)
     for s in series:
         s.close()
+    # Which UCX transports the ranks' channels used (a control-plane call, after the last one above).
+    lanes = world.allgather(sorted({t for p in range(n) if p != rank for t in world.channel(p).transports()}),
+                            timeout=max(60.0, args.timeout))
     if rank == 0:
+        used = check_lane_transports(report, args.transport, [t for mine in lanes for t in mine])
+        if used:
+            print(f"# tensorwire's lanes used UCX: {', '.join(used)}")
         _checks(report, op, n, args)
         out.finish()
         report.write_json(args.json)
