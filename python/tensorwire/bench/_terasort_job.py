@@ -18,7 +18,7 @@ import tensorwire as tw
 
 from . import teragen
 from ._terasort_core import partition_of, pick_splitters, sample_keys, sort_records, summarize, validate
-from .common import Progress, Report, print_table
+from .common import Progress, Report, check_lane_transports, print_table
 from .teragen import KEY, RECORD
 
 SLOT_DATA = "terasort/data/{src}"
@@ -336,8 +336,9 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     if args.output:  # TeraSort's output files: part-r-<rank>, concatenated in rank order = the sorted whole
         os.makedirs(args.output, exist_ok=True)
         output.tofile(os.path.join(args.output, f"part-r-{rank:05d}"))
+    lanes = sorted({t for j in range(size) if j != rank for t in world.channel(j).transports()})
     everything = world.allgather({"summary": summary, "gen_checksum": hex(gen_sum), "phases": ph.stats,
-                                  "host": socket.gethostname()})
+                                  "host": socket.gethostname(), "lane_transports": lanes})
     step("validate")
     if rank != 0:
         return 0
@@ -449,6 +450,7 @@ def _report(args: argparse.Namespace, world, everything: list[dict]) -> int:
                                  "samples": args.samples, "repeat": args.repeat, "schedule": args.schedule,
                                  "hosts": sorted({e["host"] for e in everything}),
                                  "command": "tensorwire bench terasort " + " ".join(sys.argv[1:])})
+    check_lane_transports(report, transport, [t for e in everything for t in e.get("lane_transports", [])])
     rows_out = []
     for name in PHASES_RUN(args):
         secs = [p[name]["seconds"] for p in per_rank]
