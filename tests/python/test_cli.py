@@ -133,3 +133,23 @@ def test_building_the_parser_imports_no_optional_dependency():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+def test_every_option_of_every_command_has_help():
+    """--help explains every option of every command."""
+    import argparse
+
+    from tensorwire.cli import build_parser
+
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not isinstance(action, (argparse._HelpAction, argparse._VersionAction)) and action.help is None:
+                missing.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "tensorwire")
+    assert missing == []

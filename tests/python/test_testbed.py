@@ -105,7 +105,7 @@ def test_not_root_is_a_clear_error(monkeypatch, capsys):
     with pytest.raises(NotRoot, match="needs root"):
         Testbed.up(hosts=2, name=TAG + "nr")
     from tensorwire.cli import main
-    for argv in (["testbed", "up", "--hosts", "2", "--name", TAG + "nr"], ["testbed", "down"],
+    for argv in (["testbed", "up", "--num-hosts", "2", "--name", TAG + "nr"], ["testbed", "down"],
                  ["testbed", "run", "--host", "h1", "--", "true"], ["testbed", "check"]):
         assert main(argv) == 2
         assert "needs root" in capsys.readouterr().err
@@ -201,7 +201,7 @@ def test_run_interrupted_ends_the_command(tb2):
 def test_duplicate_up_refused(tb2):
     with pytest.raises(TestbedError, match="exists already"):
         Testbed.up(hosts=3, name=tb2.name)
-    r = subprocess.run(CLI + ["up", "--hosts", "2", "--name", tb2.name], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(CLI + ["up", "--num-hosts", "2", "--name", tb2.name], capture_output=True, text=True, timeout=30)
     assert r.returncode == 1 and "--force" in r.stderr
     assert Testbed.load(tb2.name).config.hosts == 2  # untouched
 

@@ -16,7 +16,7 @@ switches live in their own namespace: the root namespace gets no link, address o
 Needs root and iproute2. A testbed lasts until 'down' (or a reboot).
 
 examples:
-  sudo tensorwire testbed up --hosts 8 --groups 2 --host-rate 1gbit --isl-rate 4gbit
+  sudo tensorwire testbed up --num-hosts 8 --groups 2 --host-rate 1gbit --isl-rate 4gbit
   sudo tensorwire testbed status
   sudo tensorwire testbed check
   sudo tensorwire testbed run --host h2 -- tensorwire bench bw --server --transport tcp --host 10.77.0.2 --port 7000
@@ -30,10 +30,10 @@ Creates the testbed: namespaces tw-<name>-h1..hN (the hosts) and tw-<name>-sw (t
 All or nothing: a failure, Ctrl-C or SIGTERM during the build removes what was made.
 
 examples:
-  tensorwire testbed up --hosts 4                                   one leaf, 1 Gbit/s host links
-  tensorwire testbed up --hosts 8 --groups 2 --isl-rate 4gbit       leaf/spine: h1-h4 | h5-h8
-  tensorwire testbed up --hosts 2 --host-rate 200mbit --name small  a second testbed beside 'tw'
-  tensorwire testbed up --hosts 4 --host-rate none --force          unshaped; replace an existing one
+  tensorwire testbed up --num-hosts 4                                   one leaf, 1 Gbit/s host links
+  tensorwire testbed up --num-hosts 8 --groups 2 --isl-rate 4gbit       leaf/spine: h1-h4 | h5-h8
+  tensorwire testbed up --num-hosts 2 --host-rate 200mbit --name small  a second testbed beside 'tw'
+  tensorwire testbed up --num-hosts 4 --host-rate none --force          unshaped; replace an existing one
 """
 
 RUN_HELP = """\
@@ -75,7 +75,8 @@ def register(commands) -> None:
     up = tsub.add_parser("up", help="create a testbed", description=UP_HELP,
                          formatter_class=argparse.RawDescriptionHelpFormatter)
     name_opt(up)
-    up.add_argument("--hosts", "-n", type=int, default=4, help="number of hosts h1..hN (default 4)")
+    up.add_argument("--num-hosts", "-n", type=int, default=4,
+                    help="number of hosts h1..hN (default 4; --hosts names hosts, in `run` and `bench fullmesh`)")
     up.add_argument("--groups", type=int, choices=(1, 2), default=1,
                     help="1: one leaf bridge; 2: two leaves (group 1 = first half of the hosts) joined by "
                          "the inter-switch link (default 1)")
@@ -146,7 +147,7 @@ def _up(args: argparse.Namespace) -> int:
     from . import QUEUE_MS, Testbed
     from .system import _check_root
     _check_root()
-    tb = Testbed.up(hosts=args.hosts, groups=args.groups, host_rate=args.host_rate, isl_rate=args.isl_rate,
+    tb = Testbed.up(hosts=args.num_hosts, groups=args.groups, host_rate=args.host_rate, isl_rate=args.isl_rate,
                     delay=args.delay, name=args.name, force=args.force, isl_shared=args.isl_shared,
                     queue_ms=args.queue if args.queue is not None else QUEUE_MS)
     print(tb.describe())

@@ -227,7 +227,8 @@ def register(commands) -> None:
                          "follows the batch dynamic (default 8)")
     pp.add_argument("--steps", type=_positive, default=20, help="forward passes (default 20)")
     pp.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
-    pp.add_argument("--transport", choices=("auto", "tcp", "shm", "rdma"), default="auto")
+    pp.add_argument("--transport", choices=("auto", "tcp", "shm", "rdma"), default="auto",
+                    help="data transport between the stages: tcp, shm, rdma, or auto (UCX_TLS as set)")
     pp.add_argument("--image-size", type=int, default=0, help="CNN input size (default: as tensorwire train)")
     pp.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")
     pp.add_argument("--threads", type=int, default=1, help="torch threads per stage (default 1)")
