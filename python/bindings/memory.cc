@@ -70,12 +70,13 @@ nb::ndarray<> make_array(nb::handle self, PyBlock& b, bool as_numpy = false) {
                        gpu ? b.block.gpu() : 0);
 }
 
-// "host" or "cuda:<ordinal>", as Device.empty(memory=...) takes it.
+
+
+}  // namespace
+
 std::string memory_name(MemoryType type, int gpu) {
   return type == MemoryType::kCuda ? "cuda:" + std::to_string(gpu) : std::string("host");
 }
-
-}  // namespace
 
 nb::dlpack::dtype numpy_dtype(std::uint8_t code, std::uint8_t bits) {
   if (code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat)) return nb::dtype<std::uint16_t>();

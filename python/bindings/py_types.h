@@ -38,6 +38,9 @@ LocalRegion local_region_of(nb::handle obj);
 // 16-bit words, as the buffer protocol does. DLPack keeps the true dtype.
 nb::dlpack::dtype numpy_dtype(std::uint8_t code, std::uint8_t bits);
 
+// "host" or "cuda:<ordinal>", as Device.empty(memory=...) takes it.
+std::string memory_name(MemoryType type, int gpu);
+
 // Gives `b` the tensor view of `spec` (shape, dtype, format, nbytes).
 PyBlock fill_view(PyBlock b, const TensorSpec& spec);
 

@@ -66,9 +66,6 @@ nb::object slot_view(nb::handle slot_obj, const StaticSlot& slot, int index) {
   return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), slot_obj, nullptr, dt));
 }
 
-std::string memory_name(MemoryType type, int gpu) {
-  return type == MemoryType::kCuda ? "cuda:" + std::to_string(gpu) : std::string("host");
-}
 
 struct PyStaticSender {
   std::unique_ptr<StaticSender> sender;

@@ -46,8 +46,9 @@ def usable(resources: list[str]) -> dict[str, str]:
     return {f: _core.unusable_reason(resources, f) for f in FAMILIES}
 
 
-_CUDA_TRANSPORTS = ("cuda_copy", "cuda_ipc", "gdr_copy")
-_VERBS = ("rc_verbs", "rc_mlx5", "ud_verbs", "ud_mlx5", "dc_mlx5")
+def _of_family(tls: list[str], family: str) -> list[str]:
+    """The transports of `family` among "transport/device" names (the core's one table)."""
+    return [t for t in tls if _core.transport_family(t) == family]
 
 
 def cuda(tls: list[str]) -> dict[str, Any]:
@@ -63,14 +64,14 @@ def cuda(tls: list[str]) -> dict[str, Any]:
         runtime = torch.version.cuda
     names = [t.split("/")[0] for t in tls]
     peer_memory = os.path.exists("/sys/module/nvidia_peermem") or os.path.exists("/sys/kernel/mm/memory_peers/nv_mem")
-    verbs = any(n in _VERBS for n in names)
+    verbs = bool(_of_family(tls, "rdma"))
     return {
         "available": info["available"],
         "reason": info["reason"],
         "driver": f"{version // 1000}.{version % 1000 // 10}" if version else None,
         "runtime": runtime,
         "devices": info["devices"],
-        "ucx_transports": sorted({t for t in tls if t.split("/")[0] in _CUDA_TRANSPORTS}),
+        "ucx_transports": sorted(set(_of_family(tls, "cuda"))),
         "gdr_copy": "gdr_copy" in names,
         "peer_memory": peer_memory,
         "gpudirect_rdma": "gdr_copy" in names or (peer_memory and verbs),
@@ -106,8 +107,7 @@ def collect(transport: str = "auto") -> dict[str, Any]:
     if len(dirs) > 1:
         info["warnings"].append("more than one UCX is loaded in this process: " + ", ".join(sorted(dirs)))
     tls = info["transports"]
-    has_verbs = any(t.split("/")[0] in _VERBS for t in tls)
-    if info["rdma_devices"] and not has_verbs:
+    if info["rdma_devices"] and not _of_family(tls, "rdma"):
         info["warnings"].append(
             "RDMA devices exist (" + ", ".join(info["rdma_devices"]) + ") but UCX offers no verbs transport: "
             "this UCX is built without verbs (the PyPI wheel is); rebuild with TENSORWIRE_UCX=system "
@@ -144,7 +144,7 @@ def render(info: dict[str, Any]) -> str:
             "  UCX CUDA transports: " + (", ".join(c["ucx_transports"]) or "none (this UCX has no CUDA support)"),
             f"  GPUDirect RDMA: {'possible' if c['gpudirect_rdma'] else 'not possible'} (gdr_copy "
             f"{'yes' if c['gdr_copy'] else 'no'}, NIC peer memory {'yes' if c['peer_memory'] else 'no'}, verbs "
-            f"{'yes' if has_verbs(info) else 'no'}); without it GPU memory crosses hosts staged through host memory",
+            f"{'yes' if _of_family(info['transports'], 'rdma') else 'no'}); without it GPU memory crosses hosts staged through host memory",
         ]
     else:
         lines.append(f"CUDA: not available ({c['reason']}); GPU memory cannot be used")
@@ -152,6 +152,3 @@ def render(info: dict[str, Any]) -> str:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
 
-
-def has_verbs(info: dict[str, Any]) -> bool:
-    return any(t.split("/")[0] in _VERBS for t in info["transports"])

@@ -22,7 +22,6 @@ import asyncio
 from . import _core
 from .errors import Timeout
 
-MAX_MESSAGE = 252  # bytes of one notification (core: kNotifyMaxMessage)
 _SLICE_S = 0.25    # an executor wait of next_notification lasts at most this long
 
 

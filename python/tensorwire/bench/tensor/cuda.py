@@ -32,7 +32,6 @@ torch is imported only inside the series: the module imports without it.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import mmap
 import statistics
 import time
@@ -58,26 +57,10 @@ def cuda_unavailable() -> str | None:
     return None
 
 
-def _memory_api_missing(methods: tuple[str, ...]) -> str | None:
-    """None when each Device.<method> of this tensorwire takes memory= and
-    tensorwire itself sees the GPU (not only torch)."""
-    if not methods:
-        return None
+def _gpu_memory_missing() -> str | None:
+    """Why tensorwire itself cannot use GPU memory here (torch may still see the GPU)."""
     import tensorwire as tw
-    missing = []
-    for m in methods:
-        try:
-            params = inspect.signature(getattr(tw.Device, m)).parameters
-        except (TypeError, ValueError):  # a binding without a signature: cannot tell, let it try
-            continue
-        if "memory" not in params and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
-            missing.append(f"Device.{m}(memory=)")
-    if missing:
-        return f"this tensorwire has no GPU memory API ({', '.join(missing)} missing)"
-    if hasattr(tw, "cuda_available") and not tw.cuda_available():
-        info = tw.cuda_info() if hasattr(tw, "cuda_info") else {}
-        return f"tensorwire sees no GPU ({info.get('reason') or 'tw.cuda_available() is False'})"
-    return None
+    return None if tw.cuda_available() else f"tensorwire sees no GPU ({tw.cuda_info()['reason']})"
 
 
 def pattern(n: int, device: Any) -> Any:
@@ -220,11 +203,11 @@ class _Cuda:
 
     device = "cuda"
     requires = ("torch", "torch")
-    memory_api: tuple[str, ...] = ()  # Device methods that must take memory= for this series
+    gpu_memory = False  # whether the series moves tensorwire GPU memory (not only torch's)
 
     @classmethod
     def unavailable(cls) -> str | None:
-        return cuda_unavailable() or super().unavailable() or _memory_api_missing(cls.memory_api)
+        return cuda_unavailable() or super().unavailable() or (_gpu_memory_missing() if cls.gpu_memory else None)
 
     def _sync(self) -> None:
         if self.device != "cpu":
@@ -265,7 +248,7 @@ class CudaZeroCopy(_Cuda, ZeroCopy):
     """tensorwire static slot in GPU memory, the sender's tensor a CUDA Block."""
 
     memory = "cuda"
-    memory_api = ("empty", "static_slot")
+    gpu_memory = True
 
     def copy_bandwidth(self, size: int, reps: int = 5) -> float:
         """MB/s of one device-to-device copy of `size` bytes in this process
@@ -286,7 +269,7 @@ class CudaDynamic(_Cuda, Dynamic):
     """tensorwire dynamic slot in GPU memory, the sender's tensor a CUDA Block."""
 
     memory = "cuda"
-    memory_api = ("empty", "dynamic_slot")
+    gpu_memory = True
 
 
 class Staged(_Cuda, StaticSeries):
