@@ -497,6 +497,10 @@ def test_block_after_device_closed():
         server.close()
 
 
+# Against Debian's UCX 1.13 (make test-system-ucx) this test aborts the process in about half
+# of the runs, inside close() with requests pending; not yet understood (see the issue note).
+@pytest.mark.skipif(tuple(int(x) for x in tw._core.ucx_header_version().split(".")[:2]) < (1, 14),
+                    reason="aborts intermittently in close() with requests pending on UCX 1.13 (not yet understood)")
 def test_pending_requests_fail_when_own_device_closes():
     with tw.Device(transport="tcp") as server:
         dst = server.alloc(8 << 20)
