@@ -1,6 +1,6 @@
 // Copyright tensorwire authors. Bindings of the tensor slots (static and
-// dynamic). Python-side conveniences (paths for unregistered tensors,
-// asyncio) live in tensorwire/slots.py.
+// dynamic). tensorwire/slots.py finds where a Python tensor's bytes are
+// (numpy, torch, GPU streams) and the asyncio wait; the core stages them.
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/vector.h>
@@ -69,12 +69,10 @@ nb::object slot_view(nb::handle slot_obj, const StaticSlot& slot, int index) {
 
 struct PyStaticSender {
   std::unique_ptr<StaticSender> sender;
-  std::uint64_t zero_copy = 0;
 };
 
 struct PyDynamicSender {
   std::unique_ptr<DynamicSender> sender;
-  std::uint64_t zero_copy = 0;
 };
 
 // A sender's timeout: seconds >= 0, or None for no bound.
@@ -87,23 +85,42 @@ Request send_block(PySender& s, PyBlock& b, nb::handle timeout_arg) {
   const double timeout = sender_timeout(timeout_arg);
   TensorSpec spec = spec_of(b);
   LocalRegion local = b.block.region();
-  Request req;
-  {
-    gil_scoped_release r;
-    req = s.sender->send(local, 0, spec, timeout);
-  }
-  ++s.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
-  return req;
+  gil_scoped_release r;
+  return s.sender->send(local, 0, spec, timeout);
 }
 
+// Holds a Python object for the core (OutsideTensor::keep): dropped with the
+// GIL taken, on a thread that called into the sender (never a UCX callback).
+std::shared_ptr<const void> hold(nb::object obj) {
+  return std::shared_ptr<const void>(new nb::object(std::move(obj)), [](const void* p) {
+    nb::gil_scoped_acquire gil;
+    delete static_cast<const nb::object*>(p);
+  });
+}
+
+// A contiguous tensor outside the pool, at `address` in host memory (gpu < 0)
+// or GPU `gpu`'s memory, kept alive by `owner` while a send reads it.
 template <typename PySender>
-Request send_region(PySender& s, nb::handle local, nb::handle shape, int code, int bits, nb::handle timeout_arg) {
-  LocalRegion lr = local_region_of(local);
+Request send_outside(PySender& s, std::uintptr_t address, int gpu, nb::handle shape, int code, int bits,
+                     const std::string& path, nb::handle timeout_arg, nb::object owner) {
+  if (path != "copy" && path != "register") {
+    throw InvalidArgument("path must be one of ('copy', 'register'), got '" + path + "'");
+  }
+  OutsideTensor t;
+  t.data = reinterpret_cast<const void*>(address);
+  t.memory = gpu < 0 ? MemoryType::kHost : MemoryType::kCuda;
+  t.gpu = gpu < 0 ? 0 : gpu;
+  t.keep = hold(std::move(owner));
   TensorSpec spec = make_spec(to_shape(shape), code, bits);
   const double timeout = sender_timeout(timeout_arg);
   gil_scoped_release r;
-  return s.sender->send(lr, 0, spec, timeout);
+  return s.sender->send(t, spec, path == "copy" ? SendPath::kCopy : SendPath::kRegister, timeout);
 }
+
+constexpr const char* kSendOutsideDoc =
+    "Sends the contiguous tensor at `address` (host memory when gpu < 0, else that GPU's), of `shape` and "
+    "DLPack dtype (code, bits), by `path`: 'copy' into the sender's staging block, or 'register' in place "
+    "(held registered, and `owner` alive, until the send completes).";
 
 // A flag word for wait_any (tw.Word): checked when made, kept with its memory.
 struct PyWord {
@@ -191,10 +208,9 @@ void bind_slots(nb::module_& m) {
       .def("send_block", [](PyStaticSender& s, PyBlock& b, nb::handle timeout) {
         return send_block(s, b, timeout);
       }, nb::arg("block"), nb::arg("timeout").none() = 10.0, "Sends a pool block (zero copy).")
-      .def("send_region", [](PyStaticSender& s, nb::handle local, nb::handle shape, int code, int bits,
-                             nb::handle timeout) {
-        return send_region(s, local, shape, code, bits, timeout);
-      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout").none() = 10.0)
+      .def("send_outside", &send_outside<PyStaticSender>, nb::arg("address"), nb::arg("gpu"), nb::arg("shape"),
+           nb::arg("code"), nb::arg("bits"), nb::arg("path"), nb::arg("timeout").none(), nb::arg("owner").none(),
+           kSendOutsideDoc)
       .def("wait_consumed", [](PyStaticSender& s, nb::handle seq_arg, nb::handle timeout_arg) {
         const std::uint64_t seq = to_u64(seq_arg, "seq");
         const double timeout = sender_timeout(timeout_arg);
@@ -207,13 +223,7 @@ void bind_slots(nb::module_& m) {
       .def_prop_ro("sent", [](PyStaticSender& s) { return s.sender->last_sent(); })
       .def_prop_ro("shape", [](PyStaticSender& s) { return s.sender->spec().shape; })
       .def_prop_ro("dtype", [](PyStaticSender& s) { return s.sender->spec().dtype.name(); })
-      .def("note_copy", [](PyStaticSender& s, std::size_t n) { s.sender->note_copy(n); })
-      .def("note_registration", [](PyStaticSender& s) { s.sender->note_registration(); })
-      .def("stats", [](PyStaticSender& s) {
-        SlotStats st = s.sender->stats();
-        st.zero_copy = s.zero_copy;
-        return stats_dict(st);
-      });
+      .def("stats", [](PyStaticSender& s) { return stats_dict(s.sender->stats()); });
 
   nb::class_<DynamicSlot>(m, "DynamicSlot", "Receiver side of dynamic allocation: tensors of any shape.")
       .def("__init__", [](DynamicSlot* self, PyDevice& d, const std::string& name, nb::handle max_ndim,
@@ -266,19 +276,12 @@ void bind_slots(nb::module_& m) {
       .def("send_block", [](PyDynamicSender& s, PyBlock& b, nb::handle timeout) {
         return send_block(s, b, timeout);
       }, nb::arg("block"), nb::arg("timeout").none() = 10.0)
-      .def("send_region", [](PyDynamicSender& s, nb::handle local, nb::handle shape, int code, int bits,
-                             nb::handle timeout) {
-        return send_region(s, local, shape, code, bits, timeout);
-      }, nb::arg("local"), nb::arg("shape"), nb::arg("code"), nb::arg("bits"), nb::arg("timeout").none() = 10.0)
-      .def("note_copy", [](PyDynamicSender& s, std::size_t n) { s.sender->note_copy(n); })
-      .def("note_registration", [](PyDynamicSender& s) { s.sender->note_registration(); })
+      .def("send_outside", &send_outside<PyDynamicSender>, nb::arg("address"), nb::arg("gpu"), nb::arg("shape"),
+           nb::arg("code"), nb::arg("bits"), nb::arg("path"), nb::arg("timeout").none(), nb::arg("owner").none(),
+           kSendOutsideDoc)
       .def_prop_ro("region", [](PyDynamicSender& s) { return s.sender->region(); },
                    "The slot's record at the receiver, as its attach reply exported it to this sender.")
-      .def("stats", [](PyDynamicSender& s) {
-        SlotStats st = s.sender->stats();
-        st.zero_copy = s.zero_copy;
-        return stats_dict(st);
-      });
+      .def("stats", [](PyDynamicSender& s) { return stats_dict(s.sender->stats()); });
 
   nb::class_<PyWord>(m, "Word",
                      "A flag a peer writes one-sidedly, for wait_any: ready once the 8-byte word at `offset` of "

@@ -426,7 +426,10 @@ class StaticSender:
     def send_block(self, block: Block, timeout: object | None = 10.0) -> Request:
         """Sends a pool block (zero copy)."""
 
-    def send_region(self, local: object, shape: object, code: int, bits: int, timeout: object | None = 10.0) -> Request: ...
+    def send_outside(self, address: int, gpu: int, shape: object, code: int, bits: int, path: str, timeout: object | None, owner: object | None) -> Request:
+        """
+        Sends the contiguous tensor at `address` (host memory when gpu < 0, else that GPU's), of `shape` and DLPack dtype (code, bits), by `path`: 'copy' into the sender's staging block, or 'register' in place (held registered, and `owner` alive, until the send completes).
+        """
 
     def wait_consumed(self, seq: object, timeout: object | None = 10.0) -> None:
         """Blocks until the receiver released tensor `seq`."""
@@ -448,10 +451,6 @@ class StaticSender:
 
     @property
     def dtype(self) -> str: ...
-
-    def note_copy(self, arg: int, /) -> None: ...
-
-    def note_registration(self) -> None: ...
 
     def stats(self) -> dict: ...
 
@@ -487,11 +486,10 @@ class DynamicSender:
 
     def send_block(self, block: Block, timeout: object | None = 10.0) -> Request: ...
 
-    def send_region(self, local: object, shape: object, code: int, bits: int, timeout: object | None = 10.0) -> Request: ...
-
-    def note_copy(self, arg: int, /) -> None: ...
-
-    def note_registration(self) -> None: ...
+    def send_outside(self, address: int, gpu: int, shape: object, code: int, bits: int, path: str, timeout: object | None, owner: object | None) -> Request:
+        """
+        Sends the contiguous tensor at `address` (host memory when gpu < 0, else that GPU's), of `shape` and DLPack dtype (code, bits), by `path`: 'copy' into the sender's staging block, or 'register' in place (held registered, and `owner` alive, until the send completes).
+        """
 
     @property
     def region(self) -> RemoteRegion:

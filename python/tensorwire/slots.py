@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import math
 import numbers
-import time
 from typing import Any
 
 from . import _core
@@ -78,74 +77,42 @@ def _spec_of(tensor: Any) -> tuple[list[int], str]:
 
 
 class _Sender:
-    """Shared logic of static and dynamic senders: how a tensor that is not
-    in registered memory is sent (copy into the pool, or register in place)."""
+    """Shared logic of static and dynamic senders. A tensor that is not in a
+    Block is handed to the core, which copies it into the sender's staging
+    block (path="copy") or registers it in place (path="register"); here is
+    only where a Python tensor's bytes are."""
 
     def __init__(self, core, device, path: str) -> None:
         self._core = core
         self._device = device
         self.path = _check_path(path)
-        self._staging = None
-        self._last = None  # the request that still reads the staging block
-        # register path: (request, registration) until the request completed.
-        # The registration keeps the tensor alive: a temporary passed to send()
-        # must not be freed (and its memory reused) while the receiver reads it.
-        self._pinned: list = []
 
-    def _local(self, tensor: Any, timeout: float | None):
-        """(local region, shape, code, bits, time left of `timeout`) for a
-        tensor not in a Block; waits for the staging block within `timeout`."""
-        from . import _DTYPES, Registration
+    def _outside(self, tensor: Any) -> tuple[int, int, Any]:
+        """(address, gpu or -1, owner) of the tensor's bytes, contiguous: for
+        path="copy" a non-contiguous tensor is made contiguous first (the core
+        copies it at once); path="register" takes only memory that stays put."""
+        from . import Registration, _cuda_pointer_of, _pointer_of
         if isinstance(tensor, Registration):
             raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
-        shape, name = _spec_of(tensor)
-        code, bits, _ = _DTYPES[name]
         gpu = _gpu_memory_of(tensor)
         if gpu is not None:
             # The stream contract (docs/contracts.md §1.1): UCX reads the tensor
             # outside torch's streams, so the kernels writing it must be done.
             import torch
             torch.cuda.current_stream(tensor.device).synchronize()
-        if self.path == "register":
-            reg = self._device.register(tensor)
-            return reg, shape, code, bits, timeout
-        # copy path: one staging block per sender, in the tensor's memory, reused (grown when needed)
-        nbytes = max(1, _nbytes_of(tensor))
-        if self._last is not None:
-            # The previous send may still read the staging block (a dynamic
-            # send until the receiver took it): bounded by this send's timeout,
-            # whose rest is left for the send itself (clock read only if waiting).
-            start = None if self._last.done() else time.monotonic()
-            try:
-                self._last.wait(timeout)
-            except Timeout:
-                raise Timeout("send: the previous send has not finished reading the staging buffer "
-                              "(path='copy') within the timeout; a dynamic slot's receiver has not taken "
-                              "that tensor yet") from None
-            if start is not None and timeout is not None:
-                timeout = max(0.0, timeout - (time.monotonic() - start))
-            self._last = None
-        memory = gpu or "host"
-        if self._staging is None or self._staging.nbytes < nbytes or self._staging.memory != memory:
-            self._staging = self._device.alloc(nbytes, alignment=4096, memory=memory)
-        self._copy_into(self._staging, tensor)
-        return self._staging, shape, code, bits, timeout
-
-    @staticmethod
-    def _copy_into(block, tensor: Any) -> None:
-        import numpy as np
-        n = _nbytes_of(tensor)
-        if block.memory != "host":  # a GPU tensor into a GPU staging block: a device copy
-            import torch
-            torch.from_dlpack(block)[:n].copy_(tensor.contiguous().view(torch.uint8).reshape(-1))
-            torch.cuda.current_stream(tensor.device).synchronize()
-            return
-        dst = np.frombuffer(block, dtype=np.uint8, count=n)
-        if hasattr(tensor, "data_ptr"):  # torch: copy through a uint8 view, no numpy dtype needed
-            import torch
-            torch.from_numpy(dst).copy_(tensor.contiguous().view(torch.uint8).reshape(-1))
-        else:
-            dst[:] = np.ascontiguousarray(tensor).reshape(-1).view(np.uint8)
+            if self.path == "copy":
+                tensor = tensor.contiguous()
+            address, _, owner = _cuda_pointer_of(tensor)  # type: ignore[misc]
+            return address, int(gpu.split(":")[1]), owner
+        if self.path == "copy":
+            if hasattr(tensor, "data_ptr"):  # torch
+                tensor = tensor.contiguous()
+                return tensor.data_ptr(), -1, tensor
+            import numpy as np
+            arr = np.ascontiguousarray(tensor)
+            return arr.__array_interface__["data"][0], -1, arr
+        address, _, owner = _pointer_of(tensor)
+        return address, -1, owner
 
     def send(self, tensor: Any, timeout: float | None = 10.0):
         """Sends `tensor`; returns a Request (see the class docs for when it
@@ -153,17 +120,15 @@ class _Sender:
         (None: no bound); past it, Timeout."""
         if isinstance(tensor, _core.Block):
             return self._core.send_block(tensor, timeout)  # the binding checks the timeout
-        local, shape, code, bits, left = self._local(tensor, _check_timeout(timeout))
-        req = self._core.send_region(local, shape, code, bits, left)
-        # counted once sent: a tensor the sender refuses leaves the stats unchanged
-        if local is self._staging:
-            self._core.note_copy(_nbytes_of(tensor))
-            self._last = req
+        from . import _DTYPES
+        timeout = _check_timeout(timeout)
+        shape, name = _spec_of(tensor)
+        code, bits, _ = _DTYPES[name]
+        if _nbytes_of(tensor) == 0:
+            address, gpu, owner = 0, -1, None
         else:
-            self._core.note_registration()
-            self._pinned = [p for p in self._pinned if not p[0].test()]
-            self._pinned.append((req, local))
-        return req
+            address, gpu, owner = self._outside(tensor)
+        return self._core.send_outside(address, gpu, shape, code, bits, self.path, timeout, owner)
 
     def stats(self) -> dict:
         return self._core.stats()
@@ -180,13 +145,6 @@ class StaticSender(_Sender):
     dtype before writing (or copying) anything, and waits (bounded by
     `timeout`) while the buffer it would overwrite has not been released by
     the receiver. The request completes when the local bytes may be reused."""
-
-    def _local(self, tensor: Any, timeout: float | None):
-        shape, name = _spec_of(tensor)
-        if shape != list(self.shape) or name != self.dtype:
-            raise InvalidArgument(f"the slot holds {self.dtype}{list(self.shape)}, refusing a tensor of "
-                                  f"{name}{shape}")
-        return super()._local(tensor, timeout)
 
     def wait_consumed(self, seq: int, timeout: float | None = 10.0) -> None:
         self._core.wait_consumed(seq, timeout)

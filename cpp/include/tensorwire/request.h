@@ -25,6 +25,7 @@ namespace tensorwire {
 
 namespace detail {
 class RequestState;
+class RequestRef;
 }
 class Awaitable;
 
@@ -61,6 +62,7 @@ class Request {
 
  private:
   friend class Awaitable;
+  friend class detail::RequestRef;
   detail::RequestState* state_ = nullptr;
   // An inline failure (no state allocated).
   ErrorKind inline_error_kind_ = ErrorKind::kGeneric;

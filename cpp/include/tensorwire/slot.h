@@ -65,16 +65,38 @@ struct TensorSpec {
 struct SlotStats {
   std::uint64_t sent = 0, received = 0;
   std::uint64_t bytes = 0;
+  // How a sender's tensors left: from pool memory (a Block: zero copy),
+  // copied into its staging block, or registered in place.
   std::uint64_t copies = 0, registrations = 0, zero_copy = 0;
   std::uint64_t waits_for_ack = 0;  // sends that had to wait for the receiver
   std::uint64_t rejected = 0;       // dynamic records refused by the receiver
 };
+
+// A tensor outside the pool, as the caller hands it to a sender: contiguous
+// bytes in host or GPU memory. For GPU memory, the kernels that write it must
+// be complete (docs/contracts.md §1.1).
+struct OutsideTensor {
+  const void* data = nullptr;
+  MemoryType memory = MemoryType::kHost;
+  int gpu = 0;
+  // Held until the send no longer reads `data` (path kRegister), then dropped
+  // on a thread that calls into the sender (its next send, or its destructor),
+  // never in a completion callback: a language binding may hold its object here.
+  std::shared_ptr<const void> keep;
+};
+
+// How a sender moves an OutsideTensor: copied into the sender's staging block
+// in the tensor's memory (one per sender, reused and grown; the default), or
+// registered in place (no copy; the registration and `keep` are held until
+// the send completes).
+enum class SendPath { kCopy, kRegister };
 
 namespace detail {
 class StaticSlotImpl;
 class StaticSenderImpl;
 class DynamicSlotImpl;
 class DynamicSenderImpl;
+class SenderStaging;
 }  // namespace detail
 
 // ---- static placement ----
@@ -117,6 +139,10 @@ class StaticSender {
   // the buffer it would overwrite is not consumed. The returned request
   // completes when the local bytes may be reused.
   Request send(const LocalRegion& local, std::size_t offset, const TensorSpec& spec, double timeout_s = 10.0);
+  // Sends a tensor outside the pool by `path` (SendPath). A tensor of another
+  // spec is refused before anything is copied; every wait (the staging block
+  // still read by the previous send, then the buffer) is within timeout_s.
+  Request send(const OutsideTensor& tensor, const TensorSpec& spec, SendPath path, double timeout_s = 10.0);
   // Blocks until the receiver released sequence number `seq` (Timeout).
   void wait_consumed(std::uint64_t seq, double timeout_s);
   std::uint64_t consumed() const;
@@ -124,11 +150,11 @@ class StaticSender {
   RemoteRegion region() const;  // the slot's memory, exported to this sender by the attach
   const TensorSpec& spec() const;
   SlotStats stats() const;
-  void note_copy(std::size_t bytes);  // the caller staged the tensor (copy path)
-  void note_registration();
 
  private:
   std::shared_ptr<detail::StaticSenderImpl> impl_;
+  // Beside impl_, not in it: it holds sends whose completion holds impl_.
+  std::unique_ptr<detail::SenderStaging> staging_;
 };
 
 // ---- dynamic allocation ----
@@ -164,14 +190,17 @@ class DynamicSender {
   // Describes local[offset..+spec.nbytes()] to the receiver. Waits (bounded)
   // for the previous send's ack first. The request completes on the
   // receiver's ack (the local bytes may then be reused or freed); it fails if
-  // the receiver refused the record. `keep` stays alive until then.
+  // the receiver refused the record. local.owner stays alive until then.
   Request send(const LocalRegion& local, std::size_t offset, const TensorSpec& spec, double timeout_s = 10.0);
+  // Sends a tensor outside the pool by `path` (as StaticSender::send). With
+  // kCopy the staging block is reused only once the receiver took the
+  // previous tensor (bounded by timeout_s).
+  Request send(const OutsideTensor& tensor, const TensorSpec& spec, SendPath path, double timeout_s = 10.0);
   SlotStats stats() const;
-  void note_copy(std::size_t bytes);
-  void note_registration();
 
  private:
   std::shared_ptr<detail::DynamicSenderImpl> impl_;
+  std::unique_ptr<detail::SenderStaging> staging_;  // as StaticSender's
 };
 
 }  // namespace tensorwire

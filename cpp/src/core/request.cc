@@ -62,6 +62,17 @@ bool RequestState::test() {
   return finished();
 }
 
+bool RequestRef::wait(double timeout_s) {
+  if (!state_) return true;
+  try {
+    state_->wait(timeout_s);
+  } catch (const Timeout&) {
+    return false;
+  } catch (const Error&) {
+  }
+  return true;
+}
+
 void RequestState::throw_error() const { tensorwire::throw_error(kind_, message_); }
 
 void RequestState::wait(double timeout_s) {

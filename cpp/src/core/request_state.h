@@ -15,6 +15,7 @@
 #include <string>
 
 #include "tensorwire/error.h"
+#include "tensorwire/request.h"
 
 namespace tensorwire::detail {
 
@@ -93,6 +94,40 @@ class RequestState {
   std::mutex mu_;
   std::condition_variable cv_;
   std::function<void(bool, const std::string&)> callback_;
+};
+
+// A second handle to a request's state, for the core's own bookkeeping (a
+// sender that must know when a send it handed out stops reading memory). It
+// neither waits for nor cancels anything when dropped; users get only the
+// move-only Request.
+class RequestRef {
+ public:
+  RequestRef() = default;
+  explicit RequestRef(const Request& r) : state_(r.state_) {
+    if (state_) state_->retain();
+  }
+  RequestRef(RequestRef&& o) noexcept : state_(o.state_) { o.state_ = nullptr; }
+  RequestRef& operator=(RequestRef&& o) noexcept {
+    if (this != &o) {
+      if (state_) state_->release();
+      state_ = o.state_;
+      o.state_ = nullptr;
+    }
+    return *this;
+  }
+  RequestRef(const RequestRef&) = delete;
+  RequestRef& operator=(const RequestRef&) = delete;
+  ~RequestRef() {
+    if (state_) state_->release();
+  }
+  // Whether it completed (successfully or not); progresses once if not.
+  bool test() { return !state_ || state_->test(); }
+  // Waits for completion within timeout_s (< 0: forever): false at the
+  // deadline. The operation's own error is not this caller's: ignored.
+  bool wait(double timeout_s);
+
+ private:
+  RequestState* state_ = nullptr;
 };
 
 }  // namespace tensorwire::detail

@@ -10,6 +10,7 @@
 
 #include "protocol/dynamic_record.h"
 #include "protocol/slot_common.h"
+#include "protocol/staging.h"
 #include "tensorwire/wait.h"
 
 namespace tensorwire {
@@ -270,12 +271,16 @@ class DynamicSenderImpl : public MessageSink {
   bool gpu_slot = false;  // the slot puts tensors in GPU memory (its attach reply says)
   std::size_t max_nbytes = 0, record_size = 0;
   std::uint64_t next_seq = 1;
-  Block ack, staging, seq_src;
+  Block ack, record_src, seq_src;  // record_src: the record is built here, then written
   SlotStats stats;
   // Local regions exported to the receiver -> the key it was given.
   std::map<std::tuple<std::uintptr_t, std::size_t, std::string>, std::string> exported;
   std::uint64_t acked() const { return load_acquire(ack.data()); }
   std::uint64_t status() const { return load_acquire(static_cast<const char*>(ack.data()) + 8); }
+  std::size_t check_spec(const TensorSpec& spec) const;  // its nbytes; InvalidArgument past the slot's bounds
+  // One tensor from local[offset..]: DynamicSender::send without its accounting of the source.
+  Request send(const std::shared_ptr<DynamicSenderImpl>& self, const LocalRegion& local, std::size_t offset,
+               const TensorSpec& spec, double timeout_s);
 };
 
 }  // namespace detail
@@ -372,7 +377,7 @@ std::uint64_t DynamicSlot::next_seq() const { return impl_->expected; }
 // ---- DynamicSender ----
 
 DynamicSender::DynamicSender(Channel channel, const std::string& name, double timeout_s)
-    : impl_(std::make_shared<detail::DynamicSenderImpl>()) {
+    : impl_(std::make_shared<detail::DynamicSenderImpl>()), staging_(std::make_unique<detail::SenderStaging>()) {
   auto& s = *impl_;
   s.channel = channel;
   auto dev = channel.impl()->peer->device.lock();
@@ -394,23 +399,47 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
     throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), s.next_seq - 1);
-  s.staging = dev->pool->allocate(s.record_size, 64);
+  s.record_src = dev->pool->allocate(s.record_size, 64);
   s.seq_src = dev->pool->allocate(64, 64);
 }
 
 DynamicSender::~DynamicSender() = default;
 
+Request DynamicSender::send(const OutsideTensor& tensor, const TensorSpec& spec, SendPath path, double timeout_s) {
+  impl_->check_spec(spec);  // before anything is copied or registered
+  auto dev = impl_->channel.impl()->peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  auto staged = staging_->stage(*dev, tensor, spec.nbytes(), path, timeout_s);
+  Request req = impl_->send(impl_, staged.local, 0, spec, staged.timeout_left);
+  staging_->sent(std::move(staged), req, impl_->stats);
+  return req;
+}
+
 Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const TensorSpec& spec, double timeout_s) {
-  auto& s = *impl_;
+  Request req = impl_->send(impl_, local, offset, spec, timeout_s);
+  ++impl_->stats.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
+  return req;
+}
+
+namespace detail {
+
+std::size_t DynamicSenderImpl::check_spec(const TensorSpec& spec) const {
   const std::size_t n = spec.nbytes();  // validates dtype and shape
-  if (spec.shape.size() > static_cast<std::size_t>(s.max_ndim)) {
-    throw InvalidArgument("the slot takes at most " + std::to_string(s.max_ndim) + " dimensions, got " +
+  if (spec.shape.size() > static_cast<std::size_t>(max_ndim)) {
+    throw InvalidArgument("the slot takes at most " + std::to_string(max_ndim) + " dimensions, got " +
                           spec.describe());
   }
-  if (n > s.max_nbytes) {
+  if (n > max_nbytes) {
     throw InvalidArgument("tensor of " + std::to_string(n) + " bytes exceeds the slot's limit of " +
-                          std::to_string(s.max_nbytes));
+                          std::to_string(max_nbytes));
   }
+  return n;
+}
+
+Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, const LocalRegion& local,
+                                std::size_t offset, const TensorSpec& spec, double timeout_s) {
+  auto& s = *this;
+  const std::size_t n = check_spec(spec);
   if (n > 0 && (offset > local.length || n > local.length - offset)) {
     throw InvalidArgument("tensor range exceeds its local region");
   }
@@ -463,11 +492,11 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
     posted = std::make_shared<std::pair<Request, Request>>(
         s.channel.impl()->send_message(h, record, &local, offset, n), Request());
   } else {
-    // Build the record in the staging block (registered), then write it.
+    // Build the record in registered memory, then write it.
     rec.address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);
     if (n) rec.rkey = *export_key;
-    const std::size_t record_bytes = detail::encode_record(rec, s.max_ndim, static_cast<char*>(s.staging.data()));
-    Request body = s.channel.write(s.staging.region(), 0, s.record, 0, record_bytes);
+    const std::size_t record_bytes = detail::encode_record(rec, s.max_ndim, static_cast<char*>(s.record_src.data()));
+    Request body = s.channel.write(s.record_src.region(), 0, s.record, 0, record_bytes);
     *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;
     Request flag = s.channel.write_ordered(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
     posted = std::make_shared<std::pair<Request, Request>>(std::move(body), std::move(flag));
@@ -476,7 +505,7 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   ++s.stats.sent;
   s.stats.bytes += n;
   // Completes on the receiver's ack; keeps the local memory alive until then.
-  auto impl = impl_;
+  auto impl = self;
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
   state->local_owner = local.owner;
   state->poller = [posted, impl, seq, state]() {
@@ -512,9 +541,9 @@ Request DynamicSender::send(const LocalRegion& local, std::size_t offset, const 
   return Request(state);
 }
 
+}  // namespace detail
+
 SlotStats DynamicSender::stats() const { return impl_->stats; }
 RemoteRegion DynamicSender::region() const { return impl_->record; }
-void DynamicSender::note_copy(std::size_t) { ++impl_->stats.copies; }
-void DynamicSender::note_registration() { ++impl_->stats.registrations; }
 
 }  // namespace tensorwire

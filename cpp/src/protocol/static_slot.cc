@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "protocol/slot_common.h"
+#include "protocol/staging.h"
 #include "tensorwire/wait.h"
 
 namespace tensorwire {
@@ -228,6 +229,9 @@ class StaticSenderImpl : public MessageSink {
   SlotStats stats;
 
   std::uint64_t acked() const { return load_acquire(ack.data()); }
+  void check_spec(const TensorSpec& given) const;  // InvalidArgument unless it is the slot's
+  // One tensor from local[offset..]: StaticSender::send without its accounting of the source.
+  Request send(const LocalRegion& local, std::size_t offset, const TensorSpec& given, double timeout_s);
 };
 
 }  // namespace detail
@@ -384,7 +388,7 @@ bool StaticSlot::has_sender() const { return impl_->link.attached; }
 // ---- StaticSender ----
 
 StaticSender::StaticSender(Channel channel, const std::string& name, double timeout_s)
-    : impl_(std::make_shared<detail::StaticSenderImpl>()) {
+    : impl_(std::make_shared<detail::StaticSenderImpl>()), staging_(std::make_unique<detail::SenderStaging>()) {
   auto& s = *impl_;
   s.channel = channel;
   auto dev = channel.impl()->peer->device.lock();
@@ -430,11 +434,34 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
 
 StaticSender::~StaticSender() = default;
 
+Request StaticSender::send(const OutsideTensor& tensor, const TensorSpec& spec, SendPath path, double timeout_s) {
+  impl_->check_spec(spec);  // before anything is copied or registered
+  auto dev = impl_->channel.impl()->peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  auto staged = staging_->stage(*dev, tensor, spec.nbytes(), path, timeout_s);
+  Request req = impl_->send(staged.local, 0, spec, staged.timeout_left);
+  staging_->sent(std::move(staged), req, impl_->stats);
+  return req;
+}
+
 Request StaticSender::send(const LocalRegion& local, std::size_t offset, const TensorSpec& spec, double timeout_s) {
-  auto& s = *impl_;
-  if (!(spec.dtype == s.spec.dtype) || spec.shape != s.spec.shape) {
-    throw InvalidArgument("the slot holds " + s.spec.describe() + ", refusing a tensor of " + spec.describe());
+  Request req = impl_->send(local, offset, spec, timeout_s);
+  ++impl_->stats.zero_copy;  // only once sent: a refused tensor leaves the stats unchanged
+  return req;
+}
+
+namespace detail {
+
+void StaticSenderImpl::check_spec(const TensorSpec& given) const {
+  if (!(given.dtype == spec.dtype) || given.shape != spec.shape) {
+    throw InvalidArgument("the slot holds " + spec.describe() + ", refusing a tensor of " + given.describe());
   }
+}
+
+Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, const TensorSpec& given,
+                               double timeout_s) {
+  auto& s = *this;
+  check_spec(given);
   const std::size_t n = s.spec.nbytes();
   const std::uint64_t seq = s.next_seq;
   const std::size_t idx = (seq - s.first_seq) % s.depth;
@@ -499,6 +526,8 @@ Request StaticSender::send(const LocalRegion& local, std::size_t offset, const T
   return Request(state);
 }
 
+}  // namespace detail
+
 void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
   auto& s = *impl_;
   auto dev = s.channel.impl()->peer->device.lock();
@@ -515,7 +544,5 @@ std::uint64_t StaticSender::last_sent() const { return impl_->next_seq - 1; }
 RemoteRegion StaticSender::region() const { return impl_->slot; }
 const TensorSpec& StaticSender::spec() const { return impl_->spec; }
 SlotStats StaticSender::stats() const { return impl_->stats; }
-void StaticSender::note_copy(std::size_t bytes) { ++impl_->stats.copies; (void)bytes; }
-void StaticSender::note_registration() { ++impl_->stats.registrations; }
 
 }  // namespace tensorwire

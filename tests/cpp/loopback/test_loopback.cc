@@ -919,6 +919,82 @@ TEST_P(Loopback, ClosedDeviceFailsCleanly) {
   std::memset(source.data(), 1, 64);
 }
 
+// Tensors outside the pool (OutsideTensor): the sender copies them into its
+// staging block or registers them in place, and counts which.
+TEST_P(Loopback, SendersStageOutsideTensors) {
+  constexpr std::size_t kN = 1024;
+  const tw::TensorSpec spec{{static_cast<std::int64_t>(kN)}, tw::DType{2, 32}};
+  tw::StaticSlot slot(*server, "s", spec, 2);
+  tw::DynamicSlot dslot(*server, "d");
+  tw::Channel ch = client->connect(server->address());
+  tw::StaticSender sender(ch, "s", kWait);
+  tw::DynamicSender dsender(ch, "d", kWait);
+  Pump client_pump(*client);  // inline: the dynamic ack needs the client to progress (rma form over tcp)
+  auto tensor = [&](float v) {
+    auto t = std::make_shared<std::vector<float>>(kN, v);
+    tw::OutsideTensor out;
+    out.data = t->data();
+    out.keep = t;
+    return std::make_pair(t, out);
+  };
+
+  // Copy: the bytes are taken at send(); the source may change right after.
+  auto [a, outside_a] = tensor(1.5f);
+  tw::Request r = sender.send(outside_a, spec, tw::SendPath::kCopy, kWait);
+  std::fill(a->begin(), a->end(), -1.0f);
+  r.wait(kWait);
+  int idx = slot.recv(kWait);
+  EXPECT_EQ(static_cast<float*>(slot.buffer(idx))[kN - 1], 1.5f);
+  slot.release();
+
+  // Register: `keep` is held until the send completed, dropped by a later call.
+  std::weak_ptr<std::vector<float>> held;
+  {
+    auto [b, outside_b] = tensor(2.5f);
+    held = b;
+    outside_b.data = b->data();
+    r = sender.send(outside_b, spec, tw::SendPath::kRegister, kWait);
+  }
+  EXPECT_FALSE(held.expired());
+  r.wait(kWait);
+  idx = slot.recv(kWait);
+  EXPECT_EQ(static_cast<float*>(slot.buffer(idx))[0], 2.5f);
+  slot.release();
+  // A refused tensor (another spec) stages nothing and is not counted; the
+  // call still drops what completed sends held.
+  auto [c, outside_c] = tensor(3.5f);
+  const tw::TensorSpec other{{static_cast<std::int64_t>(kN) / 2}, tw::DType{2, 32}};
+  EXPECT_THROW(sender.send(outside_c, other, tw::SendPath::kRegister, kWait), tw::InvalidArgument);
+  sender.send(outside_c, spec, tw::SendPath::kCopy, kWait).wait(kWait);
+  EXPECT_TRUE(held.expired());
+  slot.recv(kWait);
+  slot.release();
+  auto st = sender.stats();
+  EXPECT_EQ(st.copies, 2u);
+  EXPECT_EQ(st.registrations, 1u);
+  EXPECT_EQ(st.zero_copy, 0u);
+  sender.send(source.region(), 0, spec, kWait).wait(kWait);
+  EXPECT_EQ(sender.stats().zero_copy, 1u);
+  slot.recv(kWait);
+  slot.release();
+
+  // Dynamic, copy: the staging block is reused only once the receiver took
+  // the previous tensor; until then a send times out and changes nothing.
+  auto [d1, outside_d1] = tensor(4.5f);
+  tw::Request first = dsender.send(outside_d1, spec, tw::SendPath::kCopy, kWait);
+  auto [d2, outside_d2] = tensor(5.5f);
+  EXPECT_THROW(dsender.send(outside_d2, spec, tw::SendPath::kCopy, 0.05), tw::Timeout);
+  tw::TensorSpec got;
+  tw::Block blk = dslot.recv(&got, kWait);
+  EXPECT_EQ(static_cast<float*>(blk.data())[kN - 1], 4.5f);
+  first.wait(kWait);
+  dsender.send(outside_d2, spec, tw::SendPath::kCopy, kWait);
+  blk = dslot.recv(&got, kWait);
+  EXPECT_EQ(static_cast<float*>(blk.data())[0], 5.5f);
+  EXPECT_EQ(dsender.stats().copies, 2u);
+  EXPECT_EQ(dsender.stats().sent, 2u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, Loopback,
                          ::testing::Combine(::testing::Values(std::string("tcp"), std::string("shm")),
                                             ::testing::Values(tw::ProgressMode::kBlocking,
