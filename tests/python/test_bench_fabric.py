@@ -221,6 +221,32 @@ def test_each_row_prints_when_its_size_is_measured(argv):
     assert keys <= set(report.rows[0]) and ("lat_us" in report.rows[0]) == (kind == "lat")
 
 
+def test_fullmesh_sweep_prints_each_world_size_when_it_finishes(tmp_path, monkeypatch, capsys):
+    """The scaling table's row of N is out before the run of the next N starts."""
+    from tensorwire import cli
+    from tensorwire.bench import fullmesh
+    shown = []
+
+    def run(cmd, **_):  # stands in for `tensorwire run -n N -- ... bench fullmesh --json OUT`
+        shown.append(capsys.readouterr().out)
+        n = int(cmd[cmd.index("-n") + 1])
+        row = {"ranks": n, "flows": n * (n - 1), "aggregate_Gbps": 2.0 * n, "flow_mean_Gbps": 2.0 / (n - 1),
+               "flow_min_Gbps": 1.0 / (n - 1), "jain": 1.0, "per_flow": [], "per_rank": [{"tx_Gbps": 2.0}] * n}
+        with open(cmd[cmd.index("--json") + 1], "w") as f:
+            json.dump({"rows": [row], "checks": [], "verdict": "PASS"}, f)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(fullmesh.subprocess, "run", run)
+    out = tmp_path / "fm.json"
+    assert cli.main(["bench", "fullmesh", "--ranks", "2,3", "-D", "1", "--no-progress", "--json", str(out)]) == 0
+    rest = capsys.readouterr().out
+    row_of = {n: next(line for line in (shown[1] + rest).splitlines() if line.startswith(f" {n}  "))
+              for n in (2, 3)}
+    assert "jain_fairness" in shown[0] and row_of[2] in shown[1] and row_of[3] in rest
+    assert row_of[2].split()[:3] == ["2", "2", "4.000"] and row_of[3].split()[:3] == ["3", "6", "6.000"]
+    assert [r["ranks"] for r in json.loads(out.read_text())["rows"]] == [2, 3]
+    assert rest.splitlines()[-1].startswith("PASS fullmesh_scaling tcp max aggregate=6.000Gb/s@N=3")
+
+
 # ---- the verdicts' sanity checks ----
 
 def test_avg_above_peak_fails():

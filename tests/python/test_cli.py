@@ -90,8 +90,10 @@ def test_missing_matplotlib_for_plot(tmp_path):
     r = tw("bench", "latency", "--plot", png, block=("matplotlib",))
     assert r.returncode == 2 and r.stderr == \
         "tensorwire bench latency --plot needs matplotlib: pip install tensorwire[bench]\n"
-    r = tw("bench", "tensor", "--plot", png, block=("matplotlib",))
-    assert r.returncode == 2 and "tensorwire bench tensor --plot needs matplotlib" in r.stderr
+    for command in (["bench", "tensor"], ["bench", "fullmesh"], ["bench", "terasort"], ["bench", "alltoall"]):
+        r = tw(*command, "--plot", png, block=("matplotlib",))
+        assert r.returncode == 2 and r.stderr == \
+            f"tensorwire {' '.join(command)} --plot needs matplotlib: pip install tensorwire[bench]\n"
 
 
 def test_an_undeclared_optional_import_is_one_line_too(monkeypatch, capsys):
