@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from ..bench.common import add_progress_switch
+from ..bench.common import PLOT_NEEDS, add_progress_switch
 
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
 MODES = ("zerocopy", "copy", "gloo")
@@ -89,14 +89,17 @@ machine, each configuration a short `tensorwire train` run (synthetic data):
          time of --models (zerocopy, --workers x --workers, --table2-batch) on the
          GPU with GDR off vs on, beside the paper's published improvements
 
-Writes PREFIX.txt (tables), PREFIX.json (every run) and PREFIX_fig8.png,
-PREFIX_fig10.png, PREFIX_fig11.png, PREFIX_table2.png (with matplotlib).
+Output: the tables on stdout (redirect or tee them to keep them), Figure 8's
+rows as each (model, batch) finishes, the rest when the sweep ends; each run's
+result on stderr as it finishes. --json FILE writes every run; --plot FILE.png
+draws every figure that ran into one PNG, one panel per figure (matplotlib).
+Nothing is written unless asked.
 
 examples:
-  tensorwire bench train --transport shm --out bench/results/train_shm
+  tensorwire bench train --transport shm --json train_shm.json --plot train_shm.png | tee train_shm.txt
   tensorwire bench train --models fcn5 --batches 1,8 --figures fig8 --steps 8
-  tensorwire bench train --figures convergence --out bench/results/train_convergence
-  tensorwire bench train --figures table2 --models fcn5 --steps 6 --out bench/results/train_gdr
+  tensorwire bench train --figures convergence --plot convergence.png
+  tensorwire bench train --figures table2 --models fcn5 --steps 6 --json gdr.json
 """
 
 
@@ -209,10 +212,12 @@ def register(commands) -> None:
     b.add_argument("--steps", type=_positive, default=10, help="steps per run (default 10)")
     b.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
     b.add_argument("--repeat", type=_positive, default=1, help="runs per configuration; the best is kept (default 1)")
-    b.add_argument("--out", default="bench/results/train", metavar="PREFIX",
-                   help="output prefix (default bench/results/train): PREFIX.txt, .json, _fig*.png")
+    b.add_argument("--json", metavar="FILE",
+                   help="write every run as JSON: {config, fig8, fig10, fig11, tcp_floor, convergence, table2, ...}")
+    b.add_argument("--plot", metavar="FILE.png",
+                   help="draw every figure that ran into one PNG, one panel per figure (needs matplotlib)")
     _common(b)
-    b.set_defaults(func=run_bench, needs=(("torch", "train"),))
+    b.set_defaults(func=run_bench, needs=(("torch", "train"), PLOT_NEEDS))
 
     pp = commands.top.add_parser(
         "partition", help="graph partitioning: a model's forward as pipeline stages over slots",
@@ -525,29 +530,9 @@ def run_train(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if args.plot:
+        from .plots import plot_run
         plot_run(r, args, args.plot)
     return 0
-
-
-def plot_run(r, args, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    a.plot(range(1, len(r.losses) + 1), r.losses)
-    a.set_xlabel("step")
-    a.set_ylabel("loss (mean over workers)")
-    a.set_title(f"{args.model} {r.mode}")
-    keys = ("compute", "push", "aggregate", "pull")
-    bottom = 0.0
-    for k in keys:
-        b.bar([r.mode], [r.split[k] * 1e3], bottom=bottom, label=k)
-        bottom += r.split[k] * 1e3
-    b.set_ylabel("ms per step")
-    b.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}", file=sys.stderr)
 
 
 def run_bench(args) -> int:
