@@ -98,7 +98,7 @@ def test_missing_matplotlib_for_plot(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch's own message comes first without it")
-@pytest.mark.parametrize("command", [["bench", "train"]])
+@pytest.mark.parametrize("command", [["bench", "train"], ["partition"]])
 def test_missing_matplotlib_for_the_torch_commands_plot(command, tmp_path):
     r = tw(*command, "--plot", str(tmp_path / "p.png"), block=("matplotlib",))
     assert r.returncode == 2 and r.stdout == "" and r.stderr == \

@@ -250,8 +250,11 @@ def register(commands) -> None:
                          "instead of in turns (default 1)")
     pp.add_argument("--no-check", action="store_true",
                     help="skip comparing the outputs with the model run in one process")
-    pp.add_argument("--json", metavar="FILE", help="write the result as JSON")
-    pp.set_defaults(func=run_partition, needs=(("torch", "torch"),))
+    pp.add_argument("--json", metavar="FILE", help="write the result as JSON (stage_stats, edges, samples/s, ...)")
+    pp.add_argument("--plot", metavar="FILE.png",
+                    help="plot per stage the mean compute / wait / send per step and the bytes sent, the samples/s "
+                         "beside one process's and with --train the loss (needs matplotlib)")
+    pp.set_defaults(func=run_partition, needs=(("torch", "torch"), PLOT_NEEDS))
 
 
 def _env_role() -> tuple[int, int] | None:
@@ -392,7 +395,8 @@ same SGD in one process (models with dropout draw other masks there).
 Output: the plan (nodes, parameters and edges per stage), per stage the mean
 wait / compute / send per step and the sends made zero-copy or copied, then
 samples/s of the pipeline beside the same forward in one process (same run), and
-the largest difference from that process's outputs.
+the largest difference from that process's outputs. --json writes the result,
+--plot draws the per-stage split, the samples/s and, with --train, the loss.
 
 examples:
   tensorwire partition --model fcn5 --stages 2 --plan
@@ -400,6 +404,7 @@ examples:
   tensorwire partition --model mlp --stages 3 --batch 4,8 --transport tcp
   tensorwire partition --model fcn5 --stages 2 --train --lr 0.01 --transport shm
   tensorwire partition --model fcn5 --stages 2 --train --micro-batches 4 --batch 32
+  tensorwire partition --model fcn5 --stages 3 --transport tcp --json p.json --plot p.png
 """
 
 
@@ -484,12 +489,15 @@ def run_partition(args) -> int:
     if r.max_abs_error is not None:
         what = "parameters and losses" if args.train else "outputs"
         print(f"largest difference from one process ({what}): {r.max_abs_error:.3g}")
+    out = r.to_dict()
+    out.update({"model": args.model, "transport": args.transport, "batch": args.batch, "train": args.train,
+                "samples_per_s": pipe_sps, "one_process_samples_per_s": local_sps, "plan": r.plan})
     if args.json:
-        out = r.to_dict()
-        out.update({"model": args.model, "transport": args.transport, "batch": args.batch, "train": args.train,
-                    "samples_per_s": pipe_sps, "one_process_samples_per_s": local_sps, "plan": r.plan})
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if args.plot:
+        from .plots import plot_partition
+        plot_partition(out, args.plot)
     return 0
 
 

@@ -1,6 +1,6 @@
-"""The --plot of `tensorwire train` and `bench train` (matplotlib, imported here
-only: the commands declare it in `needs`). Each draws one PNG: `bench train` one
-panel per figure that ran."""
+"""The --plot of `tensorwire train`, `bench train` and `partition` (matplotlib,
+imported here only: the commands declare it in `needs`). Each draws one PNG:
+`bench train` one panel per figure that ran, `partition` what each stage did."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from .cli import MODES
+from .cli import MODES, _fmt_bytes
 
 
 def _figure(panels: int, width: float = 5.0, height: float = 3.8):
@@ -144,4 +144,39 @@ def plot_sweep(out: dict, args, path: str) -> None:
     fig, axes = _figure(len(panels), width=6.0, height=4.2)
     for ax, (_, draw) in zip(axes, panels):
         draw(ax, out, args)
+    _save(fig, path)
+
+
+# ---- tensorwire partition ----
+
+def plot_partition(out: dict, path: str) -> None:
+    """Per stage the mean wait / compute / send per step (stacked) and the MiB it
+    sent; the pipeline's samples/s beside one process's; with --train the loss."""
+    stats = out["stage_stats"]
+    losses = out.get("losses") or []
+    fig, axes = _figure(3 if losses else 2)
+    ax = axes[0]
+    labels = [f"stage {st['stage']}" for st in stats]
+    bottom = [0.0] * len(stats)
+    for key, label in (("compute_s", "compute"), ("wait_s", "wait for inputs"), ("send_s", "send")):
+        ms = [1e3 * st[key] / max(st["steps"], 1) for st in stats]
+        ax.bar(labels, ms, bottom=bottom, label=label)
+        bottom = [b + m for b, m in zip(bottom, ms)]
+    for i, st in enumerate(stats):
+        ax.annotate(f"{_fmt_bytes(st['bytes_sent'])} sent\n{st['sends_zero_copy']} zero-copy, "
+                    f"{st['sends_copied']} copied", (i, bottom[i]), ha="center", va="bottom", fontsize=7)
+    ax.set_ylabel("ms per step (mean)")
+    ax.set_title(f"{out['model']}: {out['stages']} stages over {out['transport']}")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3)  # below: the bars fill the top
+    ax.margins(y=0.25)
+    ax = axes[1]
+    ax.bar(["pipeline", "one process"], [out["samples_per_s"], out["one_process_samples_per_s"]],
+           color=["C0", "gray"])
+    ax.set_ylabel("samples/s")
+    ax.set_title("training" if out.get("train") else "forward passes")
+    if losses:
+        axes[2].plot(range(len(losses)), losses)
+        axes[2].set_xlabel("step")
+        axes[2].set_ylabel("loss")
+        axes[2].set_title("loss (last stage)")
     _save(fig, path)
