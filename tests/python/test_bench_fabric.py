@@ -1,6 +1,8 @@
 """Smoke tests of the fabric benchmarks (`bench write_bw|read_bw|write_lat|read_lat|fullmesh`) at tiny
 sizes with validation, and unit tests of their sanity checks (verdicts)."""
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -163,6 +165,86 @@ def test_fullmesh_killed_rank_fails_the_run_naming_it():
     assert proc.returncode != 0
     assert "rank 2 was killed by SIGKILL" in err, err
     assert elapsed < 10, elapsed
+
+
+# ---- rows as they are measured ----
+
+class _Lane:
+    def transports(self):
+        return ["tcp"]
+
+
+class _Peer:
+    """A peer that answers at once with made-up timings; before measuring size k+1
+    it notes what stdout already shows."""
+
+    def __init__(self, out: io.StringIO):
+        self.channels, self.out, self.seen = [_Lane()], out, []
+
+    def latency(self, op, size, iters, warmup):
+        self.seen.append(self.out.getvalue())
+        return [1e-6 * (1 + size / 1e3) * (1 + k % 7 / 100) for k in range(iters)]
+
+    def stream_ops(self, op, size, iters, window, bidir, warmup):
+        self.seen.append(self.out.getvalue())
+        t = 1e-6 * (1 + size / 1e4)
+        return {"posted": [k * t for k in range(iters)], "completions": [(k + 1) * t for k in range(iters)],
+                "seconds": iters * t}, None
+
+
+@pytest.mark.parametrize("argv", [["write_lat", "-s", "8,4K", "-n", "50"],
+                                  ["read_lat", "-s", "8,4K", "-n", "50", "--format", "osu"],
+                                  ["write_bw", "-s", "4K,64K", "-n", "20"],
+                                  ["read_bw", "-s", "4K,64K", "-n", "20", "--format", "imb"]])
+def test_each_row_prints_when_its_size_is_measured(argv):
+    """perftest and OSU print a size's row when it finishes: the header is out
+    before the first size is measured and row 1 before size 2 is; the JSON rows
+    are the ones the table shows."""
+    from tensorwire.cli import build_parser
+    from tensorwire.bench.fabric import measure
+    args = build_parser().parse_args(["bench", *argv])
+    kind = argv[0].split("_")[1]
+    if kind == "bw":
+        args.iters = 20
+    buf = io.StringIO()
+    peer = _Peer(buf)
+    with contextlib.redirect_stdout(buf):
+        report, _, _ = (measure.measure_bw if kind == "bw" else measure.measure_lat)(args, peer, args.sizes)
+    text = buf.getvalue().splitlines()
+    rows = [line for line in text if line.split() and line.split()[0].isdigit()]
+    assert [int(r.split()[0]) for r in rows] == [row["size"] for row in report.rows] == args.sizes
+    before_first, before_second = peer.seen
+    assert before_first.strip() and not any(line in before_first for line in rows)  # the header alone
+    assert rows[0] in before_second and rows[1] not in before_second
+    assert text.index(rows[1]) > text.index(rows[0])
+    keys = {"size", "bytes", "iterations", "seconds", "warmup"}
+    assert keys <= set(report.rows[0]) and ("lat_us" in report.rows[0]) == (kind == "lat")
+
+
+def test_fullmesh_sweep_prints_each_world_size_when_it_finishes(tmp_path, monkeypatch, capsys):
+    """The scaling table's row of N is out before the run of the next N starts."""
+    from tensorwire import cli
+    from tensorwire.bench import fullmesh
+    shown = []
+
+    def run(cmd, **_):  # stands in for `tensorwire run -n N -- ... bench fullmesh --json OUT`
+        shown.append(capsys.readouterr().out)
+        n = int(cmd[cmd.index("-n") + 1])
+        row = {"ranks": n, "flows": n * (n - 1), "aggregate_Gbps": 2.0 * n, "flow_mean_Gbps": 2.0 / (n - 1),
+               "flow_min_Gbps": 1.0 / (n - 1), "jain": 1.0, "per_flow": [], "per_rank": [{"tx_Gbps": 2.0}] * n}
+        with open(cmd[cmd.index("--json") + 1], "w") as f:
+            json.dump({"rows": [row], "checks": [], "verdict": "PASS"}, f)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(fullmesh.subprocess, "run", run)
+    out = tmp_path / "fm.json"
+    assert cli.main(["bench", "fullmesh", "--ranks", "2,3", "-D", "1", "--no-progress", "--json", str(out)]) == 0
+    rest = capsys.readouterr().out
+    row_of = {n: next(line for line in (shown[1] + rest).splitlines() if line.startswith(f" {n}  "))
+              for n in (2, 3)}
+    assert "jain_fairness" in shown[0] and row_of[2] in shown[1] and row_of[3] in rest
+    assert row_of[2].split()[:3] == ["2", "2", "4.000"] and row_of[3].split()[:3] == ["3", "6", "6.000"]
+    assert [r["ranks"] for r in json.loads(out.read_text())["rows"]] == [2, 3]
+    assert rest.splitlines()[-1].startswith("PASS fullmesh_scaling tcp max aggregate=6.000Gb/s@N=3")
 
 
 # ---- the verdicts' sanity checks ----

@@ -96,6 +96,45 @@ def test_speedups_table_and_plot(tmp_path, capfd):
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, capsys):
+    """The table's rows come out during the sweep: with --repeat 2 none in the first
+    pass, and in the last each cell's row when that pass measured it, showing its best
+    pass and zerocopy's speed-up; the JSON rows are the best of the passes as before."""
+    seen = []
+
+    def series(name, cfg, args, progress, runs, report, measured=None):  # made-up medians, 2 passes
+        for size in args.sizes:
+            seen.append((name, size, capsys.readouterr().out))  # what stdout showed before this cell
+            done = sum(r["series"] == name and r["size"] == size for r in runs)
+            median = (10.0 if name == "zerocopy" else 30.0) * (2 - done) * size / 1024
+            row = {"series": name, "transport": "shm", "size": size, "iters": 10, "median_us": median,
+                   "MBps": size / median, "warmup": 2, "min_us": median, "verified": None}
+            runs.append(row)
+            if measured is not None:
+                measured(row)
+            progress.step(name)
+    monkeypatch.setattr(bt, "_run_series", series)
+    out = tmp_path / "t.json"
+    assert cli.main(["bench", "tensor", "--transport", "shm", "--series", "zerocopy,ucx-tag", "--sizes", "1K,2K",
+                     "--repeat", "2", "--no-progress", "--json", str(out)]) == 0
+    rest = capsys.readouterr().out
+
+    def table_of(text: str) -> list[list[str]]:
+        return [line.split() for line in text.splitlines() if line[:1] == " " and line.split()[0].isdigit()]
+    table = table_of("".join(text for *_, text in seen) + rest)
+    assert [(t[1], int(t[0])) for t in table] == [("zerocopy", 1024), ("zerocopy", 2048), ("ucx-tag", 1024),
+                                                  ("ucx-tag", 2048)]  # as measured: series by series
+    assert "speed-up" in seen[0][2]  # the header before the first cell
+    before = [len(table_of("".join(text for *_, text in seen[:i + 1]))) for i in range(len(seen))]
+    assert before == [0, 0, 0, 0, 0, 1, 2, 3]  # 2 passes of 4 cells: rows come in the last, one per cell
+    rows = json.loads(out.read_text())["rows"]
+    for t, r in zip(table, rows):  # each printed row is the cell's best pass (the second), as in the JSON
+        assert (t[1], int(t[0]), float(t[4])) == (r["series"], r["size"], r["median_us"])
+        assert r["median_us"] == r["medians_us"][1] < r["medians_us"][0]
+    assert [t[6] for t in table] == ["-", "-", "3.00x", "3.00x"]
+    assert rest.index("-" * 87) < rest.index("PASS tensor shm")  # the closing rule, then the verdict
+
+
 def test_unavailable_series_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(bt.UcxTag, "unavailable", classmethod(lambda cls: "not here"))
     out = tmp_path / "r.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import subprocess
 import sys
 
@@ -90,8 +91,19 @@ def test_missing_matplotlib_for_plot(tmp_path):
     r = tw("bench", "latency", "--plot", png, block=("matplotlib",))
     assert r.returncode == 2 and r.stderr == \
         "tensorwire bench latency --plot needs matplotlib: pip install tensorwire[bench]\n"
-    r = tw("bench", "tensor", "--plot", png, block=("matplotlib",))
-    assert r.returncode == 2 and "tensorwire bench tensor --plot needs matplotlib" in r.stderr
+    for command in (["bench", "tensor"], ["bench", "fullmesh"], ["bench", "terasort"], ["bench", "alltoall"]):
+        r = tw(*command, "--plot", png, block=("matplotlib",))
+        assert r.returncode == 2 and r.stderr == \
+            f"tensorwire {' '.join(command)} --plot needs matplotlib: pip install tensorwire[bench]\n"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch's own message comes first without it")
+@pytest.mark.parametrize("command", [["bench", "train"], ["partition"]])
+def test_missing_matplotlib_for_the_torch_commands_plot(command, tmp_path):
+    r = tw(*command, "--plot", str(tmp_path / "p.png"), block=("matplotlib",))
+    assert r.returncode == 2 and r.stdout == "" and r.stderr == \
+        f"tensorwire {' '.join(command)} --plot needs matplotlib: pip install tensorwire[bench]\n"
+    assert not list(tmp_path.iterdir())
 
 
 def test_an_undeclared_optional_import_is_one_line_too(monkeypatch, capsys):

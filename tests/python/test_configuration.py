@@ -6,6 +6,7 @@ that draws one (--progress/--no-progress, handed to ranks as TENSORWIRE_PROGRESS
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import warnings
 import pytest
 
 from tensorwire import cli, config, world
-from tensorwire.bench.common import Progress
+from tensorwire.bench.common import Progress, Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "python", "tensorwire")
@@ -36,9 +37,10 @@ def _package_files() -> list[str]:
     return sorted(glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True))
 
 
-def _terminal_run(args: list[str], timeout: float = 120) -> tuple[subprocess.CompletedProcess, str]:
-    """`tensorwire ARGS` with stderr on a pseudo-terminal and no progress variable inherited:
-    (the process, what reached the terminal)."""
+def _terminal_run(args: list[str], timeout: float = 120,
+                  stdout_too: bool = False) -> tuple[subprocess.CompletedProcess, str]:
+    """`tensorwire ARGS` with stderr (and with stdout_too stdout) on a pseudo-terminal and no
+    progress variable inherited: (the process, what reached the terminal)."""
     import pty
     leader, follower = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWIRE_PROGRESS")}
@@ -57,7 +59,8 @@ def _terminal_run(args: list[str], timeout: float = 120) -> tuple[subprocess.Com
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
-        proc = subprocess.run([sys.executable, "-m", "tensorwire", *args], stdout=subprocess.PIPE,
+        proc = subprocess.run([sys.executable, "-m", "tensorwire", *args],
+                              stdout=follower if stdout_too else subprocess.PIPE,
                               stderr=follower, text=True, timeout=timeout, env=env)
     finally:
         os.close(follower)
@@ -180,6 +183,55 @@ def test_off_a_terminal_the_bar_is_whole_lines(capsys):
     assert "\r" not in err and "quiet" not in err
     lines = err.splitlines()
     assert len(lines) == 2 and lines[0].startswith("sweep [") and " 2/2 1M" in lines[1]
+
+
+def _screen(text: str) -> list[str]:
+    """The lines a terminal shows: a carriage return goes back to the line's start,
+    and what follows overwrites what was there."""
+    shown = []
+    for raw in text.replace("\r\n", "\n").split("\n"):
+        line = ""
+        for part in raw.split("\r"):
+            line = part + line[len(part):]
+        shown.append(line.rstrip())
+    return shown
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_row_printed_under_the_bar_is_not_garbled(monkeypatch):
+    """On a terminal the bar is redrawn in place on the last line: a table row printed
+    meanwhile (stdout, same terminal) clears that line first and the bar comes back
+    below it."""
+    term = _Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setattr(sys, "stdout", term)
+    bar = Progress(3, "sweep", True)
+    table = Table(" #bytes  t[usec]", progress=bar)
+    for size in (8, 16, 32):
+        table.line(f" {size:<7} 1.00")
+        bar.step(str(size))
+    table.close()
+    shown = [line for line in _screen(term.getvalue()) if line]
+    rows = [line for line in shown if line.split()[0].isdigit()]
+    assert rows == [" 8       1.00", " 16      1.00", " 32      1.00"]
+    assert shown[:2] == shown[-1:] + [" #bytes  t[usec]"] == ["-" * 87, " #bytes  t[usec]"]
+    assert re.fullmatch(r"sweep \[#+\] 3/3 32 +\d+\.\ds", shown[-2])  # the finished bar, on its own line
+
+
+def test_a_sweep_on_a_terminal_prints_clean_rows_and_the_bar():
+    """The same through the command line: bench write_lat with stdout and stderr on one terminal."""
+    proc, terminal = _terminal_run(["bench", "write_lat", "--transport", "tcp", "-s", "8,16,32", "-n", "200"],
+                                   stdout_too=True)
+    assert proc.returncode == 0, terminal
+    shown = _screen(terminal)
+    rows = [line for line in shown if re.match(r" (8|16|32) +200 ", line)]
+    assert [r.split()[0] for r in rows] == ["8", "16", "32"], terminal
+    assert any(line.startswith("write_lat [") for line in shown), terminal
+    assert not any("write_lat [" in line and not line.startswith("write_lat [") for line in shown), terminal
 
 
 TERASORT = ["bench", "terasort", "--rows", "20k", "--ranks", "2", "--transport", "tcp", "--samples", "2000"]

@@ -141,6 +141,7 @@ def test_run_checks_its_arguments():
 
 
 def test_cli_partition(tmp_path):
+    import importlib.util
     import json
     import subprocess
     import sys
@@ -153,12 +154,17 @@ def test_cli_partition(tmp_path):
     d = json.loads(out.read_text())
     assert d["max_abs_error"] < 1e-5 and d["samples_per_s"] > 0 and d["steps"] == 4
     assert [e["kind"] for e in d["edges"]] == ["dynamic"]
+    png = tmp_path / "p.png"
+    plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
     tr = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--stages", "2", "--train",
-                         "--lr", "0.1", "--steps", "4", "--warmup", "1", "--transport", "shm", "--json", str(out)],
-                        capture_output=True, text=True, timeout=120)
+                         "--lr", "0.1", "--steps", "4", "--warmup", "1", "--transport", "shm", "--json", str(out),
+                         *plot], capture_output=True, text=True, timeout=120)
     assert tr.returncode == 0, tr.stderr
     d = json.loads(out.read_text())
     assert d["train"] and len(d["losses"]) == 4 and d["max_abs_error"] < 1e-5
+    assert [st["stage"] for st in d["stage_stats"]] == [0, 1] and all(st["steps"] == 3 for st in d["stage_stats"])
+    if plot:  # the per-stage split, the rates and the loss, from the same result as the JSON
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in tr.stderr
     bad = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--cut", "nope",
                           "--plan"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "no node or module named 'nope'" in bad.stderr and "Traceback" not in bad.stderr

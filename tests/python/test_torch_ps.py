@@ -292,17 +292,52 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
 
 def test_bench_train_smoke_with_the_tcp_floor(tmp_path):
     """`tensorwire bench train` over tcp: Figure 8 for every mode, the targets,
-    and the TCP floor anchor beside them, in the table and the JSON."""
+    and the TCP floor anchor beside them, in the table (stdout) and the JSON;
+    --plot draws the PNG, and nothing else is written."""
+    import importlib.util
     import json
-    prefix = tmp_path / "bt"
+    plot = ["--plot", "bt.png"] if importlib.util.find_spec("matplotlib") else []
     p = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "train", "--transport", "tcp", "--models", "mlp",
-                        "--batches", "2", "--figures", "fig8", "--steps", "3", "--warmup", "1", "--out", str(prefix)],
-                       capture_output=True, text=True, timeout=300)
+                        "--batches", "2", "--figures", "fig8", "--steps", "3", "--warmup", "1", "--json", "bt.json",
+                        *plot], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    text = (tmp_path / "bt.txt").read_text()
-    assert "Figure 8" in text and "targets (tcp" in text and "TCP floor" in text
+    assert "Figure 8" in p.stdout and "targets (tcp" in p.stdout and "TCP floor" in p.stdout
+    assert re.search(r"^mlp +2( +\d+\.\d\d){3}( +\d+\.\d\dx){2}$", p.stdout, re.M), p.stdout  # Figure 8's row
+    assert sorted(f.name for f in tmp_path.iterdir()) == sorted(["bt.json"] + plot[1:])
+    if plot:
+        assert (tmp_path / "bt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     d = json.loads((tmp_path / "bt.json").read_text())
     assert sorted(r["mode"] for r in d["fig8"]) == ["copy", "gloo", "zerocopy"]
     assert all(r["samples_per_s"] > 0 for r in d["fig8"])
     (floor,) = d["tcp_floor"]
     assert floor["model"] == "mlp" and floor["batch"] == 2 and floor["sequential"] > 0
+
+
+def test_bench_train_plot_has_a_panel_per_figure(tmp_path):
+    """--plot draws every figure that ran into one PNG (made-up results of all five)."""
+    pytest.importorskip("matplotlib")
+    from tensorwire.cli import build_parser
+    from tensorwire.torch.plots import SWEEP_PANELS, plot_sweep
+    args = build_parser().parse_args(["bench", "train", "--models", "fcn5,alexnet", "--batches", "1,8"])
+
+    def run(model, batch, mode, n=2, **kw):
+        sps = {"zerocopy": 30.0, "copy": 20.0, "gloo": 10.0, "local": 40.0}[mode] * batch
+        return {"model": model, "batch": batch, "mode": mode, "workers": n, "samples_per_s": sps,
+                "step_ms": 1e3 * batch / sps, **kw}
+    modes = ("zerocopy", "copy", "gloo")
+    losses = [2.3 * 0.98 ** i for i in range(50)]
+    out = {"fig8": [run(m, b, mode) for m in args.models for b in args.batches for mode in modes],
+           "fig10": [run("fcn5", 8, "local", 1)] + [run("fcn5", 8, mode, n) for n in (1, 2) for mode in modes[::2]],
+           "fig11": [run(m, 8, mode) for m in args.models for mode in modes[:2]],
+           "convergence": [{"run": r, "losses": losses} for r in ("single process", "2x2 copy")],
+           "table2": [run(m, 8, "zerocopy", gdr=gdr) for m in ("fcn5", "alexnet") for gdr in ("off", "on")]}
+    assert [name for name, _ in SWEEP_PANELS] == list(out)
+    png = tmp_path / "sweep.png"
+    plot_sweep(out, args, str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    height, width = matplotlib.image.imread(png).shape[:2]
+    assert width > height  # 3 panels in a row, 2 rows
+    only = tmp_path / "fig8.png"
+    plot_sweep({"fig8": out["fig8"], "fig10": [], "convergence": None}, args, str(only))
+    assert matplotlib.image.imread(only).shape[1] < width  # one panel

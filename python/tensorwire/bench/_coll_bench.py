@@ -20,7 +20,7 @@ import numpy as np
 from ..collectives import CollectiveError, OneSidedCollectives
 from . import collectives as cli
 from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, _Patterns
-from .common import Progress, Report, check_lane_transports, human_size
+from .common import Progress, Report, check_lane_transports, human_size, print_line
 
 FIELD = 18   # OSU's FIELD_WIDTH
 SIZE_W = 10  # OSU prints the size as %-10d
@@ -185,7 +185,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     out = _Printer(args, op, n, series, report, seed)
     if rank == 0:
         out.header(world)
-    progress = Progress(len(sizes) * len(series), test, None if rank == 0 else False)
+    progress = out.progress = Progress(len(sizes) * len(series), test, None if rank == 0 else False)
     kill_at: Callable[[int], None] | None = None
     if args.kill_rank is not None and args.kill_rank == rank:
         def kill_at(i: int) -> None:  # noqa: F811 - the tests' hook: this rank dies mid-run (10 timed calls into size 1)
@@ -244,6 +244,7 @@ class _Printer:
         self.args, self.op, self.n, self.series, self.report, self.seed = args, op, n, series, report, seed
         self.osu_buffer: dict[str, list[str]] = {s.name: [] for s in series}
         self.other = series[1] if len(series) > 1 else None  # the comparison (mpi or gloo)
+        self.progress: Progress | None = None  # rows are printed above its bar
 
     def header(self, world: Any) -> None:
         a = self.args
@@ -314,10 +315,10 @@ class _Printer:
         a = self.args
         if self.seed:
             for st in stats.values():
-                print(f"{self.n:>6} {size:>12} {iters:>11} {st['avg_us']:>12.2f} {st['min_us']:>12.2f} "
-                      f"{st['max_us']:>12.2f} {st['algbw_GBps']:>12.3f} {st['busbw_GBps']:>12.3f} "
-                      f"{_fmt(st.get('tx_per_rank_Gbps')):>14}  {st['series']}"
-                      + (f"  {st['validation']}" if a.validate else ""), flush=True)
+                print_line(f"{self.n:>6} {size:>12} {iters:>11} {st['avg_us']:>12.2f} {st['min_us']:>12.2f} "
+                           f"{st['max_us']:>12.2f} {st['algbw_GBps']:>12.3f} {st['busbw_GBps']:>12.3f} "
+                           f"{_fmt(st.get('tx_per_rank_Gbps')):>14}  {st['series']}"
+                           + (f"  {st['validation']}" if a.validate else ""), progress=self.progress)
             return
         if a.format == "osu":
             for name, st in stats.items():
@@ -326,7 +327,7 @@ class _Printer:
                 if a.validate:
                     line += f"{st['validation']:>{FIELD}}"
                 if name == "tensorwire":
-                    print(line, flush=True)
+                    print_line(line, progress=self.progress)
                 else:
                     self.osu_buffer[name].append(line)
             return
@@ -341,7 +342,7 @@ class _Printer:
             if a.validate:
                 line += f"{mp['validation']:>12}"
             line += f"{tw[ratio]:>7.2f}x"
-        print(line, flush=True)
+        print_line(line, progress=self.progress)
 
     def finish(self) -> None:
         if self.args.format == "osu" and not self.seed:

@@ -32,7 +32,7 @@ import socket
 import subprocess
 import sys
 import textwrap
-from .common import add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
+from .common import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
 
 OPS = ("alltoall", "allreduce")
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
@@ -148,7 +148,7 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="rank 0 writes the report, with every rank's raw samples")
     p.add_argument("--plot", metavar="FILE.png", help="latency vs size, one line per series (needs matplotlib)")
     p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)  # tests: SIGKILL this rank
-    p.set_defaults(func=run_command, coll_op=op, needs=(("matplotlib", "bench", "plot"),))
+    p.set_defaults(func=run_command, coll_op=op, needs=(PLOT_NEEDS,))
     return p
 
 

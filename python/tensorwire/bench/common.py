@@ -12,6 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+# A `needs` entry of a command with --plot (tensorwire.cli): without matplotlib it stops
+# before measuring, "... --plot needs matplotlib: pip install tensorwire[bench]", exit 2.
+PLOT_NEEDS = ("matplotlib", "bench", "plot")
+
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
 
@@ -200,6 +204,7 @@ class Progress:
         self.total, self.label, self.done = total, label, 0
         self.enabled = progress_bar(enabled)
         self.start = time.monotonic()
+        self._drawn = ""  # the unfinished bar now on the terminal's last line (redrawn in place)
 
     def step(self, what: str) -> None:
         self.done += 1
@@ -210,10 +215,25 @@ class Progress:
         bar = f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
         elapsed = time.monotonic() - self.start
         if sys.stderr.isatty():  # padded: a shorter step must cover the longer one it redraws
-            sys.stderr.write(f"\r{bar} {what:<12} {elapsed:6.1f}s" + ("\n" if self.done >= self.total else ""))
+            line = f"{bar} {what:<12} {elapsed:6.1f}s"
+            done = self.done >= self.total
+            self._drawn = "" if done else line
+            sys.stderr.write(f"\r{line}" + ("\n" if done else ""))
         else:
             sys.stderr.write(f"{bar} {what} {elapsed:.1f}s\n")
         sys.stderr.flush()
+
+    def clear(self) -> None:
+        """Blanks the bar's line on the terminal, so that a line printed next (a table row
+        on stdout, the same terminal) starts clean; redraw() puts the bar back."""
+        if self._drawn:
+            sys.stderr.write("\r" + " " * len(self._drawn) + "\r")
+            sys.stderr.flush()
+
+    def redraw(self) -> None:
+        if self._drawn:
+            sys.stderr.write("\r" + self._drawn)
+            sys.stderr.flush()
 
 
 def add_progress_switch(parser: Any) -> None:
@@ -229,13 +249,44 @@ def iterations_for(size: int, iters: int, budget_bytes: int, minimum: int = 10) 
     return max(minimum, min(iters, budget_bytes // max(1, size)))
 
 
-def print_table(header: str, lines: Iterable[str], out=sys.stdout) -> None:
-    rule = "-" * max(len(header), 87)
-    print(rule, file=out)
-    print(header, file=out)
+def print_line(text: str, out=None, progress: Progress | None = None) -> None:
+    """Prints one line of a report now (flushed: a pipe sees each row as it is
+    measured), above the progress bar when one is drawn. out=None: the sys.stdout
+    of the moment (tests capture it)."""
+    if progress is not None:
+        progress.clear()
+    print(text, file=out or sys.stdout, flush=True)
+    if progress is not None:
+        progress.redraw()
+
+
+class Table:
+    """A table printed as its rows are measured, as perftest and OSU print each size
+    when it finishes: the rule and the column header when made, each row by line(),
+    the closing rule by close(). The caller's row format fixes the column widths,
+    since rows go out before all are known."""
+
+    def __init__(self, header: str, out=None, progress: Progress | None = None, ruled: bool = True) -> None:
+        self.out, self.progress = out, progress
+        self.rule = "-" * max(len(header), 87) if ruled else None
+        if self.rule:
+            self.line(self.rule)
+        self.line(header)
+
+    def line(self, text: str) -> None:
+        print_line(text, self.out, self.progress)
+
+    def close(self) -> None:
+        if self.rule:
+            self.line(self.rule)
+
+
+def print_table(header: str, lines: Iterable[str], out=None) -> None:
+    """A table whose rows are all known."""
+    table = Table(header, out)
     for line in lines:
-        print(line, file=out)
-    print(rule, file=out)
+        table.line(line)
+    table.close()
 
 
 # ---- units of the anchor tools ----

@@ -42,7 +42,7 @@ examples:
 
 def register(commands) -> None:
     from .common import arg_positive as _positive, arg_sizes as _sizes
-    from .common import add_progress_switch, arg_rate, arg_seconds
+    from .common import PLOT_NEEDS, add_progress_switch, arg_rate, arg_seconds
     from .fabric.cli import TRANSPORTS
     p = commands.bench.add_parser(
         "fullmesh", help="all-pairs one-sided write bandwidth and fairness (N(N-1) flows)",
@@ -70,7 +70,7 @@ def register(commands) -> None:
     p.add_argument("--json", metavar="FILE", help="rank 0 (or the sweep) writes the report here, with raw bins")
     p.add_argument("--plot", metavar="FILE.png", help="per-flow bars (one run) or the scaling plot (sweep)")
     add_progress_switch(p)  # the sweep's bar: one step per world size
-    p.set_defaults(func=_main, test="fullmesh")
+    p.set_defaults(func=_main, test="fullmesh", needs=(PLOT_NEEDS,))
 
 
 def _main(args) -> int:
@@ -171,10 +171,7 @@ def run_rank(args) -> int:
             report = build_report(args, everyone, window, n)
             print_report(report)
             if args.plot:
-                try:
-                    plot_flows(report, args.plot)
-                except ImportError:
-                    report.warn("no plot: matplotlib is not installed")
+                plot_flows(report, args.plot)
             print(report.verdict_line(f"aggregate={report.rows[0]['aggregate_Gbps']:.3f}Gb/s "
                                       f"jain={report.rows[0]['jain']:.3f} N={n}"))
             report.write_json(args.json)
@@ -323,6 +320,7 @@ def sweep(args) -> int:
         "isl_rate_Gbps": args.isl_rate * 8 / 1e9 if args.isl_rate else None, "unit": "Gb/sec (10^9 bit/s)"})
     runs = []
     progress = Progress(len(ranks), "fullmesh")
+    table, line = open_scaling(report, bool(groups), progress)  # a testbed's runs all have the inter-group columns
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="tw-fullmesh-") as tmp:
         for k in ranks:
@@ -365,17 +363,15 @@ def sweep(args) -> int:
                 if args.isl_rate and max(extra["inter_group_Gbps"].values()) > args.isl_rate * 8 / 1e9 * 1.02:
                     report.fail(f"N={k}: inter-group traffic above the inter-group link rate")
             report.rows.append({k2: v for k2, v in row.items() if k2 not in ("per_flow", "per_rank")} | extra)
+            table.line(line(report.rows[-1]))
             for c in run["checks"]:
                 (report.fail if c["level"] == "FAIL" else report.warn)(f"N={k}: {c['message']}")
             verdicts.append(f"{run['verdict']} fullmesh {args.transport} N={k} aggregate={row['aggregate_Gbps']:.3f}"
                             f"Gb/s jain={row['jain']:.3f}")
             progress.step(f"N={k}")
-    print_scaling(report)
+    close_scaling(report, table)
     if args.plot and report.rows:
-        try:
-            plot_scaling(report, args.plot)
-        except ImportError:
-            report.warn("no plot: matplotlib is not installed")
+        plot_scaling(report, args.plot)
     for v in verdicts:
         print(v)
     best = max(report.rows, key=lambda r: r["aggregate_Gbps"]) if report.rows else None
@@ -391,29 +387,34 @@ def sweep(args) -> int:
     return 0 if report.verdict != "FAIL" else 2
 
 
-def print_scaling(report, out=None) -> None:
-    from .common import print_table
-    out = out or sys.stdout
+def open_scaling(report, cross: bool, progress=None):
+    """Prints the scaling table's title and header; returns the table and the format of a
+    row (printed as each world size finishes). cross: the inter-group columns (a testbed)."""
+    from .common import Table, print_line
     cfg = report.config
     where = f"testbed {cfg['testbed']}" if cfg["testbed"] else "this host (loopback)"
-    print(f"# fullmesh scaling over {cfg['transport']} on {where}: size {cfg['size']}, {cfg['lanes']} lane(s) per "
-          f"pair, {cfg['duration']:g} s per run (sampled {cfg['margin']:g}..{cfg['duration'] - cfg['margin']:g} s)",
-          file=out)
-    cross = any(r.get("inter_group_Gbps") for r in report.rows)
+    print_line(f"# fullmesh scaling over {cfg['transport']} on {where}: size {cfg['size']}, {cfg['lanes']} lane(s) "
+               f"per pair, {cfg['duration']:g} s per run (sampled {cfg['margin']:g}..{cfg['duration'] - cfg['margin']:g}"
+               f" s)", progress=progress)
+    table = Table(" #ranks  #flows  aggregate[Gb/sec]  per-rank TX[Gb/sec]  flow mean[Gb/sec]  flow min[Gb/sec]  "
+                  "jain_fairness" + ("  inter-group 1->2 2->1[Gb/sec]" if cross else ""), progress=progress)
 
-    def xg(r) -> str:
+    def row(r) -> str:
         v = r.get("inter_group_Gbps")
-        return f"  {v['1->2']:<8.3f}{v['2->1']:.3f}" if v else ""
-    print_table(" #ranks  #flows  aggregate[Gb/sec]  per-rank TX[Gb/sec]  flow mean[Gb/sec]  flow min[Gb/sec]  "
-                "jain_fairness" + ("  inter-group 1->2 2->1[Gb/sec]" if cross else ""),
-                [f" {r['ranks']:<8d}{r['flows']:<8d}{r['aggregate_Gbps']:<19.3f}{r['per_rank_tx_mean_Gbps']:<21.3f}"
-                 f"{r['flow_mean_Gbps']:<19.3f}{r['flow_min_Gbps']:<18.3f}" + (f"{r['jain']:<13.4f}{xg(r)}" if cross
-                                                                   else f"{r['jain']:.4f}")
-                 for r in report.rows], out=out)
+        xg = f"  {v['1->2']:<8.3f}{v['2->1']:.3f}" if v else ""
+        return (f" {r['ranks']:<8d}{r['flows']:<8d}{r['aggregate_Gbps']:<19.3f}{r['per_rank_tx_mean_Gbps']:<21.3f}"
+                f"{r['flow_mean_Gbps']:<19.3f}{r['flow_min_Gbps']:<18.3f}"
+                + (f"{r['jain']:<13.4f}{xg}" if cross else f"{r['jain']:.4f}"))
+    return table, row
+
+
+def close_scaling(report, table) -> None:
+    table.close()
+    cfg = report.config
     if cfg.get("hosts"):
         print(f"# hosts in rank order: {','.join(cfg['hosts'])}; link rate "
               f"{cfg['link_rate_Gbps'] or '-'} Gb/s, inter-group rate {cfg['isl_rate_Gbps'] or '-'} Gb/s "
-              f"(each direction)", file=out)
+              f"(each direction)")
 
 
 def plot_scaling(report, path: str) -> None:

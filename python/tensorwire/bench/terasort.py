@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 import time
-from .common import add_progress_switch, arg_positive as _positive, arg_size as _size
+from .common import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_size as _size
 
 HELP = """\
 TeraSort on tensorwire (Hadoop's TeraGen / TeraSort / TeraValidate, one process per rank):
@@ -104,7 +104,7 @@ def _add_parser(bench_sub) -> None:
     p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)   # failure tests
     p.add_argument("--kill-phase", choices=PHASES, default="shuffle", help=argparse.SUPPRESS)
     p.add_argument("--inject", choices=("swap", "drop"), default=None, help=argparse.SUPPRESS)
-    p.set_defaults(func=_main)
+    p.set_defaults(func=_main, needs=(PLOT_NEEDS,))
 
 
 def _main(args: argparse.Namespace) -> int:

@@ -27,9 +27,9 @@ import importlib
 import sys
 
 from .. import __version__
+from ..bench.common import PLOT_NEEDS  # noqa: F401 - the commands' `needs` entry of --plot
 
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
-PLOT_NEEDS = ("matplotlib", "bench", "plot")  # a `needs` entry: --plot draws with matplotlib
 
 # In this order in --help. Each has register(commands).
 COMMAND_MODULES = (

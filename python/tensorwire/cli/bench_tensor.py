@@ -56,7 +56,9 @@ Each sample: sender takes t0, sends; receiver gets a usable array, reduces it,
 acks by the series' own mechanism; sender takes t1 on the ack. Reported: median
 per transfer, MB/s (10^6 B/s) and zerocopy's speed-up over every other series
 (series time / zerocopy time). Warm-up iterations are untimed; --budget caps the
-bytes moved per size and series (at least 10 iterations).
+bytes moved per size and series (at least 10 iterations). The series run one
+after the other, each over every size, and a row is printed as soon as it is
+measured (with --repeat, in the last pass, when the cell's best is known).
 
 examples:
   tensorwire bench tensor --transport shm --sizes 4K,1M,16M
@@ -84,7 +86,8 @@ def register(commands) -> None:
     tensor.add_argument("--iters", type=_positive, default=100, help="timed iterations per size (default 100)")
     tensor.add_argument("--repeat", type=_positive, default=1,
                         help="passes over every series and size, interleaved; each cell reports its best pass "
-                             "(lowest median), the others' medians kept in the JSON (default 1)")
+                             "(lowest median; rows print during the last pass), the others' medians kept in the "
+                             "JSON (default 1)")
     tensor.add_argument("--warmup", type=int, default=None,
                         help="untimed iterations before each size (default: a tenth of --iters, more for "
                              "small sizes: up to 200, at most an eighth of --budget)")

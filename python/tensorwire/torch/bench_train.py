@@ -15,9 +15,9 @@ import os
 import sys
 import time
 
-from .cli import train_once
+from ..bench.common import print_line
+from .cli import MODES, train_once
 
-MODES = ("zerocopy", "copy", "gloo")
 # The issue's targets (zerocopy samples/s over the others, communication-bound models at small batch)
 TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
 # The paper's Table 2 (8 workers; P100 GPUs, 100 Gb/s InfiniBand, TensorFlow r1.2): mean
@@ -187,12 +187,20 @@ def run_sweep(args) -> int:
            "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}}
     t0 = time.perf_counter()
     W = args.workers
+    print_line(render_header(out, args))
+    verdicts: list[str] = []
     if "fig8" in args.figures:
         _progress(f"Figure 8: samples/s, {W} workers x {W} servers, transport {args.transport}")
+        modes = [m for m in MODES if m in args.modes]
+        for line in _fig8_head(args, modes):
+            print_line(line)
         for model in args.models:
             for batch in args.batches:
                 for mode in args.modes:
                     out["fig8"].append(_run(args, model, batch, mode, W))
+                line, met = _fig8_row(out, args, model, batch, modes)  # the row, as soon as its modes ran
+                print_line(line)
+                verdicts += met
         if args.transport == "tcp":  # the anchor of the tcp targets: plain sockets moving the same bytes
             from . import tcp_floor
             colocate = getattr(args, "colocate", False)
@@ -224,60 +232,58 @@ def run_sweep(args) -> int:
                                "rows": {m: list(v) for m, v in PAPER_TABLE2.items()}}
     out["host"]["loadavg_end"] = os.getloadavg()
     out["elapsed_s"] = time.perf_counter() - t0
-    text = render(out, args)
-    print(text)
-    prefix = args.out
-    d = os.path.dirname(prefix)
-    if d:
-        os.makedirs(d, exist_ok=True)
-    with open(prefix + ".txt", "w") as f:
-        f.write(text + "\n")
-    with open(prefix + ".json", "w") as f:
-        json.dump(out, f, indent=1, default=str)
-    try:
-        plot(out, args, prefix)
-    except ImportError:
-        _progress("matplotlib missing: no plots")
-    _progress(f"wrote {prefix}.txt, {prefix}.json")
+    print(render_rest(out, args, verdicts))
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    if args.plot:
+        from .plots import plot_sweep
+        plot_sweep(out, args, args.plot)
     return 0
 
 
-def render(out: dict, args) -> str:
-    lines = []
-    W = args.workers
-    tr = args.transport
+def render_header(out: dict, args) -> str:
     placement = getattr(args, "placement", "balanced")
     layout = "colocated worker+server processes" if getattr(args, "colocate", False) else "separate processes"
-    lines.append(f"tensorwire bench train: transport {tr} (gloo: tcp), placement {placement}, {layout}, "
-                 f"{args.steps} steps per run "
-                 f"({args.warmup} warm-up), {args.threads} torch thread(s) per process, best of {args.repeat}; "
-                 f"host {out['host']['cpus']} CPUs, load average at start "
-                 f"{out['host']['loadavg_start'][0]:.1f}, at end {out['host']['loadavg_end'][0]:.1f}")
+    return (f"tensorwire bench train: transport {args.transport} (gloo: tcp), placement {placement}, {layout}, "
+            f"{args.steps} steps per run ({args.warmup} warm-up), {args.threads} torch thread(s) per process, best "
+            f"of {args.repeat}; host {out['host']['cpus']} CPUs, load average at start "
+            f"{out['host']['loadavg_start'][0]:.1f}")
+
+
+def _fig8_head(args, modes: list[str]) -> list[str]:
+    hdr = f"{'model':<11}{'batch':>6}" + "".join(f"{m:>11}" for m in modes)
+    if "zerocopy" in modes:
+        hdr += "".join(f"{'zc/' + m:>10}" for m in modes if m != "zerocopy")
+    return ["", f"Figure 8: samples/s, {args.workers} workers x {args.workers} servers", hdr]
+
+
+def _fig8_row(out: dict, args, model: str, batch: int, modes: list[str]) -> tuple[str, list[str]]:
+    """Figure 8's row of (model, batch), and its lines of the targets (the smallest batch's)."""
+    rows = {r["mode"]: r for r in out["fig8"] if r["model"] == model and r["batch"] == batch}
+    line = f"{model:<11}{batch:>6}" + "".join(f"{rows[m]['samples_per_s']:>11.2f}" if m in rows else
+                                              f"{'-':>11}" for m in modes)
+    verdicts = []
+    if "zerocopy" in rows:
+        zc = rows["zerocopy"]["samples_per_s"]
+        for m in modes:
+            if m != "zerocopy":
+                ratio = _ratio(zc, rows[m]["samples_per_s"]) if m in rows else float("nan")
+                line += f"{ratio:>9.2f}x"
+                target = TARGETS.get(args.transport, {}).get(m)
+                if target is not None and batch == min(args.batches):
+                    verdicts.append(f"  {model} batch {batch}: zerocopy/{m} = {ratio:.2f}x "
+                                    f"(target >= {target}x): {'met' if ratio >= target else 'NOT met'}")
+    return line, verdicts
+
+
+def render_rest(out: dict, args, verdicts: list[str]) -> str:
+    """What follows Figure 8's rows (printed as they were measured): the per-step
+    split and the targets, then every other figure, then the time taken."""
+    lines = []
+    tr = args.transport
     if out["fig8"]:
-        lines += ["", f"Figure 8: samples/s, {W} workers x {W} servers"]
-        modes = [m for m in MODES if any(r["mode"] == m for r in out["fig8"])]
-        hdr = f"{'model':<11}{'batch':>6}" + "".join(f"{m:>11}" for m in modes)
-        if "zerocopy" in modes:
-            hdr += "".join(f"{'zc/' + m:>10}" for m in modes if m != "zerocopy")
-        lines.append(hdr)
-        keys = sorted({(r["model"], r["batch"]) for r in out["fig8"]},
-                      key=lambda k: (args.models.index(k[0]) if k[0] in args.models else 99, k[1]))
-        verdicts = []
-        for model, batch in keys:
-            rows = {r["mode"]: r for r in out["fig8"] if r["model"] == model and r["batch"] == batch}
-            line = f"{model:<11}{batch:>6}" + "".join(f"{rows[m]['samples_per_s']:>11.2f}" if m in rows else
-                                                      f"{'-':>11}" for m in modes)
-            if "zerocopy" in rows:
-                zc = rows["zerocopy"]["samples_per_s"]
-                for m in modes:
-                    if m != "zerocopy":
-                        ratio = _ratio(zc, rows[m]["samples_per_s"]) if m in rows else float("nan")
-                        line += f"{ratio:>9.2f}x"
-                        target = TARGETS.get(tr, {}).get(m)
-                        if target is not None and batch == min(b for mm, b in keys if mm == model):
-                            verdicts.append(f"  {model} batch {batch}: zerocopy/{m} = {ratio:.2f}x "
-                                            f"(target >= {target}x): {'met' if ratio >= target else 'NOT met'}")
-            lines.append(line)
         lines.append("")
         lines.append("per-step split (ms, mean over workers): compute / push / aggregate / pull = step; "
                      "bytes copied per step")
@@ -345,7 +351,7 @@ def render(out: dict, args) -> str:
     if out.get("table2"):
         lines += ["", render_table2(out, args)]
     lines.append("")
-    lines.append(f"elapsed {out['elapsed_s']:.0f} s")
+    lines.append(f"elapsed {out['elapsed_s']:.0f} s; load average at end {out['host']['loadavg_end'][0]:.1f}")
     return "\n".join(lines)
 
 
@@ -371,99 +377,3 @@ def render_table2(out: dict, args) -> str:
     lines.append(f"paper: {PAPER_TABLE2_SOURCE}: RDMA vs RDMA+GDR, mini-batch time (ms); its cluster: 8 servers with "
                  f"2 P100 GPUs and 100 Gb/s InfiniBand each, TensorFlow r1.2")
     return "\n".join(lines)
-
-
-def plot(out: dict, args, prefix: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    if out["fig8"]:
-        models = [m for m in args.models if any(r["model"] == m for r in out["fig8"])]
-        fig, axes = plt.subplots(1, len(models), figsize=(4 * len(models), 3.6), squeeze=False)
-        for ax, model in zip(axes[0], models):
-            rows = [r for r in out["fig8"] if r["model"] == model]
-            batches = sorted({r["batch"] for r in rows})
-            modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
-            w = 0.8 / max(1, len(modes))
-            for i, mode in enumerate(modes):
-                ys = [next((r["samples_per_s"] for r in rows if r["batch"] == b and r["mode"] == mode), 0)
-                      for b in batches]
-                ax.bar([j + i * w for j in range(len(batches))], ys, w, label=mode)
-            ax.set_xticks([j + w * (len(modes) - 1) / 2 for j in range(len(batches))])
-            ax.set_xticklabels([str(b) for b in batches])
-            ax.set_xlabel("batch size per worker")
-            ax.set_ylabel("samples/s")
-            ax.set_title(model)
-            ax.legend(fontsize=8)
-        fig.suptitle(f"PS training, {args.workers} workers x {args.workers} servers, {args.transport}")
-        fig.tight_layout()
-        fig.savefig(prefix + "_fig8.png", dpi=110)
-        plt.close(fig)
-    if out["fig10"]:
-        fig, ax = plt.subplots(figsize=(5, 3.6))
-        for model in args.scale_models:
-            rows = [r for r in out["fig10"] if r["model"] == model]
-            for mode in ("zerocopy", "gloo"):
-                pts = sorted((r["workers"], r["samples_per_s"]) for r in rows if r["mode"] == mode)
-                if pts:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=f"{model} {mode}")
-            local = [r for r in rows if r["mode"] == "local"]
-            if local:
-                ax.axhline(local[0]["samples_per_s"], ls="--", color="gray", label=f"{model} local")
-        ax.set_xlabel("workers (= servers)")
-        ax.set_ylabel("samples/s")
-        ax.legend(fontsize=8)
-        ax.set_title(f"scaling, batch {args.scale_batch}, {args.transport}")
-        fig.tight_layout()
-        fig.savefig(prefix + "_fig10.png", dpi=110)
-        plt.close(fig)
-    if out.get("convergence"):
-        fig, ax = plt.subplots(figsize=(6, 3.8))
-        for r in out["convergence"]:
-            ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=r["run"],
-                    lw=2.5 if r["run"] == "single process" else 1, alpha=0.8)
-        ax.axhline(args.target_loss, ls="--", color="gray", lw=0.8)
-        ax.set_yscale("log")
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss (global batch)")
-        ax.set_title("mlp on digits: 2 workers x 2 servers vs one process")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(prefix + "_convergence.png", dpi=110)
-        plt.close(fig)
-    if out.get("table2"):
-        pairs = _table2_pairs(out)
-        fig, ax = plt.subplots(figsize=(1.6 + 1.6 * len(pairs), 3.6))
-        for i, (label, key) in enumerate((("GDR off (staged via host)", 1), ("GDR on", 2))):
-            ax.bar([j + i * 0.4 for j in range(len(pairs))], [p[key].get("step_ms", 0) for p in pairs], 0.4,
-                   label=label)
-        for j, (model, off, on) in enumerate(pairs):
-            paper = PAPER_TABLE2.get(model)
-            gain = (_ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan"))) - 1) * 100
-            ax.annotate(f"{gain:+.0f}%" + (f"\n(paper {paper[2]:g}%)" if paper else ""),
-                        (j + 0.2, max(off.get("step_ms", 0), on.get("step_ms", 0))), ha="center", va="bottom",
-                        fontsize=8)
-        ax.set_xticks([j + 0.2 for j in range(len(pairs))])
-        ax.set_xticklabels([p[0] for p in pairs])
-        ax.set_ylabel("mean mini-batch time (ms)")
-        ax.set_title(f"Table 2: GDR off vs on, batch {args.table2_batch}, {args.workers} workers, {args.transport}")
-        ax.legend(fontsize=8)
-        ax.margins(y=0.2)
-        fig.tight_layout()
-        fig.savefig(prefix + "_table2.png", dpi=110)
-        plt.close(fig)
-    if out["fig11"]:
-        models = [m for m in args.models if any(r["model"] == m for r in out["fig11"])]
-        fig, ax = plt.subplots(figsize=(5, 3.6))
-        for i, mode in enumerate(("zerocopy", "copy")):
-            ys = [next((r.get("step_ms", 0) for r in out["fig11"] if r["model"] == m and r["mode"] == mode), 0)
-                  for m in models]
-            ax.bar([j + i * 0.4 for j in range(len(models))], ys, 0.4, label=mode)
-        ax.set_xticks([j + 0.2 for j in range(len(models))])
-        ax.set_xticklabels(models)
-        ax.set_ylabel("mean step time (ms)")
-        ax.set_title(f"zero copy on/off, batch {args.copy_batch}, {args.transport}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(prefix + "_fig11.png", dpi=110)
-        plt.close(fig)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from ..bench.common import add_progress_switch
+from ..bench.common import PLOT_NEEDS, add_progress_switch
 
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
 MODES = ("zerocopy", "copy", "gloo")
@@ -89,14 +89,17 @@ machine, each configuration a short `tensorwire train` run (synthetic data):
          time of --models (zerocopy, --workers x --workers, --table2-batch) on the
          GPU with GDR off vs on, beside the paper's published improvements
 
-Writes PREFIX.txt (tables), PREFIX.json (every run) and PREFIX_fig8.png,
-PREFIX_fig10.png, PREFIX_fig11.png, PREFIX_table2.png (with matplotlib).
+Output: the tables on stdout (redirect or tee them to keep them), Figure 8's
+rows as each (model, batch) finishes, the rest when the sweep ends; each run's
+result on stderr as it finishes. --json FILE writes every run; --plot FILE.png
+draws every figure that ran into one PNG, one panel per figure (matplotlib).
+Nothing is written unless asked.
 
 examples:
-  tensorwire bench train --transport shm --out bench/results/train_shm
+  tensorwire bench train --transport shm --json train_shm.json --plot train_shm.png | tee train_shm.txt
   tensorwire bench train --models fcn5 --batches 1,8 --figures fig8 --steps 8
-  tensorwire bench train --figures convergence --out bench/results/train_convergence
-  tensorwire bench train --figures table2 --models fcn5 --steps 6 --out bench/results/train_gdr
+  tensorwire bench train --figures convergence --plot convergence.png
+  tensorwire bench train --figures table2 --models fcn5 --steps 6 --json gdr.json
 """
 
 
@@ -209,10 +212,12 @@ def register(commands) -> None:
     b.add_argument("--steps", type=_positive, default=10, help="steps per run (default 10)")
     b.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
     b.add_argument("--repeat", type=_positive, default=1, help="runs per configuration; the best is kept (default 1)")
-    b.add_argument("--out", default="bench/results/train", metavar="PREFIX",
-                   help="output prefix (default bench/results/train): PREFIX.txt, .json, _fig*.png")
+    b.add_argument("--json", metavar="FILE",
+                   help="write every run as JSON: {config, fig8, fig10, fig11, tcp_floor, convergence, table2, ...}")
+    b.add_argument("--plot", metavar="FILE.png",
+                   help="draw every figure that ran into one PNG, one panel per figure (needs matplotlib)")
     _common(b)
-    b.set_defaults(func=run_bench, needs=(("torch", "train"),))
+    b.set_defaults(func=run_bench, needs=(("torch", "train"), PLOT_NEEDS))
 
     pp = commands.top.add_parser(
         "partition", help="graph partitioning: a model's forward as pipeline stages over slots",
@@ -245,8 +250,11 @@ def register(commands) -> None:
                          "instead of in turns (default 1)")
     pp.add_argument("--no-check", action="store_true",
                     help="skip comparing the outputs with the model run in one process")
-    pp.add_argument("--json", metavar="FILE", help="write the result as JSON")
-    pp.set_defaults(func=run_partition, needs=(("torch", "torch"),))
+    pp.add_argument("--json", metavar="FILE", help="write the result as JSON (stage_stats, edges, samples/s, ...)")
+    pp.add_argument("--plot", metavar="FILE.png",
+                    help="plot per stage the mean compute / wait / send per step and the bytes sent, the samples/s "
+                         "beside one process's and with --train the loss (needs matplotlib)")
+    pp.set_defaults(func=run_partition, needs=(("torch", "torch"), PLOT_NEEDS))
 
 
 def _env_role() -> tuple[int, int] | None:
@@ -387,7 +395,8 @@ same SGD in one process (models with dropout draw other masks there).
 Output: the plan (nodes, parameters and edges per stage), per stage the mean
 wait / compute / send per step and the sends made zero-copy or copied, then
 samples/s of the pipeline beside the same forward in one process (same run), and
-the largest difference from that process's outputs.
+the largest difference from that process's outputs. --json writes the result,
+--plot draws the per-stage split, the samples/s and, with --train, the loss.
 
 examples:
   tensorwire partition --model fcn5 --stages 2 --plan
@@ -395,6 +404,7 @@ examples:
   tensorwire partition --model mlp --stages 3 --batch 4,8 --transport tcp
   tensorwire partition --model fcn5 --stages 2 --train --lr 0.01 --transport shm
   tensorwire partition --model fcn5 --stages 2 --train --micro-batches 4 --batch 32
+  tensorwire partition --model fcn5 --stages 3 --transport tcp --json p.json --plot p.png
 """
 
 
@@ -479,12 +489,15 @@ def run_partition(args) -> int:
     if r.max_abs_error is not None:
         what = "parameters and losses" if args.train else "outputs"
         print(f"largest difference from one process ({what}): {r.max_abs_error:.3g}")
+    out = r.to_dict()
+    out.update({"model": args.model, "transport": args.transport, "batch": args.batch, "train": args.train,
+                "samples_per_s": pipe_sps, "one_process_samples_per_s": local_sps, "plan": r.plan})
     if args.json:
-        out = r.to_dict()
-        out.update({"model": args.model, "transport": args.transport, "batch": args.batch, "train": args.train,
-                    "samples_per_s": pipe_sps, "one_process_samples_per_s": local_sps, "plan": r.plan})
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
+    if args.plot:
+        from .plots import plot_partition
+        plot_partition(out, args.plot)
     return 0
 
 
@@ -525,29 +538,9 @@ def run_train(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if args.plot:
+        from .plots import plot_run
         plot_run(r, args, args.plot)
     return 0
-
-
-def plot_run(r, args, path: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    a.plot(range(1, len(r.losses) + 1), r.losses)
-    a.set_xlabel("step")
-    a.set_ylabel("loss (mean over workers)")
-    a.set_title(f"{args.model} {r.mode}")
-    keys = ("compute", "push", "aggregate", "pull")
-    bottom = 0.0
-    for k in keys:
-        b.bar([r.mode], [r.split[k] * 1e3], bottom=bottom, label=k)
-        bottom += r.split[k] * 1e3
-    b.set_ylabel("ms per step")
-    b.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"wrote {path}", file=sys.stderr)
 
 
 def run_bench(args) -> int:

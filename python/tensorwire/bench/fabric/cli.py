@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ..common import add_progress_switch, arg_rate, arg_seconds, parse_sizes
+from ..common import PLOT_NEEDS, add_progress_switch, arg_rate, arg_seconds, parse_sizes
 from ..common import arg_positive as _positive, arg_sizes as _sizes
 from .measure import measure_bw, measure_lat
 from .peer import _serve_main, with_client
@@ -21,7 +21,6 @@ ALL_SIZES = "2:8M"  # perftest -a: 2^1..2^23
 BW_SIZES, LAT_SIZES = "65536", "2"  # perftest's -s defaults
 BW_ITERS = {"write": 5000, "read": 1000}  # perftest's -n defaults (per lane)
 LAT_ITERS = 1000
-PLOT_NEEDS = (("matplotlib", "bench", "plot"),)  # main() checks it before the run (tensorwire.cli)
 
 
 BW_HELP = """\
@@ -153,7 +152,7 @@ def register(commands) -> None:
                                  help=f"one-sided {op} bandwidth, perftest ib_{op}_bw semantics (-q, -D, -b)",
                                  description=BW_HELP.format(ops=op + "s", name=name))
         _bw_options(p, str(BW_ITERS[op]))
-        p.set_defaults(func=_bw_main, op=op, test=name, needs=PLOT_NEEDS)
+        p.set_defaults(func=_bw_main, op=op, test=name, needs=(PLOT_NEEDS,))
     for op, (what, rtt) in LAT_WHAT.items():
         name = f"{op}_lat"
         p = bench_sub.add_parser(name, formatter_class=fmt,
@@ -161,7 +160,7 @@ def register(commands) -> None:
                                       + (" (full RTT)" if op == "read" else " (RTT/2)"),
                                  description=LAT_HELP.format(what=what, rtt=rtt, name=name))
         _lat_options(p)
-        p.set_defaults(func=_lat_main, op=op, test=name, lanes=1, needs=PLOT_NEEDS)
+        p.set_defaults(func=_lat_main, op=op, test=name, lanes=1, needs=(PLOT_NEEDS,))
 
 
 def register_aliases(commands) -> None:
@@ -175,14 +174,14 @@ def register_aliases(commands) -> None:
                           rtt=" ".join(r for _, r in LAT_WHAT.values()), name="latency"))
     _lat_options(p)
     _alias_options(p)
-    p.set_defaults(func=_lat_main, test=None, lanes=1, needs=PLOT_NEEDS)
+    p.set_defaults(func=_lat_main, test=None, lanes=1, needs=(PLOT_NEEDS,))
     p = bench_sub.add_parser(
         "bw", formatter_class=fmt, help="alias of write_bw (--op read: read_bw)",
         description=ALIAS_HELP.format(name="bw", family="write_bw", members="write_bw, read_bw")
         + BW_HELP.format(ops="writes (reads with --op read)", name="bw"))
     _bw_options(p, "5000 write, 1000 read")
     _alias_options(p)
-    p.set_defaults(func=_bw_main, test=None, needs=PLOT_NEEDS)
+    p.set_defaults(func=_bw_main, test=None, needs=(PLOT_NEEDS,))
     p = bench_sub.add_parser("serve", help="the passive side of the point-to-point benches (what --server runs)")
     _peer_options(p)
     p.set_defaults(func=_serve_main, test="serve")
@@ -205,8 +204,7 @@ def _run(args, kind: str, measure: Callable) -> int:
     out = with_client(args, max(sizes), lambda client: measure(args, client, sizes))
     if out is None:
         return 0
-    report, printer, plotter, key = out
-    printer()
+    report, plotter, key = out  # the table is out: its rows were printed as they were measured
     if args.plot:
         plotter(args.plot)
         print(f"plot written to {args.plot}")

@@ -1,5 +1,6 @@
 """The tests: one-sided bandwidth (write_bw/read_bw) and latency
-(write_lat/read_lat) measured against a client, checked, and reported."""
+(write_lat/read_lat) measured against a client, checked, and reported: each
+size's row is printed when it is measured, as perftest does."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from .peer import _in_world
 from .plots import plot_bw, plot_lat
-from .tables import print_bw_table, print_lat_table
+from .tables import open_bw_table, open_lat_table
 
 
 def _config(args, sizes: list[int], unit: str, **specific: Any) -> dict[str, Any]:
@@ -38,6 +39,7 @@ def measure_bw(args, client, sizes: list[int]):
         peak="disabled" if (args.duration or args.no_peak) else "best run of >= in-flight consecutive ops"))
     check_transports(report, args.transport, client.channels)
     progress = Progress(len(sizes), report.test)
+    table, line = open_bw_table(args, report, unit, progress)
     trend = []
     for i, size in enumerate(sizes):
         window = p2p.window_for(size, args.window)
@@ -95,19 +97,18 @@ def measure_bw(args, client, sizes: list[int]):
                     "bw_peak": to_unit(peak, unit) if peak else 0.0, "unit": unit, "msg_rate_Mpps": msg_rate,
                     "bw_MiBps": avg / MIB, "bw_Gbps": avg * 8 / 1e9})
         report.rows.append(row)
+        table.line(line(row))
         trend.append((size, avg))
         progress.step(human_size(size))
+    table.close()
     check_bw_trend(report, trend)
-
-    def printer() -> None:
-        print_bw_table(args, report, unit)
 
     def plotter(path: str) -> None:
         plot_bw(report, path, unit)
 
     best = max(report.rows, key=lambda r: r["bw_avg_Bps"])
     key = f"BW average={best['bw_average']:.2f}{unit}@{best['size']}B"
-    return report, printer, plotter, key
+    return report, plotter, key
 
 
 def _us(xs) -> list[float]:
@@ -131,6 +132,7 @@ def measure_lat(args, client, sizes: list[int]):
         tail="2 largest samples dropped (perftest LAT_MEASURE_TAIL)"))
     check_transports(report, args.transport, client.channels)
     progress = Progress(len(sizes), report.test)
+    table, line = open_lat_table(args, report, progress)
     trend = []
     for i, size in enumerate(sizes):
         iters = _iterations(args, size)
@@ -151,17 +153,16 @@ def measure_lat(args, client, sizes: list[int]):
             for e in errors:
                 report.fail(f"DATA VALIDATION ERROR at {size} B: {e}")
         report.rows.append(row)
+        table.line(line(row))
         trend.append((size, st["p50"]))
         progress.step(human_size(size))
+    table.close()
     # A one-way time below size/rate is impossible; a full RTT moves the size once as well.
     check_latency_trend(report, trend, args.link_rate, rtt)
-
-    def printer() -> None:
-        print_lat_table(args, report)
 
     def plotter(path: str) -> None:
         plot_lat(report, path)
 
     first = report.rows[0]
     key = f"t_typical={first['lat_us']['p50']:.2f}us{'(rtt)' if rtt else ''}@{first['size']}B"
-    return report, printer, plotter, key
+    return report, plotter, key

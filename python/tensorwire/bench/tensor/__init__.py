@@ -67,8 +67,9 @@ The package, one job per file:
   cuda        --memory cuda: the GPU forms of zerocopy, dynamic, gloo; staged, cuda_ipc
   registry    SERIES, CUDA_SERIES (name -> Series class), series_class, select_series
   harness     the receiver process, the checks, the serial and stream passes of one series
-  report      best of the passes, speed-ups, targets, the table and the plot
-  (here)      run_tensor, the sweep
+  report      best of the passes, speed-ups, targets, the table (its header, a row, what
+              follows it) and the plot
+  (here)      run_tensor, the sweep: each cell's row printed when its last pass measured it
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ import importlib.util
 import sys
 from typing import Any
 
-from ..common import Progress, Report
+from ..common import Progress, Report, print_line
 from .base import (DEFAULT_SIZES, DTYPE, HOST, ITEM, START_TIMEOUT_S, STREAM_FROM, WRITE_ANCHOR_FROM, Series,
                    decode_meta, encode_meta, fill_pattern)
 from .cuda import CudaDynamic, CudaGloo, CudaIpc, CudaZeroCopy, Staged, cuda_unavailable
@@ -85,7 +86,8 @@ from .gloo import Gloo
 from .grpc_call import GRPC_METHOD, GRPC_OPTIONS, Grpc
 from .harness import CHILD_ENV, _first_line, _run_series, _spin_us, memcpy_bandwidth, warmup_for
 from .registry import CUDA_SERIES, SERIES, SERIES_ORDER, select_series, series_class, series_order
-from .report import CUDA_TARGETS, TARGETS, _expectations, _print, _speedups, best_of, plot, targets
+from .report import (CUDA_TARGETS, TARGETS, _expectations, _print, _speedups, best_of, open_table, plot, print_tail,
+                     row_line, table_order, targets)
 from .slots import Copy, Dynamic, StaticSeries, ZeroCopy
 from .tcp_socket import Socket
 from .ucx import TAG_ACK, TAG_DATA, RpcUcx, UcxTag
@@ -142,25 +144,41 @@ def run_tensor(args) -> Report:
     report.config["repeat"] = repeat
     runs: list[dict[str, Any]] = []
     progress = Progress(len(runnable) * len(sizes) * repeat, "tensor")
-    for _ in range(repeat):  # whole passes, series interleaved: each sees the machine's modes alike
+    table = open_table(report, args, progress)
+    printed: set[tuple[str, int]] = set()
+
+    def print_cell(measured: dict[str, Any]) -> None:
+        key = (measured["series"], measured["size"])
+        rows = best_of(runs)
+        _speedups(rows)
+        table.line(row_line(next(r for r in rows if (r["series"], r["size"]) == key), memory == "cuda"))
+        printed.add(key)
+
+    # Whole passes, series interleaved: each sees the machine's modes alike. A cell's row is
+    # printed when the last pass measured it: its best is known then (and zerocopy's, measured
+    # first, for the speed-up).
+    for last in [False] * (repeat - 1) + [True]:
         for name in list(runnable):
             before = progress.done
             try:
-                _run_series(name, cfg, args, progress, runs, report)
+                _run_series(name, cfg, args, progress, runs, report, print_cell if last else None)
             except Exception as e:  # one broken series must not take the others down
                 report.fail(f"{name}: {type(e).__name__}: {_first_line(e)}")
-                print(f"\ntensorwire bench tensor: {name} failed: {e}", file=sys.stderr)
+                print_line(f"tensorwire bench tensor: {name} failed: {e}", sys.stderr, progress)
                 runnable.remove(name)  # not again in the later passes
                 progress.total -= len(sizes) * repeat - (progress.done - before)
     rows = best_of(runs)
     _speedups(rows)
+    for r in table_order(rows, memory):  # cells the last pass did not reach (their series failed)
+        if (r["series"], r["size"]) not in printed:
+            table.line(row_line(r, memory == "cuda"))
     _expectations(report, rows)
     report.rows = rows
     # Performance bars are reported (MISS lines, JSON), not folded into the
     # verdict: the verdict says whether the run was sound (every tensor arrived
     # intact), which must not depend on how busy the machine was.
     report.config["targets"] = targets(rows, args.transport, memory)
-    _print(report, args)
+    print_tail(report, args, table)
     if args.plot and rows:
         plot(report, args.plot)
         print(f"plot written to {args.plot}")

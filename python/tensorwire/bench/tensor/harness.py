@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -184,7 +184,9 @@ def warmup_for(size: int, iters: int, budget: int, warmup: int | None) -> int:
 
 
 def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
-                rows: list[dict[str, Any]], report: Report) -> None:
+                rows: list[dict[str, Any]], report: Report,
+                measured: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Every size of one series: each row appended to `rows`, then handed to `measured`."""
     series = series_class(name, cfg.get("memory", "host"))(cfg)
     rx = _Receiver(name, cfg)
     transport = series.fixed_transport or args.transport
@@ -253,6 +255,8 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                     # the series' own copy rate where it has one (a GPU's device-to-device copy)
                     row["memcpy_MBps"] = getattr(series, "copy_bandwidth", memcpy_bandwidth)(size)
             rows.append(row)
+            if measured is not None:
+                measured(row)
             progress.step(f"{name} {human_size(size)}")
     finally:
         try:

@@ -5,10 +5,9 @@ transport (per memory for --memory cuda), the printed table and the plot."""
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
-from ..common import Report, human_size, print_table
+from ..common import Progress, Report, Table, human_size, print_line
 from .base import STREAM_FROM
 from .registry import series_order
 
@@ -130,37 +129,48 @@ def targets(rows: list[dict[str, Any]], transport: str = "shm", memory: str = "h
     return out
 
 
-def _print(report: Report, args) -> None:
-    rows = report.rows
+def open_table(report: Report, args, progress: Progress | None = None) -> Table:
+    """Prints the title and the column header; the rows follow as they are measured."""
     cuda = report.config.get("memory") == "cuda"
-    order = {n: i for i, n in enumerate(series_order("cuda" if cuda else "host"))}
-    lines = []
-    for r in sorted(rows, key=lambda r: (r["size"], order[r["series"]])):
-        sp = r.get("zerocopy_speedup")
-        stream = f"{r['stream_MBps']:.1f}" if r.get("stream_MBps") else "-"
-        if cuda:
-            one = f"{r['oneway_us']:.2f}" if r.get("oneway_us") else "-"
-            one_bw = f"{r['oneway_MBps']:.1f}" if r.get("oneway_MBps") else "-"
-            lines.append(f" {r['size']:<11d}{r['series']:<10}{r['transport']:<10}{r['iters']:<9d}"
-                         f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{one:<15}{one_bw:<14}"
-                         f"{f'{sp:.2f}x' if sp else '-':<11}{stream}")
-            continue
-        lines.append(f" {r['size']:<11d}{r['series']:<10}{r['transport']:<6}{r['iters']:<9d}"
-                     f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{f'{sp:.2f}x' if sp else '-':<11}{stream}")
     rep = report.config.get("repeat", 1)
     best = f"; best of {rep} interleaved passes" if rep > 1 else ""
     verify = " [verify: times include the check]" if args.verify else ""
     if cuda:
-        print(f"# GPU tensor transfer + consume, GPU memory to GPU memory, transport {args.transport} (float32; "
-              f"median per transfer{best}; one-way: send -> usable at the receiver; MB = 10^6 B; "
-              f"speed-up = series time / zerocopy time){verify}")
-        print_table(" #bytes     series    via       #iters   median[usec]    MB/sec        one-way[usec]  "
-                    "one-way MB/s  speed-up   stream MB/sec", lines, out=sys.stdout)
-    else:
-        print(f"# Tensor transfer + consume over {args.transport} (float32; median per transfer{best}; MB = 10^6 B; "
-              f"speed-up = series time / zerocopy time){verify}")
-        print_table(" #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec",
-                    lines, out=sys.stdout)  # the current stdout (captured in tests)
+        print_line(f"# GPU tensor transfer + consume, GPU memory to GPU memory, transport {args.transport} "
+                   f"(float32; median per transfer{best}; one-way: send -> usable at the receiver; MB = 10^6 B; "
+                   f"speed-up = series time / zerocopy time){verify}", progress=progress)
+        return Table(" #bytes     series    via       #iters   median[usec]    MB/sec        one-way[usec]  "
+                     "one-way MB/s  speed-up   stream MB/sec", progress=progress)
+    print_line(f"# Tensor transfer + consume over {args.transport} (float32; median per transfer{best}; "
+               f"MB = 10^6 B; speed-up = series time / zerocopy time){verify}", progress=progress)
+    return Table(" #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec",
+                 progress=progress)
+
+
+def row_line(r: dict[str, Any], cuda: bool) -> str:
+    sp = r.get("zerocopy_speedup")
+    stream = f"{r['stream_MBps']:.1f}" if r.get("stream_MBps") else "-"
+    if cuda:
+        one = f"{r['oneway_us']:.2f}" if r.get("oneway_us") else "-"
+        one_bw = f"{r['oneway_MBps']:.1f}" if r.get("oneway_MBps") else "-"
+        return (f" {r['size']:<11d}{r['series']:<10}{r['transport']:<10}{r['iters']:<9d}"
+                f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{one:<15}{one_bw:<14}"
+                f"{f'{sp:.2f}x' if sp else '-':<11}{stream}")
+    return (f" {r['size']:<11d}{r['series']:<10}{r['transport']:<6}{r['iters']:<9d}"
+            f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{f'{sp:.2f}x' if sp else '-':<11}{stream}")
+
+
+def table_order(rows: list[dict[str, Any]], memory: str) -> list[dict[str, Any]]:
+    order = {n: i for i, n in enumerate(series_order(memory))}
+    return sorted(rows, key=lambda r: (r["size"], order[r["series"]]))
+
+
+def print_tail(report: Report, args, table: Table) -> None:
+    """Closes the table and prints what follows it: the lanes' transports, the
+    anchors, the targets, the unavailable series and the verdict."""
+    rows = report.rows
+    cuda = report.config.get("memory") == "cuda"
+    table.close()
     if report.config.get("lane_transports"):
         print(f"# tensorwire's lanes used UCX: {', '.join(report.config['lane_transports'])}")
     _print_anchors(rows, cuda)
@@ -181,6 +191,15 @@ def _print(report: Report, args) -> None:
             print(f"# {name}: unavailable ({why})")
     key = _key_metric(rows)
     print(report.verdict_line(f"cuda {key}{_cuda_latency(rows)}" if cuda else key))
+
+
+def _print(report: Report, args) -> None:
+    """The whole report at once, rows in table order (size, then series)."""
+    memory = report.config.get("memory", "host")
+    table = open_table(report, args)
+    for r in table_order(report.rows, memory):
+        table.line(row_line(r, memory == "cuda"))
+    print_tail(report, args, table)
 
 
 def _print_anchors(rows: list[dict[str, Any]], cuda: bool) -> None:
