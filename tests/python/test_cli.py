@@ -139,6 +139,18 @@ def test_usage_errors_exit_2(argv, says):
     assert says in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "write_bw", "--json", "/nonexistent-dir/x.json"], "the directory /nonexistent-dir does not exist"),
+    (["bench", "tensor", "--plot", "/nonexistent-dir/x.png"], "the directory /nonexistent-dir does not exist"),
+    (["bench", "write_lat", "--json", "/tmp"], "is a directory"),
+])
+def test_an_output_file_that_cannot_be_written_is_refused_before_the_run(argv, says):
+    """A sweep may take minutes: its --json/--plot file is checked before it starts."""
+    r = tw(*argv)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert says in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+
+
 def test_building_the_parser_imports_no_optional_dependency():
     code = ("import sys\nfrom tensorwire.cli import build_parser\nbuild_parser()\n"
             f"print(sorted(k for k in sys.modules if k.split('.')[0] in {OPTIONAL!r}))")

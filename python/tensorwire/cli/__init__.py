@@ -16,7 +16,8 @@ the work is imported inside ``func``. A command whose optional dependency is
 missing is still listed in --help.
 
 Exit codes: func's own; 2 for a usage error (argparse's, or a func that stops
-with SystemExit("message")) and for a missing optional dependency; 1 for a
+with SystemExit("message")), for a missing optional dependency and for an
+output file (--json FILE, --plot FILE.png) that could not be written; 1 for a
 tensorwire error; 130 on Ctrl-C.
 """
 
@@ -104,11 +105,34 @@ def missing_dependency(prog: str, needs, args: argparse.Namespace) -> str | None
     return None
 
 
+# Options that name a file a command writes when it ends (after a sweep that may
+# take minutes): checked before it starts.
+OUTPUT_OPTIONS = ("json", "plot")
+
+
+def unwritable_output(prog: str, args: argparse.Namespace) -> str | None:
+    """The message for the first output file (--json FILE, --plot FILE.png) whose
+    directory is missing or not writable (None if all can be written)."""
+    import os
+    for dest in OUTPUT_OPTIONS:
+        path = getattr(args, dest, None)
+        if not isinstance(path, str):  # absent, or a switch (info --json)
+            continue
+        folder = os.path.dirname(os.path.abspath(path))
+        if os.path.isdir(path):
+            return f"{prog} --{dest} {path}: is a directory, not a file"
+        if not os.path.isdir(folder):
+            return f"{prog} --{dest} {path}: the directory {folder} does not exist"
+        if not os.access(folder, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+            return f"{prog} --{dest} {path}: not writable"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     # main's own entries leave the arguments: a command sees only its options and func
     prog, needs = vars(args).pop("command_prog"), vars(args).pop("needs", ())
-    why = missing_dependency(prog, needs, args)
+    why = missing_dependency(prog, needs, args) or unwritable_output(prog, args)
     if why is not None:
         print(why, file=sys.stderr)
         return 2
