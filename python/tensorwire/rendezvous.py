@@ -46,10 +46,10 @@ CONNECT_NAP_S = 0.05                    # between tries to reach a control store
 _CALLS = {op: f"tw.store.{op}" for op in ("set", "get", "add", "missing", "delete")}
 
 
-def ranks(rs: Iterable[int]) -> str:
-    """'rank 2' or 'ranks 2, 3'."""
+def ranks(rs: Iterable[int], who: str = "rank") -> str:
+    """'rank 2' or 'ranks 2, 3' (`who`: another noun)."""
     rs = list(rs)
-    return ("rank " if len(rs) == 1 else "ranks ") + ", ".join(map(str, rs))
+    return f"{who}{'' if len(rs) == 1 else 's'} " + ", ".join(map(str, rs))
 
 
 def split_address(address: str, what: str = "address") -> tuple[str, int]:
@@ -143,14 +143,15 @@ def publish(store: Store, prefix: str, rank: int, value: bytes | str) -> None:
     store.set(f"{prefix}/{rank}", value)
 
 
-def gather(store: Store, prefix: str, n: int, timeout: float, what: str, abort: str | None = None) -> list[bytes]:
+def gather(store: Store, prefix: str, n: int, timeout: float, what: str, abort: str | None = None,
+           who: str = "rank") -> list[bytes]:
     """The values ranks 0..n-1 published under `prefix`, in rank order, once all
     are there. After `timeout` s, Timeout "ranks 2, 3 did not <what> (<store>)"
-    (`what` says the bound: the caller knows the whole of it); Aborted with the
-    value of `abort` once that key is set."""
+    (`what` says the bound: the caller knows the whole of it; `who` may name
+    the ranks otherwise); Aborted with the value of `abort` once that key is set."""
     keys = [f"{prefix}/{r}" for r in range(n)]
-    store.wait(keys, timeout, abort, lambda m: f"{ranks(int(k.rsplit('/', 1)[1]) for k in m)} did not {what} "
-                                               f"({store})")
+    store.wait(keys, timeout, abort, lambda m: f"{ranks((int(k.rsplit('/', 1)[1]) for k in m), who)} did not "
+                                               f"{what} ({store})")
     return [store._get(k) for k in keys]
 
 
