@@ -42,7 +42,6 @@ says so in the store, and every rank fails with its words.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import socket
@@ -60,8 +59,9 @@ from .rendezvous import (Aborted, ControlStore, Store, TorchStore, gather, publi
 
 DEFAULT_ROOT_PORT = 29600
 CLOSE_LINGER_S = 5.0  # how long rank 0, serving the store, waits at close for the others to read the last round
-# The k-th World of every rank meets under the k-th prefix (a torchrun store outlives Worlds, and restarts)
-_worlds = itertools.count()
+# Worlds of more than one rank made in this process, by rank: the k-th World of every rank meets
+# under the k-th prefix (a torchrun store outlives Worlds)
+_worlds: dict[int, int] = {}
 
 
 @dataclass(frozen=True)
@@ -168,8 +168,7 @@ class World:
         # call must barrier first); _coll_control: a control-plane call since then (the next
         # data-path call must barrier first). Every rank makes the same calls, so all agree.
         self._coll_data = self._coll_control = False
-        # where this World's keys live in the store (unique per World: a torchrun store outlives Worlds)
-        self.store_prefix = f"tensorwire/world/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{next(_worlds)}"
+        self.store_prefix = ""       # where this World's keys live in the store (none for a single rank)
         if self.size == 1:
             self.device = Device(host=os.environ.get("TENSORWIRE_HOST", root_host), port=0, **device_options)
             self.addresses = [self.device.address]
@@ -185,6 +184,8 @@ class World:
         else:
             host = os.environ.get("TENSORWIRE_HOST") or _local_host_towards(root_host)
             self.device = Device(host=host, port=0, **device_options)
+        k = _worlds[self.rank] = _worlds.get(self.rank, -1) + 1
+        self.store_prefix = f"tensorwire/world/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{k}"
         deadline = time.monotonic() + timeout
         try:
             self.store = self._open_store(store, deadline)

@@ -149,6 +149,38 @@ def test_world_under_torchrun_meets_in_its_store():
     assert store.check([f"tensorwire/world/0/0/addr/{r}" for r in range(2)])
 
 
+def test_world_meets_in_a_store_passed_in():
+    """World(store=...) takes a c10d store (here an in-process HashStore; two ranks as threads)."""
+    import threading
+
+    from tensorwire.world import Placement, World
+    torch = pytest.importorskip("torch")
+    store = torch.distributed.HashStore()
+    worlds, errors = [None, None], []
+
+    def rank(r):
+        try:
+            worlds[r] = World(Placement(r, 2, "127.0.0.1:1", "test"), timeout=10, store=store, transport="tcp")
+            worlds[r].got = worlds[r].allgather(r * 10)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(f"rank {r}: {e}")
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert errors == [] and not any(t.is_alive() for t in threads)
+        assert worlds[0].addresses == worlds[1].addresses == [w.device.address for w in worlds]
+        assert worlds[0].got == worlds[1].got == [0, 10]
+        assert store.check([f"{worlds[0].store_prefix}/addr/1"])
+    finally:
+        for w in worlds:
+            if w is not None:
+                w.close()
+
+
 @pytest.mark.parametrize("env, expect", [
     ({"TENSORWIRE_RANK": "2", "TENSORWIRE_SIZE": "4", "TENSORWIRE_ROOT": "10.0.0.1:5000"},
      (2, 4, "10.0.0.1:5000", "tensorwire run", "tensorwire")),

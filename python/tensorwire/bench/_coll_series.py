@@ -167,17 +167,17 @@ class GlooSeries(Series):
         self.version = f"torch {torch.__version__} gloo"
         from ..rendezvous import TorchStore
         if isinstance(world.store, TorchStore):  # the World met in torch's store (torchrun): gloo meets there too
-            store = world.store
+            store, prefix = world.store, f"{world.store_prefix}/gloo"
         else:  # rank 0 hosts one on a free port; its address through the World's store
             host = world.placement.root.rpartition(":")[0]
             store = TorchStore.host(host, 0) if world.rank == 0 else None
             address = world.broadcast(store.address if store is not None else None, root=0)
-            store = store or TorchStore.connect(address)
+            store, prefix = store or TorchStore.connect(address), "gloo"
         # gloo's rendezvous may block holding the GIL: nobody may still need rank 0's
         # control-plane handlers then (an engine barrier: every rank is past the broadcast)
         quiesce()
-        dist.init_process_group("gloo", store=dist.PrefixStore(f"{world.store_prefix}/gloo", store.store),
-                                rank=world.rank, world_size=world.size)
+        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store.store), rank=world.rank,
+                                world_size=world.size)
 
     def setup(self, size: int, pat: _Patterns) -> None:
         self.pat, n, dist = pat, self.dist.get_world_size(), self.dist
