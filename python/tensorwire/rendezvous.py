@@ -70,8 +70,8 @@ def _bytes(value: bytes | str) -> bytes:
 
 class Store:
     """A key -> bytes table shared by processes. Backends implement ``_set``,
-    ``_get`` (of a key that is set: no wait), ``add``, ``missing``,
-    ``delete_key`` and ``close``."""
+    ``_get`` (of a key that is set: no wait), ``add``, ``missing`` and
+    ``delete_key``."""
 
     address = ""  # host:port where it is served ("" for a store passed in)
 
@@ -126,16 +126,8 @@ class Store:
         raise NotImplementedError
 
     def delete_key(self, key: str) -> bool:
+        """Removes `key`; whether it was set."""
         raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> "Store":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def publish(store: Store, prefix: str, rank: int, value: bytes | str) -> None:
