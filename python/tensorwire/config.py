@@ -58,8 +58,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_SIZE", "number of ranks", "integer >= 1", "as TENSORWIRE_RANK", RUN),
     Variable("TENSORWIRE_LOCAL_RANK", "rank among those on the same host (for the rank's own program)",
              "integer >= 0", "unset", "set by `tensorwire run`"),
-    Variable("TENSORWIRE_ROOT", "address rank 0's device listens on, known to every rank", "host:port",
-             "127.0.0.1:29600; MASTER_ADDR:MASTER_PORT+1 under torchrun", RUN),
+    Variable("TENSORWIRE_ROOT", "address rank 0's device listens on, known to every rank: it serves the store "
+             "the ranks meet in (tensorwire.rendezvous)", "host:port",
+             "127.0.0.1:29600; under torchrun unset: the ranks meet in torchrun's store (MASTER_ADDR:MASTER_PORT)",
+             RUN),
     Variable("TENSORWIRE_HOST", "address this process's device listens on", "host or IP",
              "127.0.0.1 when the root is loopback, else the local address that routes to it",
              "tensorwire.world, tensorwire train (PS roles); set by `tensorwire run --testbed`"),

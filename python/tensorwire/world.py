@@ -1,12 +1,11 @@
 """A world of N ranks: bootstrap, address table, collectives on tensors, barrier
 and small-object exchange.
 
-Every rank owns one Device. Rank 0's device listens on the *root address*
-that all ranks know; the others connect to it, say who they are (JOIN), and
-poll until rank 0 has heard from everybody, then get the table of all device
-addresses. After that, ranks talk directly (`world.channel(peer)`); rank 0
-only serves `allgather` and the object form of `broadcast`, which are tiny
-control calls (the paper's "RPC only for addresses").
+Every rank owns one Device. The ranks meet in one store (tensorwire.rendezvous):
+each puts its device's address and host under ``tensorwire/world/...`` and
+waits for everybody's. After that, ranks talk directly (`world.channel(peer)`);
+the store only carries `allgather` and the object form of `broadcast`, which
+are tiny (the paper's "RPC only for addresses").
 
 Tensors: `allreduce`, `alltoall` and `broadcast` of a numpy array or CPU torch
 tensor run on the one-sided collectives engine (tensorwire.collectives), made
@@ -14,25 +13,31 @@ on first use and grown when a call needs more; `barrier` runs on it once it
 exists. Every rank must make the same collective calls, with the same shapes,
 dtypes, ops and roots, in the same order (docs/collectives.md, "As a library").
 
-Who am I? ``World.from_env()`` reads, in this order:
+Who am I, and where do we meet? ``detect()`` reads, in this order:
 
-========================  ================================  ===============================
-launcher                  rank / size                       root address
-========================  ================================  ===============================
-``tensorwire run``        TENSORWIRE_RANK / TENSORWIRE_SIZE TENSORWIRE_ROOT (host:port)
-mpirun (Open MPI)         OMPI_COMM_WORLD_RANK/SIZE         TENSORWIRE_ROOT, else 127.0.0.1:29600
-MPICH / Intel MPI (PMI)   PMI_RANK / PMI_SIZE               TENSORWIRE_ROOT, else 127.0.0.1:29600
-srun (Slurm)              SLURM_PROCID / SLURM_NTASKS       TENSORWIRE_ROOT, else 127.0.0.1:29600
-torchrun                  RANK / WORLD_SIZE                 MASTER_ADDR : MASTER_PORT+1
-========================  ================================  ===============================
+========================  ================================  =========================================
+launcher                  rank / size                       store (the root address)
+========================  ================================  =========================================
+``tensorwire run``        TENSORWIRE_RANK / TENSORWIRE_SIZE rank 0's device at TENSORWIRE_ROOT
+mpirun (Open MPI)         OMPI_COMM_WORLD_RANK/SIZE         rank 0's device at TENSORWIRE_ROOT,
+                                                            else 127.0.0.1:29600
+MPICH / Intel MPI (PMI)   PMI_RANK / PMI_SIZE               as mpirun
+srun (Slurm)              SLURM_PROCID / SLURM_NTASKS       as mpirun
+torchrun                  RANK / WORLD_SIZE                 torch's TCPStore at MASTER_ADDR:MASTER_PORT
+                                                            (rank 0's device at TENSORWIRE_ROOT if set)
+========================  ================================  =========================================
 
-torchrun's own store already listens on MASTER_PORT, hence the +1. A rank
+Rank 0's device serves the store by control calls (rendezvous.ControlStore);
+under torchrun the ranks use torchrun's own store (rendezvous.torchrun_store),
+and ``World(store=...)`` takes any other (a c10d store included). A rank
 listens on TENSORWIRE_HOST if set, else on 127.0.0.1 when the root is
 loopback, else on the local address that routes to the root. Every variable:
 docs/configuration.md.
 
 Every wait is bounded: a rank that does not arrive in ``timeout`` seconds
-ends the bootstrap (on every rank) with an error that names it.
+ends the bootstrap (on every rank) with an error that names it; a rank that
+finds the world inconsistent (two processes claim a rank, the sizes differ)
+says so in the store, and every rank fails with its words.
 """
 
 from __future__ import annotations
@@ -48,19 +53,25 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import ConnectionError as TwConnectionError
-from .errors import Error, InvalidArgument, PeerFailed, Timeout
+from .errors import Error, InvalidArgument, Timeout
+from .rendezvous import (Aborted, ControlStore, Store, TorchStore, gather, publish, split_address,
+                         torchrun_store)
 
 DEFAULT_ROOT_PORT = 29600
-_JOIN, _TABLE, _PUT, _GET = "tw.world.join", "tw.world.table", "tw.world.put", "tw.world.get"
+CLOSE_LINGER_S = 5.0  # how long rank 0, serving the store, waits at close for the others to read the last round
+# Worlds of more than one rank made in this process, by rank: the k-th World of every rank meets
+# under the k-th prefix (a torchrun store outlives Worlds)
+_worlds: dict[int, int] = {}
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where this process stands: rank, size, the root's address and who said so."""
+    """Where this process stands: rank, size, where the ranks meet and who said so."""
     rank: int
     size: int
-    root: str        # host:port of rank 0's device
+    root: str        # host:port of the store: rank 0's device, or torchrun's TCPStore
     launcher: str    # "tensorwire run", "mpirun", "pmi", "slurm", "torchrun" or "single"
+    store: str = "tensorwire"  # "tensorwire" (rank 0's device serves it) or "torch" (torchrun's TCPStore)
 
 
 def _int(env: Mapping[str, str], key: str) -> int:
@@ -97,25 +108,18 @@ def detect(env: Mapping[str, str] | None = None) -> Placement:
                                          ("RANK", "WORLD_SIZE", "torchrun")):
         if rank_key in env and size_key in env:
             rank, size = _int(env, rank_key), _int(env, size_key)
-            root = default_root
+            root, store = default_root, "tensorwire"
             if launcher == "torchrun" and "TENSORWIRE_ROOT" not in env:
                 if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
                     raise InvalidArgument("RANK/WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not")
-                root = f"{env['MASTER_ADDR']}:{_int(env, 'MASTER_PORT') + 1}"
+                root, store = f"{env['MASTER_ADDR']}:{_int(env, 'MASTER_PORT')}", "torch"
             break
     else:
-        rank, size, root, launcher = 0, 1, default_root, "single"
+        rank, size, root, launcher, store = 0, 1, default_root, "single", "tensorwire"
     if size < 1 or not 0 <= rank < size:
         raise InvalidArgument(f"rank {rank} of size {size} is not a valid placement ({launcher})")
-    _split(root)
-    return Placement(rank, size, root, launcher)
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgument(f"root address must be host:port, got {address!r}")
-    return host, int(port)
+    split_address(root, "root address")
+    return Placement(rank, size, root, launcher, store)
 
 
 def _host_name() -> str:
@@ -132,108 +136,30 @@ def _local_host_towards(root_host: str) -> str:
         return s.getsockname()[0]
 
 
-class _Root:
-    """Rank 0's side of the bootstrap: the JOIN table and the allgather rounds.
-    Handlers run on the device's dispatcher thread and never block."""
-
-    def __init__(self, size: int, own_address: str) -> None:
-        self.size = size
-        self.addresses: list[str | None] = [None] * size
-        self.addresses[0] = own_address
-        self.hosts: list[str | None] = [None] * size
-        self.hosts[0] = _host_name()
-        self.rounds: dict[int, dict[int, Any]] = {}
-        self.fetched: dict[int, int] = {}
-        self.error: str | None = None
-
-    def missing(self) -> list[int]:
-        return [r for r, a in enumerate(self.addresses) if a is None]
-
-    def join(self, payload: bytes) -> bytes:
-        msg = json.loads(payload)
-        rank, size = int(msg["rank"]), int(msg["size"])
-        if size != self.size:
-            self.error = f"rank {rank} says the world has {size} ranks, rank 0 says {self.size}"
-            raise ValueError(self.error)
-        if not 0 < rank < self.size:
-            raise ValueError(f"rank {rank} is out of range for a world of {self.size}")
-        old = self.addresses[rank]
-        if old is not None and old != msg["address"]:
-            self.error = f"two processes claim rank {rank} ({old} and {msg['address']})"
-            raise ValueError(self.error)
-        self.addresses[rank] = msg["address"]
-        self.hosts[rank] = msg.get("host")
-        return b"ok"
-
-    def table(self, _payload: bytes) -> bytes:
-        missing = self.missing()
-        return json.dumps({"missing": missing, "error": self.error,
-                           "addresses": self.addresses if not missing else None,
-                           "hosts": self.hosts if not missing else None}).encode()
-
-    def put(self, payload: bytes) -> bytes:
-        msg = json.loads(payload)
-        self._put(int(msg["round"]), int(msg["rank"]), msg["value"])
-        return b"ok"
-
-    def _put(self, rnd: int, rank: int, value: Any) -> None:
-        self.rounds.setdefault(rnd, {})[rank] = value
-
-    def get(self, payload: bytes) -> bytes:
-        rnd = int(json.loads(payload)["round"])
-        return json.dumps(self._get(rnd)).encode()
-
-    def _get(self, rnd: int) -> dict:
-        got = self.rounds.get(rnd, {})
-        if len(got) < self.size:
-            return {"missing": [r for r in range(self.size) if r not in got]}
-        values = [got[r] for r in range(self.size)]
-        self.fetched[rnd] = self.fetched.get(rnd, 0) + 1
-        if self.fetched[rnd] == self.size:  # everybody has it: forget the round
-            del self.rounds[rnd], self.fetched[rnd]
-        return {"values": values}
-
-
-def _poll(fn, timeout: float, what: str):
-    """Calls fn() until it returns something other than None; backs off from
-    50 us to 20 ms; raises Timeout with `what(last)` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    delay, last = 50e-6, None
-    while True:
-        out, last = fn()
-        if out is not None:
-            return out
-        if time.monotonic() > deadline:
-            raise Timeout(what(last))
-        time.sleep(delay)
-        delay = min(delay * 2, 0.02)
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 class World:
     """N processes, one Device each, all addresses known to all.
 
     Args:
         placement: rank/size/root (default: ``detect()`` from the environment).
         timeout: seconds the bootstrap and each barrier/allgather may take.
+        store: where the ranks meet (default: see the module docs): a
+            ``tensorwire.rendezvous.Store`` or a c10d store (torch.distributed),
+            the same on every rank.
         device_options: passed to ``tensorwire.Device`` (transport, progress, workers, ...).
     """
 
-    def __init__(self, placement: Placement | None = None, timeout: float = 30.0,
+    def __init__(self, placement: Placement | None = None, timeout: float = 30.0, store: Any = None,
                  **device_options: Any) -> None:
         from . import Device
         self.placement = placement or detect()
         self.rank, self.size = self.placement.rank, self.placement.size
         self.timeout = timeout
-        root_host, root_port = _split(self.placement.root)
+        root_host, root_port = split_address(self.placement.root, "root address")
         device_options.setdefault("token", os.environ.get("TENSORWIRE_TOKEN", ""))
         self._round = 0
         self._channels: dict[tuple[int, int], Any] = {}
-        self._root: _Root | None = None
-        self._root_channel = None
+        self.store: Store | None = None
+        self._serving = False        # this rank's device serves the store (rank 0, ControlStore)
         self._coll: Any = None       # the collectives engine (OneSidedCollectives), made on first use
         self._coll_gen = 0           # engines made so far (each publishes under its own names)
         self._coll_dims: tuple[int, ...] = (0, 0, 0)  # what it holds: alltoall block, allreduce vector, broadcast (bytes)
@@ -242,75 +168,88 @@ class World:
         # call must barrier first); _coll_control: a control-plane call since then (the next
         # data-path call must barrier first). Every rank makes the same calls, so all agree.
         self._coll_data = self._coll_control = False
+        self.store_prefix = ""       # where this World's keys live in the store (none for a single rank)
         if self.size == 1:
             self.device = Device(host=os.environ.get("TENSORWIRE_HOST", root_host), port=0, **device_options)
             self.addresses = [self.device.address]
             self.hosts = [_host_name()]
             return
-        if self.rank == 0:
+        self._serving = store is None and self.placement.store == "tensorwire" and self.rank == 0
+        if self._serving:
             try:
                 self.device = Device(host=root_host, port=root_port, **device_options)
             except Error as e:
                 raise TwConnectionError(f"rank 0 cannot listen on the root address {self.placement.root}: {e}") \
                     from None
-            self._root = _Root(self.size, self.device.address)
-            for name, fn in ((_JOIN, self._root.join), (_TABLE, self._root.table),
-                             (_PUT, self._root.put), (_GET, self._root.get)):
-                self.device.on_call(name, fn)
-            def joined():
-                if self._root.error:
-                    raise Error(f"bootstrap failed: {self._root.error}")
-                missing = self._root.missing()
-                return (None if missing else True), missing
-            try:
-                _poll(joined, timeout, lambda m: f"{_ranks(m)} did not join rank 0 at {self.placement.root} "
-                                                 f"within {timeout:g} s")
-            except BaseException:
-                self.device.close()
-                raise
-            self.addresses = list(self._root.addresses)
-            self.hosts = list(self._root.hosts)
-            return
-        host = os.environ.get("TENSORWIRE_HOST") or _local_host_towards(root_host)
-        self.device = Device(host=host, port=0, **device_options)
+        else:
+            host = os.environ.get("TENSORWIRE_HOST") or _local_host_towards(root_host)
+            self.device = Device(host=host, port=0, **device_options)
+        k = _worlds[self.rank] = _worlds.get(self.rank, -1) + 1
+        self.store_prefix = f"tensorwire/world/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{k}"
+        deadline = time.monotonic() + timeout
         try:
-            self._bootstrap(timeout)
-        except PeerFailed as e:
+            self.store = self._open_store(store, deadline)
+            self._meet(deadline)
+        except TwConnectionError as e:
             self.device.close()
-            raise PeerFailed(f"rank {self.rank}: rank 0 ended the bootstrap ({e}); its error says why") from None
+            if isinstance(self.store, ControlStore) and not self._serving:
+                raise type(e)(f"rank {self.rank}: rank 0 ended the bootstrap ({e}); its error says why") from None
+            raise
         except BaseException:
             self.device.close()
             raise
 
-    def _bootstrap(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last_error = None
-        while self._root_channel is None:  # rank 0 may not listen yet
-            try:
-                self._root_channel = self.device.connect(self.placement.root)
-            except TwConnectionError as e:
-                last_error = e
-                if time.monotonic() > deadline:
-                    raise Timeout(f"rank {self.rank}: rank 0 at {self.placement.root} did not answer within "
-                                  f"{timeout:g} s ({last_error})") from None
-                time.sleep(0.05)
-        me = {"rank": self.rank, "size": self.size, "address": self.device.address,
-              "host": _host_name()}
-        self._call(_JOIN, me)
+    def _open_store(self, store: Any, deadline: float) -> Store:
+        if store is not None:
+            return store if isinstance(store, Store) else TorchStore(store)
+        left = max(0.0, deadline - time.monotonic())
+        if self.placement.store == "torch":
+            return torchrun_store(self.rank, left, self.placement.root)
+        if self._serving:
+            return ControlStore.serve(self.device)
+        try:
+            return ControlStore.connect(self.device, self.placement.root, left, call_timeout=self.timeout)
+        except Timeout as e:
+            raise Timeout(f"rank {self.rank}: rank 0 did not answer: {e}") from None
 
-        def table():
-            t = json.loads(self._call(_TABLE, {}))
-            if t["error"]:
-                raise Error(f"bootstrap failed at rank 0: {t['error']}")
-            return t if t["addresses"] else None, t["missing"]
-        t = _poll(table, max(0.0, deadline - time.monotonic()),
-                  lambda m: f"rank {self.rank}: {_ranks(m or [])} did not join within {timeout:g} s")
-        self.addresses, self.hosts = t["addresses"], t["hosts"]
+    def _meet(self, deadline: float) -> None:
+        """Puts this rank's address and host in the store and takes everybody's;
+        checks first that the ranks agree on the size and that no rank is claimed twice."""
+        s, p, me = self.store, self.store_prefix, self.rank
+        left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
+        abort = f"{p}/error"
+        mine = {"address": self.device.address, "host": _host_name()}
+        try:
+            if me == 0:
+                s.set(f"{p}/size", str(self.size))
+            else:
+                s.wait([f"{p}/size"], left(), abort,
+                       lambda _: f"rank 0 did not join within {self.timeout:g} s ({s})")
+                theirs = int(s.get(f"{p}/size", left()))
+                if theirs != self.size:
+                    self._abort(f"rank {me} says the world has {self.size} ranks, rank 0 says {theirs}")
+            if s.add(f"{p}/claim/{me}", 1) > 1:
+                other = json.loads(s.get(f"{p}/addr/{me}", left()))["address"]
+                self._abort(f"two processes claim rank {me} ({other} and {mine['address']})")
+            publish(s, f"{p}/addr", me, json.dumps(mine))
+            table = [json.loads(v) for v in gather(s, f"{p}/addr", self.size, left(),
+                                                   f"join within {self.timeout:g} s", abort)]
+        except Aborted as e:
+            raise Error(f"rank {me}: bootstrap failed: {e}") from None
+        except Timeout as e:
+            self._abort(str(e), Timeout)
+        self.addresses = [t["address"] for t in table]
+        self.hosts = [t["host"] for t in table]
 
-    def _call(self, name: str, msg: Any) -> bytes:
-        return self._root_channel.call(name, json.dumps(msg).encode(), self.timeout)
+    def _abort(self, why: str, kind: type[Error] = Error) -> None:
+        """Tells every rank why the bootstrap failed here (as far as the store is reachable), and raises."""
+        try:
+            self.store.set(f"{self.store_prefix}/error", f"rank {self.rank}: {why}")
+        except Error:
+            pass
+        raise kind(f"rank {self.rank}: bootstrap failed: {why}")
 
-    # -- collectives on the control plane (small, JSON-serialisable values) --
+    # -- collectives on the store (small, JSON-serialisable values) --
 
     def allgather(self, value: Any, timeout: float | None = None) -> list[Any]:
         """Every rank's `value` (JSON-serialisable), in rank order, on every rank."""
@@ -321,23 +260,28 @@ class World:
                 self._coll_data = False
             self._coll_control = True
         self._round += 1
-        rnd = self._round
         if self.size == 1:
             return [value]
-        if self._root is not None:
-            self._root._put(rnd, 0, value)
-            get = lambda: (lambda r: (r.get("values"), r.get("missing")))(self._root._get(rnd))  # noqa: E731
-        else:
-            self._call(_PUT, {"round": rnd, "rank": self.rank, "value": value})
-            get = lambda: (lambda r: (r.get("values"), r.get("missing")))(  # noqa: E731
-                json.loads(self._call(_GET, {"round": rnd})))
-        return _poll(get, timeout, lambda m: f"rank {self.rank}: {_ranks(m or [])} did not reach "
-                                             f"collective round {rnd} within {timeout:g} s")
+        p = self._round_prefix(self._round)
+        publish(self.store, p, self.rank, json.dumps(value))
+        try:
+            got = gather(self.store, p, self.size, timeout, f"reach collective round {self._round} "
+                                                            f"within {timeout:g} s")
+        except Timeout as e:
+            raise Timeout(f"rank {self.rank}: {e}") from None
+        if self.store.add(f"{p}/read", 1) == self.size:  # the last to read it: the round is over for all
+            # rank 0's value goes last: once it is gone, rank 0 may close the store (_close)
+            for key in [f"{p}/read"] + [f"{p}/{r}" for r in range(self.size - 1, -1, -1)]:
+                self.store.delete_key(key)
+        return [json.loads(v) for v in got]
+
+    def _round_prefix(self, rnd: int) -> str:
+        return f"{self.store_prefix}/round/{rnd}"
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank has entered this barrier. One meaning, two paths: the
         collectives engine's dissemination barrier (flags only, microseconds) once the
-        engine exists, rank 0's control plane before (and after a collective failed)."""
+        engine exists, an allgather in the store before (and after a collective failed)."""
         if self._coll is None or self._coll.broken:
             self.allgather(None, timeout)
             return
@@ -350,7 +294,7 @@ class World:
         A tensor (numpy array, CPU torch tensor, writable buffer) is broadcast in place
         on the data path: every rank passes one of the same shape and dtype, the root's
         bytes land in the others' (exactly), and it is returned. Any other value must
-        be JSON-serialisable and goes through rank 0's control plane (small values;
+        be JSON-serialisable and goes through the store, as allgather (small values;
         the other ranks' `value` is ignored)."""
         if not 0 <= root < self.size:
             raise InvalidArgument(f"root must be a rank in 0..{self.size - 1}, got {root}")
@@ -472,13 +416,14 @@ class World:
                 eng.close()
             except Error:
                 pass
-        if self._root is not None and not self.device.closed:
-            # the others may still fetch the last round from us: give them a moment
-            deadline = time.monotonic() + min(self.timeout, 5.0)
-            while self._root.rounds and time.monotonic() < deadline:
+        if self._serving and self._round and not self.device.closed:
+            # the others may still read the last round from our store: give them a moment
+            # (its last reader deletes it)
+            last = f"{self._round_prefix(self._round)}/0"
+            deadline = time.monotonic() + min(self.timeout, CLOSE_LINGER_S)
+            while self.store.check([last]) and time.monotonic() < deadline:
                 time.sleep(0.001)
         self._channels.clear()
-        self._root_channel = None
         self.device.close()
 
     def __enter__(self) -> "World":

@@ -233,6 +233,29 @@ def test_cli_train_json(tmp_path):
     assert "samples/s" in p.stdout
 
 
+def test_cli_train_under_torchrun_meets_in_its_store():
+    """Under torchrun (its agent's TCPStore at MASTER_ADDR:MASTER_PORT) every process
+    runs one role; the server's address meets the worker in that store, under the
+    keys of the local launch."""
+    import datetime
+    import json
+    import os
+    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
+                                       wait_for_workers=False)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWIRE_")}
+    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_RUN_ID="t",
+               TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
+    cmd = [sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1", "--servers", "1",
+           "--batch", "4", "--steps", "3", "--warmup", "1", "--no-progress", "--transport", "tcp"]
+    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for r in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    server, worker = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
+    assert server["role"] == "server" and worker["role"] == "worker" and worker["samples_per_s"] > 0
+    assert store.get("tensorwire/ps/t/0/server/0").decode().startswith("127.0.0.1:")
+
+
 def test_cli_colocate(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--workers", "2", "--servers", "1",
                           "--colocate", "--steps", "2"], capture_output=True, text=True, timeout=60)

@@ -165,17 +165,19 @@ class GlooSeries(Series):
         self.dist, self.torch, self.op, self.dtype = dist, torch, op, dtype
         self.algo_used = "gloo's choice"
         self.version = f"torch {torch.__version__} gloo"
-        host = world.placement.root.rpartition(":")[0]
-        store = None
-        if world.rank == 0:  # rank 0's store on a free port; the port through the control plane
-            store = dist.TCPStore(host, 0, world.size, is_master=True, wait_for_workers=False)
-        port = world.broadcast(store.port if store is not None else None, root=0)
+        from ..rendezvous import TorchStore
+        if isinstance(world.store, TorchStore):  # the World met in torch's store (torchrun): gloo meets there too
+            store, prefix = world.store, f"{world.store_prefix}/gloo"
+        else:  # rank 0 hosts one on a free port; its address through the World's store
+            host = world.placement.root.rpartition(":")[0]
+            store = TorchStore.host(host, 0) if world.rank == 0 else None
+            address = world.broadcast(store.address if store is not None else None, root=0)
+            store, prefix = store or TorchStore.connect(address), "gloo"
         # gloo's rendezvous may block holding the GIL: nobody may still need rank 0's
         # control-plane handlers then (an engine barrier: every rank is past the broadcast)
         quiesce()
-        if store is None:
-            store = dist.TCPStore(host, port, world.size, is_master=False)
-        dist.init_process_group("gloo", store=store, rank=world.rank, world_size=world.size)
+        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store.store), rank=world.rank,
+                                world_size=world.size)
 
     def setup(self, size: int, pat: _Patterns) -> None:
         self.pat, n, dist = pat, self.dist.get_world_size(), self.dist

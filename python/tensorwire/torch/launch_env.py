@@ -1,30 +1,23 @@
 """One role per process under torchrun / mpirun (`tensorwire train` with RANK and
 WORLD_SIZE, or OMPI_COMM_WORLD_RANK/SIZE, set): ranks 0..S-1 serve, S..S+W-1
-train. Server addresses meet in a torch.distributed TCPStore at
-MASTER_ADDR:MASTER_PORT (torchrun's own store when it hosts one)."""
+train. Server addresses meet in the job's TCPStore at MASTER_ADDR:MASTER_PORT
+(tensorwire.rendezvous.torchrun_store: torchrun's own where it hosts one),
+under the keys of the local launch (ps.launch)."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 
-
-def _store(rank: int, world: int, timeout: float):
-    from torch.distributed import TCPStore
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    port = int(os.environ.get("MASTER_PORT", "29500"))
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    return TCPStore(host, port, world, is_master=(rank == 0 and not agent),
-                    timeout=datetime.timedelta(seconds=timeout))
+from ..rendezvous import torchrun_store
 
 
 def run_role(args, rank: int, world: int) -> int:
     import torch
     from . import models, ps
     from .cli import _data_fn, _gdr, _opt_kwargs, render_result  # noqa: F401
-    from .ps.launch import _worker_loop
+    from .ps.launch import _worker_loop, abort_setup, publish_server, server_addresses
     S, W = args.servers, args.workers
     if world != S + W:
         print(f"tensorwire train: WORLD_SIZE is {world}, but --servers {S} + --workers {W} = {S + W}",
@@ -50,17 +43,20 @@ def run_role(args, rank: int, world: int) -> int:
         model = info.factory()
         worker = ps.GlooWorker(model, r, S, W, init, args.timeout, args.placement)
     else:
-        store = _store(rank, world, args.timeout)
-        prefix = f"tensorwire/ps/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
+        store = torchrun_store(rank, args.timeout)
         if role == "server":
-            srv = ps.Server(r, S, W, args.optimizer, args.mode, args.transport,
-                            host=_my_host(), timeout=args.timeout, placement=args.placement,
-                            compute=dev, gdr=gdr, **_opt_kwargs(args))
-            store.set(prefix + f"server/{r}", srv.address)
+            try:
+                srv = ps.Server(r, S, W, args.optimizer, args.mode, args.transport,
+                                host=_my_host(), timeout=args.timeout, placement=args.placement,
+                                compute=dev, gdr=gdr, **_opt_kwargs(args))
+            except BaseException as e:
+                abort_setup(store, f"server {r}: {type(e).__name__}: {e}")
+                raise
+            publish_server(store, r, srv.address)
             stats = srv.run()
             print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
             return 0
-        addresses = [store.get(prefix + f"server/{s}").decode() for s in range(S)]
+        addresses = server_addresses(store, S, args.timeout)
         torch.manual_seed(args.seed)
         model = info.factory()
         worker = ps.Worker(model, addresses, r, W, args.mode, args.transport, host=_my_host(),

@@ -84,7 +84,10 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int) -> N
     lst.bind(("127.0.0.1", 0))
     lst.listen(nprocs)
     conn.send(("port", lst.getsockname()[1]))
-    tag, ports = conn.recv()  # every process's port (tensorwire.roles: gather, then broadcast)
+    # every process's port (tensorwire.roles: gather, then broadcast). Not through tensorwire.rendezvous:
+    # its stores need torch or a Device in each floor process, which has neither (torch's import made
+    # test_tcp_floor's measurements take 13 s instead of 1 s here)
+    tag, ports = conn.recv()
     peers = {p for f in push + pull for p in f[:2] if rank in f[:2]} - {rank}
     socks = {}
     for p in sorted(peers):  # the lower rank connects

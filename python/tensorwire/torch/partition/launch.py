@@ -1,9 +1,11 @@
-"""The process launch: one spawned process per stage, handed each other's
-addresses; their statistics collected, and the first failure of any stage
+"""The process launch: one spawned process per stage; the stages find each
+other's addresses in a TCPStore this process hosts (tensorwire.rendezvous,
+stage.meet); their statistics collected, and the first failure of any stage
 fails the run (tensorwire.roles names it and stops the others)."""
 
 from __future__ import annotations
 
+from ...rendezvous import TorchStore
 from ...roles import RoleError, Roles
 from .graph import PartitionError
 from .stage import StageStats, _stage_main
@@ -15,17 +17,14 @@ LINGER_S = 1.0
 
 
 def _launch(stages: int, cfg: dict, die: tuple[int, int] | None) -> list[StageStats]:
-    """Spawns the stage processes, hands them each other's addresses, and
+    """Spawns the stage processes (they meet in this process's store) and
     returns their statistics; the first failure of any stage fails the run."""
     timeout = cfg["timeout"]
+    store = TorchStore.host("127.0.0.1", 0, timeout)
     with Roles() as roles:
         for s in range(stages):
-            roles.spawn(f"stage {s}", _stage_main, s, dict(cfg, die_at=die[1] if die and die[0] == s else None))
-        try:
-            addresses = [m[1:] for m in roles.gather("address", timeout)]
-        except RoleError as e:
-            raise PartitionError(str(e)) from None
-        roles.broadcast(("addresses", addresses))
+            roles.spawn(f"stage {s}", _stage_main, s, dict(cfg, store=store.address,
+                                                           die_at=die[1] if die and die[0] == s else None))
         try:
             roles.supervise(timeout * cfg["steps"] + 60, linger=LINGER_S)
         except RoleError as e:

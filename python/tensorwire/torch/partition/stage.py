@@ -3,6 +3,7 @@ of inference and training (:class:`_Stage`, run by :func:`_stage_main`)."""
 
 from __future__ import annotations
 
+import json
 import operator
 import os
 import time
@@ -15,11 +16,26 @@ import torch.fx
 
 import tensorwire as tw
 
+from ...rendezvous import Aborted, Store, TorchStore, gather, publish
 from .gather import _gather
 from .graph import Edge, PartitionError, _as_tuple, micro_example, plan
 from .sites import place_outputs
 
 DEPTH = 2                        # static slot buffers per edge: stage k+1 reads one while stage k fills the other
+KEYS = "tensorwire/partition"    # the stages' keys in the launcher's store: stage/<s> (address, device id), error
+
+
+def meet(store: Store, s: int, stages: int, dev: tw.Device, timeout: float) -> list[tuple[str, int]]:
+    """Publishes stage `s`'s device; every stage's (address, device id) once all did
+    (PartitionError naming the stages missing after `timeout` s, or at once the words
+    of a stage whose set-up failed)."""
+    publish(store, f"{KEYS}/stage", s, json.dumps([dev.address, dev.id]))
+    try:
+        got = gather(store, f"{KEYS}/stage", stages, timeout, f"publish an address within {timeout:g} s",
+                     f"{KEYS}/error", "stage")
+    except (Aborted, tw.Timeout) as e:
+        raise PartitionError(f"stage {s}: {e}") from None
+    return [tuple(json.loads(a)) for a in got]
 
 
 @dataclass
@@ -62,10 +78,10 @@ class _Split:
 
 class _Stage:
     """One stage process: its part of the plan, its slots and senders (set up
-    by the constructor, which also meets the launcher and the other stages),
+    by the constructor, which also meets the other stages in the store),
     and the loops of inference and training."""
 
-    def __init__(self, conn: Any, s: int, cfg: dict) -> None:
+    def __init__(self, conn: Any, s: int, cfg: dict, store: Store) -> None:
         self.conn, self.s, self.cfg = conn, s, cfg
         self.who = f"stage {s}"
         self.train = cfg.get("train")
@@ -100,11 +116,7 @@ class _Stage:
         self.slots = {e.name: self._slot(f"pp/{e.name}", e) for e in self.incoming}
         self.gslots = ({(e.name, t): self._slot(f"pg/{e.name}/{t}", e) for e in self.outgoing for t in e.dsts}
                        if self.train else {})
-        conn.send(("address", dev.address, dev.id))
-        msg = conn.recv()
-        if msg[0] != "addresses":
-            raise SystemExit(0)
-        addresses = msg[1]
+        addresses = meet(store, s, cfg["stages"], dev, cfg["timeout"])
         to = {t for e in self.outgoing for t in e.dsts} | ({e.src for e in self.incoming} if self.train else set())
         self.peers = {addresses[t][1]: f"stage {t} ({addresses[t][0]})"
                       for t in to | {e.src for e in self.incoming}}
@@ -313,16 +325,20 @@ class _Stage:
 
 
 def _stage_main(conn: Any, s: int, cfg: dict) -> None:
-    st = None
+    st = store = None
     try:
-        st = _Stage(conn, s, cfg)
+        store = TorchStore.connect(cfg["store"], cfg["timeout"])
+        st = _Stage(conn, s, cfg, store)
         st.fit() if st.train else st.infer()
         st.finish()
-    except SystemExit:
-        pass
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, which fails the run
         msg = str(e) if isinstance(e, (PartitionError, tw.Error)) else f"{type(e).__name__}: {e}\n" \
                                                                          f"{traceback.format_exc()}"
+        if st is None and store is not None:  # set-up: the stages waiting for this one learn why at once
+            try:
+                store.set(f"{KEYS}/error", f"stage {s}: {msg}")
+            except tw.Error:
+                pass
         try:
             conn.send(("error", msg if msg.startswith("stage") else f"stage {s}: {msg}", time.monotonic()))
         except (OSError, EOFError):

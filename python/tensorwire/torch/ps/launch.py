@@ -1,6 +1,9 @@
 """The local launcher: train() runs every role in a spawned process (or a
 thread), supervises them and sums up their reports; the role mains are what
-each of those processes runs."""
+each of those processes runs. Servers publish their addresses in the run's
+store and workers find them there (tensorwire.rendezvous: a TCPStore this
+process hosts, or under torchrun the job's own, launch_env): the same keys
+in both launches, and the role pipes carry only results and errors."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from torch import nn
 import tensorwire as tw
 
 from ...bench.common import Progress
+from ...rendezvous import Aborted, Store, TorchStore, gather, publish
 from ...roles import RoleError, Roles
 from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss
 from .gloo import GlooServer, GlooWorker, _Gloo
@@ -64,6 +68,36 @@ def _build_model(cfg: TrainConfig, rank: int) -> nn.Module:
 _BUILD_LOCK = threading.Lock()
 
 
+def _keys() -> str:
+    """Where the servers' addresses meet in the run's store: one run and attempt
+    of a torchrun job (a restart never reads the last attempt's), "run/0" otherwise."""
+    return (f"tensorwire/ps/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
+            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+
+
+def publish_server(store: Store, rank: int, address: str) -> None:
+    publish(store, f"{_keys()}/server", rank, address)
+
+
+def server_addresses(store: Store, servers: int, timeout: float) -> list[str]:
+    """Every server's address, once all published theirs (PSError naming the
+    missing ones after `timeout` s, or as soon as a role said setup failed)."""
+    try:
+        return [a.decode() for a in gather(store, f"{_keys()}/server", servers, timeout,
+                                           f"publish an address within {timeout:g} s", f"{_keys()}/error", "server")]
+    except (Aborted, tw.Timeout) as e:
+        raise PSError(str(e)) from None
+
+
+def abort_setup(store: Store | None, why: str) -> None:
+    """Tells the roles still waiting for addresses that this one failed (as far as the store is reachable)."""
+    if store is not None:
+        try:
+            store.set(f"{_keys()}/error", why)
+        except tw.Error:
+            pass
+
+
 def _samples(x: Any) -> int:
     while isinstance(x, (tuple, list)):
         x = x[0]
@@ -102,7 +136,7 @@ def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> 
     return out
 
 
-def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) -> dict:
+def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: str | None) -> dict:
     """Worker `rank` (this thread) and server `rank` (a second thread) in one
     process, sharing one device (or gloo process group): what the worker and
     its own server exchange never crosses the transport."""
@@ -118,10 +152,8 @@ def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) 
         dev = tw.Device(transport=cfg.transport)
         srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
                      placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr, **cfg.optimizer_kwargs)
-        conn.send(("address", srv.address))
-        if not conn.poll(60):
-            raise PSError(f"worker and server {rank}: no server addresses from the launcher within 60 s")
-        addresses = conn.recv()[1]
+        publish_server(store, rank, srv.address)
+        addresses = server_addresses(store, cfg.servers, cfg.timeout)
 
         def serve() -> None:
             box["stats"] = srv.run().to_dict(skip=cfg.warmup)
@@ -156,13 +188,16 @@ def _colocated(cfg: TrainConfig, rank: int, conn: Any, init_method: str | None) 
     return {"worker": result, "server": {"stats": box["stats"]}}
 
 
-def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: list[str] | None,
+def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, store_address: str | None,
                init_method: str | None) -> None:
-    """Entry point of a spawned process: runs one role, sends its result (or error) back."""
+    """Entry point of a spawned process: runs one role, sends its result (or error)
+    back. `store_address`: the launcher's TCPStore (not for gloo)."""
     torch.set_num_threads(cfg.threads)
+    store = None
     try:
+        store = TorchStore.connect(store_address, cfg.timeout) if store_address else None
         if role == "coloc":
-            result = _colocated(cfg, rank, conn, init_method)
+            result = _colocated(cfg, rank, store, init_method)
         elif cfg.mode == "gloo":
             if role == "server":
                 srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
@@ -179,9 +214,10 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: lis
             srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
                          timeout=cfg.timeout, placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr,
                          **cfg.optimizer_kwargs)
-            conn.send(("address", srv.address))
+            publish_server(store, rank, srv.address)
             result = {"stats": srv.run().to_dict(skip=cfg.warmup)}
         else:
+            addresses = server_addresses(store, cfg.servers, cfg.timeout)
             model = _build_model(cfg, rank)
             w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
                        placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr)
@@ -192,6 +228,7 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, addresses: lis
         conn.send(("result", result))
     except BaseException as e:  # noqa: BLE001 - reported to the launcher
         msg = str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        abort_setup(store, f"{'worker and server' if role == 'coloc' else role} {rank}: {msg}")
         try:
             conn.send(("error", msg))
         except Exception:
@@ -309,10 +346,12 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
             raise ValueError("launcher='threads' runs modes zerocopy and copy without fault injection")
         cfg.threads = torch.get_num_threads()
     t0 = time.perf_counter()
+    # where servers publish their addresses (gloo meets in its own process group)
+    store = None if mode == "gloo" else TorchStore.host("127.0.0.1", 0, timeout)
     with Roles() as roles:
-        def start(role: str, rank: int, addresses: list[str] | None = None) -> None:
+        def start(role: str, rank: int) -> None:
             name = f"worker and server {rank}" if role == "coloc" else f"{role} {rank}"
-            args = (_role_main, role, rank, cfg, addresses, init_method)
+            args = (_role_main, role, rank, cfg, store and store.address, init_method)
             if launcher == "threads":
                 roles.thread(name, *args)
             else:  # MALLOC_ENV: read by glibc when each role starts
@@ -325,14 +364,11 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
             if colocate:
                 for r in range(workers):
                     start("coloc", r)
-                if mode != "gloo":
-                    roles.broadcast(("addresses", _addresses(roles)))
             else:
                 for s in range(servers):
                     start("server", s)
-                addresses = None if mode == "gloo" else _addresses(roles)
                 for w in range(workers):
-                    start("worker", w, addresses)
+                    start("worker", w)
             roles.supervise(linger=FAILURE_GRACE_S)
         except RoleError as e:
             if e.first is None:
@@ -346,16 +382,6 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
 # Once a role failed, how long the others may take to fail on their own
 # (they notice the dead peer and say so) before the launcher kills them.
 FAILURE_GRACE_S = 10.0
-
-
-def _addresses(roles: Roles) -> list[str]:
-    """The servers' device addresses, as each process reports its own."""
-    try:
-        return [m[1] for m in roles.gather("address", 60)]
-    except RoleError as e:
-        if e.first is None:
-            raise PSError("servers did not start within 60 s") from None
-        raise PSError(f"{e.first.name} failed to start: {e.first.failure()}") from None
 
 
 def _summarise(cfg: TrainConfig, reports: list[tuple[str, int, dict]], wall: float) -> TrainResult:
