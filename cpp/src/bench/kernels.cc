@@ -1,7 +1,7 @@
 // Copyright tensorwire authors.
 #include "bench/kernels.h"
 
-#include "core/device_impl.h"
+#include "core/channel_impl.h"
 #include "core/waiter.h"
 
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Copyright tensorwire authors.
 //
-// ChannelImpl and PendingOps (core/device_impl.h), deferred releases, and the
+// ChannelImpl and PendingOps (core/channel_impl.h), deferred releases, and the
 // public Channel. Peer is in core/peer.cc, the message form's target side in
 // core/messages.cc.
 #include <atomic>

@@ -1,34 +1,27 @@
 // Copyright tensorwire authors.
 //
-// Internals of Device, Peer and Channel.
-//
-// Ownership: DeviceImpl owns Peers (by id); a Peer owns its control endpoint
-// and knows its channels weakly; a ChannelImpl owns its data endpoint and
-// keeps its Peer alive. Endpoints keep workers alive, workers keep contexts
-// alive, so Python may drop objects in any order.
-//
-// Liveness: data endpoints are created without UCX peer error handling
-// (shared-memory transports refuse it, and tcp puts run ~3x slower with it):
-// UCX may still report a transport error on them (a tcp reset), but nothing
-// for shared memory. The control endpoint to the same peer uses peer error
-// handling (over tcp, with keepalive). When either reports a failure,
-// Peer::fail() fails every pending request and control call on that peer.
+// Internals of Device: DeviceImpl owns its Peers (by id), the workers, the
+// pools and the control plane. Channels and peers are core/channel_impl.h,
+// included here since DeviceImpl speaks of them; the protocols see a device
+// only through core/device_port.h.
 #pragma once
 
-#include <chrono>
+#include <atomic>
 #include <condition_variable>
+#include <cstdarg>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
+#include "common/bytes.h"
 #include "control/wire.h"
+#include "core/channel_impl.h"
 #include "core/memory_impl.h"
 #include "core/messages.h"
 #include "core/request_state.h"
@@ -36,203 +29,6 @@
 #include "tensorwire/device.h"
 
 namespace tensorwire::detail {
-
-class DeviceImpl;
-class Peer;
-
-// A random nonzero 64-bit id (device ids, data tokens).
-std::uint64_t random_id();
-bool is_loopback(const std::string& host);  // localhost or 127.x
-
-// A call handler as the device runs it: `caller` is the peer that said HELLO
-// on the connection the call came on (identity from the connection, never
-// from the payload).
-using CallFn = std::function<std::string(const std::shared_ptr<Peer>& caller, const std::string& payload)>;
-
-// The part of a channel that UCX callbacks touch. Reference counted by hand:
-// the channel holds one ref and every operation UCX still owns holds one, so
-// a completion UCX delivers after the channel is gone (operations of a
-// force-closed endpoint may be purged as late as the worker's destruction)
-// still finds it.
-class PendingOps {
- public:
-  PendingOps(std::weak_ptr<Peer> peer, std::string peer_name)
-      : peer(std::move(peer)), peer_name(std::move(peer_name)) {}
-  void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
-  void release() {
-    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-  }
-  // Tracks `state` (takes its UCX ref); completes it at once if failed.
-  void add(RequestState* state);
-  // Completes `state` with `status`, drops the UCX ref and this op's ref on us.
-  void settle(RequestState* state, ucs_status_t status);
-  // Fails every pending request with `kind`; later adds fail too. Idempotent.
-  void fail(ErrorKind kind, const std::string& why);
-  // Message-form writes and reads (ChannelImpl::message_rma): tracked like
-  // any operation, and counted so that flush_messages() can wait for them.
-  void add_message(RequestState* state);
-  void settle_message(RequestState* state, ucs_status_t status);
-  // Completes once every message op added so far has (at once if none is in flight).
-  Request flush_messages(const std::shared_ptr<WorkerCtl>& worker);
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  [[noreturn]] void throw_failure() const;
-
-  const std::weak_ptr<Peer> peer;
-  const std::string peer_name;
-
- private:
-  std::atomic<int> refs_{1};
-  std::mutex mu_;
-  std::unordered_set<RequestState*> pending_;
-  std::size_t messages_ = 0;                  // message ops in flight (under mu_)
-  std::vector<RequestState*> flush_waiters_;  // complete when messages_ reaches 0
-  std::atomic<bool> failed_{false};
-  ErrorKind fail_kind_ = ErrorKind::kConnection;
-  std::string fail_message_;
-};
-
-class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
- public:
-  ChannelImpl(std::shared_ptr<Peer> peer, int lane, std::shared_ptr<WorkerCtl> worker);
-  ~ChannelImpl();
-  void connect(const std::string& remote_worker_address);
-
-  // Checks one transfer (InvalidArgument naming `op`); true when it moves bytes.
-  bool check_rma(const char* op, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                 std::size_t remote_offset, std::size_t length) const;
-  Request batch(bool is_write, const std::vector<Transfer>& transfers);
-  Request rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-              std::size_t remote_offset, std::size_t length);
-  Request flush();
-  void fence();
-  Request write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                        std::size_t remote_offset, std::size_t length);
-  // Fails every pending request with `kind`; later posts throw. Idempotent.
-  void fail(ErrorKind kind, const std::string& why) { ops_->fail(kind, why); }
-  bool failed() const { return ops_->failed(); }
-  void check_usable() const;
-  // The local address of remote's first byte when copies to it go direct, else nullptr.
-  char* direct_target(const RemoteRegion& remote, const LocalRegion& local) const;
-  ChannelStats stats() const;
-  // Whether a write from the peer over this channel's transports lands only
-  // when this side progresses its worker (tcp and UCX's other emulated RMA);
-  // not over shared memory or verbs RC/DC. Waiters on a word the peer writes
-  // drive the worker only then. Conservative (true) until UCX can tell.
-  bool needs_target_progress() const;
-  // The UCX transports of this channel's endpoint, "transport/device"
-  // (empty when UCX cannot say).
-  std::vector<std::string> lane_transports() const;
-  // Whether this lane carries slots and plain write/read as messages
-  // (core/messages.h): where its RMA is emulated (needs_target_progress), or
-  // as TENSORWIRE_LANE_FORM forces; never on a channel to this very device.
-  bool uses_messages() const;
-  // Whether a waiter for something the peer sends must drive this lane's
-  // worker: emulated RMA, or messages (handled by whoever progresses).
-  bool waiter_drives() const { return needs_target_progress() || uses_messages(); }
-  // Posts a data message (header `h` with this peer's token, `extra`, and
-  // local[offset..+length) as payload); completes when the local bytes may be reused.
-  Request send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
-                       std::size_t length);
-  // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:
-  // InvalidArgument for a key a peer made up.
-  void check_remote(const RemoteRegion& remote) const;
-  // remote's key on this lane (unpacked once) and its mapping, checked.
-  RemoteRegionImpl::Access access_to(const RemoteRegion& remote) const;
-
-  const std::shared_ptr<Peer> peer;
-  const int lane;
-  const std::shared_ptr<WorkerCtl> worker;
-  std::shared_ptr<ucx::Endpoint> ep;
-
- private:
-  Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
-                      const RemoteRegion* remote = nullptr);
-
-  // The direct path: a memcpy to/from a region mapped by a shared-memory
-  // transport, or one of this device's own (a channel to itself).
-  Request direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
-                 std::size_t remote_offset, std::size_t length);
-  bool host_memory(const LocalRegion& local) const;
-  // A pool block of this very device (self_): its first byte, pinned; else nullptr.
-  char* own_memory(const RemoteRegion& remote) const;
-  // write/read in the message form: the target checks and applies it; the
-  // request completes on its reply.
-  Request message_rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                      std::size_t remote_offset, std::size_t length);
-
-  PendingOps* ops_;  // holds one ref
-  const bool map_shared_memory_;
-  const std::weak_ptr<PoolImpl> own_pool_;  // the peer is this device: its pool, whose blocks are our memory
-  const std::shared_ptr<PoolImpl> pool_;    // this device's pool (a peer's key must not map into it)
-  const bool self_;                         // own_pool_ was set (a channel to this very device)
-  // fence() orders UCX operations among themselves; a direct copy after a
-  // fence must also wait for the UCX operations posted before it.
-  std::atomic<bool> ucx_since_fence_{false};
-  std::atomic<bool> drain_before_direct_{false};
-  mutable std::atomic<int> target_progress_{-1};  // -1 unknown, else the answer
-  mutable std::atomic<int> messages_{-1};         // uses_messages(): -1 unknown, else the answer
-  std::atomic<std::uint64_t> posted_{0}, direct_writes_{0}, direct_reads_{0}, direct_bytes_{0}, drains_{0};
-};
-
-class Peer : public std::enable_shared_from_this<Peer> {
- public:
-  Peer(std::weak_ptr<DeviceImpl> device, control::Hello hello, std::shared_ptr<ucx::Endpoint> control_ep,
-       bool same_host);
-  std::shared_ptr<ChannelImpl> channel(int lane);
-  // A region this peer exported to us through the control plane (a LOOKUP
-  // reply, a slot's attach call or reply, an export call): remembered, so
-  // that descriptors it hands us later can be checked against it.
-  std::shared_ptr<RemoteRegionImpl> accept_export(const RegionDescriptor& d);
-  // A region inside one this peer exported to us (same key, range inside);
-  // InvalidArgument otherwise: no descriptor reaches memory it did not export.
-  std::shared_ptr<RemoteRegionImpl> remote_region(const RegionDescriptor& d);
-  bool exported(const RegionDescriptor& d) const;
-  // The other direction: ranges of our memory exported to this peer
-  // (DeviceImpl::export_for). A message-form write or read from this peer
-  // must fall inside one (contracts §11). Bounded like the export table.
-  void grant(std::uint64_t address, std::uint64_t length);
-  bool granted(std::uint64_t address, std::uint64_t length) const;
-  void fail(ErrorKind kind, const std::string& why);
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
-  std::string describe() const;  // "device 0x.. at host:port (pid N)"
-  // Liveness: when a control message from this peer last arrived.
-  void heard() { last_heard_ns_.store(now_ns(), std::memory_order_relaxed); }
-  double silent_s() const { return 1e-9 * double(now_ns() - last_heard_ns_.load(std::memory_order_relaxed)); }
-
-  const std::weak_ptr<DeviceImpl> device;
-  const control::Hello hello;
-  const std::shared_ptr<ucx::Endpoint> control_ep;
-  PeerInfo info;
-  // The token this peer puts in its data messages to us: we chose it and
-  // sent it in our HELLO (or reply) on its connection. Its HELLO carried the
-  // one we put in ours (hello.data_token).
-  std::uint64_t inbound_token = 0;
-
- private:
-  mutable std::mutex mu_;
-  std::map<int, std::weak_ptr<ChannelImpl>> channels_;
-  std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
-  static constexpr std::size_t kRecentRegions = 16;
-  std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive
-  std::size_t sweep_at_ = 2 * kRecentRegions;              // regions_ size that triggers a sweep
-  // What this peer exported to us: rkey bytes -> [start, end) ranges. Bounded:
-  // past kMaxExports ranges the oldest key (or, when all share one key, as
-  // over tcp, its oldest range) is forgotten, and descriptors in it refused.
-  static constexpr std::size_t kMaxExports = 4096;
-  std::map<std::string, std::vector<std::pair<std::uint64_t, std::uint64_t>>> exports_;
-  std::map<std::string, MemoryType> export_types_;  // rkey bytes -> the memory type it was exported with
-  std::deque<std::string> export_order_;
-  std::size_t export_count_ = 0;
-  std::map<std::uint64_t, std::uint64_t> grants_;  // start -> end, our memory this peer may reach by message
-  std::deque<std::uint64_t> grant_order_;
-  std::shared_ptr<RemoteRegionImpl> region_locked(const RegionDescriptor& d);
-  std::atomic<bool> failed_{false};
-  static std::int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  }
-  std::atomic<std::int64_t> last_heard_ns_{now_ns()};
-};
 
 class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
  public:
@@ -312,6 +108,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
                        std::size_t length, const ucp_am_recv_param_t* param);
   // Logs (rate-limited) and counts a message refused by its target.
   void refuse_message(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+  void refuse_message_v(const char* fmt, va_list ap) __attribute__((format(printf, 2, 0)));
   std::uint64_t message_refusals() const { return message_refusals_.load(); }
 
  private:

@@ -224,13 +224,17 @@ std::shared_ptr<Peer> DeviceImpl::peer_by_token(std::uint64_t token) {
 }
 
 void DeviceImpl::refuse_message(const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  refuse_message_v(fmt, ap);
+  va_end(ap);
+}
+
+void DeviceImpl::refuse_message_v(const char* fmt, va_list ap) {
   const std::uint64_t n = message_refusals_.fetch_add(1) + 1;
   if (n > 16 && (n & (n - 1)) != 0) return;  // the first 16, then every power of two
   char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
   std::vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
   TW_LOG_WARN("refused a data message (%llu so far): %s", static_cast<unsigned long long>(n), buf);
 }
 

@@ -1,6 +1,6 @@
 // Copyright tensorwire authors.
 //
-// Peer (core/device_impl.h): one connected device, its channels by lane, the
+// Peer (core/channel_impl.h): one connected device, its channels by lane, the
 // ranges it exported to us (checked before any descriptor of it is used) and
 // the ranges of ours it may reach by message (contracts §11).
 #include <algorithm>

@@ -1,7 +1,7 @@
 // Copyright tensorwire authors.
 #include "core/waiter.h"
 
-#include "core/device_impl.h"
+#include "core/channel_impl.h"
 #include "tensorwire/wait.h"
 
 #include <poll.h>

@@ -18,7 +18,7 @@ namespace detail {
 
 class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<DynamicSlotImpl> {
  public:
-  std::weak_ptr<DeviceImpl> device;
+  DevicePort::Weak device;
   std::string name;
   int max_ndim = 8;
   std::size_t max_nbytes = 0;
@@ -56,15 +56,15 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     auto dev = device.lock();
     if (!dev) return;
     if (h.kind != MsgKind::kDynamicSend) {
-      return dev->refuse_message("dynamic slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
+      return dev.refuse_message("dynamic slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
     }
     if (!link.is(from)) {
-      return dev->refuse_message("dynamic slot '%s': a tensor from %s, which is not its sender", name.c_str(),
-                                 from->describe().c_str());
+      return dev.refuse_message("dynamic slot '%s': a tensor from %s, which is not its sender", name.c_str(),
+                                from->describe().c_str());
     }
     if (h.a != expected.load() || arrival_pending.exchange(true)) {
-      return dev->refuse_message("dynamic slot '%s': tensor %llu out of turn", name.c_str(),
-                                 static_cast<unsigned long long>(h.a));
+      return dev.refuse_message("dynamic slot '%s': tensor %llu out of turn", name.c_str(),
+                                static_cast<unsigned long long>(h.a));
     }
     inbox.store(worker_index, std::memory_order_relaxed);
     const std::string bytes = extra.get_n(extra.left());
@@ -150,7 +150,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     w.put<std::uint64_t>(max_nbytes);
     w.put<std::uint64_t>(record_size);
     w.put<std::uint64_t>(expected);
-    w.put_bytes32(dev->export_for(record.descriptor(), *caller).to_bytes());
+    w.put_bytes32(dev.export_for(record.descriptor(), *caller).to_bytes());
     w.put<std::uint64_t>(sink.id);
     w.put<std::uint8_t>(static_cast<std::uint8_t>(gpu ? MemoryType::kCuda : MemoryType::kHost));  // appended (§10.4)
     return std::move(w.str());
@@ -254,7 +254,7 @@ class DynamicSenderImpl : public MessageSink {
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
                   int worker_index) override {
     if (h.kind != MsgKind::kDynamicAck || from != channel.impl()->peer) {
-      if (auto dev = from->device.lock()) dev->refuse_message("dynamic sender: a message it did not expect");
+      if (auto dev = DevicePort(*from)) dev.refuse_message("dynamic sender: a message it did not expect");
       return;
     }
     inbox.store(worker_index, std::memory_order_relaxed);
@@ -291,22 +291,21 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
                          MemoryType memory, int gpu)
     : impl_(std::make_shared<detail::DynamicSlotImpl>()) {
   if (max_ndim < 0 || max_ndim > 64) throw InvalidArgument("max_ndim must be in 0..64");
-  auto dev = device.impl()->shared_from_this();
-  dev->check_open();
+  detail::DevicePort dev(device);
   auto& s = *impl_;
-  s.device = dev;
+  s.device = dev.weak();
   s.name = name;
   s.max_ndim = max_ndim;
   s.max_nbytes = max_nbytes;
   s.record_size = detail::record_size_for(max_ndim);
   // The record stays in host memory (polled by the CPU); tensors go where the slot says.
-  s.tensors = std::make_unique<MemoryPool>(device.pool(memory, gpu));
+  s.tensors = std::make_unique<MemoryPool>(dev.pool(memory, gpu));
   s.gpu = memory == MemoryType::kCuda;
-  s.record = detail::allocate_exported(*dev, s.record_size);
+  s.record = detail::allocate_exported(dev, s.record_size);
   std::memset(s.record.data(), 0, s.record_size);
-  s.ack_src = dev->pool->allocate(64, 64);
+  s.ack_src = dev.pool().allocate(64, 64);
   s.sink.add(dev, impl_);
-  detail::serve_attach(device, "tw.dynamic/" + name, impl_);
+  detail::serve_attach(dev, "tw.dynamic/" + name, impl_);
 }
 
 namespace detail {
@@ -325,7 +324,7 @@ class DynamicSlotSource : public WaitSource {
   }
   bool prepare(Drivers& drivers, WaitPolicy& policy) override {
     dev_ = s_->device.lock();
-    policy = prepare_slot_wait(drivers, s_->link.channel_impl(), dev_ ? dev_->workers[0].get() : nullptr,
+    policy = prepare_slot_wait(drivers, s_->link.channel_impl(), dev_ ? dev_.worker(0) : nullptr,
                                inbox_of(dev_, s_->inbox));
     return true;
   }
@@ -333,7 +332,7 @@ class DynamicSlotSource : public WaitSource {
 
  private:
   std::shared_ptr<DynamicSlotImpl> s_;
-  std::shared_ptr<DeviceImpl> dev_;
+  DevicePort dev_;  // its workers stay alive while the wait drives them
 };
 
 }  // namespace
@@ -346,7 +345,7 @@ DynamicSlot::~DynamicSlot() { detail::stop_attach(impl_->device, "tw.dynamic/" +
 Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto& s = *impl_;
   auto dev = s.device.lock();
-  detail::WorkerCtl* worker = dev ? dev->workers[0].get() : nullptr;
+  detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
   detail::ChannelImpl* ch = s.link.channel_impl();
   if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s, detail::inbox_of(dev, s.inbox))) {
     if (ch && ch->failed()) ch->check_usable();
@@ -380,9 +379,9 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
     : impl_(std::make_shared<detail::DynamicSenderImpl>()), staging_(std::make_unique<detail::SenderStaging>()) {
   auto& s = *impl_;
   s.channel = channel;
-  auto dev = channel.impl()->peer->device.lock();
+  detail::DevicePort dev(*channel.impl()->peer);
   if (!dev) throw ConnectionError("device is closed");
-  s.ack = detail::allocate_exported(*dev, 64);
+  s.ack = detail::allocate_exported(dev, 64);
   std::memset(s.ack.data(), 0, 64);
   s.sink.add(dev, impl_);
   std::string reply = detail::attach_to_slot(channel, "tw.dynamic/" + name, s.ack, s.sink.id, timeout_s);
@@ -399,17 +398,17 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
     throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), s.next_seq - 1);
-  s.record_src = dev->pool->allocate(s.record_size, 64);
-  s.seq_src = dev->pool->allocate(64, 64);
+  s.record_src = dev.pool().allocate(s.record_size, 64);
+  s.seq_src = dev.pool().allocate(64, 64);
 }
 
 DynamicSender::~DynamicSender() = default;
 
 Request DynamicSender::send(const OutsideTensor& tensor, const TensorSpec& spec, SendPath path, double timeout_s) {
   impl_->check_spec(spec);  // before anything is copied or registered
-  auto dev = impl_->channel.impl()->peer->device.lock();
+  detail::DevicePort dev(*impl_->channel.impl()->peer);
   if (!dev) throw ConnectionError("device is closed");
-  auto staged = staging_->stage(*dev, tensor, spec.nbytes(), path, timeout_s);
+  auto staged = staging_->stage(dev, tensor, spec.nbytes(), path, timeout_s);
   Request req = impl_->send(impl_, staged.local, 0, spec, staged.timeout_left);
   staging_->sent(std::move(staged), req, impl_->stats);
   return req;
@@ -468,7 +467,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   // One record in flight: the previous send must have been acknowledged.
   if (s.acked() < seq - 1) {
     ++s.stats.waits_for_ack;
-    auto dev = s.channel.impl()->peer->device.lock();
+    DevicePort dev(*s.channel.impl()->peer);
     if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s,
                             detail::inbox_of(dev, s.inbox))) {
       s.channel.impl()->check_usable();
@@ -479,7 +478,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   detail::DynamicRecord rec;
   rec.spec = spec;
   rec.nbytes = n;
-  if (auto dev = s.channel.impl()->peer->device.lock()) rec.device_id = dev->id;
+  if (auto dev = DevicePort(*s.channel.impl()->peer)) rec.device_id = dev.id();
   std::shared_ptr<std::pair<Request, Request>> posted;
   if (messages) {
     // One message: the record (inline form) as header, the tensor as payload.

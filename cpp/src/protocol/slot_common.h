@@ -9,7 +9,10 @@
 #include <chrono>
 #include <cstdint>
 
-#include "core/device_impl.h"
+#include "common/bytes.h"
+#include "core/channel_impl.h"
+#include "core/device_port.h"
+#include "core/messages.h"
 #include "core/waiter.h"
 #include "tensorwire/slot.h"
 
@@ -55,13 +58,15 @@ bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double tim
 inline std::size_t align64(std::size_t v) { return (v + 63) & ~std::size_t(63); }
 
 // Memory a slot exports to its peer: whole pages of its own, so that a key
-// of exactly this range (DeviceImpl::export_for; RDMA keys are per page)
+// of exactly this range (DevicePort::export_for; RDMA keys are per page)
 // reaches no other data.
 inline Block allocate_exported(MemoryPool& pool, std::size_t nbytes) {
   constexpr std::size_t kPage = 4096;
   return pool.allocate((nbytes + kPage - 1) & ~(kPage - 1), kPage);
 }
-inline Block allocate_exported(DeviceImpl& dev, std::size_t nbytes) { return allocate_exported(*dev.pool, nbytes); }
+inline Block allocate_exported(const DevicePort& dev, std::size_t nbytes) {
+  return allocate_exported(dev.pool(), nbytes);
+}
 
 // A slot's link back to its one sender, made by the sender's attach call
 // (payload: the descriptor of the sender's ack block, then the id its
@@ -128,28 +133,28 @@ inline RemoteRegion exported_by_peer(Channel& channel, const std::string& descri
 // Answers a slot's attach call. The slot's memory is not published: only
 // the sender that attached receives its descriptor (in the attach reply).
 template <typename SlotImpl>
-void serve_attach(Device& device, const std::string& call, const std::shared_ptr<SlotImpl>& slot) {
+void serve_attach(const DevicePort& dev, const std::string& call, const std::shared_ptr<SlotImpl>& slot) {
   std::weak_ptr<SlotImpl> weak = slot;
-  device.impl()->on_call(call, [weak](const std::shared_ptr<Peer>& caller, const std::string& payload) -> std::string {
+  dev.on_call(call, [weak](const std::shared_ptr<Peer>& caller, const std::string& payload) -> std::string {
     auto s = weak.lock();
     if (!s) throw NotFound("the slot is gone");
     return s->attach(caller, payload);
   });
 }
 
-inline void stop_attach(const std::weak_ptr<DeviceImpl>& device, const std::string& call) {
+inline void stop_attach(const DevicePort::Weak& device, const std::string& call) {
   if (auto dev = device.lock()) {
-    if (!dev->closed()) dev->on_call(call, nullptr);
+    if (!dev.closed()) dev.on_call(call, nullptr);
   }
 }
 
 // Sender side of the attach call: returns the slot's description.
 inline std::string attach_to_slot(Channel& channel, const std::string& call, const Block& ack, std::uint64_t sink,
                                   double timeout_s) {
-  auto dev = channel.impl()->peer->device.lock();
+  DevicePort dev(*channel.impl()->peer);
   if (!dev) throw ConnectionError("device is closed");
   ByteWriter w;
-  w.put_bytes32(dev->export_for(ack.descriptor(), *channel.impl()->peer).to_bytes());
+  w.put_bytes32(dev.export_for(ack.descriptor(), *channel.impl()->peer).to_bytes());
   w.put<std::uint64_t>(sink);
   try {
     return channel.call(call, w.str(), timeout_s);
@@ -165,21 +170,20 @@ inline std::string attach_to_slot(Channel& channel, const std::string& call, con
 // A slot end's registration as a message sink: the id travels in the attach
 // call or reply; dropped with the object.
 struct SinkRegistration {
-  std::weak_ptr<DeviceImpl> device;
+  DevicePort::Weak device;
   std::uint64_t id = 0;
-  void add(const std::shared_ptr<DeviceImpl>& dev, std::weak_ptr<MessageSink> sink) {
-    device = dev;
-    id = dev->add_sink(std::move(sink));
+  void add(const DevicePort& dev, std::weak_ptr<MessageSink> sink) {
+    device = dev.weak();
+    id = dev.add_sink(std::move(sink));
   }
   ~SinkRegistration() {
-    if (auto dev = device.lock()) dev->remove_sink(id);
+    if (auto dev = device.lock()) dev.remove_sink(id);
   }
 };
 
 // The worker a sink's messages arrived on (-1: none yet), for waiters to drive.
-inline WorkerCtl* inbox_of(const std::shared_ptr<DeviceImpl>& dev, const std::atomic<int>& index) {
-  const int i = index.load(std::memory_order_relaxed);
-  return dev && i >= 0 && i < static_cast<int>(dev->workers.size()) ? dev->workers[i].get() : nullptr;
+inline WorkerCtl* inbox_of(const DevicePort& dev, const std::atomic<int>& index) {
+  return dev ? dev.worker(index.load(std::memory_order_relaxed)) : nullptr;
 }
 
 }  // namespace tensorwire::detail

@@ -19,7 +19,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-SenderStaging::Staged SenderStaging::stage(DeviceImpl& dev, const OutsideTensor& t, std::size_t nbytes,
+SenderStaging::Staged SenderStaging::stage(const DevicePort& dev, const OutsideTensor& t, std::size_t nbytes,
                                            SendPath path, double timeout_s) {
   if (!t.data && nbytes > 0) throw InvalidArgument("send: the tensor has no data pointer");
   if (t.memory != MemoryType::kHost && t.memory != MemoryType::kCuda) {
@@ -33,7 +33,7 @@ SenderStaging::Staged SenderStaging::stage(DeviceImpl& dev, const OutsideTensor&
   out.timeout_left = timeout_s;
   const std::size_t n = nbytes > 0 ? nbytes : 1;
   if (out.path == SendPath::kRegister) {
-    out.registration = dev.pool->register_memory(const_cast<void*>(t.data), n, t.memory);
+    out.registration = dev.pool().register_memory(const_cast<void*>(t.data), n, t.memory);
     out.local = out.registration.region();
     out.keep = t.keep;
     return out;
@@ -53,7 +53,7 @@ SenderStaging::Staged SenderStaging::stage(DeviceImpl& dev, const OutsideTensor&
   const bool gpu = t.memory == MemoryType::kCuda;
   if (!block_ || block_.size() < n || block_.memory_type() != t.memory || (gpu && block_.gpu() != t.gpu)) {
     block_ = Block();  // the old one goes back first: the pool may reuse it
-    block_ = (gpu ? dev.cuda_pool(t.gpu) : *dev.pool).allocate(n, kStagingAlignment);
+    block_ = dev.pool(t.memory, t.gpu).allocate(n, kStagingAlignment);
   }
   if (nbytes > 0) {
     if (gpu || block_.memory_type() == MemoryType::kCuda) {

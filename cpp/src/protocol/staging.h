@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "core/device_impl.h"
+#include "core/device_port.h"
 #include "core/request_state.h"
 #include "tensorwire/slot.h"
 
@@ -31,7 +31,7 @@ class SenderStaging {
   // timeout_s; < 0: forever) until the previous send stops reading the
   // staging block, then copies. Nothing is recorded until sent(), so a send
   // refused after staging changes no state.
-  Staged stage(DeviceImpl& dev, const OutsideTensor& t, std::size_t nbytes, SendPath path, double timeout_s);
+  Staged stage(const DevicePort& dev, const OutsideTensor& t, std::size_t nbytes, SendPath path, double timeout_s);
   // Records the send made from `staged` and counts it in `stats`.
   void sent(Staged&& staged, const Request& request, SlotStats& stats);
 

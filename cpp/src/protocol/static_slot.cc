@@ -76,19 +76,19 @@ struct StaticLayout {
 
 class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<StaticSlotImpl> {
  public:
-  StaticSlotImpl(std::shared_ptr<DeviceImpl> dev, std::string name, TensorSpec spec, int depth, std::uint64_t first,
+  StaticSlotImpl(const DevicePort& dev, std::string name, TensorSpec spec, int depth, std::uint64_t first,
                  MemoryType memory, int gpu)
-      : device(dev), name(std::move(name)), spec(std::move(spec)), depth(depth), first_seq(first),
+      : device(dev.weak()), name(std::move(name)), spec(std::move(spec)), depth(depth), first_seq(first),
         layout(this->spec.nbytes(), memory == MemoryType::kCuda) {
     if (layout.separate) {
-      block = allocate_exported(dev->cuda_pool(gpu), layout.stride * depth);
-      words = allocate_exported(*dev, 64 * static_cast<std::size_t>(depth));
+      block = allocate_exported(dev.pool(MemoryType::kCuda, gpu), layout.stride * depth);
+      words = allocate_exported(dev, 64 * static_cast<std::size_t>(depth));
       std::memset(words.data(), 0, words.size());
     } else {
-      block = allocate_exported(*dev, layout.stride * depth);
+      block = allocate_exported(dev, layout.stride * depth);
       std::memset(block.data(), 0, block.size());
     }
-    ack_src = dev->pool->allocate(8 * kAckRing, 64);
+    ack_src = dev.pool().allocate(8 * kAckRing, 64);
     ack_pending.resize(kAckRing);
   }
 
@@ -109,11 +109,11 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     w.put<std::uint64_t>(first_seq + done - 1);  // the last released one
     w.put<std::uint64_t>(layout.stride);
     w.put<std::uint64_t>(layout.payload);
-    w.put_bytes32(dev->export_for(block.descriptor(), *caller).to_bytes());
+    w.put_bytes32(dev.export_for(block.descriptor(), *caller).to_bytes());
     w.put<std::uint64_t>(sink.id);
     if (layout.separate) {  // appended: where the sequence words are (§10.3)
       w.put<std::uint64_t>(layout.seq_stride());
-      w.put_bytes32(dev->export_for(words.descriptor(), *caller).to_bytes());
+      w.put_bytes32(dev.export_for(words.descriptor(), *caller).to_bytes());
     }
     return std::move(w.str());
   }
@@ -126,21 +126,21 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     auto dev = device.lock();
     if (!dev) return;
     if (h.kind != MsgKind::kStaticSend) {
-      return dev->refuse_message("static slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
+      return dev.refuse_message("static slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
     }
     if (!link.is(from)) {
-      return dev->refuse_message("static slot '%s': a tensor from %s, which is not its sender", name.c_str(),
-                                 from->describe().c_str());
+      return dev.refuse_message("static slot '%s': a tensor from %s, which is not its sender", name.c_str(),
+                                from->describe().c_str());
     }
     const std::uint64_t seq = h.a, next = first_seq + arrived.load();
     // In order, and never into a buffer the receiver still holds.
     if (seq != next || seq >= first_seq + consumed_.load(std::memory_order_acquire) + depth) {
-      return dev->refuse_message("static slot '%s': tensor %llu out of turn (next %llu)", name.c_str(),
-                                 static_cast<unsigned long long>(seq), static_cast<unsigned long long>(next));
+      return dev.refuse_message("static slot '%s': tensor %llu out of turn (next %llu)", name.c_str(),
+                                static_cast<unsigned long long>(seq), static_cast<unsigned long long>(next));
     }
     if (payload.length() != layout.nbytes) {
-      return dev->refuse_message("static slot '%s': a tensor of %zu bytes, the slot holds %zu", name.c_str(),
-                                 payload.length(), layout.nbytes);
+      return dev.refuse_message("static slot '%s': a tensor of %zu bytes, the slot holds %zu", name.c_str(),
+                                payload.length(), layout.nbytes);
     }
     inbox.store(worker_index, std::memory_order_relaxed);
     arrived.fetch_add(1);
@@ -166,7 +166,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
 
   ChannelImpl* channel() const { return link.channel_impl(); }
 
-  std::weak_ptr<DeviceImpl> device;
+  DevicePort::Weak device;
   std::string name;
   TensorSpec spec;
   int depth;
@@ -203,7 +203,7 @@ class StaticSenderImpl : public MessageSink {
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
                   int worker_index) override {
     if (h.kind != MsgKind::kStaticRelease || from != channel.impl()->peer) {
-      if (auto dev = from->device.lock()) dev->refuse_message("static sender: a message it did not expect");
+      if (auto dev = DevicePort(*from)) dev.refuse_message("static sender: a message it did not expect");
       return;
     }
     inbox.store(worker_index, std::memory_order_relaxed);
@@ -236,14 +236,6 @@ class StaticSenderImpl : public MessageSink {
 
 }  // namespace detail
 
-namespace {
-std::shared_ptr<detail::DeviceImpl> device_impl(Device& device) {
-  auto impl = device.impl()->shared_from_this();
-  impl->check_open();
-  return impl;
-}
-}  // namespace
-
 // ---- StaticSlot ----
 
 StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec& spec, int depth,
@@ -255,10 +247,10 @@ StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec
     throw InvalidArgument("static slot '" + name + "': " + std::to_string(depth) + " buffers of " + spec.describe() +
                           " exceed 2^62 bytes");
   }
-  auto dev = device_impl(device);
+  detail::DevicePort dev(device);
   impl_ = std::make_shared<detail::StaticSlotImpl>(dev, name, spec, depth, first_seq, memory, gpu);
   impl_->sink.add(dev, impl_);
-  detail::serve_attach(device, "tw.static/" + name, impl_);
+  detail::serve_attach(dev, "tw.static/" + name, impl_);
 }
 
 namespace detail {
@@ -279,7 +271,7 @@ class StaticSlotSource : public WaitSource {
   }
   bool prepare(Drivers& drivers, WaitPolicy& policy) override {
     dev_ = s_->device.lock();
-    policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_->workers[0].get() : nullptr,
+    policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_.worker(0) : nullptr,
                                inbox_of(dev_, s_->inbox));
     return true;
   }
@@ -289,7 +281,7 @@ class StaticSlotSource : public WaitSource {
 
  private:
   std::shared_ptr<StaticSlotImpl> s_;
-  std::shared_ptr<DeviceImpl> dev_;  // its workers stay alive while the wait drives them
+  DevicePort dev_;  // its workers stay alive while the wait drives them
 };
 
 }  // namespace
@@ -306,7 +298,7 @@ int StaticSlot::recv(double timeout_s) {
                           " tensors are held; release() one before receiving more");
   }
   auto dev = s.device.lock();
-  detail::WorkerCtl* worker = dev ? dev->workers[0].get() : nullptr;
+  detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
   if (!detail::wait_until(s.channel(), worker, [&] { return s.ready_next(); }, timeout_s,
                           detail::inbox_of(dev, s.inbox))) {
     if (s.channel() && s.channel()->failed()) s.channel()->check_usable();
@@ -391,9 +383,9 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
     : impl_(std::make_shared<detail::StaticSenderImpl>()), staging_(std::make_unique<detail::SenderStaging>()) {
   auto& s = *impl_;
   s.channel = channel;
-  auto dev = channel.impl()->peer->device.lock();
+  detail::DevicePort dev(*channel.impl()->peer);
   if (!dev) throw ConnectionError("device is closed");
-  s.ack = detail::allocate_exported(*dev, 64);
+  s.ack = detail::allocate_exported(dev, 64);
   std::memset(s.ack.data(), 0, 64);
   s.sink.add(dev, impl_);
   std::string reply = detail::attach_to_slot(channel, "tw.static/" + name, s.ack, s.sink.id, timeout_s);
@@ -429,16 +421,16 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
     throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), released);
-  s.seq_src = dev->pool->allocate(8 * s.depth, 64);
+  s.seq_src = dev.pool().allocate(8 * s.depth, 64);
 }
 
 StaticSender::~StaticSender() = default;
 
 Request StaticSender::send(const OutsideTensor& tensor, const TensorSpec& spec, SendPath path, double timeout_s) {
   impl_->check_spec(spec);  // before anything is copied or registered
-  auto dev = impl_->channel.impl()->peer->device.lock();
+  detail::DevicePort dev(*impl_->channel.impl()->peer);
   if (!dev) throw ConnectionError("device is closed");
-  auto staged = staging_->stage(*dev, tensor, spec.nbytes(), path, timeout_s);
+  auto staged = staging_->stage(dev, tensor, spec.nbytes(), path, timeout_s);
   Request req = impl_->send(staged.local, 0, spec, staged.timeout_left);
   staging_->sent(std::move(staged), req, impl_->stats);
   return req;
@@ -471,7 +463,7 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
     const std::uint64_t need = seq - s.depth;
     if (s.acked() < need) {
       ++s.stats.waits_for_ack;
-      auto dev = s.channel.impl()->peer->device.lock();
+      DevicePort dev(*s.channel.impl()->peer);
       if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s,
                               detail::inbox_of(dev, s.inbox))) {
         s.channel.impl()->check_usable();
@@ -530,7 +522,7 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
 
 void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
   auto& s = *impl_;
-  auto dev = s.channel.impl()->peer->device.lock();
+  detail::DevicePort dev(*s.channel.impl()->peer);
   if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s,
                           detail::inbox_of(dev, s.inbox))) {
     s.channel.impl()->check_usable();
