@@ -2,8 +2,8 @@
 #include "protocol/staging.h"
 
 #include <chrono>
-#include <cstring>
 
+#include "core/bulk_copy.h"
 #include "cuda/driver.h"
 #include "tensorwire/error.h"
 
@@ -59,7 +59,7 @@ SenderStaging::Staged SenderStaging::stage(const DevicePort& dev, const OutsideT
     if (gpu || block_.memory_type() == MemoryType::kCuda) {
       cuda::copy(block_.data(), t.data, nbytes);  // synchronous: done before the send reads it
     } else {
-      std::memcpy(block_.data(), t.data, nbytes);
+      bulk_copy(block_.data(), t.data, nbytes);
     }
   }
   out.local = block_.region();
