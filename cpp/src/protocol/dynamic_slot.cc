@@ -47,6 +47,10 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   bool ready() const {
     return arrival_ready.load(std::memory_order_acquire) || load_acquire(base() + record_size - 64) == expected;
   }
+  // For wait_any (SlotSource).
+  bool wait_ready() const { return ready(); }
+  ChannelImpl* channel() const { return link.channel_impl(); }
+  std::string describe_wait() const { return "dynamic slot '" + name + "'"; }
 
   // The message form of a send: the record (inline form) in the header,
   // checked like one written into the record; the payload straight into the
@@ -308,37 +312,10 @@ DynamicSlot::DynamicSlot(Device& device, const std::string& name, int max_ndim, 
   detail::serve_attach(dev, "tw.dynamic/" + name, impl_);
 }
 
-namespace detail {
-namespace {
-
-// A dynamic slot for wait_any(): ready once a record (or a message-form
-// tensor) arrived; recv() then validates, allocates and reads it.
-class DynamicSlotSource : public WaitSource {
- public:
-  explicit DynamicSlotSource(std::shared_ptr<DynamicSlotImpl> slot) : s_(std::move(slot)) {}
-  bool ready() override { return s_->ready(); }
-  bool failed() override { return s_->link.channel_impl() && s_->link.channel_impl()->failed(); }
-  void throw_failure() override {
-    s_->link.channel_impl()->check_usable();
-    throw ConnectionError("dynamic slot '" + s_->name + "': its sender's channel failed");
-  }
-  bool prepare(Drivers& drivers, WaitPolicy& policy) override {
-    dev_ = s_->device.lock();
-    policy = prepare_slot_wait(drivers, s_->link.channel_impl(), dev_ ? dev_.worker(0) : nullptr,
-                               inbox_of(dev_, s_->inbox));
-    return true;
-  }
-  std::string describe() override { return "dynamic slot '" + s_->name + "'"; }
-
- private:
-  std::shared_ptr<DynamicSlotImpl> s_;
-  DevicePort dev_;  // its workers stay alive while the wait drives them
-};
-
-}  // namespace
-}  // namespace detail
-
-Awaitable::Awaitable(const DynamicSlot& slot) : source_(std::make_shared<detail::DynamicSlotSource>(slot.impl_)) {}
+// Ready once a record (or a message-form tensor) arrived; recv() then
+// validates, allocates and reads it.
+Awaitable::Awaitable(const DynamicSlot& slot)
+    : source_(std::make_shared<detail::SlotSource<detail::DynamicSlotImpl>>(slot.impl_)) {}
 
 DynamicSlot::~DynamicSlot() { detail::stop_attach(impl_->device, "tw.dynamic/" + impl_->name); }
 

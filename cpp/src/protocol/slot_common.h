@@ -186,4 +186,30 @@ inline WorkerCtl* inbox_of(const DevicePort& dev, const std::atomic<int>& index)
   return dev ? dev.worker(index.load(std::memory_order_relaxed)) : nullptr;
 }
 
+// A slot for wait_any(): ready once its next tensor arrived (Slot::wait_ready,
+// which consumes nothing), failed with its sender's channel; the wait drives
+// what the slot's recv() would. Slot has channel(), device, inbox and
+// describe_wait() ("static slot 'x': tensor 7").
+template <typename Slot>
+class SlotSource : public WaitSource {
+ public:
+  explicit SlotSource(std::shared_ptr<Slot> slot) : s_(std::move(slot)) {}
+  bool ready() override { return s_->wait_ready(); }
+  bool failed() override { return s_->channel() && s_->channel()->failed(); }
+  void throw_failure() override {
+    s_->channel()->check_usable();
+    throw ConnectionError(s_->describe_wait() + ": its sender's channel failed");
+  }
+  bool prepare(Drivers& drivers, WaitPolicy& policy) override {
+    dev_ = s_->device.lock();
+    policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_.worker(0) : nullptr, inbox_of(dev_, s_->inbox));
+    return true;
+  }
+  std::string describe() override { return s_->describe_wait(); }
+
+ private:
+  std::shared_ptr<Slot> s_;
+  DevicePort dev_;  // its workers stay alive while the wait drives them
+};
+
 }  // namespace tensorwire::detail

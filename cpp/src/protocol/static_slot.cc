@@ -165,6 +165,11 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
   }
 
   ChannelImpl* channel() const { return link.channel_impl(); }
+  // For wait_any (SlotSource): a full slot is ready too, so that recv() says why at once.
+  bool wait_ready() const { return received - consumed >= static_cast<std::uint64_t>(depth) || ready_next(); }
+  std::string describe_wait() const {
+    return "static slot '" + name + "': tensor " + std::to_string(first_seq + received);
+  }
 
   DevicePort::Weak device;
   std::string name;
@@ -253,41 +258,8 @@ StaticSlot::StaticSlot(Device& device, const std::string& name, const TensorSpec
   detail::serve_attach(dev, "tw.static/" + name, impl_);
 }
 
-namespace detail {
-namespace {
-
-// A static slot for wait_any(): ready once its next tensor arrived.
-class StaticSlotSource : public WaitSource {
- public:
-  explicit StaticSlotSource(std::shared_ptr<StaticSlotImpl> slot) : s_(std::move(slot)) {}
-  bool ready() override {
-    // A full slot is ready too: recv() then says why at once.
-    return s_->received - s_->consumed >= static_cast<std::uint64_t>(s_->depth) || s_->ready_next();
-  }
-  bool failed() override { return s_->channel() && s_->channel()->failed(); }
-  void throw_failure() override {
-    s_->channel()->check_usable();
-    throw ConnectionError("static slot '" + s_->name + "': its sender's channel failed");
-  }
-  bool prepare(Drivers& drivers, WaitPolicy& policy) override {
-    dev_ = s_->device.lock();
-    policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_.worker(0) : nullptr,
-                               inbox_of(dev_, s_->inbox));
-    return true;
-  }
-  std::string describe() override {
-    return "static slot '" + s_->name + "': tensor " + std::to_string(s_->first_seq + s_->received);
-  }
-
- private:
-  std::shared_ptr<StaticSlotImpl> s_;
-  DevicePort dev_;  // its workers stay alive while the wait drives them
-};
-
-}  // namespace
-}  // namespace detail
-
-Awaitable::Awaitable(const StaticSlot& slot) : source_(std::make_shared<detail::StaticSlotSource>(slot.impl_)) {}
+Awaitable::Awaitable(const StaticSlot& slot)
+    : source_(std::make_shared<detail::SlotSource<detail::StaticSlotImpl>>(slot.impl_)) {}
 
 StaticSlot::~StaticSlot() { detail::stop_attach(impl_->device, "tw.static/" + impl_->name); }
 
