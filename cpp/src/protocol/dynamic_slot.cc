@@ -355,13 +355,7 @@ std::uint64_t DynamicSlot::next_seq() const { return impl_->expected; }
 DynamicSender::DynamicSender(Channel channel, const std::string& name, double timeout_s)
     : impl_(std::make_shared<detail::DynamicSenderImpl>()), staging_(std::make_unique<detail::SenderStaging>()) {
   auto& s = *impl_;
-  s.channel = channel;
-  detail::DevicePort dev(*channel.impl()->peer);
-  if (!dev) throw ConnectionError("device is closed");
-  s.ack = detail::allocate_exported(dev, 64);
-  std::memset(s.ack.data(), 0, 64);
-  s.sink.add(dev, impl_);
-  std::string reply = detail::attach_to_slot(channel, "tw.dynamic/" + name, s.ack, s.sink.id, timeout_s);
+  std::string reply = detail::attach_sender(impl_, channel, "tw.dynamic/" + name, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "dynamic slot description");
   s.max_ndim = static_cast<int>(r.get<std::uint32_t>());
   s.max_nbytes = r.get<std::uint64_t>();
@@ -375,6 +369,7 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
     throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), s.next_seq - 1);
+  detail::DevicePort dev = detail::open_port(channel);
   s.record_src = dev.pool().allocate(s.record_size, 64);
   s.seq_src = dev.pool().allocate(64, 64);
 }

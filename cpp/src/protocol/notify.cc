@@ -111,9 +111,7 @@ NotifySender::NotifySender(Channel channel, double timeout_s) : impl_(std::make_
                    "(Python: device.notifications() or device.next_notification())");
   }
   impl_->sender = std::make_unique<StaticSender>(channel, name, timeout_s);
-  detail::DevicePort dev(*channel.impl()->peer);
-  if (!dev) throw ConnectionError("device is closed");
-  impl_->ring = dev.pool().allocate(kNotifyEntry * kNotifyDepth, 64);
+  impl_->ring = detail::open_port(channel).pool().allocate(kNotifyEntry * kNotifyDepth, 64);
   impl_->pending.resize(kNotifyDepth);
 }
 

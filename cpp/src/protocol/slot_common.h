@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <cstdint>
 
 #include "common/bytes.h"
@@ -148,11 +149,17 @@ inline void stop_attach(const DevicePort::Weak& device, const std::string& call)
   }
 }
 
+// The device of a channel's local end: ConnectionError once it is closed.
+inline DevicePort open_port(Channel& channel) {
+  DevicePort dev(*channel.impl()->peer);
+  if (!dev) throw ConnectionError("device is closed");
+  return dev;
+}
+
 // Sender side of the attach call: returns the slot's description.
 inline std::string attach_to_slot(Channel& channel, const std::string& call, const Block& ack, std::uint64_t sink,
                                   double timeout_s) {
-  DevicePort dev(*channel.impl()->peer);
-  if (!dev) throw ConnectionError("device is closed");
+  DevicePort dev = open_port(channel);
   ByteWriter w;
   w.put_bytes32(dev.export_for(ack.descriptor(), *channel.impl()->peer).to_bytes());
   w.put<std::uint64_t>(sink);
@@ -184,6 +191,21 @@ struct SinkRegistration {
 // The worker a sink's messages arrived on (-1: none yet), for waiters to drive.
 inline WorkerCtl* inbox_of(const DevicePort& dev, const std::atomic<int>& index) {
   return dev ? dev.worker(index.load(std::memory_order_relaxed)) : nullptr;
+}
+
+// A sender's side of attaching to slot `call` ("tw.static/name") over
+// `channel`: its ack block (exported to the slot in the call) and its message
+// sink, then the call. Returns the slot's description. Sender has channel,
+// ack and sink.
+template <typename Sender>
+std::string attach_sender(const std::shared_ptr<Sender>& s, Channel channel, const std::string& call,
+                          double timeout_s) {
+  s->channel = channel;
+  DevicePort dev = open_port(channel);
+  s->ack = allocate_exported(dev, 64);
+  std::memset(s->ack.data(), 0, 64);
+  s->sink.add(dev, s);
+  return attach_to_slot(channel, call, s->ack, s->sink.id, timeout_s);
 }
 
 // A slot for wait_any(): ready once its next tensor arrived (Slot::wait_ready,

@@ -354,13 +354,7 @@ bool StaticSlot::has_sender() const { return impl_->link.attached; }
 StaticSender::StaticSender(Channel channel, const std::string& name, double timeout_s)
     : impl_(std::make_shared<detail::StaticSenderImpl>()), staging_(std::make_unique<detail::SenderStaging>()) {
   auto& s = *impl_;
-  s.channel = channel;
-  detail::DevicePort dev(*channel.impl()->peer);
-  if (!dev) throw ConnectionError("device is closed");
-  s.ack = detail::allocate_exported(dev, 64);
-  std::memset(s.ack.data(), 0, 64);
-  s.sink.add(dev, impl_);
-  std::string reply = detail::attach_to_slot(channel, "tw.static/" + name, s.ack, s.sink.id, timeout_s);
+  std::string reply = detail::attach_sender(impl_, channel, "tw.static/" + name, timeout_s);
   detail::ByteReader r(reply.data(), reply.size(), "static slot description");
   s.spec = detail::decode_spec(r);
   s.depth = static_cast<int>(r.get<std::uint32_t>());
@@ -393,7 +387,7 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
     throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), released);
-  s.seq_src = dev.pool().allocate(8 * s.depth, 64);
+  s.seq_src = detail::open_port(channel).pool().allocate(8 * s.depth, 64);
 }
 
 StaticSender::~StaticSender() = default;
