@@ -196,6 +196,16 @@ class Server:
             return None
         return check
 
+    def _waiting_for(self, i: int, w: int) -> str:
+        return f"waiting for worker {w}'s gradient of {self.vars[i].name!r} (step {self.steps_done + 1})"
+
+    def _recv_gradient(self, i: int, w: int, first: bool) -> Any:
+        """Worker w's next gradient of variable i (a sparse one's indices), or
+        None once every worker has left (_give_up judges)."""
+        what = self._waiting_for(i, w)
+        got = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
+        return None if isinstance(got, str) else got
+
     def _step(self) -> bool:
         """One step; False once every worker has left."""
         W = self.num_workers
@@ -213,12 +223,11 @@ class Server:
             if v.sparse:
                 idx, vals = [], []
                 for w in range(W):
-                    what = f"waiting for worker {w}'s gradient of {v.name!r} (step {self.steps_done + 1})"
-                    bi = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
-                    if isinstance(bi, str):
+                    bi = self._recv_gradient(i, w, first)
+                    if bi is None:
                         return False
                     first = False
-                    bv = self.watch.recv(self.grad_slots[i][w], what)
+                    bv = self.watch.recv(self.grad_slots[i][w], self._waiting_for(i, w))
                     ts = time.perf_counter()
                     idx.append(mem.to_compute(torch.from_dlpack(bi)))
                     vals.append(mem.to_compute(torch.from_dlpack(bv)))
@@ -234,9 +243,8 @@ class Server:
                 t_sum += time.perf_counter() - ts
                 continue
             for w in range(W):
-                what = f"waiting for worker {w}'s gradient of {v.name!r} (step {self.steps_done + 1})"
-                view = self.watch.recv(self.grad_slots[i][w], what, self._give_up(first, w, what))
-                if isinstance(view, str):
+                view = self._recv_gradient(i, w, first)
+                if view is None:
                     return False
                 first = False
                 ts = time.perf_counter()
