@@ -136,13 +136,27 @@ def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, ca
 
 
 def test_unavailable_series_is_skipped_with_a_message(tmp_path, monkeypatch, capsys):
+    """Of the default series, one that cannot run here is skipped, and the report says why."""
     monkeypatch.setattr(bt.UcxTag, "unavailable", classmethod(lambda cls: "not here"))
+    names = [n for n in bt.SERIES if n != "ucx-tag"]
+    for n in names:  # every other series unavailable too: nothing is measured
+        monkeypatch.setattr(bt.SERIES[n], "unavailable", classmethod(lambda cls: "not here either"))
+    out = tmp_path / "r.json"
+    rc = cli.main(["bench", "tensor", "--sizes", "1K", "--iters", "3", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert rc == 0 and data["rows"] == []
+    assert data["config"]["unavailable"]["ucx-tag"] == "not here"
+    assert "skipping ucx-tag: not here" in capsys.readouterr().err
+
+
+def test_a_series_asked_for_that_cannot_run_exits_2(tmp_path, monkeypatch, capsys):
+    """--series NAME that cannot run here (a missing grpcio, no GPU) ends the command before it
+    starts, with why: never a WARN with exit 0."""
+    monkeypatch.setattr(bt.UcxTag, "unavailable", classmethod(lambda cls: "grpcio is not installed"))
     out = tmp_path / "r.json"
     rc = cli.main(["bench", "tensor", "--series", "ucx-tag", "--sizes", "1K", "--iters", "3", "--json", str(out)])
-    data = json.loads(out.read_text())
-    assert rc == 0 and data["verdict"] == "WARN" and data["rows"] == []
-    assert data["config"]["unavailable"] == {"ucx-tag": "not here"}
-    assert "skipping ucx-tag: not here" in capsys.readouterr().err
+    assert rc == 2 and not out.exists()
+    assert "series ucx-tag cannot run here: grpcio is not installed" in capsys.readouterr().err
 
 
 def test_cli_rejects_bad_arguments(capsys):

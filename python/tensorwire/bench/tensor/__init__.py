@@ -132,11 +132,11 @@ def run_tensor(args) -> Report:
     runnable = []
     for name in names:
         why = series_class(name, memory).unavailable()
+        if why and explicit:  # asked for by name: refused before anything runs (exit 2)
+            raise SystemExit(f"tensorwire bench tensor: series {name} cannot run here: {why}")
         if why:
             unavailable[name] = why
             print(f"tensorwire bench tensor: skipping {name}: {why}", file=sys.stderr)
-            if explicit:
-                report.warn(f"{name} unavailable: {why}")
         else:
             runnable.append(name)
     report.config["unavailable"] = unavailable
