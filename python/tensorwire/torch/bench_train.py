@@ -16,7 +16,7 @@ import sys
 import time
 
 from ..bench.common import print_line
-from .cli import MODES, train_once
+from .runs import MODES, train_once
 
 # The issue's targets (zerocopy samples/s over the others, communication-bound models at small batch)
 TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
@@ -114,7 +114,7 @@ def convergence(args) -> list[dict]:
     """The mlp on digits: 2x2 in every mode and a single process, same global batches."""
     import torch
     from . import data, models, ps
-    from .cli import time_to_target
+    from .runs import time_to_target
     _progress("Convergence: mlp on digits")
     d = data.Digits(args.conv_batch, workers=2, seed=args.seed)
     rows = []
@@ -174,7 +174,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def run_sweep(args) -> int:
-    from .cli import device_error
+    from .runs import device_error
     from .ps import cuda_problem
     if "table2" in args.figures and (problem := cuda_problem("cuda")) is not None:
         print(f"tensorwire bench train: --figures table2 {problem}", file=sys.stderr)

@@ -16,7 +16,7 @@ from ..rendezvous import torchrun_store
 def run_role(args, rank: int, world: int) -> int:
     import torch
     from . import models, ps
-    from .cli import _data_fn, _gdr, _opt_kwargs, render_result  # noqa: F401
+    from .runs import _data_fn, _gdr, _opt_kwargs
     from .ps.launch import _worker_loop, abort_setup, publish_server, server_addresses
     S, W = args.servers, args.workers
     if world != S + W:

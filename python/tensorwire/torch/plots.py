@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from .cli import MODES, _fmt_bytes
+from .runs import MODES, _fmt_bytes
 
 
 def _figure(panels: int, width: float = 5.0, height: float = 3.8):
