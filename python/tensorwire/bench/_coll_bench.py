@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..collectives import CollectiveError, OneSidedCollectives
-from . import collectives as cli
+from ..collectives import RD_RING_THRESHOLD, CollectiveError, OneSidedCollectives
+from . import _coll_osu as osu
 from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, _Patterns
 from .common import Progress, Report, check_lane_transports, human_size, print_line
 
@@ -29,10 +29,10 @@ SIZE_W = 10  # OSU prints the size as %-10d
 def osu_counts(size: int, args: argparse.Namespace) -> tuple[int, int]:
     """(iterations, warm-up) for a size: OSU's defaults unless given."""
     if args.profile == "1mi-int32":
-        iters, warm = cli.PROFILE_1MI_INT32["iters"], cli.PROFILE_1MI_INT32["warmup"]
+        iters, warm = osu.PROFILE_1MI_INT32["iters"], osu.PROFILE_1MI_INT32["warmup"]
     else:
-        large = size > cli.OSU_LARGE
-        iters, warm = cli.OSU_ITERS[large], cli.OSU_SKIP[large]
+        large = size > osu.OSU_LARGE
+        iters, warm = osu.OSU_ITERS[large], osu.OSU_SKIP[large]
     return (args.iters or iters), (warm if args.warmup is None else args.warmup)
 
 
@@ -110,7 +110,7 @@ def _mpi_comm(world: Any, args: argparse.Namespace) -> tuple[Any, str]:
         raise SystemExit(f"tensorwire bench {args.coll_op}: --compare mpi needs ranks started by mpirun "
                          f"(these were started by {world.placement.launcher}); run it without a launcher "
                          f"and it starts them so, or use mpirun -n N ... yourself")
-    why = cli.mpi_unavailable()
+    why = osu.mpi_unavailable()
     if why and "mpirun" not in why:
         raise SystemExit(f"tensorwire bench {args.coll_op}: --compare mpi: {why}")
     from mpi4py import MPI
@@ -134,7 +134,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     dtype = None
     if op == "allreduce":
         dtype = np.dtype("int32" if args.type == "int" or args.profile == "1mi-int32" else "float32")
-    threshold = (args.threshold[0] if getattr(args, "threshold", None) else cli.RD_RING_THRESHOLD)
+    threshold = (args.threshold[0] if getattr(args, "threshold", None) else RD_RING_THRESHOLD)
     comm, mpi_version = (None, None)
     if args.compare == "mpi":
         comm, mpi_version = _mpi_comm(world, args)
@@ -286,7 +286,7 @@ class _Printer:
         print(cols, flush=True)
 
     def _osu_header(self, name: str) -> None:
-        print(cli.OSU_TITLES[self.op] + {"mpi": "", "gloo": " (torch.distributed gloo)"}.get(
+        print(osu.OSU_TITLES[self.op] + {"mpi": "", "gloo": " (torch.distributed gloo)"}.get(
             name, " (tensorwire one-sided)"))
         dt = "MPI_CHAR" if self.op == "alltoall" else ("MPI_INT" if self.report.config["dtype"] == "int32"
                                                        else "MPI_FLOAT")

@@ -27,27 +27,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+from ._coll_osu import OSU_ITERS, OSU_LARGE, OSU_SKIP, PROFILE_1MI_INT32, mpi_unavailable
 from .common import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
 
 OPS = ("alltoall", "allreduce")
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
-# OSU defaults: LARGE_MESSAGE_SIZE 8192; 1000/100 iterations/skip up to it, 100/10 above.
-OSU_LARGE = 8192
-OSU_ITERS = (1000, 100)
-OSU_SKIP = (100, 10)
 DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
 # allreduce --algorithm auto: recursive doubling below this many bytes. The engine's
 # tensorwire.collectives.RD_RING_THRESHOLD (mirrored: importing the engine loads numpy;
 # a test checks the two agree).
 RD_RING_THRESHOLD = 512 << 10
-PROFILE_1MI_INT32 = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
-OSU_TITLES = {"alltoall": "# OSU MPI All-to-All Personalized Exchange Latency Test v7.4",
-              "allreduce": "# OSU MPI Allreduce Latency Test v7.4"}
 RANK_ENV = ("TENSORWIRE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 EXAMPLES = {
@@ -198,16 +191,6 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
 
 def _as_rank() -> bool:
     return any(k in os.environ for k in RANK_ENV)
-
-
-def mpi_unavailable() -> str | None:
-    """Why --compare mpi cannot run here (None when it can)."""
-    if shutil.which("mpirun") is None:
-        return ("mpirun not found (apt-get install -y openmpi-bin libopenmpi-dev; then pip install mpi4py)")
-    import importlib.util
-    if importlib.util.find_spec("mpi4py") is None:
-        return "mpi4py is not installed (pip install mpi4py; it must link the Open MPI that mpirun belongs to)"
-    return None
 
 
 def _free_port() -> int:

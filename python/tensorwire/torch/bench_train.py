@@ -10,25 +10,19 @@ moved as is) against staging every tensor through host memory."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
 
 from ..bench.common import print_line
 from .runs import MODES, train_once
+from .table2 import PAPER_TABLE2, PAPER_TABLE2_SOURCE, _ratio, _table2_pairs
 
 # The issue's targets (zerocopy samples/s over the others, communication-bound models at small batch)
 TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
 # The paper's Table 2 (8 workers; P100 GPUs, 100 Gb/s InfiniBand, TensorFlow r1.2): mean
 # mini-batch time in ms with RDMA (GPU tensors staged through host memory),
 # with RDMA + GPUDirect, and the improvement (RDMA / RDMA+GDR - 1) in percent.
-PAPER_TABLE2 = {"alexnet": (178.5, 135.2, 32), "fcn5": (157.0, 101.9, 54), "vgg16": (690.1, 610.4, 13),
-                "inception3": (172.5, 171.9, 0.4), "lstm": (84.4, 68.1, 24), "gru": (62.3, 52.6, 19)}
-PAPER_TABLE2_SOURCE = ('"RPC Considered Harmful: Fast Distributed Deep Learning on RDMA", section 5 '
-                       '"GPUDirect Support", Table 2 (8 workers)')
-
-
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -157,20 +151,6 @@ def table2(args) -> list[dict]:
     W, b = args.workers, args.table2_batch
     _progress(f"Table 2: GDR off vs on, {dev}, {W} workers x {W} servers, batch {b}, transport {args.transport}")
     return [_run(args, model, b, "zerocopy", W, device=dev, gdr=gdr) for model in args.models for gdr in ("off", "on")]
-
-
-def _table2_pairs(out: dict) -> list[tuple[str, dict, dict]]:
-    rows = out.get("table2") or []
-    pairs = []
-    for model in dict.fromkeys(r["model"] for r in rows):
-        by = {r["gdr"]: r for r in rows if r["model"] == model}
-        if "off" in by and "on" in by:
-            pairs.append((model, by["off"], by["on"]))
-    return pairs
-
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")
 
 
 def run_sweep(args) -> int:

@@ -116,7 +116,7 @@ def _convergence(ax, out: dict, args) -> None:
 
 
 def _table2(ax, out: dict, args) -> None:
-    from .bench_train import PAPER_TABLE2, _ratio, _table2_pairs
+    from .table2 import PAPER_TABLE2, _ratio, _table2_pairs
     pairs = _table2_pairs(out)
     _bars(ax, [p[0] for p in pairs], [(label, [p[key].get("step_ms", 0) for p in pairs])
                                       for label, key in (("GDR off (staged via host)", 1), ("GDR on", 2))])
