@@ -110,7 +110,8 @@ Request send_outside(PySender& s, std::uintptr_t address, int gpu, nb::handle sh
   t.data = reinterpret_cast<const void*>(address);
   t.memory = gpu < 0 ? MemoryType::kHost : MemoryType::kCuda;
   t.gpu = gpu < 0 ? 0 : gpu;
-  t.keep = hold(std::move(owner));
+  // Only a registered tensor is read after send() returns: the copy path needs no keep.
+  if (path == "register") t.keep = hold(std::move(owner));
   TensorSpec spec = make_spec(to_shape(shape), code, bits);
   const double timeout = sender_timeout(timeout_arg);
   gil_scoped_release r;
