@@ -229,15 +229,25 @@ def _split(payload: bytes) -> tuple[str, bytes]:
 
 class _Table:
     """The served table. Its handlers run on the device's dispatcher thread:
-    they take a lock for a dictionary operation and never wait."""
+    they take a lock for a dictionary operation and never wait. Any peer with
+    the device's token may call them, so the table is bounded: at most
+    `max_keys` keys (a value is bounded by one control message)."""
 
-    def __init__(self) -> None:
+    MAX_KEYS = 1 << 16  # a rendezvous uses a few keys per rank
+
+    def __init__(self, max_keys: int = MAX_KEYS) -> None:
         self.data: dict[str, bytes] = {}
         self.lock = threading.Lock()
+        self.max_keys = max_keys
+
+    def _room_for(self, key: str) -> None:  # under the lock
+        if key not in self.data and len(self.data) >= self.max_keys:
+            raise InvalidArgument(f"the tensorwire store is full ({self.max_keys} keys): {key!r} not added")
 
     def set(self, payload: bytes) -> bytes:
         key, value = _split(payload)
         with self.lock:
+            self._room_for(key)
             self.data[key] = value
         return b""
 
@@ -249,6 +259,7 @@ class _Table:
     def add(self, payload: bytes) -> bytes:
         key, n = _split(payload)
         with self.lock:
+            self._room_for(key)
             total = int(self.data.get(key, b"0")) + int(n)
             self.data[key] = str(total).encode()
         return str(total).encode()
@@ -275,8 +286,8 @@ class ControlStore(Store):
         self._call, self.address = call, address
 
     @classmethod
-    def serve(cls, device: Any) -> "ControlStore":
-        table = _Table()
+    def serve(cls, device: Any, max_keys: int = _Table.MAX_KEYS) -> "ControlStore":
+        table = _Table(max_keys)
         fns = {name: getattr(table, op) for op, name in _CALLS.items()}
         for name, fn in fns.items():
             device.on_call(name, fn)

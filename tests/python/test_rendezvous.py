@@ -49,6 +49,22 @@ def test_set_get_add_delete(stores):
     assert host.get("empty", 1) == b""
 
 
+def test_the_control_store_is_bounded():
+    """Any peer with the token may call the served table: past its key limit a
+    new key is refused with a clear error (existing keys still change)."""
+    with tw.Device(transport="tcp") as server, tw.Device(transport="tcp") as client:
+        host = ControlStore.serve(server, max_keys=3)
+        remote = ControlStore.connect(client, server.address, timeout=10)
+        for k in ("a", "b", "c"):
+            remote.set(k, k)
+        with pytest.raises(tw.Error, match="store is full"):
+            remote.set("d", b"x")
+        with pytest.raises(tw.Error, match="store is full"):
+            remote.add("e", 1)
+        remote.set("a", b"again")
+        assert host.get("a", 1) == b"again" and host.missing(["d", "e"]) == ["d", "e"]
+
+
 def test_large_values_cross(stores):
     host, client = stores
     big = bytes(range(256)) * 1024  # 256 KiB
