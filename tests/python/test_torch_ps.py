@@ -313,18 +313,20 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
     assert all(s.steps_done == 3 for s in servers)
 
 
-def test_bench_train_smoke_with_the_tcp_floor(tmp_path):
-    """`tensorwire bench train` over tcp: Figure 8 for every mode, the targets,
-    and the TCP floor anchor beside them, in the table (stdout) and the JSON;
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_bench_train_smoke_with_the_floor(tmp_path, transport):
+    """`tensorwire bench train`: Figure 8 for every mode, the targets, and the
+    transport's floor anchor beside them, in the table (stdout) and the JSON;
     --plot draws the PNG, and nothing else is written."""
     import importlib.util
     import json
     plot = ["--plot", "bt.png"] if importlib.util.find_spec("matplotlib") else []
-    p = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "train", "--transport", "tcp", "--models", "mlp",
+    p = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "train", "--transport", transport, "--models", "mlp",
                         "--batches", "2", "--figures", "fig8", "--steps", "3", "--warmup", "1", "--json", "bt.json",
                         *plot], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "Figure 8" in p.stdout and "targets (tcp" in p.stdout and "TCP floor" in p.stdout
+    floor_name = {"tcp": "TCP floor", "shm": "shm floor"}[transport]
+    assert "Figure 8" in p.stdout and f"targets ({transport}" in p.stdout and floor_name in p.stdout
     assert re.search(r"^mlp +2( +\d+\.\d\d){3}( +\d+\.\d\dx){2}$", p.stdout, re.M), p.stdout  # Figure 8's row
     assert sorted(f.name for f in tmp_path.iterdir()) == sorted(["bt.json"] + plot[1:])
     if plot:
@@ -332,8 +334,9 @@ def test_bench_train_smoke_with_the_tcp_floor(tmp_path):
     d = json.loads((tmp_path / "bt.json").read_text())
     assert sorted(r["mode"] for r in d["fig8"]) == ["copy", "gloo", "zerocopy"]
     assert all(r["samples_per_s"] > 0 for r in d["fig8"])
-    (floor,) = d["tcp_floor"]
+    (floor,) = d["floor"]
     assert floor["model"] == "mlp" and floor["batch"] == 2 and floor["sequential"] > 0
+    assert floor["transport"] == transport
 
 
 def test_bench_train_plot_has_a_panel_per_figure(tmp_path):

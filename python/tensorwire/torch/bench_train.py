@@ -20,6 +20,9 @@ from .table2 import PAPER_TABLE2, PAPER_TABLE2_SOURCE, _ratio, _table2_pairs
 
 # The targets (zerocopy samples/s over the others, communication-bound models at small batch)
 TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
+# the floor beside Figure 8 (tensorwire.torch.floor), per transport
+_FLOOR_NAMES = {"tcp": "TCP floor (plain sockets, no compute)",
+                "shm": "shm floor (one memcpy per byte, no compute)"}
 # The paper's Table 2 (8 workers; P100 GPUs, 100 Gb/s InfiniBand, TensorFlow r1.2): mean
 # mini-batch time in ms with RDMA (GPU tensors staged through host memory),
 # with RDMA + GPUDirect, and the improvement (RDMA / RDMA+GDR - 1) in percent.
@@ -163,7 +166,7 @@ def run_sweep(args) -> int:
         print(err, file=sys.stderr)
         return 2
     out = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "fig8": [], "fig10": [], "fig11": [],
-           "tcp_floor": [], "convergence": None, "table2": [],
+           "floor": [], "convergence": None, "table2": [],
            "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}}
     t0 = time.perf_counter()
     W = args.workers
@@ -181,15 +184,17 @@ def run_sweep(args) -> int:
                 line, met = _fig8_row(out, args, model, batch, modes)  # the row, as soon as its modes ran
                 print_line(line)
                 verdicts += met
-        if args.transport == "tcp":  # the anchor of the tcp targets: plain sockets moving the same bytes
-            from . import tcp_floor
+        from . import floor
+        if args.transport in floor.TRANSPORTS and args.device == "cpu":
+            # the anchor of the targets: the least any implementation moves the same bytes with
             colocate = getattr(args, "colocate", False)
+            name = _FLOOR_NAMES[args.transport]
             for model in args.models:
-                _progress(f"    {model:<10} batch {min(args.batches):<3} TCP floor (plain sockets, no compute)")
+                _progress(f"    {model:<10} {name}")
                 try:
-                    out["tcp_floor"].append(tcp_floor.bound(model, min(args.batches), W, W, colocate))
+                    out["floor"] += floor.bounds(model, args.batches, W, W, colocate, transport=args.transport)
                 except Exception as e:  # noqa: BLE001 - the anchor failing must not lose the sweep
-                    _progress(f"    {model} TCP floor: FAILED: {e}")
+                    _progress(f"    {model} {args.transport} floor: FAILED: {e}")
     if "fig10" in args.figures:
         _progress("Figure 10: scaling (workers = servers)")
         for model in args.scale_models:
@@ -275,17 +280,18 @@ def render_rest(out: dict, args, verdicts: list[str]) -> str:
                              f"{r['bytes_copied_per_step'] / 2**20:8.1f} MiB")
         if verdicts:
             lines += ["", f"targets ({tr}, smallest batch per model):"] + verdicts
-    if out.get("tcp_floor"):
-        lines += ["", "TCP floor (tensorwire.torch.tcp_floor): plain sockets move a step's bytes in the same pattern,",
-                  "no compute; with each worker's compute and each server's aggregation measured alone that",
-                  "bounds samples/s over TCP here (sequential: compute, communication, aggregation one after",
-                  "the other; overlapped: limited by the CPU all of them need);",
-                  "each mode's samples/s, and 1.2x gloo's, in percent of the sequential bound",
+    if out.get("floor"):
+        target = TARGETS.get(tr, {}).get("gloo", 1.0)
+        lines += ["", f"{_FLOOR_NAMES[tr]} (tensorwire.torch.floor): a step's bytes moved in the same",
+                  "pattern with nothing else; with each worker's compute and each server's aggregation measured",
+                  f"alone that bounds samples/s over {tr} here (sequential: compute, communication, aggregation",
+                  "one after the other; overlapped: limited by the CPU all of them need);",
+                  f"each mode's samples/s, and {target}x gloo's, in percent of the sequential bound",
                   f"{'model':<11}{'batch':>6}{'MiB/step':>10}{'floor ms':>10}{'agg ms':>8}{'bound seq':>11}"
                   f"{'bound ovl':>11}"
                   + "".join(f"{m + ' %':>12}" for m in MODES if any(r['mode'] == m for r in out['fig8']))
-                  + f"{'1.2x gloo %':>13}"]
-        for b in out["tcp_floor"]:
+                  + f"{f'{target}x gloo %':>13}"]
+        for b in out["floor"]:
             rows = {r["mode"]: r for r in out["fig8"] if r["model"] == b["model"] and r["batch"] == b["batch"]}
             line = (f"{b['model']:<11}{b['batch']:>6}{b['mib_per_step']:>10.1f}{b['floor_ms']:>10.1f}"
                     f"{b.get('aggregate_ms', float('nan')):>8.1f}{b['sequential']:>11.2f}{b['overlapped']:>11.2f}")
@@ -294,7 +300,7 @@ def render_rest(out: dict, args, verdicts: list[str]) -> str:
                     v = rows.get(m, {}).get("samples_per_s", float("nan"))
                     line += f"{100 * v / b['sequential']:>11.0f}%"
             g = rows.get("gloo", {}).get("samples_per_s", float("nan"))
-            line += f"{100 * 1.2 * g / b['sequential']:>12.0f}%"
+            line += f"{100 * target * g / b['sequential']:>12.0f}%"
             lines.append(line)
     if out["fig10"]:
         lines += ["", f"Figure 10: samples/s vs workers (= servers), batch {args.scale_batch}"]

@@ -79,8 +79,9 @@ Sweeps the parameter-server training (the paper's Figures 8, 10 and 11) on this
 machine, each configuration a short `tensorwire train` run (synthetic data):
 
   fig8   models x batch sizes x modes: samples/s (--models, --batches, --modes);
-         over tcp also the TCP floor of each model (plain sockets moving the same
-         bytes, no compute) and the samples/s it bounds, the tcp targets' anchor
+         beside it the transport floor of each model, the targets' anchor (tcp:
+         plain sockets moving the same bytes; shm: one memcpy per byte; no
+         compute) and the samples/s it bounds
   fig10  workers 1..N (servers = workers, as in the paper) for --scale-models
   fig11  zero-copy on/off: mean step time of zerocopy vs copy at --copy-batch
   convergence  (only when asked) the mlp on scikit-learn's digits, 2 workers x 2
@@ -213,7 +214,7 @@ def register(commands) -> None:
     b.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
     b.add_argument("--repeat", type=_positive, default=1, help="runs per configuration; the best is kept (default 1)")
     b.add_argument("--json", metavar="FILE",
-                   help="write every run as JSON: {config, fig8, fig10, fig11, tcp_floor, convergence, table2, ...}")
+                   help="write every run as JSON: {config, fig8, fig10, fig11, floor, convergence, table2, ...}")
     b.add_argument("--plot", metavar="FILE.png",
                    help="draw every figure that ran into one PNG, one panel per figure (needs matplotlib)")
     _common(b)

@@ -1,19 +1,25 @@
-"""The loopback-TCP floor of one parameter-server step: plain sockets move the
-bytes a training step moves, in the same pattern, with no compute and no
-tensor library.
+"""The transport floor of one parameter-server step: the bytes a training step
+moves, in the same pattern, with no compute, no tensor library and nothing but
+the least any implementation must do to move them on this machine:
+
+  tcp  plain sockets: one TCP connection per process pair, one thread per flow
+       (sendall / recv_into release the GIL), 4 MiB socket buffers as
+       tensorwire sets for UCX;
+  shm  one memcpy per byte: the sender copies each flow from its own memory
+       into a shared-memory segment the receiver maps (what tensorwire's
+       direct path does over shared memory), then wakes the receiver with a
+       one-byte message; one thread per flow.
 
 Every worker sends each server the bytes of the variables placed on it (the
 push); once a server has all of them it sends each worker those bytes back
 (the pull). The placement is tensorwire.torch.ps.place(), as in training;
 --colocate drops the flows between a worker and the server in its own
-process, as `tensorwire train --colocate` does. One TCP connection per
-process pair, one thread per flow (sendall / recv_into release the GIL), 4 MiB
-socket buffers as tensorwire sets for UCX. Prints the median step time, the
+process, as `tensorwire train --colocate` does. Prints the median step time, the
 CPU time all processes spent per step, and one worker's forward and backward
 at --batch measured alone (the fastest of 10), and each server's aggregation
 measured alone (the mean of W gradients and an SGD step over its variables, as
 tensorwire.torch.ps does it), then two upper bounds on samples/s for any
-implementation that moves these bytes over TCP on this machine:
+implementation that moves these bytes over that transport on this machine:
   sequential  compute, the floor step and the slowest server's aggregation, one
               after the other (a synchronous PS pushes after its backward, and a
               server updates once the gradients are in)
@@ -21,10 +27,10 @@ implementation that moves these bytes over TCP on this machine:
               all of it needs: (floor CPU + W x compute + every server's
               aggregation) / CPUs, or the longest single part
 
-    python3 -m tensorwire.torch.tcp_floor --model fcn5 [--batch 1] [--colocate] [--steps 20]
-    (also bench/micro/ps_tcp_floor.py; results: bench/results/ps_tcp_floor.txt)
+    python3 -m tensorwire.torch.floor --model fcn5 [--transport shm] [--batch 1] [--colocate] [--steps 20]
+    (also bench/micro/ps_floor.py; results: bench/results/ps_tcp_floor.txt, ps_shm_floor.txt)
 
-`tensorwire bench train --transport tcp` measures it beside Figure 8 (bound()).
+`tensorwire bench train` measures it beside Figure 8 (bound()) over tcp and shm.
 """
 from __future__ import annotations
 
@@ -34,10 +40,12 @@ import socket
 import statistics
 import threading
 import time
+from multiprocessing import shared_memory
 
 from ..roles import RoleError, Roles
 
 SOCK_BUF = 4 << 20
+TRANSPORTS = ("tcp", "shm")
 
 
 def flows(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool) -> tuple[int, list, list]:
@@ -56,6 +64,16 @@ def flows(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: 
             [(s, S + w, pull_bytes[s]) for w, s in pairs if pull_bytes[s]])
 
 
+def pair_sizes(phases: list) -> dict:
+    """The largest flow between each ordered pair of processes: what its buffer
+    (or shm segment) holds. Colocated, a pair carries a push one way and a pull
+    of another size the same way (worker a to server b, server a to worker b)."""
+    sizes: dict = {}
+    for a, b, n in phases:
+        sizes[(a, b)] = max(n, sizes.get((a, b), 0))
+    return sizes
+
+
 def _recv_exact(sock: socket.socket, view: memoryview) -> None:
     got = 0
     while got < len(view):
@@ -65,28 +83,41 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def _phase(rank: int, phase: list, socks: dict, bufs: dict) -> None:
-    """This process's sends and receives of one phase, concurrently."""
+def _copy_and_wake(dst: memoryview, src: memoryview, sock: socket.socket) -> None:
+    import numpy as np
+    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))  # (releases the GIL)
+    sock.sendall(b"\x01")
+
+
+def _phase(rank: int, phase: list, socks: dict, bufs: dict, segs: dict) -> None:
+    """This process's sends and receives of one phase, concurrently. Over
+    shm (segs: the flows' shared segments) a send is a copy into the
+    receiver's segment and a one-byte wake-up, a receive that byte."""
     ts = []
     for src, dst, n in phase:
         if src == rank:
-            ts.append(threading.Thread(target=socks[dst].sendall, args=(bufs[(src, dst)][:n],)))
+            if segs:
+                ts.append(threading.Thread(target=_copy_and_wake,
+                                           args=(segs[(src, dst)][:n], bufs[(src, dst)][:n], socks[dst])))
+            else:
+                ts.append(threading.Thread(target=socks[dst].sendall, args=(bufs[(src, dst)][:n],)))
         elif dst == rank:
-            ts.append(threading.Thread(target=_recv_exact, args=(socks[src], bufs[(src, dst)][:n])))
+            view = memoryview(bytearray(1)) if segs else bufs[(src, dst)][:n]
+            ts.append(threading.Thread(target=_recv_exact, args=(socks[src], view)))
     for t in ts:
         t.start()
     for t in ts:
         t.join()
 
 
-def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int) -> None:
+def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_names: dict) -> None:
     lst = socket.socket()
     lst.bind(("127.0.0.1", 0))
     lst.listen(nprocs)
     conn.send(("port", lst.getsockname()[1]))
     # every process's port (tensorwire.roles: gather, then broadcast). Not through tensorwire.rendezvous:
     # its stores need torch or a Device in each floor process, which has neither (torch's import made
-    # test_tcp_floor's measurements take 13 s instead of 1 s here)
+    # test_floor's measurements take 13 s instead of 1 s here)
     tag, ports = conn.recv()
     peers = {p for f in push + pull for p in f[:2] if rank in f[:2]} - {rank}
     socks = {}
@@ -102,33 +133,56 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int) -> N
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF)
-    bufs = {(a, b): memoryview(bytearray(n)) for a, b, n in push + pull if rank in (a, b)}
+    # shm: a send's source is this process's own memory, written once (no page faults in the timed steps)
+    bufs = {(a, b): memoryview(bytearray(b"\x01" * n)) for (a, b), n in pair_sizes(push + pull).items()
+            if rank == a or (rank == b and not shm_names)}
+    maps = {f: shared_memory.SharedMemory(name) for f, name in shm_names.items() if f[0] == rank}
+    segs = {f: m.buf for f, m in maps.items()}
     times, cpu = [], []
     for _ in range(steps):
         t0, c0 = time.perf_counter(), os.times()
-        _phase(rank, push, socks, bufs)
-        _phase(rank, pull, socks, bufs)
+        _phase(rank, push, socks, bufs, segs)
+        _phase(rank, pull, socks, bufs, segs)
         c1 = os.times()
         times.append(time.perf_counter() - t0)
         cpu.append(c1.user - c0.user + c1.system - c0.system)
     conn.send(("result", (times, cpu)))
     for s in socks.values():
         s.close()
+    segs.clear()
+    for m in maps.values():
+        m.close()
 
 
-def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool, steps: int) -> dict:
+def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool, steps: int,
+            transport: str = "tcp") -> dict:
+    if transport not in TRANSPORTS:
+        raise ValueError(f"the floor is measured over {' or '.join(TRANSPORTS)}, not {transport!r}")
     nprocs, push, pull = flows(push_bytes, pull_bytes, workers, colocate)
-    # a process that dies fails the measurement at once, not at the deadline
-    with Roles() as roles:
-        for r in range(nprocs):
-            roles.spawn(f"tcp floor process {r}", _proc, r, nprocs, push, pull, steps)
-        try:
-            ports = [m[1] for m in roles.gather("port", 60)]
-            roles.broadcast(("ports", ports))
-            roles.supervise(600)
-        except RoleError as e:
-            raise RuntimeError(f"tcp floor: {e}") from None
-        res = {r: role.result for r, role in enumerate(roles)}
+    # shm: a segment per flow, written by its sender; created (and unlinked) here, so none outlives the run
+    sizes = pair_sizes(push + pull) if transport == "shm" else {}
+    segments = {f: shared_memory.SharedMemory(create=True, size=max(1, n)) for f, n in sizes.items()}
+    try:
+        names = {f: m.name for f, m in segments.items()}
+        # a process that dies fails the measurement at once, not at the deadline
+        with Roles() as roles:
+            for r in range(nprocs):
+                roles.spawn(f"{transport} floor process {r}", _proc, r, nprocs, push, pull, steps, names)
+            try:
+                ports = [m[1] for m in roles.gather("port", 60)]
+                roles.broadcast(("ports", ports))
+                roles.supervise(600)
+            except RoleError as e:
+                raise RuntimeError(f"{transport} floor: {e}") from None
+            res = {r: role.result for r, role in enumerate(roles)}
+        for (a, b), m in segments.items():  # every flow's bytes arrived (the senders write ones)
+            n = sizes[(a, b)]
+            if n and m.buf[:n].tobytes().count(1) != n:
+                raise RuntimeError(f"shm floor: the flow from process {a} to {b} did not arrive whole")
+    finally:
+        for m in segments.values():
+            m.close()
+            m.unlink()
     # a worker's step: from its push until its last parameter byte arrived
     worker_ranks = range(nprocs) if colocate else range(len(push_bytes), nprocs)
     per_step = [max(res[r][0][i] for r in worker_ranks) for i in range(steps)]
@@ -187,31 +241,43 @@ def aggregate_s(shapes: list[tuple[int, ...]], workers: int, reps: int = 6) -> f
     return min(ts[1:])
 
 
-def bound(model: str, batch: int, workers: int, servers: int, colocate: bool, steps: int = 12) -> dict:
-    """The floor and the two samples/s bounds for one configuration (see the module's doc)."""
+def bounds(model: str, batches: list[int], workers: int, servers: int, colocate: bool, steps: int = 12,
+           transport: str = "tcp") -> list[dict]:
+    """The floor and the two samples/s bounds of each batch size (see the
+    module's doc): the floor and the aggregation measured once, the compute per batch."""
     from . import models, ps
     specs = [v for v, _ in ps.variables(models.get(model).factory())]
     owner = ps.place([v.nbytes for v in specs], servers, "balanced")
     push = [sum(v.nbytes for v, o in zip(specs, owner) if o == s and not v.sparse) for s in range(servers)]
     pull = [sum(v.nbytes for v, o in zip(specs, owner) if o == s) for s in range(servers)]
-    r = measure(push, pull, workers, colocate, steps)
-    c = compute_s(model, batch)
+    r = measure(push, pull, workers, colocate, steps, transport)
     agg = [aggregate_s([v.shape for v, o in zip(specs, owner) if o == s and not v.sparse], workers)
            for s in range(servers)]
     ncpu = os.cpu_count() or 1
     floor, cpu = r["min_s"], r["cpu_s"]
-    return {"model": model, "batch": batch, "workers": workers, "servers": servers, "colocate": colocate,
-            "mib_per_step": r["bytes_per_step"] / 2**20, "floor_ms": floor * 1e3, "floor_median_ms": r["median_s"] * 1e3,
-            "cpu_ms": cpu * 1e3, "compute_ms": c * 1e3, "aggregate_ms": max(agg) * 1e3,
-            "aggregate_cpu_ms": sum(agg) * 1e3, "cpus": ncpu,
-            # a synchronous step: compute, push, the slowest server's aggregation, pull
-            "sequential": workers * batch / (c + floor + max(agg)),
-            "overlapped": workers * batch / max(floor, c, max(agg), (cpu + workers * c + sum(agg)) / ncpu)}
+    out = []
+    for batch in batches:
+        c = compute_s(model, batch)
+        out.append({"model": model, "batch": batch, "workers": workers, "servers": servers, "colocate": colocate,
+                    "transport": transport, "mib_per_step": r["bytes_per_step"] / 2**20, "floor_ms": floor * 1e3,
+                    "floor_median_ms": r["median_s"] * 1e3, "cpu_ms": cpu * 1e3, "compute_ms": c * 1e3,
+                    "aggregate_ms": max(agg) * 1e3, "aggregate_cpu_ms": sum(agg) * 1e3, "cpus": ncpu,
+                    # a synchronous step: compute, push, the slowest server's aggregation, pull
+                    "sequential": workers * batch / (c + floor + max(agg)),
+                    "overlapped": workers * batch / max(floor, c, max(agg), (cpu + workers * c + sum(agg)) / ncpu)})
+    return out
+
+
+def bound(model: str, batch: int, workers: int, servers: int, colocate: bool, steps: int = 12,
+          transport: str = "tcp") -> dict:
+    """The floor and the two samples/s bounds of one configuration."""
+    return bounds(model, [batch], workers, servers, colocate, steps, transport)[0]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="fcn5")
+    ap.add_argument("--transport", choices=TRANSPORTS, default="tcp")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--colocate", action="store_true")
@@ -220,10 +286,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.colocate and a.servers != a.workers:
         ap.error("--colocate needs --servers equal to --workers")
-    b = bound(a.model, a.batch, a.workers, a.servers, a.colocate, a.steps)
+    b = bound(a.model, a.batch, a.workers, a.servers, a.colocate, a.steps, a.transport)
     layout = "colocated" if a.colocate else "separate"
     print(f"{a.model} batch {a.batch}, {a.workers}w x {a.servers}s {layout}: {b['mib_per_step']:.1f} MiB "
-          f"over TCP per step; floor step median {b['floor_median_ms']:.1f} ms (min {b['floor_ms']:.1f}), "
+          f"over {a.transport} per step; floor step median {b['floor_median_ms']:.1f} ms (min {b['floor_ms']:.1f}), "
           f"CPU {b['cpu_ms']:.0f} ms per step; compute {b['compute_ms']:.1f} ms per worker step; "
           f"aggregation {b['aggregate_ms']:.1f} ms on the slowest server ({b['aggregate_cpu_ms']:.1f} ms all); "
           f"at most {b['sequential']:.2f} samples/s sequential, {b['overlapped']:.2f} overlapped on {b['cpus']} CPUs")
