@@ -367,3 +367,22 @@ def test_bench_train_plot_has_a_panel_per_figure(tmp_path):
     only = tmp_path / "fig8.png"
     plot_sweep({"fig8": out["fig8"], "fig10": [], "convergence": None}, args, str(only))
     assert matplotlib.image.imread(only).shape[1] < width  # one panel
+
+
+def test_bench_train_says_when_the_target_is_above_the_floor():
+    """The floor table names the (model, batch) whose target (2x gloo over shm)
+    exceeds both bounds, and only those (made-up results)."""
+    from tensorwire.cli import build_parser
+    from tensorwire.torch.bench_train import render_rest
+    args = build_parser().parse_args(["bench", "train", "--transport", "shm", "--models", "fcn5",
+                                      "--batches", "1,8"])
+    gloo = {1: 10.0, 8: 60.0}  # 2x: 20 (under the bounds below) and 120 (above both)
+    fig8 = [{"model": "fcn5", "batch": b, "mode": m, "samples_per_s": {"zerocopy": 1.9, "gloo": 1.0}[m] * gloo[b]}
+            for b in (1, 8) for m in ("zerocopy", "gloo")]
+    floor = [{"model": "fcn5", "batch": b, "mib_per_step": 818.0, "floor_ms": 40.0, "aggregate_ms": 15.0,
+              "sequential": seq, "overlapped": ovl} for b, seq, ovl in ((1, 24.0, 26.0), (8, 110.0, 115.0))]
+    text = render_rest({"fig8": fig8, "floor": floor, "fig10": [], "fig11": [], "convergence": None,
+                        "table2": [], "elapsed_s": 1.0, "host": {"loadavg_end": (0.5, 0.5, 0.5)}}, args, [])
+    assert "shm floor" in text
+    (note,) = [line for line in text.splitlines() if "above both bounds" in line]
+    assert "fcn5 batch 8" in note and "batch 1" not in note

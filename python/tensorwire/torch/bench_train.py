@@ -302,6 +302,13 @@ def render_rest(out: dict, args, verdicts: list[str]) -> str:
             g = rows.get("gloo", {}).get("samples_per_s", float("nan"))
             line += f"{100 * target * g / b['sequential']:>12.0f}%"
             lines.append(line)
+        beyond = [f"{b['model']} batch {b['batch']}" for b in out["floor"]
+                  if any(r["mode"] == "gloo" and r["model"] == b["model"] and r["batch"] == b["batch"]
+                         and target * r["samples_per_s"] > max(b["sequential"], b["overlapped"])
+                         for r in out["fig8"])]
+        if beyond:
+            lines.append(f"{target}x gloo is above both bounds for {', '.join(beyond)}: beyond any synchronous PS "
+                         f"moving these bytes over {tr} on this machine")
     if out["fig10"]:
         lines += ["", f"Figure 10: samples/s vs workers (= servers), batch {args.scale_batch}"]
         for model in args.scale_models:
