@@ -1,6 +1,6 @@
 """The transport floor of one parameter-server step: the bytes a training step
-moves, in the same pattern, with no compute, no tensor library and nothing but
-the least any implementation must do to move them on this machine:
+moves, in the same pattern, with no compute, no torch and nothing but the least
+any implementation must do to move them on this machine:
 
   tcp  plain sockets: one TCP connection per process pair, one thread per flow
        (sendall / recv_into release the GIL), 4 MiB socket buffers as
@@ -83,9 +83,9 @@ def _recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def _copy_and_wake(dst: memoryview, src: memoryview, sock: socket.socket) -> None:
-    import numpy as np
-    np.copyto(np.frombuffer(dst, np.uint8), np.frombuffer(src, np.uint8))  # (releases the GIL)
+def _copy_and_wake(dst, src, sock: socket.socket) -> None:
+    """dst[:] = src (numpy arrays: the copy releases the GIL), then the wake-up."""
+    dst[:] = src
     sock.sendall(b"\x01")
 
 
@@ -137,7 +137,11 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_
     bufs = {(a, b): memoryview(bytearray(b"\x01" * n)) for (a, b), n in pair_sizes(push + pull).items()
             if rank == a or (rank == b and not shm_names)}
     maps = {f: shared_memory.SharedMemory(name) for f, name in shm_names.items() if f[0] == rank}
-    segs = {f: m.buf for f, m in maps.items()}
+    segs: dict = {}
+    if maps:  # numpy views, made before the timed steps (so is numpy's import)
+        import numpy as np
+        segs = {f: np.frombuffer(m.buf, np.uint8) for f, m in maps.items()}
+        bufs = {f: np.frombuffer(b, np.uint8) for f, b in bufs.items()}
     times, cpu = [], []
     for _ in range(steps):
         t0, c0 = time.perf_counter(), os.times()
