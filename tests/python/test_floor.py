@@ -39,6 +39,12 @@ def test_measure_moves_the_bytes(colocate, transport):
     assert 0 < r["min_s"] <= r["median_s"] < 10
 
 
+def test_a_process_that_only_receives():
+    # all-sparse variables: nothing is pushed (sparse pushes are not counted), the workers only receive
+    r = floor.measure([0, 0], [1 << 20, 1 << 20], 2, False, steps=3, transport="shm")
+    assert r["bytes_per_step"] == 2 * 2 * (1 << 20)
+
+
 def test_unknown_transport_is_refused():
     with pytest.raises(ValueError, match="tcp or shm"):
         floor.measure([1 << 10], [1 << 10], 1, False, steps=1, transport="rdma")

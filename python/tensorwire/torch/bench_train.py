@@ -23,9 +23,8 @@ TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}
 # the floor beside Figure 8 (tensorwire.torch.floor), per transport
 _FLOOR_NAMES = {"tcp": "TCP floor (plain sockets, no compute)",
                 "shm": "shm floor (one memcpy per byte, no compute)"}
-# The paper's Table 2 (8 workers; P100 GPUs, 100 Gb/s InfiniBand, TensorFlow r1.2): mean
-# mini-batch time in ms with RDMA (GPU tensors staged through host memory),
-# with RDMA + GPUDirect, and the improvement (RDMA / RDMA+GDR - 1) in percent.
+
+
 def _progress(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 

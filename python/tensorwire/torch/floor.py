@@ -89,20 +89,21 @@ def _copy_and_wake(dst, src, sock: socket.socket) -> None:
     sock.sendall(b"\x01")
 
 
-def _phase(rank: int, phase: list, socks: dict, bufs: dict, segs: dict) -> None:
+def _phase(rank: int, phase: list, socks: dict, bufs: dict, segs: dict | None) -> None:
     """This process's sends and receives of one phase, concurrently. Over
-    shm (segs: the flows' shared segments) a send is a copy into the
-    receiver's segment and a one-byte wake-up, a receive that byte."""
+    shm (segs: this process's outgoing flows' shared segments, None over tcp)
+    a send is a copy into the receiver's segment and a one-byte wake-up, a
+    receive that byte."""
     ts = []
     for src, dst, n in phase:
         if src == rank:
-            if segs:
+            if segs is not None:
                 ts.append(threading.Thread(target=_copy_and_wake,
                                            args=(segs[(src, dst)][:n], bufs[(src, dst)][:n], socks[dst])))
             else:
                 ts.append(threading.Thread(target=socks[dst].sendall, args=(bufs[(src, dst)][:n],)))
         elif dst == rank:
-            view = memoryview(bytearray(1)) if segs else bufs[(src, dst)][:n]
+            view = memoryview(bytearray(1)) if segs is not None else bufs[(src, dst)][:n]
             ts.append(threading.Thread(target=_recv_exact, args=(socks[src], view)))
     for t in ts:
         t.start()
@@ -137,8 +138,8 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_
     bufs = {(a, b): memoryview(bytearray(b"\x01" * n)) for (a, b), n in pair_sizes(push + pull).items()
             if rank == a or (rank == b and not shm_names)}
     maps = {f: shared_memory.SharedMemory(name) for f, name in shm_names.items() if f[0] == rank}
-    segs: dict = {}
-    if maps:  # numpy views, made before the timed steps (so is numpy's import)
+    segs: dict | None = None  # over tcp
+    if shm_names:  # numpy views, made before the timed steps (so is numpy's import)
         import numpy as np
         segs = {f: np.frombuffer(m.buf, np.uint8) for f, m in maps.items()}
         bufs = {f: np.frombuffer(b, np.uint8) for f, b in bufs.items()}
@@ -153,7 +154,7 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_
     conn.send(("result", (times, cpu)))
     for s in socks.values():
         s.close()
-    segs.clear()
+    segs = None  # (its arrays hold the segments' buffers)
     for m in maps.values():
         m.close()
 
