@@ -106,7 +106,8 @@ UCX_VARIABLES: tuple[UcxVariable, ...] = (
                 "context; the control plane always uses tcp"),
     UcxVariable("UCX_NET_DEVICES", "respected; unset and a device bound to loopback: lo (Device(net_devices=) "
                 "overrides both)"),
-    UcxVariable("UCX_TCP_SNDBUF, UCX_TCP_RCVBUF", "4M unless set"),
+    UcxVariable("UCX_TCP_SNDBUF, UCX_TCP_RCVBUF", "respected; unset: the kernel autotunes the buffers (UCX's "
+                "default; fixed 4M ones were slower, bench/results/tcp_tuning.md)"),
     UcxVariable("UCX_CMA_BW", "4000MBps unless set (memcpy into mapped slabs beats process_vm_writev)"),
     UcxVariable("UCX_RNDV_SCHEME, UCX_RNDV_THRESH", "put_zcopy and 32K on hosts without RDMA devices, unless "
                 "set"),

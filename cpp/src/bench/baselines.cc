@@ -61,12 +61,8 @@ bool is_set(const char* name) { return std::getenv(name) != nullptr; }
 
 UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback) : spin_us_(spin_us) {
   auto o = ucx::transport_overrides(transport);
-  // The same tcp defaults as Device's data context (docs/architecture.md §3),
-  // but UCX's own choice between memcpy and cma: this is what UCX users get.
-#if TW_UCX_HAS_TL_CONFIG_MODIFY
-  o.emplace_back("?TCP_SNDBUF", "4M");
-  o.emplace_back("?TCP_RCVBUF", "4M");
-#endif
+  // UCX's own transport settings (no cma tuning, unlike Device's data
+  // context): this is what UCX users get.
   if (loopback && !is_set("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
   context_ = std::make_shared<ucx::Context>(o, UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
                                             "tensorwire-baseline");

@@ -36,8 +36,7 @@ class UcxBaseline {
  public:
   // transport: "auto" (UCX_TLS and the rest from the environment), "tcp",
   // "shm" (sm) or "rdma" (rc,ud,sm), applied like Device's data context:
-  // the TLS override replaces UCX_TLS; 4 MiB tcp socket buffers unless
-  // UCX_TCP_SNDBUF/RCVBUF are set; NET_DEVICES=lo when `loopback` and
+  // the TLS override replaces UCX_TLS; NET_DEVICES=lo when `loopback` and
   // UCX_NET_DEVICES is unset.
   UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback);
   ~UcxBaseline();

@@ -68,8 +68,9 @@ bool has_rdma_devices() {
 
 std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConfig& c) {
   auto o = ucx::transport_overrides(c.transport);
-  // Measured on loopback tcp (2 vCPUs): 4 MiB socket buffers lift 1 MiB
-  // writes from ~1.65 to ~2.5 GB/s (bench/results/tcp_tuning.md).
+  // tcp socket buffers stay the kernel's (autotuned): fixed 4 MiB ones kept
+  // megabytes queued per flow, which the receiver then copied out of cold
+  // cache (bench/results/tcp_tuning.md).
   // UCX estimates cma at 11 GB/s and so writes everything above ~4 KiB with
   // a process_vm_writev syscall, even into pool slabs that shared memory maps.
   // Measured here, a plain memcpy into the mapping is 2-3x faster up to our
@@ -77,8 +78,6 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   // KiB: 27.5 -> 9.4 us). Large blocks are not mapped: cma stays their path.
   // (Transport settings: not with UCX 1.13, ucx/features.h.)
 #if TW_UCX_HAS_TL_CONFIG_MODIFY
-  o.emplace_back("?TCP_SNDBUF", "4M");
-  o.emplace_back("?TCP_RCVBUF", "4M");
   o.emplace_back("?CMA_BW", "4000MBps");
 #endif
   // A message's large payload goes by UCX's rendezvous (core/messages.h).
@@ -443,8 +442,8 @@ std::vector<std::string> ucx_limits() {
 #endif
 #if !TW_UCX_HAS_TL_CONFIG_MODIFY
   out.push_back("this UCX (" + ucx_header_version() +
-                ") cannot take transport settings from a program: tensorwire's tcp and cma tuning is off "
-                "(set UCX_TCP_SNDBUF=4M UCX_TCP_RCVBUF=4M in the environment for it)");
+                ") cannot take transport settings from a program: tensorwire's cma tuning is off "
+                "(set UCX_CMA_BW=4000MBps in the environment for it)");
 #endif
   return out;
 }

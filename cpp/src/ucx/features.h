@@ -25,5 +25,5 @@
 // ucp_config_modify applies a transport's setting given by its full name
 // (TCP_SNDBUF). UCX 1.13 keeps such a setting unused and warns "invalid
 // configuration" (openucx/ucx#8649); 1.22 applies it; assumed from 1.14 on.
-// Without it the transport tuning is left to the environment (UCX_TCP_SNDBUF=4M).
+// Without it the transport tuning is left to the environment (UCX_CMA_BW).
 #define TW_UCX_HAS_TL_CONFIG_MODIFY TW_UCX_AT_LEAST(1, 14)

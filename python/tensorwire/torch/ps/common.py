@@ -5,6 +5,7 @@ peers, and the per-step statistics."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -26,6 +27,16 @@ WAIT = "wait"           # a give-up check's answer: that worker left on purpose,
 # spawned role of every mode (an existing value in the environment wins).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 32), "MALLOC_TRIM_THRESHOLD_": str(1 << 36)}
 DEFAULT_TIMEOUT_S = 120.0  # a step (or setup) that takes longer fails
+
+
+def server_lanes(num_workers: int) -> int:
+    """UCX workers of a server's device: one per worker process, up to the
+    cores. Worker r's channels to and from every server are lane r, so a
+    server receives the pushes of different workers, and sends them their
+    parameters, on different UCX workers (each its own progress thread) in
+    parallel instead of one after the other. Over tcp one thread's socket
+    copies were the server's limit (VGG-16, 2 x 2, bench/results/ps_lanes.txt)."""
+    return max(1, min(num_workers, os.cpu_count() or 1))
 
 
 def _mean_into(acc: torch.Tensor, g: torch.Tensor, w: int) -> None:

@@ -24,7 +24,7 @@ import tensorwire as tw
 from ...bench.common import Progress
 from ...rendezvous import Aborted, Store, TorchStore, gather, publish
 from ...roles import RoleError, Roles
-from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss
+from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss, server_lanes
 from .gloo import GlooServer, GlooWorker, _Gloo
 from .memory import Memory, cuda_problem
 from .server import Server
@@ -149,7 +149,7 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
                              cfg.placement, group=group, **cfg.optimizer_kwargs)
             box["stats"] = srv.run(cfg.steps).to_dict(skip=cfg.warmup)
     else:
-        dev = tw.Device(transport=cfg.transport)
+        dev = tw.Device(transport=cfg.transport, workers=server_lanes(cfg.workers))
         srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
                      placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr, **cfg.optimizer_kwargs)
         publish_server(store, rank, srv.address)

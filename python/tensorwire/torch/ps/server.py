@@ -13,7 +13,7 @@ from torch import nn
 import tensorwire as tw
 
 from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, WAIT, PSError, Stats, VarSpec, _mean_into,
-                     _Watch, check_specs, make_optimizer, place)
+                     _Watch, check_specs, make_optimizer, place, server_lanes)
 from .memory import Memory
 
 
@@ -47,7 +47,8 @@ class Server:
         self.optimizer_spec, self.optimizer_kwargs = optimizer, optimizer_kwargs
         # a device passed in is shared with a colocated Worker (and closed by its owner)
         self._own_dev = device is None
-        self.dev = device or tw.Device(host=host, port=port, transport=transport, **(device_kwargs or {}))
+        self.dev = device or tw.Device(host=host, port=port, transport=transport,
+                                       **{"workers": server_lanes(num_workers), **(device_kwargs or {})})
         self.who = f"server {rank}"
         self.watch = _Watch(self.dev, timeout, self.who)
         self._hellos: dict[int, dict] = {}
@@ -146,7 +147,7 @@ class Server:
             del blk
         self.opt = make_optimizer(self.optimizer_spec, list(self.master), **self.optimizer_kwargs)
         path = "copy"
-        self.channels = [self.dev.connect(h["address"]) for h in hellos]
+        self.channels = [self.dev.connect(h["address"], lane=h["rank"]) for h in hellos]  # (server_lanes)
         self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
                                for ch in self.channels] for v in self.vars]
         self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" or mem.staged else

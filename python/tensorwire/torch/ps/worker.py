@@ -103,7 +103,7 @@ class Worker:
         self.channels = []
         for s, addr in enumerate(servers):
             try:
-                ch = self.dev.connect(addr)
+                ch = self.dev.connect(addr, lane=self.rank)  # the server's lane for this worker (server_lanes)
             except tw.Error as e:
                 raise PSError(f"{self.who}: cannot reach server {s} at {addr}: {e}") from None
             self.channels.append(ch)
