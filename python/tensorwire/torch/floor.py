@@ -22,7 +22,12 @@ tensorwire.torch.ps does it), then two upper bounds on samples/s for any
 implementation that moves these bytes over that transport on this machine:
   sequential  compute, the floor step and the slowest server's aggregation, one
               after the other (a synchronous PS pushes after its backward, and a
-              server updates once the gradients are in)
+              server updates once the gradients are in). The floor step moves
+              every push before any pull; a PS whose servers each send their
+              parameters as soon as their own gradients are in overlaps one
+              server's pull with another's push and can pass this one (over
+              tcp tensorwire's zerocopy does for fcn5 and VGG-16 since
+              2026-11-27, bench/results/net_tcp_train_b1.txt)
   overlapped  everything hidden behind everything else, limited only by the CPU
               all of it needs: (floor CPU + W x compute + every server's
               aggregation) / CPUs, or the longest single part
