@@ -5,6 +5,7 @@ refused at setup naming the variable. Plus the models' Table 1 numbers and the C
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -281,6 +282,7 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
     servers = [ps.Server(rank=s, num_servers=2, num_workers=2, transport="tcp", timeout=30, lr=0.1)
                for s in range(2)]
     errors: list[str] = []
+    lanes: dict[int, list[int]] = {}
 
     def serve(srv):
         try:
@@ -292,6 +294,7 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
         torch.manual_seed(0)
         model = small_mlp()
         w = ps.Worker(model, [s.address for s in servers], rank=rank, num_workers=2, transport="tcp", timeout=30)
+        lanes[rank] = [ch.lane for ch in w.channels]
         try:
             for step in range(3):
                 x, y = mlp_data(rank, step)
@@ -311,6 +314,20 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
     assert not any(t.is_alive() for t in threads)
     assert errors == []
     assert all(s.steps_done == 3 for s in servers)
+    # the server lanes: worker r's channels to and from every server are lane r, and
+    # a server has a UCX worker per worker process (up to the cores)
+    assert lanes == {0: [0, 0], 1: [1, 1]}
+    assert all([ch.lane for ch in s.channels] == [0, 1] for s in servers)
+    assert all(s.dev.workers == min(2, os.cpu_count() or 1) for s in servers)
+
+
+def test_server_lanes_one_per_worker_up_to_the_cores():
+    from tensorwire.torch.ps.common import server_lanes
+    cores = os.cpu_count() or 1
+    assert server_lanes(1) == 1
+    assert server_lanes(0) == 1
+    assert server_lanes(2) == min(2, cores)
+    assert server_lanes(10 * cores) == cores
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
