@@ -3,8 +3,10 @@ moves, in the same pattern, with no compute, no torch and nothing but the least
 any implementation must do to move them on this machine:
 
   tcp  plain sockets: one TCP connection per process pair, one thread per flow
-       (sendall / recv_into release the GIL), 4 MiB socket buffers as
-       tensorwire sets for UCX;
+       (sendall / recv_into release the GIL), 4 MiB socket buffers (the
+       kernel's made its VGG-16 step ~3% faster for ~15% more CPU,
+       bench/results/tcp_tuning.md; tensorwire's Device leaves UCX's to the
+       kernel);
   shm  one memcpy per byte: the sender copies each flow from its own memory
        into a shared-memory segment the receiver maps (what tensorwire's
        direct path does over shared memory), then wakes the receiver with a

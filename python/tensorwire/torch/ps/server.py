@@ -79,6 +79,7 @@ class Server:
         if msg.get("placement") != self.placement:
             return json.dumps({"state": "refused", "error": f"{self.who} places variables {self.placement!r}, "
                                                             f"worker {r} {msg.get('placement')!r}"}).encode()
+        msg["rank"] = r  # checked above; the lane of this worker's channels (server_lanes)
         self._hellos.setdefault(r, msg)
         return json.dumps({"state": self._state, "error": self._error}).encode()
 
