@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from tensorwire.bench.common import parse_sizes
+from tensorwire.torch.floor import _recv_exact  # (the floor's plain-socket receive; no torch)
 
 TIMEOUT_S = 60.0
 
@@ -53,15 +54,6 @@ def tw_send(args, i, addresses) -> None:
         sender.send(blk, TIMEOUT_S).wait(TIMEOUT_S)
     sender.wait_consumed(sender.sent, TIMEOUT_S)
     dev.close()
-
-
-def _recv_exact(conn: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        n = conn.recv_into(view[got:])
-        if n == 0:
-            raise ConnectionError("sender closed")
-        got += n
 
 
 def socket_recv(args, addresses, results) -> None:
