@@ -3,10 +3,10 @@
 // Internals of Channel and of the peer it goes to: what the protocols talk
 // through (their view of the device itself is core/device_port.h).
 //
-// Ownership: a Peer owns its control endpoint and knows its channels and its
-// device weakly; a ChannelImpl owns its data endpoint and keeps its Peer
-// alive. Endpoints keep workers alive, workers keep contexts alive, so
-// Python may drop objects in any order.
+// Ownership: a Peer owns its control endpoint and its channels (until it
+// fails) and knows its device weakly; a ChannelImpl owns its data endpoint
+// and keeps its Peer alive. Endpoints keep workers alive, workers keep
+// contexts alive, so Python may drop objects in any order.
 //
 // Liveness: data endpoints are created without UCX peer error handling
 // (shared-memory transports refuse it, and tcp puts run ~3x slower with it):
@@ -212,7 +212,12 @@ class Peer : public std::enable_shared_from_this<Peer> {
 
  private:
   mutable std::mutex mu_;
-  std::map<int, std::weak_ptr<ChannelImpl>> channels_;
+  // A lane's channel lives as long as the peer: held here (the cycle with
+  // ChannelImpl::peer ends in fail(), which closing the device runs), so a
+  // slot made after the last one on a lane went finds its endpoint instead
+  // of wiring up a new one (over tcp a new connection each time, which
+  // slowed later transfers; UCX left the old ones open).
+  std::map<int, std::shared_ptr<ChannelImpl>> channels_;
   std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
   static constexpr std::size_t kRecentRegions = 16;
   std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive

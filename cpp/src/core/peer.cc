@@ -37,9 +37,7 @@ std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed()) throw PeerFailed(describe() + " has failed");
     auto it = channels_.find(lane);
-    if (it != channels_.end()) {
-      if (auto ch = it->second.lock()) return ch;
-    }
+    if (it != channels_.end()) return it->second;
   }
   // Fix: the endpoint is created outside mu_. ucp_ep_create takes the UCX
   // worker lock, and a progress thread holding that lock may call fail()
@@ -54,10 +52,7 @@ std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
   // destroyed after it is released when refused or when another thread won.)
   std::lock_guard<std::mutex> lock(mu_);
   if (failed()) throw PeerFailed(describe() + " has failed");
-  auto& slot = channels_[lane];
-  if (auto existing = slot.lock()) return existing;  // another thread made this lane meanwhile
-  slot = ch;
-  return ch;
+  return channels_.emplace(lane, ch).first->second;  // another thread's if it made this lane meanwhile
 }
 
 std::shared_ptr<RemoteRegionImpl> Peer::accept_export(const RegionDescriptor& d) {
@@ -167,9 +162,8 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.exchange(true)) return;
-    for (auto& [lane, weak] : channels_) {
-      if (auto ch = weak.lock()) live.push_back(std::move(ch));
-    }
+    for (auto& [lane, ch] : channels_) live.push_back(std::move(ch));
+    channels_.clear();
     for (auto& r : recent_) defer_release(std::move(r));  // may run in a UCX callback
     recent_.clear();
   }

@@ -907,6 +907,27 @@ TEST_P(Loopback, ReverseChannel) {
   EXPECT_THROW(server->channel_to(12345), tw::NotFound);
 }
 
+
+TEST_P(Loopback, LaneEndpointOutlivesItsHandles) {
+  tw::Channel ch = client->connect(server->address());
+  tw::PeerInfo p = server->wait_for_peer(kWait);
+  // The channel back: dropping every handle keeps its endpoint, so the next
+  // one (a slot made after the last one went) wires nothing up again.
+  const tw::detail::ChannelImpl* first = server->channel_to(p.device_id).impl();
+  EXPECT_EQ(server->channel_to(p.device_id).impl(), first);
+  EXPECT_NE(server->channel_to(p.device_id, 1).impl(), first);
+  // A write whose channel handle is dropped while in flight still lands.
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  const tw::detail::ChannelImpl* forward = ch.impl();
+  fill_pattern(source.data(), kRegion, 17);
+  tw::Request r = ch.write(source.region(), 0, remote, 0, kRegion);
+  ch = tw::Channel();
+  r.wait(kWait);
+  tw::Channel again = client->connect(server->address());
+  EXPECT_EQ(again.impl(), forward);
+  again.flush().wait(kWait);
+  EXPECT_EQ(first_diff(bytes(target), bytes(source), kRegion), -1);
+}
 TEST_P(Loopback, ClosedDeviceFailsCleanly) {
   tw::Channel ch = client->connect(server->address());
   tw::RemoteRegion remote = ch.lookup("target", kWait);
