@@ -403,3 +403,31 @@ def test_bench_train_says_when_the_target_is_above_the_floor():
     assert "shm floor" in text
     (note,) = [line for line in text.splitlines() if "above both bounds" in line]
     assert "fcn5 batch 8" in note and "batch 1" not in note
+
+
+def test_a_push_to_a_dead_server_names_it():
+    """A send whose peer is gone, failing when posted or when awaited, is a
+    PSError naming that peer (the watch's description), not a bare error."""
+    import numpy as np
+
+    import tensorwire as tw
+    from tensorwire.torch.ps.common import _Watch
+
+    server, worker = tw.Device(transport="shm"), tw.Device(transport="shm")
+    try:
+        slot = server.static_slot("grad", (256,), "float32", depth=1)  # noqa: F841 (kept alive)
+        ch = worker.connect(server.address)
+        sender = ch.static_sender("grad")
+        watch = _Watch(worker, 10.0, "worker 0")
+        watch.peers[server.id] = "server 0 (test)"
+        g = np.ones(256, np.float32)
+        watch.wait(watch.send(sender, g, "pushing 'w'"), "pushing 'w'")
+        server.close()
+        deadline = time.monotonic() + 10
+        while any(p["device_id"] == server.id for p in worker.peers()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(ps.PSError, match=r"worker 0: server 0 \(test\) died or disconnected while pushing 'w'"):
+            watch.wait(watch.send(sender, g, "pushing 'w'"), "pushing 'w'")
+    finally:
+        worker.close()
+        server.close()

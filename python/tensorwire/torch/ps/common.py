@@ -226,6 +226,14 @@ class _Watch:
             if time.monotonic() > deadline:
                 raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}")
 
+    def send(self, sender: Any, tensor: Any, what: str) -> Any:
+        """sender.send(tensor): its request, or a PSError naming a peer that died."""
+        try:
+            return sender.send(tensor, self.timeout)
+        except tw.Error as e:
+            self.check(what)
+            raise PSError(f"{self.who}: {what} failed: {e}") from None
+
     def wait(self, req: Any, what: str) -> None:
         deadline = time.monotonic() + self.timeout
         while True:
@@ -235,6 +243,7 @@ class _Watch:
             except tw.Timeout:
                 pass
             except tw.Error as e:
+                self.check(what)
                 raise PSError(f"{self.who}: {what} failed: {e}") from None
             self.check(what)
             if time.monotonic() > deadline:

@@ -225,8 +225,9 @@ class Worker:
                 g = p.grad.coalesce()
                 idx, vals = mem.outgoing(g.indices()[0].contiguous()), mem.outgoing(g.values().contiguous())
                 staged += (idx.nbytes + vals.nbytes) if mem.staged else 0
-                reqs.append((sender.send(idx, self.timeout), v.name))
-                reqs.append((sender.send(vals, self.timeout), v.name))
+                what = f"pushing the gradient of {v.name!r}"
+                reqs.append((self.watch.send(sender, idx, what), v.name))
+                reqs.append((self.watch.send(sender, vals, what), v.name))
                 continue
             blk, home = self.grad_blocks[i], self._home[i]
             fixed = p.grad is None or (home is not None and p.grad.data_ptr() != home.data_ptr())
@@ -240,7 +241,8 @@ class Worker:
                 self._wire[i].copy_(p.grad.reshape(-1))
             elif fixed:  # on a GPU the kernels just queued finish before the bytes move
                 mem.sync()
-            reqs.append((sender.send(blk if blk is not None else p.grad, self.timeout), v.name))
+            what = f"pushing the gradient of {v.name!r}"
+            reqs.append((self.watch.send(sender, blk if blk is not None else p.grad, what), v.name))
         for req, name in reqs:
             self.watch.wait(req, f"pushing the gradient of {name!r}")
         t2 = time.perf_counter()
