@@ -168,7 +168,10 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
     recent_.clear();
   }
   TW_LOG_INFO("%s", why.c_str());
-  for (auto& ch : live) ch->fail(kind, why);
+  for (auto& ch : live) {
+    ch->fail(kind, why);
+    defer_release(std::move(ch));  // often the last reference now, and fail() may run in a UCX callback
+  }
   if (auto dev = device.lock()) {
     dev->fail_pending_control(control_ep.get(), kind, why);
     dev->drop_message_ops(this, why);

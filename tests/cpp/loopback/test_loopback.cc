@@ -907,7 +907,6 @@ TEST_P(Loopback, ReverseChannel) {
   EXPECT_THROW(server->channel_to(12345), tw::NotFound);
 }
 
-
 TEST_P(Loopback, LaneEndpointOutlivesItsHandles) {
   tw::Channel ch = client->connect(server->address());
   tw::PeerInfo p = server->wait_for_peer(kWait);
