@@ -11,8 +11,9 @@
 // Requests are move-only. Destroying an unfinished Request does not cancel the
 // operation: UCX finishes it in the background, and any callback still fires.
 // A pending Request keeps its local memory and remote region alive. Dropping
-// the last handle to a Channel closes its endpoint and cancels what is still
-// in flight on it (those requests fail with ConnectionError).
+// Channel handles does not cancel either: a lane's endpoint lives until its
+// peer fails or the device closes, and then what is still in flight on it
+// fails (PeerFailed / ConnectionError).
 #pragma once
 
 #include <chrono>

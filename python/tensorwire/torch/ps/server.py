@@ -174,11 +174,11 @@ class Server:
                 if k == 0 and self._wire[i] is not None:  # staged: into its host block, once for all workers
                     self._wire[i].copy_(self.master[i].detach().view(-1))
                 src = self.blocks[i] if self.blocks[i] is not None else self.master[i].detach()
-                reqs.append((self.watch.send(self.param_senders[i][w], src, f"sending {v.name!r} to worker {w}"),
-                             v.name, w))
-        for req, name, w in reqs:
+                what = f"sending {v.name!r} to worker {w}"
+                reqs.append((self.watch.send(self.param_senders[i][w], src, what), what, w))
+        for req, what, w in reqs:
             try:
-                self.watch.wait(req, f"sending {name!r} to worker {w}")
+                self.watch.wait(req, what)
             except PSError:
                 # A worker says goodbye only after it received every parameter
                 # of its last step: its closing may fail our request (over tcp

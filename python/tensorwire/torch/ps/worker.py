@@ -226,8 +226,8 @@ class Worker:
                 idx, vals = mem.outgoing(g.indices()[0].contiguous()), mem.outgoing(g.values().contiguous())
                 staged += (idx.nbytes + vals.nbytes) if mem.staged else 0
                 what = f"pushing the gradient of {v.name!r}"
-                reqs.append((self.watch.send(sender, idx, what), v.name))
-                reqs.append((self.watch.send(sender, vals, what), v.name))
+                reqs.append((self.watch.send(sender, idx, what), what))
+                reqs.append((self.watch.send(sender, vals, what), what))
                 continue
             blk, home = self.grad_blocks[i], self._home[i]
             fixed = p.grad is None or (home is not None and p.grad.data_ptr() != home.data_ptr())
@@ -242,9 +242,9 @@ class Worker:
             elif fixed:  # on a GPU the kernels just queued finish before the bytes move
                 mem.sync()
             what = f"pushing the gradient of {v.name!r}"
-            reqs.append((self.watch.send(sender, blk if blk is not None else p.grad, what), v.name))
-        for req, name in reqs:
-            self.watch.wait(req, f"pushing the gradient of {name!r}")
+            reqs.append((self.watch.send(sender, blk if blk is not None else p.grad, what), what))
+        for req, what in reqs:
+            self.watch.wait(req, what)
         t2 = time.perf_counter()
         # the servers aggregate now: zero the accumulated gradients for the next step meanwhile
         self._zero_accumulated()
