@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+import tensorwire as tw
+
 TRANSPORTS = ["tcp", "shm"]
 
 
@@ -124,3 +126,31 @@ def test_slot_latency_bench(tmp_path, transport, progress):
     assert [r["size"] for r in report["rows"]] == [8, 4096]
     for row in report["rows"]:
         assert 0 < row["lat_us"]["min"] <= row["lat_us"]["p50"] <= row["lat_us"]["max"]
+
+
+def _gpu_missing() -> str | None:
+    info = tw.cuda_info()
+    return None if info["available"] else info["reason"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_gpu_missing() is not None, reason=f"no GPU for tensorwire ({_gpu_missing()})")
+def test_slot_latency_bench_in_gpu_memory(tmp_path):
+    out = tmp_path / "slot.json"
+    proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.slot_latency", "--transport", "shm",
+                           "--sizes", "8,4K", "--iters", "200", "--memory", "cuda", "--series", "both",
+                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["config"]["memory"] == "cuda"
+    assert sorted((r["series"], r["size"]) for r in report["rows"]) == [("notify", 8), ("notify", 4096),
+                                                                         ("slot", 8), ("slot", 4096)]
+    for row in report["rows"]:
+        assert 0 < row["lat_us"]["min"] <= row["lat_us"]["p50"] <= row["lat_us"]["max"]
+
+
+@pytest.mark.skipif(_gpu_missing() is None, reason="this machine has a GPU")
+def test_slot_latency_in_gpu_memory_without_a_gpu_exits_2_saying_why():
+    proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.slot_latency", "--memory", "cuda"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--memory cuda: tensorwire sees no GPU" in proc.stderr, proc.stderr

@@ -823,14 +823,18 @@ def test_release_reaches_sender_while_receiver_does_other_things(transport, form
 
 
 
+@pytest.mark.parametrize("progress", ["blocking", "inline"])
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("forms", ["rma,messages", "messages,rma"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_mixed_channel_one_lane_native_one_emulated(transport, forms, kind):
+def test_mixed_channel_one_lane_native_one_emulated(transport, forms, kind, progress):
     """Lane 0 and lane 1 of one peer use different forms: the sender sends on
     lane 1, the receiver releases (acks) on its lane 0 back, so one direction
-    goes as messages and the other as one-sided writes; contents intact."""
-    with lane_form(forms), start_slot_peer(transport) as peer, tw.Device(transport=transport) as client:
+    goes as messages and the other as one-sided writes; contents intact. The
+    receiver waits before the first tensor is sent: with inline progress its
+    wait is the only thread that can take in a message on the other lane."""
+    with (lane_form(forms), start_slot_peer(transport, progress=progress) as peer,
+          tw.Device(transport=transport, progress=progress) as client):
         name = unique("mixed")
         if kind == "static":
             op(peer, "static_slot", name=name, shape=[3, 5], dtype="float32", depth=2)
@@ -865,3 +869,24 @@ def test_dynamic_slot_takes_pushed_tensors_on_a_one_sided_lane(transport):
                 item = got["items"][0]
                 assert item["shape"] == [100 + i, 3] and item["data"] == t.tobytes()
             assert sender.stats()["sent"] == 4
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_inline_receiver_waiting_on_a_one_sided_lane_takes_a_pushed_tensor(transport):
+    """The bench's order with GPU memory (a dynamic sender pushes it as a message
+    on any lane): the receiver, with inline progress and a one-sided lane back,
+    already waits in recv() when the first tensor comes as a message. Its wait
+    must drive the worker the message arrives on (the hang of
+    bench/results/gpu_tests_h100.txt, call 4). Host memory, forms forced per process."""
+    with lane_form("rma"), start_slot_peer(transport, progress="inline") as peer:
+        peer.request({"op": "dynamic_slot", "name": "pushed"})
+        with lane_form("messages"), tw.Device(transport=transport, progress="inline") as dev:
+            sender = dev.connect(peer.address).dynamic_sender("pushed")
+            sent = [np.full((64 + i, 5), i, dtype=np.float32) for i in range(3)]
+            peer.send({"op": "recv", "name": "pushed", "count": len(sent), "mode": "bytes"})
+            time.sleep(0.3)  # the receiver is in recv() before the first tensor leaves
+            for t in sent:
+                sender.send(t).wait(10)
+            got = peer.recv(30)
+            assert "raised" not in got, got
+            assert [item["data"] for item in got["items"]] == [t.tobytes() for t in sent]

@@ -5,6 +5,7 @@
 #include "tensorwire/wait.h"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <time.h>
 
 #include <algorithm>
@@ -24,8 +25,30 @@ void Drivers::add(WorkerCtl* w) {
   ++n_;
 }
 
-void Drivers::nap(double seconds) {
+namespace {
+// The calling thread's timer slack set to 1 us while in scope (restored
+// after: it is the caller's thread).
+class PreciseTimers {
+ public:
+  explicit PreciseTimers(bool on) {
+    if (!on) return;
+    const int old = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (old > 1000 && ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0) == 0) old_ = old;
+  }
+  ~PreciseTimers() {
+    if (old_ > 0) ::prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(old_), 0, 0, 0);
+  }
+  PreciseTimers(const PreciseTimers&) = delete;
+  PreciseTimers& operator=(const PreciseTimers&) = delete;
+
+ private:
+  int old_ = 0;
+};
+}  // namespace
+
+void Drivers::nap(double seconds, bool precise) {
   if (seconds < 0) seconds = 0;
+  PreciseTimers timers(precise);
   if (n_ == 0) {
     std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
     return;

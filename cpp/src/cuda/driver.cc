@@ -121,6 +121,13 @@ Driver& ready() {
   return d;
 }
 
+// The process now holds GPU memory through the core (in_use(), first_ordinal()).
+void note_use(int ordinal) {
+  int unset = -1;
+  g_first.compare_exchange_strong(unset, ordinal);
+  g_in_use.store(true, std::memory_order_release);
+}
+
 CUcontext primary_context(int ordinal) {
   Driver& d = ready();
   if (ordinal < 0 || ordinal >= d.devices) {
@@ -132,9 +139,7 @@ CUcontext primary_context(int ordinal) {
     check(d.api.cuDeviceGet(&dev, ordinal), "cuDeviceGet");
     check(d.api.cuDevicePrimaryCtxRetain(&d.primary[ordinal], dev), "cuDevicePrimaryCtxRetain");
   }
-  int unset = -1;
-  g_first.compare_exchange_strong(unset, ordinal);
-  g_in_use.store(true, std::memory_order_release);
+  note_use(ordinal);
   return d.primary[ordinal];
 }
 
@@ -233,6 +238,10 @@ void bind_thread(int ordinal) {
   if (d.api.cuCtxGetCurrent(&current) == kSuccess && current == nullptr) {
     check(d.api.cuCtxSetCurrent(primary_context(ordinal)), "cuCtxSetCurrent");
   }
+  // Also when the thread had a context (torch's): a process that only
+  // registers GPU memory uses it too, and eager payloads bound for that
+  // memory must take the driver's copy (messages.cc), never a CPU memcpy.
+  note_use(ordinal);
   bound = ordinal;
 }
 

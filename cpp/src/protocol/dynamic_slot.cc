@@ -324,7 +324,7 @@ Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
   detail::ChannelImpl* ch = s.link.channel_impl();
-  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s, detail::inbox_of(dev, s.inbox))) {
+  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s, dev, s.inbox)) {
     if (ch && ch->failed()) ch->check_usable();
     throw Timeout("dynamic slot '" + s.name + "': no tensor within " + std::to_string(timeout_s) + " s");
   }
@@ -441,7 +441,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
     ++s.stats.waits_for_ack;
     DevicePort dev(*s.channel.impl()->peer);
     if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s,
-                            detail::inbox_of(dev, s.inbox))) {
+                            dev, s.inbox)) {
       s.channel.impl()->check_usable();
       throw Timeout("dynamic slot: the receiver has not taken the previous tensor within " +
                     std::to_string(timeout_s) + " s; nothing of this tensor was sent");

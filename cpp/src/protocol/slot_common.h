@@ -27,15 +27,34 @@ inline void store_release(void* p, std::uint64_t v) {
   std::atomic_ref<std::uint64_t>(*static_cast<std::uint64_t*>(p)).store(v, std::memory_order_release);
 }
 
+// The worker a sink's messages arrived on (-1: none yet), for waiters to drive.
+inline WorkerCtl* inbox_of(const DevicePort& dev, const std::atomic<int>& index) {
+  return dev ? dev.worker(index.load(std::memory_order_relaxed)) : nullptr;
+}
+
 // What a wait on a slot's word drives (core/waiter.h): the worker the peer's
-// messages arrive on (`inbox`, when known: message form, driven whatever the
-// transport); else `channel`'s worker when the peer's writes need this side
-// to progress (tcp: ChannelImpl::waiter_drives); without a channel, `worker`.
+// messages arrive on (the sink's `inbox`, once known: message form, driven
+// whatever the transport); else `channel`'s worker when the peer's writes
+// need this side to progress (tcp: ChannelImpl::waiter_drives); without a
+// channel, `worker`. With inline progress and no inbox known yet, every data
+// worker of `dev` too: the peer may still send a message on any lane (GPU
+// tensors of a dynamic slot always travel as messages, and lanes may differ
+// in form), and no thread but this one would take it in.
 // The spin is the channel's worker's spin_us (50 us when 0), restarted by each
 // event (the events are the awaited data arriving).
-inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, WorkerCtl* worker, WorkerCtl* inbox) {
-  WorkerCtl* w = inbox ? inbox : channel ? (channel->waiter_drives() ? channel->worker.get() : nullptr) : worker;
+inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, WorkerCtl* worker, const DevicePort& dev,
+                                    const std::atomic<int>& inbox) {
+  WorkerCtl* known = inbox_of(dev, inbox);
+  WorkerCtl* w = known ? known : channel ? (channel->waiter_drives() ? channel->worker.get() : nullptr) : worker;
   drivers.add(w);
+  WorkerCtl* mode_of = channel ? channel->worker.get() : worker;
+  if (!known && dev && mode_of && mode_of->mode() == ProgressMode::kInline) {
+    for (int i = 0; i < static_cast<int>(Drivers::kMax); ++i) {
+      WorkerCtl* any = dev.worker(i);
+      if (!any) break;
+      drivers.add(any);
+    }
+  }
   // A channel's other worker's deferred notifications go now (w's go with each drive).
   if (channel && channel->worker.get() != w) channel->worker->flush_deferred();
   WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
@@ -48,10 +67,11 @@ inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, Work
 // false at the deadline (timeout_s < 0: never), or as soon as `channel`
 // failed (callers then raise the channel's failure).
 template <typename Ready>
-bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s, WorkerCtl* inbox = nullptr) {
+bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s, const DevicePort& dev,
+                const std::atomic<int>& inbox) {
   if (ready()) return true;
   Drivers drivers;
-  const WaitPolicy policy = prepare_slot_wait(drivers, channel, worker, inbox);
+  const WaitPolicy policy = prepare_slot_wait(drivers, channel, worker, dev, inbox);
   auto failed = [channel] { return channel && channel->failed(); };
   return wait_for(drivers, ready, failed, deadline_after(timeout_s), policy) == WaitEnd::kReady;
 }
@@ -188,11 +208,6 @@ struct SinkRegistration {
   }
 };
 
-// The worker a sink's messages arrived on (-1: none yet), for waiters to drive.
-inline WorkerCtl* inbox_of(const DevicePort& dev, const std::atomic<int>& index) {
-  return dev ? dev.worker(index.load(std::memory_order_relaxed)) : nullptr;
-}
-
 // A sender's side of attaching to slot `call` ("tw.static/name") over
 // `channel`: its ack block (exported to the slot in the call) and its message
 // sink, then the call. Returns the slot's description. Sender has channel,
@@ -224,7 +239,7 @@ class SlotSource : public WaitSource {
   }
   bool prepare(Drivers& drivers, WaitPolicy& policy) override {
     dev_ = s_->device.lock();
-    policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_.worker(0) : nullptr, inbox_of(dev_, s_->inbox));
+    policy = prepare_slot_wait(drivers, s_->channel(), dev_ ? dev_.worker(0) : nullptr, dev_, s_->inbox);
     return true;
   }
   std::string describe() override { return s_->describe_wait(); }

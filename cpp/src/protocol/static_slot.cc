@@ -272,7 +272,7 @@ int StaticSlot::recv(double timeout_s) {
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
   if (!detail::wait_until(s.channel(), worker, [&] { return s.ready_next(); }, timeout_s,
-                          detail::inbox_of(dev, s.inbox))) {
+                          dev, s.inbox)) {
     if (s.channel() && s.channel()->failed()) s.channel()->check_usable();
     throw Timeout("static slot '" + s.name + "': no tensor (sequence " + std::to_string(s.first_seq + s.received) +
                   ") within " + std::to_string(timeout_s) + " s");
@@ -431,7 +431,7 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
       ++s.stats.waits_for_ack;
       DevicePort dev(*s.channel.impl()->peer);
       if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s,
-                              detail::inbox_of(dev, s.inbox))) {
+                              dev, s.inbox)) {
         s.channel.impl()->check_usable();
         throw Timeout("static slot: the receiver has not released tensor " + std::to_string(need) + " within " +
                       std::to_string(timeout_s) + " s; nothing of this tensor was sent");
@@ -490,7 +490,7 @@ void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
   auto& s = *impl_;
   detail::DevicePort dev(*s.channel.impl()->peer);
   if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s,
-                          detail::inbox_of(dev, s.inbox))) {
+                          dev, s.inbox)) {
     s.channel.impl()->check_usable();
     throw Timeout("the receiver has not released tensor " + std::to_string(seq) + " within " +
                   std::to_string(timeout_s) + " s");

@@ -8,7 +8,10 @@ each side writes the tensor into the other's published block with
 notify=b"" and waits for the other's notification (docs/contracts.md §1:
 the notification arrives after the data). Target: notify <= 1.2x slot.
 
-  python -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K [--series both] [--json FILE]
+--memory cuda keeps both sides' tensors and slot buffers in GPU memory (the
+sequence words stay in host memory): the GPU one-way latency of issue 20.
+
+  python -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K [--series both] [--memory cuda] [--json FILE]
 """
 
 from __future__ import annotations
@@ -25,27 +28,27 @@ def _shape(size: int) -> tuple[int, ...]:
     return (max(1, size // 4),)
 
 
-def _publish(dev, sizes: list[int], prefix: str) -> dict:
+def _publish(dev, sizes: list[int], prefix: str, memory: str) -> dict:
     """Notify series: a block per size that the other side writes into."""
-    blocks = {s: dev.empty(_shape(s), "float32") for s in sizes}
+    blocks = {s: dev.empty(_shape(s), "float32", memory=memory) for s in sizes}
     for s, b in blocks.items():
         dev.publish(f"{prefix}{s}", b)
     dev.notifications()  # open to notifications
     return blocks
 
 
-def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, series: str) -> None:
+def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, series: str, memory: str) -> None:
     import tensorwire as tw
     from tensorwire import notify
     with tw.Device(transport=transport, progress=progress) as dev:
-        slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2) for s in sizes}
-        keep = _publish(dev, sizes, "nping") if series != "slot" else {}  # noqa: F841 (the peer writes into them)
+        slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2, memory=memory) for s in sizes}
+        keep = _publish(dev, sizes, "nping", memory) if series != "slot" else {}  # noqa: F841 (the peer writes)
         conn.send(dev.address)
         back = conn.recv()
         ch = dev.connect(back)
         box = notify.inbox(dev)
         for s in sizes:
-            src = dev.empty(_shape(s), "float32")
+            src = dev.empty(_shape(s), "float32", memory=memory)
             if series != "notify":
                 sender = ch.static_sender(f"pong{s}", timeout=30)
                 slot = slots[s]
@@ -65,21 +68,22 @@ def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, ser
 
 
 def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "blocking",
-            series: str = "slot") -> list[dict]:
+            series: str = "slot", memory: str = "host") -> list[dict]:
     import tensorwire as tw
     from tensorwire import notify
     with Roles() as roles:
-        peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress, series)
+        peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress, series,
+                           memory)
         address = peer.recv(60, "start")
         rows = []
         with tw.Device(transport=transport, progress=progress) as dev:
-            slots = {s: dev.static_slot(f"pong{s}", _shape(s), "float32", depth=2) for s in sizes}
-            keep = _publish(dev, sizes, "npong") if series != "slot" else {}  # noqa: F841
+            slots = {s: dev.static_slot(f"pong{s}", _shape(s), "float32", depth=2, memory=memory) for s in sizes}
+            keep = _publish(dev, sizes, "npong", memory) if series != "slot" else {}  # noqa: F841
             peer.send(dev.address)
             ch = dev.connect(address)
             box = notify.inbox(dev)
             for s in sizes:
-                src = dev.empty(_shape(s), "float32")
+                src = dev.empty(_shape(s), "float32", memory=memory)
                 if series != "notify":
                     sender = ch.static_sender(f"ping{s}", timeout=30)
                     slot = slots[s]
@@ -121,12 +125,20 @@ def main() -> int:
                          "sleep when idle), inline (the waiting thread drives UCX) or polling")
     ap.add_argument("--series", default="slot", choices=("slot", "notify", "both"),
                     help="slot: static-slot send (default); notify: write with notify=; both, and the ratio")
+    ap.add_argument("--memory", default="host", choices=("host", "cuda"),
+                    help="where both sides' tensors and slot buffers live: host (default) or cuda (GPU memory; "
+                         "the slots' sequence words stay in host memory)")
     ap.add_argument("--json")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
+    if args.memory == "cuda":
+        import tensorwire as tw
+        if not tw.cuda_available():
+            ap.error(f"--memory cuda: tensorwire sees no GPU ({tw.cuda_info()['reason']})")
     report = Report("slot_latency", {"transport": args.transport, "iters": args.iters, "sizes": sizes,
                                      "api": "Python", "latency": "one-way (RTT/2)", "unit": "usec",
-                                     "progress": args.progress_mode, "series": args.series})
+                                     "progress": args.progress_mode, "series": args.series,
+                                     "memory": args.memory})
     report.rows = measure(args.transport, sizes, args.iters, max(100, args.iters // 10), args.progress_mode,
                           args.series)
     lines = []
@@ -135,8 +147,8 @@ def main() -> int:
         check_latency_row(report, r["size"], st)
         lines.append(f" {r['series']:<7} {r['size']:<7d} {r['iters']:<11d}{st['min']:<15.2f}{st['max']:<15.2f}"
                      f"{st['p50']:<17.2f}{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
-    print(f"# ping-pong through the Python API over {args.transport}, {args.progress_mode} progress "
-          "(one-way = RTT/2): slot = static-slot send, notify = write with notify=")
+    print(f"# ping-pong through the Python API over {args.transport}, {args.memory} memory, {args.progress_mode} "
+          "progress (one-way = RTT/2): slot = static-slot send, notify = write with notify=")
     print_table(" series  #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
                 "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]", lines)
     by = {(r["series"], r["size"]): r["lat_us"]["p50"] for r in report.rows}

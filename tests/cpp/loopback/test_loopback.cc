@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -863,6 +864,18 @@ TEST_P(Loopback, WaitAnySaysWhichSlotIsReady) {
   EXPECT_EQ(tw::wait_any({b, a}, kWait), 1u);
   a.recv(0);
   a.release();
+}
+
+// A wait that naps on a one-sided word cuts the thread's timer slack for
+// each nap (a 20 us nap would last 70) and gives the caller's back after.
+TEST_P(Loopback, NappingWaitRestoresTheCallersTimerSlack) {
+  const tw::TensorSpec spec{{16}, tw::DType{2, 32}};
+  tw::StaticSlot slot(*server, "slack", spec, 2);
+  const unsigned long mine = 200000;  // 200 us, not the default: restored, not reset
+  ASSERT_EQ(::prctl(PR_SET_TIMERSLACK, mine, 0, 0, 0), 0);
+  EXPECT_THROW(tw::wait_any({slot}, 0.05), tw::Timeout);  // spins out, then naps until the deadline
+  EXPECT_EQ(::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0), static_cast<int>(mine));
+  ASSERT_EQ(::prctl(PR_SET_TIMERSLACK, 0UL, 0, 0, 0), 0);  // 0: back to the thread's default
 }
 
 TEST_P(Loopback, WaitAnyFailsWhenTheSenderDies) {
