@@ -17,12 +17,22 @@
 
 namespace tensorwire::detail {
 
-void Drivers::add(WorkerCtl* w) {
-  if (!w || std::find(workers_, workers_ + n_, w) != workers_ + n_) return;
+void Drivers::add(WorkerCtl* w, bool standby) {
+  if (!w) return;
+  const std::size_t i = static_cast<std::size_t>(std::find(workers_, workers_ + n_, w) - workers_);
+  if (i < n_) {
+    if (standby_[i] && !standby) {
+      standby_[i] = false;
+      ++every_round_;
+    }
+    return;
+  }
   if (n_ == kMax) throw InvalidArgument("a wait may drive at most " + std::to_string(kMax) + " workers");
   workers_[n_] = w;
+  standby_[n_] = standby;
   callers_[n_].emplace(w);
   ++n_;
+  if (!standby) ++every_round_;
 }
 
 namespace {

@@ -31,12 +31,26 @@ class Drivers {
   Drivers() = default;
   Drivers(const Drivers&) = delete;
   Drivers& operator=(const Drivers&) = delete;
-  void add(WorkerCtl* w);  // ignores nullptr and repeats; InvalidArgument past kMax
-  bool empty() const { return n_ == 0; }
-  // Progresses each worker once; returns the events handled.
+  // Ignores nullptr and repeats; InvalidArgument past kMax. `standby`: a
+  // worker a message might come on, driven once every 64 rounds of a wait
+  // (and napped on) so that its progress does not tax the spin on the
+  // awaited word; added again without it, it is driven every round.
+  void add(WorkerCtl* w, bool standby = false);
+  bool empty() const { return every_round_ == 0; }  // no worker driven every round
+  // Progresses each worker driven every round once; returns the events handled.
   unsigned drive() {
     unsigned events = 0;
-    for (std::size_t i = 0; i < n_; ++i) events += workers_[i]->drive();
+    for (std::size_t i = 0; i < n_; ++i) {
+      if (!standby_[i]) events += workers_[i]->drive();
+    }
+    return events;
+  }
+  // Progresses each standby worker once.
+  unsigned drive_standby() {
+    unsigned events = 0;
+    for (std::size_t i = 0; i < n_ && every_round_ < n_; ++i) {
+      if (standby_[i]) events += workers_[i]->drive();
+    }
     return events;
   }
   // Sleeps up to `seconds`: on the workers' event fds (an event ends the nap
@@ -46,8 +60,9 @@ class Drivers {
   void nap(double seconds, bool precise = false);
 
  private:
-  std::size_t n_ = 0;
+  std::size_t n_ = 0, every_round_ = 0;
   WorkerCtl* workers_[kMax] = {};
+  bool standby_[kMax] = {};
   std::optional<WorkerCtl::Caller> callers_[kMax];  // optional: a Caller does not move
 };
 
@@ -97,6 +112,11 @@ WaitEnd wait_for(Drivers& drivers, Ready&& ready, Failed&& failed, std::chrono::
       if (ready()) return WaitEnd::kReady;
     }
     if (!napping && (++rounds & 63) != 0) continue;
+    if (drivers.drive_standby()) {
+      if (ready()) return WaitEnd::kReady;
+      if (policy.spin_from_events) spin_since = clock::now();
+      continue;
+    }
     if (failed()) return ready() ? WaitEnd::kReady : WaitEnd::kFailed;
     const auto now = clock::now();
     if (now >= deadline) return ready() ? WaitEnd::kReady : WaitEnd::kTimeout;

@@ -37,9 +37,10 @@ inline WorkerCtl* inbox_of(const DevicePort& dev, const std::atomic<int>& index)
 // whatever the transport); else `channel`'s worker when the peer's writes
 // need this side to progress (tcp: ChannelImpl::waiter_drives); without a
 // channel, `worker`. With inline progress and no inbox known yet, every data
-// worker of `dev` too: the peer may still send a message on any lane (GPU
-// tensors of a dynamic slot always travel as messages, and lanes may differ
-// in form), and no thread but this one would take it in.
+// worker of `dev` too, on standby (every 64th round): the peer may still send
+// a message on any lane (GPU tensors of a dynamic slot always travel as
+// messages, and lanes may differ in form), and no thread but this one would
+// take it in.
 // The spin is the channel's worker's spin_us (50 us when 0), restarted by each
 // event (the events are the awaited data arriving).
 inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, WorkerCtl* worker, const DevicePort& dev,
@@ -52,7 +53,7 @@ inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, Work
     for (int i = 0; i < static_cast<int>(Drivers::kMax); ++i) {
       WorkerCtl* any = dev.worker(i);
       if (!any) break;
-      drivers.add(any);
+      drivers.add(any, /*standby=*/true);
     }
   }
   // A channel's other worker's deferred notifications go now (w's go with each drive).
