@@ -42,6 +42,7 @@ nb::dict stats_dict(const SlotStats& s) {
   d["zero_copy"] = s.zero_copy;
   d["waits_for_ack"] = s.waits_for_ack;
   d["rejected"] = s.rejected;
+  d["doorbells"] = s.doorbells;
   return d;
 }
 

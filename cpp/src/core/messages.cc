@@ -33,7 +33,7 @@ DataHeader DataHeader::decode(ByteReader& r) {
   if (r.get<std::uint32_t>() != kDataMagic) throw InvalidArgument("data message with a bad magic");
   DataHeader h;
   const auto kind = r.get<std::uint8_t>();
-  if (kind < 1 || kind > static_cast<std::uint8_t>(MsgKind::kGetData)) {
+  if (kind < 1 || kind > static_cast<std::uint8_t>(MsgKind::kWake)) {
     throw InvalidArgument("data message of unknown kind " + std::to_string(kind));
   }
   h.kind = static_cast<MsgKind>(kind);

@@ -78,6 +78,12 @@ struct WaitPolicy {
   // callbacks, tcp data): naps may be long. Otherwise a peer writes a word
   // one-sidedly with no event, and each nap is added latency: watch_nap_s.
   bool evented = false;
+  // Called with true before the first nap (then ready() is checked once
+  // more; it may add the workers to nap on) and with false when a wait that
+  // napped ends: a static slot tells its sender to ring after setting the
+  // word (a doorbell message, which ends the nap on that worker's event fd).
+  void (*announce)(void* ctx, bool napping, Drivers* drivers) = nullptr;
+  void* announce_ctx = nullptr;
 };
 
 enum class WaitEnd { kReady, kFailed, kTimeout };
@@ -99,6 +105,13 @@ WaitEnd wait_for(Drivers& drivers, Ready&& ready, Failed&& failed, std::chrono::
   auto spin_since = start;
   unsigned rounds = 0;
   bool napping = false;
+  struct Announced {
+    const WaitPolicy& policy;
+    bool on = false;
+    ~Announced() {
+      if (on) policy.announce(policy.announce_ctx, false, nullptr);
+    }
+  } announced{policy};
   for (;;) {
     if (!drivers.empty()) {
       const unsigned events = drivers.drive();
@@ -125,6 +138,11 @@ WaitEnd wait_for(Drivers& drivers, Ready&& ready, Failed&& failed, std::chrono::
       continue;
     }
     napping = true;
+    if (policy.announce && !announced.on) {
+      policy.announce(policy.announce_ctx, true, &drivers);
+      announced.on = true;
+      if (ready()) return WaitEnd::kReady;  // set before the sender could see the announcement
+    }
     double nap = policy.evented ? 0.01 : watch_nap_s(std::chrono::duration<double>(now - start).count());
     const double left = std::chrono::duration<double>(deadline - now).count();
     drivers.nap(left < nap ? left : nap, !policy.evented);

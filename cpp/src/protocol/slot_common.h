@@ -69,10 +69,13 @@ inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, Work
 // failed (callers then raise the channel's failure).
 template <typename Ready>
 bool wait_until(ChannelImpl* channel, WorkerCtl* worker, Ready ready, double timeout_s, const DevicePort& dev,
-                const std::atomic<int>& inbox) {
+                const std::atomic<int>& inbox, void (*announce)(void*, bool, Drivers*) = nullptr,
+                void* announce_ctx = nullptr) {
   if (ready()) return true;
   Drivers drivers;
-  const WaitPolicy policy = prepare_slot_wait(drivers, channel, worker, dev, inbox);
+  WaitPolicy policy = prepare_slot_wait(drivers, channel, worker, dev, inbox);
+  policy.announce = announce;
+  policy.announce_ctx = announce_ctx;
   auto failed = [channel] { return channel && channel->failed(); };
   return wait_for(drivers, ready, failed, deadline_after(timeout_s), policy) == WaitEnd::kReady;
 }
