@@ -823,19 +823,24 @@ def test_release_reaches_sender_while_receiver_does_other_things(transport, form
 
 
 
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("progress", ["blocking", "inline"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_a_napping_receiver_is_rung_by_its_sender(transport, progress):
-    """A static slot's receiver that waited past its spin naps. In the one-sided
-    form over shared memory it first raises a flag in its sender's ack block,
-    and the sender, having set the sequence word, rings (a wake message that
-    ends the nap; stats()['doorbells']). Over tcp every tensor is a message,
-    which wakes it by itself: no doorbell. Contents intact either way."""
+def test_a_napping_receiver_is_rung_by_its_sender(transport, progress, kind):
+    """A slot's receiver that waited past its spin naps. In the one-sided form
+    over shared memory it first raises a flag in its sender's ack block, and
+    the sender, having set the sequence word, rings (a wake message that ends
+    the nap; stats()['doorbells']). Over tcp every tensor is a message, which
+    wakes it by itself: no doorbell. Contents intact either way."""
     with (start_slot_peer(transport, progress=progress) as peer,
           tw.Device(transport=transport, progress=progress) as dev):
         name = unique("rung")
-        op(peer, "static_slot", name=name, shape=[16], dtype="int32", depth=2)
-        sender = dev.connect(peer.address).static_sender(name)
+        if kind == "static":
+            op(peer, "static_slot", name=name, shape=[16], dtype="int32", depth=2)
+            sender = dev.connect(peer.address).static_sender(name)
+        else:
+            op(peer, "dynamic_slot", name=name)
+            sender = dev.connect(peer.address).dynamic_sender(name)
         for i in range(3):
             peer.send({"op": "recv", "name": name, "count": 1, "mode": "fill"})
             time.sleep(0.2)  # the receiver spun out and naps
@@ -843,7 +848,8 @@ def test_a_napping_receiver_is_rung_by_its_sender(transport, progress):
             got = peer.recv(30)
             assert "raised" not in got, got.get("message")
             assert got["values"] == [i]
-            sender.wait_consumed(i + 1, 10)
+            if kind == "static":
+                sender.wait_consumed(i + 1, 10)
         one_sided = transport == "shm" and not dev.connect(peer.address).form == "messages"
         assert sender.stats()["doorbells"] == (3 if one_sided else 0), sender.stats()
 

@@ -49,6 +49,10 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   }
   // For wait_any (SlotSource).
   bool wait_ready() const { return ready(); }
+  // The doorbell (contracts §10.3, §10.4): its flag is word 2 of the sender's
+  // ack block (sequence and status come first).
+  static constexpr std::size_t kNappingAt = 16;
+  Doorbell doorbell;
   ChannelImpl* channel() const { return link.channel_impl(); }
   std::string describe_wait() const { return "dynamic slot '" + name + "'"; }
 
@@ -59,6 +63,10 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
                   int worker_index) override {
     auto dev = device.lock();
     if (!dev) return;
+    if (h.kind == MsgKind::kWake) {  // a doorbell: its arrival ended the nap; it names the worker to nap on
+      if (link.is(from)) inbox.store(worker_index, std::memory_order_relaxed);
+      return;
+    }
     if (h.kind != MsgKind::kDynamicSend) {
       return dev.refuse_message("dynamic slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
     }
@@ -324,7 +332,8 @@ Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
   detail::ChannelImpl* ch = s.link.channel_impl();
-  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s, dev, s.inbox)) {
+  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s, dev, s.inbox,
+                          &detail::announce_nap<detail::DynamicSlotImpl>, &s)) {
     if (ch && ch->failed()) ch->check_usable();
     throw Timeout("dynamic slot '" + s.name + "': no tensor within " + std::to_string(timeout_s) + " s");
   }
@@ -470,6 +479,11 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
     Request body = s.channel.write(s.record_src.region(), 0, s.record, 0, record_bytes);
     *static_cast<std::uint64_t*>(s.seq_src.data()) = seq;
     Request flag = s.channel.write_ordered(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
+    // The word was set in place (shared memory): ring a receiver that naps.
+    if (flag.state() > 0 &&
+        detail::ring_if_napping(s.ack, detail::DynamicSlotImpl::kNappingAt, s.channel, s.slot_sink, seq)) {
+      ++s.stats.doorbells;
+    }
     posted = std::make_shared<std::pair<Request, Request>>(std::move(body), std::move(flag));
   }
   s.next_seq = seq + 1;

@@ -212,6 +212,79 @@ struct SinkRegistration {
   }
 };
 
+// The doorbell of a slot's one-sided form (contracts §10.3): a receiver about
+// to nap raises a flag in its sender's ack block, which it reaches as mapped
+// memory; the sender, after setting the slot's word in place, finds it raised
+// and sends a kWake message, whose arrival ends the nap on the worker's event
+// fd. Without it an idle receiver notices the word only when its nap ends
+// (up to 1 ms).
+struct Doorbell {
+  ChannelImpl* flag_for = nullptr;
+  std::uint64_t* flag = nullptr;
+  // The flag (the u64 at `offset` of the sender's ack block), or nullptr
+  // where there is none: messages form (every tensor is a message already),
+  // an ack block not mapped here (its writes are UCX puts), no sender.
+  // Looked up once per attached sender: not on the latency path.
+  std::uint64_t* flag_of(const SenderLink& link, const Block& local, std::size_t offset) {
+    ChannelImpl* ch = link.channel_impl();
+    if (ch == flag_for) return flag;
+    flag_for = ch;
+    flag = nullptr;
+    try {
+      if (ch && !ch->uses_messages() && link.ack.descriptor().length >= offset + 8) {
+        if (char* base = ch->direct_target(link.ack, local.region())) flag = reinterpret_cast<std::uint64_t*>(base + offset);
+      }
+    } catch (const Error&) {  // a failed sender: no doorbell, the wait fails on its own
+    }
+    return flag;
+  }
+};
+
+// WaitPolicy::announce of a slot's recv(): before the first nap the flag goes
+// up and the wait naps on the worker a doorbell arrives on (the one messages
+// came on, else every data worker, on standby); down when the wait ends.
+// Slot has link, ack_src, doorbell, kNappingAt, device and inbox.
+template <typename Slot>
+void announce_nap(void* ctx, bool napping, Drivers* drivers) {
+  auto* s = static_cast<Slot*>(ctx);
+  std::uint64_t* f = s->doorbell.flag_of(s->link, s->ack_src, Slot::kNappingAt);
+  if (!f) return;
+  if (napping && drivers) {
+    DevicePort dev = s->device.lock();
+    if (WorkerCtl* in = inbox_of(dev, s->inbox)) {
+      drivers->add(in, /*standby=*/true);
+    } else {
+      for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
+        drivers->add(dev.worker(i), /*standby=*/true);
+      }
+    }
+  }
+  // seq_cst: the recheck of the word after raising the flag, and the
+  // sender's load of the flag after setting the word, cannot both miss.
+  std::atomic_ref<std::uint64_t>(*f).store(napping ? 1 : 0, std::memory_order_seq_cst);
+}
+
+// The sender's side: after setting the slot's word `seq` in place (a plain
+// store), a kWake message to `sink` if the flag at `offset` of its own ack
+// block is raised. Returns whether it rang. Never throws: the tensor was
+// sent, and a dead receiver's failure surfaces on the next wait.
+inline bool ring_if_napping(const Block& ack, std::size_t offset, const Channel& channel, std::uint64_t sink,
+                            std::uint64_t seq) {
+  auto& napping = *reinterpret_cast<std::uint64_t*>(static_cast<char*>(ack.data()) + offset);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the word's store before this load
+  if (std::atomic_ref<std::uint64_t>(napping).load(std::memory_order_relaxed) == 0) return false;
+  DataHeader h;
+  h.kind = MsgKind::kWake;
+  h.target = sink;
+  h.a = seq;
+  try {
+    channel.impl()->send_message(h, std::string_view(), nullptr, 0, 0);  // completes on its own (contracts §2)
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // A sender's side of attaching to slot `call` ("tw.static/name") over
 // `channel`: its ack block (exported to the slot in the call) and its message
 // sink, then the call. Returns the slot's description. Sender has channel,

@@ -170,53 +170,9 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
 
   ChannelImpl* channel() const { return link.channel_impl(); }
 
-  // The doorbell (one-sided form over shared memory, contracts §10.1): a
-  // receiver about to nap sets word 1 of its sender's ack block, which it
-  // reaches as mapped memory; the sender, after setting a sequence word in
-  // place, finds it set and sends a kWake message, whose arrival ends the
-  // nap on the worker's event fd. Without it an idle receiver notices the
-  // word only when its nap ends (up to 1 ms). The flag's address, or nullptr
-  // where there is none: messages form (every tensor is a message already),
-  // an ack block not mapped here (its writes are UCX puts).
-  std::uint64_t* doorbell_flag() {
-    ChannelImpl* ch = link.channel_impl();
-    if (ch != flag_for) {  // once per attached sender: not on the latency path
-      flag_for = ch;
-      flag = nullptr;
-      try {
-        if (ch && !ch->uses_messages() && link.ack.descriptor().length >= 16) {
-          if (char* base = ch->direct_target(link.ack, ack_src.region())) {
-            flag = reinterpret_cast<std::uint64_t*>(base + 8);
-          }
-        }
-      } catch (const Error&) {  // a failed sender: no doorbell, the wait fails on its own
-      }
-    }
-    return flag;
-  }
-  // WaitPolicy::announce of recv(): before the first nap, the flag goes up
-  // and the wait naps on the worker a doorbell arrives on (the one messages
-  // came on, else every data worker, driven on standby); down when it ends.
-  static void announce(void* ctx, bool napping, Drivers* drivers) {
-    auto* s = static_cast<StaticSlotImpl*>(ctx);
-    std::uint64_t* f = s->doorbell_flag();
-    if (!f) return;
-    if (napping && drivers) {
-      DevicePort dev = s->device.lock();
-      if (WorkerCtl* in = inbox_of(dev, s->inbox)) {
-        drivers->add(in, /*standby=*/true);
-      } else {
-        for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
-          drivers->add(dev.worker(i), /*standby=*/true);
-        }
-      }
-    }
-    // seq_cst: the recheck of the sequence word after raising it, and the
-    // sender's load of it after setting the word, cannot both miss.
-    std::atomic_ref<std::uint64_t>(*f).store(napping ? 1 : 0, std::memory_order_seq_cst);
-  }
-  ChannelImpl* flag_for = nullptr;
-  std::uint64_t* flag = nullptr;
+  // The doorbell (contracts §10.3): its flag is word 1 of the sender's ack block.
+  static constexpr std::size_t kNappingAt = 8;
+  Doorbell doorbell;
 
   // For wait_any (SlotSource): a full slot is ready too, so that recv() says why at once.
   bool wait_ready() const { return received - consumed >= static_cast<std::uint64_t>(depth) || ready_next(); }
@@ -287,23 +243,6 @@ class StaticSenderImpl : public MessageSink {
   SlotStats stats;
 
   std::uint64_t acked() const { return load_acquire(ack.data()); }
-  // The doorbell (StaticSlotImpl::doorbell_flag): after setting sequence
-  // word `seq` in place, a kWake message if the receiver said it naps.
-  void ring_if_napping(std::uint64_t seq) {
-    auto& napping = *(static_cast<std::uint64_t*>(ack.data()) + 1);
-    // The word's plain store before this load (StaticSlotImpl::announce).
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (std::atomic_ref<std::uint64_t>(napping).load(std::memory_order_relaxed) == 0) return;
-    DataHeader h;
-    h.kind = MsgKind::kWake;
-    h.target = slot_sink;
-    h.a = seq;
-    try {
-      channel.impl()->send_message(h, std::string_view(), nullptr, 0, 0);  // completes on its own (contracts §2)
-      ++stats.doorbells;
-    } catch (const Error&) {  // the tensor was sent; a dead receiver's failure surfaces on the next wait
-    }
-  }
   void check_spec(const TensorSpec& given) const;  // InvalidArgument unless it is the slot's
   // One tensor from local[offset..]: StaticSender::send without its accounting of the source.
   Request send(const LocalRegion& local, std::size_t offset, const TensorSpec& given, double timeout_s);
@@ -342,7 +281,7 @@ int StaticSlot::recv(double timeout_s) {
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
   if (!detail::wait_until(s.channel(), worker, [&] { return s.ready_next(); }, timeout_s, dev, s.inbox,
-                          &detail::StaticSlotImpl::announce, &s)) {
+                          &detail::announce_nap<detail::StaticSlotImpl>, &s)) {
     if (s.channel() && s.channel()->failed()) s.channel()->check_usable();
     throw Timeout("static slot '" + s.name + "': no tensor (sequence " + std::to_string(s.first_seq + s.received) +
                   ") within " + std::to_string(timeout_s) + " s");
@@ -528,7 +467,10 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
   *word = seq;
   // The payload lands before the sequence word.
   Request flag = s.channel.write_ordered(s.seq_src.region(), idx * 8, s.words, s.seq_at + idx * s.seq_stride, 8);
-  if (flag.state() > 0) s.ring_if_napping(seq);  // the word was set in place (shared memory)
+  // The word was set in place (shared memory): ring a receiver that naps.
+  if (flag.state() > 0 && detail::ring_if_napping(s.ack, detail::StaticSlotImpl::kNappingAt, s.channel, s.slot_sink, seq)) {
+    ++s.stats.doorbells;
+  }
   s.next_seq = seq + 1;
   ++s.stats.sent;
   s.stats.bytes += n;
