@@ -104,6 +104,7 @@ struct SenderLink {
   std::uint64_t sender_id = 0;
   std::uint64_t sender_sink = 0;  // the sender's message sink (acks in the message form)
   std::atomic<bool> attached{false};
+  std::uint64_t generation = 0;  // attaches so far (under mu)
 
   // Returns true when this attach replaces a sender that failed.
   bool attach(const std::shared_ptr<Peer>& caller, const std::string& payload, std::size_t min_ack,
@@ -128,6 +129,7 @@ struct SenderLink {
     channel = ch;
     sender_id = caller->hello.device_id;
     sender_sink = sink;
+    ++generation;
     attached = true;
     return replaces;
   }
@@ -219,20 +221,23 @@ struct SinkRegistration {
 // fd. Without it an idle receiver notices the word only when its nap ends
 // (up to 1 ms).
 struct Doorbell {
-  ChannelImpl* flag_for = nullptr;
+  std::uint64_t generation = 0;  // the link's attach it was looked up for (0: none yet)
+  RemoteRegion held;             // that sender's ack block: keeps its mapping alive
   std::uint64_t* flag = nullptr;
   // The flag (the u64 at `offset` of the sender's ack block), or nullptr
   // where there is none: messages form (every tensor is a message already),
   // an ack block not mapped here (its writes are UCX puts), no sender.
-  // Looked up once per attached sender: not on the latency path.
-  std::uint64_t* flag_of(const SenderLink& link, const Block& local, std::size_t offset) {
-    ChannelImpl* ch = link.channel_impl();
-    if (ch == flag_for) return flag;
-    flag_for = ch;
+  // Looked up once per attached sender, at a wait's first nap.
+  std::uint64_t* flag_of(SenderLink& link, const Block& local, std::size_t offset) {
+    std::lock_guard<std::mutex> lock(link.mu);  // a new sender may be attaching
+    if (link.generation == generation) return flag;
+    generation = link.generation;
+    held = link.ack;
     flag = nullptr;
+    ChannelImpl* ch = link.attached ? link.channel.impl() : nullptr;
     try {
-      if (ch && !ch->uses_messages() && link.ack.descriptor().length >= offset + 8) {
-        if (char* base = ch->direct_target(link.ack, local.region())) flag = reinterpret_cast<std::uint64_t*>(base + offset);
+      if (ch && !ch->uses_messages() && held.descriptor().length >= offset + 8) {
+        if (char* base = ch->direct_target(held, local.region())) flag = reinterpret_cast<std::uint64_t*>(base + offset);
       }
     } catch (const Error&) {  // a failed sender: no doorbell, the wait fails on its own
     }
