@@ -237,7 +237,8 @@ struct Doorbell {
     ChannelImpl* ch = link.attached ? link.channel.impl() : nullptr;
     try {
       if (ch && !ch->uses_messages() && held.descriptor().length >= offset + 8) {
-        if (char* base = ch->direct_target(held, local.region())) flag = reinterpret_cast<std::uint64_t*>(base + offset);
+        char* base = ch->direct_target(held, local.region());
+        if (base) flag = reinterpret_cast<std::uint64_t*>(base + offset);
       }
     } catch (const Error&) {  // a failed sender: no doorbell, the wait fails on its own
     }

@@ -468,7 +468,8 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
   // The payload lands before the sequence word.
   Request flag = s.channel.write_ordered(s.seq_src.region(), idx * 8, s.words, s.seq_at + idx * s.seq_stride, 8);
   // The word was set in place (shared memory): ring a receiver that naps.
-  if (flag.state() > 0 && detail::ring_if_napping(s.ack, detail::StaticSlotImpl::kNappingAt, s.channel, s.slot_sink, seq)) {
+  if (flag.state() > 0 &&
+      detail::ring_if_napping(s.ack, detail::StaticSlotImpl::kNappingAt, s.channel, s.slot_sink, seq)) {
     ++s.stats.doorbells;
   }
   s.next_seq = seq + 1;
