@@ -854,6 +854,28 @@ def test_a_napping_receiver_is_rung_by_its_sender(transport, progress, kind):
         assert sender.stats()["doorbells"] == (3 if one_sided else 0), sender.stats()
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_dynamic_sender_napping_on_its_ack_is_rung(transport):
+    """A dynamic send completes on the receiver's ack. A sender whose wait for
+    it outgrew short naps raises a flag next to the record's sequence word;
+    the receiver, having written the ack in place, rings it (the slot's
+    stats()['doorbells']). Over tcp the ack is a message: no doorbell."""
+    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as dev:
+        name = unique("ackrung")
+        slot = dev.dynamic_slot(name)
+        op(peer, "connect", address=dev.address)
+        op(peer, "sender", kind="dynamic", name=name)
+        for i in range(3):
+            peer.send({"op": "send", "name": name, "shape": [16], "dtype": "int32", "start": i, "count": 1})
+            time.sleep(0.2)  # the sender's wait for the ack naps meanwhile
+            block = slot.recv(10)
+            assert np.asarray(block).tolist() == [i] * 16
+            got = peer.recv(30)
+            assert "raised" not in got and got["sent"] == 1, got
+        one_sided = transport == "shm" and dev.connect(peer.address).form != "messages"
+        assert slot.stats()["doorbells"] == (3 if one_sided else 0), slot.stats()
+
+
 @pytest.mark.parametrize("progress", ["blocking", "inline"])
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("forms", ["rma,messages", "messages,rma"])

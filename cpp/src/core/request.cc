@@ -89,6 +89,8 @@ void RequestState::wait(double timeout_s) {
     // Completion comes with an event, except for a polled word written
     // one-sidedly (no event over shared memory).
     policy.evented = !(poller && !poller_evented);
+    policy.announce = announce;
+    policy.announce_ctx = announce_ctx;
     wait_for(
         drivers, [&] { return finished() || (poller && poller()); }, [] { return false; }, deadline, policy);
   }

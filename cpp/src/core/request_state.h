@@ -20,6 +20,7 @@
 namespace tensorwire::detail {
 
 class WorkerCtl;
+class Drivers;
 
 // Owners of memory and rkeys must not be released inside a UCX callback (a
 // slab's ucp_mem_unmap, an rkey's ucp_rkey_destroy would re-enter UCX). Such
@@ -69,6 +70,10 @@ class RequestState {
   // fd. Otherwise it watches a word a peer writes one-sidedly (shared
   // memory raises no event) and naps briefly instead.
   bool poller_evented = false;
+  // For a polled word: WaitPolicy::announce of wait() (core/waiter.h), so
+  // that the peer rings when it writes the word (a dynamic send's ack).
+  void (*announce)(void* ctx, bool napping, Drivers* drivers) = nullptr;
+  void* announce_ctx = nullptr;
   // Whether the bytes come *to* this side (a read): then the waiter's events
   // are the data arriving, and it spins for spin_us after each one rather
   // than from the start of the wait. A waiter that naps between the arrivals

@@ -78,7 +78,7 @@ struct WaitPolicy {
   // callbacks, tcp data): naps may be long. Otherwise a peer writes a word
   // one-sidedly with no event, and each nap is added latency: watch_nap_s.
   bool evented = false;
-  // Called with true before the first nap (then ready() is checked once
+  // Called with true before the first nap of kRingFromNap or more (then ready() is checked once
   // more; it may add the workers to nap on) and with false when a wait that
   // napped ends: a static slot tells its sender to ring after setting the
   // word (a doorbell message, which ends the nap on that worker's event fd).
@@ -87,6 +87,10 @@ struct WaitPolicy {
 };
 
 enum class WaitEnd { kReady, kFailed, kTimeout };
+
+// The shortest watch nap for which a wait asks its peer to ring
+// (WaitPolicy::announce): from about 800 us of waiting on.
+constexpr double kRingFromNap = 50e-6;
 
 inline std::chrono::steady_clock::time_point deadline_after(double timeout_s) {
   using clock = std::chrono::steady_clock;
@@ -138,12 +142,14 @@ WaitEnd wait_for(Drivers& drivers, Ready&& ready, Failed&& failed, std::chrono::
       continue;
     }
     napping = true;
-    if (policy.announce && !announced.on) {
+    double nap = policy.evented ? 0.01 : watch_nap_s(std::chrono::duration<double>(now - start).count());
+    // Ask to be rung once naps outgrow a wake-up: shorter ones end about as
+    // soon as a wake message would (bench/results/idle_receiver.txt).
+    if (policy.announce && !announced.on && nap >= kRingFromNap) {
       policy.announce(policy.announce_ctx, true, &drivers);
       announced.on = true;
-      if (ready()) return WaitEnd::kReady;  // set before the sender could see the announcement
+      if (ready()) return WaitEnd::kReady;  // set before the peer could see the announcement
     }
-    double nap = policy.evented ? 0.01 : watch_nap_s(std::chrono::duration<double>(now - start).count());
     const double left = std::chrono::duration<double>(deadline - now).count();
     drivers.nap(left < nap ? left : nap, !policy.evented);
   }

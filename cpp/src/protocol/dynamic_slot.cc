@@ -151,6 +151,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     if (!dev) throw ConnectionError("device is closed");
     link.attach(caller, payload, 16, "dynamic slot '" + name + "'");
     store_release(const_cast<char*>(base()) + record_size - 64, 0);  // a record left by anyone else
+    store_release(const_cast<char*>(base()) + record_size - 56, 0);  // and a failed sender's napping flag
     if (arrival_ready.load()) {  // likewise a message-form tensor the failed sender left
       std::lock_guard<std::mutex> lock(arrival_mu);
       arrival = Arrival();
@@ -181,8 +182,19 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     LocalRegion src = ack_src.region();
     Request a = link.channel.write(src, 8, link.ack, 8, 8);
     Request b = link.channel.write_ordered(src, 0, link.ack, 0, 8);
+    const bool in_place = b.state() > 0;
     a.wait(10.0);
     b.wait(10.0);
+    // The ack's doorbell (§10.4): the sender said it naps on its request.
+    auto* napping = reinterpret_cast<std::uint64_t*>(const_cast<char*>(base()) + record_size - 56);
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // the ack's store before this load
+    if (in_place && std::atomic_ref<std::uint64_t>(*napping).load(std::memory_order_relaxed) != 0) {
+      try {
+        link.notify(MsgKind::kWake, seq, 0);
+        ++stats.doorbells;
+      } catch (const Error&) {  // the ack is written; a dead sender's failure shows elsewhere
+      }
+    }
   }
 
   // Consumes the record that is ready: returns the data, or throws.
@@ -265,6 +277,7 @@ class DynamicSenderImpl : public MessageSink {
   // The receiver's ack in the message form: status, then the sequence.
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
                   int worker_index) override {
+    if (h.kind == MsgKind::kWake && from == channel.impl()->peer) return;  // a doorbell: its arrival ended the nap
     if (h.kind != MsgKind::kDynamicAck || from != channel.impl()->peer) {
       if (auto dev = DevicePort(*from)) dev.refuse_message("dynamic sender: a message it did not expect");
       return;
@@ -289,6 +302,23 @@ class DynamicSenderImpl : public MessageSink {
   std::map<std::tuple<std::uintptr_t, std::size_t, std::string>, std::string> exported;
   std::uint64_t acked() const { return load_acquire(ack.data()); }
   std::uint64_t status() const { return load_acquire(static_cast<const char*>(ack.data()) + 8); }
+  // The ack's doorbell (contracts §10.4): the sender's napping flag, the u64
+  // after the record's sequence word, which it reaches as mapped memory
+  // (nullptr: messages form, or not mapped here).
+  std::uint64_t* napping_at_receiver = nullptr;
+  // WaitPolicy::announce of a send's request: the flag up before the first
+  // nap (the wake comes to this device's worker for its lane 0 back), down
+  // when the wait ends.
+  static void announce(void* ctx, bool napping, Drivers* drivers) {
+    auto* s = static_cast<DynamicSenderImpl*>(ctx);
+    if (napping && drivers) {
+      DevicePort dev(*s->channel.impl()->peer);
+      for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
+        drivers->add(dev.worker(i), /*standby=*/true);
+      }
+    }
+    std::atomic_ref<std::uint64_t>(*s->napping_at_receiver).store(napping ? 1 : 0, std::memory_order_seq_cst);
+  }
   std::size_t check_spec(const TensorSpec& spec) const;  // its nbytes; InvalidArgument past the slot's bounds
   // One tensor from local[offset..]: DynamicSender::send without its accounting of the source.
   Request send(const std::shared_ptr<DynamicSenderImpl>& self, const LocalRegion& local, std::size_t offset,
@@ -381,6 +411,11 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   detail::DevicePort dev = detail::open_port(channel);
   s.record_src = dev.pool().allocate(s.record_size, 64);
   s.seq_src = dev.pool().allocate(64, 64);
+  if (!channel.impl()->uses_messages()) {
+    if (char* base = channel.impl()->direct_target(s.record, s.record_src.region())) {
+      s.napping_at_receiver = reinterpret_cast<std::uint64_t*>(base + s.record_size - 56);
+    }
+  }
 }
 
 DynamicSender::~DynamicSender() = default;
@@ -493,6 +528,10 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   auto impl = self;
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
   state->local_owner = local.owner;
+  if (!messages && s.napping_at_receiver) {  // the ack is a one-sided write: ask to be rung
+    state->announce = &DynamicSenderImpl::announce;
+    state->announce_ctx = impl.get();  // alive: the poller holds it
+  }
   state->poller = [posted, impl, seq, state]() {
     // state(), not test(): the waiter (or the progress thread) progresses.
     for (Request* r : {&posted->first, &posted->second}) {
