@@ -855,6 +855,28 @@ def test_a_napping_receiver_is_rung_by_its_sender(transport, progress, kind):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_static_sender_napping_on_a_release_is_rung(transport):
+    """A static sender that waits for the receiver to release a buffer (a full
+    slot) raises a flag next to the receiver's sequence word 0 once its naps
+    grow; the receiver, having written the release in place, rings it (the
+    slot's stats()['doorbells']). Over tcp a release is a message: no doorbell."""
+    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as dev:
+        name = unique("relrung")
+        op(peer, "static_slot", name=name, shape=[16], dtype="int32", depth=1)
+        sender = dev.connect(peer.address).static_sender(name)
+        peer.send({"op": "recv", "name": name, "count": 3, "mode": "fill", "sleep": 0.2})
+        for i in range(3):  # depth 1: sends 2 and 3 wait for a release held 0.2 s
+            sender.send(np.full(16, i, np.int32)).wait(10)
+        sender.wait_consumed(3, 10)  # and so does the last release
+        got = peer.recv(30)
+        assert "raised" not in got, got.get("message")
+        assert got["values"] == [0, 1, 2]
+        one_sided = transport == "shm" and dev.connect(peer.address).form != "messages"
+        stats = op(peer, "stats", name=name)["stats"]
+        assert stats["doorbells"] == (3 if one_sided else 0), stats
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_dynamic_sender_napping_on_its_ack_is_rung(transport):
     """A dynamic send completes on the receiver's ack. A sender whose wait for
     it outgrew short naps raises a flag next to the record's sequence word;

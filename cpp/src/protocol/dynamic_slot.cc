@@ -186,15 +186,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     a.wait(10.0);
     b.wait(10.0);
     // The ack's doorbell (§10.4): the sender said it naps on its request.
-    auto* napping = reinterpret_cast<std::uint64_t*>(const_cast<char*>(base()) + record_size - 56);
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // the ack's store before this load
-    if (in_place && std::atomic_ref<std::uint64_t>(*napping).load(std::memory_order_relaxed) != 0) {
-      try {
-        link.notify(MsgKind::kWake, seq, 0);
-        ++stats.doorbells;
-      } catch (const Error&) {  // the ack is written; a dead sender's failure shows elsewhere
-      }
-    }
+    if (in_place && ring_sender_if_napping(link, base() + record_size - 56, seq)) ++stats.doorbells;
   }
 
   // Consumes the record that is ready: returns the data, or throws.
@@ -306,19 +298,6 @@ class DynamicSenderImpl : public MessageSink {
   // after the record's sequence word, which it reaches as mapped memory
   // (nullptr: messages form, or not mapped here).
   std::uint64_t* napping_at_receiver = nullptr;
-  // WaitPolicy::announce of a send's request: the flag up before the first
-  // nap (the wake comes to this device's worker for its lane 0 back), down
-  // when the wait ends.
-  static void announce(void* ctx, bool napping, Drivers* drivers) {
-    auto* s = static_cast<DynamicSenderImpl*>(ctx);
-    if (napping && drivers) {
-      DevicePort dev(*s->channel.impl()->peer);
-      for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
-        drivers->add(dev.worker(i), /*standby=*/true);
-      }
-    }
-    std::atomic_ref<std::uint64_t>(*s->napping_at_receiver).store(napping ? 1 : 0, std::memory_order_seq_cst);
-  }
   std::size_t check_spec(const TensorSpec& spec) const;  // its nbytes; InvalidArgument past the slot's bounds
   // One tensor from local[offset..]: DynamicSender::send without its accounting of the source.
   Request send(const std::shared_ptr<DynamicSenderImpl>& self, const LocalRegion& local, std::size_t offset,
@@ -529,7 +508,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
   state->local_owner = local.owner;
   if (!messages && s.napping_at_receiver) {  // the ack is a one-sided write: ask to be rung
-    state->announce = &DynamicSenderImpl::announce;
+    state->announce = &announce_sender_nap<DynamicSenderImpl>;
     state->announce_ctx = impl.get();  // alive: the poller holds it
   }
   state->poller = [posted, impl, seq, state]() {

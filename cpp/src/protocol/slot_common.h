@@ -270,6 +270,39 @@ void announce_nap(void* ctx, bool napping, Drivers* drivers) {
   std::atomic_ref<std::uint64_t>(*f).store(napping ? 1 : 0, std::memory_order_seq_cst);
 }
 
+// WaitPolicy::announce of a sender's wait for its receiver's word (a static
+// sender's release, a dynamic send's ack), the other direction of the
+// doorbell: the flag the sender reaches in the receiver's memory
+// (Sender::napping_at_receiver) goes up before the first long nap, and the
+// wait naps on every data worker (the wake comes to the worker of its lane 0
+// back), down when it ends.
+template <typename Sender>
+void announce_sender_nap(void* ctx, bool napping, Drivers* drivers) {
+  auto* s = static_cast<Sender*>(ctx);
+  if (napping && drivers) {
+    DevicePort dev(*s->channel.impl()->peer);
+    for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
+      drivers->add(dev.worker(i), /*standby=*/true);
+    }
+  }
+  std::atomic_ref<std::uint64_t>(*s->napping_at_receiver).store(napping ? 1 : 0, std::memory_order_seq_cst);
+}
+
+// The receiver's side of it: after writing the release or ack in place, a
+// kWake message to the sender if the flag at `napping` (its own memory) is
+// raised. Returns whether it rang; never throws (the ack is written).
+inline bool ring_sender_if_napping(SenderLink& link, const void* napping, std::uint64_t seq) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // the ack's store before this load
+  auto& flag = *static_cast<std::uint64_t*>(const_cast<void*>(napping));
+  if (std::atomic_ref<std::uint64_t>(flag).load(std::memory_order_relaxed) == 0) return false;
+  try {
+    link.notify(MsgKind::kWake, seq, 0);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 // The sender's side: after setting the slot's word `seq` in place (a plain
 // store), a kWake message to `sink` if the flag at `offset` of its own ack
 // block is raised. Returns whether it rang. Never throws: the tensor was

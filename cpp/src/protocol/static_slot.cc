@@ -100,6 +100,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     // Forget what anyone but this sender (a failed one, a peer that wrote
     // without attaching) left in buffers not yet received; held ones stay.
     for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
+    store_release(sender_napping(), 0);  // and a failed sender's napping flag
     arrived = got;  // the message form continues from the next tensor too
     ByteWriter w;
     w.put_raw(encode_spec(spec));
@@ -161,6 +162,9 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
   volatile void* seq_word(std::size_t i) const {
     return static_cast<char*>(layout.separate ? words.data() : block.data()) + layout.seq_offset(i);
   }
+  // The release's doorbell (§10.3): the sender's napping flag, the u64 after
+  // sequence word 0 (in its 64-byte line in both layouts).
+  void* sender_napping() const { return const_cast<char*>(static_cast<volatile char*>(seq_word(0))) + 8; }
 
   bool ready_next() const {
     if (!link.attached) return false;  // only the attached sender's tensors count
@@ -216,6 +220,7 @@ class StaticSenderImpl : public MessageSink {
   // The receiver's release in the message form.
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
                   int worker_index) override {
+    if (h.kind == MsgKind::kWake && from == channel.impl()->peer) return;  // a doorbell: its arrival ended the nap
     if (h.kind != MsgKind::kStaticRelease || from != channel.impl()->peer) {
       if (auto dev = DevicePort(*from)) dev.refuse_message("static sender: a message it did not expect");
       return;
@@ -243,6 +248,14 @@ class StaticSenderImpl : public MessageSink {
   SlotStats stats;
 
   std::uint64_t acked() const { return load_acquire(ack.data()); }
+  // The release's doorbell (contracts §10.3): the flag after the receiver's
+  // sequence word 0, which it reaches as mapped memory (nullptr: messages
+  // form, or not mapped here).
+  std::uint64_t* napping_at_receiver = nullptr;
+  // announce_sender_nap for this sender's waits for a release, when it has the flag.
+  void (*announce_of() const)(void*, bool, Drivers*) {
+    return napping_at_receiver ? &announce_sender_nap<StaticSenderImpl> : nullptr;
+  }
   void check_spec(const TensorSpec& given) const;  // InvalidArgument unless it is the slot's
   // One tensor from local[offset..]: StaticSender::send without its accounting of the source.
   Request send(const LocalRegion& local, std::size_t offset, const TensorSpec& given, double timeout_s);
@@ -344,6 +357,10 @@ void StaticSlot::release() {
   s.ack_pending[word].wait(10.0);  // the write that last used this source word
   std::memcpy(static_cast<char*>(s.ack_src.data()) + 8 * word, &last, 8);
   s.ack_pending[word] = s.link.channel.write(s.ack_src.region(), 8 * word, s.link.ack, 0, 8);
+  // The release's doorbell (§10.3): the sender said it naps, waiting for it.
+  if (s.ack_pending[word].state() > 0 && detail::ring_sender_if_napping(s.link, s.sender_napping(), last)) {
+    ++s.stats.doorbells;
+  }
 }
 
 void* StaticSlot::buffer(int index) const {
@@ -397,6 +414,11 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   }
   detail::store_release(s.ack.data(), released);
   s.seq_src = detail::open_port(channel).pool().allocate(8 * s.depth, 64);
+  if (!channel.impl()->uses_messages() && s.words.length() >= s.seq_at + 16) {
+    if (char* base = channel.impl()->direct_target(s.words, s.seq_src.region())) {
+      s.napping_at_receiver = reinterpret_cast<std::uint64_t*>(base + s.seq_at + 8);
+    }
+  }
 }
 
 StaticSender::~StaticSender() = default;
@@ -440,7 +462,7 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
       ++s.stats.waits_for_ack;
       DevicePort dev(*s.channel.impl()->peer);
       if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s,
-                              dev, s.inbox)) {
+                              dev, s.inbox, s.announce_of(), &s)) {
         s.channel.impl()->check_usable();
         throw Timeout("static slot: the receiver has not released tensor " + std::to_string(need) + " within " +
                       std::to_string(timeout_s) + " s; nothing of this tensor was sent");
@@ -504,7 +526,7 @@ void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
   auto& s = *impl_;
   detail::DevicePort dev(*s.channel.impl()->peer);
   if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s,
-                          dev, s.inbox)) {
+                          dev, s.inbox, s.announce_of(), &s)) {
     s.channel.impl()->check_usable();
     throw Timeout("the receiver has not released tensor " + std::to_string(seq) + " within " +
                   std::to_string(timeout_s) + " s");
