@@ -40,7 +40,7 @@ enum class MsgKind : std::uint8_t {
   kPutDone = 6,        // target: op id; b = status
   kGet = 7,            // target: op id to answer; a = address; b = length
   kGetData = 8,        // target: op id; b = status; payload = bytes
-  kWake = 9,           // target: static slot; a = sequence just set: its receiver napped (a doorbell)
+  kWake = 9,           // target: slot or sender; a = sequence just set, released or acked: the peer napped (a doorbell)
 };
 
 // Status of a put or get, in its reply.

@@ -48,7 +48,8 @@ class Drivers {
   // Progresses each standby worker once.
   unsigned drive_standby() {
     unsigned events = 0;
-    for (std::size_t i = 0; i < n_ && every_round_ < n_; ++i) {
+    if (every_round_ == n_) return events;  // none
+    for (std::size_t i = 0; i < n_; ++i) {
       if (standby_[i]) events += workers_[i]->drive();
     }
     return events;

@@ -186,7 +186,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     a.wait(10.0);
     b.wait(10.0);
     // The ack's doorbell (§10.4): the sender said it naps on its request.
-    if (in_place && ring_sender_if_napping(link, base() + record_size - 56, seq)) ++stats.doorbells;
+    if (in_place && ring_if_napping(base() + record_size - 56, link.channel, link.sender_sink, seq)) ++stats.doorbells;
   }
 
   // Consumes the record that is ready: returns the data, or throws.
@@ -495,7 +495,8 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
     Request flag = s.channel.write_ordered(s.seq_src.region(), 0, s.record, s.record_size - 64, 8);
     // The word was set in place (shared memory): ring a receiver that naps.
     if (flag.state() > 0 &&
-        detail::ring_if_napping(s.ack, detail::DynamicSlotImpl::kNappingAt, s.channel, s.slot_sink, seq)) {
+        detail::ring_if_napping(static_cast<char*>(s.ack.data()) + detail::DynamicSlotImpl::kNappingAt, s.channel,
+                                s.slot_sink, seq)) {
       ++s.stats.doorbells;
     }
     posted = std::make_shared<std::pair<Request, Request>>(std::move(body), std::move(flag));
@@ -507,7 +508,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   auto impl = self;
   auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
   state->local_owner = local.owner;
-  if (!messages && s.napping_at_receiver) {  // the ack is a one-sided write: ask to be rung
+  if (!messages) {  // the ack is a one-sided write: ask to be rung
     state->announce = &announce_sender_nap<DynamicSenderImpl>;
     state->announce_ctx = impl.get();  // alive: the poller holds it
   }

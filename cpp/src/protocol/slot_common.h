@@ -32,6 +32,14 @@ inline WorkerCtl* inbox_of(const DevicePort& dev, const std::atomic<int>& index)
   return dev ? dev.worker(index.load(std::memory_order_relaxed)) : nullptr;
 }
 
+// Every data worker of `dev` into a wait, on standby (core/waiter.h): for a
+// message that may come on any of them.
+inline void add_every_worker_on_standby(Drivers& drivers, const DevicePort& dev) {
+  for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
+    drivers.add(dev.worker(i), /*standby=*/true);
+  }
+}
+
 // What a wait on a slot's word drives (core/waiter.h): the worker the peer's
 // messages arrive on (the sink's `inbox`, once known: message form, driven
 // whatever the transport); else `channel`'s worker when the peer's writes
@@ -49,13 +57,7 @@ inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, Work
   WorkerCtl* w = known ? known : channel ? (channel->waiter_drives() ? channel->worker.get() : nullptr) : worker;
   drivers.add(w);
   WorkerCtl* mode_of = channel ? channel->worker.get() : worker;
-  if (!known && dev && mode_of && mode_of->mode() == ProgressMode::kInline) {
-    for (int i = 0; i < static_cast<int>(Drivers::kMax); ++i) {
-      WorkerCtl* any = dev.worker(i);
-      if (!any) break;
-      drivers.add(any, /*standby=*/true);
-    }
-  }
+  if (!known && mode_of && mode_of->mode() == ProgressMode::kInline) add_every_worker_on_standby(drivers, dev);
   // A channel's other worker's deferred notifications go now (w's go with each drive).
   if (channel && channel->worker.get() != w) channel->worker->flush_deferred();
   WorkerCtl* spin_of = channel ? channel->worker.get() : worker;
@@ -260,9 +262,7 @@ void announce_nap(void* ctx, bool napping, Drivers* drivers) {
     if (WorkerCtl* in = inbox_of(dev, s->inbox)) {
       drivers->add(in, /*standby=*/true);
     } else {
-      for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
-        drivers->add(dev.worker(i), /*standby=*/true);
-      }
+      add_every_worker_on_standby(*drivers, dev);
     }
   }
   // seq_cst: the recheck of the word after raising the flag, and the
@@ -275,42 +275,23 @@ void announce_nap(void* ctx, bool napping, Drivers* drivers) {
 // doorbell: the flag the sender reaches in the receiver's memory
 // (Sender::napping_at_receiver) goes up before the first long nap, and the
 // wait naps on every data worker (the wake comes to the worker of its lane 0
-// back), down when it ends.
+// back), down when it ends. Nothing where the sender has no such flag.
 template <typename Sender>
 void announce_sender_nap(void* ctx, bool napping, Drivers* drivers) {
   auto* s = static_cast<Sender*>(ctx);
-  if (napping && drivers) {
-    DevicePort dev(*s->channel.impl()->peer);
-    for (int i = 0; dev && i < static_cast<int>(Drivers::kMax) && dev.worker(i); ++i) {
-      drivers->add(dev.worker(i), /*standby=*/true);
-    }
-  }
+  if (!s->napping_at_receiver) return;
+  if (napping && drivers) add_every_worker_on_standby(*drivers, DevicePort(*s->channel.impl()->peer));
   std::atomic_ref<std::uint64_t>(*s->napping_at_receiver).store(napping ? 1 : 0, std::memory_order_seq_cst);
 }
 
-// The receiver's side of it: after writing the release or ack in place, a
-// kWake message to the sender if the flag at `napping` (its own memory) is
-// raised. Returns whether it rang; never throws (the ack is written).
-inline bool ring_sender_if_napping(SenderLink& link, const void* napping, std::uint64_t seq) {
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // the ack's store before this load
-  auto& flag = *static_cast<std::uint64_t*>(const_cast<void*>(napping));
-  if (std::atomic_ref<std::uint64_t>(flag).load(std::memory_order_relaxed) == 0) return false;
-  try {
-    link.notify(MsgKind::kWake, seq, 0);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
-// The sender's side: after setting the slot's word `seq` in place (a plain
-// store), a kWake message to `sink` if the flag at `offset` of its own ack
-// block is raised. Returns whether it rang. Never throws: the tensor was
-// sent, and a dead receiver's failure surfaces on the next wait.
-inline bool ring_if_napping(const Block& ack, std::size_t offset, const Channel& channel, std::uint64_t sink,
-                            std::uint64_t seq) {
-  auto& napping = *reinterpret_cast<std::uint64_t*>(static_cast<char*>(ack.data()) + offset);
+// Either side of the doorbell, after writing its word in place (a plain
+// store: a sequence word, a release, an ack): a kWake message to the peer's
+// `sink` over `channel` if the peer's napping flag (in this side's own
+// memory) is raised. Returns whether it rang. Never throws: the word is
+// written, and a dead peer's failure surfaces on the next wait.
+inline bool ring_if_napping(const void* flag, const Channel& channel, std::uint64_t sink, std::uint64_t seq) {
   std::atomic_thread_fence(std::memory_order_seq_cst);  // the word's store before this load
+  auto& napping = *static_cast<std::uint64_t*>(const_cast<void*>(flag));
   if (std::atomic_ref<std::uint64_t>(napping).load(std::memory_order_relaxed) == 0) return false;
   DataHeader h;
   h.kind = MsgKind::kWake;

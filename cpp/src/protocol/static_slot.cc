@@ -252,10 +252,6 @@ class StaticSenderImpl : public MessageSink {
   // sequence word 0, which it reaches as mapped memory (nullptr: messages
   // form, or not mapped here).
   std::uint64_t* napping_at_receiver = nullptr;
-  // announce_sender_nap for this sender's waits for a release, when it has the flag.
-  void (*announce_of() const)(void*, bool, Drivers*) {
-    return napping_at_receiver ? &announce_sender_nap<StaticSenderImpl> : nullptr;
-  }
   void check_spec(const TensorSpec& given) const;  // InvalidArgument unless it is the slot's
   // One tensor from local[offset..]: StaticSender::send without its accounting of the source.
   Request send(const LocalRegion& local, std::size_t offset, const TensorSpec& given, double timeout_s);
@@ -358,7 +354,8 @@ void StaticSlot::release() {
   std::memcpy(static_cast<char*>(s.ack_src.data()) + 8 * word, &last, 8);
   s.ack_pending[word] = s.link.channel.write(s.ack_src.region(), 8 * word, s.link.ack, 0, 8);
   // The release's doorbell (§10.3): the sender said it naps, waiting for it.
-  if (s.ack_pending[word].state() > 0 && detail::ring_sender_if_napping(s.link, s.sender_napping(), last)) {
+  if (s.ack_pending[word].state() > 0 &&
+      detail::ring_if_napping(s.sender_napping(), s.link.channel, s.link.sender_sink, last)) {
     ++s.stats.doorbells;
   }
 }
@@ -462,7 +459,7 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
       ++s.stats.waits_for_ack;
       DevicePort dev(*s.channel.impl()->peer);
       if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s,
-                              dev, s.inbox, s.announce_of(), &s)) {
+                              dev, s.inbox, &detail::announce_sender_nap<detail::StaticSenderImpl>, &s)) {
         s.channel.impl()->check_usable();
         throw Timeout("static slot: the receiver has not released tensor " + std::to_string(need) + " within " +
                       std::to_string(timeout_s) + " s; nothing of this tensor was sent");
@@ -491,7 +488,8 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
   Request flag = s.channel.write_ordered(s.seq_src.region(), idx * 8, s.words, s.seq_at + idx * s.seq_stride, 8);
   // The word was set in place (shared memory): ring a receiver that naps.
   if (flag.state() > 0 &&
-      detail::ring_if_napping(s.ack, detail::StaticSlotImpl::kNappingAt, s.channel, s.slot_sink, seq)) {
+      detail::ring_if_napping(static_cast<char*>(s.ack.data()) + detail::StaticSlotImpl::kNappingAt, s.channel,
+                              s.slot_sink, seq)) {
     ++s.stats.doorbells;
   }
   s.next_seq = seq + 1;
@@ -526,7 +524,7 @@ void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
   auto& s = *impl_;
   detail::DevicePort dev(*s.channel.impl()->peer);
   if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s,
-                          dev, s.inbox, s.announce_of(), &s)) {
+                          dev, s.inbox, &detail::announce_sender_nap<detail::StaticSenderImpl>, &s)) {
     s.channel.impl()->check_usable();
     throw Timeout("the receiver has not released tensor " + std::to_string(seq) + " within " +
                   std::to_string(timeout_s) + " s");
