@@ -43,6 +43,7 @@ nb::dict stats_dict(const SlotStats& s) {
   d["waits_for_ack"] = s.waits_for_ack;
   d["rejected"] = s.rejected;
   d["doorbells"] = s.doorbells;
+  d["placed"] = s.placed;
   return d;
 }
 

@@ -32,27 +32,35 @@ HOST = "127.0.0.1"
 TRANSPORTS = ["tcp", "shm"]
 # The two forms of the slot protocols and of write/read (docs/contracts.md
 # §12): forced with TENSORWIRE_LANE_FORM, so both run on any machine (auto
-# picks messages over tcp and one-sided RMA over shared memory).
+# picks messages over tcp and one-sided RMA over shared memory). "placed" is
+# the message form with every static-slot tensor placed (TENSORWIRE_PLACE
+# covering all sizes; by default only 256 KiB-4 MiB are).
 LANE_FORMS = ["rma", "messages"]
+PLACE_EVERY_SIZE = "0-1099511627776"
 
 
 class lane_form:
-    """Sets TENSORWIRE_LANE_FORM for the devices made (and processes spawned) inside it."""
+    """Sets TENSORWIRE_LANE_FORM (and for "placed" TENSORWIRE_PLACE) for the
+    devices made (and processes spawned) inside it."""
 
     def __init__(self, form: str | None):
         self.form = form
 
     def __enter__(self):
-        self.old = os.environ.get("TENSORWIRE_LANE_FORM")
-        if self.form is not None:
+        self.old = {k: os.environ.get(k) for k in ("TENSORWIRE_LANE_FORM", "TENSORWIRE_PLACE")}
+        if self.form == "placed":
+            os.environ["TENSORWIRE_LANE_FORM"] = "messages"
+            os.environ["TENSORWIRE_PLACE"] = PLACE_EVERY_SIZE
+        elif self.form is not None:
             os.environ["TENSORWIRE_LANE_FORM"] = self.form
         return self
 
     def __exit__(self, *exc):
-        if self.old is None:
-            os.environ.pop("TENSORWIRE_LANE_FORM", None)
-        else:
-            os.environ["TENSORWIRE_LANE_FORM"] = self.old
+        for k, v in self.old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 PEER_START_TIMEOUT_S = 30.0
 PAIR_SLAB_SIZE = 4 << 20
 

@@ -672,7 +672,10 @@ def test_progress_from_the_environment_overrides_the_arguments(monkeypatch):
                                         ("TENSORWIRE_SPIN_US", ""), ("TENSORWIRE_SPIN_US", "99999999"),
                                         ("TENSORWIRE_STREAMING_COPY_MIN", "16M"),
                                         ("TENSORWIRE_STREAMING_COPY_MIN", ""),
-                                        ("TENSORWIRE_STREAMING_COPY_MIN", "-1")])
+                                        ("TENSORWIRE_STREAMING_COPY_MIN", "-1"),
+                                        ("TENSORWIRE_PLACE", "256K-4M"), ("TENSORWIRE_PLACE", "4096"),
+                                        ("TENSORWIRE_PLACE", "9-8"), ("TENSORWIRE_PLACE", "-1-8"),
+                                        ("TENSORWIRE_PLACE", "")])
 def test_bad_progress_settings_in_the_environment_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(tw.InvalidArgument, match=name):

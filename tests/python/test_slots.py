@@ -1,6 +1,7 @@
 """Tensor slots (static placement and dynamic allocation) across processes,
 over tcp and shm, in both protocol forms (one-sided RMA and messages, forced
-with TENSORWIRE_LANE_FORM: contracts §12).
+with TENSORWIRE_LANE_FORM: contracts §12), and over tcp with every static
+tensor placed (TENSORWIRE_PLACE).
 
 The peer process (tests/python/_peers.py:slot_peer) holds the slots, or the
 senders, and is driven through its pipe: it reports what it received (raw
@@ -44,7 +45,9 @@ def op(_peer, _op: str, _timeout: float = 30.0, **kwargs) -> dict:
 # ---------------------------------------------------------------- fixtures
 
 
-TRANSPORT_FORMS = [(t, f) for t in TRANSPORTS for f in LANE_FORMS]
+# Placed sends (contracts §12) are a tcp matter: over shared memory a forced
+# message form would place by a direct copy, which the rma form covers.
+TRANSPORT_FORMS = [(t, f) for t in TRANSPORTS for f in LANE_FORMS] + [("tcp", "placed")]
 TRANSPORT_FORM_IDS = [f"{t}-{f}" for t, f in TRANSPORT_FORMS]
 
 
@@ -852,6 +855,39 @@ def test_a_napping_receiver_is_rung_by_its_sender(transport, progress, kind):
                 sender.wait_consumed(i + 1, 10)
         one_sided = transport == "shm" and not dev.connect(peer.address).form == "messages"
         assert sender.stats()["doorbells"] == (3 if one_sided else 0), sender.stats()
+
+
+@pytest.mark.parametrize("place", [None, "off", "0-4096"])
+def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, place):
+    """Over tcp (the message form) a static tensor of 256 KiB-4 MiB is placed
+    by default: put into its buffer, announced by a header once the put
+    landed (contracts §12); smaller and larger ones travel in their message.
+    TENSORWIRE_PLACE moves the window or turns it off. Contents intact either
+    way, and the sender counts the placed ones (stats()['placed'])."""
+    sizes = {"small": 4 << 10, "middle": 1 << 20, "large": 8 << 20}
+    placed = {None: {"small": 0, "middle": 2, "large": 0}, "off": dict.fromkeys(sizes, 0),
+              "0-4096": {"small": 2, "middle": 0, "large": 0}}[place]
+    for forced in ("TENSORWIRE_LANE_FORM", "TENSORWIRE_PLACE"):  # a module fixture's lane_form may have set them
+        monkeypatch.delenv(forced, raising=False)
+    with start_slot_peer("tcp") as peer:
+        if place is not None:  # the sender decides: only this side's device
+            monkeypatch.setenv("TENSORWIRE_PLACE", place)
+        with tw.Device(transport="tcp") as dev:
+            ch = dev.connect(peer.address)
+            assert ch.form == "messages"
+            for label, nbytes in sizes.items():
+                name = unique(f"place-{label}")
+                op(peer, "static_slot", name=name, shape=[nbytes // 4], dtype="int32", depth=2)
+                sender = ch.static_sender(name)
+                peer.send({"op": "recv", "name": name, "count": 2, "mode": "fill"})
+                tensor = dev.empty((nbytes // 4,), "int32")
+                for i in (7, 8):
+                    np.asarray(tensor)[:] = i
+                    sender.send(tensor).wait(10)
+                got = peer.recv(30)
+                assert "raised" not in got, got.get("message")
+                assert got["values"] == [7, 8] and got["nonuniform"] == 0, (label, got)
+                assert sender.stats()["placed"] == placed[label], (label, sender.stats())
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -163,6 +163,14 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
     if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
   }
   if (uses_messages()) return message_rma(is_write, local, local_offset, remote, remote_offset, length);
+  return ucx_rma(is_write, local, local_offset, remote, remote_offset, length);
+}
+
+Request ChannelImpl::ucx_rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
+                             const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
+  const char* op = is_write ? "write" : "read";
+  const RegionDescriptor& rd = remote.descriptor();
+  const bool host_target = rd.memory_type == MemoryType::kHost;
   const RemoteRegionImpl::Access access = access_to(remote);
   if (access.mapped && host_target && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
@@ -278,6 +286,14 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
 
 Request ChannelImpl::send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                                   std::size_t length) {
+  Request request = post_data_message(h, extra, local, offset, length);
+  worker->flush_deferred();  // after the caller's own message
+  drain_deferred_releases();
+  return request;
+}
+
+Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local,
+                                       std::size_t offset, std::size_t length) {
   check_usable();
   h.token = peer->hello.data_token;
   const void* payload = local && length ? static_cast<const char*>(local->address) + offset : nullptr;
@@ -286,10 +302,56 @@ Request ChannelImpl::send_message(DataHeader h, std::string_view extra, const Lo
   WorkerCtl::Use use(worker.get());
   ucs_status_ptr_t ptr = post_message(ep->get(), h.encode(extra), payload, payload ? length : 0,
                                       payload ? local->memh : nullptr, on_rma_complete, ops_);
-  Request request = finish_post(ptr, "send", local ? &local->owner : nullptr);
-  worker->flush_deferred();  // after the caller's own message
+  return finish_post(ptr, "send", local ? &local->owner : nullptr);
+}
+
+bool ChannelImpl::places(std::size_t length, const LocalRegion& local, const RemoteRegion& remote) const {
+  if (self_ || !uses_messages() || remote.descriptor().memory_type != MemoryType::kHost) return false;
+  auto dev = peer->device.lock();
+  return dev && length >= dev->place_from && length <= dev->place_to && host_memory(local);
+}
+
+Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,
+                                      std::size_t remote_offset, std::size_t length, DataHeader h) {
+  check_usable();
+  if (!check_rma("write", local, offset, remote, remote_offset, length)) return send_message(h, {}, nullptr, 0, 0);
+  // Not waited on: the flush below completes after it (its state keeps the source alive).
+  Request put = ucx_rma(true, local, offset, remote, remote_offset, length);
+  if (put.state() < 0) return put;
+  // The flush completes once the target acknowledged every put before it
+  // (over tcp: its UCX placed the bytes), so the message cannot overtake them.
+  Request landed = ucx_flush();
   drain_deferred_releases();
-  return request;
+  if (landed.state() != 0) {
+    if (landed.state() < 0) return landed;
+    return send_message(h, {}, nullptr, 0, 0);
+  }
+  // One ref for the returned Request, one for the chain (dropped when it ends).
+  auto* outer = new RequestState(worker, 2);
+  std::weak_ptr<ChannelImpl> self = weak_from_this();
+  // Runs on whichever thread completes the flush, maybe inside a UCX
+  // callback: posting is allowed there, releasing a last reference is not.
+  landed.then([self, outer, h](bool ok, const std::string& message) mutable {
+    Request sent;
+    std::string why = message;
+    if (ok) {
+      if (auto channel = self.lock()) {
+        try {
+          sent = channel->post_data_message(h, {}, nullptr, 0, 0);
+        } catch (const Error& e) {
+          ok = false;
+          why = e.what();
+        }
+        defer_release(std::move(channel));
+      } else {
+        ok = false;
+        why = "channel closed";
+      }
+    }
+    if (!ok) return settle_chain(outer, false, ErrorKind::kConnection, why);
+    sent.then([outer](bool done, const std::string& w) { settle_chain(outer, done, ErrorKind::kConnection, w); });
+  });
+  return Request(outer);
 }
 
 bool ChannelImpl::uses_messages() const {
@@ -414,6 +476,10 @@ ChannelStats ChannelImpl::stats() const {
 Request ChannelImpl::flush() {
   check_usable();
   if (uses_messages()) return ops_->flush_messages(worker);  // every op completes on the target's reply
+  return ucx_flush();
+}
+
+Request ChannelImpl::ucx_flush() {
   // Large memcpys use non-temporal stores, which x86 does not order with
   // later stores: make every direct copy so far visible first.
   std::atomic_thread_fence(std::memory_order_seq_cst);

@@ -135,6 +135,17 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // local[offset..+length) as payload); completes when the local bytes may be reused.
   Request send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                        std::size_t length);
+  // A slot's placed send on a message-form lane (contracts §12): UCX puts
+  // local[offset..+length) at remote[remote_offset..] (memory the peer
+  // exported to this sender in a slot attach), and once a flush of the
+  // endpoint says it landed, the header-only message `h` announces it.
+  // Completes when that message is posted and sent.
+  // Whether a slot payload of `length` bytes from `local` to `remote` goes
+  // placed (put_then_message): a message-form lane, host memory on both
+  // sides, the device's place_from..place_to bytes.
+  bool places(std::size_t length, const LocalRegion& local, const RemoteRegion& remote) const;
+  Request put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,
+                           std::size_t remote_offset, std::size_t length, DataHeader h);
   // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:
   // InvalidArgument for a key a peer made up.
   void check_remote(const RemoteRegion& remote) const;
@@ -149,6 +160,14 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
  private:
   Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
                       const RemoteRegion* remote = nullptr);
+  // UCX's own put or get (or the direct copy where the region is mapped),
+  // whatever the lane's form; `rma` after its checks.
+  Request ucx_rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                  std::size_t remote_offset, std::size_t length);
+  Request ucx_flush();  // ucp_ep_flush: every UCX operation posted before it has completed
+  // send_message without its after-post duties (deferred releases): also from a UCX callback.
+  Request post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
+                            std::size_t length);
 
   // The direct path: a memcpy to/from a region mapped by a shared-memory
   // transport, or one of this device's own (a channel to itself).

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cctype>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -166,6 +167,22 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
       else if (one == "messages") lane_forms.push_back(LaneForm::kMessages);
       else throw InvalidArgument("TENSORWIRE_LANE_FORM must be auto, rma or messages, or a comma list of them; got '" + f + "'");
       at = end + 1;
+    }
+  }
+  if (const char* place = std::getenv("TENSORWIRE_PLACE")) {
+    const std::string v(place);
+    const std::size_t dash = v.find('-');
+    auto bytes = [](const std::string& t, std::size_t* out) {
+      char* end = nullptr;
+      *out = static_cast<std::size_t>(std::strtoull(t.c_str(), &end, 10));
+      return !t.empty() && std::isdigit(static_cast<unsigned char>(t[0])) && *end == '\0';
+    };
+    if (v == "off") {
+      place_from = 1;
+      place_to = 0;
+    } else if (dash == std::string::npos || !bytes(v.substr(0, dash), &place_from) ||
+               !bytes(v.substr(dash + 1), &place_to) || place_from > place_to) {
+      throw InvalidArgument("TENSORWIRE_PLACE must be LO-HI (bytes, LO <= HI) or off, got '" + v + "'");
     }
   }
   id = random_id();

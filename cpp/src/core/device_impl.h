@@ -87,6 +87,14 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // ---- data messages (core/messages.cc) ----
   enum class LaneForm { kAuto, kRma, kMessages };
   std::vector<LaneForm> lane_forms;  // TENSORWIRE_LANE_FORM, per lane (lane % size); empty: auto
+  // On a message-form lane, a static slot's tensor of place_from..place_to
+  // bytes is placed (put, flush, header message; contracts §12); others
+  // travel in their message. Placing lets the sender stream a tensor while
+  // the receiver still consumes the previous one; beyond what the kernel's
+  // socket buffers hold (Linux's default largest send buffer: 4 MiB) the
+  // bytes wait in a full socket and the receiver-paced rendezvous is faster
+  // (bench/results/tcp_placed.txt). TENSORWIRE_PLACE=LO-HI (bytes) or off.
+  std::size_t place_from = std::size_t(256) << 10, place_to = std::size_t(4) << 20;
   // A write or read in flight in the message form, waiting for its reply.
   struct MessageOp {
     RequestState* state = nullptr;

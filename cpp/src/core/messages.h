@@ -43,6 +43,10 @@ enum class MsgKind : std::uint8_t {
   kWake = 9,           // target: slot or sender; a = sequence just set, released or acked: the peer napped (a doorbell)
 };
 
+// kStaticSend's b: 0, the payload follows in the message; kPlacedSend, the
+// sender put it into its buffer and flushed before sending this header.
+inline constexpr std::uint64_t kPlacedSend = 1;
+
 // Status of a put or get, in its reply.
 enum class AccessStatus : std::uint64_t { kOk = 0, kNotExported = 1, kFailed = 2 };
 

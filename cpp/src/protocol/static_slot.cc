@@ -143,14 +143,20 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
       return dev.refuse_message("static slot '%s': tensor %llu out of turn (next %llu)", name.c_str(),
                                 static_cast<unsigned long long>(seq), static_cast<unsigned long long>(next));
     }
-    if (payload.length() != layout.nbytes) {
-      return dev.refuse_message("static slot '%s': a tensor of %zu bytes, the slot holds %zu", name.c_str(),
-                                payload.length(), layout.nbytes);
+    const bool placed = h.b == kPlacedSend;
+    if (h.b > kPlacedSend || (placed && payload.length() != 0) || (!placed && payload.length() != layout.nbytes)) {
+      return dev.refuse_message("static slot '%s': a tensor of %zu bytes (form %llu), the slot holds %zu",
+                                name.c_str(), payload.length(), static_cast<unsigned long long>(h.b),
+                                layout.nbytes);
     }
     inbox.store(worker_index, std::memory_order_relaxed);
     arrived.fetch_add(1);
     const std::size_t idx = (seq - first_seq) % depth;
     void* word = const_cast<void*>(seq_word(idx));
+    if (placed) {  // its sender's put landed before this header was sent (§12)
+      store_release(word, seq);
+      return;
+    }
     payload.receive_into(
         static_cast<char*>(block.data()) + layout.payload_offset(idx), block.region().memh,
         [word, seq](bool ok) {
@@ -475,7 +481,14 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
     if (n > 0 && (offset > local.length || n > local.length - offset)) {
       throw InvalidArgument("tensor range exceeds its local region");
     }
-    Request sent = s.channel.impl()->send_message(h, {}, &local, offset, n);
+    Request sent;
+    if (s.channel.impl()->places(n, local, s.slot)) {  // the payload put into its buffer, then the header
+      h.b = detail::kPlacedSend;
+      sent = s.channel.impl()->put_then_message(local, offset, s.slot, idx * s.stride, n, h);
+      ++s.stats.placed;
+    } else {
+      sent = s.channel.impl()->send_message(h, {}, &local, offset, n);
+    }
     s.next_seq = seq + 1;
     ++s.stats.sent;
     s.stats.bytes += n;

@@ -866,6 +866,69 @@ TEST_P(Loopback, WaitAnySaysWhichSlotIsReady) {
   a.release();
 }
 
+// A placed static send (contracts §12): the sender puts the tensor into its
+// buffer and, once a flush says it landed, sends a header with no payload. A
+// placed header that carries a payload, an in-message header without one,
+// or a form nobody defined is refused and counted; real placed sends arrive
+// intact and are counted by their sender.
+TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
+  namespace td = tw::detail;
+  {
+    const char* forms = std::getenv("TENSORWIRE_LANE_FORM");
+    const char* place = std::getenv("TENSORWIRE_PLACE");
+    const std::string saved_forms = forms ? forms : "", saved_place = place ? place : "";
+    setenv("TENSORWIRE_LANE_FORM", "messages", 1);
+    setenv("TENSORWIRE_PLACE", "0-1073741824", 1);  // every size
+    start(1);
+    if (forms) setenv("TENSORWIRE_LANE_FORM", saved_forms.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
+    if (place) setenv("TENSORWIRE_PLACE", saved_place.c_str(), 1); else unsetenv("TENSORWIRE_PLACE");
+  }
+  const tw::TensorSpec spec{{1024}, tw::DType{2, 32}};
+  const std::size_t nbytes = spec.nbytes();
+  tw::StaticSlot slot(*server, "placed", spec, 2);
+  tw::Channel ch = client->connect(server->address());
+  ASSERT_TRUE(ch.impl()->uses_messages());
+  // Attach by hand (ack block, no sink of ours): the reply ends with the slot's message id.
+  tw::Block ack = client->allocate(4096);
+  td::ByteWriter w;
+  w.put_bytes32(client->impl()->export_for(ack.descriptor(), *ch.impl()->peer).to_bytes());
+  w.put<std::uint64_t>(0);
+  const std::string reply = ch.call("tw.static/placed", w.str(), kWait);
+  std::uint64_t slot_sink = 0;
+  std::memcpy(&slot_sink, reply.data() + reply.size() - 8, 8);
+  auto header = [&](std::uint64_t form) {
+    td::DataHeader h;
+    h.kind = td::MsgKind::kStaticSend;
+    h.target = slot_sink;
+    h.a = slot.next_seq();
+    h.b = form;
+    return h;
+  };
+  const auto refused_before = server->impl()->message_refusals();
+  const tw::LocalRegion src = source.region();
+  ch.impl()->send_message(header(td::kPlacedSend), {}, &src, 0, nbytes).wait(kWait);  // placed, yet a payload
+  ch.impl()->send_message(header(0), {}, nullptr, 0, 0).wait(kWait);                  // in-message, no payload
+  ch.impl()->send_message(header(td::kPlacedSend + 1), {}, nullptr, 0, 0).wait(kWait);  // an unknown form
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (server->impl()->message_refusals() < refused_before + 3 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 3);
+  EXPECT_EQ(slot.poll(), -1) << "a refused header delivered a tensor";
+
+  tw::StaticSlot real(*server, "placed-real", spec, 2);  // "placed" keeps its hand-attached sender
+  tw::StaticSender sender(ch, "placed-real", kWait);
+  for (unsigned i = 0; i < 3; ++i) {
+    fill_pattern(source.data(), nbytes, 30 + i);
+    sender.send(source.region(), 0, spec, kWait).wait(kWait);
+    const int idx = real.recv(kWait);
+    EXPECT_EQ(first_diff(real.buffer(idx), source.data(), nbytes), -1) << "tensor " << i;
+    real.release();
+  }
+  EXPECT_EQ(sender.stats().placed, 3u);
+  EXPECT_EQ(real.stats().received, 3u);
+}
+
 // A wait that naps on a one-sided word cuts the thread's timer slack for
 // each nap (a 20 us nap would last 70) and gives the caller's back after.
 TEST_P(Loopback, NappingWaitRestoresTheCallersTimerSlack) {
