@@ -857,21 +857,26 @@ def test_a_napping_receiver_is_rung_by_its_sender(transport, progress, kind):
         assert sender.stats()["doorbells"] == (3 if one_sided else 0), sender.stats()
 
 
-@pytest.mark.parametrize("place", [None, "off", "0-4096"])
-def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, place):
-    """Over tcp (the message form) a static tensor of 256 KiB-4 MiB is placed
-    by default: put into its buffer, announced by a header once the put
-    landed (contracts §12); smaller and larger ones travel in their message.
-    TENSORWIRE_PLACE moves the window or turns it off. Contents intact either
-    way, and the sender counts the placed ones (stats()['placed'])."""
+@pytest.mark.parametrize("progress, place", [("inline", None), ("blocking", None), ("blocking", "0-4096"),
+                                             ("inline", "off")])
+def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, progress, place):
+    """Over tcp (the message form) a slot whose device has no progress thread
+    (inline) asks its sender to place tensors of 256 KiB-4 MiB: put into the
+    buffer, announced by a header once the put landed (contracts §10.3, §12);
+    other sizes, and every size for a slot with a progress thread (which
+    answers a rendezvous while its caller consumes), travel in their message.
+    TENSORWIRE_PLACE at the slot's device sets the sizes in any mode, or turns
+    it off. Contents intact either way; the sender counts (stats()['placed'])."""
     sizes = {"small": 4 << 10, "middle": 1 << 20, "large": 8 << 20}
-    placed = {None: {"small": 0, "middle": 2, "large": 0}, "off": dict.fromkeys(sizes, 0),
-              "0-4096": {"small": 2, "middle": 0, "large": 0}}[place]
+    none = dict.fromkeys(sizes, 0)
+    placed = {("inline", None): {"small": 0, "middle": 2, "large": 0}, ("blocking", None): none,
+              ("blocking", "0-4096"): {"small": 2, "middle": 0, "large": 0}, ("inline", "off"): none}[progress, place]
     for forced in ("TENSORWIRE_LANE_FORM", "TENSORWIRE_PLACE"):  # a module fixture's lane_form may have set them
         monkeypatch.delenv(forced, raising=False)
-    with start_slot_peer("tcp") as peer:
-        if place is not None:  # the sender decides: only this side's device
-            monkeypatch.setenv("TENSORWIRE_PLACE", place)
+    if place is not None:  # the slot's device decides
+        monkeypatch.setenv("TENSORWIRE_PLACE", place)
+    with start_slot_peer("tcp", progress=progress) as peer:
+        monkeypatch.delenv("TENSORWIRE_PLACE", raising=False)  # not read by the sender
         with tw.Device(transport="tcp") as dev:
             ch = dev.connect(peer.address)
             assert ch.form == "messages"

@@ -305,10 +305,8 @@ Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, con
   return finish_post(ptr, "send", local ? &local->owner : nullptr);
 }
 
-bool ChannelImpl::places(std::size_t length, const LocalRegion& local, const RemoteRegion& remote) const {
-  if (self_ || !uses_messages() || remote.descriptor().memory_type != MemoryType::kHost) return false;
-  auto dev = peer->device.lock();
-  return dev && length >= dev->place_from && length <= dev->place_to && host_memory(local);
+bool ChannelImpl::can_place(const LocalRegion& local, const RemoteRegion& remote) const {
+  return !self_ && uses_messages() && remote.descriptor().memory_type == MemoryType::kHost && host_memory(local);
 }
 
 Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,

@@ -140,10 +140,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // exported to this sender in a slot attach), and once a flush of the
   // endpoint says it landed, the header-only message `h` announces it.
   // Completes when that message is posted and sent.
-  // Whether a slot payload of `length` bytes from `local` to `remote` goes
-  // placed (put_then_message): a message-form lane, host memory on both
-  // sides, the device's place_from..place_to bytes.
-  bool places(std::size_t length, const LocalRegion& local, const RemoteRegion& remote) const;
+  // Whether a payload from `local` to `remote` can go placed
+  // (put_then_message): a message-form lane, host memory on both sides.
+  bool can_place(const LocalRegion& local, const RemoteRegion& remote) const;
   Request put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,
                            std::size_t remote_offset, std::size_t length, DataHeader h);
   // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:

@@ -172,11 +172,12 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   if (const char* place = std::getenv("TENSORWIRE_PLACE")) {
     const std::string v(place);
     const std::size_t dash = v.find('-');
-    auto bytes = [](const std::string& t, std::size_t* out) {
+    auto bytes = [](const std::string& t, std::uint64_t* out) {
       char* end = nullptr;
-      *out = static_cast<std::size_t>(std::strtoull(t.c_str(), &end, 10));
+      *out = std::strtoull(t.c_str(), &end, 10);
       return !t.empty() && std::isdigit(static_cast<unsigned char>(t[0])) && *end == '\0';
     };
+    place_set = true;
     if (v == "off") {
       place_from = 1;
       place_to = 0;
@@ -439,6 +440,11 @@ Channel Device::channel_to(std::uint64_t peer_device_id, int lane) {
 std::vector<PeerInfo> Device::peers() const { return impl_->peers(); }
 PeerInfo Device::wait_for_peer(double timeout_s) { return impl_->wait_for_peer(timeout_s); }
 unsigned Device::progress() { return impl_->progress(); }
+std::pair<std::uint64_t, std::uint64_t> detail::DeviceImpl::place_window() const {
+  if (place_set || config.progress == ProgressMode::kInline) return {place_from, place_to};
+  return {1, 0};
+}
+
 void Device::close() { impl_->close(); }
 bool Device::closed() const { return impl_->closed(); }
 std::string Device::describe() const { return impl_->describe(); }

@@ -87,14 +87,19 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // ---- data messages (core/messages.cc) ----
   enum class LaneForm { kAuto, kRma, kMessages };
   std::vector<LaneForm> lane_forms;  // TENSORWIRE_LANE_FORM, per lane (lane % size); empty: auto
-  // On a message-form lane, a static slot's tensor of place_from..place_to
-  // bytes is placed (put, flush, header message; contracts §12); others
-  // travel in their message. Placing lets the sender stream a tensor while
-  // the receiver still consumes the previous one; beyond what the kernel's
-  // socket buffers hold (Linux's default largest send buffer: 4 MiB) the
-  // bytes wait in a full socket and the receiver-paced rendezvous is faster
-  // (bench/results/tcp_placed.txt). TENSORWIRE_PLACE=LO-HI (bytes) or off.
-  std::size_t place_from = std::size_t(256) << 10, place_to = std::size_t(4) << 20;
+  // Which tensors this device's static slots ask their senders to place on a
+  // message-form lane (put, flush, header message; contracts §10.3, §12):
+  // [from, to], empty when from > to. Placing lets a sender stream tensor k+1
+  // while the receiver's thread consumes tensor k, which matters only where no
+  // progress thread answers a rendezvous meanwhile: by default inline
+  // progress, 256 KiB-4 MiB. Beyond what the kernel's socket buffers hold
+  // (Linux's default largest send buffer: 4 MiB) the bytes would wait in a
+  // full socket and the receiver-paced rendezvous is faster
+  // (bench/results/tcp_placed.txt). TENSORWIRE_PLACE=LO-HI (bytes) or off
+  // sets it for every progress mode.
+  std::pair<std::uint64_t, std::uint64_t> place_window() const;
+  std::uint64_t place_from = std::uint64_t(256) << 10, place_to = std::uint64_t(4) << 20;
+  bool place_set = false;  // TENSORWIRE_PLACE was given
   // A write or read in flight in the message form, waiting for its reply.
   struct MessageOp {
     RequestState* state = nullptr;

@@ -29,6 +29,8 @@ WorkerCtl* DevicePort::worker(int index) const {
   return index >= 0 && index < static_cast<int>(impl_->workers.size()) ? impl_->workers[index].get() : nullptr;
 }
 
+std::pair<std::uint64_t, std::uint64_t> DevicePort::place_window() const { return impl_->place_window(); }
+
 RegionDescriptor DevicePort::export_for(RegionDescriptor d, Peer& to) const {
   return impl_->export_for(std::move(d), to);
 }

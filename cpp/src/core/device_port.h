@@ -51,6 +51,8 @@ class DevicePort {
   WorkerCtl* worker(int index) const;
   // `d` as exported to `to` (DeviceImpl::export_for).
   RegionDescriptor export_for(RegionDescriptor d, Peer& to) const;
+  // Which static tensors this device's slots ask to be placed (DeviceImpl::place_window).
+  std::pair<std::uint64_t, std::uint64_t> place_window() const;
   // Sets the handler of call `name`, or removes it (null); ConnectionError once closed.
   void on_call(const std::string& name, CallFn handler) const;
   bool closed() const;

@@ -112,6 +112,9 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     w.put<std::uint64_t>(layout.payload);
     w.put_bytes32(dev.export_for(block.descriptor(), *caller).to_bytes());
     w.put<std::uint64_t>(sink.id);
+    const auto [place_from, place_to] = dev.place_window();  // the sizes its sender places (§12)
+    w.put<std::uint64_t>(place_from);
+    w.put<std::uint64_t>(place_to);
     if (layout.separate) {  // appended: where the sequence words are (§10.3)
       w.put<std::uint64_t>(layout.seq_stride());
       w.put_bytes32(dev.export_for(words.descriptor(), *caller).to_bytes());
@@ -248,6 +251,7 @@ class StaticSenderImpl : public MessageSink {
   int depth = 0;
   std::uint64_t first_seq = 1, next_seq = 1;
   std::size_t stride = 0, payload = 0;
+  std::uint64_t place_from = 1, place_to = 0;  // the tensor sizes the slot asks to be placed (§12)
   RemoteRegion words;           // where the sequence words are: `slot` itself, or a host block
   std::size_t seq_at = 0, seq_stride = 0;  // word i at seq_at + i * seq_stride in `words`
   Block ack, seq_src;
@@ -395,6 +399,8 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   std::string desc = r.get_bytes32();
   s.slot_sink = r.get<std::uint64_t>();
   s.slot = detail::exported_by_peer(channel, desc);
+  s.place_from = r.get<std::uint64_t>();
+  s.place_to = r.get<std::uint64_t>();
   const bool separate = r.left() > 0;  // a slot in GPU memory: its sequence words come next
   bool words_ok = true;
   if (separate) {
@@ -482,7 +488,8 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
       throw InvalidArgument("tensor range exceeds its local region");
     }
     Request sent;
-    if (s.channel.impl()->places(n, local, s.slot)) {  // the payload put into its buffer, then the header
+    if (n >= s.place_from && n <= s.place_to && s.channel.impl()->can_place(local, s.slot)) {
+      // The payload put into its buffer, then the header.
       h.b = detail::kPlacedSend;
       sent = s.channel.impl()->put_then_message(local, offset, s.slot, idx * s.stride, n, h);
       ++s.stats.placed;

@@ -888,14 +888,18 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   tw::StaticSlot slot(*server, "placed", spec, 2);
   tw::Channel ch = client->connect(server->address());
   ASSERT_TRUE(ch.impl()->uses_messages());
-  // Attach by hand (ack block, no sink of ours): the reply ends with the slot's message id.
+  // Attach by hand (ack block, no sink of ours): a host slot's reply ends with
+  // its message id and the sizes it asks to be placed (§10.3).
   tw::Block ack = client->allocate(4096);
   td::ByteWriter w;
   w.put_bytes32(client->impl()->export_for(ack.descriptor(), *ch.impl()->peer).to_bytes());
   w.put<std::uint64_t>(0);
   const std::string reply = ch.call("tw.static/placed", w.str(), kWait);
-  std::uint64_t slot_sink = 0;
-  std::memcpy(&slot_sink, reply.data() + reply.size() - 8, 8);
+  std::uint64_t slot_sink = 0, window[2] = {0, 0};
+  std::memcpy(&slot_sink, reply.data() + reply.size() - 24, 8);
+  std::memcpy(window, reply.data() + reply.size() - 16, 16);
+  EXPECT_EQ(window[0], 0u);  // TENSORWIRE_PLACE, as the server read it
+  EXPECT_EQ(window[1], std::uint64_t(1) << 30);
   auto header = [&](std::uint64_t form) {
     td::DataHeader h;
     h.kind = td::MsgKind::kStaticSend;
