@@ -939,6 +939,37 @@ def test_a_dynamic_sender_napping_on_its_ack_is_rung(transport):
         assert slot.stats()["doorbells"] == (3 if one_sided else 0), slot.stats()
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_dynamic_sender_napping_before_its_next_send_is_rung(transport):
+    """A dynamic sender that did not wait for its previous send waits for that
+    ack before the next record; a long wait asks to be rung as a wait on the
+    request does (over shared memory: the slot's stats()['doorbells'])."""
+    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as dev:
+        name = unique("presend")
+        op(peer, "dynamic_slot", name=name)
+        sender = dev.connect(peer.address).dynamic_sender(name)
+        a, b = dev.empty((16,), "int32"), dev.empty((16,), "int32")  # zero copy: no staging block to wait for
+        np.asarray(a)[:], np.asarray(b)[:] = 1, 2
+        first = sender.send(a)  # not waited on
+        later = threading.Timer(0.3, peer.send, [{"op": "recv", "name": name, "count": 1, "mode": "fill"}])
+        later.start()
+        try:
+            second = sender.send(b)  # waits ~0.3 s for the first ack, then sends
+        finally:
+            later.join()
+        got = peer.recv(30)
+        assert "raised" not in got and got["values"] == [1] and got["nonuniform"] == 0, got
+        first.wait(10)
+        assert sender.stats()["waits_for_ack"] == 1, sender.stats()
+        one_sided = transport == "shm" and dev.connect(peer.address).form != "messages"
+        stats = op(peer, "stats", name=name)["stats"]  # before anything waits on the second send
+        assert stats["doorbells"] == (1 if one_sided else 0), stats
+        peer.send({"op": "recv", "name": name, "count": 1, "mode": "fill"})
+        second.wait(10)
+        got = peer.recv(30)
+        assert "raised" not in got and got["values"] == [2] and got["nonuniform"] == 0, got
+
+
 @pytest.mark.parametrize("progress", ["blocking", "inline"])
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("forms", ["rma,messages", "messages,rma"])

@@ -463,8 +463,9 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   if (s.acked() < seq - 1) {
     ++s.stats.waits_for_ack;
     DevicePort dev(*s.channel.impl()->peer);
+    // Like a wait on the request: a long one asks the receiver to ring (§10.4).
     if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s,
-                            dev, s.inbox)) {
+                            dev, s.inbox, &detail::announce_sender_nap<detail::DynamicSenderImpl>, &s)) {
       s.channel.impl()->check_usable();
       throw Timeout("dynamic slot: the receiver has not taken the previous tensor within " +
                     std::to_string(timeout_s) + " s; nothing of this tensor was sent");
