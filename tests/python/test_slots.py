@@ -895,6 +895,33 @@ def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, progress, place
                 assert sender.stats()["placed"] == placed[label], (label, sender.stats())
 
 
+@pytest.mark.parametrize("progress", ["inline", "blocking"])
+def test_dynamic_tensors_over_tcp_are_placed_in_the_offered_block(monkeypatch, progress):
+    """Over tcp a dynamic slot on an inline-progress device offers, with each
+    ack, a block for the next tensor of the same size (256 KiB-4 MiB); its
+    sender puts that tensor there and sends the record after it (contracts
+    §10.4, §12). A tensor of another size travels in its message, and the
+    offer follows the new size. A slot with a progress thread offers none.
+    Contents intact either way."""
+    for forced in ("TENSORWIRE_LANE_FORM", "TENSORWIRE_PLACE"):
+        monkeypatch.delenv(forced, raising=False)
+    sizes = [1 << 20, 1 << 20, 1 << 20, 4 << 10, 1 << 20, 1 << 20]  # placed: 2nd, 3rd, 6th (inline)
+    with start_slot_peer("tcp", progress=progress) as peer, tw.Device(transport="tcp") as dev:
+        name = unique("dplace")
+        op(peer, "dynamic_slot", name=name)
+        sender = dev.connect(peer.address).dynamic_sender(name)
+        peer.send({"op": "recv", "name": name, "count": len(sizes), "mode": "fill"})
+        for i, nbytes in enumerate(sizes):
+            tensor = dev.empty((nbytes // 4,), "int32")
+            np.asarray(tensor)[:] = i
+            sender.send(tensor).wait(10)
+        got = peer.recv(30)
+        assert "raised" not in got, got.get("message")
+        assert got["values"] == list(range(len(sizes))) and got["nonuniform"] == 0, got
+        assert sender.stats()["placed"] == (3 if progress == "inline" else 0), sender.stats()
+        assert sender.stats()["rejected"] == 0
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_static_sender_napping_on_a_release_is_rung(transport):
     """A static sender that waits for the receiver to release a buffer (a full

@@ -310,9 +310,12 @@ bool ChannelImpl::can_place(const LocalRegion& local, const RemoteRegion& remote
 }
 
 Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,
-                                      std::size_t remote_offset, std::size_t length, DataHeader h) {
+                                      std::size_t remote_offset, std::size_t length, DataHeader h,
+                                      std::string extra) {
   check_usable();
-  if (!check_rma("write", local, offset, remote, remote_offset, length)) return send_message(h, {}, nullptr, 0, 0);
+  if (!check_rma("write", local, offset, remote, remote_offset, length)) {
+    return send_message(h, extra, nullptr, 0, 0);
+  }
   // Not waited on: the flush below completes after it (its state keeps the source alive).
   Request put = ucx_rma(true, local, offset, remote, remote_offset, length);
   if (put.state() < 0) return put;
@@ -322,20 +325,20 @@ Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offs
   drain_deferred_releases();
   if (landed.state() != 0) {
     if (landed.state() < 0) return landed;
-    return send_message(h, {}, nullptr, 0, 0);
+    return send_message(h, extra, nullptr, 0, 0);
   }
   // One ref for the returned Request, one for the chain (dropped when it ends).
   auto* outer = new RequestState(worker, 2);
   std::weak_ptr<ChannelImpl> self = weak_from_this();
   // Runs on whichever thread completes the flush, maybe inside a UCX
   // callback: posting is allowed there, releasing a last reference is not.
-  landed.then([self, outer, h](bool ok, const std::string& message) mutable {
+  landed.then([self, outer, h, extra = std::move(extra)](bool ok, const std::string& message) mutable {
     Request sent;
     std::string why = message;
     if (ok) {
       if (auto channel = self.lock()) {
         try {
-          sent = channel->post_data_message(h, {}, nullptr, 0, 0);
+          sent = channel->post_data_message(h, extra, nullptr, 0, 0);
         } catch (const Error& e) {
           ok = false;
           why = e.what();

@@ -135,16 +135,16 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // local[offset..+length) as payload); completes when the local bytes may be reused.
   Request send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                        std::size_t length);
-  // A slot's placed send on a message-form lane (contracts §12): UCX puts
-  // local[offset..+length) at remote[remote_offset..] (memory the peer
-  // exported to this sender in a slot attach), and once a flush of the
-  // endpoint says it landed, the header-only message `h` announces it.
-  // Completes when that message is posted and sent.
   // Whether a payload from `local` to `remote` can go placed
   // (put_then_message): a message-form lane, host memory on both sides.
   bool can_place(const LocalRegion& local, const RemoteRegion& remote) const;
+  // A slot's placed send on a message-form lane (contracts §12): UCX puts
+  // local[offset..+length) at remote[remote_offset..] (memory the peer
+  // exported to this sender for it), and once a flush of the endpoint says
+  // it landed, the message `h` (with `extra`, no payload) announces it.
+  // Completes when that message is posted and sent.
   Request put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,
-                           std::size_t remote_offset, std::size_t length, DataHeader h);
+                           std::size_t remote_offset, std::size_t length, DataHeader h, std::string extra = {});
   // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:
   // InvalidArgument for a key a peer made up.
   void check_remote(const RemoteRegion& remote) const;

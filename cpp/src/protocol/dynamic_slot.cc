@@ -42,6 +42,10 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   std::mutex arrival_mu;
   Arrival arrival;
   std::atomic<bool> arrival_pending{false}, arrival_ready{false};
+  // The block offered (in the last ack) for the next tensor to be placed in,
+  // and its size (contracts §10.4, §12); under arrival_mu.
+  Block landing;
+  std::size_t landing_nbytes = 0;
 
   const char* base() const { return static_cast<const char*>(record.data()); }
   bool ready() const {
@@ -74,6 +78,11 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
       return dev.refuse_message("dynamic slot '%s': a tensor from %s, which is not its sender", name.c_str(),
                                 from->describe().c_str());
     }
+    const bool placed = h.b == kPlacedSend;  // the payload was put into the landing block
+    if (h.b > kPlacedSend || (placed && payload.length() != 0)) {
+      return dev.refuse_message("dynamic slot '%s': a tensor of form %llu with %zu bytes", name.c_str(),
+                                static_cast<unsigned long long>(h.b), payload.length());
+    }
     if (h.a != expected.load() || arrival_pending.exchange(true)) {
       return dev.refuse_message("dynamic slot '%s': tensor %llu out of turn", name.c_str(),
                                 static_cast<unsigned long long>(h.a));
@@ -84,8 +93,21 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     a.seq = h.a;
     DynamicRecord rec;
     a.status = decode_record(bytes.data(), bytes.size(), max_ndim, max_nbytes, &rec, RecordForm::kInlineData);
-    if (a.status == kAccepted && payload.length() != rec.nbytes) a.status = kSizeMismatch;
+    if (a.status == kAccepted && !placed && payload.length() != rec.nbytes) a.status = kSizeMismatch;
     a.spec = rec.spec;
+    if (placed) {  // its sender's put landed before this message was sent (§12)
+      std::lock_guard<std::mutex> lock(arrival_mu);
+      if (a.status == kAccepted && (!landing || rec.nbytes == 0 || landing_nbytes != rec.nbytes)) {
+        a.status = kSizeMismatch;
+      }
+      if (a.status == kAccepted) {
+        a.block = std::move(landing);
+        landing_nbytes = 0;
+      }
+      arrival = std::move(a);
+      arrival_ready.store(true, std::memory_order_release);
+      return;
+    }
     if (a.status == kAccepted) {
       try {
         a.block = tensors->allocate(rec.nbytes ? rec.nbytes : 1, 64);
@@ -139,11 +161,40 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
       if (a.status == kReadFailed) throw ConnectionError(why);
       throw InvalidArgument(why);
     }
-    ack(a.seq, kAccepted);
-    ++stats.received;
     const std::size_t nbytes = a.spec.nbytes();
+    ack(a.seq, kAccepted, offer_landing(nbytes));
+    ++stats.received;
     stats.bytes += nbytes;
     return std::move(a.block);
+  }
+
+  // The ack's offer (message form, §10.4): a block for the next tensor if it
+  // has the size of this one and the slot's device asks for placement
+  // (DeviceImpl::place_window), as its descriptor exported to the sender;
+  // empty otherwise. Reuses the block offered before when it was not taken.
+  std::string offer_landing(std::size_t nbytes) {
+    auto dev = device.lock();
+    std::lock_guard<std::mutex> lock(arrival_mu);
+    const auto [from, to] = dev ? dev.place_window() : std::pair<std::uint64_t, std::uint64_t>{1, 0};
+    if (!dev || gpu || nbytes == 0 || nbytes < from || nbytes > to || !link.channel.impl()->uses_messages()) {
+      landing = Block();
+      landing_nbytes = 0;
+      return {};
+    }
+    if (!landing || landing_nbytes != nbytes) {
+      landing = Block();
+      landing_nbytes = 0;
+      try {
+        landing = tensors->allocate(nbytes, 64);
+      } catch (const PoolExhausted&) {
+        return {};  // no offer: the next tensor travels in its message
+      }
+      landing_nbytes = nbytes;
+    }
+    ByteWriter w;
+    w.put_bytes32(dev.export_for(landing.descriptor(), *link.channel.impl()->peer).to_bytes());
+    w.put<std::uint64_t>(nbytes);  // the one size it takes (the block is rounded up)
+    return std::move(w.str());
   }
 
   std::string attach(const std::shared_ptr<Peer>& caller, const std::string& payload) {
@@ -152,11 +203,15 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     link.attach(caller, payload, 16, "dynamic slot '" + name + "'");
     store_release(const_cast<char*>(base()) + record_size - 64, 0);  // a record left by anyone else
     store_release(const_cast<char*>(base()) + record_size - 56, 0);  // and a failed sender's napping flag
-    if (arrival_ready.load()) {  // likewise a message-form tensor the failed sender left
+    {
       std::lock_guard<std::mutex> lock(arrival_mu);
-      arrival = Arrival();
-      arrival_ready = false;
-      arrival_pending = false;
+      if (arrival_ready.load()) {  // likewise a message-form tensor the failed sender left
+        arrival = Arrival();
+        arrival_ready = false;
+        arrival_pending = false;
+      }
+      landing = Block();  // offered to the failed sender only
+      landing_nbytes = 0;
     }
     ByteWriter w;
     w.put<std::uint32_t>(static_cast<std::uint32_t>(max_ndim));
@@ -170,10 +225,10 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   }
 
   // Status first, fence, then the sequence: the sender reads the sequence,
-  // then trusts the status.
-  void ack(std::uint64_t seq, std::uint64_t status) {
+  // then trusts the status. `landing`: the message form's offer (offer_landing).
+  void ack(std::uint64_t seq, std::uint64_t status, std::string_view landing_offer = {}) {
     if (link.channel.impl()->uses_messages()) {
-      link.notify(MsgKind::kDynamicAck, seq, status);  // one message, applied in order by the sender
+      link.notify(MsgKind::kDynamicAck, seq, status, landing_offer);  // one message, applied in order by the sender
       return;
     }
     auto* w = static_cast<std::uint64_t*>(ack_src.data());
@@ -266,8 +321,9 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
 
 class DynamicSenderImpl : public MessageSink {
  public:
-  // The receiver's ack in the message form: status, then the sequence.
-  void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
+  // The receiver's ack in the message form: its offer of a block for the
+  // next tensor, the status, then the sequence.
+  void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader& extra, Incoming&,
                   int worker_index) override {
     if (h.kind == MsgKind::kWake && from == channel.impl()->peer) return;  // a doorbell: its arrival ended the nap
     if (h.kind != MsgKind::kDynamicAck || from != channel.impl()->peer) {
@@ -275,9 +331,46 @@ class DynamicSenderImpl : public MessageSink {
       return;
     }
     inbox.store(worker_index, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(landing_mu);
+      landing.clear();
+      if (extra.left() > 0) {
+        try {
+          landing = extra.get_bytes32();
+          landing_nbytes = extra.get<std::uint64_t>();
+          landing_seq = h.a + 1;
+        } catch (const Error&) {  // a malformed offer: the next tensor travels in its message
+          landing.clear();
+        }
+      }
+    }
     store_release(static_cast<char*>(ack.data()) + 8, h.b);
     store_release(ack.data(), h.a);
   }
+
+  // The block the receiver offered for tensor `seq` of `nbytes` (§10.4), if
+  // any; each offer serves one send.
+  RemoteRegion take_landing(std::uint64_t seq, std::size_t nbytes) {
+    std::string offer;
+    {
+      std::lock_guard<std::mutex> lock(landing_mu);
+      if (landing_seq != seq || landing_nbytes != nbytes) {
+        landing.clear();
+        return {};
+      }
+      offer.swap(landing);
+    }
+    if (offer.empty() || nbytes == 0) return {};
+    try {
+      RemoteRegion r = exported_by_peer(channel, offer);
+      return r.length() >= nbytes ? r : RemoteRegion();
+    } catch (const InvalidArgument&) {
+      return {};
+    }
+  }
+  std::mutex landing_mu;
+  std::string landing;  // the offer's descriptor bytes
+  std::uint64_t landing_seq = 0, landing_nbytes = 0;  // the tensor it is for, and its size
 
   Channel channel;
   std::uint64_t slot_sink = 0;
@@ -484,8 +577,16 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
     h.kind = detail::MsgKind::kDynamicSend;
     h.target = s.slot_sink;
     h.a = seq;
-    posted = std::make_shared<std::pair<Request, Request>>(
-        s.channel.impl()->send_message(h, record, &local, offset, n), Request());
+    RemoteRegion landing = s.gpu_slot ? RemoteRegion() : s.take_landing(seq, n);
+    if (landing && s.channel.impl()->can_place(local, landing)) {  // put into the offered block, then the record
+      h.b = detail::kPlacedSend;
+      posted = std::make_shared<std::pair<Request, Request>>(
+          s.channel.impl()->put_then_message(local, offset, landing, 0, n, h, std::move(record)), Request());
+      ++s.stats.placed;
+    } else {
+      posted = std::make_shared<std::pair<Request, Request>>(
+          s.channel.impl()->send_message(h, record, &local, offset, n), Request());
+    }
   } else {
     // Build the record in registered memory, then write it.
     rec.address = reinterpret_cast<std::uint64_t>(static_cast<char*>(local.address) + offset);

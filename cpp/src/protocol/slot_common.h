@@ -142,14 +142,14 @@ struct SenderLink {
     std::lock_guard<std::mutex> lock(mu);
     return attached && channel.impl()->peer == from && !channel.impl()->failed();
   }
-  // Sends a header-only message to the sender's sink.
-  void notify(MsgKind kind, std::uint64_t a, std::uint64_t b) {
+  // Sends a message without payload (`extra` after the header) to the sender's sink.
+  void notify(MsgKind kind, std::uint64_t a, std::uint64_t b, std::string_view extra = {}) {
     DataHeader h;
     h.kind = kind;
     h.target = sender_sink;
     h.a = a;
     h.b = b;
-    channel.impl()->send_message(h, {}, nullptr, 0, 0);
+    channel.impl()->send_message(h, extra, nullptr, 0, 0);
   }
 };
 

@@ -349,13 +349,14 @@ TEST_P(Loopback, MessageFormRefusesLyingRecords) {
   std::uint64_t slot_sink = 0;
   std::memcpy(&slot_sink, reply.data() + reply.size() - 9, 8);
 
-  auto send = [&](const td::DynamicRecord& rec, std::size_t payload, td::RecordForm form) {
+  auto send = [&](const td::DynamicRecord& rec, std::size_t payload, td::RecordForm form, bool placed = false) {
     std::string extra(td::record_size_for(max_ndim), '\0');
     extra.resize(td::encode_record(rec, max_ndim, extra.data(), form));
     td::DataHeader h;
     h.kind = td::MsgKind::kDynamicSend;
     h.target = slot_sink;
     h.a = slot.next_seq();
+    h.b = placed ? td::kPlacedSend : 0;
     const tw::LocalRegion src = source.region();
     ch.impl()->send_message(h, extra, &src, 0, payload).wait(kWait);
   };
@@ -372,6 +373,7 @@ TEST_P(Loopback, MessageFormRefusesLyingRecords) {
     std::size_t payload;
     td::RecordForm form;
     tw::ErrorKind kind;
+    bool placed = false;  // says its payload was put into a block the slot offered (§12)
   };
   std::vector<Lie> lies;
   {
@@ -394,11 +396,14 @@ TEST_P(Loopback, MessageFormRefusesLyingRecords) {
     r.spec.dtype = tw::DType{9, 64};
     lies.push_back({"unknown dtype", r, 64, td::RecordForm::kInlineData, tw::ErrorKind::kInvalidArgument});
   }
+  // Placed, but this slot offered no block (none for a tensor of 64 bytes).
+  lies.push_back({"placed without an offer", good(8), 0, td::RecordForm::kInlineData,
+                  tw::ErrorKind::kInvalidArgument, true});
   ASSERT_GE(source.size(), std::size_t(2) << 20);
   const std::size_t in_use_before = server->pool().stats().bytes_in_use;
   for (const Lie& lie : lies) {
     SCOPED_TRACE(lie.what);
-    send(lie.rec, lie.payload, lie.form);
+    send(lie.rec, lie.payload, lie.form, lie.placed);
     tw::TensorSpec spec;
     try {
       slot.recv(&spec, kWait);
