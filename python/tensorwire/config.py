@@ -43,9 +43,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_LANE_FORM", "how lanes move data: one-sided RMA or active messages (a comma list: "
              "lane i takes item i mod n)", "auto, rma, messages, or a comma list of them",
              "auto (messages where UCX emulates RMA, e.g. tcp; rma elsewhere)", CORE),
-    Variable("TENSORWIRE_PLACE", "which tensors a Device's static slots ask their senders to place on a "
-             "message-form lane (tcp): put into the slot buffer, then a header message (contracts §12); "
-             "others travel in their message", "LO-HI (bytes, inclusive), off",
+    Variable("TENSORWIRE_PLACE", "which tensors a Device's slots ask their senders to place on a "
+             "message-form lane (tcp): put into the slot's buffer (a dynamic slot: a block it offered), then a "
+             "header message (contracts §12); others travel in their message", "LO-HI (bytes, inclusive), off",
              "262144-4194304 with inline progress, off with a progress thread", CORE),
     Variable("TENSORWIRE_EXACT_EXPORT", "give remote peers keys of a registration of exactly the exported "
              "range (instead of its pool slab's)", "0, 1", "1 when UCX offers verbs RC/DC/UD or SRD (hardware "

@@ -87,8 +87,8 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // ---- data messages (core/messages.cc) ----
   enum class LaneForm { kAuto, kRma, kMessages };
   std::vector<LaneForm> lane_forms;  // TENSORWIRE_LANE_FORM, per lane (lane % size); empty: auto
-  // Which tensors this device's static slots ask their senders to place on a
-  // message-form lane (put, flush, header message; contracts §10.3, §12):
+  // Which tensors this device's slots ask their senders to place on a
+  // message-form lane (put, flush, header message; contracts §10.3, §10.4, §12):
   // [from, to], empty when from > to. Placing lets a sender stream tensor k+1
   // while the receiver's thread consumes tensor k, which matters only where no
   // progress thread answers a rendezvous meanwhile: by default inline

@@ -32,10 +32,10 @@ inline constexpr unsigned kDataAmId = 0x7478;          // the one AM id of data 
 inline constexpr std::uint32_t kDataMagic = 0x4d445754;  // "TWDM"
 
 enum class MsgKind : std::uint8_t {
-  kStaticSend = 1,     // target: static slot; a = sequence; payload = tensor
+  kStaticSend = 1,     // target: static slot; a = sequence; b = form; payload = tensor (form 0)
   kStaticRelease = 2,  // target: static sender; a = last released sequence
-  kDynamicSend = 3,    // target: dynamic slot; a = sequence; extra = record (inline form); payload = tensor
-  kDynamicAck = 4,     // target: dynamic sender; a = sequence; b = RecordStatus
+  kDynamicSend = 3,    // target: dynamic slot; a = sequence; b = form; extra = record (inline form); payload = tensor (form 0)
+  kDynamicAck = 4,     // target: dynamic sender; a = sequence; b = RecordStatus; extra = an offered block (optional)
   kPut = 5,            // target: op id to answer; a = address; payload = bytes
   kPutDone = 6,        // target: op id; b = status
   kGet = 7,            // target: op id to answer; a = address; b = length
@@ -43,8 +43,9 @@ enum class MsgKind : std::uint8_t {
   kWake = 9,           // target: slot or sender; a = sequence just set, released or acked: the peer napped (a doorbell)
 };
 
-// kStaticSend's b: 0, the payload follows in the message; kPlacedSend, the
-// sender put it into its buffer and flushed before sending this header.
+// kStaticSend's and kDynamicSend's b: 0, the payload follows in the message;
+// kPlacedSend, the sender put it into its buffer (a dynamic slot: the block
+// its last ack offered) and flushed before sending this header.
 inline constexpr std::uint64_t kPlacedSend = 1;
 
 // Status of a put or get, in its reply.
