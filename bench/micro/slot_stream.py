@@ -6,8 +6,9 @@ The sender posts COUNT float32 tensors of SIZE bytes back to back
 (send().wait() each; depth 2 lets it write tensor k+1 while the receiver holds
 tensor k); the receiver recv()s, consumes and releases. CONSUME: 0 nothing,
 1 numpy's max over the tensor (the bench's consumer, default), N > 1 a busy
-loop of N us. Default Device() settings over tcp (TENSORWIRE_PROGRESS,
-TENSORWIRE_PLACE and the other variables of docs/configuration.md apply).
+loop of N us. Default Device() settings over tcp: blocking progress, whose
+slots do not ask for placed tensors; TENSORWIRE_PROGRESS=inline shows the
+placed form, TENSORWIRE_PLACE=off the rendezvous (docs/configuration.md).
 Prints MB/s and, as medians over the last three quarters: the time per tensor,
 the consume time, the sender's send().wait(), and the receiver's gap from a
 release to the next recv() returning. Whether the transfer overlaps the
