@@ -225,7 +225,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   }
 
   // Status first, fence, then the sequence: the sender reads the sequence,
-  // then trusts the status. `landing`: the message form's offer (offer_landing).
+  // then trusts the status. `landing_offer`: the message form's (offer_landing).
   void ack(std::uint64_t seq, std::uint64_t status, std::string_view landing_offer = {}) {
     if (link.channel.impl()->uses_messages()) {
       link.notify(MsgKind::kDynamicAck, seq, status, landing_offer);  // one message, applied in order by the sender

@@ -112,7 +112,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     w.put<std::uint64_t>(layout.payload);
     w.put_bytes32(dev.export_for(block.descriptor(), *caller).to_bytes());
     w.put<std::uint64_t>(sink.id);
-    const auto [place_from, place_to] = dev.place_window();  // the sizes its sender places (§12)
+    const auto [place_from, place_to] = place_window(dev);  // the sizes its sender places (§12)
     w.put<std::uint64_t>(place_from);
     w.put<std::uint64_t>(place_to);
     if (layout.separate) {  // appended: where the sequence words are (§10.3)
@@ -147,7 +147,10 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
                                 static_cast<unsigned long long>(seq), static_cast<unsigned long long>(next));
     }
     const bool placed = h.b == kPlacedSend;
-    if (h.b > kPlacedSend || (placed && payload.length() != 0) || (!placed && payload.length() != layout.nbytes)) {
+    const auto [place_from, place_to] = place_window(dev);
+    if (h.b > kPlacedSend || (placed && (payload.length() != 0 || layout.nbytes < place_from ||
+                                         layout.nbytes > place_to)) ||
+        (!placed && payload.length() != layout.nbytes)) {
       return dev.refuse_message("static slot '%s': a tensor of %zu bytes (form %llu), the slot holds %zu",
                                 name.c_str(), payload.length(), static_cast<unsigned long long>(h.b),
                                 layout.nbytes);
@@ -166,6 +169,12 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
           if (ok) store_release(word, seq);
         },
         shared_from_this());
+  }
+
+  // The tensor sizes this slot asks its sender to place (§12): its device's
+  // window for a host slot, none for one in GPU memory.
+  std::pair<std::uint64_t, std::uint64_t> place_window(const DevicePort& dev) const {
+    return layout.separate ? std::pair<std::uint64_t, std::uint64_t>{1, 0} : dev.place_window();
   }
 
   volatile void* seq_word(std::size_t i) const {
