@@ -873,9 +873,10 @@ TEST_P(Loopback, WaitAnySaysWhichSlotIsReady) {
 
 // A placed static send (contracts §12): the sender puts the tensor into its
 // buffer and, once a flush says it landed, sends a header with no payload. A
-// placed header that carries a payload, an in-message header without one,
-// or a form nobody defined is refused and counted; real placed sends arrive
-// intact and are counted by their sender.
+// placed header that carries a payload or is for a slot whose window does not
+// hold its size, an in-message header without a payload, or a form nobody
+// defined is refused and counted; real placed sends arrive intact and are
+// counted by their sender, and a slot outside the window gets none.
 TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   namespace td = tw::detail;
   {
@@ -883,32 +884,38 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
     const char* place = std::getenv("TENSORWIRE_PLACE");
     const std::string saved_forms = forms ? forms : "", saved_place = place ? place : "";
     setenv("TENSORWIRE_LANE_FORM", "messages", 1);
-    setenv("TENSORWIRE_PLACE", "0-1073741824", 1);  // every size
+    setenv("TENSORWIRE_PLACE", "0-8192", 1);
     start(1);
     if (forms) setenv("TENSORWIRE_LANE_FORM", saved_forms.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
     if (place) setenv("TENSORWIRE_PLACE", saved_place.c_str(), 1); else unsetenv("TENSORWIRE_PLACE");
   }
-  const tw::TensorSpec spec{{1024}, tw::DType{2, 32}};
+  const tw::TensorSpec spec{{1024}, tw::DType{2, 32}};        // 4 KiB: inside the window
+  const tw::TensorSpec large{{4096}, tw::DType{2, 32}};       // 16 KiB: outside
   const std::size_t nbytes = spec.nbytes();
   tw::StaticSlot slot(*server, "placed", spec, 2);
+  tw::StaticSlot outside(*server, "outside", large, 2);
   tw::Channel ch = client->connect(server->address());
   ASSERT_TRUE(ch.impl()->uses_messages());
   // Attach by hand (ack block, no sink of ours): a host slot's reply ends with
   // its message id and the sizes it asks to be placed (§10.3).
   tw::Block ack = client->allocate(4096);
-  td::ByteWriter w;
-  w.put_bytes32(client->impl()->export_for(ack.descriptor(), *ch.impl()->peer).to_bytes());
-  w.put<std::uint64_t>(0);
-  const std::string reply = ch.call("tw.static/placed", w.str(), kWait);
-  std::uint64_t slot_sink = 0, window[2] = {0, 0};
-  std::memcpy(&slot_sink, reply.data() + reply.size() - 24, 8);
-  std::memcpy(window, reply.data() + reply.size() - 16, 16);
-  EXPECT_EQ(window[0], 0u);  // TENSORWIRE_PLACE, as the server read it
-  EXPECT_EQ(window[1], std::uint64_t(1) << 30);
-  auto header = [&](std::uint64_t form) {
+  auto attach = [&](const std::string& name) {
+    td::ByteWriter w;
+    w.put_bytes32(client->impl()->export_for(ack.descriptor(), *ch.impl()->peer).to_bytes());
+    w.put<std::uint64_t>(0);
+    const std::string reply = ch.call("tw.static/" + name, w.str(), kWait);
+    std::uint64_t sink = 0, window[2] = {0, 0};
+    std::memcpy(&sink, reply.data() + reply.size() - 24, 8);
+    std::memcpy(window, reply.data() + reply.size() - 16, 16);
+    EXPECT_EQ(window[0], 0u) << name;  // TENSORWIRE_PLACE, as the server read it
+    EXPECT_EQ(window[1], 8192u) << name;
+    return sink;
+  };
+  const std::uint64_t slot_sink = attach("placed"), outside_sink = attach("outside");
+  auto header = [&](std::uint64_t form, std::uint64_t sink = 0) {
     td::DataHeader h;
     h.kind = td::MsgKind::kStaticSend;
-    h.target = slot_sink;
+    h.target = sink ? sink : slot_sink;
     h.a = slot.next_seq();
     h.b = form;
     return h;
@@ -918,12 +925,14 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   ch.impl()->send_message(header(td::kPlacedSend), {}, &src, 0, nbytes).wait(kWait);  // placed, yet a payload
   ch.impl()->send_message(header(0), {}, nullptr, 0, 0).wait(kWait);                  // in-message, no payload
   ch.impl()->send_message(header(td::kPlacedSend + 1), {}, nullptr, 0, 0).wait(kWait);  // an unknown form
+  ch.impl()->send_message(header(td::kPlacedSend, outside_sink), {}, nullptr, 0, 0).wait(kWait);  // not asked for
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (server->impl()->message_refusals() < refused_before + 3 && std::chrono::steady_clock::now() < deadline) {
+  while (server->impl()->message_refusals() < refused_before + 4 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 3);
+  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 4);
   EXPECT_EQ(slot.poll(), -1) << "a refused header delivered a tensor";
+  EXPECT_EQ(outside.poll(), -1) << "a refused header delivered a tensor";
 
   tw::StaticSlot real(*server, "placed-real", spec, 2);  // "placed" keeps its hand-attached sender
   tw::StaticSender sender(ch, "placed-real", kWait);
@@ -936,6 +945,14 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   }
   EXPECT_EQ(sender.stats().placed, 3u);
   EXPECT_EQ(real.stats().received, 3u);
+  // Outside the window: the tensor travels in its message.
+  tw::StaticSlot real_large(*server, "outside-real", large, 2);
+  tw::StaticSender large_sender(ch, "outside-real", kWait);
+  fill_pattern(source.data(), large.nbytes(), 40);
+  large_sender.send(source.region(), 0, large, kWait).wait(kWait);
+  const int idx = real_large.recv(kWait);
+  EXPECT_EQ(first_diff(real_large.buffer(idx), source.data(), large.nbytes()), -1);
+  EXPECT_EQ(large_sender.stats().placed, 0u);
 }
 
 // A wait that naps on a one-sided word cuts the thread's timer slack for
