@@ -327,32 +327,9 @@ Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offs
     if (landed.state() < 0) return landed;
     return send_message(h, extra, nullptr, 0, 0);
   }
-  // One ref for the returned Request, one for the chain (dropped when it ends).
-  auto* outer = new RequestState(worker, 2);
-  std::weak_ptr<ChannelImpl> self = weak_from_this();
-  // Runs on whichever thread completes the flush, maybe inside a UCX
-  // callback: posting is allowed there, releasing a last reference is not.
-  landed.then([self, outer, h, extra = std::move(extra)](bool ok, const std::string& message) mutable {
-    Request sent;
-    std::string why = message;
-    if (ok) {
-      if (auto channel = self.lock()) {
-        try {
-          sent = channel->post_data_message(h, extra, nullptr, 0, 0);
-        } catch (const Error& e) {
-          ok = false;
-          why = e.what();
-        }
-        defer_release(std::move(channel));
-      } else {
-        ok = false;
-        why = "channel closed";
-      }
-    }
-    if (!ok) return settle_chain(outer, false, ErrorKind::kConnection, why);
-    sent.then([outer](bool done, const std::string& w) { settle_chain(outer, done, ErrorKind::kConnection, w); });
+  return post_after(std::move(landed), [h, extra = std::move(extra)](ChannelImpl& channel) {
+    return channel.post_data_message(h, extra, nullptr, 0, 0);
   });
-  return Request(outer);
 }
 
 bool ChannelImpl::uses_messages() const {
@@ -528,26 +505,34 @@ Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_o
     if (before.state() < 0) return Request::failed(ErrorKind::kConnection, before.error_message());
     return rma(true, local, local_offset, remote, remote_offset, length);
   }
+  return post_after(
+      std::move(before),
+      [local = LocalRegion(local), local_offset, remote = RemoteRegion(remote), remote_offset,
+       length](ChannelImpl& channel) { return channel.rma(true, local, local_offset, remote, remote_offset, length); },
+      local.owner, remote.shared());
+}
+
+Request ChannelImpl::post_after(Request before, std::function<Request(ChannelImpl&)> next,
+                                std::shared_ptr<const void> local_owner, std::shared_ptr<const void> remote_owner) {
   // One ref for the returned Request, one for the chain (dropped when it ends).
   auto* outer = new RequestState(worker, 2);
-  outer->local_owner = local.owner;
-  outer->remote_owner = remote.shared();
+  outer->local_owner = std::move(local_owner);
+  outer->remote_owner = std::move(remote_owner);
   std::weak_ptr<ChannelImpl> self = weak_from_this();
-  // Runs on whichever thread completes the flush, maybe inside a UCX
+  // Runs on whichever thread completes `before`, maybe inside a UCX
   // callback: posting from there is allowed (progressing is not); whatever
-  // may be a last reference (memory, rkey, the channel) is released later,
-  // outside UCX.
-  before.then([self, outer, local = LocalRegion(local), local_offset, remote = RemoteRegion(remote), remote_offset, length](
-                  bool ok, const std::string& message) mutable {
-    Request write;
-    bool posted = false;
+  // may be a last reference (the channel, memory, an rkey) is released
+  // later, outside UCX.
+  before.then([self, outer, next = std::move(next)](bool ok, const std::string& message) mutable {
+    Request posted;
+    bool is_posted = false;
     ErrorKind kind = ErrorKind::kConnection;
     std::string why = message;
     if (ok) {
       if (auto channel = self.lock()) {
         try {
-          write = channel->rma(true, local, local_offset, remote, remote_offset, length);
-          posted = true;
+          posted = next(*channel);
+          is_posted = true;
         } catch (const Error& e) {
           kind = e.kind();
           why = e.what();
@@ -557,11 +542,11 @@ Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_o
         why = "channel closed";
       }
     }
-    defer_release(std::move(local.owner));
-    defer_release(remote.shared());
-    remote = RemoteRegion();
-    if (!posted) return settle_chain(outer, false, kind, why);
-    write.then([outer](bool done, const std::string& w) { settle_chain(outer, done, ErrorKind::kConnection, w); });
+    // What `next` captured goes now, while `outer` still holds the owners
+    // (released outside UCX when it settles): never a last reference here.
+    next = nullptr;
+    if (!is_posted) return settle_chain(outer, false, kind, why);
+    posted.then([outer](bool done, const std::string& w) { settle_chain(outer, done, ErrorKind::kConnection, w); });
   });
   return Request(outer);
 }

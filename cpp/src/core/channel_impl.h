@@ -164,6 +164,12 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   Request ucx_rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                   std::size_t remote_offset, std::size_t length);
   Request ucx_flush();  // ucp_ep_flush: every UCX operation posted before it has completed
+  // Posts next(*this) once `before` completed (write_ordered's write after
+  // its flush, a placed send's header after its put): the Request completes
+  // with what `next` posted, or fails with the first error. The owners stay
+  // alive until the chain ends.
+  Request post_after(Request before, std::function<Request(ChannelImpl&)> next,
+                     std::shared_ptr<const void> local_owner = {}, std::shared_ptr<const void> remote_owner = {});
   // send_message without its after-post duties (deferred releases): also from a UCX callback.
   Request post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                             std::size_t length);
