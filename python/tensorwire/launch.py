@@ -69,10 +69,31 @@ class RankPlacement:
     where: str = "localhost"
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port for a root address that stays free until rank 0 binds it.
+
+    A port probed by binding to 0 comes from the kernel's ephemeral range, and
+    between the probe and rank 0's bind any process may be handed it again: the
+    other ranks' outgoing connections, or UCX's tcp listener in every rank's
+    worker (CI saw rank 0 lose its port to that). Below the ephemeral range the
+    kernel hands out nothing, so a port there can only be taken by an explicit
+    bind.
+    """
+    import random
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    candidates = [random.randint(20000, ephemeral_low - 1) for _ in range(64)] if ephemeral_low > 20100 else []
+    for port in candidates + [0]:
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError(f"no free port on {host}")
 
 
 def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int = 0) -> list[RankPlacement]:
@@ -103,7 +124,7 @@ def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int
                        TENSORWIRE_HOST=addr[h], TENSORWIRE_LOCAL_RANK=str(local_rank[h]))
             out.append(RankPlacement(r, env, list(tb.exec_prefix(h)), h))
         return out
-    root = f"127.0.0.1:{port or _free_port('127.0.0.1')}"
+    root = f"127.0.0.1:{port or free_port()}"
     return [RankPlacement(r, {"TENSORWIRE_RANK": str(r), "TENSORWIRE_SIZE": str(n), "TENSORWIRE_ROOT": root,
                               "TENSORWIRE_LOCAL_RANK": str(r)}) for r in range(n)]
 

@@ -4,7 +4,6 @@ under torchrun; a missing rank, a rank claimed twice and sizes that differ fail
 every rank, within the bound, with words that say which."""
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -64,10 +63,7 @@ def test_killed_rank_fails_run_naming_it():
     assert time.monotonic() - t0 < 30  # stopped promptly, not after the 60 s barrier timeout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tensorwire.launch import free_port as _free_port
 
 
 BOOT = "import sys, tensorwire.world as w; w.World(transport='tcp', timeout=float(sys.argv[1]))"
@@ -212,3 +208,14 @@ def test_detect_rejects_bad_environment(env, words):
 def test_run_needs_a_command():
     r = subprocess.run([sys.executable, "-m", "tensorwire", "run", "-n", "2"], capture_output=True, text=True)
     assert r.returncode == 2 and "command" in r.stderr
+
+
+def test_the_root_port_lies_below_the_kernels_ephemeral_range():
+    # A root port from the ephemeral range can be handed to another rank's socket
+    # before rank 0 binds it (CI lost a terasort run to that).
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    if low <= 20100:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it")
+    ports = {_free_port() for _ in range(20)}
+    assert all(20000 <= p < low for p in ports), ports
+    assert len(ports) > 1  # drawn, not one fixed port that a neighbour's run would also take

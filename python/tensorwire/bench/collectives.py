@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -193,18 +192,13 @@ def _as_rank() -> bool:
     return any(k in os.environ for k in RANK_ENV)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(args: argparse.Namespace) -> int:
     n = args.ranks or (4 if args.profile else 2)
     rank_cmd = [sys.executable, "-m", "tensorwire.bench.collectives", *_argv_of(args)]
     env_path = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.compare == "mpi":
         from ..config import PROGRESS_BAR
+        from ..launch import free_port
         why = mpi_unavailable()
         if why:
             print(f"tensorwire bench {args.coll_op}: --compare mpi is not possible here: {why}", file=sys.stderr)
@@ -214,7 +208,7 @@ def _launch(args: argparse.Namespace) -> int:
             cmd.append("--allow-run-as-root")
         if n > (os.cpu_count() or 1):
             cmd.append("--oversubscribe")
-        root = f"127.0.0.1:{_free_port()}"
+        root = f"127.0.0.1:{free_port()}"
         cmd += ["-x", f"TENSORWIRE_ROOT={root}", "-x", "PYTHONUNBUFFERED=1", "-x", PROGRESS_BAR,
                 "-x", "PYTHONPATH=" + os.pathsep.join(p for p in (env_path, os.environ.get("PYTHONPATH")) if p)]
         cmd += rank_cmd

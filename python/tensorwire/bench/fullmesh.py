@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -327,10 +326,8 @@ def sweep(args) -> int:
             out = os.path.join(tmp, f"n{k}.json")
             cmd = [sys.executable, "-m", "tensorwire", "run", "-n", str(k), "--timeout", f"{timeout:g}"]
             if hosts:
-                # A fresh root port per run: the last run's port may still be held (TIME_WAIT) in the
-                # namespace, and the launcher's testbed default is a fixed 29600.
-                cmd += ["--testbed", args.testbed, "--hosts", ",".join(hosts[:k]),
-                        "--port", str(random.randint(20000, 40000))]
+                # the launcher picks a fresh root port per run (tensorwire.launch.plan)
+                cmd += ["--testbed", args.testbed, "--hosts", ",".join(hosts[:k])]
             cmd += ["--", sys.executable, "-m", "tensorwire", "bench", "fullmesh", "--transport", args.transport,
                     "-s", str(args.size), "-q", str(args.lanes), "-D", f"{args.duration:g}", "-f", f"{args.margin:g}",
                     "--json", out]

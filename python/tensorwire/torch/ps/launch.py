@@ -22,6 +22,7 @@ from torch import nn
 import tensorwire as tw
 
 from ...bench.common import Progress
+from ...launch import free_port
 from ...rendezvous import Aborted, Store, TorchStore, gather, publish
 from ...roles import RoleError, Roles
 from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss, server_lanes
@@ -267,13 +268,6 @@ class TrainResult:
         return d
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any], *, workers: int = 2,
           servers: int = 2, steps: int = 50, mode: str = "zerocopy", transport: str = "auto",
           optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0, warmup: int = 2,
@@ -359,7 +353,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
             kinds.append((role, rank))
 
         kinds: list[tuple[str, int]] = []
-        init_method = f"tcp://127.0.0.1:{_free_port()}" if mode == "gloo" else None
+        init_method = f"tcp://127.0.0.1:{free_port()}" if mode == "gloo" else None
         try:
             if colocate:
                 for r in range(workers):
