@@ -1,6 +1,7 @@
 """Where the time of one static-slot transfer goes, across two processes.
 
 Usage: python3 bench/micro/slot_transfer_split.py SIZE ITERS [--progress blocking|inline] [--transport tcp|shm]
+                                                 [--kind static|dynamic]
 
 A sender process and a receiver process (one Device each, the given progress
 mode, default settings otherwise) move a float32 tensor of SIZE bytes through
@@ -10,6 +11,9 @@ receiver recv()s, takes the max and releases. Both record time.perf_counter()
 the medians of the segments are printed (the first quarter of the iterations,
 at most 200, are warm-up). Used to find the blocking-mode costs of
 docs/architecture.md §6 (progress-thread spin, parked-thread looks).
+--kind dynamic: a dynamic slot instead; the sender's send().wait() ends at
+the slot's ack (when recv() takes the tensor), so "consumed seen" is that too,
+and the receiver drops the block after the max.
 """
 
 from __future__ import annotations
@@ -21,20 +25,36 @@ import time
 import numpy as np
 
 
-def _receiver(q, rq, size: int, iters: int, progress: str, transport: str) -> None:
+def _switches() -> tuple[int, int]:
+    """This thread's voluntary and involuntary context switches so far."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_THREAD)
+    return r.ru_nvcsw, r.ru_nivcsw
+
+
+def _receiver(q, rq, size: int, iters: int, progress: str, transport: str, kind: str, consume: bool) -> None:
     import tensorwire as tw
     with tw.Device(transport=transport, progress=progress) as dev:
-        slot = dev.static_slot("split", (size // 4,), "float32", depth=1)
+        if kind == "static":
+            slot = dev.static_slot("split", (size // 4,), "float32", depth=1)
+        else:
+            slot = dev.dynamic_slot("split")
         q.put(dev.address)
-        marks = []
-        for _ in range(iters):
+        marks, switches = [], []
+        for i in range(iters):
+            if i == min(200, iters // 4):
+                switches.append(_switches())
             a = time.perf_counter()
             view = slot.recv(30)
             b = time.perf_counter()
-            np.asarray(view).max()
-            slot.release(view)
+            if consume:
+                np.asarray(view).max()
+            if kind == "static":
+                slot.release(view)
+            del view  # a dynamic slot's block is freed with its last reference
             marks.append((a, b, time.perf_counter()))
-        rq.put(marks)
+        switches.append(_switches())
+        rq.put((marks, slot.stats(), switches))
         time.sleep(0.5)  # the last release reaches the sender before the device closes
 
 
@@ -44,34 +64,48 @@ def main() -> int:
     ap.add_argument("iters", type=int)
     ap.add_argument("--progress", default="blocking", choices=("blocking", "inline", "polling"))
     ap.add_argument("--transport", default="tcp", choices=("tcp", "shm"))
+    ap.add_argument("--kind", default="static", choices=("static", "dynamic"))
+    ap.add_argument("--no-consume", dest="consume", action="store_false", help="release without reading the tensor")
     args = ap.parse_args()
     import tensorwire as tw
     ctx = mp.get_context("spawn")
     q, rq = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=_receiver, args=(q, rq, args.size, args.iters, args.progress, args.transport))
+    proc = ctx.Process(target=_receiver, args=(q, rq, args.size, args.iters, args.progress, args.transport, args.kind, args.consume))
     proc.start()
     with tw.Device(transport=args.transport, progress=args.progress) as dev:
-        sender = dev.connect(q.get(timeout=60)).static_sender("split")
+        ch = dev.connect(q.get(timeout=60))
+        sender = ch.static_sender("split") if args.kind == "static" else ch.dynamic_sender("split")
         tensor = dev.empty((args.size // 4,), "float32")
-        marks = []
-        for _ in range(args.iters):
+        marks, switches = [], []
+        for i in range(args.iters):
+            if i == min(200, args.iters // 4):
+                switches.append(_switches())
             t0 = time.perf_counter()
             sender.send(tensor).wait(30)
             t1 = time.perf_counter()
-            sender.wait_consumed(sender.sent, 30)
+            if args.kind == "static":
+                sender.wait_consumed(sender.sent, 30)
             marks.append((t0, t1, time.perf_counter()))
-        rx = rq.get(timeout=60)
+        switches.append(_switches())
+        rx, rstats, rswitches = rq.get(timeout=60)
     proc.join(30)
     skip = min(200, args.iters // 4)
     s, r = np.array(marks[skip:]), np.array(rx[skip:])
-    print(f"# {args.size} B, {args.iters - skip} timed of {args.iters}, {args.transport}, {args.progress} progress; "
+    print(f"# {args.kind} slot, {args.size} B, {args.iters - skip} timed of {args.iters}, {args.transport}, "
+          f"{args.progress} progress; "
           "medians in us (p10, p90)")
     for name, x in (("send posted -> recv returns", r[:, 1] - s[:, 0]),
                     ("recv returns -> released", r[:, 2] - r[:, 1]),
+                    ("recv called -> recv returns", r[:, 1] - r[:, 0]),
                     ("send posted -> send done", s[:, 1] - s[:, 0]),
                     ("total (send posted -> consumed seen)", s[:, 2] - s[:, 0])):
         p10, p50, p90 = np.percentile(x * 1e6, [10, 50, 90])
         print(f"  {name:<38} {p50:10.1f}  ({p10:.1f}, {p90:.1f})")
+    timed = args.iters - skip
+    for who, sw in (("sender", switches), ("receiver", rswitches)):
+        print(f"  {who}'s thread: {(sw[1][0] - sw[0][0]) / timed:.2f} voluntary and "
+              f"{(sw[1][1] - sw[0][1]) / timed:.2f} involuntary context switches per transfer")
+    print(f"  receiver's slot: {rstats}")
     return 0
 
 

@@ -857,6 +857,60 @@ def test_a_napping_receiver_is_rung_by_its_sender(transport, progress, kind):
         assert sender.stats()["doorbells"] == (3 if one_sided else 0), sender.stats()
 
 
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_receiver_napping_in_wait_any_is_rung(transport, kind):
+    """wait_any on a slot naps like its recv() and asks the sender to ring the
+    same way (over shared memory, one-sided: the sender's stats()['doorbells'];
+    over tcp the tensor's message wakes it). What it waited for is there."""
+    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as dev:
+        name = unique("anyrung")
+        slot = dev.static_slot(name, (16,), "int32", depth=2) if kind == "static" else dev.dynamic_slot(name)
+        op(peer, "connect", address=dev.address)
+        op(peer, "sender", kind=kind, name=name)
+        for i in range(3):
+            # the sender waits 0.2 s: the wait below spins out and naps first
+            peer.send({"op": "send", "name": name, "shape": [16], "dtype": "int32", "start": i, "count": 1,
+                       "delay": 0.2})
+            assert tw.wait_any([slot], 10) == 0
+            got = slot.recv(0)
+            assert np.asarray(got).tolist() == [i] * 16
+            if kind == "static":
+                slot.release(got)
+            del got
+            sent = peer.recv(30)
+            assert "raised" not in sent and sent["sent"] == 1, sent
+        one_sided = transport == "shm" and dev.connect(peer.address).form != "messages"
+        assert sent["stats"]["doorbells"] == (3 if one_sided else 0), sent["stats"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_dynamic_sender_napping_in_wait_any_is_rung(transport):
+    """wait_any on a dynamic send's request naps like its wait() and asks the
+    receiver to ring once the ack is written (over shared memory: the slot's
+    stats()['doorbells']; over tcp the ack is a message)."""
+    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as dev:
+        name = unique("anyack")
+        op(peer, "dynamic_slot", name=name)
+        sender = dev.connect(peer.address).dynamic_sender(name)
+        tensor = dev.empty((16,), "int32")
+        for i in range(3):
+            np.asarray(tensor)[:] = i
+            request = sender.send(tensor)
+            later = threading.Timer(0.2, peer.send, [{"op": "recv", "name": name, "count": 1, "mode": "fill"}])
+            later.start()
+            try:
+                assert tw.wait_any([request], 10) == 0  # the ack comes ~0.2 s later: the wait naps
+            finally:
+                later.join()
+            request.wait(0)
+            got = peer.recv(30)
+            assert "raised" not in got and got["values"] == [i] and got["nonuniform"] == 0, got
+        one_sided = transport == "shm" and dev.connect(peer.address).form != "messages"
+        stats = op(peer, "stats", name=name)["stats"]
+        assert stats["doorbells"] == (3 if one_sided else 0), stats
+
+
 @pytest.mark.parametrize("progress, place", [("inline", None), ("blocking", None), ("blocking", "0-4096"),
                                              ("inline", "off")])
 def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, progress, place):

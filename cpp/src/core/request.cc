@@ -136,6 +136,8 @@ class RequestSource : public WaitSource {
     return true;
   }
   std::string describe() override { return "a request"; }
+  void announce(bool napping, Drivers* drivers) override { state_->announce(state_->announce_ctx, napping, drivers); }
+  bool announces() const override { return state_ && state_->announce; }
 
  private:
   RequestState* state_;

@@ -95,6 +95,13 @@ std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, do
     policy.evented = shaped ? policy.evented && p.evented : p.evented;
     shaped = true;
   }
+  // A napping wait asks each source's peer to ring, as each source's own wait would.
+  if (std::any_of(sources.begin(), sources.end(), [](const auto& s) { return s->announces(); })) {
+    policy.announce = [](void* ctx, bool napping, Drivers* d) {
+      for (auto& s : *static_cast<const std::vector<std::shared_ptr<WaitSource>>*>(ctx)) s->announce(napping, d);
+    };
+    policy.announce_ctx = const_cast<std::vector<std::shared_ptr<WaitSource>>*>(&sources);
+  }
   // The index of the first source that is ready (failed), or sources.size().
   auto first_where = [&](bool (WaitSource::*pred)()) {
     std::size_t i = 0;

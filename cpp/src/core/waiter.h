@@ -171,6 +171,10 @@ class WaitSource {
   virtual bool prepare(Drivers& drivers, WaitPolicy& policy) = 0;
   // For the Timeout message: what was awaited ("static slot 'x': tensor 3").
   virtual std::string describe() = 0;
+  // Its WaitPolicy::announce, if its wait alone would ask its peer to ring (a
+  // slot's doorbell, a request's): wait_any calls it for every source.
+  virtual void announce(bool /*napping*/, Drivers* /*drivers*/) {}
+  virtual bool announces() const { return false; }
 };
 
 // Returns the index of the first ready source (lowest index first when

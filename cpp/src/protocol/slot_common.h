@@ -340,6 +340,8 @@ class SlotSource : public WaitSource {
     return true;
   }
   std::string describe() override { return s_->describe_wait(); }
+  void announce(bool napping, Drivers* drivers) override { announce_nap<Slot>(s_.get(), napping, drivers); }
+  bool announces() const override { return true; }
 
  private:
   std::shared_ptr<Slot> s_;
