@@ -614,6 +614,10 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
     state->announce = &announce_sender_nap<DynamicSenderImpl>;
     state->announce_ctx = impl.get();  // alive: the poller holds it
   }
+  // Over a message-form lane the ack is a message, an event of this worker:
+  // the wait may sleep on its fd (a GPU tensor's ack over shared memory is a
+  // one-sided write, no event).
+  state->poller_evented = s.channel.impl()->uses_messages();
   state->poller = [posted, impl, seq, state]() {
     // state(), not test(): the waiter (or the progress thread) progresses.
     for (Request* r : {&posted->first, &posted->second}) {
