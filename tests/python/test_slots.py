@@ -885,6 +885,32 @@ def test_a_receiver_napping_in_wait_any_is_rung(transport, kind):
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+def test_wait_any_naps_on_sources_that_ring_and_sources_that_do_not(transport):
+    """One wait_any over a slot (which asks its sender to ring) and a request
+    that does not (over tcp a dynamic send's ack is a message) naps until the
+    slot's tensor comes, as TeraSort's shuffle waits: it asks only the sources
+    that ring, and each wakes it."""
+    with start_slot_peer(transport) as peer, tw.Device(transport=transport) as dev:
+        inbound, outbound = unique("any-in"), unique("any-out")
+        slot = dev.dynamic_slot(inbound)
+        op(peer, "dynamic_slot", name=outbound)
+        op(peer, "connect", address=dev.address)
+        op(peer, "sender", kind="dynamic", name=inbound)
+        pending = dev.connect(peer.address).dynamic_sender(outbound).send(np.full(16, 5, np.int32))
+        peer.send({"op": "send", "name": inbound, "shape": [16], "dtype": "int32", "start": 3, "count": 1,
+                   "delay": 0.2})
+        assert tw.wait_any([slot, pending], 10) == 0  # the peer is away 0.2 s: the wait naps meanwhile
+        assert np.asarray(slot.recv(0)).tolist() == [3] * 16
+        sent = peer.recv(30)
+        assert "raised" not in sent and sent["sent"] == 1, sent
+        peer.send({"op": "recv", "name": outbound, "count": 1, "mode": "fill"})
+        assert tw.wait_any([pending], 10) == 0
+        pending.wait(0)
+        got = peer.recv(30)
+        assert "raised" not in got and got["values"] == [5], got
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_dynamic_sender_napping_in_wait_any_is_rung(transport):
     """wait_any on a dynamic send's request naps like its wait() and asks the
     receiver to ring once the ack is written (over shared memory: the slot's

@@ -136,7 +136,9 @@ class RequestSource : public WaitSource {
     return true;
   }
   std::string describe() override { return "a request"; }
-  void announce(bool napping, Drivers* drivers) override { state_->announce(state_->announce_ctx, napping, drivers); }
+  void announce(bool napping, Drivers* drivers) override {
+    if (announces()) state_->announce(state_->announce_ctx, napping, drivers);
+  }
   bool announces() const override { return state_ && state_->announce; }
 
  private:
