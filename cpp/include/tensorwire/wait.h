@@ -8,8 +8,10 @@
 //   std::size_t i = wait_any(items, 5.0);  // then slot_a.recv() etc. returns at once
 //
 // The wait drives the workers the items need, with the same spin, yield and
-// nap policy as every wait in tensorwire (core/waiter.h), and fails as soon
-// as the peer a slot waits on fails.
+// nap policy as every wait in tensorwire (core/waiter.h), asks the peers
+// that ring a napping waiter (a slot's sender, a dynamic send's receiver over
+// shared memory) to ring it as their own waits would, and fails as soon as
+// the peer a slot waits on fails.
 #pragma once
 
 #include <cstddef>
