@@ -123,10 +123,10 @@ def refused_connects(conn, transport: str, rounds: int) -> None:
     refusal at once). Reports {"rounds", "max_s", "errors"}; a hang here is
     caught by the parent's bounded wait (UCX 1.22 spins forever sending on a
     client-server endpoint that failed before it was wired up)."""
-    import socket
     import time
 
     import tensorwire as tw
+    from tensorwire.launch import free_port
 
     try:
         conn.send({"address": None, "pid": os.getpid()})
@@ -137,9 +137,7 @@ def refused_connects(conn, transport: str, rounds: int) -> None:
         ch = dev.connect(live.address)
         worst, errors = 0.0, {}
         for _ in range(rounds):
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
+            port = free_port()
             ch.lookup("x")
             t0 = time.monotonic()
             try:

@@ -12,7 +12,6 @@ import json
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -101,10 +100,10 @@ def device_pair(request):
 
 
 def free_port() -> int:
-    """A port nobody listens on (bound, then released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+    """A port nobody listens on, from below the ephemeral range so that no
+    socket is handed it before the test binds it (tensorwire.launch.free_port)."""
+    from tensorwire.launch import free_port as pick
+    return pick(HOST)
 
 
 class PeerError(RuntimeError):

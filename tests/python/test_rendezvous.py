@@ -133,10 +133,8 @@ def test_bad_keys_are_refused():
 
 
 def test_connecting_to_nobody_times_out_naming_the_address():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        address = f"127.0.0.1:{s.getsockname()[1]}"
+    from conftest import free_port
+    address = f"127.0.0.1:{free_port()}"
     dev = tw.Device(transport="tcp")
     try:
         t0 = time.monotonic()
