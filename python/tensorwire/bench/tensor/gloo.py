@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from typing import Any
 
 import numpy as np
@@ -31,9 +30,8 @@ class Gloo(Series):
         self.dist = dist
 
     def s_open(self, info: dict[str, Any]) -> dict[str, Any]:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            self.port = s.getsockname()[1]
+        from ...launch import free_port
+        self.port = free_port(HOST)  # gloo's store binds it in s_connect
         return {"port": self.port}
 
     def s_connect(self) -> None:
