@@ -39,7 +39,9 @@ launcher (see `python -c "import tensorwire.world as w; help(w)"`).""")
                    help="comma-separated testbed hosts; rank i runs on host i mod len (needs --testbed)")
     p.add_argument("--testbed", default=None, metavar="NAME",
                    help="run inside the hosts of this testbed (see `tensorwire testbed up`)")
-    p.add_argument("--port", type=int, default=0, help="rank 0's listening port (default: a free one)")
+    p.add_argument("--port", type=int, default=0,
+                   help="rank 0's listening port (default: a free one below the kernel's ephemeral range, "
+                        "which no other socket is handed meanwhile)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="end the run (FAIL) after S seconds (default: no limit)")
     p.add_argument("--quiet", action="store_true", help="drop the stdout of ranks other than 0")
