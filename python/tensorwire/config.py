@@ -46,7 +46,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_PLACE", "which tensors a Device's slots ask their senders to place on a "
              "message-form lane (tcp): put into the slot's buffer (a dynamic slot: a block it offered), then a "
              "header message (contracts §12); others travel in their message", "LO-HI (bytes, inclusive), off",
-             "262144-4194304 with inline progress, off with a progress thread", CORE),
+             "262144-67108864 with inline progress (262144-4194304 where the kernel's tcp congestion control is bbr), "
+             "off with a progress thread", CORE),
     Variable("TENSORWIRE_EXACT_EXPORT", "give remote peers keys of a registration of exactly the exported "
              "range (instead of its pool slab's)", "0, 1", "1 when UCX offers verbs RC/DC/UD or SRD (hardware "
              "keys), else 0", CORE),

@@ -92,11 +92,11 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // [from, to], empty when from > to. Placing lets a sender stream tensor k+1
   // while the receiver's thread consumes tensor k, which matters only where no
   // progress thread answers a rendezvous meanwhile: by default inline
-  // progress, 256 KiB-4 MiB. Beyond what the kernel's socket buffers hold
-  // (Linux's default largest send buffer: 4 MiB) the bytes would wait in a
-  // full socket and the receiver-paced rendezvous is faster
-  // (bench/results/tcp_placed.txt). TENSORWIRE_PLACE=LO-HI (bytes) or off
-  // sets it for every progress mode.
+  // progress, 256 KiB-64 MiB, or 256 KiB-4 MiB where the kernel's tcp
+  // congestion control is bbr: there bursts beyond what the socket buffers
+  // hold (4 MiB) lose segments while the receiver is away, and the
+  // receiver-paced rendezvous is faster (bench/results/tcp_placed.txt §6-7).
+  // TENSORWIRE_PLACE=LO-HI (bytes) or off sets it for every progress mode.
   std::pair<std::uint64_t, std::uint64_t> place_window() const;
   std::uint64_t place_from = std::uint64_t(256) << 10, place_to = std::uint64_t(4) << 20;
   bool place_set = false;  // TENSORWIRE_PLACE was given
