@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tensorwire import InvalidArgument
+from tensorwire.launch import free_port as _free_port
 from tensorwire.world import detect
 
 SCRIPT = textwrap.dedent("""
@@ -61,9 +62,6 @@ def test_killed_rank_fails_run_naming_it():
     assert r.returncode == 7, (r.returncode, r.stderr)
     assert "rank 2 exited with code 7" in r.stderr
     assert time.monotonic() - t0 < 30  # stopped promptly, not after the 60 s barrier timeout
-
-
-from tensorwire.launch import free_port as _free_port
 
 
 BOOT = "import sys, tensorwire.world as w; w.World(transport='tcp', timeout=float(sys.argv[1]))"

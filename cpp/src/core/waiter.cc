@@ -98,9 +98,7 @@ std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, do
   // A napping wait asks each source's peer to ring, as each source's own wait would.
   if (std::any_of(sources.begin(), sources.end(), [](const auto& s) { return s->announces(); })) {
     policy.announce = [](void* ctx, bool napping, Drivers* d) {
-      for (auto& s : *static_cast<const std::vector<std::shared_ptr<WaitSource>>*>(ctx)) {
-        if (s->announces()) s->announce(napping, d);
-      }
+      for (auto& s : *static_cast<const std::vector<std::shared_ptr<WaitSource>>*>(ctx)) s->announce(napping, d);
     };
     policy.announce_ctx = const_cast<std::vector<std::shared_ptr<WaitSource>>*>(&sources);
   }

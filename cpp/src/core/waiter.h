@@ -172,8 +172,8 @@ class WaitSource {
   // For the Timeout message: what was awaited ("static slot 'x': tensor 3").
   virtual std::string describe() = 0;
   // Its WaitPolicy::announce, if its wait alone would ask its peer to ring (a
-  // slot's doorbell, a request's): wait_any calls it for each source that
-  // announces().
+  // slot's doorbell, a request's); a no-op for one that does not announce().
+  // wait_any calls it for every source once any announces().
   virtual void announce(bool /*napping*/, Drivers* /*drivers*/) {}
   virtual bool announces() const { return false; }
 };
