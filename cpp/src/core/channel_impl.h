@@ -218,6 +218,12 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // must fall inside one (contracts §11). Bounded like the export table.
   void grant(std::uint64_t address, std::uint64_t length);
   bool granted(std::uint64_t address, std::uint64_t length) const;
+  // Ends the grants of ranges that start in [start, end): that memory went
+  // back to its pool, or to a user as a received tensor (contracts §11).
+  void revoke(std::uint64_t start, std::uint64_t end);
+  // Set once the device lists this peer among those it granted anything
+  // (DeviceImpl::revoke_grants walks that list).
+  std::atomic<bool> listed_as_grantee{false};
   void fail(ErrorKind kind, const std::string& why);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string describe() const;  // "device 0x.. at host:port (pid N)"
@@ -254,8 +260,13 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::map<std::string, MemoryType> export_types_;  // rkey bytes -> the memory type it was exported with
   std::deque<std::string> export_order_;
   std::size_t export_count_ = 0;
-  std::map<std::uint64_t, std::uint64_t> grants_;  // start -> end, our memory this peer may reach by message
-  std::deque<std::uint64_t> grant_order_;
+  struct Grant {
+    std::uint64_t end;
+    std::uint64_t serial;  // tells a revoked-and-regranted start from the grant grant_order_ names
+  };
+  std::map<std::uint64_t, Grant> grants_;  // start -> grant: our memory this peer may reach by message
+  std::deque<std::pair<std::uint64_t, std::uint64_t>> grant_order_;  // (start, serial), oldest first
+  std::uint64_t grant_serial_ = 0;
   std::shared_ptr<RemoteRegionImpl> region_locked(const RegionDescriptor& d);
   std::atomic<bool> failed_{false};
   static std::int64_t now_ns() {

@@ -249,6 +249,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
 DeviceImpl::~DeviceImpl() { close(); }
 
 void DeviceImpl::start() {
+  pool_impl->set_revoker(grant_revoker());  // needs weak_from_this: not in the constructor
   for (std::size_t i = 0; i < workers.size(); ++i) {
     auto data_arg = std::make_shared<DataArg>(DataArg{weak_from_this(), static_cast<int>(i)});
     workers[i]->worker()->keep_until_destroyed(data_arg);
@@ -276,7 +277,14 @@ void DeviceImpl::check_open() const {
 
 RegionDescriptor DeviceImpl::export_for(RegionDescriptor d, Peer& to) {
   // What a message-form write or read from `to` may reach (messages.cc).
-  if (d.device_id == id) to.grant(d.address, d.length);
+  if (d.device_id == id) {
+    to.grant(d.address, d.length);
+    if (!to.listed_as_grantee.exchange(true)) {
+      std::lock_guard<std::mutex> lock(grantees_mu_);
+      std::erase_if(grantees_, [](const auto& p) { return p.expired(); });
+      grantees_.push_back(to.weak_from_this());
+    }
+  }
   if (!exact_export_ || d.device_id != id || d.length == 0) return d;
   // A same-host peer with shared memory gets the slab's key, whose mapping
   // is its direct path; it checks every use against our export (Peer::
@@ -284,6 +292,19 @@ RegionDescriptor DeviceImpl::export_for(RegionDescriptor d, Peer& to) {
   if (to.info.same_host && config.map_shared_memory && data_context->has_shared_memory()) return d;
   d.rkey = pool_holding(d).exact_rkey(reinterpret_cast<const void*>(d.address), d.length, d.memory_type);
   return d;
+}
+
+std::function<void(std::uintptr_t, std::uintptr_t)> DeviceImpl::grant_revoker() {
+  return [weak = weak_from_this()](std::uintptr_t start, std::uintptr_t end) {
+    if (auto dev = weak.lock()) dev->revoke_grants(start, end);
+  };
+}
+
+void DeviceImpl::revoke_grants(std::uint64_t start, std::uint64_t end) {
+  std::lock_guard<std::mutex> lock(grantees_mu_);
+  for (const auto& weak : grantees_) {
+    if (auto peer = weak.lock()) peer->revoke(start, end);
+  }
 }
 
 MemoryPool& DeviceImpl::cuda_pool(int gpu) {
@@ -298,6 +319,7 @@ MemoryPool& DeviceImpl::cuda_pool(int gpu) {
   if (!entry.first) {
     entry.first = std::make_shared<PoolImpl>(data_context, id, config.slab_size, config.pool_limit,
                                              /*large_shared=*/false, gpu);
+    entry.first->set_revoker(grant_revoker());
     entry.second = std::make_unique<MemoryPool>(entry.first);
   }
   return *entry.second;

@@ -46,6 +46,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // (any transport but our shared-memory mapping, which a same-host peer
   // needs for its direct path) gets the key of exactly d's range.
   RegionDescriptor export_for(RegionDescriptor d, Peer& to);
+  // Ends every peer's grants of ranges starting in [start, end); this
+  // device's pools call it before a block or registration's memory returns.
+  void revoke_grants(std::uint64_t start, std::uint64_t end);
   std::string describe() const;
   unsigned progress();
 
@@ -188,6 +191,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::thread liveness_;
   std::condition_variable liveness_cv_;
   std::string self_proof_;  // see control::Hello::self_proof
+  std::function<void(std::uintptr_t, std::uintptr_t)> grant_revoker();  // for this device's pools
+  std::mutex grantees_mu_;                     // a leaf lock
+  std::vector<std::weak_ptr<Peer>> grantees_;  // the peers export_for granted anything
   bool exact_export_ = false;  // export_for gives exact keys (hardware keys, or TENSORWIRE_EXACT_EXPORT=1)
   std::deque<std::function<void()>> jobs_;
   std::condition_variable jobs_cv_;

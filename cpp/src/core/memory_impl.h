@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -68,6 +69,10 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   // key covers all of it). Cached until a block overlapping it is freed or
   // its registration dropped; then the key stops working.
   std::string exact_rkey(const void* address, std::size_t length, MemoryType type);
+  // Called with [start, end) before a block or registration returns, so that
+  // no peer keeps a grant to memory that is leased again (DeviceImpl::
+  // revoke_grants). Set once, before the pool is shared.
+  void set_revoker(std::function<void(std::uintptr_t, std::uintptr_t)> revoker) { revoker_ = std::move(revoker); }
 
  private:
   bool carve(Slab& slab, std::size_t nbytes, std::size_t alignment, std::size_t* offset);
@@ -96,6 +101,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
     std::size_t length;
     std::shared_ptr<ucx::MemHandle> memh;
   };
+  std::function<void(std::uintptr_t, std::uintptr_t)> revoker_;
   std::multimap<std::uintptr_t, Exact> exact_;  // start -> exact registrations (exact_rkey)
   // Moves the exact registrations starting inside [start, end) to `out`
   // (unmapped by the caller, outside mu_).

@@ -188,12 +188,11 @@ void PoolImpl::take_exact(std::uintptr_t start, std::uintptr_t end, std::vector<
 }
 
 void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
+  const auto start = reinterpret_cast<std::uintptr_t>(slab->base()) + offset;
+  if (revoker_) revoker_(start, start + size);  // before the range can be leased (and granted) again
   std::vector<std::shared_ptr<ucx::MemHandle>> revoked;  // unmapped after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
-  if (!exact_.empty()) {
-    const auto start = reinterpret_cast<std::uintptr_t>(slab->base()) + offset;
-    take_exact(start, start + size, &revoked);
-  }
+  if (!exact_.empty()) take_exact(start, start + size, &revoked);
   stats_.bytes_in_use -= size;
   --stats_.blocks;
   if (slab->dedicated) {
@@ -298,6 +297,7 @@ Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes, MemoryType
 }
 
 void PoolImpl::forget_registration(std::uintptr_t start, std::size_t length) {
+  if (revoker_) revoker_(start, start + length);
   std::vector<std::shared_ptr<ucx::MemHandle>> revoked;  // unmapped after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   take_exact(start, start + length, &revoked);

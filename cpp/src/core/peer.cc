@@ -93,15 +93,22 @@ bool Peer::exported(const RegionDescriptor& d) const {
 void Peer::grant(std::uint64_t address, std::uint64_t length) {
   if (length == 0 || address + length < address) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, fresh] = grants_.emplace(address, address + length);
+  auto [it, fresh] = grants_.emplace(address, Grant{address + length, grant_serial_ + 1});
   if (!fresh) {
-    it->second = std::max(it->second, address + length);
+    it->second.end = std::max(it->second.end, address + length);
     return;
   }
-  grant_order_.push_back(address);
-  if (grant_order_.size() > kMaxExports) {  // bounded: the oldest range is forgotten
-    grants_.erase(grant_order_.front());
+  grant_order_.emplace_back(address, ++grant_serial_);
+  while (grants_.size() > kMaxExports) {  // bounded: the oldest live range is forgotten
+    const auto [start, serial] = grant_order_.front();
     grant_order_.pop_front();
+    if (auto g = grants_.find(start); g != grants_.end() && g->second.serial == serial) grants_.erase(g);
+  }
+  if (grant_order_.size() > 2 * kMaxExports) {  // drop what revoke() left behind
+    std::erase_if(grant_order_, [this](const auto& o) {
+      auto g = grants_.find(o.first);
+      return g == grants_.end() || g->second.serial != o.second;
+    });
   }
 }
 
@@ -112,9 +119,14 @@ bool Peer::granted(std::uint64_t address, std::uint64_t length) const {
   // the address (few: a peer is granted slots and blocks, not bytes).
   for (auto it = grants_.upper_bound(address); it != grants_.begin();) {
     --it;
-    if (address + length <= it->second) return true;
+    if (address + length <= it->second.end) return true;
   }
   return false;
+}
+
+void Peer::revoke(std::uint64_t start, std::uint64_t end) {
+  std::lock_guard<std::mutex> lock(mu_);
+  grants_.erase(grants_.lower_bound(start), grants_.lower_bound(end));
 }
 
 std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d) {

@@ -101,6 +101,8 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
         a.status = kSizeMismatch;
       }
       if (a.status == kAccepted) {
+        const RegionDescriptor d = landing.descriptor();
+        from->revoke(d.address, d.address + d.length);  // the tensor is the user's now, not the sender's to write
         a.block = std::move(landing);
         landing_nbytes = 0;
       }

@@ -955,6 +955,67 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   EXPECT_EQ(large_sender.stats().placed, 0u);
 }
 
+// A grant ends when its memory returns (contracts §11): a block exported to
+// a peer and then freed, and a placed dynamic tensor once its receiver hands
+// it to the user, are refused to that peer's message-form writes, also when
+// the pool leases the same bytes again.
+TEST_P(Loopback, GrantsEndWhenTheirMemoryReturns) {
+  {
+    const char* forms = std::getenv("TENSORWIRE_LANE_FORM");
+    const char* place = std::getenv("TENSORWIRE_PLACE");
+    const std::string saved_forms = forms ? forms : "", saved_place = place ? place : "";
+    setenv("TENSORWIRE_LANE_FORM", "messages", 1);
+    setenv("TENSORWIRE_PLACE", "0-65536", 1);
+    start(1);
+    if (forms) setenv("TENSORWIRE_LANE_FORM", saved_forms.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
+    if (place) setenv("TENSORWIRE_PLACE", saved_place.c_str(), 1); else unsetenv("TENSORWIRE_PLACE");
+  }
+  tw::Channel ch = client->connect(server->address());
+  ASSERT_TRUE(ch.impl()->uses_messages());
+  Pump client_pump(*client);  // inline: the dynamic slot's acks reach the client while it waits elsewhere
+  auto peer = server->impl()->peer_by_id(client->id());
+  ASSERT_TRUE(peer);
+  auto remote = [](tw::RegionDescriptor d) {
+    return tw::RemoteRegion(std::make_shared<tw::detail::RemoteRegionImpl>(std::move(d)));
+  };
+  const std::size_t n = 4096;
+  const auto refused_before = server->impl()->message_refusals();
+
+  tw::Block exported = server->allocate(n);
+  const tw::RegionDescriptor d = server->impl()->export_for(exported.descriptor(), *peer);
+  fill_pattern(source.data(), n, 50);
+  ch.write(source.region(), 0, remote(d), 0, n).wait(kWait);
+  EXPECT_EQ(first_diff(exported.data(), source.data(), n), -1);
+  exported = tw::Block();  // freed: the grant ends
+  tw::Block reused = server->allocate(n);  // first fit: the same bytes, leased again and not exported
+  EXPECT_EQ(reinterpret_cast<std::uint64_t>(reused.data()), d.address);
+  std::memset(reused.data(), 0x5a, n);
+  EXPECT_THROW(ch.write(source.region(), 0, remote(d), 0, n).wait(kWait), tw::InvalidArgument);
+  EXPECT_TRUE(all_equal(reused.data(), n, 0x5a)) << "a write through a freed block's grant landed";
+
+  const tw::TensorSpec spec{{n / 4}, tw::DType{2, 32}};  // inside the window: placed into the offered block
+  tw::DynamicSlot slot(*server, "handed");
+  tw::DynamicSender sender(ch, "handed", kWait);
+  std::vector<tw::Block> received;
+  for (unsigned i = 0; i < 3; ++i) {  // the first travels in its message; its ack offers a block for the next
+    fill_pattern(source.data(), n, 60 + i);
+    tw::Request req = sender.send(source.region(), 0, spec, kWait);
+    tw::TensorSpec got;
+    received.push_back(slot.recv(&got, kWait));
+    req.wait(kWait);
+    EXPECT_EQ(first_diff(received.back().data(), source.data(), n), -1) << "tensor " << i;
+  }
+  ASSERT_EQ(sender.stats().placed, 2u);
+  for (unsigned i = 1; i < 3; ++i) {  // a placed tensor is the user's: its sender's grant ended
+    std::memset(received[i].data(), 0x5a, n);
+    tw::RegionDescriptor landed = d;
+    landed.address = reinterpret_cast<std::uint64_t>(received[i].data());
+    EXPECT_THROW(ch.write(source.region(), 0, remote(landed), 0, n).wait(kWait), tw::InvalidArgument);
+    EXPECT_TRUE(all_equal(received[i].data(), n, 0x5a)) << "a write into a received tensor landed";
+  }
+  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 3);
+}
+
 // A wait that naps on a one-sided word cuts the thread's timer slack for
 // each nap (a 20 us nap would last 70) and gives the caller's back after.
 TEST_P(Loopback, NappingWaitRestoresTheCallersTimerSlack) {
