@@ -214,6 +214,9 @@ def test_three_ranks_sort_and_validate(transport, tmp_path):
     phases = {row["phase"]: row for row in rep["rows"]}
     assert set(phases) == {"teragen", "partition", "shuffle", "shuffle_tcp", "sort", "validate"}
     assert phases["shuffle"]["bytes"] == phases["shuffle_tcp"]["bytes"] > 0
+    # with a baseline the default is 5 rounds each, alternating (one round is one noisy sample)
+    assert rep["config"]["repeat"] == 5
+    assert len(phases["shuffle"]["rounds_seconds"]) == len(phases["shuffle_tcp"]["rounds_seconds"]) == 5
     assert all(row["seconds"] > 0 and row["MBps"] > 0 for row in rep["rows"])
     # the part files, in rank order, are exactly the generated records sorted
     whole = b"".join((tmp_path / "out" / f"part-r-{r:05d}").read_bytes() for r in range(3))

@@ -181,9 +181,9 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     timeout = args.timeout
     chunk_rows = max(1, args.chunk // RECORD)
     ph = _Phase()
-    # rank 0 draws the bar, one step per phase (the command's --progress, passed to the
-    # ranks as TENSORWIRE_PROGRESS_BAR)
-    step = Progress(len(PHASES_RUN(args)), "terasort", None if rank == 0 else False).step
+    # rank 0 draws the bar, one step per phase, the TCP baseline's rounds within the
+    # shuffle's (the command's --progress, passed to the ranks as TENSORWIRE_PROGRESS_BAR)
+    step = Progress(len(PHASES_RUN(args)) - (args.baseline == "tcp"), "terasort", None if rank == 0 else False).step
 
     # receiving ends first: every slot exists before anybody attaches (barrier below)
     data_slots = {src: dev.dynamic_slot(SLOT_DATA.format(src=src), max_ndim=2,
@@ -270,41 +270,43 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     # allocations find mapped, registered pages (docs/terasort.md)
     _warm_pool(dev, [min(chunk_rows, rows - a) for rows in incoming.values() for a in range(0, rows, chunk_rows)])
     setup_s = time.perf_counter() - t_setup
-    world.barrier()
     received: dict[int, list] = {}
     sent_bytes = sum(b.nbytes for pieces in outgoing.values() for b in pieces)
 
-    rounds = []
+    # The TCP baseline's connections and buffers are set up before the first
+    # round, and its rounds alternate with the slots' (slots, sockets, slots,
+    # ...): on a machine whose speed drifts, both see the same phases.
+    tcp = _TcpShuffle(world, outgoing, incoming, timeout, args.schedule) if args.baseline == "tcp" else None
+    rounds, tcp_rounds = [], []
     for rnd in range(args.repeat):
         if rnd:  # a repeat: the previous round's blocks go back to the pool first
             for pieces in received.values():
                 for b in pieces:
                     b.release()
             received.clear()
-            world.barrier()
+        world.barrier()
         t0 = time.perf_counter()
         received = _slot_exchange(rank, senders, data_slots, outgoing, incoming, chunk_rows, args.schedule, timeout,
                                   t0)
         rounds.append(time.perf_counter() - t0)
+        if tcp is not None:
+            state["phase"] = "shuffle over tcp sockets"
+            tcp_rounds.append(tcp.round())
+            state["phase"] = "shuffle"
     recv_bytes = sum(b.nbytes for pieces in received.values() for b in pieces)
     ph.record("shuffle", float(np.median(rounds)), sent_bytes // RECORD, sent_bytes, received_bytes=recv_bytes,
               setup_s=setup_s, local_rows=int(local.shape[0]), rounds=rounds)
-    world.barrier()
-    step("shuffle")
-
-    # -- the same shuffle over plain TCP sockets --
-    if args.baseline == "tcp":
-        state["phase"] = "shuffle over tcp sockets"
-        tcp_rounds, tcp_recv = _tcp_shuffle(world, outgoing, incoming, timeout, args.repeat, args.schedule)
+    if tcp is not None:
+        tcp.close()
         same = all(np.array_equal(np.concatenate([np.asarray(b) for b in received.get(src, [])]
                                                  or [np.zeros((0, RECORD), np.uint8)]).reshape(-1),
-                                  tcp_recv.get(src, np.zeros(0, np.uint8)))
+                                  tcp.got.get(src, np.zeros(0, np.uint8)))
                    for src in range(size) if src != rank)
         ph.record("shuffle_tcp", float(np.median(tcp_rounds)), sent_bytes // RECORD, sent_bytes,
                   same_bytes=bool(same), rounds=tcp_rounds)
-        del tcp_recv
-        world.barrier()
-        step("shuffle tcp")
+        del tcp
+    world.barrier()
+    step("shuffle")
     for pieces in outgoing.values():
         for b in pieces:
             b.release()
@@ -352,52 +354,54 @@ def PHASES_RUN(args: argparse.Namespace) -> list[str]:  # noqa: N802 - phases of
     return out + ["sort", "validate"]
 
 
-def _tcp_shuffle(world, outgoing: dict[int, list], incoming: dict[int, int], timeout: float,
-                 repeat: int = 1, schedule: str = "all") -> tuple[list[float], dict[int, np.ndarray]]:
-    """The same exchange over kernel TCP: one connection per ordered pair, a
-    16-byte header (source rank, bytes), then the bytes (sendall / recv_into).
-    Connections and receive buffers (allocated and touched) are set up before
-    the clock starts, as the slots' are."""
-    rank, size = world.rank, world.size
-    host = _host_of(world.addresses[rank])
-    lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    lst.bind((host, 0))
-    lst.listen(size)
-    lst.settimeout(timeout)
-    ports = world.allgather(lst.getsockname()[1])
-    outs: dict[int, socket.socket] = {}
-    for j in range(size):
-        if j != rank:
-            c = socket.create_connection((_host_of(world.addresses[j]), ports[j]), timeout=timeout)
-            c.sendall(struct.pack("<q", rank))
-            outs[j] = c
-    ins: dict[int, socket.socket] = {}
-    while len(ins) < size - 1:
-        c, _ = lst.accept()
-        c.settimeout(timeout)
-        src = struct.unpack("<q", _recv_exact(c, 8))[0]
-        ins[src] = c
-    lst.close()
-    got: dict[int, np.ndarray] = {}
-    for src, rows in incoming.items():
-        got[src] = np.empty(rows * RECORD, dtype=np.uint8)
-        got[src].fill(0)
-    world.barrier()
+class _TcpShuffle:
+    """The same exchange over kernel TCP: one connection per ordered pair, an
+    8-byte header (the byte count), then the bytes (sendall / recv_into).
+    Connections and receive buffers (allocated and touched) are set up here,
+    before any clock starts, as the slots' are; round() times one exchange."""
 
-    def send(j: int) -> Callable[[], None]:
+    def __init__(self, world, outgoing: dict[int, list], incoming: dict[int, int], timeout: float,
+                 schedule: str = "all") -> None:
+        self.world, self.outgoing, self.timeout, self.schedule = world, outgoing, timeout, schedule
+        rank, size = world.rank, world.size
+        host = _host_of(world.addresses[rank])
+        lst = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lst.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lst.bind((host, 0))
+        lst.listen(size)
+        lst.settimeout(timeout)
+        ports = world.allgather(lst.getsockname()[1])
+        self.outs: dict[int, socket.socket] = {}
+        for j in range(size):
+            if j != rank:
+                c = socket.create_connection((_host_of(world.addresses[j]), ports[j]), timeout=timeout)
+                c.sendall(struct.pack("<q", rank))
+                self.outs[j] = c
+        self.ins: dict[int, socket.socket] = {}
+        while len(self.ins) < size - 1:
+            c, _ = lst.accept()
+            c.settimeout(timeout)
+            src = struct.unpack("<q", _recv_exact(c, 8))[0]
+            self.ins[src] = c
+        lst.close()
+        self.got: dict[int, np.ndarray] = {}
+        for src, rows in incoming.items():
+            self.got[src] = np.empty(rows * RECORD, dtype=np.uint8)
+            self.got[src].fill(0)
+
+    def _send(self, j: int) -> Callable[[], None]:
         def run() -> None:
-            pieces = outgoing[j]
-            outs[j].sendall(struct.pack("<q", sum(b.nbytes for b in pieces)))
+            pieces = self.outgoing[j]
+            self.outs[j].sendall(struct.pack("<q", sum(b.nbytes for b in pieces)))
             for b in pieces:
-                outs[j].sendall(memoryview(np.asarray(b)).cast("B"))
+                self.outs[j].sendall(memoryview(np.asarray(b)).cast("B"))
         return run
 
-    def recv(src: int) -> Callable[[], None]:
+    def _recv(self, src: int) -> Callable[[], None]:
         def run() -> None:
-            c = ins[src]
+            c = self.ins[src]
             n = struct.unpack("<q", _recv_exact(c, 8))[0]
-            buf = got[src]
+            buf = self.got[src]
             if n != buf.nbytes:
                 raise RuntimeError(f"rank {src} announced {n} B over TCP, {buf.nbytes} B expected")
             view = memoryview(buf)
@@ -409,21 +413,22 @@ def _tcp_shuffle(world, outgoing: dict[int, list], incoming: dict[int, int], tim
                 done += k
         return run
 
-    rounds = []
-    for rnd in range(repeat):
-        if rnd:
-            world.barrier()
+    def round(self) -> float:
+        """One exchange, started together on every rank; its seconds on this rank."""
+        rank, size = self.world.rank, self.world.size
+        self.world.barrier()
         t0 = time.perf_counter()
-        for group in _schedule(schedule, rank, size):
+        for group in _schedule(self.schedule, rank, size):
             th = _Threads()
             for dst, src in group:
-                th.start(f"rank {rank} TCP-receiving from rank {src}", recv(src))
-                th.start(f"rank {rank} TCP-sending to rank {dst}", send(dst))
-            th.join(timeout * 4)
-        rounds.append(time.perf_counter() - t0)
-    for c in list(outs.values()) + list(ins.values()):
-        c.close()
-    return rounds, got
+                th.start(f"rank {rank} TCP-receiving from rank {src}", self._recv(src))
+                th.start(f"rank {rank} TCP-sending to rank {dst}", self._send(dst))
+            th.join(self.timeout * 4)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        for c in list(self.outs.values()) + list(self.ins.values()):
+            c.close()
 
 
 def _recv_exact(c: socket.socket, n: int) -> bytes:

@@ -30,8 +30,9 @@ TeraSort on tensorwire (Hadoop's TeraGen / TeraSort / TeraValidate, one process 
              128-bit CRC-32 sum equal to the generator's
 
 --baseline tcp repeats the shuffle over plain TCP sockets (one connection per
-ordered pair, sendall/recv_into) on the same data and addresses, and checks
-that it delivered the same bytes. Times are the slowest rank's; MB/s = 10^6 B/s;
+ordered pair, sendall/recv_into) on the same data and addresses, its rounds
+alternating with the slots' (5 each unless --repeat says), and checks that it
+delivered the same bytes. Times are the slowest rank's; MB/s = 10^6 B/s;
 shuffle bytes count what left each rank (the rank's own partition stays local).
 
 Without TENSORWIRE_RANK in the environment the command starts --ranks ranks of
@@ -87,9 +88,10 @@ def _add_parser(bench_sub) -> None:
     p.add_argument("--schedule", choices=("all", "pairwise"), default="all",
                    help="all: every pair exchanges at once (default); pairwise: step k sends to rank+k and "
                         "receives from rank-k, one flow each way per rank at a time")
-    p.add_argument("--repeat", type=_positive, default=1,
+    p.add_argument("--repeat", type=_positive, default=None,
                    help="run each shuffle this many times on the same data and report the median round "
-                        "(default 1: the job as it is)")
+                        "(default 1, the job as it is; 5 with --baseline tcp, whose rounds alternate with "
+                        "the slots': one round is one sample of a noisy machine)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any one wait may take (default 60)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON (rank 0)")
     p.add_argument("--plot", metavar="FILE.png", help="bar chart of the phases (needs matplotlib)")
@@ -108,6 +110,8 @@ def _add_parser(bench_sub) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.repeat is None:
+        args.repeat = 5 if args.baseline == "tcp" else 1
     if args.gen_only:
         from . import teragen
         t0 = time.perf_counter()
