@@ -386,6 +386,32 @@ def test_bench_train_plot_has_a_panel_per_figure(tmp_path):
     assert matplotlib.image.imread(only).shape[1] < width  # one panel
 
 
+def test_bench_train_repeats_go_round_the_modes(monkeypatch):
+    """--repeat N runs a configuration's modes in turn (a, b, a, b, ...), keeps
+    each mode's best, and a mode that fails once is not run again."""
+    import types
+
+    from tensorwire.cli import build_parser
+    from tensorwire.torch import bench_train
+    args = build_parser().parse_args(["bench", "train", "--repeat", "3"])
+    order, speed = [], iter([5.0, 1.0, 7.0, 4.0, 2.0, 3.0])  # zerocopy, gloo, zerocopy, ...: the copy runs fail
+
+    def fake_train_once(args, *, model, batch, mode, workers, servers, **over):
+        order.append(mode)
+        if mode == "copy":
+            raise RuntimeError("copy broke")
+        split = {"step": 0.1, "compute": 0.0, "push": 0.0, "aggregate": 0.0, "pull": 0.0}
+        return types.SimpleNamespace(samples_per_s=next(speed), split=split, bytes_copied_per_step=0,
+                                     bytes_sent_per_step=0, bytes_staged_per_step=0, device="cpu")
+
+    monkeypatch.setattr(bench_train, "train_once", fake_train_once)
+    rows = bench_train._runs(args, "mlp", 2, 2, [("zerocopy", {}), ("copy", {}), ("gloo", {})])
+    assert order == ["zerocopy", "copy", "gloo", "zerocopy", "gloo", "zerocopy", "gloo"]
+    assert [r["mode"] for r in rows] == ["zerocopy", "copy", "gloo"]
+    assert rows[0]["samples_per_s"] == 7.0 and rows[2]["samples_per_s"] == 4.0  # the best of each, not the last
+    assert rows[1]["error"] == "copy broke"
+
+
 def test_bench_train_says_when_the_target_is_above_the_floor():
     """The floor table names the (model, batch) whose target (2x gloo over shm)
     exceeds both bounds, and only those (made-up results)."""

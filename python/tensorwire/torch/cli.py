@@ -212,7 +212,9 @@ def register(commands) -> None:
                    help="convergence target: running mean of 10 losses (default 0.2)")
     b.add_argument("--steps", type=_positive, default=10, help="steps per run (default 10)")
     b.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
-    b.add_argument("--repeat", type=_positive, default=1, help="runs per configuration; the best is kept (default 1)")
+    b.add_argument("--repeat", type=_positive, default=1,
+                   help="runs per configuration, going round the modes compared (a, b, a, b, ...); the best of "
+                        "each is kept (default 1)")
     b.add_argument("--json", metavar="FILE",
                    help="write every run as JSON: {config, fig8, fig10, fig11, floor, convergence, table2, ...}")
     b.add_argument("--plot", metavar="FILE.png",
