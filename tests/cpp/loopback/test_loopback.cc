@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -149,6 +150,21 @@ class Loopback : public ::testing::TestWithParam<Param> {
     std::memset(target.data(), 0xa5, target.size());
     std::memset(source.data(), 0, source.size());
     server->publish("target", target.descriptor());
+  }
+
+  // start() with these environment variables set while the devices read
+  // them (their construction), then restored.
+  void start_with(int workers, const std::vector<std::pair<std::string, std::string>>& env) {
+    std::vector<std::pair<std::string, std::optional<std::string>>> saved;
+    for (const auto& [name, value] : env) {
+      const char* was = std::getenv(name.c_str());
+      saved.emplace_back(name, was ? std::optional<std::string>(was) : std::nullopt);
+      setenv(name.c_str(), value.c_str(), 1);
+    }
+    start(workers);
+    for (const auto& [name, was] : saved) {
+      if (was) setenv(name.c_str(), was->c_str(), 1); else unsetenv(name.c_str());
+    }
   }
 
   void stop() {
@@ -295,11 +311,7 @@ TEST_P(Loopback, WriteAndReadBatches) {
 // a lying initiator skipped its own checks: nothing lands, nothing is read,
 // the request fails with InvalidArgument, and the target counts the refusal.
 TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
-  const char* was = std::getenv("TENSORWIRE_LANE_FORM");
-  const std::string saved = was ? was : "";
-  setenv("TENSORWIRE_LANE_FORM", "messages", 1);  // on every transport
-  start(1);
-  if (was) setenv("TENSORWIRE_LANE_FORM", saved.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
+  start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}});  // on every transport
   tw::Channel ch = client->connect(server->address());
   ASSERT_TRUE(ch.impl()->uses_messages());
   tw::RemoteRegion exported = ch.lookup("target", kWait);
@@ -331,11 +343,7 @@ TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
 // the lie's payload is dropped, and the slot takes the next tensor intact.
 TEST_P(Loopback, MessageFormRefusesLyingRecords) {
   namespace td = tw::detail;
-  const char* was = std::getenv("TENSORWIRE_LANE_FORM");
-  const std::string saved = was ? was : "";
-  setenv("TENSORWIRE_LANE_FORM", "messages", 1);
-  start(1);
-  if (was) setenv("TENSORWIRE_LANE_FORM", saved.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
+  start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}});
   const int max_ndim = 4;
   tw::DynamicSlot slot(*server, "lies", max_ndim, std::size_t(1) << 20);
   tw::Channel ch = client->connect(server->address());
@@ -879,16 +887,7 @@ TEST_P(Loopback, WaitAnySaysWhichSlotIsReady) {
 // counted by their sender, and a slot outside the window gets none.
 TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   namespace td = tw::detail;
-  {
-    const char* forms = std::getenv("TENSORWIRE_LANE_FORM");
-    const char* place = std::getenv("TENSORWIRE_PLACE");
-    const std::string saved_forms = forms ? forms : "", saved_place = place ? place : "";
-    setenv("TENSORWIRE_LANE_FORM", "messages", 1);
-    setenv("TENSORWIRE_PLACE", "0-8192", 1);
-    start(1);
-    if (forms) setenv("TENSORWIRE_LANE_FORM", saved_forms.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
-    if (place) setenv("TENSORWIRE_PLACE", saved_place.c_str(), 1); else unsetenv("TENSORWIRE_PLACE");
-  }
+  start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}, {"TENSORWIRE_PLACE", "0-8192"}});
   const tw::TensorSpec spec{{1024}, tw::DType{2, 32}};        // 4 KiB: inside the window
   const tw::TensorSpec large{{4096}, tw::DType{2, 32}};       // 16 KiB: outside
   const std::size_t nbytes = spec.nbytes();
@@ -960,16 +959,7 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
 // it to the user, are refused to that peer's message-form writes, also when
 // the pool leases the same bytes again.
 TEST_P(Loopback, GrantsEndWhenTheirMemoryReturns) {
-  {
-    const char* forms = std::getenv("TENSORWIRE_LANE_FORM");
-    const char* place = std::getenv("TENSORWIRE_PLACE");
-    const std::string saved_forms = forms ? forms : "", saved_place = place ? place : "";
-    setenv("TENSORWIRE_LANE_FORM", "messages", 1);
-    setenv("TENSORWIRE_PLACE", "0-65536", 1);
-    start(1);
-    if (forms) setenv("TENSORWIRE_LANE_FORM", saved_forms.c_str(), 1); else unsetenv("TENSORWIRE_LANE_FORM");
-    if (place) setenv("TENSORWIRE_PLACE", saved_place.c_str(), 1); else unsetenv("TENSORWIRE_PLACE");
-  }
+  start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}, {"TENSORWIRE_PLACE", "0-65536"}});
   tw::Channel ch = client->connect(server->address());
   ASSERT_TRUE(ch.impl()->uses_messages());
   Pump client_pump(*client);  // inline: the dynamic slot's acks reach the client while it waits elsewhere
