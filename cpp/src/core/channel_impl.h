@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -262,11 +263,10 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::size_t export_count_ = 0;
   struct Grant {
     std::uint64_t end;
-    std::uint64_t serial;  // tells a revoked-and-regranted start from the grant grant_order_ names
+    std::list<std::uint64_t>::iterator order;  // its start's place in grant_order_
   };
   std::map<std::uint64_t, Grant> grants_;  // start -> grant: our memory this peer may reach by message
-  std::deque<std::pair<std::uint64_t, std::uint64_t>> grant_order_;  // (start, serial), oldest first
-  std::uint64_t grant_serial_ = 0;
+  std::list<std::uint64_t> grant_order_;   // the starts, oldest first (revoke() takes one out in O(1))
   std::shared_ptr<RemoteRegionImpl> region_locked(const RegionDescriptor& d);
   std::atomic<bool> failed_{false};
   static std::int64_t now_ns() {

@@ -93,22 +93,15 @@ bool Peer::exported(const RegionDescriptor& d) const {
 void Peer::grant(std::uint64_t address, std::uint64_t length) {
   if (length == 0 || address + length < address) return;
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, fresh] = grants_.emplace(address, Grant{address + length, grant_serial_ + 1});
+  auto [it, fresh] = grants_.emplace(address, Grant{address + length, {}});
   if (!fresh) {
     it->second.end = std::max(it->second.end, address + length);
     return;
   }
-  grant_order_.emplace_back(address, ++grant_serial_);
-  while (grants_.size() > kMaxExports) {  // bounded: the oldest live range is forgotten
-    const auto [start, serial] = grant_order_.front();
+  it->second.order = grant_order_.insert(grant_order_.end(), address);
+  if (grants_.size() > kMaxExports) {  // bounded: the oldest range is forgotten
+    grants_.erase(grant_order_.front());
     grant_order_.pop_front();
-    if (auto g = grants_.find(start); g != grants_.end() && g->second.serial == serial) grants_.erase(g);
-  }
-  if (grant_order_.size() > 2 * kMaxExports) {  // drop what revoke() left behind
-    std::erase_if(grant_order_, [this](const auto& o) {
-      auto g = grants_.find(o.first);
-      return g == grants_.end() || g->second.serial != o.second;
-    });
   }
 }
 
@@ -126,7 +119,9 @@ bool Peer::granted(std::uint64_t address, std::uint64_t length) const {
 
 void Peer::revoke(std::uint64_t start, std::uint64_t end) {
   std::lock_guard<std::mutex> lock(mu_);
-  grants_.erase(grants_.lower_bound(start), grants_.lower_bound(end));
+  const auto first = grants_.lower_bound(start), last = grants_.lower_bound(end);
+  for (auto it = first; it != last; ++it) grant_order_.erase(it->second.order);
+  grants_.erase(first, last);
 }
 
 std::shared_ptr<RemoteRegionImpl> Peer::remote_region(const RegionDescriptor& d) {

@@ -2,7 +2,7 @@
 //
 // A peer's grant table (core/peer.cc): the ranges of our memory a peer may
 // reach by message (contracts §11). Bounded, and revoked when the memory
-// returns, without a revoked entry ever evicting a newer grant.
+// returns, without a revoked range ever costing a live one its place.
 #include <gtest/gtest.h>
 
 #include <cstdint>
