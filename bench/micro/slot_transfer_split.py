@@ -1,11 +1,11 @@
 """Where the time of one slot transfer goes, across two processes.
 
 Usage: python3 bench/micro/slot_transfer_split.py SIZE ITERS [--progress blocking|inline] [--transport tcp|shm]
-                                                 [--kind static|dynamic|both] [--no-consume]
+                                                 [--kind static|dynamic|both] [--no-consume] [--depth N]
 
 A sender process and a receiver process (one Device each, the given progress
 mode, default settings otherwise) move a float32 tensor of SIZE bytes through
-a depth-1 static slot ITERS times: send().wait(), then wait_consumed(); the
+a static slot (depth 1, or --depth N buffers used in turn) ITERS times: send().wait(), then wait_consumed(); the
 receiver recv()s, takes the max and releases. Both record time.perf_counter()
 (CLOCK_MONOTONIC, comparable across processes on one host) at each step, and
 the medians of the segments are printed (the first quarter of the iterations,
@@ -36,10 +36,10 @@ def _switches() -> tuple[int, int]:
 
 
 def _receiver(q, rq, size: int, iters: int, progress: str, transport: str, kinds: list[str],
-              consume: bool) -> None:
+              consume: bool, depth: int) -> None:
     import tensorwire as tw
     with tw.Device(transport=transport, progress=progress) as dev:
-        slots = {k: dev.static_slot("split-static", (size // 4,), "float32", depth=1) if k == "static"
+        slots = {k: dev.static_slot("split-static", (size // 4,), "float32", depth=depth) if k == "static"
                  else dev.dynamic_slot("split-dynamic") for k in kinds}
         q.put(dev.address)
         marks: dict[str, list] = {k: [] for k in kinds}
@@ -70,13 +70,14 @@ def main() -> int:
     ap.add_argument("--transport", default="tcp", choices=("tcp", "shm"))
     ap.add_argument("--kind", default="static", choices=("static", "dynamic", "both"))
     ap.add_argument("--no-consume", dest="consume", action="store_false", help="release without reading the tensor")
+    ap.add_argument("--depth", type=int, default=1, help="the static slot's buffers, used in turn (default 1)")
     args = ap.parse_args()
     kinds = ["static", "dynamic"] if args.kind == "both" else [args.kind]
     import tensorwire as tw
     ctx = mp.get_context("spawn")
     q, rq = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=_receiver, args=(q, rq, args.size, args.iters, args.progress, args.transport, kinds,
-                                               args.consume))
+                                               args.consume, args.depth))
     proc.start()
     with tw.Device(transport=args.transport, progress=args.progress) as dev:
         ch = dev.connect(q.get(timeout=60))
