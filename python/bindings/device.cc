@@ -292,7 +292,9 @@ void bind_device(nb::module_& m) {
       }, nb::arg("local"), nb::arg("timeout") = 10.0,
          "Lets the peer use descriptors of ranges inside `local` (a Block or Registration) that this side "
          "hands over by other means (one control call). Returns the descriptor exported (bytes): hand over "
-         "ranges with its key, which may be a registration of exactly `local`.")
+         "ranges with its key, which may be a registration of exactly `local`. Where the target checks "
+         "accesses (tcp lanes) or keys are exact (RDMA), the export ends when `local`'s memory returns (the "
+         "block freed, the registration dropped).")
       .def("call", [](Channel& c, const std::string& name, nb::bytes payload, double timeout) {
         std::string p(payload.c_str(), payload.size());
         std::string out;

@@ -176,7 +176,7 @@ class Channel:
 
     def export_region(self, local: object, timeout: float = 10.0) -> bytes:
         """
-        Lets the peer use descriptors of ranges inside `local` (a Block or Registration) that this side hands over by other means (one control call). Returns the descriptor exported (bytes): hand over ranges with its key, which may be a registration of exactly `local`.
+        Lets the peer use descriptors of ranges inside `local` (a Block or Registration) that this side hands over by other means (one control call). Returns the descriptor exported (bytes): hand over ranges with its key, which may be a registration of exactly `local`. Where the target checks accesses (tcp lanes) or keys are exact (RDMA), the export ends when `local`'s memory returns (the block freed, the registration dropped).
         """
 
     def call(self, name: str, payload: bytes = ..., timeout: float = 10.0) -> bytes:
