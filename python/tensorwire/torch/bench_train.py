@@ -34,10 +34,9 @@ def _runs(args, model: str, batch: int, n: int, variants: list[tuple[str, dict]]
     gdr instead of the command line's). The repeats go round the variants (a, b, a,
     b, ...): on a machine whose speed drifts, the variants compared see its phases alike."""
     best: list[dict | None] = [None] * len(variants)
-    failed: set[int] = set()
     for _ in range(args.repeat):
         for i, (mode, over) in enumerate(variants):
-            if i in failed:
+            if best[i] is not None and "error" in best[i]:  # failed once: not run again
                 continue
             t0 = time.perf_counter()
             try:
@@ -46,7 +45,6 @@ def _runs(args, model: str, batch: int, n: int, variants: list[tuple[str, dict]]
                 _progress(f"    {model} b{batch} {_tag(mode, over)} x{n}: FAILED: " + str(e).replace("\n", "\n      "))
                 best[i] = {"model": model, "batch": batch, "mode": mode, "workers": n, "servers": n,
                            "error": str(e), "samples_per_s": float("nan"), **over}
-                failed.add(i)
                 continue
             row = {"model": model, "batch": batch, "mode": mode, "workers": n, "servers": n,
                    "transport": "tcp" if mode == "gloo" else args.transport,
@@ -57,10 +55,10 @@ def _runs(args, model: str, batch: int, n: int, variants: list[tuple[str, dict]]
                    "wall_s": time.perf_counter() - t0, **over}
             if best[i] is None or row["samples_per_s"] > best[i]["samples_per_s"]:
                 best[i] = row
-    for i, (mode, over) in enumerate(variants):
-        if i in failed:
+    for b, (mode, over) in zip(best, variants):
+        if "error" in b:
             continue
-        b, s = best[i], best[i]["split_ms"]
+        s = b["split_ms"]
         _progress(f"    {model:<10} batch {batch:<3} {_tag(mode, over):<8} x{n}: {b['samples_per_s']:8.2f} samples/s  "
                   f"step {b['step_ms']:.1f} ms (compute {s['compute']:.1f}, push {s['push']:.1f}, "
                   f"aggregate {s['aggregate']:.1f}, pull {s['pull']:.1f})")
