@@ -145,11 +145,14 @@ class World:
         store: where the ranks meet (default: see the module docs): a
             ``tensorwire.rendezvous.Store`` or a c10d store (torch.distributed),
             the same on every rank.
+        name: where this World's keys live in the store (default: the k-th World of
+            this rank in this process meets under the k-th name); give one when the
+            store is already the World's own (a torch.distributed group's prefix store).
         device_options: passed to ``tensorwire.Device`` (transport, progress, workers, ...).
     """
 
     def __init__(self, placement: Placement | None = None, timeout: float = 30.0, store: Any = None,
-                 **device_options: Any) -> None:
+                 name: str | None = None, **device_options: Any) -> None:
         from . import Device
         self.placement = placement or detect()
         self.rank, self.size = self.placement.rank, self.placement.size
@@ -173,6 +176,7 @@ class World:
             self.device = Device(host=os.environ.get("TENSORWIRE_HOST", root_host), port=0, **device_options)
             self.addresses = [self.device.address]
             self.hosts = [_host_name()]
+            self.device_ids = [self.device.id]
             return
         self._serving = store is None and self.placement.store == "tensorwire" and self.rank == 0
         if self._serving:
@@ -184,8 +188,10 @@ class World:
         else:
             host = os.environ.get("TENSORWIRE_HOST") or _local_host_towards(root_host)
             self.device = Device(host=host, port=0, **device_options)
-        k = _worlds[self.rank] = _worlds.get(self.rank, -1) + 1
-        self.store_prefix = f"tensorwire/world/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{k}"
+        if name is None:
+            k = _worlds[self.rank] = _worlds.get(self.rank, -1) + 1
+            name = f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{k}"
+        self.store_prefix = f"tensorwire/world/{name}"
         deadline = time.monotonic() + timeout
         try:
             self.store = self._open_store(store, deadline)
@@ -218,7 +224,7 @@ class World:
         s, p, me = self.store, self.store_prefix, self.rank
         left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
         abort = f"{p}/error"
-        mine = {"address": self.device.address, "host": _host_name()}
+        mine = {"address": self.device.address, "host": _host_name(), "id": str(self.device.id)}
         try:
             if me == 0:
                 s.set(f"{p}/size", str(self.size))
@@ -240,6 +246,7 @@ class World:
             self._abort(str(e), Timeout)
         self.addresses = [t["address"] for t in table]
         self.hosts = [t["host"] for t in table]
+        self.device_ids = [int(t["id"]) for t in table]
 
     def _abort(self, why: str, kind: type[Error] = Error) -> None:
         """Tells every rank why the bootstrap failed here (as far as the store is reachable), and raises."""
@@ -395,14 +402,39 @@ class World:
     # -- data paths --
 
     def channel(self, peer: int, lane: int = 0):
-        """A channel from this rank to `peer` on `lane` (connected on first use, then cached)."""
+        """A channel from this rank to `peer` on `lane` (made on first use, then cached).
+
+        One connection per pair of ranks: the lower rank connects, the higher one takes
+        the channel back on that connection (waiting up to the World's timeout for it).
+        Identity is per connection (contracts section 11): a range one rank exports over
+        a connection is accepted only on that connection, so both directions of a pair
+        must share it."""
         if not 0 <= peer < self.size or peer == self.rank:
             raise InvalidArgument(f"peer must be another rank in 0..{self.size - 1}, got {peer}")
         key = (peer, lane)
         ch = self._channels.get(key)
         if ch is None:
-            ch = self._channels[key] = self.device.connect(self.addresses[peer], lane)
+            if peer > self.rank:
+                ch = self.device.connect(self.addresses[peer], lane)
+            else:
+                ch = self._channel_back(peer, lane)
+            self._channels[key] = ch
         return ch
+
+    def _channel_back(self, peer: int, lane: int):
+        """The channel on the connection `peer` (a lower rank) makes to us."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self.device.channel_to(self.device_ids[peer], lane)
+            except Error:
+                if time.monotonic() >= deadline:
+                    raise Timeout(f"rank {self.rank}: rank {peer} did not connect within {self.timeout:g} s") \
+                        from None
+                try:
+                    self.device.wait_for_peer(min(0.05, max(0.0, deadline - time.monotonic())))
+                except Error:
+                    pass
 
     def close(self) -> None:
         self._close(sync=True)

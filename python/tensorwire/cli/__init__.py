@@ -31,6 +31,9 @@ from .. import __version__
 from ..bench.common import PLOT_NEEDS  # noqa: F401 - the commands' `needs` entry of --plot
 
 TRANSPORTS = ("auto", "tcp", "shm", "rdma")
+# True while the command modules are imported: tensorwire.torch then skips importing torch
+# (to register its torch.distributed backend), which no command needs at parse time.
+LOADING_COMMANDS = False
 
 # In this order in --help. Each has register(commands).
 COMMAND_MODULES = (
@@ -84,8 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Zero-copy one-sided tensor transport over UCX, and the tools to measure the fabric under it.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = Commands(parser)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(commands)
+    global LOADING_COMMANDS
+    LOADING_COMMANDS = True
+    try:
+        for name in COMMAND_MODULES:
+            importlib.import_module(name).register(commands)
+    finally:
+        LOADING_COMMANDS = False
     return parser
 
 

@@ -1,0 +1,476 @@
+"""Tagged point-to-point messages between the ranks of a World: ``send``/``recv``
+of contiguous arrays with MPI's matching rule (per source and tag, in order),
+on one-sided writes. The torch.distributed backend's send/recv and the
+collectives it builds from them (tensorwire.torch.backend) run on it.
+
+Two paths, chosen by the message's size (both sides know it from their own
+tensor; a size that differs between the two sides is an error on both):
+
+* **eager** (<= ``eager_bytes``, default 32 KiB): the sender copies a 64-byte
+  header and the payload into its staging slot and writes them into its slot
+  of the receiver's inbox ring, orders, then writes the slot's sequence word
+  (data, fence, flag: docs/contracts.md section 1). The receiver copies the
+  payload into the destination. One trip; no registration of the tensors.
+* **placed** (larger): the paper's static placement into the receiver's own
+  tensor. The receiver registers the destination (a cache keyed by the
+  allocation that holds it, tensorwire.registry), exports it to the sender
+  once per allocation and sends a RTR record (its descriptor, offset, size);
+  the sender writes the tensor straight into it from its own memory
+  (registered in place through the same cache), orders, then sends a DONE
+  record: the flag outside the payload. The sender also sends an RTS header
+  at once, so a receiver that posted a smaller tensor fails at once instead
+  of waiting. When the receiver posts first (a pipeline stage, a ping-pong),
+  the RTR is already there when the sender arrives: one trip.
+
+Records travel in per-peer rings of ``SLOTS`` slots; the receiver hands
+credits back (an 8-byte word written into the sender's arena every SLOTS/2
+records), so a sender never overwrites a record that was not read. Records
+that arrive before their receive is posted are copied out of the ring (the
+unexpected queue), so a full ring never blocks a message behind it.
+
+Progress: nothing moves in the background. Every ``wait`` (and ``test``)
+drives the whole engine: it reads the rings of every peer, answers RTRs,
+posts what waited for credit and completes writes; a rank's pending sends
+move whenever it waits for anything. Waits block in the C++ waiter on the
+words the peers write (``tensorwire.wait_any``), watching the peers'
+channels: a dead peer fails the wait within the Device's liveness bound.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from . import _core
+from .errors import Error, InvalidArgument, Timeout
+
+SLOTS = 64                # records in flight per direction and peer (a power of two)
+HEADER = 64               # bytes: kind, tag, k, nbytes, offset, payload length (int64 each), 2 spare
+DEFAULT_EAGER_BYTES = 32 << 10
+WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (credits) this often
+
+EAGER, RTS, RTR, DONE, ERR = 1, 2, 3, 4, 5
+KIND_NAMES = {EAGER: "eager", RTS: "rts", RTR: "rtr", DONE: "done", ERR: "error"}
+
+
+class MessageError(Error, RuntimeError):
+    """A send or receive failed: the two sides disagree (size), or a peer failed or was silent."""
+
+
+class Op:
+    """One posted send or receive; completed by the engine's progress."""
+
+    __slots__ = ("kind", "peer", "tag", "k", "arr", "nbytes", "done", "error", "req", "reg", "callbacks")
+
+    def __init__(self, kind: str, peer: int, tag: int, k: int, arr: np.ndarray) -> None:
+        self.kind, self.peer, self.tag, self.k, self.arr = kind, peer, tag, k, arr
+        self.nbytes = arr.nbytes
+        self.done = False
+        self.error: BaseException | None = None
+        self.req: Any = None      # the placed data write in flight (send)
+        self.reg: Any = None      # the registration the op holds while in flight
+        self.callbacks: list[Callable[["Op"], None]] = []
+
+    def what(self) -> str:
+        way = "to" if self.kind == "send" else "from"
+        return f"{self.kind} of {self.nbytes} B {way} rank {self.peer} (tag {self.tag}, message {self.k})"
+
+
+class Layout:
+    """Offsets in the messages arena (identical on every rank for a world of n)."""
+
+    def __init__(self, n: int, eager_bytes: int) -> None:
+        self.n = n
+        self.eager = eager_bytes
+        self.slot = HEADER + (eager_bytes + 63) // 64 * 64
+        ring = SLOTS * self.slot
+        off = 0
+
+        def take(nbytes: int) -> int:
+            nonlocal off
+            start = off
+            off = (off + nbytes + 4095) // 4096 * 4096
+            return start
+        self.inbox = take(n * ring)          # sender s writes into inbox + s * ring
+        self.flags = take(n * SLOTS * 8)     # sender s's sequence words
+        self.acks = take(n * 8)              # receiver r writes how many of our records it consumed
+        self.staging = take(n * ring)        # local: our records to peer p, slot by slot
+        self.flagsrc = take(n * SLOTS * 8)   # local: sources of our sequence words
+        self.acksrc = take(n * 8)            # local: sources of our credit words
+        self.total = off
+        self.ring = ring
+
+
+class Messenger:
+    """Tagged send/recv between the ranks of `world` (see the module docs).
+
+    Args:
+        world: a tensorwire.world.World (its device, channels and store).
+        registry: a tensorwire.registry.RegistrationCache for the placed path.
+        timeout: seconds a wait may take when the caller gives none.
+        eager_bytes: the largest message that travels inline in the ring.
+        name: prefix of the published arena (several engines on one device need their own).
+    """
+
+    def __init__(self, world: Any, registry: Any, timeout: float = 30.0,
+                 eager_bytes: int = DEFAULT_EAGER_BYTES, name: str = "msg") -> None:
+        if eager_bytes < 0 or eager_bytes > 1 << 24:
+            raise InvalidArgument(f"eager_bytes must be in 0..16 MiB, got {eager_bytes}")
+        self.world, self.registry = world, registry
+        self.rank, self.n = world.rank, world.size
+        self.timeout = timeout
+        self.lay = Layout(self.n, eager_bytes)
+        dev = world.device
+        self.arena = dev.alloc(self.lay.total, alignment=4096)
+        self.mem = np.frombuffer(self.arena, dtype=np.uint8)
+        self.words = self.mem.view(np.int64)
+        self.mem[self.lay.flags: self.lay.acks + self.n * 8] = 0
+        self.name = f"{name}.arena"
+        dev.publish(self.name, self.arena)
+        world.allgather(None)  # every rank has published
+        self.ch: list[Any] = [None] * self.n
+        self.remote: list[Any] = [None] * self.n
+        for p in range(self.n):  # one connection per pair (World.channel): exports hold on it
+            if p != self.rank:
+                self.ch[p] = world.channel(p)
+                self.remote[p] = self.ch[p].lookup(self.name, timeout)
+        world.allgather(None)  # every rank has looked up (nothing is written before)
+        n = self.n
+        self.sent = [0] * n            # records posted to p (the last one's number)
+        self.got = [0] * n             # records consumed from p
+        self.acked = [0] * n           # credits we handed back to p (records)
+        self.rec_req: list[list[Any]] = [[None] * SLOTS for _ in range(n)]   # staging slot's write in flight
+        self.flag_req: list[list[Any]] = [[None] * SLOTS for _ in range(n)]
+        self.outq: list[list[tuple]] = [[] for _ in range(n)]     # records waiting for credit
+        self.send_k: dict[tuple[int, int], int] = {}
+        self.recv_k: dict[tuple[int, int], int] = {}
+        self.recvs: dict[tuple[int, int, int], Op] = {}       # posted receives
+        self.sends: dict[tuple[int, int, int], Op] = {}       # placed sends waiting for their RTR
+        self.unexpected: dict[tuple[int, int, int], tuple[int, Any]] = {}
+        self.rtrs: dict[tuple[int, int, int], tuple[int, int, bytes]] = {}
+        self.writing: list[Op] = []                            # placed sends whose data write is in flight
+        self.exported: dict[tuple[int, int], bytes] = {}       # (peer, registration id) -> descriptor
+        self.remotes: dict[tuple[int, bytes], Any] = {}        # (peer, descriptor) -> RemoteRegion
+        self.failed: dict[int, BaseException] = {}             # peers whose channel failed
+        self.closed = False
+
+    # ---- public API --------------------------------------------------------
+
+    def isend(self, arr: np.ndarray, peer: int, tag: int = 0, owner: Any = None) -> Op:
+        """Posts a send of the C-contiguous `arr` to `peer`; `owner` holds its memory
+        (e.g. a torch storage) for the registration cache. Returns the Op."""
+        self._check_peer(peer)
+        key = (peer, tag)
+        k = self.send_k[key] = self.send_k.get(key, 0) + 1
+        op = Op("send", peer, tag, k, arr)
+        if op.nbytes <= self.lay.eager:
+            self._record(peer, EAGER, tag, k, op.nbytes, 0, arr.reshape(-1).view(np.uint8))
+            self.rtrs.pop((peer, tag, k), None)  # a receiver expecting another size fails on our record
+            op.done = True
+            return op
+        op.reg = self.registry.lookup(arr, owner)
+        self._record(peer, RTS, tag, k, op.nbytes)
+        rtr = self.rtrs.pop((peer, tag, k), None)
+        if rtr is None:
+            self.sends[(peer, tag, k)] = op
+        else:
+            self._place(op, *rtr)
+        return op
+
+    def irecv(self, arr: np.ndarray, peer: int, tag: int = 0, owner: Any = None) -> Op:
+        """Posts a receive into the C-contiguous, writable `arr` from `peer`."""
+        self._check_peer(peer)
+        key = (peer, tag)
+        k = self.recv_k[key] = self.recv_k.get(key, 0) + 1
+        op = Op("recv", peer, tag, k, arr)
+        mkey = (peer, tag, k)
+        got = self.unexpected.pop(mkey, None)
+        if op.nbytes > self.lay.eager:
+            if got is not None:
+                self._arrived(op, got)
+                if op.done:
+                    return op
+            op.reg = self.registry.lookup(arr, owner)
+            desc = self._export(peer, op.reg)
+            offset = arr.__array_interface__["data"][0] - op.reg.ptr
+            self.recvs[mkey] = op
+            self._record(peer, RTR, tag, k, op.nbytes, offset, np.frombuffer(desc, dtype=np.uint8))
+            return op
+        if got is not None:
+            self._arrived(op, got)
+            if op.done:
+                return op
+        self.recvs[mkey] = op
+        return op
+
+    def test(self, op: Op) -> bool:
+        if not op.done:
+            self.progress()
+        if op.done and op.error is not None:
+            raise op.error
+        return op.done
+
+    def wait(self, op: Op, timeout: float | None = None) -> None:
+        """Drives the engine until `op` completes; raises its error, or MessageError after
+        `timeout` seconds (default: the engine's) naming the silent peer."""
+        self.wait_all([op], timeout)
+
+    def wait_all(self, ops: list[Op], timeout: float | None = None) -> None:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            self.progress()
+            left = [op for op in ops if not op.done]
+            for op in ops:
+                if op.done and op.error is not None:
+                    raise op.error
+            if not left:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                op = left[0]
+                raise MessageError(f"rank {self.rank}: {op.what()} did not complete within {timeout:g} s "
+                                   f"(rank {op.peer} did not take part)")
+            self._block(min(WAIT_SLICE_S, deadline - now), {op.peer for op in left})
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for op in self.writing:
+            try:
+                op.req.wait(1.0)
+            except Error:
+                pass
+        try:
+            self.world.device.unpublish(self.name)
+        except Error:
+            pass
+
+    # ---- progress ----------------------------------------------------------
+
+    def progress(self) -> None:
+        """Reads every ring, answers what arrived, posts what waited for credit,
+        completes placed sends whose data write completed."""
+        lay, w = self.lay, self.words
+        for p in range(self.n):
+            if p == self.rank:
+                continue
+            base = (lay.flags >> 3) + p * SLOTS
+            while w[base + (self.got[p] + 1) % SLOTS] == self.got[p] + 1:
+                self._consume(p, self.got[p] + 1)
+            if self.outq[p]:
+                self._drain(p)
+        if self.writing:
+            still = []
+            for op in self.writing:
+                if op.req.done():
+                    self._finish_send(op)
+                else:
+                    still.append(op)
+            self.writing = still
+
+    def _block(self, seconds: float, peers: set[int]) -> None:
+        """Sleeps in the C++ waiter until a peer writes something we may be waiting for."""
+        lay = self.lay
+        items: list[Any] = []
+        for p in range(self.n):
+            if p == self.rank:
+                continue
+            if p in self.failed:
+                raise self.failed[p]
+            m = self.got[p] + 1
+            items.append(_core.Word(self.arena, lay.flags + (p * SLOTS + m % SLOTS) * 8, m, self.ch[p]))
+            if self.outq[p]:  # credits: the receiver writes a multiple of SLOTS/2
+                need = self.sent[p] + 1 - SLOTS
+                want = -(-need // (SLOTS // 2)) * (SLOTS // 2)
+                items.append(_core.Word(self.arena, lay.acks + p * 8, want, self.ch[p]))
+        items += [op.req for op in self.writing]
+        if not items:
+            time.sleep(min(seconds, 0.001))
+            return
+        try:
+            _core.wait_any(items, timeout=max(0.0, seconds))
+        except Timeout:
+            pass
+        except Error as e:  # a watched peer failed: fail every op that depends on it
+            self._peer_failed(e, peers)
+
+    def _peer_failed(self, e: Error, peers: set[int]) -> None:
+        bad = None
+        for p in sorted(peers):
+            ch = self.ch[p]
+            if ch is not None and getattr(ch, "failed", False):
+                bad = p
+                break
+        who = f"rank {bad}" if bad is not None else f"one of ranks {sorted(peers)}"
+        err = MessageError(f"rank {self.rank}: {who} failed ({type(e).__name__}: {e})")
+        err.__cause__ = e
+        for p in (peers if bad is None else {bad}):
+            self.failed[p] = err
+            for op in list(self.recvs.values()) + list(self.sends.values()) + self.writing:
+                if op.peer == p and not op.done:
+                    op.error, op.done = err, True
+        raise err
+
+    # ---- records -----------------------------------------------------------
+
+    def _record(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int = 0,
+                payload: np.ndarray | None = None) -> None:
+        if self.outq[peer] or self.sent[peer] + 1 - self._credit(peer) > SLOTS:
+            # no credit: keep a copy (the caller's memory may change once the op returns)
+            self.outq[peer].append((kind, tag, k, nbytes, offset, None if payload is None else payload.copy()))
+            self.progress()
+            return
+        self._post(peer, kind, tag, k, nbytes, offset, payload)
+
+    def _credit(self, peer: int) -> int:
+        return int(self.words[(self.lay.acks >> 3) + peer])
+
+    def _drain(self, peer: int) -> None:
+        q = self.outq[peer]
+        while q and self.sent[peer] + 1 - self._credit(peer) <= SLOTS:
+            self._post(peer, *q.pop(0))
+
+    def _post(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int,
+              payload: np.ndarray | None) -> None:
+        lay = self.lay
+        m = self.sent[peer] = self.sent[peer] + 1
+        j = m % SLOTS
+        for reqs in (self.rec_req[peer], self.flag_req[peer]):
+            prev = reqs[j]
+            if prev is not None and not prev.done():
+                prev.wait(self.timeout)  # long done in practice: the record was consumed
+        src = lay.staging + (peer * SLOTS + j) * lay.slot
+        hw = src >> 3
+        w = self.words
+        plen = 0 if payload is None else payload.size
+        w[hw], w[hw + 1], w[hw + 2], w[hw + 3], w[hw + 4], w[hw + 5] = kind, tag, k, nbytes, offset, plen
+        if plen:
+            self.mem[src + HEADER: src + HEADER + plen] = payload
+        dst = lay.inbox + (self.rank * SLOTS + j) * lay.slot
+        ch = self.ch[peer]
+        self.rec_req[peer][j] = ch.write(self.arena, self.remote[peer], src, dst, HEADER + plen)
+        ch.fence()
+        fsrc = lay.flagsrc + (peer * SLOTS + j) * 8
+        w[fsrc >> 3] = m
+        self.flag_req[peer][j] = ch.write(self.arena, self.remote[peer], fsrc,
+                                          lay.flags + (self.rank * SLOTS + j) * 8, 8)
+
+    def _consume(self, p: int, m: int) -> None:
+        lay = self.lay
+        off = lay.inbox + (p * SLOTS + m % SLOTS) * lay.slot
+        kind, tag, k, nbytes, offset, plen = (int(x) for x in self.words[off >> 3: (off >> 3) + 6])
+        body = self.mem[off + HEADER: off + HEADER + plen]
+        key = (p, tag, k)
+        if kind == RTR:
+            self._on_rtr(key, nbytes, offset, bytes(body))
+        elif kind == EAGER:
+            self._deliver(key, (kind, body.copy(), nbytes))
+        elif kind == ERR:  # the receiver refused our send `key`
+            sop = self.sends.pop(key, None)
+            if sop is not None:
+                self._fail(sop, bytes(body).decode(errors="replace"))
+        else:  # RTS, DONE
+            self._deliver(key, (kind, None, nbytes))
+        self.got[p] = m
+        if m % (SLOTS // 2) == 0:
+            self._ack(p, m)
+
+    def _ack(self, p: int, m: int) -> None:
+        src = self.lay.acksrc + p * 8
+        self.words[src >> 3] = m
+        self.acked[p] = m
+        self.ch[p].write(self.arena, self.remote[p], src, self.lay.acks + self.rank * 8, 8)
+
+    def _deliver(self, key: tuple[int, int, int], got: tuple) -> None:
+        op = self.recvs.get(key)
+        if op is None:
+            self.unexpected[key] = got
+            return
+        self._arrived(op, got)
+        if op.done:
+            self.recvs.pop(key, None)
+
+    def _arrived(self, op: Op, got: tuple) -> None:
+        """A record for the posted receive `op`: eager data, the sender's RTS or DONE."""
+        kind, data, nbytes = got
+        if nbytes != op.nbytes:
+            why = (f"rank {op.peer} sends {nbytes} B (tag {op.tag}, message {op.k}) but rank {self.rank} "
+                   f"receives into {op.nbytes} B: send and receive tensors must have the same size")
+            self._fail(op, why)
+            self._record(op.peer, ERR, op.tag, op.k, 0, 0, np.frombuffer(why.encode(), dtype=np.uint8))
+            return
+        if kind == EAGER:
+            op.arr.reshape(-1).view(np.uint8)[:] = data
+            self._complete(op)
+        elif kind == DONE:
+            self._complete(op)
+        # RTS with the right size: our RTR went (or goes) out; the DONE follows
+
+    def _on_rtr(self, key: tuple[int, int, int], nbytes: int, offset: int, desc: bytes) -> None:
+        op = self.sends.pop(key, None)
+        if op is None:
+            if not self._sent_already(key):  # (else our send went eager: the receiver fails on it)
+                self.rtrs[key] = (nbytes, offset, desc)
+        else:
+            self._place(op, nbytes, offset, desc)
+
+    def _sent_already(self, key: tuple[int, int, int]) -> bool:
+        """Whether our send `key` was posted already (a record for it that finds no op is stale)."""
+        p, tag, k = key
+        return k <= self.send_k.get((p, tag), 0)
+
+    def _place(self, op: Op, nbytes: int, offset: int, desc: bytes) -> None:
+        """The receiver's RTR for the placed send `op`: write the data into its tensor."""
+        if nbytes != op.nbytes:
+            why = (f"rank {self.rank} sends {op.nbytes} B (tag {op.tag}, message {op.k}) but rank {op.peer} "
+                   f"receives into {nbytes} B: send and receive tensors must have the same size")
+            self._fail(op, why)
+            return  # the receiver fails on our RTS
+        p = op.peer
+        remote = self.remotes.get((p, desc))
+        if remote is None:
+            remote = self.remotes[(p, desc)] = self.ch[p].remote_region(desc)
+        local_off = op.arr.__array_interface__["data"][0] - op.reg.ptr
+        ch = self.ch[p]
+        op.req = ch.write(op.reg, remote, local_off, offset, op.nbytes)
+        ch.fence()
+        self._record(p, DONE, op.tag, op.k, op.nbytes)
+        self.writing.append(op)
+
+    def _finish_send(self, op: Op) -> None:
+        if op.req.failed:
+            self._fail(op, f"the write into rank {op.peer}'s tensor failed: {op.req.error}")
+        else:
+            self._complete(op)
+
+    def _export(self, peer: int, reg: Any) -> bytes:
+        key = (peer, id(reg))
+        d = self.exported.get(key)
+        if d is None:
+            d = self.exported[key] = self.ch[peer].export_region(reg, self.timeout)
+            self.registry.on_drop(reg, lambda: self.exported.pop(key, None))
+        return d
+
+    # ---- completion --------------------------------------------------------
+
+    def _complete(self, op: Op) -> None:
+        op.done = True
+        op.reg = None
+        for cb in op.callbacks:
+            cb(op)
+
+    def _fail(self, op: Op, why: str) -> None:
+        op.error = MessageError(f"rank {self.rank}: {op.what()} failed: {why}")
+        self._complete(op)
+
+    def _check_peer(self, peer: int) -> None:
+        if self.closed:
+            raise MessageError(f"rank {self.rank}: the messenger is closed")
+        if not 0 <= peer < self.n or peer == self.rank:
+            raise InvalidArgument(f"peer must be another rank in 0..{self.n - 1}, got {peer}")
+        if peer in self.failed:
+            raise self.failed[peer]

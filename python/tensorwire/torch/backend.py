@@ -1,0 +1,558 @@
+"""The ``"tensorwire"`` torch.distributed backend: unchanged PyTorch programs
+(DDP, FSDP, pipelining, checkpointing, send/recv) move their CPU tensors over
+tensorwire after ``import tensorwire.torch`` and one changed word::
+
+    import torch.distributed as dist
+    import tensorwire.torch               # registers "tensorwire"
+    dist.init_process_group("tensorwire")  # was "gloo"
+
+Each process group is a tensorwire World (one Device) that meets its peers
+through the c10d store torch hands it (no second rendezvous). Point to point
+(``send``/``recv``/``isend``/``irecv``, ``batch_isend_irecv``) runs on the
+tagged messages of tensorwire.messages: small tensors inline (eager), large
+ones written straight into the receiver's own tensor (static placement, the
+flag outside the payload) from the sender's own tensor, both registered in
+place through one registration cache per group (tensorwire.registry).
+
+Collectives: ``all_reduce``, ``broadcast``, ``barrier`` and the even
+``all_to_all_single`` run on the World's one-sided collectives engine
+(tensorwire.collectives, the same code as ``World.allreduce``); ``reduce``
+is an all_reduce; ``all_gather*``, ``reduce_scatter*``, ``gather``,
+``scatter``, ``all_to_all`` and uneven ``all_to_all_single`` are pairwise
+exchanges of messages (zero copy into the output tensors for the large ones).
+Every op runs when it is called, on the calling thread: its Work is complete
+when the call returns, except ``isend``/``irecv``, whose Work completes when
+waited for (a wait drives every pending message of the group). docs/torch.md
+has the table of ops, dtypes, limits and how failures surface.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.futures import Future
+
+from .. import errors as tw_errors
+from ..collectives import choose_allreduce  # noqa: F401 - re-exported for the bench
+from ..messages import Messenger
+from ..registry import RegistrationCache
+from ..world import Placement, World
+
+BACKEND = "tensorwire"
+COLL_TAG = -1                     # the tag of the messages collectives exchange (users' tags are >= 0)
+DEFAULT_PROGRESS = "inline"       # the waiting rank drives its worker: no thread wake-up on the latency path
+ReduceOp = dist.ReduceOp
+_REDUCE_NAMES = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
+                 ReduceOp.AVG: "avg"}
+_TORCH_REDUCE = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}
+
+
+class TensorwireError(dist.DistBackendError, tw_errors.Error):
+    """An op of the tensorwire backend failed: a peer failed or was silent (named), or the ranks disagree."""
+
+
+def _op_name(op: Any) -> str:
+    kind = getattr(op, "op", op)
+    for k, name in _REDUCE_NAMES.items():
+        if kind == k:
+            return name
+    raise ValueError(f"tensorwire backend: reduce op {kind} is not supported (SUM, AVG, PRODUCT, MIN, MAX)")
+
+
+def _seconds(timeout: Any, default: float) -> float:
+    """A Work/opts timeout (timedelta; zero or negative: the group's) in seconds."""
+    if timeout is None:
+        return default
+    s = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else float(timeout)
+    return default if s <= 0 else s
+
+
+def _bytes_view(t: torch.Tensor, what: str) -> np.ndarray:
+    """A flat uint8 numpy view of a contiguous CPU tensor (no copy, any dtype)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"tensorwire backend: {what} needs a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"tensorwire backend: {what} takes CPU tensors, got one on {t.device} "
+                         f"(use 'cpu:tensorwire,cuda:nccl' to give CUDA tensors to another backend)")
+    if not t.is_contiguous():
+        raise ValueError(f"tensorwire backend: {what} needs a contiguous tensor (call .contiguous() first)")
+    if t.is_sparse or t.is_quantized:
+        raise ValueError(f"tensorwire backend: {what} takes dense tensors")
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return np.empty(0, dtype=np.uint8)
+    return flat.view(torch.uint8).numpy()
+
+
+def _owner(t: torch.Tensor) -> tuple[int, int, Any]:
+    """(address, nbytes, keepalive) of the allocation holding `t`, for the registration cache."""
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes(), s
+
+
+class Work(dist._Work):
+    """A posted op. Collectives are complete when made; p2p completes when waited for."""
+
+    def __init__(self, pg: "TensorwireProcessGroup", result: Any, ops: list | None = None) -> None:
+        super().__init__()
+        self.pg, self.result, self.ops = pg, result, ops or []
+        self.fut: Future | None = None
+        self.err: BaseException | None = None
+
+    def is_completed(self) -> bool:
+        if self.ops and self.err is None:
+            try:
+                return all(self.pg.msg.test(op) for op in self.ops)
+            except Exception as e:  # noqa: BLE001 - surfaced by wait()
+                self.err = e
+        return True
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.err is None
+
+    def exception(self) -> Any:
+        return self.err
+
+    def wait(self, timeout: Any = None) -> bool:
+        if self.ops and self.err is None:
+            try:
+                self.pg._wait_ops(self.ops, _seconds(timeout, self.pg.timeout))
+            except Exception as e:  # noqa: BLE001 - every failure is a backend error naming the peer
+                self.err = self.pg._as_backend_error(e)
+            self.ops = [] if self.err is None else self.ops
+        if self.err is not None:
+            raise self.err
+        self._set_future()
+        return True
+
+    def get_future(self) -> Future:
+        if self.fut is None:
+            self.fut = Future()
+            if not self.ops:
+                self._set_future()
+        return self.fut
+
+    def _set_future(self) -> None:
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result(self.result)
+
+
+class TensorwireProcessGroup(dist.ProcessGroup):
+    """One torch.distributed group on a tensorwire World (see the module docs)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self.timeout = _seconds(timeout, 1800.0)
+        host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        placement = Placement(rank, size, f"{host}:{int(os.environ.get('MASTER_PORT', '0') or 0)}",
+                              "torch.distributed", "c10d")
+        options: dict[str, Any] = {"progress": DEFAULT_PROGRESS}
+        if os.environ.get("TENSORWIRE_TRANSPORT"):
+            options["transport"] = os.environ["TENSORWIRE_TRANSPORT"]
+        # the c10d store is this group's own (a prefix store per group): the World meets under a fixed name
+        self.world = World(placement, timeout=min(self.timeout, 300.0), store=store, name="pg", **options)
+        self.world.timeout = self.timeout
+        self.registry = RegistrationCache(self.world.device)
+        self.msg: Messenger | None = None
+        if size > 1:
+            self.msg = Messenger(self.world, self.registry, timeout=self.timeout)
+        self._scratch: torch.Tensor | None = None   # reduce_scatter's landing area (registered once)
+        self._closed = False
+
+    # ---- identity -----------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - torch's name
+        return BACKEND
+
+    @property
+    def backend_name(self) -> str:
+        return BACKEND
+
+    def __repr__(self) -> str:
+        return f"TensorwireProcessGroup(rank={self.rank()}, size={self.size()})"
+
+    # ---- plumbing -----------------------------------------------------------
+
+    def _done(self, result: Any) -> Work:
+        return Work(self, result)
+
+    def _run(self, what: str, fn: Callable[[], Any], result: Any) -> Work:
+        """Runs a collective now; any failure becomes a backend error naming the op."""
+        self._check_open(what)
+        try:
+            fn()
+        except (TypeError, ValueError):
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self._as_backend_error(e, what) from None
+        return self._done(result)
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise TensorwireError(f"rank {self.rank()}: {what} on a destroyed tensorwire process group")
+
+    def _as_backend_error(self, e: BaseException, what: str = "") -> BaseException:
+        if isinstance(e, (TensorwireError, TypeError, ValueError)):
+            return e
+        if isinstance(e, tw_errors.InvalidArgument):
+            return ValueError(f"tensorwire backend: {what + ': ' if what else ''}{e}")
+        err = TensorwireError(f"tensorwire backend, rank {self.rank()}: {what + ' failed: ' if what else ''}{e}")
+        err.__cause__ = e
+        return err
+
+    def _wait_ops(self, ops: list, timeout: float) -> None:
+        self.msg.wait_all(ops, timeout)
+
+    def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
+                  timeout: float | None = None) -> None:
+        """Posts every receive, then every send (tag COLL_TAG), and waits for all."""
+        m = self.msg
+        ops = [m.irecv(_bytes_view(t, "recv"), p, COLL_TAG, _owner(t)) for t, p in recvs]
+        ops += [m.isend(_bytes_view(t, "send"), p, COLL_TAG, _owner(t)) for t, p in sends]
+        m.wait_all(ops, self.timeout if timeout is None else timeout)
+
+    def _peers(self) -> list[int]:
+        r, n = self.rank(), self.size()
+        return [(r + k) % n for k in range(1, n)]
+
+    # ---- point to point -----------------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Work:
+        self._check_open("send")
+        t = self._one(tensors, "send")
+        op = self._p2p("send", t, dst, tag)
+        return Work(self, None, [op])
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Work:
+        self._check_open("recv")
+        t = self._one(tensors, "recv")
+        op = self._p2p("recv", t, src, tag)
+        return Work(self, [t], [op])
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Work:
+        raise ValueError("tensorwire backend: recv from any source is not supported (name the source rank)")
+
+    def _p2p(self, kind: str, t: torch.Tensor, peer: int, tag: int) -> Any:
+        if not 0 <= peer < self.size() or peer == self.rank():
+            raise ValueError(f"tensorwire backend: {kind} peer must be another rank of the group "
+                             f"(0..{self.size() - 1}, not {self.rank()}), got {peer}")
+        if tag < 0:
+            raise ValueError(f"tensorwire backend: {kind} tag must be >= 0, got {tag}")
+        view = _bytes_view(t, kind)
+        try:
+            if kind == "send":
+                return self.msg.isend(view, peer, tag, _owner(t))
+            return self.msg.irecv(view, peer, tag, _owner(t))
+        except Exception as e:  # noqa: BLE001
+            raise self._as_backend_error(e, kind) from None
+
+    @staticmethod
+    def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise ValueError(f"tensorwire backend: {what} takes one tensor per call, got {len(tensors)}")
+        return tensors[0]
+
+    # ---- collectives on the World's engine ----------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        for t in tensors:
+            _bytes_view(t, "all_reduce")
+        return self._run("all_reduce", lambda: [self._allreduce(t, op) for t in tensors], tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        for t in tensors:
+            _bytes_view(t, "all_reduce_coalesced")
+
+        def run() -> None:
+            by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+            for t in tensors:
+                by_dtype.setdefault(t.dtype, []).append(t)
+            for group in by_dtype.values():  # one call per dtype: the tensors flattened together
+                flat = torch.cat([t.reshape(-1) for t in group]) if len(group) > 1 else group[0]
+                self._allreduce(flat, op)
+                if len(group) > 1:
+                    off = 0
+                    for t in group:
+                        t.copy_(flat[off: off + t.numel()].view_as(t))
+                        off += t.numel()
+        return self._run("all_reduce_coalesced", run, tensors)
+
+    def _allreduce(self, t: torch.Tensor, op: str) -> None:
+        if t.dtype == torch.bool or t.is_complex() and op in ("min", "max"):
+            raise ValueError(f"tensorwire backend: all_reduce {op} of {t.dtype} is not supported")
+        if op == "avg" and not (t.is_floating_point() or t.is_complex()):
+            raise ValueError(f"tensorwire backend: ReduceOp.AVG needs a floating point tensor, got {t.dtype}")
+        if self.size() == 1 or t.numel() == 0:
+            return
+        engine_op = "sum" if op == "avg" else op
+        if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reduce in float32, round once
+            wide = t.float()
+            self.world.allreduce(wide, engine_op)
+            t.copy_(wide)
+        else:
+            self.world.allreduce(t.detach(), engine_op)
+        if op == "avg":
+            t.div_(self.size())
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
+        self._check_root(opts.rootRank, "reduce")
+        return self.allreduce(tensors, opts)
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Work:
+        root = opts.rootRank
+        self._check_root(root, "broadcast")
+        for t in tensors:
+            _bytes_view(t, "broadcast")
+
+        def run() -> None:
+            for t in tensors:
+                if t.numel():
+                    self.world.broadcast(_bytes_view(t, "broadcast"), root)
+        return self._run("broadcast", run, tensors)
+
+    def barrier(self, opts: Any = None) -> Work:
+        return self._run("barrier", lambda: self.world.barrier(self.timeout), None)
+
+    def _check_root(self, root: int, what: str) -> None:
+        if not 0 <= root < self.size():
+            raise ValueError(f"tensorwire backend: {what} root must be a rank in 0..{self.size() - 1}, got {root}")
+
+    # ---- collectives as exchanges of messages -------------------------------
+
+    def all_gather_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
+        n, r = self.size(), self.rank()
+        _bytes_view(inp, "all_gather_into_tensor input")
+        _bytes_view(out, "all_gather_into_tensor output")
+        if out.numel() != n * inp.numel() or out.dtype != inp.dtype:
+            raise ValueError(f"tensorwire backend: all_gather_into_tensor needs an output of {n} x the input "
+                             f"({n} x {inp.numel()} {inp.dtype}), got {out.numel()} {out.dtype}")
+        blocks = out.reshape(n, -1) if inp.numel() else [out] * n
+        return self._run("all_gather_into_tensor", lambda: self._gather_all(inp, [blocks[p] for p in range(n)]),
+                         out)
+
+    _allgather_base = all_gather_single
+
+    def allgather(self, outs: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None) -> Work:
+        n = self.size()
+        if len(outs) != len(inps) or any(len(o) != n for o in outs):
+            raise ValueError(f"tensorwire backend: all_gather needs {n} output tensors per input")
+        for o, i in zip(outs, inps):
+            for t in o:
+                if t.numel() != i.numel() or t.dtype != i.dtype:
+                    raise ValueError(f"tensorwire backend: all_gather outputs must match the input "
+                                     f"({i.numel()} x {i.dtype}), got {t.numel()} x {t.dtype}")
+        return self._run("all_gather", lambda: [self._gather_all(i, o) for o, i in zip(outs, inps)], outs)
+
+    def allgather_coalesced(self, outs: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None):
+        return self.allgather(outs, inps, opts)
+
+    def all_gather_single_coalesced(self, outs: list[torch.Tensor], inps: list[torch.Tensor], opts: Any = None):
+        n = self.size()
+        for o, i in zip(outs, inps):
+            if o.numel() != n * i.numel():
+                raise ValueError("tensorwire backend: all_gather_into_tensor needs an output of size x the input")
+        return self._run("all_gather_into_tensor_coalesced",
+                         lambda: [self._gather_all(i, list(o.reshape(n, -1)) if i.numel() else [o] * n)
+                                  for o, i in zip(outs, inps)], outs)
+
+    def _gather_all(self, inp: torch.Tensor, blocks: list[torch.Tensor]) -> None:
+        r = self.rank()
+        if inp.numel():
+            blocks[r].reshape(-1).copy_(inp.reshape(-1))
+        if self.size() > 1 and inp.numel():
+            peers = self._peers()
+            self._exchange([(inp, p) for p in peers], [(blocks[p], p) for p in peers])
+
+    def reduce_scatter_single(self, out: torch.Tensor, inp: torch.Tensor, opts: Any = None) -> Work:
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        n = self.size()
+        _bytes_view(inp, "reduce_scatter_tensor input")
+        _bytes_view(out, "reduce_scatter_tensor output")
+        if inp.numel() != n * out.numel() or out.dtype != inp.dtype:
+            raise ValueError(f"tensorwire backend: reduce_scatter_tensor needs an input of {n} x the output "
+                             f"({n} x {out.numel()} {out.dtype}), got {inp.numel()} {inp.dtype}")
+        blocks = list(inp.reshape(n, -1)) if out.numel() else []
+        return self._run("reduce_scatter_tensor", lambda: self._reduce_scatter(out, blocks, op), out)
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter(self, outs: list[torch.Tensor], inps: list[list[torch.Tensor]], opts: Any = None) -> Work:
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        n = self.size()
+        if len(outs) != len(inps) or any(len(i) != n for i in inps):
+            raise ValueError(f"tensorwire backend: reduce_scatter needs {n} input tensors per output")
+        for o, ins in zip(outs, inps):
+            for t in ins:
+                if t.numel() != o.numel() or t.dtype != o.dtype:
+                    raise ValueError("tensorwire backend: reduce_scatter inputs must match the output's size and dtype")
+        return self._run("reduce_scatter",
+                         lambda: [self._reduce_scatter(o, [t.contiguous() for t in i] if o.numel() else [], op)
+                                  for o, i in zip(outs, inps)], outs)
+
+    def reduce_scatter_single_coalesced(self, outs: list[torch.Tensor], inps: list[torch.Tensor], opts: Any = None):
+        op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
+        n = self.size()
+        return self._run("reduce_scatter_tensor_coalesced",
+                         lambda: [self._reduce_scatter(o, list(i.reshape(n, -1)) if o.numel() else [], op)
+                                  for o, i in zip(outs, inps)], outs)
+
+    def _reduce_scatter(self, out: torch.Tensor, blocks: list[torch.Tensor], op: str) -> None:
+        """Block p of every rank goes to rank p; each rank reduces what it got (in rank order,
+        so every rank's sum is formed in the same order as gloo's ring would not promise)."""
+        if op not in ("sum", "prod", "min", "max", "avg"):
+            raise ValueError(f"tensorwire backend: reduce_scatter op {op} is not supported")
+        if not blocks:
+            return
+        n, r = self.size(), self.rank()
+        if n == 1:
+            out.copy_(blocks[0].view_as(out))
+            return
+        peers = self._peers()
+        nb = out.numel()
+        scratch = self._landing(n * nb, out.dtype)
+        got = {p: scratch[p * nb: (p + 1) * nb] for p in peers}
+        self._exchange([(blocks[p], p) for p in peers], [(got[p], p) for p in peers])
+        got[r] = blocks[r].reshape(-1)
+        fn = _TORCH_REDUCE["sum" if op == "avg" else op]
+        acc = got[0].clone()
+        for p in range(1, n):
+            acc = fn(acc, got[p])
+        if op == "avg":
+            acc = acc / n if acc.is_floating_point() else acc.div(n, rounding_mode="floor")
+        out.copy_(acc.view_as(out))
+
+    def _landing(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A flat tensor of `numel` x dtype in one long-lived allocation (registered once)."""
+        nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+        if self._scratch is None or self._scratch.numel() < nbytes:
+            self._scratch = torch.empty(max(nbytes, 4096), dtype=torch.uint8)
+        return self._scratch[:nbytes].view(dtype)
+
+    def alltoall_base(self, out: torch.Tensor, inp: torch.Tensor, out_splits: list[int], in_splits: list[int],
+                      opts: Any = None) -> Work:
+        n = self.size()
+        _bytes_view(inp, "all_to_all_single input")
+        _bytes_view(out, "all_to_all_single output")
+        if out.dtype != inp.dtype:
+            raise ValueError(f"tensorwire backend: all_to_all_single needs one dtype, got {inp.dtype} and {out.dtype}")
+        if not out_splits and not in_splits:
+            if inp.numel() != out.numel() or (inp.dim() and inp.shape[0] % n):
+                raise ValueError(f"tensorwire backend: all_to_all_single without splits needs input and output "
+                                 f"of one size with dimension 0 divisible by {n}")
+            if inp.numel() and inp.dim():
+                return self._run("all_to_all_single", lambda: self.world.alltoall(
+                    _bytes_view(out, "all_to_all_single"), _bytes_view(inp, "all_to_all_single")), out)
+        row_in = inp[0].numel() if inp.dim() and inp.shape[0] else 0
+        row_out = out[0].numel() if out.dim() and out.shape[0] else 0
+        in_splits = list(in_splits) or [inp.shape[0] // n] * n
+        out_splits = list(out_splits) or [out.shape[0] // n] * n
+        if len(in_splits) != n or len(out_splits) != n or sum(in_splits) != (inp.shape[0] if inp.dim() else 1) \
+                or sum(out_splits) != (out.shape[0] if out.dim() else 1):
+            raise ValueError(f"tensorwire backend: all_to_all_single split sizes must be {n} numbers that add up to "
+                             f"dimension 0 (input {in_splits} of {tuple(inp.shape)}, output {out_splits} of "
+                             f"{tuple(out.shape)})")
+        fi = inp.reshape(-1)
+        fo = out.reshape(-1)
+        ins = _split(fi, [s * row_in for s in in_splits])
+        outs = _split(fo, [s * row_out for s in out_splits])
+        return self._run("all_to_all_single", lambda: self._a2a(outs, ins), out)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, outs: list[torch.Tensor], inps: list[torch.Tensor], opts: Any = None) -> Work:
+        n = self.size()
+        if len(outs) != n or len(inps) != n:
+            raise ValueError(f"tensorwire backend: all_to_all needs {n} input and {n} output tensors")
+        return self._run("all_to_all", lambda: self._a2a(outs, [t.contiguous() for t in inps]), outs)
+
+    def _a2a(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
+        r = self.rank()
+        if outs[r].numel() != ins[r].numel():
+            raise ValueError(f"tensorwire backend: all_to_all: rank {r} sends itself {ins[r].numel()} elements "
+                             f"but expects {outs[r].numel()}")
+        outs[r].copy_(ins[r].view_as(outs[r]))
+        peers = self._peers()
+        self._exchange([(ins[p], p) for p in peers if ins[p].numel()],
+                       [(outs[p], p) for p in peers if outs[p].numel()])
+
+    def gather(self, outs: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any) -> Work:
+        root, r, n = opts.rootRank, self.rank(), self.size()
+        self._check_root(root, "gather")
+        inp = self._one(inps, "gather")
+        if r == root:
+            lst = self._one(outs, "gather") if outs else []
+            if len(lst) != n:
+                raise ValueError(f"tensorwire backend: gather on the root needs {n} output tensors, got {len(lst)}")
+
+            def run() -> None:
+                lst[r].copy_(inp)
+                self._exchange([], [(lst[p], p) for p in self._peers()])
+            return self._run("gather", run, outs)
+        return self._run("gather", lambda: self._exchange([(inp, root)], []), outs)
+
+    def scatter(self, outs: list[torch.Tensor], inps: list[list[torch.Tensor]], opts: Any) -> Work:
+        root, r, n = opts.rootRank, self.rank(), self.size()
+        self._check_root(root, "scatter")
+        out = self._one(outs, "scatter")
+        if r == root:
+            lst = self._one(inps, "scatter") if inps else []
+            if len(lst) != n:
+                raise ValueError(f"tensorwire backend: scatter on the root needs {n} input tensors, got {len(lst)}")
+
+            def run() -> None:
+                out.copy_(lst[r])
+                self._exchange([(lst[p].contiguous(), p) for p in self._peers()], [])
+            return self._run("scatter", run, outs)
+        return self._run("scatter", lambda: self._exchange([], [(out, root)]), outs)
+
+    # ---- life ---------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        self.close()
+
+    def abort(self) -> None:
+        self.close(sync=False)
+
+    def close(self, sync: bool = True) -> None:
+        """Releases every registration, the messages engine and the World's Device."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.msg is not None:
+            self.msg.close()
+        self.registry.clear()
+        self._scratch = None
+        self.world._close(sync=sync)
+
+    def __del__(self) -> None:
+        try:
+            self.close(sync=False)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _split(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    out, off = [], 0
+    for s in sizes:
+        out.append(flat[off: off + s])
+        off += s
+    return out
+
+
+def create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> TensorwireProcessGroup:
+    """torch.distributed's creator function for the "tensorwire" backend."""
+    return TensorwireProcessGroup(store, rank, size, timeout)
+
+
+def register() -> None:
+    """Registers the backend "tensorwire" for CPU tensors (idempotent)."""
+    if BACKEND.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    dist.Backend.register_backend(BACKEND, create, devices=["cpu"])
