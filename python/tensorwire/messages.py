@@ -62,7 +62,7 @@ class MessageError(Error, RuntimeError):
 class Op:
     """One posted send or receive; completed by the engine's progress."""
 
-    __slots__ = ("kind", "peer", "tag", "k", "arr", "nbytes", "done", "error", "req", "reg", "callbacks")
+    __slots__ = ("kind", "peer", "tag", "k", "arr", "nbytes", "done", "error", "req", "reg", "callbacks", "queued")
 
     def __init__(self, kind: str, peer: int, tag: int, k: int, arr: np.ndarray) -> None:
         self.kind, self.peer, self.tag, self.k, self.arr = kind, peer, tag, k, arr
@@ -71,6 +71,7 @@ class Op:
         self.error: BaseException | None = None
         self.req: Any = None      # the placed data write in flight (send)
         self.reg: Any = None      # the registration the op holds while in flight
+        self.queued = False       # its last record waits for credit (the op is not complete before it goes)
         self.callbacks: list[Callable[["Op"], None]] = []
 
     def what(self) -> str:
@@ -166,9 +167,9 @@ class Messenger:
         k = self.send_k[key] = self.send_k.get(key, 0) + 1
         op = Op("send", peer, tag, k, arr)
         if op.nbytes <= self.lay.eager:
-            self._record(peer, EAGER, tag, k, op.nbytes, 0, arr.reshape(-1).view(np.uint8))
             self.rtrs.pop((peer, tag, k), None)  # a receiver expecting another size fails on our record
-            op.done = True
+            if self._record(peer, EAGER, tag, k, op.nbytes, 0, arr.reshape(-1).view(np.uint8), op):
+                op.done = True
             return op
         op.reg = self.registry.lookup(arr, owner)
         self._record(peer, RTS, tag, k, op.nbytes)
@@ -266,7 +267,7 @@ class Messenger:
         if self.writing:
             still = []
             for op in self.writing:
-                if op.req.done():
+                if op.req.done() and not op.queued:
                     self._finish_send(op)
                 else:
                     still.append(op)
@@ -299,10 +300,10 @@ class Messenger:
             self._peer_failed(e, peers)
 
     def _peer_failed(self, e: Error, peers: set[int]) -> None:
-        bad = None
+        bad = next(iter(peers)) if len(peers) == 1 else None
         for p in sorted(peers):
             ch = self.ch[p]
-            if ch is not None and getattr(ch, "failed", False):
+            if bad is None and ch is not None and getattr(ch, "failed", False):
                 bad = p
                 break
         who = f"rank {bad}" if bad is not None else f"one of ranks {sorted(peers)}"
@@ -318,13 +319,18 @@ class Messenger:
     # ---- records -----------------------------------------------------------
 
     def _record(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int = 0,
-                payload: np.ndarray | None = None) -> None:
+                payload: np.ndarray | None = None, op: Op | None = None) -> bool:
+        """Posts a record to `peer`, or queues it until `peer` hands back credit (then `op`,
+        whose last record it is, completes only once it went: a rank whose ops are all
+        complete has nothing left that only its own progress could post). True if posted."""
         if self.outq[peer] or self.sent[peer] + 1 - self._credit(peer) > SLOTS:
             # no credit: keep a copy (the caller's memory may change once the op returns)
-            self.outq[peer].append((kind, tag, k, nbytes, offset, None if payload is None else payload.copy()))
-            self.progress()
-            return
+            if op is not None:
+                op.queued = True
+            self.outq[peer].append((kind, tag, k, nbytes, offset, None if payload is None else payload.copy(), op))
+            return False
         self._post(peer, kind, tag, k, nbytes, offset, payload)
+        return True
 
     def _credit(self, peer: int) -> int:
         return int(self.words[(self.lay.acks >> 3) + peer])
@@ -332,7 +338,12 @@ class Messenger:
     def _drain(self, peer: int) -> None:
         q = self.outq[peer]
         while q and self.sent[peer] + 1 - self._credit(peer) <= SLOTS:
-            self._post(peer, *q.pop(0))
+            *record, op = q.pop(0)
+            self._post(peer, *record)
+            if op is not None:
+                op.queued = False
+                if op.kind == "send" and op.req is None:  # an eager send: complete once posted
+                    self._complete(op)
 
     def _post(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int,
               payload: np.ndarray | None) -> None:
@@ -365,6 +376,7 @@ class Messenger:
         kind, tag, k, nbytes, offset, plen = (int(x) for x in self.words[off >> 3: (off >> 3) + 6])
         body = self.mem[off + HEADER: off + HEADER + plen]
         key = (p, tag, k)
+        self.got[p] = m  # before anything below posts records of its own
         if kind == RTR:
             self._on_rtr(key, nbytes, offset, bytes(body))
         elif kind == EAGER:
@@ -375,7 +387,6 @@ class Messenger:
                 self._fail(sop, bytes(body).decode(errors="replace"))
         else:  # RTS, DONE
             self._deliver(key, (kind, None, nbytes))
-        self.got[p] = m
         if m % (SLOTS // 2) == 0:
             self._ack(p, m)
 
@@ -438,7 +449,7 @@ class Messenger:
         ch = self.ch[p]
         op.req = ch.write(op.reg, remote, local_off, offset, op.nbytes)
         ch.fence()
-        self._record(p, DONE, op.tag, op.k, op.nbytes)
+        self._record(p, DONE, op.tag, op.k, op.nbytes, op=op)
         self.writing.append(op)
 
     def _finish_send(self, op: Op) -> None:

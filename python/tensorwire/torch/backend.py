@@ -211,6 +211,8 @@ class TensorwireProcessGroup(dist.ProcessGroup):
     def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
                   timeout: float | None = None) -> None:
         """Posts every receive, then every send (tag COLL_TAG), and waits for all."""
+        if not sends and not recvs:
+            return
         m = self.msg
         ops = [m.irecv(_bytes_view(t, "recv"), p, COLL_TAG, _owner(t)) for t, p in recvs]
         ops += [m.isend(_bytes_view(t, "send"), p, COLL_TAG, _owner(t)) for t, p in sends]
@@ -249,7 +251,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                 return self.msg.isend(view, peer, tag, _owner(t))
             return self.msg.irecv(view, peer, tag, _owner(t))
         except Exception as e:  # noqa: BLE001
-            raise self._as_backend_error(e, kind) from None
+            raise self._as_backend_error(e, f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}") from None
 
     @staticmethod
     def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
