@@ -46,6 +46,10 @@ from ..world import Placement, World
 BACKEND = "tensorwire"
 COLL_TAG = -1                     # the tag of the messages collectives exchange (users' tags are >= 0)
 DEFAULT_PROGRESS = "inline"       # the waiting rank drives its worker: no thread wake-up on the latency path
+# all_reduce from this size on: reduce-scatter then all-gather of messages, written straight into the
+# ranks' own tensors (the engine's arena costs a copy in and out: 1.5x gloo at 16 MiB over shm, measured
+# in bench/results/torch_dist_quick.txt); below it the engine's recursive doubling (fewest trips)
+LARGE_ALLREDUCE = 1 << 20
 ReduceOp = dist.ReduceOp
 _REDUCE_NAMES = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
                  ReduceOp.AVG: "avg"}
@@ -293,6 +297,9 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             raise ValueError(f"tensorwire backend: ReduceOp.AVG needs a floating point tensor, got {t.dtype}")
         if self.size() == 1 or t.numel() == 0:
             return
+        if t.numel() * t.element_size() >= LARGE_ALLREDUCE and t.numel() >= self.size():
+            self._allreduce_by_messages(t.detach().reshape(-1), op)
+            return
         engine_op = "sum" if op == "avg" else op
         if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reduce in float32, round once
             wide = t.float()
@@ -302,6 +309,17 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             self.world.allreduce(t.detach(), engine_op)
         if op == "avg":
             t.div_(self.size())
+
+    def _allreduce_by_messages(self, flat: torch.Tensor, op: str) -> None:
+        """Rank p reduces chunk p of every rank's tensor (each rank's chunk p lands in p's scratch),
+        then hands the result to every rank, into its own tensor: every rank ends with the same bytes."""
+        n, r = self.size(), self.rank()
+        q = -(-flat.numel() // n)
+        chunks = [flat[min(p * q, flat.numel()): min((p + 1) * q, flat.numel())] for p in range(n)]
+        self._reduce_scatter(chunks[r], [c for c in chunks], op)
+        peers = self._peers()
+        self._exchange([(chunks[r], p) for p in peers if chunks[r].numel()],
+                       [(chunks[p], p) for p in peers if chunks[p].numel()])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
         self._check_root(opts.rootRank, "reduce")
@@ -423,12 +441,19 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         self._exchange([(blocks[p], p) for p in peers], [(got[p], p) for p in peers])
         got[r] = blocks[r].reshape(-1)
         fn = _TORCH_REDUCE["sum" if op == "avg" else op]
-        acc = got[0].clone()
-        for p in range(1, n):
-            acc = fn(acc, got[p])
+        res = out.reshape(-1)  # a view: out is contiguous
+        if n == 2:
+            fn(got[0], got[1], out=res)  # elementwise: res may be got[r] itself
+        else:
+            acc = fn(got[0], got[1])
+            for p in range(2, n):
+                fn(acc, got[p], out=acc)
+            res.copy_(acc)
         if op == "avg":
-            acc = acc / n if acc.is_floating_point() else acc.div(n, rounding_mode="floor")
-        out.copy_(acc.view_as(out))
+            if res.is_floating_point() or res.is_complex():
+                res.div_(n)
+            else:
+                res.div_(n, rounding_mode="floor")
 
     def _landing(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat tensor of `numel` x dtype in one long-lived allocation (registered once)."""
