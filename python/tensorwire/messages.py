@@ -155,6 +155,7 @@ class Messenger:
         self.exported: dict[tuple[int, int], bytes] = {}       # (peer, registration id) -> descriptor
         self.remotes: dict[tuple[int, bytes], Any] = {}        # (peer, descriptor) -> RemoteRegion
         self.failed: dict[int, BaseException] = {}             # peers whose channel failed
+        self.next_word: list[Any] = [None] * n                 # (number, Word) of the next record per peer
         self.closed = False
 
     # ---- public API --------------------------------------------------------
@@ -283,7 +284,11 @@ class Messenger:
             if p in self.failed:
                 raise self.failed[p]
             m = self.got[p] + 1
-            items.append(_core.Word(self.arena, lay.flags + (p * SLOTS + m % SLOTS) * 8, m, self.ch[p]))
+            nw = self.next_word[p]
+            if nw is None or nw[0] != m:
+                nw = self.next_word[p] = (m, _core.Word(self.arena, lay.flags + (p * SLOTS + m % SLOTS) * 8, m,
+                                                        self.ch[p]))
+            items.append(nw[1])
             if self.outq[p]:  # credits: the receiver writes a multiple of SLOTS/2
                 need = self.sent[p] + 1 - SLOTS
                 want = -(-need // (SLOTS // 2)) * (SLOTS // 2)
@@ -373,7 +378,7 @@ class Messenger:
     def _consume(self, p: int, m: int) -> None:
         lay = self.lay
         off = lay.inbox + (p * SLOTS + m % SLOTS) * lay.slot
-        kind, tag, k, nbytes, offset, plen = (int(x) for x in self.words[off >> 3: (off >> 3) + 6])
+        kind, tag, k, nbytes, offset, plen = self.words[off >> 3: (off >> 3) + 6].tolist()
         body = self.mem[off + HEADER: off + HEADER + plen]
         key = (p, tag, k)
         self.got[p] = m  # before anything below posts records of its own

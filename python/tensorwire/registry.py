@@ -43,7 +43,9 @@ class RegistrationCache:
 
     def lookup(self, arr: np.ndarray, owner: Any = None) -> Any:
         """The registration covering `arr`. `owner`: (address, nbytes, keepalive) of the
-        allocation that holds it (a torch storage); default: `arr` itself."""
+        allocation that holds it (a torch storage), or a function returning it; default: `arr` itself."""
+        if callable(owner):
+            owner = owner()
         if owner is None:
             owner = (arr.__array_interface__["data"][0], arr.nbytes, arr)
         ptr, nbytes, keep = owner
