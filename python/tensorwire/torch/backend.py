@@ -160,6 +160,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
     def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size  # rank()/size() are calls into torch: the hot paths use these
+        self._group_name = self._group_desc = ""
         self.timeout = _seconds(timeout, 1800.0)
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         placement = Placement(rank, size, f"{host}:{int(os.environ.get('MASTER_PORT', '0') or 0)}",
@@ -185,6 +186,27 @@ class TensorwireProcessGroup(dist.ProcessGroup):
     @property
     def backend_name(self) -> str:
         return BACKEND
+
+    # torch names a group through these (its C++ default keeps the name in backends this Python group has none of)
+    def setGroupName(self, name: str) -> None:  # noqa: N802 - torch's name
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
 
     def __repr__(self) -> str:
         return f"TensorwireProcessGroup(rank={self.rank()}, size={self.size()})"
