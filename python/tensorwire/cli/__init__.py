@@ -46,6 +46,7 @@ COMMAND_MODULES = (
     "tensorwire.bench.fullmesh",    # bench fullmesh
     "tensorwire.bench.collectives",  # bench alltoall/allreduce
     "tensorwire.bench.terasort",    # bench terasort
+    "tensorwire.bench.torch_dist",  # bench torch-dist
     "tensorwire.testbed.cli",       # tensorwire testbed
     "tensorwire.torch.cli",         # tensorwire train, bench train, partition
 )

@@ -1,0 +1,224 @@
+"""Rank side of `tensorwire bench torch-dist` (bench/torch_dist.py): one backend, one process group,
+every measurement of the chosen suites; rank 0 writes the results as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.distributed as dist
+
+import tensorwire.torch  # noqa: F401 - registers "tensorwire"
+
+LAT_WINDOW = 16       # osu_bw's window: sends in flight before the receiver's ack
+
+
+def _sync() -> None:
+    dist.barrier()
+
+
+def p2p_latency(nbytes: int, iters: int) -> float:
+    """One-way microseconds of a ping-pong between ranks 0 and 1 (osu_latency)."""
+    r = dist.get_rank()
+    t = torch.zeros(max(1, nbytes), dtype=torch.uint8)
+    for i in range(iters // 10 + 2):  # warm-up: registrations, first touches
+        _pingpong(r, t)
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        _pingpong(r, t)
+    return (time.perf_counter() - t0) / iters / 2 * 1e6
+
+
+def _pingpong(r: int, t: torch.Tensor) -> None:
+    if r == 0:
+        dist.send(t, 1)
+        dist.recv(t, 1)
+    elif r == 1:
+        dist.recv(t, 0)
+        dist.send(t, 0)
+
+
+def p2p_bandwidth(nbytes: int, iters: int) -> float:
+    """MB/s of windows of LAT_WINDOW back-to-back sends from rank 0 to 1, each window acknowledged (osu_bw)."""
+    r = dist.get_rank()
+    bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(LAT_WINDOW)]
+    ack = torch.zeros(1)
+    windows = max(1, iters // LAT_WINDOW)
+
+    def window() -> None:
+        if r == 0:
+            for w in [dist.isend(b, 1) for b in bufs]:
+                w.wait()
+            dist.recv(ack, 1)
+        elif r == 1:
+            for w in [dist.irecv(b, 0) for b in bufs]:
+                w.wait()
+            dist.send(ack, 0)
+    window()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(windows):
+        window()
+    return windows * LAT_WINDOW * nbytes / (time.perf_counter() - t0) / 1e6
+
+
+def collective(op: str, nbytes: int, iters: int) -> float:
+    """Average microseconds of one call (osu_allreduce and friends)."""
+    n = dist.get_world_size()
+    count = max(n, nbytes // 4)
+    if op == "all_reduce":
+        t = torch.ones(count)
+        call = lambda: dist.all_reduce(t)  # noqa: E731
+    elif op == "all_gather_into_tensor":
+        inp, out = torch.ones(count // n), torch.empty(count // n * n)
+        call = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+    else:
+        inp, out = torch.ones(count // n * n), torch.empty(count // n)
+        call = lambda: dist.reduce_scatter_tensor(out, inp)  # noqa: E731
+    call()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    return (time.perf_counter() - t0) / iters * 1e6
+
+
+def small_resnet() -> torch.nn.Module:
+    """A ResNet of four basic blocks for 32x32 images (0.7 M parameters)."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.a = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+                                   nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
+            self.skip = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            return torch.relu(self.a(x) + self.skip(x))
+    return nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+                         Block(32, 32, 1), Block(32, 64, 2), Block(64, 128, 2), Block(128, 128, 1),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+
+
+def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
+    if name == "fcn5":
+        from tensorwire.torch.models import FCN5
+        return FCN5(), (784,)
+    return small_resnet(), (3, 32, 32)
+
+
+def ddp_samples_per_s(name: str, batch: int, steps: int) -> float:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(0)
+    model, shape = _model(name)
+    ddp = DDP(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+    step()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * batch * dist.get_world_size() / (time.perf_counter() - t0)
+
+
+def pipe_samples_per_s(name: str, batch: int, steps: int, microbatches: int = 4) -> float:
+    """GPipe over the ranks: the model's Sequential cut into equal runs of layers, one per rank."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    torch.manual_seed(0)
+    model, shape = _model(name)
+    layers = list(model.net) if name == "fcn5" else list(model)
+    r, n = dist.get_rank(), dist.get_world_size()
+    per = -(-len(layers) // n)
+    stage = PipelineStage(torch.nn.Sequential(*layers[r * per:(r + 1) * per]), r, n, torch.device("cpu"))
+    sched = ScheduleGPipe(stage, n_microbatches=microbatches,
+                          loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y))
+    x, y = torch.randn(batch * microbatches, *shape), torch.randint(0, 10, (batch * microbatches,))
+
+    def step() -> None:
+        if r == 0:
+            sched.step(x)
+        elif r == n - 1:
+            sched.step(target=y)
+        else:
+            sched.step()
+    step()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return steps * batch * microbatches / (time.perf_counter() - t0)
+
+
+def dispatch_us(iters: int, batch: int = 16) -> float:
+    """Microseconds from dist.isend's call to its return, 8 B eager sends posted back to back
+    (batches of `batch`, fewer than the ring's credits): the backend's cost per op before the wire."""
+    r = dist.get_rank()
+    t = [torch.zeros(2) for _ in range(batch)]
+    total, count = 0.0, 0
+    for _ in range(max(1, iters // batch)):
+        _sync()
+        if r == 0:
+            t0 = time.perf_counter()
+            works = [dist.isend(x, 1) for x in t]
+            total += time.perf_counter() - t0
+            count += batch
+            for w in works:
+                w.wait()
+        elif r == 1:
+            for x in t:
+                dist.recv(x, 0)
+    return total / max(1, count) * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--backend", required=True)
+    p.add_argument("--suite", required=True)
+    p.add_argument("--lat-sizes", required=True)
+    p.add_argument("--bw-sizes", required=True)
+    p.add_argument("--coll-sizes", required=True)
+    p.add_argument("--iters", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    dist.init_process_group(a.backend)
+    suite = a.suite.split(",")
+    sizes = {k: [int(s) for s in v.split(",") if s] for k, v in
+             (("lat", a.lat_sizes), ("bw", a.bw_sizes), ("coll", a.coll_sizes))}
+    res: dict = {}
+    if "p2p" in suite:
+        for s in sizes["lat"]:
+            res[f"latency/{s}"] = p2p_latency(s, a.iters)
+        for s in sizes["bw"]:
+            res[f"bandwidth/{s}"] = p2p_bandwidth(s, max(LAT_WINDOW, min(a.iters, (256 << 20) // s)))
+        if a.backend == "tensorwire":
+            res["dispatch/isend"] = dispatch_us(min(a.iters, 500))
+    if "coll" in suite:
+        for op in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
+            for s in sizes["coll"]:
+                res[f"{op}/{s}"] = collective(op, s, max(3, min(a.iters, (512 << 20) // s)))
+    if "ddp" in suite:
+        for m in ("fcn5", "resnet"):
+            res[f"ddp/{m}"] = ddp_samples_per_s(m, 8, a.steps)
+    if "pipe" in suite:
+        for m in ("fcn5", "resnet"):
+            res[f"pipe/{m}"] = pipe_samples_per_s(m, 8, a.steps)
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
