@@ -230,12 +230,21 @@ def test_baseline_errors(ucx_pair):
     buf = np.zeros(16, np.uint8)
     with pytest.raises(tw.Timeout):
         a.tag_recv(buf.ctypes.data, buf.nbytes, 99, 0.05)
+    with pytest.raises(tw.Timeout):  # 0 is the core's "do not wait" (core/waiter.h), not "forever"
+        a.tag_recv(buf.ctypes.data, buf.nbytes, 99, 0)
     big = np.zeros(4096, np.uint8)
     t = threading.Thread(target=lambda: a.am_request(b"", big.ctypes.data, big.nbytes, 2.0), daemon=True)
     t.start()
     with pytest.raises(tw.InvalidArgument):
         b.am_recv(buf.ctypes.data, buf.nbytes, 10)  # 4 KiB into 16 B
     b.am_reply(b"x", 5)
+    t.join(5)
+    # A tag message larger than the receive buffer: UCX's MESSAGE_TRUNCATED, the
+    # core's table (ucx/ucx.cc) makes it InvalidArgument.
+    t = threading.Thread(target=lambda: a.tag_send(big.ctypes.data, big.nbytes, 5, 5.0), daemon=True)
+    t.start()
+    with pytest.raises(tw.InvalidArgument):
+        b.tag_recv(buf.ctypes.data, buf.nbytes, 5, 5)
     t.join(5)
     fresh = _core.UcxBaseline("tcp", 100, True)
     with pytest.raises(tw.ConnectionError):

@@ -7,11 +7,15 @@
 #include <cstring>
 #include <utility>
 
+#include "core/waiter.h"  // deadline_after: the core's one meaning of a timeout
 #include "tensorwire/error.h"
 #include "ucx/features.h"
 #include "ucx/ucx.h"
 
 namespace tensorwire::bench {
+
+using detail::deadline_after;  // < 0 or NaN: no deadline; 0: now (contracts §2)
+using ucx::check;             // UCX status -> Error: the one table, ucx/ucx.cc
 
 namespace {
 
@@ -22,38 +26,6 @@ constexpr unsigned kCopyHeader = UCP_AM_SEND_FLAG_COPY_HEADER;
 #else
 constexpr unsigned kCopyHeader = 0;  // every send here is waited for: its header outlives it
 #endif
-
-[[noreturn]] void fail(ucs_status_t st, const std::string& what) {
-  switch (st) {
-    case UCS_ERR_TIMED_OUT:
-      throw Timeout(what + ": " + ucs_status_string(st), st);
-    case UCS_ERR_INVALID_PARAM:
-    case UCS_ERR_UNSUPPORTED:
-    case UCS_ERR_MESSAGE_TRUNCATED:
-      throw InvalidArgument(what + ": " + ucs_status_string(st), st);
-    case UCS_ERR_CONNECTION_RESET:
-    case UCS_ERR_ENDPOINT_TIMEOUT:
-      throw PeerFailed(what + ": " + ucs_status_string(st), st);
-    case UCS_ERR_UNREACHABLE:
-    case UCS_ERR_NOT_CONNECTED:
-    case UCS_ERR_CANCELED:
-    case UCS_ERR_IO_ERROR:
-      throw ConnectionError(what + ": " + ucs_status_string(st), st);
-    default:
-      throw Error(ErrorKind::kGeneric, what + ": " + ucs_status_string(st), st);
-  }
-}
-
-void check(ucs_status_t st, const std::string& what) {
-  if (st != UCS_OK) fail(st, what);
-}
-
-std::chrono::steady_clock::time_point deadline_after(double timeout_s) {
-  if (!(timeout_s > 0)) timeout_s = 1e9;  // <= 0 or NaN: effectively forever
-  if (timeout_s > 1e9) timeout_s = 1e9;
-  return std::chrono::steady_clock::now() +
-         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(timeout_s));
-}
 
 bool is_set(const char* name) { return std::getenv(name) != nullptr; }
 
@@ -219,7 +191,7 @@ void UcxBaseline::drive(const std::function<bool()>& done, clock::time_point dea
         pollfd p{efd_, POLLIN, 0};
         ::poll(&p, 1, 1);
       } else if (st != UCS_ERR_BUSY) {
-        fail(st, "ucp_worker_arm");
+        check(st, "ucp_worker_arm");
       }
       last_event = clock::now();
     }
@@ -256,7 +228,7 @@ void UcxBaseline::tag_send(const void* buffer, std::size_t nbytes, std::uint64_t
   ucp_request_param_t param{};
   ucs_status_ptr_t req = ucp_tag_send_nbx(ep_, buffer, nbytes, tag, &param);
   ucs_status_t st = wait_request(req, deadline_after(timeout_s), "tag_send");
-  if (st != UCS_OK) fail(st, "ucp_tag_send_nbx");
+  check(st, "ucp_tag_send_nbx");
 }
 
 std::size_t UcxBaseline::tag_recv(void* buffer, std::size_t capacity, std::uint64_t tag, double timeout_s) {
@@ -268,7 +240,7 @@ std::size_t UcxBaseline::tag_recv(void* buffer, std::size_t capacity, std::uint6
   param.recv_info.tag_info = &info;
   ucs_status_ptr_t req = ucp_tag_recv_nbx(worker_, buffer, capacity, tag, ~ucp_tag_t(0), &param);
   ucs_status_t st = wait_request(req, deadline_after(timeout_s), "tag_recv", req ? &info : nullptr);
-  if (st != UCS_OK) fail(st, "ucp_tag_recv_nbx");
+  check(st, "ucp_tag_recv_nbx");
   return info.length;
 }
 
@@ -287,7 +259,7 @@ std::string UcxBaseline::am_request(const std::string& header, const void* paylo
   ucs_status_ptr_t req =
       ucp_am_send_nbx(ep_, kAmRequest, header.data(), header.size(), send_msg_.data(), nbytes, &param);
   ucs_status_t st = wait_request(req, deadline, "am_request send");
-  if (st != UCS_OK) fail(st, "ucp_am_send_nbx");
+  check(st, "ucp_am_send_nbx");
   drive([this] { return !replies_.empty(); }, deadline, "am_request reply");
   std::string reply = std::move(replies_.front());
   replies_.pop_front();
@@ -316,7 +288,7 @@ UcxBaseline::AmMessage UcxBaseline::am_recv(void* buffer, std::size_t capacity, 
     in.desc = nullptr;  // UCX owns it from here
     ucs_status_ptr_t req = ucp_am_recv_data_nbx(worker_, desc, recv_msg_.data(), in.length, &param);
     ucs_status_t st = wait_request(req, deadline, "am_recv data");
-    if (st != UCS_OK) fail(st, "ucp_am_recv_data_nbx");
+    check(st, "ucp_am_recv_data_nbx");
     src = recv_msg_.data();
   } else if (in.desc) {
     src = static_cast<const char*>(in.desc);
@@ -337,7 +309,7 @@ void UcxBaseline::am_reply(const std::string& payload, double timeout_s) {
   param.flags = UCP_AM_SEND_FLAG_EAGER | kCopyHeader;
   ucs_status_ptr_t req = ucp_am_send_nbx(ep_, kAmReply, nullptr, 0, payload.data(), payload.size(), &param);
   ucs_status_t st = wait_request(req, deadline_after(timeout_s), "am_reply");
-  if (st != UCS_OK) fail(st, "ucp_am_send_nbx (reply)");
+  check(st, "ucp_am_send_nbx (reply)");
 }
 
 }  // namespace tensorwire::bench

@@ -12,7 +12,9 @@
 //    answers with a small reply AM.
 //
 // Addresses are exchanged by the caller (address() bytes -> connect()).
-// Every call is blocking, bounded by a timeout, and drives the worker itself:
+// Every call is blocking, bounded by a timeout (the core's meaning: < 0 or NaN
+// waits forever, 0 does not wait; UCX failures raise the core's Error kinds,
+// ucx::check), and drives the worker itself:
 // it spins for `spin_us` without events, then sleeps on the worker's event fd
 // (at most 1 ms at a time), as tensorwire's inline progress does.
 #pragma once

@@ -20,6 +20,7 @@ ErrorKind error_kind(ucs_status_t status) {
   switch (status) {
     case UCS_ERR_INVALID_PARAM:
     case UCS_ERR_UNSUPPORTED:
+    case UCS_ERR_MESSAGE_TRUNCATED:  // a receive buffer smaller than the message
       return ErrorKind::kInvalidArgument;
     case UCS_ERR_TIMED_OUT:
       return ErrorKind::kTimeout;
