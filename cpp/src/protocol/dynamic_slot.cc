@@ -65,19 +65,9 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   // block allocated for it.
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader& extra, Incoming& payload,
                   int worker_index) override {
-    auto dev = device.lock();
+    const DevicePort dev =
+        accept_slot_message(device, link, "dynamic slot", name, from, h, MsgKind::kDynamicSend, inbox, worker_index);
     if (!dev) return;
-    if (h.kind == MsgKind::kWake) {  // a doorbell: its arrival ended the nap; it names the worker to nap on
-      if (link.is(from)) inbox.store(worker_index, std::memory_order_relaxed);
-      return;
-    }
-    if (h.kind != MsgKind::kDynamicSend) {
-      return dev.refuse_message("dynamic slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
-    }
-    if (!link.is(from)) {
-      return dev.refuse_message("dynamic slot '%s': a tensor from %s, which is not its sender", name.c_str(),
-                                from->describe().c_str());
-    }
     const bool placed = h.b == kPlacedSend;  // the payload was put into the landing block
     if (h.b > kPlacedSend || (placed && payload.length() != 0)) {
       return dev.refuse_message("dynamic slot '%s': a tensor of form %llu with %zu bytes", name.c_str(),
@@ -327,12 +317,7 @@ class DynamicSenderImpl : public MessageSink {
   // next tensor, the status, then the sequence.
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader& extra, Incoming&,
                   int worker_index) override {
-    if (h.kind == MsgKind::kWake && from == channel.impl()->peer) return;  // a doorbell: its arrival ended the nap
-    if (h.kind != MsgKind::kDynamicAck || from != channel.impl()->peer) {
-      if (auto dev = DevicePort(*from)) dev.refuse_message("dynamic sender: a message it did not expect");
-      return;
-    }
-    inbox.store(worker_index, std::memory_order_relaxed);
+    if (!accept_sender_message(channel, "dynamic sender", from, h, MsgKind::kDynamicAck, inbox, worker_index)) return;
     {
       std::lock_guard<std::mutex> lock(landing_mu);
       landing.clear();

@@ -1,7 +1,8 @@
 // Copyright tensorwire authors.
 //
 // Shared pieces of the slot protocols: waiting on a word in local memory
-// while driving progress, and the dtype table.
+// while driving progress, attaching, the checks every slot message passes
+// first, the doorbell, and wait_any's view of a slot.
 #pragma once
 
 #include <algorithm>
@@ -152,6 +153,54 @@ struct SenderLink {
     channel.impl()->send_message(h, extra, nullptr, 0, 0);
   }
 };
+
+// The start of every slot message handler (MessageSink::on_message), the
+// receiving end's and the sending end's alike.
+//
+// A slot (`link` set): a kWake doorbell from its attached sender records the
+// worker it came on in `inbox` and ends there; a message of another kind than
+// `expected`, or one from a peer that is not the attached sender, is refused
+// (DevicePort::refuse_message). Returns the slot's device to go on with, or
+// an empty port when the message was handled here (the device gone, a
+// doorbell, a refusal).
+inline DevicePort accept_slot_message(const DevicePort::Weak& device, SenderLink& link, const char* slot,
+                                      const std::string& name, const std::shared_ptr<Peer>& from,
+                                      const DataHeader& h, MsgKind expected, std::atomic<int>& inbox,
+                                      int worker_index) {
+  DevicePort dev = device.lock();
+  if (!dev) return dev;
+  if (h.kind == MsgKind::kWake) {  // a doorbell: its arrival ended the nap; it names the worker to nap on
+    if (link.is(from)) inbox.store(worker_index, std::memory_order_relaxed);
+    return {};
+  }
+  if (h.kind != expected) {
+    dev.refuse_message("%s '%s': a message of kind %d", slot, name.c_str(), static_cast<int>(h.kind));
+    return {};
+  }
+  if (!link.is(from)) {
+    dev.refuse_message("%s '%s': a tensor from %s, which is not its sender", slot, name.c_str(),
+                       from->describe().c_str());
+    return {};
+  }
+  return dev;
+}
+
+// A sender (the slot's end on `channel`): true for a message of kind
+// `expected` from the slot's peer, whose worker goes into `inbox`; a kWake
+// doorbell from that peer ends here (its arrival ended the nap), anything
+// else is refused.
+inline bool accept_sender_message(const Channel& channel, const char* sender, const std::shared_ptr<Peer>& from,
+                                  const DataHeader& h, MsgKind expected, std::atomic<int>& inbox,
+                                  int worker_index) {
+  const bool from_peer = from == channel.impl()->peer;
+  if (h.kind == MsgKind::kWake && from_peer) return false;
+  if (h.kind != expected || !from_peer) {
+    if (auto dev = DevicePort(*from)) dev.refuse_message("%s: a message it did not expect", sender);
+    return false;
+  }
+  inbox.store(worker_index, std::memory_order_relaxed);
+  return true;
+}
 
 // A region described in a slot's attach reply: exported by the slot's owner.
 inline RemoteRegion exported_by_peer(Channel& channel, const std::string& descriptor) {

@@ -127,19 +127,9 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
   // set, as the RMA form's second write would.
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming& payload,
                   int worker_index) override {
-    auto dev = device.lock();
+    const DevicePort dev =
+        accept_slot_message(device, link, "static slot", name, from, h, MsgKind::kStaticSend, inbox, worker_index);
     if (!dev) return;
-    if (h.kind == MsgKind::kWake) {  // a doorbell: its arrival ended the nap; it names the worker to nap on
-      if (link.is(from)) inbox.store(worker_index, std::memory_order_relaxed);
-      return;
-    }
-    if (h.kind != MsgKind::kStaticSend) {
-      return dev.refuse_message("static slot '%s': a message of kind %d", name.c_str(), static_cast<int>(h.kind));
-    }
-    if (!link.is(from)) {
-      return dev.refuse_message("static slot '%s': a tensor from %s, which is not its sender", name.c_str(),
-                                from->describe().c_str());
-    }
     const std::uint64_t seq = h.a, next = first_seq + arrived.load();
     // In order, and never into a buffer the receiver still holds.
     if (seq != next || seq >= first_seq + consumed_.load(std::memory_order_acquire) + depth) {
@@ -238,12 +228,7 @@ class StaticSenderImpl : public MessageSink {
   // The receiver's release in the message form.
   void on_message(const std::shared_ptr<Peer>& from, const DataHeader& h, ByteReader&, Incoming&,
                   int worker_index) override {
-    if (h.kind == MsgKind::kWake && from == channel.impl()->peer) return;  // a doorbell: its arrival ended the nap
-    if (h.kind != MsgKind::kStaticRelease || from != channel.impl()->peer) {
-      if (auto dev = DevicePort(*from)) dev.refuse_message("static sender: a message it did not expect");
-      return;
-    }
-    inbox.store(worker_index, std::memory_order_relaxed);
+    if (!accept_sender_message(channel, "static sender", from, h, MsgKind::kStaticRelease, inbox, worker_index)) return;
     // Monotonic: a release never takes back an earlier one.
     std::atomic_ref<std::uint64_t> word(*static_cast<std::uint64_t*>(ack.data()));
     std::uint64_t cur = word.load(std::memory_order_relaxed);
