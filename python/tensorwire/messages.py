@@ -6,7 +6,7 @@ collectives it builds from them (tensorwire.torch.backend) run on it.
 Two paths, chosen by the message's size (both sides know it from their own
 tensor; a size that differs between the two sides is an error on both):
 
-* **eager** (<= ``eager_bytes``, default 32 KiB): the sender copies a 64-byte
+* **eager** (<= ``eager_bytes``, default 128 KiB): the sender copies a 64-byte
   header and the payload into its staging slot and writes them into its slot
   of the receiver's inbox ring, orders, then writes the slot's sequence word
   (data, fence, flag: docs/contracts.md section 1). The receiver copies the
@@ -48,7 +48,7 @@ from .errors import Error, InvalidArgument, Timeout
 
 SLOTS = 64                # records in flight per direction and peer (a power of two)
 HEADER = 64               # bytes: kind, tag, k, nbytes, offset, payload length (int64 each), 2 spare
-DEFAULT_EAGER_BYTES = 32 << 10
+DEFAULT_EAGER_BYTES = 128 << 10  # a pipeline stage's activations (FCN-5, batch 8: 128 KiB) complete on posting
 WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (credits) this often
 
 EAGER, RTS, RTR, DONE, ERR = 1, 2, 3, 4, 5

@@ -24,7 +24,7 @@ from _peers import run_device_peer
 
 DESCRIPTOR_MAGIC = 0x44525754  # "TWRD"
 RECORD_MAGIC = 0x52445754  # "TWDR"
-EXPORT_CALL = "tw.export"  # cpp/src/control/wire.h kExportCall
+EXPORT_CALL = "tw.export"  # cpp/src/core/control_wire.h kExportCall
 _DESC_HEAD = struct.Struct("<IBBHQQQI")  # 36 bytes
 
 

@@ -42,13 +42,13 @@ def same(a, b, key: str) -> None:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("n", [1, 2, 3, 4])
-def test_every_op_and_dtype_matches_gloo(n: int, tmp_path: Path) -> None:
+@pytest.mark.parametrize("n,transport", [(1, "auto"), (2, "auto"), (3, "auto"), (4, "auto"), (2, "tcp")])
+def test_every_op_and_dtype_matches_gloo(n: int, transport: str, tmp_path: Path) -> None:
     got = {}
     for backend in ("tensorwire", "gloo"):
         out = tmp_path / backend
         out.mkdir()
-        run = torchrun(n, OPS_SCRIPT, backend, str(out))
+        run = torchrun(n, OPS_SCRIPT, backend, str(out), env={"TENSORWIRE_TRANSPORT": transport})
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         got[backend] = load(out, n)
     checked = 0

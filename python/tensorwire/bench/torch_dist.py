@@ -68,7 +68,8 @@ def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
         master = str(free_port())
         for pl in placements:
             pl.env.update(RANK=pl.env["TENSORWIRE_RANK"], WORLD_SIZE=str(args.ranks),
-                          LOCAL_RANK=pl.env["TENSORWIRE_LOCAL_RANK"], MASTER_ADDR="127.0.0.1", MASTER_PORT=master,
+                          LOCAL_RANK=pl.env["TENSORWIRE_LOCAL_RANK"], LOCAL_WORLD_SIZE=str(args.ranks),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=master,
                           OMP_NUM_THREADS="1")
             if backend == "tensorwire" and args.transport != "auto":
                 pl.env["TENSORWIRE_TRANSPORT"] = args.transport

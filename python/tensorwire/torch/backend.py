@@ -45,7 +45,6 @@ from ..world import Placement, World
 
 BACKEND = "tensorwire"
 COLL_TAG = -1                     # the tag of the messages collectives exchange (users' tags are >= 0)
-DEFAULT_PROGRESS = "inline"       # the waiting rank drives its worker: no thread wake-up on the latency path
 # all_reduce from this size on: reduce-scatter then all-gather of messages, written straight into the
 # ranks' own tensors (the engine's arena costs a copy in and out: 1.5x gloo at 16 MiB over shm, measured
 # in bench/results/torch_dist_quick.txt); below it the engine's recursive doubling (fewest trips)
@@ -54,6 +53,26 @@ ReduceOp = dist.ReduceOp
 _REDUCE_NAMES = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
                  ReduceOp.AVG: "avg"}
 _TORCH_REDUCE = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum}
+
+
+def progress_mode(transport: str, size: int, env: Any = None) -> str:
+    """The Devices' progress mode (TENSORWIRE_PROGRESS, read by the core, overrides it).
+
+    inline (the waiting rank drives its worker: no thread wake-up on the latency path) where
+    every peer is reached through shared memory, whose writes land without the target's help;
+    blocking (a progress thread) elsewhere: over tcp a write lands only when its target
+    progresses, and two ranks each waiting in a fence for the other's writes (a send's
+    ordering against a receive's RTR) need a driver that does not depend on either wait."""
+    env = os.environ if env is None else env
+    if transport == "shm":
+        return "inline"
+    if transport != "auto":
+        return "blocking"
+    tls = env.get("UCX_TLS", "")
+    if tls and not any(t in tls for t in ("all", "sm", "shm", "posix", "sysv", "cma", "xpmem", "knem")):
+        return "blocking"  # the user's UCX_TLS leaves no shared-memory transport
+    one_host = env.get("LOCAL_WORLD_SIZE") == str(size) or size == 1
+    return "inline" if one_host else "blocking"
 
 
 class TensorwireError(dist.DistBackendError, tw_errors.Error):
@@ -165,9 +184,8 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         placement = Placement(rank, size, f"{host}:{int(os.environ.get('MASTER_PORT', '0') or 0)}",
                               "torch.distributed", "c10d")
-        options: dict[str, Any] = {"progress": DEFAULT_PROGRESS}
-        if os.environ.get("TENSORWIRE_TRANSPORT"):
-            options["transport"] = os.environ["TENSORWIRE_TRANSPORT"]
+        transport = os.environ.get("TENSORWIRE_TRANSPORT") or "auto"
+        options: dict[str, Any] = {"progress": progress_mode(transport, size), "transport": transport}
         # the c10d store is this group's own (a prefix store per group): the World meets under a fixed name
         self.world = World(placement, timeout=min(self.timeout, 300.0), store=store, name="pg", **options)
         self.world.timeout = self.timeout

@@ -74,10 +74,10 @@ def collective(op: str, nbytes: int, iters: int) -> float:
         call = lambda: dist.all_reduce(t)  # noqa: E731
     elif op == "all_gather_into_tensor":
         inp, out = torch.ones(count // n), torch.empty(count // n * n)
-        call = lambda: dist.all_gather_into_tensor(out, inp)  # noqa: E731
+        call = lambda: dist.all_gather_single(out, inp)  # noqa: E731
     else:
         inp, out = torch.ones(count // n * n), torch.empty(count // n)
-        call = lambda: dist.reduce_scatter_tensor(out, inp)  # noqa: E731
+        call = lambda: dist.reduce_scatter_single(out, inp)  # noqa: E731
     call()
     _sync()
     t0 = time.perf_counter()
