@@ -1,7 +1,7 @@
 // Copyright tensorwire authors.
 //
 // A control message as DeviceImpl::on_message/dispatch decodes it
-// (cpp/src/control/plane.cc; docs/contracts.md §9.2): the header, then the body
+// (cpp/src/core/control_plane.cc; docs/contracts.md §9.2): the header, then the body
 // its type calls for (a built-in export CALL carries a region descriptor).
 // Only the decoding; no device is started. Accepted parts must re-encode to
 // the bytes they were read from.
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "common/bytes.h"
-#include "control/wire.h"
+#include "core/control_wire.h"
 #include "fuzz_common.h"
 #include "tensorwire/region.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/bytes.h"
-#include "control/wire.h"
+#include "core/control_wire.h"
 #include "fuzz_common.h"
 
 namespace ctl = tensorwire::control;

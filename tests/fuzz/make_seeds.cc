@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "control/wire.h"
+#include "core/control_wire.h"
 #include "protocol/dynamic_record.h"
 #include "tensorwire/region.h"
 

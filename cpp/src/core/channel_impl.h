@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "control/wire.h"
+#include "core/control_wire.h"
 #include "core/memory_impl.h"
 #include "core/messages.h"
 #include "core/request_state.h"

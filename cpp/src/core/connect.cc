@@ -3,7 +3,7 @@
 // The control plane's connections (DeviceImpl, core/device_impl.h): the
 // listener, connect() and its HELLO, accepting a connection and answering its
 // HELLO, control endpoint failures. Messages, calls and the name registry are
-// in control/plane.cc.
+// in core/control_plane.cc.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>

@@ -4,7 +4,7 @@
 // replying, control_call, decoding and dispatching what arrives (LOOKUP,
 // CALL, PING, replies), the call dispatcher and liveness threads, and the
 // name registry (publish, on_call). Connections and HELLO are in
-// control/connect.cc; the wire format in control/wire.h.
+// core/connect.cc; the wire format in core/control_wire.h.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

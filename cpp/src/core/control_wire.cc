@@ -1,5 +1,5 @@
 // Copyright tensorwire authors.
-#include "control/wire.h"
+#include "core/control_wire.h"
 
 namespace tensorwire::control {
 

@@ -2,8 +2,8 @@
 //
 // DeviceImpl (core/device_impl.h): configuration, the contexts, workers and
 // pool, the data workers' message handler, start and close, the peer table,
-// and the public Device. The control plane is in control/connect.cc and
-// control/plane.cc.
+// and the public Device. The control plane is in core/connect.cc and
+// core/control_plane.cc.
 #include <dirent.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -263,7 +263,7 @@ void DeviceImpl::start() {
     ucx::check(ucp_worker_set_am_recv_handler(workers[i]->get(), &dm), "ucp_worker_set_am_recv_handler (data)");
   }
 
-  listen();  // control/connect.cc: the control worker's AM handler and listener; sets `address`
+  listen();  // core/connect.cc: the control worker's AM handler and listener; sets `address`
 
   for (auto& w : workers) w->start();
   control_worker->start();

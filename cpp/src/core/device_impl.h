@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "common/bytes.h"
-#include "control/wire.h"
+#include "core/control_wire.h"
 #include "core/channel_impl.h"
 #include "core/memory_impl.h"
 #include "core/messages.h"
@@ -52,7 +52,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::string describe() const;
   unsigned progress();
 
-  // ---- control plane (control/connect.cc, control/plane.cc) ----
+  // ---- control plane (core/connect.cc, core/control_plane.cc) ----
   std::shared_ptr<Peer> connect(const std::string& address);
   // Sends a control request to `peer` and waits for the reply body.
   // `release_after_send`: a held lock (the control worker's progress guard)

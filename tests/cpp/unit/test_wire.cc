@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/bytes.h"
-#include "control/wire.h"
+#include "core/control_wire.h"
 #include "ucx/ucx.h"
 #include "tensorwire/error.h"
 #include "tensorwire/region.h"
