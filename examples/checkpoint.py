@@ -29,8 +29,9 @@ dcp.save(saved, checkpoint_id=args.dir)
 fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
 loaded = {"model": fresh.state_dict(), "step": torch.tensor(0)}
 dcp.load(loaded, checkpoint_id=args.dir)
-bad = torch.tensor(sum(int(not torch.equal(a, loaded["model"][k])) for k, a in saved["model"].items()))
+bad = torch.tensor(sum(int(not torch.equal(a, loaded["model"][k])) for k, a in saved["model"].items())
+                   + int(loaded["step"].item() != 42))
 dist.all_reduce(bad)
-print(f"rank {rank}/{world} {args.backend}: checkpoint {'OK' if bad.item() == 0 else f'{bad.item()} tensors differ'}",
+print(f"rank {rank}/{world} {args.backend}: checkpoint {'OK' if bad.item() == 0 else f'{bad.item()} values differ'}",
       flush=True)
 dist.destroy_process_group()

@@ -15,6 +15,7 @@ from _env import torch_env
 p = argparse.ArgumentParser()
 p.add_argument("--backend", default="tensorwire")
 p.add_argument("--steps", type=int, default=20)
+p.add_argument("--save", help="rank 0 writes the final parameters here (torch.save)")
 args = p.parse_args()
 torch_env()
 dist.init_process_group(args.backend)
@@ -33,6 +34,8 @@ for step in range(args.steps):
     loss.backward()
     opt.step()
 flat = torch.cat([q.detach().reshape(-1) for q in model.parameters()])
+if args.save and rank == 0:
+    torch.save(flat, args.save)
 print(f"rank {rank}/{world} {args.backend}: loss {loss.item():.6f} params {flat.sum().item():.8f} "
       f"{flat.abs().sum().item():.8f}", flush=True)
 dist.destroy_process_group()

@@ -15,6 +15,7 @@ from _env import torch_env
 p = argparse.ArgumentParser()
 p.add_argument("--backend", default="tensorwire")
 p.add_argument("--steps", type=int, default=10)
+p.add_argument("--save", help="rank 0 writes the final parameters here (torch.save)")
 args = p.parse_args()
 torch_env()
 dist.init_process_group(args.backend)
@@ -36,6 +37,8 @@ for step in range(args.steps):
     loss.backward()
     opt.step()
 full = torch.cat([q.full_tensor().reshape(-1) for q in model.parameters()])
+if args.save and rank == 0:
+    torch.save(full, args.save)
 print(f"rank {rank}/{world} {args.backend}: loss {loss.item():.6f} params {full.sum().item():.8f} "
       f"{full.abs().sum().item():.8f}", flush=True)
 dist.destroy_process_group()

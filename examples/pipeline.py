@@ -47,8 +47,8 @@ for schedule_cls in (ScheduleGPipe, Schedule1F1B):
         schedule.step(target=y, losses=losses)
         got = torch.stack(losses).mean().item()
         ok = abs(got - want) <= 1e-5 * max(1.0, abs(want))
-        print(f"{schedule_cls.__name__} {args.backend}: loss {got:.8f} unsplit {want:.8f} {'OK' if ok else 'DIFFERENT'}",
-              flush=True)
+        print(f"{schedule_cls.__name__} {args.backend}: loss {got:.8f} unsplit {want:.8f} "
+              f"{'OK' if ok else 'DIFFERENT'}", flush=True)
     else:
         schedule.step()
     for q in part.parameters():

@@ -12,56 +12,68 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 from tensorwire.launch import free_port  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV = dict(os.environ, OMP_NUM_THREADS="1")  # the same threads under both launchers: the same float sums
+RUN_S = 55  # one program's run (a few seconds alone; the machine is shared)
 
 
-def torchrun(n: int, example: str, *args: str) -> str:
+def torchrun(n: int, example: str, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
            "--master-port", str(free_port()), str(EXAMPLES / example), *args]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=150, env=ENV)
-    # gloo's own teardown may abort after the results are printed: the lines are what is compared
-    if "--backend" not in args or "tensorwire" in args:
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_S, env=ENV)
+
+
+def ok(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     return run.stdout
 
 
-def params(out: str, n: int, backend: str) -> list[tuple[float, float]]:
-    got = re.findall(rf"rank \d+/{n} {backend}: loss [-\d.]+ params ([-\d.]+) ([-\d.]+)", out)
-    assert len(got) == n, out
-    return [(float(a), float(b)) for a, b in got]
+def checksums(out: str, n: int, backend: str) -> list[tuple[str, str]]:
+    return re.findall(rf"rank \d+/{n} {backend}: loss [-\d.]+ params ([-\d.]+) ([-\d.]+)", out)
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("example,n", [("ddp.py", 2), ("ddp.py", 3), ("fsdp.py", 2)])
-def test_training_ends_with_gloos_parameters(example: str, n: int) -> None:
-    tw = params(torchrun(n, example, "--backend", "tensorwire"), n, "tensorwire")
-    gl = params(torchrun(n, example, "--backend", "gloo"), n, "gloo")
-    assert len(set(tw)) == 1, tw  # every rank holds the same model
-    for (a, b), (c, d) in zip(tw, gl):
-        assert a == pytest.approx(c, rel=1e-5, abs=1e-4) and b == pytest.approx(d, rel=1e-5), (tw, gl)
+def test_training_ends_with_gloos_parameters(example: str, n: int, tmp_path: Path) -> None:
+    tw_file, gloo_file = tmp_path / "tensorwire.pt", tmp_path / "gloo.pt"
+    out = ok(torchrun(n, example, "--backend", "tensorwire", "--save", str(tw_file)))
+    sums = checksums(out, n, "tensorwire")
+    assert len(sums) == n and len(set(sums)) == 1, out  # every rank ends with the same model
+    # the reference: gloo's own teardown sometimes aborts a rank after the results are out
+    # ("terminate called without an active exception"); only its saved parameters are compared
+    for _ in range(2):
+        ref = torchrun(n, example, "--backend", "gloo", "--save", str(gloo_file))
+        if gloo_file.exists() and len(checksums(ref.stdout, n, "gloo")) == n:
+            break
+    else:
+        pytest.fail("the gloo reference run failed twice:\n" + ref.stdout[-2000:] + ref.stderr[-3000:])
+    got, want = torch.load(tw_file), torch.load(gloo_file)
+    assert got.shape == want.shape and got.numel() > 10_000
+    diff = (got - want).abs().max().item()
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6), f"max |tensorwire - gloo| = {diff}"
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(120)
 def test_pipelining_gpipe_and_1f1b_match_the_unsplit_model() -> None:
-    out = torchrun(2, "pipeline.py")
+    out = ok(torchrun(2, "pipeline.py"))
     for schedule in ("ScheduleGPipe", "Schedule1F1B"):
         assert re.search(rf"{schedule} tensorwire: loss [-\d.]+ unsplit [-\d.]+ OK", out), out
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(120)
 def test_checkpoint_round_trips(tmp_path: Path) -> None:
-    out = torchrun(2, "checkpoint.py", "--dir", str(tmp_path / "ckpt"))
+    out = ok(torchrun(2, "checkpoint.py", "--dir", str(tmp_path / "ckpt")))
     assert out.count("tensorwire: checkpoint OK") == 2, out
+    assert any((tmp_path / "ckpt").iterdir())  # dcp.save wrote its files
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(120)
 def test_p2p_ring_under_tensorwire_run() -> None:
     cmd = [sys.executable, "-m", "tensorwire", "run", "-n", "3", "--", sys.executable, str(EXAMPLES / "p2p.py")]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=140, env=ENV)
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_S, env=ENV)
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert (run.stdout + run.stderr).count("tensorwire: p2p OK") == 3, run.stdout + run.stderr
