@@ -279,10 +279,8 @@ class Messenger:
         lay = self.lay
         items: list[Any] = []
         for p in range(self.n):
-            if p == self.rank:
-                continue
-            if p in self.failed:
-                raise self.failed[p]
+            if p == self.rank or p in self.failed:
+                continue  # a failed peer writes nothing more; what waited for it failed with it
             m = self.got[p] + 1
             nw = self.next_word[p]
             if nw is None or nw[0] != m:
@@ -301,25 +299,41 @@ class Messenger:
             _core.wait_any(items, timeout=max(0.0, seconds))
         except Timeout:
             pass
-        except Error as e:  # a watched peer failed: fail every op that depends on it
+        except Error as e:  # a watched peer failed
             self._peer_failed(e, peers)
 
     def _peer_failed(self, e: Error, peers: set[int]) -> None:
-        bad = next(iter(peers)) if len(peers) == 1 else None
-        for p in sorted(peers):
-            ch = self.ch[p]
-            if bad is None and ch is not None and getattr(ch, "failed", False):
-                bad = p
-                break
-        who = f"rank {bad}" if bad is not None else f"one of ranks {sorted(peers)}"
+        """A watched peer's channel failed. What it wrote before it went is read first (a peer
+        that sent its last message and left has not failed the receive of it); then every op
+        still waiting for it fails, naming it. Ops with other peers go on."""
+        bad = self._peer_of(e)
+        try:
+            self.progress()
+        except Error:
+            pass
+        suspects = [bad] if bad is not None else sorted(peers)
+        who = f"rank {bad}" if bad is not None else f"one of ranks {suspects}"
         err = MessageError(f"rank {self.rank}: {who} failed ({type(e).__name__}: {e})")
         err.__cause__ = e
-        for p in (peers if bad is None else {bad}):
+        for p in suspects:
             self.failed[p] = err
             for op in list(self.recvs.values()) + list(self.sends.values()) + self.writing:
                 if op.peer == p and not op.done:
                     op.error, op.done = err, True
-        raise err
+            for table in (self.recvs, self.sends):
+                for key in [k for k, op in table.items() if op.peer == p]:
+                    del table[key]
+
+    def _peer_of(self, e: Error) -> int | None:
+        """The rank whose failure `e` reports ("peer HOST:PORT (pid N) ..."), if it says."""
+        import re
+        m = re.search(r"peer (\S+) \(pid (\d+)\)", str(e))
+        if m is None:
+            return None
+        found = [p for p, ch in enumerate(self.ch) if ch is not None and ch.peer.get("pid") == int(m.group(2))]
+        exact = [p for p in found if self.ch[p].peer.get("address") == m.group(1)]
+        hits = exact or found
+        return hits[0] if len(hits) == 1 else None
 
     # ---- records -----------------------------------------------------------
 
