@@ -22,7 +22,12 @@ import asyncio
 from . import _core
 from .errors import Timeout
 
-_SLICE_S = 0.25    # an executor wait of next_notification lasts at most this long
+# How long one executor wait of next_notification lasts. Not a liveness check
+# (an inbox takes notifications from any sender; none of them failing ends its
+# wait): a thread cannot be interrupted, so this bounds how long a cancelled
+# await leaves its executor thread waiting (the default executor's threads are
+# joined at exit).
+_SLICE_S = 0.25
 
 
 def inbox(device) -> "_core.NotifyInbox":

@@ -190,9 +190,11 @@ def _dynamic_sender(channel, name: str, path: str = "copy", timeout: float | Non
     return DynamicSender(_core.DynamicSender(channel, name, timeout), device, path)
 
 
-# How long one executor wait of recv_async lasts: a cancelled recv_async
-# leaves its thread waiting at most this long (never forever: the default
-# executor's threads are joined at exit).
+# How long one executor wait of recv_async lasts. Not a liveness check (the
+# C++ wait fails by itself as soon as the slot's sender dies): a thread cannot
+# be interrupted, so this bounds how long a cancelled recv_async leaves its
+# executor thread waiting (never forever: the default executor's threads are
+# joined at exit, and a thread still waiting would also hold the slot).
 _ASYNC_SLICE_S = 0.25
 
 

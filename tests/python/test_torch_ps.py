@@ -437,14 +437,14 @@ def test_a_push_to_a_dead_server_names_it():
     import numpy as np
 
     import tensorwire as tw
-    from tensorwire.torch.ps.common import _Watch
+    from tensorwire.torch.ps.common import Watch
 
     server, worker = tw.Device(transport="shm"), tw.Device(transport="shm")
     try:
         slot = server.static_slot("grad", (256,), "float32", depth=1)  # noqa: F841 (kept alive)
         ch = worker.connect(server.address)
         sender = ch.static_sender("grad")
-        watch = _Watch(worker, 10.0, "worker 0")
+        watch = Watch(worker, 10.0, "worker 0")
         watch.peers[server.id] = "server 0 (test)"
         g = np.ones(256, np.float32)
         watch.wait(watch.send(sender, g, "pushing 'w'"), "pushing 'w'")

@@ -1,6 +1,7 @@
-"""The gather loop: a stage waits for whichever incoming slot has a tensor
-(tw.wait_any: the C++ wait, GIL released, failing at once when a slot's
-sender dies) and, every POLL_S, checks that its peer stages are alive."""
+"""The gather loop: a stage waits for whichever incoming slot has a tensor in
+one C++ wait (tw.wait_any, GIL released) that also watches the channels to
+the stages it sends to: it fails as soon as a slot's sender or a watched
+stage is gone (within the device's liveness bound), with nothing polled."""
 
 from __future__ import annotations
 
@@ -11,38 +12,35 @@ import tensorwire as tw
 
 from .graph import PartitionError
 
-POLL_S = 0.25  # how often a waiting stage checks its peers' liveness
 
-
-def _gather(dev: tw.Device, pending: dict[str, Any], peers: dict[int, str], seen: set[int], timeout: float,
-            who: str, step: int) -> dict[str, Any]:
+def gather_slots(dev: tw.Device, pending: dict[str, Any], watched: list[Any], peers: dict[int, str], seen: set[int],
+           timeout: float, who: str, step: int) -> dict[str, Any]:
     """Takes a tensor from every slot of `pending`, in the order they arrive;
-    fails fast when a peer stage is gone."""
+    fails fast when a peer stage is gone (a slot's sender, or the peer of a
+    channel in `watched`). `peers`: device id -> description, to name the one
+    that went; `seen`: those known to have connected (one that never did is
+    the launcher's to judge: it watches every process)."""
+    if len(seen) < len(peers):  # until every peer connected: once a gather, not in a loop
+        alive = {int(p["device_id"]) for p in dev.peers()}
+        seen.update(i for i in peers if i in alive)
     got: dict[str, Any] = {}
-    start = time.monotonic()
+    deadline = time.monotonic() + timeout
     while pending:
         names = list(pending)
         try:
-            k = tw.wait_any([pending[n] for n in names], timeout=POLL_S)
+            k = tw.wait_any([pending[n] for n in names] + watched, timeout=max(0.0, deadline - time.monotonic()))
             out = pending[names[k]].recv(timeout=0)  # ready: at once (a full slot says why)
         except tw.Timeout:
-            out = None
+            raise PartitionError(f"{who}: timed out after {timeout:.0f} s waiting for "
+                                 f"{', '.join(sorted(pending))} (step {step})") from None
         except tw.ConnectionError as e:
+            alive = {int(p["device_id"]) for p in dev.peers()}
+            dead = [d for i, d in peers.items() if i in seen and i not in alive]
+            if dead:
+                raise PartitionError(f"{who}: {dead[0]} died or disconnected while waiting for "
+                                     f"{', '.join(sorted(pending))} (step {step})") from None
             raise PartitionError(f"{who}: a stage sending {', '.join(sorted(pending))} died or left "
                                  f"(step {step}): {e}") from None
-        if out is not None:
-            got[names[k]] = out
-            del pending[names[k]]
-            continue
-        alive = {int(p["device_id"]) for p in dev.peers()}
-        # a peer counts once it connected (producers attach when they are ready); one that was
-        # never seen is the launcher's to judge (it watches every process)
-        dead = [d for i, d in peers.items() if i in seen and i not in alive]
-        seen.update(i for i in peers if i in alive)
-        if dead:
-            raise PartitionError(f"{who}: {dead[0]} died or disconnected while waiting for "
-                                 f"{', '.join(sorted(pending))} (step {step})")
-        if time.monotonic() - start > timeout:
-            raise PartitionError(f"{who}: timed out after {timeout:.0f} s waiting for "
-                                 f"{', '.join(sorted(pending))} (step {step})")
+        got[names[k]] = out
+        del pending[names[k]]
     return got

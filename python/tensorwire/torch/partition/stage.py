@@ -17,7 +17,7 @@ import torch.fx
 import tensorwire as tw
 
 from ...rendezvous import Aborted, Store, TorchStore, gather, publish
-from .gather import _gather
+from .gather import gather_slots
 from .graph import Edge, PartitionError, _as_tuple, micro_example, plan
 from .sites import place_outputs
 
@@ -122,6 +122,7 @@ class _Stage:
                       for t in to | {e.src for e in self.incoming}}
         self.seen: set[int] = set()
         channels = {t: dev.connect(addresses[t][0]) for t in to}
+        self.watched = list(channels.values())  # every gather fails as soon as one of these stages is gone
         self.senders = {(e.name, t): self._sender(channels[t], f"pp/{e.name}", e)
                         for e in self.outgoing for t in e.dsts}
         self.gsenders = ({e.name: self._sender(channels[e.src], f"pg/{e.name}/{s}", e) for e in self.incoming}
@@ -146,7 +147,8 @@ class _Stage:
                 else ch.dynamic_sender(name, path="copy", timeout=t))
 
     def _gather(self, slots: dict, step: int) -> dict:
-        return _gather(self.dev, dict(slots), self.peers, self.seen, self.cfg["timeout"], self.who, step)
+        return gather_slots(self.dev, dict(slots), self.watched, self.peers, self.seen, self.cfg["timeout"], self.who,
+                            step)
 
     def _inputs(self, step: int, micro: int = 1) -> tuple[dict, Any]:
         """(placeholder name -> tensor, target) of a step, when this stage reads them

@@ -61,11 +61,11 @@ The package, one job per file:
 
 The constants are re-exported here to be read: every module reads its own
 import of them, so a test that patches one patches it where it is read
-(POLL_S and GOODBYE_NAP_S in ``common``, BYE_GRACE_S in ``server``).
+(BYE_GRACE_S in ``server``).
 """
 
-from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, GOODBYE_NAP_S, MALLOC_ENV, MODES, PLACEMENTS, POLL_S,
-                     STEP_FIELDS, WAIT, PSError, Stats, VarSpec, check_specs, make_optimizer, place, variables)
+from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, STEP_FIELDS, PSError, Stats,
+                     VarSpec, Wait, Watch, check_specs, make_optimizer, place, variables)
 from .gloo import GlooServer, GlooWorker
 from .launch import TrainConfig, TrainResult, train
 from .memory import NO_GPU, Memory, cuda_problem

@@ -16,10 +16,7 @@ from torch import nn
 import tensorwire as tw
 
 MODES = ("zerocopy", "copy", "gloo")
-POLL_S = 0.25           # how often a waiter looks at its peers' liveness
-GOODBYE_NAP_S = 1e-3  # between looks at a slot whose sender said goodbye
 BYE_GRACE_S = 10.0      # after a worker's goodbye, how long a server waits for the others to finish
-WAIT = "wait"           # a give-up check's answer: that worker left on purpose, keep waiting for the rest
 # glibc malloc: keep big freed blocks in the heap instead of unmapping them. The
 # tensors autograd allocates every step (activations, fresh gradients) then reuse
 # memory that is already mapped, instead of page-faulting hundreds of MiB of fresh
@@ -176,14 +173,44 @@ def _peer_ids(dev: tw.Device) -> set[int]:
     return {int(p["device_id"]) for p in dev.peers()}
 
 
-class _Watch:
-    """Bounded waits that fail fast when a peer this process depends on is gone."""
+@dataclass(frozen=True)
+class Wait:
+    """A give-up check's answer: that worker left on purpose; keep waiting for
+    the rest until ``until`` (time.monotonic()), when the check is asked again."""
+    until: float
+
+
+class Watch:
+    """Bounded waits that fail fast when a peer this process depends on is gone.
+
+    Each wait is one C++ wait (tw.wait_any, the GIL released) over the awaited
+    slot or request and the channels to the watched peers: a peer's failure
+    fails it within the device's liveness bound, and the wait drives the
+    worker itself (spinning briefly after each arrival, then napping on its
+    event fd). What only Python sees (a worker's goodbye, a colocated role's
+    failure) sets the watch's alarm word (alarm()), which the wait watches
+    too, so nothing is polled in slices."""
 
     def __init__(self, dev: tw.Device, timeout: float, who: str) -> None:
         self.dev, self.timeout, self.who = dev, timeout, who
         self.peers: dict[int, str] = {}  # device id -> description
+        self.channels: dict[int, Any] = {}  # device id -> a channel to it, watched by every wait
         self.excused: set[int] = set()   # peers that said goodbye: their leaving is no failure
         self.partner: Callable[[], str | None] | None = None  # a colocated role's failure, if any
+        self._alarm_block = dev.empty(1, "uint64")
+        self._alarm = memoryview(self._alarm_block).cast("B").cast("Q")
+        self._alarm[0] = 0
+
+    def add(self, device_id: int, description: str, channel: Any = None) -> None:
+        """Watches peer `device_id` (named `description` in errors), through
+        `channel` in every wait when one is given."""
+        self.peers[device_id] = description
+        if channel is not None:
+            self.channels[device_id] = channel
+
+    def alarm(self) -> None:
+        """Wakes a wait to look at the give-up check and the partner again (any thread)."""
+        self._alarm[0] = 1
 
     def check(self, what: str) -> None:
         if self.partner is not None and (err := self.partner()):
@@ -193,38 +220,57 @@ class _Watch:
             if pid not in alive and pid not in self.excused:
                 raise PSError(f"{self.who}: {desc} died or disconnected while {what}")
 
-    def recv(self, slot: Any, what: str, give_up: Callable[[], str | None] | None = None) -> Any:
-        """slot.recv() in slices of POLL_S, looking at the peers in between.
-        The C++ wait drives the worker itself (spinning briefly after each
-        arrival, then napping on its event fd) with the GIL released, and
-        fails at once when the slot's sender dies; a Python poll-and-sleep
-        loop left a large tcp transfer to the progress thread, one wake-up
-        per socket read."""
+    def _forget_gone(self) -> bool:
+        """Stops watching the channels of excused peers that are gone; whether any were."""
+        alive = _peer_ids(self.dev)
+        gone = [pid for pid in self.channels if pid not in alive and pid in self.excused]
+        for pid in gone:
+            del self.channels[pid]
+        return bool(gone)
+
+    def _wait(self, items: list, until: float, alarmed: bool) -> int | None:
+        """tw.wait_any over `items`, the watched channels and (`alarmed`) the
+        alarm word, until `until`: the index of the ready item, or None when
+        the alarm rang. Timeout and the channels' failures propagate."""
+        extra = list(self.channels.values())
+        if alarmed:
+            extra.append(tw.Word(self._alarm_block, 0, 1))
+        k = tw.wait_any(items + extra, timeout=max(0.0, until - time.monotonic()))
+        return k if k < len(items) else None
+
+    def recv(self, slot: Any, what: str, give_up: Callable[[], "str | Wait | None"] | None = None) -> Any:
+        """slot.recv() as one bounded wait that fails when a watched peer does.
+        `give_up` (asked first, and again when the alarm rings or the slot's
+        sender left): None to wait on, a reason (returned instead of a
+        tensor), or Wait(until) to wait for the alarm only, until then."""
         deadline = time.monotonic() + self.timeout
+        alarmed = give_up is not None or self.partner is not None
         while True:
+            self._alarm[0] = 0  # before looking: an event after this rings again
+            if self.partner is not None:
+                self.check(what)
+            reason = give_up() if give_up is not None else None
+            if reason is not None and not isinstance(reason, Wait):
+                return reason
+            until = deadline if reason is None else min(deadline, reason.until)
             try:
-                return slot.recv(min(POLL_S, max(0.0, deadline - time.monotonic())))
+                if self._wait([] if reason is not None else [slot], until, alarmed) is not None:
+                    return slot.recv(timeout=0)  # ready: at once
             except tw.Timeout:
-                pass
-            except tw.ConnectionError as e:  # the slot's sender died or left
-                if give_up is not None:
+                if time.monotonic() < deadline:
+                    continue  # a Wait's time is up: the check says what now
+                raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}") from None
+            except tw.ConnectionError as e:  # the slot's sender, or a watched peer, died or left
+                if give_up is not None and reason is None:
                     reason = give_up()
-                    if reason == WAIT:  # it said goodbye: the others may still be finishing
-                        if time.monotonic() > deadline:
-                            raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}") from None
-                        time.sleep(GOODBYE_NAP_S)
+                    if isinstance(reason, Wait):  # it said goodbye: the others may still be finishing
                         continue
                     if reason is not None:
                         return reason
                 self.check(what)
+                if self._forget_gone():
+                    continue
                 raise PSError(f"{self.who}: a peer died or disconnected while {what} ({e})") from None
-            if give_up is not None:
-                reason = give_up()
-                if reason is not None and reason != WAIT:
-                    return reason
-            self.check(what)
-            if time.monotonic() > deadline:
-                raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}")
 
     def send(self, sender: Any, tensor: Any, what: str) -> Any:
         """sender.send(tensor): its request, or a PSError naming a peer that died."""
@@ -235,19 +281,24 @@ class _Watch:
             raise PSError(f"{self.who}: {what} failed: {e}") from None
 
     def wait(self, req: Any, what: str) -> None:
+        """req.wait() as one bounded wait that fails when a watched peer does."""
         deadline = time.monotonic() + self.timeout
+        alarmed = self.partner is not None
         while True:
+            self._alarm[0] = 0
+            if alarmed:
+                self.check(what)
             try:
-                req.wait(POLL_S)
-                return
+                if self._wait([req], deadline, alarmed) is not None:
+                    req.wait(0)  # completed: returns, or raises its failure at once
+                    return
             except tw.Timeout:
-                pass
+                raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}") from None
             except tw.Error as e:
                 self.check(what)
+                if isinstance(e, tw.ConnectionError) and self._forget_gone():
+                    continue
                 raise PSError(f"{self.who}: {what} failed: {e}") from None
-            self.check(what)
-            if time.monotonic() > deadline:
-                raise PSError(f"{self.who}: timed out after {self.timeout:.0f} s {what}")
 
 
 # --------------------------------------------------------------------- statistics

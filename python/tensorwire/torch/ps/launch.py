@@ -164,6 +164,8 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
             serve()
         except BaseException as e:  # noqa: BLE001 - reported by the worker's thread
             box["error"] = str(e) if isinstance(e, PSError) else f"{type(e).__name__}: {e}"
+            if "watch" in box:  # wakes the worker's wait (before it exists, its first wait looks)
+                box["watch"].alarm()
 
     t = threading.Thread(target=serve_and_report, name=f"tensorwire-ps-server{rank}", daemon=True)
     t.start()
@@ -175,6 +177,7 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
         w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
                    placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr)
         w.watch.partner = lambda: box.get("error") and f"its colocated server failed: {box['error']}"
+        box["watch"] = w.watch
     try:
         result = _worker_loop(cfg, rank, w, model)
     finally:

@@ -12,8 +12,8 @@ from torch import nn
 
 import tensorwire as tw
 
-from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, WAIT, PSError, Stats, VarSpec, _mean_into,
-                     _Watch, check_specs, make_optimizer, place, server_lanes)
+from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, VarSpec, Wait, _mean_into,
+                     Watch, check_specs, make_optimizer, place, server_lanes)
 from .memory import Memory
 
 
@@ -50,7 +50,7 @@ class Server:
         self.dev = device or tw.Device(host=host, port=port, transport=transport,
                                        **{"workers": server_lanes(num_workers), **(device_kwargs or {})})
         self.who = f"server {rank}"
-        self.watch = _Watch(self.dev, timeout, self.who)
+        self.watch = Watch(self.dev, timeout, self.who)
         self._hellos: dict[int, dict] = {}
         self._byes: set[int] = set()
         self._state = "wait"
@@ -92,6 +92,7 @@ class Server:
         # pulls its last parameters from us: not a failure (_give_up judges).
         if r in self._hellos:
             self.watch.excused.add(int(self._hellos[r]["device_id"]))
+        self.watch.alarm()  # a wait for this worker's gradient asks _give_up again
         return b"ok"
 
     def _setup(self) -> None:
@@ -114,8 +115,10 @@ class Server:
                     time.sleep(0.05)
                 raise PSError(f"{self.who}: {self._error}")
         self.workers = hellos
-        for h in hellos:
-            self.watch.peers[int(h["device_id"])] = f"worker {h['rank']} (pid {h['pid']}, {h['address']})"
+        # the channels to the workers: their parameters go out on them, and every wait watches them
+        self.channels = [self.dev.connect(h["address"], lane=h["rank"]) for h in hellos]  # (server_lanes)
+        for h, ch in zip(hellos, self.channels):
+            self.watch.add(int(h["device_id"]), f"worker {h['rank']} (pid {h['pid']}, {h['address']})", ch)
         self.all_vars = specs[0]
         owner = place([v.nbytes for v in self.all_vars], self.num_servers, self.placement)
         self.vars = [v for v, s in zip(self.all_vars, owner) if s == self.rank]
@@ -148,7 +151,6 @@ class Server:
             del blk
         self.opt = make_optimizer(self.optimizer_spec, list(self.master), **self.optimizer_kwargs)
         path = "copy"
-        self.channels = [self.dev.connect(h["address"], lane=h["rank"]) for h in hellos]  # (server_lanes)
         self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
                                for ch in self.channels] for v in self.vars]
         self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" or mem.staged else
@@ -187,15 +189,15 @@ class Server:
                     continue
                 raise
 
-    def _give_up(self, first: bool, w: int, what: str) -> Callable[[], str | None]:
-        def check() -> str | None:
+    def _give_up(self, first: bool, w: int, what: str) -> Callable[[], str | Wait | None]:
+        def check() -> str | Wait | None:
             if first and len(self._byes) == self.num_workers:
                 return "done"
             if w in self._byes:
                 if not first or time.monotonic() - self._first_bye > BYE_GRACE_S:
                     raise PSError(f"{self.who}: worker {w} left after {self.steps_done} steps while {what}; "
                                   f"all workers must run the same number of steps")
-                return WAIT
+                return Wait(self._first_bye + BYE_GRACE_S)
             return None
         return check
 

@@ -14,7 +14,7 @@ from torch import nn
 import tensorwire as tw
 
 from .. import alloc_sites
-from .common import DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, _Watch, place, variables
+from .common import DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, Watch, place, variables
 from .memory import Memory
 
 
@@ -48,7 +48,7 @@ class Worker:
         # a device passed in is shared with a colocated Server (and closed by its owner)
         self._own_dev = device is None
         self.dev = device or tw.Device(host=host, transport=transport, **(device_kwargs or {}))
-        self.watch = _Watch(self.dev, timeout, self.who)
+        self.watch = Watch(self.dev, timeout, self.who)
         self.stats = Stats("worker", rank, mode)
         self.steps_done = 0
         self._views: list = []
@@ -107,7 +107,7 @@ class Worker:
             except tw.Error as e:
                 raise PSError(f"{self.who}: cannot reach server {s} at {addr}: {e}") from None
             self.channels.append(ch)
-            self.watch.peers[int(ch.peer["device_id"])] = f"server {s} ({addr})"
+            self.watch.add(int(ch.peer["device_id"]), f"server {s} ({addr})", ch)
         hello = json.dumps({"rank": self.rank, "device_id": self.dev.id, "address": self.dev.address,
                             "pid": os.getpid(), "mode": self.mode, "placement": self.placement,
                             "vars": [v.to_json() for v in specs]}).encode()
