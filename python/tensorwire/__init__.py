@@ -303,6 +303,9 @@ class Device(_core.Device):
         return _core.DynamicSlot(self, name, max_ndim, max_nbytes, _gpu_of(memory))
 
 
+# Device(transport=...): the one list every command's --transport offers.
+TRANSPORTS = ("auto", "tcp", "shm", "rdma")
+
 StaticSlot = _core.StaticSlot
 DynamicSlot = _core.DynamicSlot
 wait_any = _core.wait_any  # which of several slots/requests/words is ready (releases the GIL)
@@ -312,5 +315,5 @@ __all__ = [
     "Device", "Block", "Registration", "RemoteRegion", "Channel", "Request", "parse_descriptor",
     "Error", "InvalidArgument", "Timeout", "ConnectionError", "PeerFailed", "PoolExhausted",
     "ProtocolMismatch", "NotFound", "dtype_name", "StaticSlot", "DynamicSlot", "wait_any", "Word",
-    "cuda_info", "cuda_available",
+    "cuda_info", "cuda_available", "TRANSPORTS",
 ]

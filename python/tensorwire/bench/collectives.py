@@ -30,11 +30,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from .. import TRANSPORTS
 from ._coll_osu import OSU_ITERS, OSU_LARGE, OSU_SKIP, PROFILE_1MI_INT32, mpi_unavailable
 from .common import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
 
 OPS = ("alltoall", "allreduce")
-TRANSPORTS = ("auto", "tcp", "shm", "rdma")
 DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
 # allreduce --algorithm auto: recursive doubling below this many bytes. The engine's
 # tensorwire.collectives.RD_RING_THRESHOLD (mirrored: importing the engine loads numpy;

@@ -42,7 +42,7 @@ examples:
 def register(commands) -> None:
     from .common import arg_positive as _positive, arg_sizes as _sizes
     from .common import PLOT_NEEDS, add_progress_switch, arg_rate, arg_seconds
-    from .fabric.cli import TRANSPORTS
+    from .. import TRANSPORTS
     p = commands.bench.add_parser(
         "fullmesh", help="all-pairs one-sided write bandwidth and fairness (N(N-1) flows)",
         description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -21,6 +21,7 @@ import sys
 import time
 
 from ..roles import Roles
+from .. import TRANSPORTS
 from .common import Report, check_latency_row, latency_stats, parse_sizes, print_table
 
 
@@ -117,7 +118,7 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--transport", default="shm", choices=("auto", "tcp", "shm", "rdma"))
+    ap.add_argument("--transport", default="shm", choices=TRANSPORTS)
     ap.add_argument("--sizes", default="8,4K")
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--progress-mode", default="blocking", choices=("inline", "blocking", "polling"),

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import time
+from .. import TRANSPORTS
 from .common import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_size as _size
 
 HELP = """\
@@ -47,7 +48,6 @@ examples:
 """
 
 PHASES = ("teragen", "partition", "shuffle", "sort", "validate")
-TRANSPORTS = ("auto", "tcp", "shm", "rdma")
 _SUFFIX = {"k": 10 ** 3, "m": 10 ** 6, "b": 10 ** 9, "t": 10 ** 12}
 
 

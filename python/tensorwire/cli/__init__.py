@@ -27,10 +27,9 @@ import argparse
 import importlib
 import sys
 
-from .. import __version__
+from .. import TRANSPORTS, __version__  # noqa: F401 - TRANSPORTS: the commands' --transport choices
 from ..bench.common import PLOT_NEEDS  # noqa: F401 - the commands' `needs` entry of --plot
 
-TRANSPORTS = ("auto", "tcp", "shm", "rdma")
 # True while the command modules are imported: tensorwire.torch then skips importing torch
 # (to register its torch.distributed backend), which no command needs at parse time.
 LOADING_COMMANDS = False

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+from .. import TRANSPORTS
 from ..bench.common import PLOT_NEEDS, add_progress_switch
 from .runs import MODES, _step_times, device_error, render_result, time_to_target, train_once
 
@@ -132,7 +133,7 @@ def _ints(text: str) -> list[int]:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--transport", choices=("auto", "tcp", "shm", "rdma"), default="shm",
+    p.add_argument("--transport", choices=TRANSPORTS, default="shm",
                    help="tensorwire transport of zerocopy/copy (gloo is always TCP); default shm")
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adam", "adamw", "adagrad", "rmsprop"),
                    help="torch.optim optimizer the servers apply (default sgd)")
@@ -235,7 +236,7 @@ def register(commands) -> None:
                          "follows the batch dynamic (default 8)")
     pp.add_argument("--steps", type=_positive, default=20, help="forward passes (default 20)")
     pp.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
-    pp.add_argument("--transport", choices=("auto", "tcp", "shm", "rdma"), default="auto",
+    pp.add_argument("--transport", choices=TRANSPORTS, default="auto",
                     help="data transport between the stages: tcp, shm, rdma, or auto (UCX_TLS as set)")
     pp.add_argument("--image-size", type=int, default=0, help="CNN input size (default: as tensorwire train)")
     pp.add_argument("--seed", type=int, default=0, help="seed of the weights and the data")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
+from ... import TRANSPORTS
 from ..common import PLOT_NEEDS, add_progress_switch, arg_rate, arg_seconds, parse_sizes
 from ..common import arg_positive as _positive, arg_sizes as _sizes
 from .measure import measure_bw, measure_lat
 from .peer import _serve_main, with_client
 
-TRANSPORTS = ("auto", "tcp", "shm", "rdma")
 FORMATS = ("perftest", "osu", "imb")
 ALL_SIZES = "2:8M"  # perftest -a: 2^1..2^23
 BW_SIZES, LAT_SIZES = "65536", "2"  # perftest's -s defaults
