@@ -49,6 +49,8 @@ import time
 import traceback
 from typing import Any, Callable, Iterator
 
+from .errors import Error
+
 GRACE_S = 3.0         # between SIGTERM and SIGKILL
 TAIL_LINES = 10       # of a command's stderr, kept for the failure's message
 _NO_PIDFD_TICK_S = 0.05  # where os.pidfd_open is missing, how often a command's exit is polled
@@ -71,7 +73,7 @@ def _named(name: str, text: str) -> str:
     return text if text.startswith(name) else f"{name}: {text}"
 
 
-class RoleError(RuntimeError):
+class RoleError(Error):
     """Roles failed. ``first`` is the role that failed first (None for a timeout
     or an interrupt), ``failed`` every role that failed on its own (the first
     first), ``timed_out`` and ``interrupted`` (the signal) say why else the

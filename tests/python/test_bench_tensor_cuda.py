@@ -21,7 +21,7 @@ import pytest
 
 from tensorwire import cli
 from tensorwire.bench import tensor as bt
-from tensorwire.bench.common import Report
+from tensorwire.bench.common import BenchError, Report
 from tensorwire.bench.tensor import cuda, harness, registry
 from tensorwire.roles import Roles
 
@@ -154,7 +154,7 @@ def test_pins_lock_each_page_once_and_unlock_them():
     assert pins.ranges == [] and pins.known == []
     pins.clear()  # nothing left: no calls
     assert len(rt.calls) == 4
-    with pytest.raises(RuntimeError, match="cudaHostRegister"):
+    with pytest.raises(BenchError, match="cudaHostRegister"):
         cuda.Pins(FakeCudart(fail=True)).pin(FakeHostTensor(P, 8))
 
 

@@ -116,6 +116,27 @@ def test_an_undeclared_optional_import_is_one_line_too(monkeypatch, capsys):
     assert capsys.readouterr().err == "tensorwire info needs sklearn: pip install tensorwire[train]\n"
 
 
+def test_every_error_type_is_a_tensorwire_error():
+    """Every exception class the package defines derives from tensorwire.Error
+    (the CLI catches that one class), the areas' own included."""
+    import inspect
+    import pkgutil
+    found = {}
+    for m in pkgutil.walk_packages(tensorwire.__path__, "tensorwire."):
+        if m.name.endswith("__main__") or (m.name.startswith("tensorwire.torch") and
+                                           importlib.util.find_spec("torch") is None):
+            continue
+        mod = importlib.import_module(m.name)
+        for obj in vars(mod).values():
+            if inspect.isclass(obj) and issubclass(obj, Exception) and obj.__module__ == mod.__name__:
+                found[f"{obj.__module__}.{obj.__qualname__}"] = obj
+    assert [name for name, cls in found.items() if not issubclass(cls, tensorwire.Error)] == []
+    expected = {"RoleError", "BenchError", "TestbedError"}
+    if importlib.util.find_spec("torch") is not None:
+        expected |= {"PSError", "PartitionError"}
+    assert expected <= {name.rsplit(".", 1)[1] for name in found}
+
+
 def test_version():
     r = tw("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"tensorwire {tensorwire.__version__}"

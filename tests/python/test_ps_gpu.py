@@ -155,7 +155,7 @@ def test_train_api_refuses_what_cannot_run():
     with pytest.raises(ValueError, match="needs device cuda"):
         ps.train(small_mlp, mlp_data, workers=1, servers=1, steps=1, gdr=True)
     if not HAS_GPU:
-        with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        with pytest.raises(ps.PSError, match="needs a CUDA GPU"):
             ps.train(small_mlp, mlp_data, workers=1, servers=1, steps=1, device="cuda")
 
 

@@ -18,7 +18,7 @@ import tensorwire as tw
 
 from . import teragen
 from ._terasort_core import partition_of, pick_splitters, sample_keys, sort_records, summarize, validate
-from .common import Progress, Report, check_lane_transports, print_table
+from .common import BenchError, Progress, Report, check_lane_transports, print_table
 from .teragen import KEY, RECORD
 
 SLOT_DATA = "terasort/data/{src}"
@@ -120,7 +120,7 @@ def _slot_exchange(rank: int, senders: dict, slots: dict, outgoing: dict[int, li
         for src in got:
             have = sum(b.shape[0] for b in got[src])
             if have != incoming[src]:
-                raise RuntimeError(f"rank {src} was to send {incoming[src]} rows, {have} arrived")
+                raise BenchError(f"rank {src} was to send {incoming[src]} rows, {have} arrived")
             received[src] = got[src]
     return received
 
@@ -403,7 +403,7 @@ class _TcpShuffle:
             n = struct.unpack("<q", _recv_exact(c, 8))[0]
             buf = self.got[src]
             if n != buf.nbytes:
-                raise RuntimeError(f"rank {src} announced {n} B over TCP, {buf.nbytes} B expected")
+                raise BenchError(f"rank {src} announced {n} B over TCP, {buf.nbytes} B expected")
             view = memoryview(buf)
             done = 0
             while done < n:

@@ -12,6 +12,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from ..errors import Error
+
+class BenchError(Error):
+    """A benchmark could not measure what it was asked: a process or peer it
+    depends on failed, or a result did not arrive whole."""
+
+
 # A `needs` entry of a command with --plot (tensorwire.cli): without matplotlib it stops
 # before measuring, "... --plot needs matplotlib: pip install tensorwire[bench]", exit 2.
 PLOT_NEEDS = ("matplotlib", "bench", "plot")

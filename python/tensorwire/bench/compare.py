@@ -25,7 +25,7 @@ import time
 
 from .. import _core
 from . import tcp_stream
-from .common import MIB
+from .common import MIB, BenchError
 
 TLS = {"tcp": "tcp", "shm": "sm"}
 PERFTEST_PORT = 13457
@@ -63,7 +63,7 @@ def perftest(test: str, transport: str, size: int, iters: int, extra: dict[str, 
             server.kill()
     rows = [line.split() for line in out.splitlines() if line.strip() and line.split()[0].isdigit()]
     if not rows:
-        raise RuntimeError(f"ucx_perftest printed no result:\n{out}")
+        raise BenchError(f"ucx_perftest printed no result:\n{out}")
     cols = [float(x) for x in rows[-1]]
     # iterations, lat p50, lat avg, lat overall, bw avg, bw overall (MiB/s), msgrate avg, overall
     return cols[5] if test.endswith("_bw") else cols[1]

@@ -31,6 +31,8 @@ import tempfile
 import time
 from typing import Any
 
+from .common import BenchError
+
 HELP = __doc__.split("\n\n", 1)[1] + """
 examples:
   tensorwire run -n 3 -- tensorwire bench fullmesh --transport tcp --duration 4 --lanes 2
@@ -134,7 +136,7 @@ def run_rank(args) -> int:
         except Exception as e:  # a peer died (the control plane's keepalive fails its channels): name its rank
             dead = [r for r, a in enumerate(world.addresses) if r != me and a in str(e)]
             who = f"rank {dead[0]} ({world.addresses[dead[0]]})" if dead else "a peer"
-            raise RuntimeError(f"rank {me}: fullmesh stream failed, {who}: {e}") from None
+            raise BenchError(f"rank {me}: fullmesh stream failed, {who}: {e}") from None
         # Done: raise our word at every peer, then keep progressing (their
         # writes to us may still need it) until every peer raised its word here.
         seq = 1
@@ -145,7 +147,7 @@ def run_rank(args) -> int:
             world.channel(peer, 0).write(src_word, remote_flags[peer], remote_offset=8 * me, nbytes=8).wait(timeout)
         if not _core.bench_wait_flags(channels, flags.ptr, n, seq, timeout):
             late = [r for r in range(n) if flag_words[r] < seq]
-            raise RuntimeError(f"rank {me}: ranks {late} did not finish their streams within {timeout:g} s")
+            raise BenchError(f"rank {me}: ranks {late} did not finish their streams within {timeout:g} s")
         validation = {}
         for src, block in recv.items():
             bad, first = check_pattern(block, size, src + 1)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import Device, _core
-from .common import check_pattern, fill_pattern
+from .common import BenchError, check_pattern, fill_pattern
 
 ADDRESS_TAG = "TENSORWIRE_ADDRESS"
 TIMEOUT_S = 120.0
@@ -218,7 +218,7 @@ class Client:
     def call(self, name: str, req: dict[str, Any]) -> dict[str, Any]:
         out = json.loads(self.channels[0].call(name, json.dumps(req).encode(), timeout=TIMEOUT_S))
         if isinstance(out, dict) and out.get("error"):
-            raise RuntimeError(f"bench server: {out['error']}")
+            raise BenchError(f"bench server: {out['error']}")
         return out
 
     def latency(self, op: str, size: int, iters: int, warmup: int) -> list[float]:
@@ -253,7 +253,7 @@ class Client:
                                                               self.remote_recv[cls], size, iters, window, warmup,
                                                               TIMEOUT_S)
         if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
-            raise RuntimeError("timed out waiting for the server's end flag")
+            raise BenchError("timed out waiting for the server's end flag")
         res = self.call("bench.result", {"seq": self.seq})
         ours = {"seconds": seconds, "posted": list(posted), "completions": list(completions)}
         return ours, (res if bidirectional else None)
@@ -271,7 +271,7 @@ class Client:
         ours = _core.bench_stream_for(self.channels, op == "write", b.send[cls], self.remote_recv[cls], size,
                                       window, duration, margin, bin_s, duration + TIMEOUT_S)
         if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
-            raise RuntimeError("timed out waiting for the server's end flag")
+            raise BenchError("timed out waiting for the server's end flag")
         res = self.call("bench.result", {"seq": self.seq})
         return dict(ours), (res if bidirectional else None)
 

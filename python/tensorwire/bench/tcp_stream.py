@@ -12,7 +12,7 @@ import socket
 import time
 
 from ..roles import Roles
-from .common import iterations_for, parse_sizes
+from .common import BenchError, iterations_for, parse_sizes
 
 
 def _receiver(pipe, sizes_iters) -> None:
@@ -51,7 +51,7 @@ def measure(sizes: list[int], iters: int = 1000, budget: int = 1 << 30) -> list[
             for _ in range(n):
                 sock.sendall(payload[:size])
             if sock.recv(1) != b"k":
-                raise RuntimeError("tcp_stream receiver went away")
+                raise BenchError("tcp_stream receiver went away")
             dt = time.perf_counter() - t0
             rows.append({"size": size, "iters": n, "seconds": dt, "bw_MBps": size * n / dt / 1e6})
         sock.close()

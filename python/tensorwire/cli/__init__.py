@@ -160,6 +160,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"{prog} needs {e.name}: pip install tensorwire[{EXTRAS[e.name]}]", file=sys.stderr)
         return 2
-    except (errors.Error, RuntimeError) as e:
+    except errors.Error as e:  # every tensorwire error type derives from it
         print(f"tensorwire: error: {e}", file=sys.stderr)
         return 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..errors import Error
 
 
-class TestbedError(Error, RuntimeError):
+class TestbedError(Error):
     """A testbed could not be created, found or removed."""
 
     __test__ = False  # not a pytest test class

@@ -78,7 +78,8 @@ class Digits:
             try:
                 from sklearn.datasets import load_digits
             except ImportError as e:
-                raise RuntimeError("the digits dataset needs scikit-learn: pip install scikit-learn") from e
+                raise ModuleNotFoundError("the digits dataset needs scikit-learn: pip install scikit-learn",
+                                          name="sklearn") from e
             d = load_digits()
             self._x = torch.tensor(d.data, dtype=torch.float32) / 16.0
             self._y = torch.tensor(d.target, dtype=torch.int64)

@@ -49,6 +49,7 @@ import threading
 import time
 from multiprocessing import shared_memory
 
+from ..bench.common import BenchError
 from ..roles import RoleError, Roles
 
 SOCK_BUF = 4 << 20
@@ -185,12 +186,12 @@ def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate
                 roles.broadcast(("ports", ports))
                 roles.supervise(600)
             except RoleError as e:
-                raise RuntimeError(f"{transport} floor: {e}") from None
+                raise BenchError(f"{transport} floor: {e}") from None
             res = {r: role.result for r, role in enumerate(roles)}
         for (a, b), m in segments.items():  # every flow's bytes arrived (the senders write ones)
             n = sizes[(a, b)]
             if n and m.buf[:n].tobytes().count(1) != n:
-                raise RuntimeError(f"shm floor: the flow from process {a} to {b} did not arrive whole")
+                raise BenchError(f"shm floor: the flow from process {a} to {b} did not arrive whole")
     finally:
         for m in segments.values():
             m.close()

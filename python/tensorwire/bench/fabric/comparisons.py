@@ -8,7 +8,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..common import parse_sizes
+from ..common import BenchError, parse_sizes
 from ..common import arg_sizes as _sizes
 
 
@@ -111,7 +111,7 @@ def transport_comparison(argv: list[str] | None = None) -> int:
                            "-c", "--json", f.name, *extra]
                     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
                     if proc.returncode not in (0, 2):  # 2: ran, verdict FAIL (kept in the table)
-                        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+                        raise BenchError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr[-2000:]}")
                     rep_json = json.load(open(f.name))
                 raw[t][name].append(rep_json)
                 verdicts.setdefault(f"{t} {name}", []).append(rep_json["verdict"])

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..common import BenchError
+
 
 def _in_world() -> bool:
     from ...world import detect
@@ -52,7 +54,7 @@ def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None, n
         if line.startswith(ADDRESS_TAG):
             return proc, line.split()[1]
     proc.kill()
-    raise RuntimeError(f"the benchmark server did not start (exit code {proc.poll()})")
+    raise BenchError(f"the benchmark server did not start (exit code {proc.poll()})")
 
 
 def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:

@@ -110,7 +110,8 @@ def run_tensor(args) -> Report:
     if bad:
         raise ValueError(f"sizes must be multiples of {ITEM} B (float32 tensors): {bad}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so before the sweep, not after
-        raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])")
+        raise ModuleNotFoundError("--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])",
+                                  name="matplotlib")
     explicit = bool(args.series)
     memory = getattr(args, "memory", "host")
     names = select_series(args.series, memory)

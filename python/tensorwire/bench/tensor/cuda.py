@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ..common import BenchError
 from .base import DTYPE, ITEM, fill_pattern
 from .gloo import Gloo
 from .slots import Dynamic, StaticSeries, ZeroCopy
@@ -182,7 +183,7 @@ class Pins:
         for a, b in pieces:
             err = int(cudart.cudaHostRegister(a, b - a, 0))
             if err:
-                raise RuntimeError(f"cudaHostRegister of {b - a} B of host memory failed (cudaError {err})")
+                raise BenchError(f"cudaHostRegister of {b - a} B of host memory failed (cudaError {err})")
             self.ranges.append((a, b))
 
     def clear(self) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..common import BenchError
 from .base import DTYPE, HOST, ITEM, Series
 
 
@@ -24,7 +25,7 @@ class Gloo(Series):
 
         import torch.distributed as dist
         if not dist.is_available() or not dist.is_gloo_available():
-            raise RuntimeError("this torch has no gloo backend")
+            raise BenchError("this torch has no gloo backend")
         dist.init_process_group("gloo", init_method=f"tcp://{HOST}:{port}", rank=rank, world_size=2,
                                 timeout=datetime.timedelta(seconds=self.timeout))
         self.dist = dist

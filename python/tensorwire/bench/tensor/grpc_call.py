@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..common import BenchError
 from .base import DTYPE, HOST, ITEM, Series, decode_meta, encode_meta
 
 GRPC_METHOD = "/tensorwire.bench.Tensor/Send"
@@ -47,7 +48,7 @@ class Grpc(Series):
             consume = self._consume
         try:
             if consume is None:
-                raise RuntimeError("a request arrived outside serve()")
+                raise BenchError("a request arrived outside serve()")
             consume(arr)
         except Exception as e:
             with self._lock:
@@ -71,7 +72,7 @@ class Grpc(Series):
                 self._lock.wait(0.5)
             self._consume = None
             if self._error:
-                raise RuntimeError(self._error)
+                raise BenchError(self._error)
 
     def r_close(self) -> None:
         if getattr(self, "server", None) is not None:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...roles import RoleError, Roles
-from ..common import Progress, Report, check_number, check_transports, human_size, iterations_for
+from ..common import BenchError, Progress, Report, check_number, check_transports, human_size, iterations_for
 from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern
 from .registry import series_class
 
@@ -140,8 +140,8 @@ class _Receiver:
             return self.role.recv(timeout)[1]
         except RoleError:
             if self.role.error is not None:
-                raise RuntimeError(f"{self.name} receiver failed: {self.role.error}") from None
-            raise RuntimeError(f"{self.name} receiver exited (code {self.role.exitcode})") from None
+                raise BenchError(f"{self.name} receiver failed: {self.role.error}") from None
+            raise BenchError(f"{self.name} receiver exited (code {self.role.exitcode})") from None
         except TimeoutError:
             raise TimeoutError(f"{self.name} receiver did not answer in {timeout:.0f} s") from None
 
@@ -223,7 +223,7 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                         if one is not None:
                             own.append(one)
             except Exception as e:
-                raise RuntimeError(f"transfer {k} of {human_size(size)} failed: {type(e).__name__}: "
+                raise BenchError(f"transfer {k} of {human_size(size)} failed: {type(e).__name__}: "
                                    f"{_first_line(e)}{rx.error_hint()}") from e
             res = rx.result(cfg["timeout"] * 2 + 30)
             median = statistics.median(samples)
@@ -308,7 +308,7 @@ def _stream_round(series: Series, rx: "_Receiver", view: Any, size: int, count: 
                 stamp(view, k)
             series.post()
     except Exception as e:
-        raise RuntimeError(f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: "
+        raise BenchError(f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: "
                            f"{_first_line(e)}{rx.error_hint()}") from e
     return rx.result(cfg["timeout"] * 2 + 30)
 

@@ -251,7 +251,8 @@ def plot(report: Report, path: str) -> None:
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])") from None
+        raise ModuleNotFoundError("--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])",
+                                  name="matplotlib") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))

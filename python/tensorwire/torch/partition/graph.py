@@ -17,8 +17,10 @@ from torch import nn
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.fx.passes.split_module import split_module
 
+from ...errors import Error
 
-class PartitionError(RuntimeError):
+
+class PartitionError(Error):
     """Planning or running a partitioned module failed (bad cuts, a stage died, a timeout)."""
 
 

@@ -42,7 +42,7 @@ def _mean_into(acc: torch.Tensor, g: torch.Tensor, w: int) -> None:
     acc.lerp_(g, 1.0 / (w + 1))
 
 
-class PSError(RuntimeError):
+class PSError(tw.Error):
     """The parameter-server run failed (a peer died, a model mismatch, a timeout)."""
 
 

@@ -326,7 +326,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
     if mem.cuda and mode == "gloo":
         raise ValueError("mode gloo runs on the CPU; device cuda runs modes zerocopy and copy")
     if mem.cuda and (problem := cuda_problem(device)):
-        raise RuntimeError(f"device {device} {problem}" if problem.startswith("needs") else problem)
+        raise PSError(f"device {device} {problem}" if problem.startswith("needs") else problem)
     if "lr" not in optimizer_kwargs and isinstance(optimizer, str) and optimizer.lower() == "sgd":
         optimizer_kwargs["lr"] = 0.01
     try:
