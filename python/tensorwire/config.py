@@ -38,6 +38,8 @@ VARIABLES: tuple[Variable, ...] = (
     # -- C++ core: read when a Device is made (a bad value fails there) --
     Variable("TENSORWIRE_PROGRESS", "progress mode of every Device's data workers (overrides Device(progress=))",
              "blocking, polling, inline", "Device(progress=...), blocking", CORE),
+    Variable("TENSORWIRE_TRANSPORT", "transport of the torch.distributed backend's Devices "
+             "(`Device(transport=...)`)", "auto, tcp, shm, rdma", "auto (UCX_TLS as set)", "tensorwire.torch.backend"),
     Variable("TENSORWIRE_SPIN_US", "how long a waiter polls before it sleeps on the event fd (overrides "
              "Device(spin_us=))", "0..1000000 (microseconds)", "Device(spin_us=...), 100", CORE),
     Variable("TENSORWIRE_LANE_FORM", "how lanes move data: one-sided RMA or active messages (a comma list: "
@@ -76,8 +78,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_PROGRESS_BAR", "draw the benches' progress bar on stderr (how ranks and spawned "
              "processes learn --progress/--no-progress)", "0, 1", "1 when stderr is a terminal",
              BENCH + ", tensorwire train; set by --progress/--no-progress and by `tensorwire run`"),
-    Variable("TENSORWIRE_BENCH_SPIN_US", "spin of the bandwidth benches' devices (Device(spin_us=)); the "
-             "client passes its value to the `bench serve` it spawns", "microseconds", "100", BENCH),
+    Variable("TENSORWIRE_BENCH_SPIN_US", "spin of the bandwidth benches' devices (Device(spin_us=)); a "
+             "client hands its own to the `bench serve` it spawns", "microseconds", "100", BENCH),
     Variable("TENSORWIRE_COLL_ORDER", "how the collectives order a payload before its flag (overrides the "
              "engine's choice)", "fence, flush", "flush over tcp, else fence",
              "tensorwire.collectives (World collectives, bench alltoall/allreduce)"),

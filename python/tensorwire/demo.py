@@ -7,7 +7,6 @@ through a control-plane call, and measures bandwidth and one-way latency.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import time
 
@@ -15,10 +14,12 @@ import numpy as np
 
 from . import Device
 from .bench import p2p
+from .roles import RoleError, Roles
 
 
-def _child(transport: str, n: int) -> None:
-    """The receiving side: a published tensor, a checksum call, and the bench server.
+def _child(conn, transport: str, n: int) -> None:
+    """The receiving side (a role of roles.py): a published tensor, a checksum
+    call, and the bench server; its address goes to the parent once ready.
     Blocking progress: over tcp a one-sided write lands only while the target's
     worker progresses, and here nobody else drives it."""
     with Device(transport=transport) as dev:
@@ -26,22 +27,18 @@ def _child(transport: str, n: int) -> None:
         np.asarray(tensor)[:] = 0
         dev.publish("demo.tensor", tensor)
         dev.on_call("demo.checksum", lambda _: repr(float(np.asarray(tensor).sum(dtype=np.float64))).encode())
-        p2p.serve(dev)
+        p2p.serve(dev, announce=False, ready=lambda: conn.send(("address", dev.address)))
+    conn.send(("result", None))
 
 
 def run_demo(transport: str = "auto", mib: int = 64) -> int:
     n = mib * (1 << 20) // 4
-    cmd = [sys.executable, "-m", "tensorwire.demo", "--child", transport, str(n)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    try:
-        address = None
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(p2p.ADDRESS_TAG):
-                address = line.split()[1]
-                break
-        if address is None:
-            print("demo: the receiver process did not start", file=sys.stderr)
+    with Roles() as roles:  # leaving it: the receiver gets the group's grace to end, then is stopped
+        roles.spawn("demo receiver", _child, transport, n)
+        try:
+            ((_, address),) = roles.gather("address", 60, during="start-up")
+        except RoleError as e:
+            print(f"demo: the receiver process did not start: {e}", file=sys.stderr)
             return 1
         with Device(transport=transport, progress="inline", spin_us=p2p.BENCH_SPIN_US) as dev:
             src = dev.empty((n,), "float32")
@@ -69,15 +66,3 @@ def run_demo(transport: str = "auto", mib: int = 64) -> int:
         print(f"  latency:   {lat_us:.2f} us one-way for 8 B (median of 20000 ping-pongs, RTT/2)")
         print(f"  contents:  {'verified' if ok else 'MISMATCH'} (checksum {got:.0f} vs {expected:.0f})")
         return 0 if ok else 1
-    finally:
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--child":
-        _child(sys.argv[2], int(sys.argv[3]))
-    else:
-        sys.exit(run_demo())

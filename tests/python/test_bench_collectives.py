@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tensorwire.bench import collectives as coll
+from tensorwire.cli import bench_collectives as coll
 from tensorwire.collectives import RD_RING_THRESHOLD, Layout, choose_allreduce, rd_geometry, ring_chunks
 
 FAST = ["--iters", "20", "--warmup", "2"]
@@ -24,7 +24,7 @@ FAST = ["--iters", "20", "--warmup", "2"]
 def bench(*args, timeout=60, check=True):
     """Runs the bench as a user would without a launcher (it starts its own ranks)."""
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.collectives", *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tensorwire", "bench", *args], capture_output=True,
                           text=True, timeout=timeout)
     proc.elapsed = time.monotonic() - t0
     if check:
@@ -108,7 +108,7 @@ def test_killed_rank_fails_the_run_naming_it():
 
 def test_compare_mpi_without_mpirun_says_why():
     env = dict(os.environ, PATH="/nonexistent")
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.collectives", "alltoall", "--compare", "mpi"],
+    proc = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "alltoall", "--compare", "mpi"],
                           capture_output=True, text=True, timeout=30, env=env)
     assert proc.returncode == 2 and "mpirun not found" in proc.stderr
 
@@ -160,7 +160,9 @@ def test_helpers():
 
 
 def test_argv_round_trip():
-    p = coll.build_parser()
-    a = p.parse_args(["allreduce", "--sizes", "4,1M", "--algorithm", "rd", "--validate", "--iters", "7"])
-    b = p.parse_args(coll._argv_of(a))
+    """The ranks run the same command (`tensorwire bench ...`) with the arguments _argv_of gives."""
+    from tensorwire.cli import build_parser
+    p = build_parser()
+    a = p.parse_args(["bench", "allreduce", "--sizes", "4,1M", "--algorithm", "rd", "--validate", "--iters", "7"])
+    b = p.parse_args(["bench", *coll._argv_of(a)])
     assert vars(a) == vars(b)

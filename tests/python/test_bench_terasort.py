@@ -194,7 +194,7 @@ def test_validator_catches_a_corrupted_value_byte():
 # -- whole runs: 3 ranks (odd) --
 
 def _terasort(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tensorwire.bench.terasort", *args],
+    return subprocess.run([sys.executable, "-m", "tensorwire", "bench", "terasort", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -137,6 +137,13 @@ def test_every_error_type_is_a_tensorwire_error():
     assert expected <= {name.rsplit(".", 1)[1] for name in found}
 
 
+def test_demo_writes_and_verifies():
+    """`tensorwire demo`: its receiver is a role of tensorwire.roles (no process of its own making)."""
+    r = tw("demo", "--mib", "1", "--transport", "shm")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "contents:  verified" in r.stdout, r.stdout
+
+
 def test_version():
     r = tw("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"tensorwire {tensorwire.__version__}"

@@ -10,7 +10,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..errors import Error
 
@@ -18,10 +18,6 @@ class BenchError(Error):
     """A benchmark could not measure what it was asked: a process or peer it
     depends on failed, or a result did not arrive whole."""
 
-
-# A `needs` entry of a command with --plot (tensorwire.cli): without matplotlib it stops
-# before measuring, "... --plot needs matplotlib: pip install tensorwire[bench]", exit 2.
-PLOT_NEEDS = ("matplotlib", "bench", "plot")
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -61,40 +57,6 @@ def parse_sizes(text: str) -> list[int]:
     if not sizes:
         raise ValueError("no sizes given")
     return sizes
-
-
-# argparse types shared by every command (a bad value is a usage error, exit 2)
-
-def _usage_error(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """`parse` as an argparse type: its ValueError becomes a usage error."""
-    def arg(text: str) -> Any:
-        import argparse
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    arg.__name__ = parse.__name__
-    return arg
-
-
-arg_size = _usage_error(parse_size)
-arg_sizes = _usage_error(parse_sizes)
-
-
-def arg_seconds(text: str) -> float:
-    import argparse
-    v = float(text)
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0 seconds, got {text}")
-    return v
-
-
-def arg_positive(text: str) -> int:
-    import argparse
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
 
 
 def human_size(n: int) -> str:
@@ -243,14 +205,6 @@ class Progress:
             sys.stderr.flush()
 
 
-def add_progress_switch(parser: Any) -> None:
-    """--progress/--no-progress on a command that draws a Progress bar (one switch for all)."""
-    import argparse
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="draw a progress bar on stderr (default: when stderr is a terminal, or as "
-                             "TENSORWIRE_PROGRESS_BAR=0|1 says; ranks and processes it starts inherit the choice)")
-
-
 def iterations_for(size: int, iters: int, budget_bytes: int, minimum: int = 10) -> int:
     """Caps the iteration count so one size moves at most `budget_bytes`."""
     return max(minimum, min(iters, budget_bytes // max(1, size)))
@@ -311,21 +265,6 @@ def to_unit(bytes_per_s: float, unit: str) -> float:
     if unit in ("MB/s", "MB/sec"):
         return bytes_per_s / 1e6
     raise ValueError(f"unknown unit {unit!r}")
-
-
-def parse_rate(text: str) -> float:
-    """A link rate in bytes/s from '25G', '25gbit', '100Gb/s', '1gbit', '400M' (bits/s, like tc)."""
-    t = text.strip().lower().replace("/s", "").replace("bps", "").replace("bit", "").rstrip("b")
-    scale = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
-    try:
-        if t and t[-1] in scale:
-            return float(t[:-1]) * scale[t[-1]] / 8
-        return float(t) / 8
-    except ValueError:
-        raise ValueError(f"bad rate {text!r}: use e.g. 1gbit, 25G, 100Gb/s") from None
-
-
-arg_rate = _usage_error(parse_rate)  # a link rate: "10G", "25Gbit", ...
 
 
 # ---- statistics ----

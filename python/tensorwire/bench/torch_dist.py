@@ -20,38 +20,12 @@ import os
 import sys
 import tempfile
 
-from .common import PLOT_NEEDS, add_progress_switch, arg_positive, arg_sizes, human_size
+from .common import human_size
 
 SUITES = ("p2p", "coll", "ddp", "pipe")
 BACKENDS = ("tensorwire", "gloo")
 COLL_OPS = ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor")
 MODELS = ("fcn5", "resnet")
-
-
-def register(commands) -> None:
-    p = commands.bench.add_parser(
-        "torch-dist", help="the torch.distributed backend vs gloo: send/recv, collectives, DDP, pipelining",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--transport", choices=("auto", "tcp", "shm"), default="shm",
-                   help="tensorwire's transport (gloo: always tcp loopback); default shm")
-    p.add_argument("--ranks", type=arg_positive, default=2, help="ranks (processes) per round, default 2")
-    p.add_argument("--suite", default=",".join(SUITES),
-                   help=f"comma list of {', '.join(SUITES)} (default all)")
-    p.add_argument("--lat-sizes", type=arg_sizes, default=arg_sizes("8,1K,64K"), metavar="SIZES",
-                   help="send/recv latency sizes (default 8,1K,64K)")
-    p.add_argument("--sizes", type=arg_sizes, default=arg_sizes("64K,1M,16M"),
-                   help="send/recv bandwidth sizes (default 64K,1M,16M)")
-    p.add_argument("--coll-sizes", type=arg_sizes, default=arg_sizes("1M,16M,64M"), metavar="SIZES",
-                   help="collective sizes in bytes (default 1M,16M,64M)")
-    p.add_argument("--iters", type=arg_positive, default=1000,
-                   help="iterations per latency size (fewer for large sizes), default 1000")
-    p.add_argument("--steps", type=arg_positive, default=8, help="timed DDP/pipelining steps, default 8")
-    p.add_argument("--repeat", type=arg_positive, default=3, help="rounds per backend, alternating (default 3)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds one round may take")
-    p.add_argument("--json", metavar="FILE", help="write every round's numbers and the best as JSON")
-    p.add_argument("--plot", metavar="FILE.png", help="plot bandwidth and collective time by size (matplotlib)")
-    add_progress_switch(p)
-    p.set_defaults(func=run, needs=(("torch", "torch"), PLOT_NEEDS))
 
 
 def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:

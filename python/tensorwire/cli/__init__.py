@@ -27,8 +27,8 @@ import argparse
 import importlib
 import sys
 
-from .. import TRANSPORTS, __version__  # noqa: F401 - TRANSPORTS: the commands' --transport choices
-from ..bench.common import PLOT_NEEDS  # noqa: F401 - the commands' `needs` entry of --plot
+from .. import __version__
+from .args import PLOT_NEEDS  # noqa: F401 - the commands' `needs` entry of --plot
 
 # True while the command modules are imported: tensorwire.torch then skips importing torch
 # (to register its torch.distributed backend), which no command needs at parse time.
@@ -41,13 +41,13 @@ COMMAND_MODULES = (
     "tensorwire.cli.bench_tensor",  # bench tensor
     "tensorwire.cli.demo",          # tensorwire demo
     "tensorwire.launch",            # tensorwire run
-    "tensorwire.bench.fabric.cli",  # bench write_bw/read_bw/write_lat/read_lat
-    "tensorwire.bench.fullmesh",    # bench fullmesh
-    "tensorwire.bench.collectives",  # bench alltoall/allreduce
-    "tensorwire.bench.terasort",    # bench terasort
-    "tensorwire.bench.torch_dist",  # bench torch-dist
+    "tensorwire.cli.bench_fabric",  # bench write_bw/read_bw/write_lat/read_lat
+    "tensorwire.cli.bench_fullmesh",  # bench fullmesh
+    "tensorwire.cli.bench_collectives",  # bench alltoall/allreduce
+    "tensorwire.cli.bench_terasort",  # bench terasort
+    "tensorwire.cli.bench_torch_dist",  # bench torch-dist
     "tensorwire.testbed.cli",       # tensorwire testbed
-    "tensorwire.torch.cli",         # tensorwire train, bench train, partition
+    "tensorwire.cli.train",         # tensorwire train, bench train, partition
 )
 
 # The extra of pyproject.toml that installs an optional dependency, for one that

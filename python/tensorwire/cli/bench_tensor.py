@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench.common import add_progress_switch, arg_positive as _positive
-from ..bench.common import arg_sizes as _sizes
-from . import PLOT_NEEDS, TRANSPORTS
+from .. import TRANSPORTS
+from .args import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
 
 
 def _tensor_sizes(text: str) -> list[int]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench.common import arg_positive as _positive
-from . import TRANSPORTS
+from .. import TRANSPORTS
+from .args import arg_positive as _positive
 
 
 def register(commands) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import TRANSPORTS
+from .. import TRANSPORTS
 
 
 def register(commands) -> None:

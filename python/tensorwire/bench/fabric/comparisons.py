@@ -9,7 +9,6 @@ import sys
 from typing import Any
 
 from ..common import BenchError, parse_sizes
-from ..common import arg_sizes as _sizes
 
 
 # ---------------------------------------------------------------- write_bw vs ucx_perftest
@@ -30,7 +29,7 @@ def compare_ucx_perftest(argv: list[str] | None = None) -> int:
                                  description=compare_ucx_perftest.__doc__)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--transports", default="tcp,shm")
-    ap.add_argument("--sizes", type=_sizes, default=parse_sizes("1M,4M,16M"))
+    ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1M,4M,16M"))
     ap.add_argument("--target", type=float, default=0.95)
     ap.add_argument("--json", help="write all samples here")
     args = ap.parse_args(argv)

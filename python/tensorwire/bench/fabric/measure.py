@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .peer import _in_world
+from .peer import in_world
 from .plots import plot_bw, plot_lat
 from .tables import open_bw_table, open_lat_table
 
@@ -18,7 +18,7 @@ def _config(args, sizes: list[int], unit: str, **specific: Any) -> dict[str, Any
             "budget": args.budget[0] if args.budget else None, "workers": args.workers, "format": args.format,
             "unit": unit, "validate": args.validate,
             "link_rate_Gbps": args.link_rate * 8 / 1e9 if args.link_rate else None,
-            "mode": "world" if _in_world() else ("connect" if args.connect else "spawned peer"), **specific}
+            "mode": "world" if in_world() else ("connect" if args.connect else "spawned peer"), **specific}
 
 
 def _iterations(args, size: int) -> int:

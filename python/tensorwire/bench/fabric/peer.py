@@ -10,13 +10,15 @@ from typing import Any, Callable
 from ..common import BenchError
 
 
-def _in_world() -> bool:
+def in_world() -> bool:
+    """Whether this process is a rank of a launched world of two or more."""
     from ...world import detect
     p = detect()
     return p.launcher != "single" and p.size > 1
 
 
-def _serve_main(args) -> int:
+def serve_main(args) -> int:
+    """`bench serve` and --server: the passive side, until the client says stop."""
     from ... import Device
     from .. import p2p
     with Device(host=args.host, port=args.port, transport=args.transport, progress="inline",
@@ -28,33 +30,38 @@ def _serve_main(args) -> int:
 def _spin_us(args) -> int:
     """How long waiters poll before sleeping: long for latency tests (perftest busy-polls), short for
     bandwidth (on 2 vCPUs a spinning target starves the kernel's TCP work). `bench serve` (test "serve")
-    takes TENSORWIRE_BENCH_SPIN_US, which the client that spawns it sets to its own value."""
+    takes TENSORWIRE_BENCH_SPIN_US (p2p.BENCH_SPIN_US)."""
     from .. import p2p
     return p2p.LATENCY_SPIN_US if args.test.endswith("_lat") else p2p.BENCH_SPIN_US
 
 
-def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None, net_devices: str = "auto"):
-    """Starts `tensorwire bench serve` on loopback and returns (process, address)."""
-    import os
-    import subprocess
-    import sys
-    import time
+def _server_role(conn, transport: str, workers: int, spin_us: int, net_devices: str) -> None:
+    """The spawned peer (a role of roles.py): the passive side on loopback,
+    its address sent to the client once its handlers are in place."""
+    try:
+        from ... import Device
+        from .. import p2p
+        with Device(host="127.0.0.1", port=0, transport=transport, progress="inline", workers=workers,
+                    spin_us=spin_us, net_devices=net_devices) as dev:
+            p2p.serve(dev, announce=False, ready=lambda: conn.send(("address", dev.address)))
+        conn.send(("result", None))
+    except Exception as e:  # noqa: BLE001 - the client names it
+        conn.send(("error", f"{type(e).__name__}: {e}"))
 
-    from ..p2p import ADDRESS_TAG
-    cmd = [sys.executable, "-m", "tensorwire", "bench", "serve", "--transport", transport,
-           "--host", "127.0.0.1", "--port", "0", "--workers", str(workers), "--net-devices", net_devices]
-    env = dict(os.environ, **({"TENSORWIRE_BENCH_SPIN_US": str(spin_us)} if spin_us else {}))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 60
-    assert proc.stdout is not None
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        if line.startswith(ADDRESS_TAG):
-            return proc, line.split()[1]
-    proc.kill()
-    raise BenchError(f"the benchmark server did not start (exit code {proc.poll()})")
+
+def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None, net_devices: str = "auto"):
+    """Starts the passive side on loopback in a process of its own (roles.py's
+    launcher); returns (its Roles, its address). Roles.stop() ends it."""
+    from ...roles import RoleError, Roles
+    from .. import p2p
+    roles = Roles()
+    roles.spawn("benchmark server", _server_role, transport, workers, spin_us or p2p.BENCH_SPIN_US, net_devices)
+    try:
+        ((_, address),) = roles.gather("address", 60, during="start-up")
+    except RoleError as e:
+        roles.stop()
+        raise BenchError(f"the benchmark server did not start: {e}") from None
+    return roles, address
 
 
 def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
@@ -62,7 +69,7 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
     --connect'ed server, or one spawned on loopback. Returns body's result on
     the measuring side, None on the others (ranks other than 0)."""
     from .. import p2p
-    if _in_world():
+    if in_world():
         if args.connect:
             raise SystemExit("--connect makes no sense under a launcher: rank 0 measures against rank 1")
         from ...world import World
@@ -84,15 +91,13 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
         finally:
             world.close()
         return out
-    import subprocess
-
     from ... import Device
     spin_us = _spin_us(args)
     # Our device first: a transport this machine lacks fails here, once, before a server is spawned.
     with Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
                 spin_us=spin_us, net_devices=args.net_devices) as device:
-        proc, address = (spawn_server(args.transport, args.workers, spin_us, args.net_devices) if not args.connect
-                         else (None, args.connect))
+        server, address = (spawn_server(args.transport, args.workers, spin_us, args.net_devices) if not args.connect
+                           else (None, args.connect))
         client = None
         try:
             client = p2p.Client(device, address, args.lanes, max_size)
@@ -101,9 +106,5 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
             finally:
                 client.close()  # bench.stop: the spawned server exits
         finally:
-            if proc is not None:
-                try:
-                    proc.wait(timeout=15 if client is not None else 0)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            if server is not None:  # told to stop by client.close(): given 15 s to end on its own
+                server.stop(wait=15 if client is not None else 0)

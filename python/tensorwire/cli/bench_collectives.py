@@ -31,8 +31,8 @@ import subprocess
 import sys
 import textwrap
 from .. import TRANSPORTS
-from ._coll_osu import OSU_ITERS, OSU_LARGE, OSU_SKIP, PROFILE_1MI_INT32, mpi_unavailable
-from .common import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
+from ..bench._coll_osu import OSU_ITERS, OSU_LARGE, OSU_SKIP, PROFILE_1MI_INT32, mpi_unavailable
+from .args import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
 
 OPS = ("alltoall", "allreduce")
 DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
@@ -150,20 +150,6 @@ def register(commands) -> None:
         _add_parser(commands.bench, op)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """A parser with only this module's commands (what the ranks run: python -m tensorwire.bench.collectives)."""
-    parser = argparse.ArgumentParser(prog="tensorwire bench")
-    sub = parser.add_subparsers(dest="bench", required=True)
-    for op in OPS:
-        _add_parser(sub, op)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    return run_command(args)
-
-
 def _argv_of(args: argparse.Namespace) -> list[str]:
     """The command-line arguments that reproduce `args` (for the ranks we start)."""
     out = [args.coll_op, "--transport", args.transport, "--format", args.format, "--progress-mode", args.progress_mode,
@@ -194,7 +180,7 @@ def _as_rank() -> bool:
 
 def _launch(args: argparse.Namespace) -> int:
     n = args.ranks or (4 if args.profile else 2)
-    rank_cmd = [sys.executable, "-m", "tensorwire.bench.collectives", *_argv_of(args)]
+    rank_cmd = [sys.executable, "-m", "tensorwire", "bench", *_argv_of(args)]  # the same command, as a rank
     env_path = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.compare == "mpi":
         from ..config import PROGRESS_BAR
@@ -249,9 +235,5 @@ def run_command(args: argparse.Namespace) -> int:
     export_progress_bar(args.progress)  # the ranks started below inherit the choice
     if not _as_rank():
         return _launch(args)
-    from ._coll_bench import run_rank
+    from ..bench._coll_bench import run_rank
     return run_rank(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,8 +10,8 @@ import os
 import sys
 
 from .. import TRANSPORTS
-from ..bench.common import PLOT_NEEDS, add_progress_switch
-from .runs import MODES, _step_times, device_error, render_result, time_to_target, train_once
+from ..torch.runs import MODES, _step_times, device_error, render_result, time_to_target, train_once
+from .args import PLOT_NEEDS, add_progress_switch
 
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
 
@@ -316,7 +316,7 @@ def run_partition(args) -> int:
 
     import torch
 
-    from . import models, partition
+    from ..torch import models, partition
 
     if args.warmup < 0 or args.warmup >= args.steps:
         print(f"tensorwire partition: error: --warmup must be in 0..{args.steps - 1}", file=sys.stderr)
@@ -354,7 +354,7 @@ def run_partition(args) -> int:
     model = info.factory()
     xs = [inputs(i) for i in range(args.steps)]
     if args.train:
-        from . import ps
+        from ..torch import ps
         opt = ps.make_optimizer(args.optimizer, list(model.parameters()), lr=args.lr)
         ys = [data_fn(i)[1] for i in range(args.steps)]
 
@@ -399,14 +399,14 @@ def run_partition(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if args.plot:
-        from .plots import plot_partition
+        from ..torch.plots import plot_partition
         plot_partition(out, args.plot)
     return 0
 
 
 def run_train(args) -> int:
     from ..config import export_progress_bar
-    from . import models
+    from ..torch import models
     _exit_on_sigterm()
     args.progress = export_progress_bar(args.progress)  # resolved once: what every role is told
     if args.list:
@@ -421,7 +421,7 @@ def run_train(args) -> int:
         if args.colocate:
             raise SystemExit("tensorwire train: --colocate runs with the local launcher (--launch local); "
                              "under torchrun/mpirun every process runs one role")
-        from .launch_env import run_role
+        from ..torch.launch_env import run_role
         return run_role(args, *env)
     if args.colocate and args.workers != args.servers:
         raise SystemExit(f"tensorwire train: --colocate runs worker r and server r in process r: needs --servers "
@@ -441,12 +441,12 @@ def run_train(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if args.plot:
-        from .plots import plot_run
+        from ..torch.plots import plot_run
         plot_run(r, args, args.plot)
     return 0
 
 
 def run_bench(args) -> int:
     _exit_on_sigterm()
-    from .bench_train import run_sweep
+    from ..torch.bench_train import run_sweep
     return run_sweep(args)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from ... import TRANSPORTS
-from ..common import PLOT_NEEDS, add_progress_switch, arg_rate, arg_seconds, parse_sizes
-from ..common import arg_positive as _positive, arg_sizes as _sizes
-from .measure import measure_bw, measure_lat
-from .peer import _serve_main, with_client
+from .. import TRANSPORTS
+from ..bench.common import parse_sizes
+from ..bench.fabric.measure import measure_bw, measure_lat
+from ..bench.fabric.peer import serve_main, with_client
+from .args import PLOT_NEEDS, add_progress_switch, arg_rate, arg_seconds
+from .args import arg_positive as _positive, arg_sizes as _sizes
 
 FORMATS = ("perftest", "osu", "imb")
 ALL_SIZES = "2:8M"  # perftest -a: 2^1..2^23
@@ -184,7 +185,7 @@ def register_aliases(commands) -> None:
     p.set_defaults(func=_bw_main, test=None, needs=(PLOT_NEEDS,))
     p = bench_sub.add_parser("serve", help="the passive side of the point-to-point benches (what --server runs)")
     _peer_options(p)
-    p.set_defaults(func=_serve_main, test="serve")
+    p.set_defaults(func=serve_main, test="serve")
 
 
 def _sizes_of(args, default: str) -> list[int]:
@@ -196,10 +197,10 @@ def _sizes_of(args, default: str) -> list[int]:
 def _run(args, kind: str, measure: Callable) -> int:
     """Runs the family member `args.op`_`kind` (an alias names it by --op) and reports."""
     args.test = args.test or f"{args.op}_{kind}"
-    from ...config import export_progress_bar
+    from ..config import export_progress_bar
     export_progress_bar(args.progress)
     if args.server:
-        return _serve_main(args)
+        return serve_main(args)
     sizes = _sizes_of(args, BW_SIZES if kind == "bw" else LAT_SIZES)
     out = with_client(args, max(sizes), lambda client: measure(args, client, sizes))
     if out is None:

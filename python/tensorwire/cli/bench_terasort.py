@@ -10,7 +10,7 @@ import os
 import sys
 import time
 from .. import TRANSPORTS
-from .common import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_size as _size
+from .args import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_size as _size
 
 HELP = """\
 TeraSort on tensorwire (Hadoop's TeraGen / TeraSort / TeraValidate, one process per rank):
@@ -113,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.repeat is None:
         args.repeat = 5 if args.baseline == "tcp" else 1
     if args.gen_only:
-        from . import teragen
+        from ..bench import teragen
         t0 = time.perf_counter()
         total = teragen.write_file(args.gen_only, args.rows, args.start)
         dt = time.perf_counter() - t0
@@ -127,13 +127,13 @@ def _main(args: argparse.Namespace) -> int:
     placement = detect()
     if placement.launcher == "single" and args.ranks > 1:
         return _launch(args)
-    from ._terasort_job import run_rank
+    from ..bench._terasort_job import run_rank
     return run_rank(args)
 
 
 def _launch(args: argparse.Namespace) -> int:
     from ..launch import plan, run
-    cmd = [sys.executable, "-m", "tensorwire.bench.terasort", "--rows", str(args.rows),
+    cmd = [sys.executable, "-m", "tensorwire", "bench", "terasort", "--rows", str(args.rows),  # the same, as a rank
            "--ranks", str(args.ranks), "--transport", args.transport, "--baseline", args.baseline,
            "--chunk", str(args.chunk), "--samples", str(args.samples), "--repeat", str(args.repeat),
            "--schedule", args.schedule, "--timeout", str(args.timeout)]
@@ -149,25 +149,3 @@ def _launch(args: argparse.Namespace) -> int:
         cmd += ["--kill-rank", str(args.kill_rank), "--kill-phase", args.kill_phase]
     sys.stdout.flush()
     return run(cmd, plan(args.ranks))
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tensorwire.bench.terasort ...`: the same command without the rest
-    of the CLI (what the launcher starts on every rank)."""
-    parser = argparse.ArgumentParser(prog="tensorwire bench")
-    sub = parser.add_subparsers(dest="bench", required=True)
-    _add_parser(sub)
-    args = parser.parse_args(["terasort", *(sys.argv[1:] if argv is None else argv)])
-    from .. import errors
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except (errors.Error, RuntimeError, TimeoutError, OSError) as e:
-        print(f"tensorwire bench terasort: error: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
