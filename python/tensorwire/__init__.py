@@ -29,7 +29,7 @@ parse_descriptor = _core.parse_descriptor
 
 # dtype name -> (DLPack type code, bits, buffer-protocol format): the core's table
 # (bfloat16's format is its raw 16-bit word: the buffer protocol has no code for it)
-_DTYPES = {name: (code, bits, fmt) for name, code, bits, fmt in _core.dtypes()}
+DTYPE_TABLE = {name: (code, bits, fmt) for name, code, bits, fmt in _core.dtypes()}
 _ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bool_": "bool",
             "long": "int64", "int": "int32", "short": "int16"}
 
@@ -55,8 +55,8 @@ def dtype_name(dtype: Any) -> str:
         import numpy as np
         name = np.dtype(dtype).name
     name = _ALIASES.get(name, name)
-    if name not in _DTYPES:
-        raise InvalidArgument(f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(_DTYPES))}")
+    if name not in DTYPE_TABLE:
+        raise InvalidArgument(f"unsupported dtype {dtype!r}; supported: {', '.join(sorted(DTYPE_TABLE))}")
     return name
 
 
@@ -86,7 +86,7 @@ def cuda_available() -> bool:
     return bool(_core.cuda_info()["available"])
 
 
-def _cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
+def cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
     """(address, nbytes, owner) of a C-contiguous tensor in GPU memory, or None
     when `obj` is not GPU memory: torch CUDA tensors, objects with the CUDA array
     interface (CuPy, Numba) and DLPack producers on a CUDA device."""
@@ -122,7 +122,7 @@ def _cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
         except ImportError:
             raise InvalidArgument("register of a DLPack CUDA tensor other than torch/CuPy needs torch to read it") \
                 from None
-        return _cuda_pointer_of(torch.from_dlpack(obj))[:2] + (obj,)  # type: ignore[index]
+        return cuda_pointer_of(torch.from_dlpack(obj))[:2] + (obj,)  # type: ignore[index]
     return None
 
 
@@ -135,7 +135,7 @@ def _address_of(arr: Any) -> int:
     return arr.__array_interface__["data"][0]
 
 
-def _pointer_of(obj: Any) -> tuple[int, int, Any]:
+def pointer_of(obj: Any) -> tuple[int, int, Any]:
     """(address, nbytes, owner) of memory that `obj` owns and that stays put
     while `owner` lives; raises InvalidArgument for anything numpy would copy
     (the registration would then point at a temporary freed at once)."""
@@ -253,7 +253,7 @@ class Device(_core.Device):
         ``numpy.asarray(block)``, ``numpy.from_dlpack(block)`` or ``torch.from_dlpack(block)``.
         ``memory="cuda"`` (or ``"cuda:N"``) puts it in GPU memory: ``torch.from_dlpack(block)``
         is then a CUDA tensor with no copy (numpy cannot view it)."""
-        code, bits, fmt = _DTYPES[dtype_name(dtype)]
+        code, bits, fmt = DTYPE_TABLE[dtype_name(dtype)]
         # checks the shape (overflow included)
         return self.alloc_view(shape, code, bits, fmt, alignment, _gpu_of(memory))
 
@@ -263,13 +263,13 @@ class Device(_core.Device):
         keeps it alive. GPU memory is registered by its whole allocation, so the tensors of one
         allocator segment share one registration. Objects with no memory of their own (list,
         tuple, bytes, str) are refused: numpy would register a copy."""
-        gpu = _cuda_pointer_of(array)
+        gpu = cuda_pointer_of(array)
         if gpu is not None:
             ptr, nbytes, owner = gpu
             reg = self.register_memory(ptr, nbytes, True)
             reg._keepalive = owner
             return reg
-        ptr, nbytes, owner = _pointer_of(array)
+        ptr, nbytes, owner = pointer_of(array)
         reg = self.register_memory(ptr, nbytes)
         reg._keepalive = owner  # the memory lives as long as the Registration
         return reg
@@ -292,7 +292,7 @@ class Device(_core.Device):
         in registered memory, published as `name` (see tensorwire.slots).
         ``memory="cuda"``: the buffers are GPU memory and ``recv()`` returns a DLPack
         array on the GPU; the sequence words stay in host memory."""
-        code, bits, _ = _DTYPES[dtype_name(dtype)]
+        code, bits, _ = DTYPE_TABLE[dtype_name(dtype)]
         return _core.StaticSlot(self, name, shape, code, bits, depth, first_seq, _gpu_of(memory))
 
     def dynamic_slot(self, name: str, max_ndim: int = 8, max_nbytes: int = 1 << 32,

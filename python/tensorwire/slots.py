@@ -91,7 +91,7 @@ class _Sender:
         """(address, gpu or -1, owner) of the tensor's bytes, contiguous: for
         path="copy" a non-contiguous tensor is made contiguous first (the core
         copies it at once); path="register" takes only memory that stays put."""
-        from . import Registration, _cuda_pointer_of, _pointer_of
+        from . import Registration, cuda_pointer_of, pointer_of
         if isinstance(tensor, Registration):
             raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
         gpu = _gpu_memory_of(tensor)
@@ -102,7 +102,7 @@ class _Sender:
             torch.cuda.current_stream(tensor.device).synchronize()
             if self.path == "copy":
                 tensor = tensor.contiguous()
-            address, _, owner = _cuda_pointer_of(tensor)  # type: ignore[misc]
+            address, _, owner = cuda_pointer_of(tensor)  # type: ignore[misc]
             return address, int(gpu.split(":")[1]), owner
         if self.path == "copy":
             if hasattr(tensor, "data_ptr"):  # torch
@@ -111,7 +111,7 @@ class _Sender:
             import numpy as np
             arr = np.ascontiguousarray(tensor)
             return arr.__array_interface__["data"][0], -1, arr
-        address, _, owner = _pointer_of(tensor)
+        address, _, owner = pointer_of(tensor)
         return address, -1, owner
 
     def send(self, tensor: Any, timeout: float | None = 10.0):
@@ -120,10 +120,10 @@ class _Sender:
         (None: no bound); past it, Timeout."""
         if isinstance(tensor, _core.Block):
             return self._core.send_block(tensor, timeout)  # the binding checks the timeout
-        from . import _DTYPES
+        from . import DTYPE_TABLE
         timeout = _check_timeout(timeout)
         shape, name = _spec_of(tensor)
-        code, bits, _ = _DTYPES[name]
+        code, bits, _ = DTYPE_TABLE[name]
         if _nbytes_of(tensor) == 0:
             address, gpu, owner = 0, -1, None
         else:

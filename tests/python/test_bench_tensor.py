@@ -113,7 +113,7 @@ def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, ca
             if measured is not None:
                 measured(row)
             progress.step(name)
-    monkeypatch.setattr(bt, "_run_series", series)
+    monkeypatch.setattr(bt, "run_series", series)
     out = tmp_path / "t.json"
     assert cli.main(["bench", "tensor", "--transport", "shm", "--series", "zerocopy,ucx-tag", "--sizes", "1K,2K",
                      "--repeat", "2", "--no-progress", "--json", str(out)]) == 0

@@ -296,11 +296,11 @@ def test_cuda_targets():
     report = Report("tensor", {"transport": "auto", "memory": "cuda", "targets": bt.targets(rows, "auto", "cuda")})
     for r in rows:
         r.update(transport="tcp" if r["series"] == "gloo" else "auto", iters=10, MBps=r["size"] / r["median_us"])
-    bt._speedups(rows)
+    bt.speedups(rows)
     report.rows = rows
     buf = io.StringIO()
     with redirect_stdout(buf):
-        bt._print(report, Namespace(transport="auto", verify=False))
+        bt.print_report(report, Namespace(transport="auto", verify=False))
     text = buf.getvalue()
     assert " 4096       cuda_ipc  auto      10       25.00" in text and "8.00" in text
     assert "MISS zerocopy >= 0.8x cuda_ipc (one-way MB/s)" in text

@@ -133,9 +133,9 @@ def _dlpack_dtype(block) -> tuple[int, int, int, tuple[int, ...], int]:
     return out
 
 
-@pytest.mark.parametrize("dtype", sorted(tw._DTYPES))
+@pytest.mark.parametrize("dtype", sorted(tw.DTYPE_TABLE))
 def test_empty_every_dtype_zero_copy_views(dtype):
-    code, bits, fmt = tw._DTYPES[dtype]
+    code, bits, fmt = tw.DTYPE_TABLE[dtype]
     itemsize = bits // 8
     with tw.Device() as dev:
         blk = dev.empty((3, 5), dtype)

@@ -144,7 +144,7 @@ def test_dead_peer_fails_pending_gpu_transfers():
         assert time.monotonic() - killed < 15.0
 
 
-DTYPES = list(tw._DTYPES)
+DTYPES = list(tw.DTYPE_TABLE)
 
 
 def _random_tensor(shape, dtype: str):

@@ -25,7 +25,7 @@ import tensorwire as tw
 from _peers import slot_tensor
 from conftest import LANE_FORMS, TRANSPORTS, lane_form, start_slot_peer
 
-DTYPES = sorted(tw._DTYPES)
+DTYPES = sorted(tw.DTYPE_TABLE)
 SHAPES = [(), (0,), (3, 0), (7,), (2, 3, 5)]
 DEAD_PEER_ERRORS = (tw.PeerFailed, tw.ConnectionError)
 DETECT_S = 10.0  # a dead peer must fail pending slot work within this
@@ -145,7 +145,7 @@ def test_dynamic_slot_contents_every_dtype_and_shape(peer, client, channel, dtyp
     expect_items(got, expected)
     for item, want in zip(got["items"], expected):
         assert item["block_shape"] == list(want.shape)
-        assert item["format"] == tw._DTYPES[dtype][2]
+        assert item["format"] == tw.DTYPE_TABLE[dtype][2]
     assert got["stats"]["received"] == len(expected) and got["stats"]["rejected"] == 0
     assert got["next_seq"] == 1 + len(expected)
     st = sender.stats()

@@ -94,7 +94,7 @@ def test_plan_validates():
         with pytest.raises(TestbedError):
             Testbed.plan(**bad)
     # a testbed's namespaces are told apart from those of a testbed whose name extends its own
-    assert state._owned_namespaces("a", ["tw-a-h1", "tw-a-sw", "tw-a-b-h1", "tw-a-b-sw", "tw-ab-h1"]) == \
+    assert state.owned_namespaces("a", ["tw-a-h1", "tw-a-sw", "tw-a-b-h1", "tw-a-b-sw", "tw-ab-h1"]) == \
         ["tw-a-h1", "tw-a-sw"]
 
 
@@ -184,12 +184,12 @@ def test_run_interrupted_ends_the_command(tb2):
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 20
-        while not system._ns_pids(tb2.netns("h1")) and time.monotonic() < deadline:
+        while not system.ns_pids(tb2.netns("h1")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert system._ns_pids(tb2.netns("h1")), "the command never started"
+        assert system.ns_pids(tb2.netns("h1")), "the command never started"
         p.send_signal(signal.SIGINT)  # to the CLI only: it must pass the end on
         assert p.wait(20) == 130
-        assert system._ns_pids(tb2.netns("h1")) == []
+        assert system.ns_pids(tb2.netns("h1")) == []
     finally:
         if p.poll() is None:
             p.kill()

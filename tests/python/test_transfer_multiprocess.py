@@ -92,7 +92,7 @@ def test_offsets_and_partial_lengths(server, client, channel):
 def test_typed_tensors_roundtrip(server, client, channel):
     ch = channel
     remote = ch.lookup("region")
-    for i, dtype in enumerate(sorted(tw._DTYPES)):
+    for i, dtype in enumerate(sorted(tw.DTYPE_TABLE)):
         t = client.empty((17, 3), dtype)
         raw = np.asarray(t).reshape(-1).view(np.uint8)
         raw[:] = pattern(raw.size, seed=100 + i)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..collectives import RD_RING_THRESHOLD, CollectiveError, OneSidedCollectives
 from . import _coll_osu as osu
-from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, _Patterns
+from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, Patterns
 from .common import Progress, Report, check_lane_transports, human_size, print_line
 
 FIELD = 18   # OSU's FIELD_WIDTH
@@ -196,7 +196,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     for size in sizes:
         iters, warm = osu_counts(size, args)
         current.update(size=size, warmup=warm)
-        pat = _Patterns(op, rank, n, size, dtype)
+        pat = Patterns(op, rank, n, size, dtype)
         for s in series:
             s.setup(size, pat)
         got = run_size(series, iters, warm, rounds, args.validate, barrier=not seed, kill=kill_at)

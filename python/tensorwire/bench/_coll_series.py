@@ -25,7 +25,7 @@ class Series:
 
     call: Callable[[], Any]  # set by setup()
 
-    def setup(self, size: int, pat: "_Patterns") -> None: ...
+    def setup(self, size: int, pat: "Patterns") -> None: ...
     def sync(self) -> None: ...
     def close(self) -> None: ...
 
@@ -36,7 +36,7 @@ class Series:
         return self.pat.check_a2a(out, i) if self.op == "alltoall" else self.pat.check_ar(out, i)
 
 
-class _Patterns:
+class Patterns:
     """Iteration-dependent inputs and their expected outputs, shared by both series.
 
     alltoall: byte j of the block rank s sends to rank d in iteration i is
@@ -84,7 +84,7 @@ class TensorwireSeries(Series):
         self.algorithm, self.threshold = algorithm, threshold
         self.algo_used = ""
 
-    def setup(self, size: int, pat: _Patterns) -> None:
+    def setup(self, size: int, pat: Patterns) -> None:
         self.size, self.pat = size, pat
         if self.op == "alltoall":
             self.inp = self.eng.a2a_send_view(size)
@@ -112,7 +112,7 @@ class ApiSeries(Series):
     def __init__(self, world: Any, op: str, dtype: np.dtype | None) -> None:
         self.world, self.op, self.dtype = world, op, dtype
 
-    def setup(self, size: int, pat: _Patterns) -> None:
+    def setup(self, size: int, pat: Patterns) -> None:
         self.pat, n = pat, self.world.size
         if self.op == "alltoall":
             self.inp, out = np.zeros((n, size), np.uint8), np.zeros((n, size), np.uint8)
@@ -134,7 +134,7 @@ class MpiSeries(Series):
         self.comm, self.op, self.dtype = comm, op, dtype
         self.algo_used = "Open MPI's choice"
 
-    def setup(self, size: int, pat: _Patterns) -> None:
+    def setup(self, size: int, pat: Patterns) -> None:
         from mpi4py import MPI
         self.pat = pat
         n = self.comm.Get_size()
@@ -179,7 +179,7 @@ class GlooSeries(Series):
         dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store.store), rank=world.rank,
                                 world_size=world.size)
 
-    def setup(self, size: int, pat: _Patterns) -> None:
+    def setup(self, size: int, pat: Patterns) -> None:
         self.pat, n, dist = pat, self.dist.get_world_size(), self.dist
         if self.op == "alltoall":
             self.inp, out = np.zeros((n, size), np.uint8), np.zeros((n, size), np.uint8)

@@ -10,7 +10,7 @@ import os
 import sys
 
 from .. import TRANSPORTS
-from ..torch.runs import MODES, _step_times, device_error, render_result, time_to_target, train_once
+from ..torch.runs import MODES, mean_step_times, device_error, render_result, time_to_target, train_once
 from .args import PLOT_NEEDS, add_progress_switch
 
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
@@ -431,7 +431,7 @@ def run_train(args) -> int:
     out = r.to_dict()
     out.update(model=args.model, batch=args.batch, transport=args.transport if r.mode != "gloo" else "tcp")
     if args.target_loss is not None:
-        hit = time_to_target(r.losses, _step_times(r), args.target_loss)
+        hit = time_to_target(r.losses, mean_step_times(r), args.target_loss)
         out["target_loss"] = args.target_loss
         out["time_to_target_s"] = None if hit is None else hit[1]
         out["steps_to_target"] = None if hit is None else hit[0]

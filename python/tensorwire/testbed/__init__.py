@@ -20,7 +20,7 @@ Topology (``groups=2``; with ``groups=1`` there is one leaf and no inter-switch 
 
 Shaping is egress-only, so each direction of a link is shaped where it leaves a device:
 host -> switch on the host's ``eth0``; switch -> host on the switch port ``h<i>``; group 1 -> 2
-on ``isl1`` and group 2 -> 1 on ``isl2``. See ``shaping._shaping_commands`` for the qdisc and
+on ``isl1`` and group 2 -> 1 on ``isl2``. See ``shaping.shaping_commands`` for the qdisc and
 its sizes.
 
 State: ``/run/tensorwire/testbed-<name>.json`` (``/run`` is a tmpfs: a reboot forgets the

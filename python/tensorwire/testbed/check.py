@@ -149,8 +149,8 @@ def _drops(tb: Testbed) -> int:
 
 
 def _tc() -> str:
-    from .system import _which
-    return _which("tc") or "tc"
+    from .system import find_tool
+    return find_tool("tc") or "tc"
 
 
 def _bytes_at(samples: list[list[float]], t: float) -> float:

@@ -145,8 +145,8 @@ def _guard(fn):
 @_guard
 def _up(args: argparse.Namespace) -> int:
     from . import QUEUE_MS, Testbed
-    from .system import _check_root
-    _check_root()
+    from .system import check_root
+    check_root()
     tb = Testbed.up(hosts=args.num_hosts, groups=args.groups, host_rate=args.host_rate, isl_rate=args.isl_rate,
                     delay=args.delay, name=args.name, force=args.force, isl_shared=args.isl_shared,
                     queue_ms=args.queue if args.queue is not None else QUEUE_MS)
@@ -157,8 +157,8 @@ def _up(args: argparse.Namespace) -> int:
 @_guard
 def _down(args: argparse.Namespace) -> int:
     from . import default_name, down, list_testbeds
-    from .system import _check_root
-    _check_root()
+    from .system import check_root
+    check_root()
     names = list_testbeds() if args.all else [args.name or default_name()]
     if args.all and not names:
         print("no testbeds")
@@ -175,8 +175,8 @@ def _status(args: argparse.Namespace) -> int:
     import json
     import os
     from . import Testbed, default_name, list_testbeds
-    from .system import _check_root
-    _check_root()
+    from .system import check_root
+    check_root()
     if args.name is None and not os.environ.get("TENSORWIRE_TESTBED"):
         names = list_testbeds()
         if default_name() not in names:
@@ -191,8 +191,8 @@ def _status(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     import signal
     from . import Testbed, TestbedError
-    from .system import _check_root
-    _check_root()
+    from .system import check_root
+    check_root()
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
@@ -244,9 +244,9 @@ def _end(p, grace: float = 3.0) -> None:
 @_guard
 def _check(args: argparse.Namespace) -> int:
     from . import Testbed, format_rate
-    from .system import _check_root
+    from .system import check_root
     from .check import HEADER, run_checks
-    _check_root()
+    check_root()
     tb = Testbed.load(args.name)
     c = tb.config
     print(f"testbed {tb.name}: {c.hosts} hosts, {c.groups} group(s), host link {format_rate(c.host_rate)}"

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from .errors import TestbedError
-from .system import _cmd
+from .system import run_cmd
 
 # tbf sizing (see _tbf): the bucket holds at least this much, whatever the rate.
 MIN_BURST_B = 128 * 1024
@@ -31,7 +31,7 @@ def _tbf(rate_bps: int, queue_ms: float) -> tuple[int, int]:
     return burst, limit
 
 
-def _shaping_commands(dev: str, rate_bps: int | None, queue_ms: float,
+def shaping_commands(dev: str, rate_bps: int | None, queue_ms: float,
                       delay_ms: float | None) -> tuple[list[str], dict[str, Any] | None]:
     """tc batch lines that shape the egress of dev, and the tbf parameters (None if unshaped).
 
@@ -55,12 +55,12 @@ def _shaping_commands(dev: str, rate_bps: int | None, queue_ms: float,
     return lines, {"qdisc": "tbf", "rate": rate_bps, "burst": burst, "limit": limit}
 
 
-def _require_qdisc(kind: str, why: str) -> None:
+def require_qdisc(kind: str, why: str) -> None:
     probe = f"tw-probe-{os.getpid()}-q"
     try:
-        _cmd(["ip", "netns", "add", probe])
-        r = _cmd(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", kind], check=False)
+        run_cmd(["ip", "netns", "add", probe])
+        r = run_cmd(["tc", "-n", probe, "qdisc", "add", "dev", "lo", "root", kind], check=False)
         if r.returncode != 0:
             raise TestbedError(f"{why}; this kernel has no '{kind}' qdisc ({r.stderr.strip()})")
     finally:
-        _cmd(["ip", "netns", "del", probe], check=False)
+        run_cmd(["ip", "netns", "del", probe], check=False)

@@ -12,7 +12,7 @@ class _Interrupted(KeyboardInterrupt):
     """SIGTERM/SIGHUP during `up`: handled like Ctrl-C, so the partial testbed is removed."""
 
 
-class _signals_as_interrupt:
+class signals_as_interrupt:
     """Within the block, SIGTERM and SIGHUP raise _Interrupted (main thread only; elsewhere the
     caller's handlers stay)."""
 
@@ -34,7 +34,7 @@ class _signals_as_interrupt:
             signal.signal(s, h)
 
 
-class _signals_ignored:
+class signals_ignored:
     """Cleanup must finish: a second Ctrl-C or SIGTERM while it runs is ignored (main thread)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

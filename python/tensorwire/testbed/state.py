@@ -19,18 +19,18 @@ def default_name() -> str:
     return os.environ.get("TENSORWIRE_TESTBED") or DEFAULT_NAME
 
 
-def _state_path(name: str) -> str:
+def state_path(name: str) -> str:
     return os.path.join(STATE_DIR, f"testbed-{name}.json")
 
 
-def _validate_name(name: str) -> str:
+def validate_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
         raise TestbedError(f"bad testbed name {name!r}: 1-32 characters of a-z, 0-9, '-' and '_', "
                            "starting with a letter or digit")
     return name
 
 
-def _owned_namespaces(name: str, present: Sequence[str]) -> list[str]:
+def owned_namespaces(name: str, present: Sequence[str]) -> list[str]:
     """The namespaces of testbed `name` among `present` (exact scheme, so 'a' never takes 'a-b''s)."""
     pat = re.compile(rf"^tw-{re.escape(name)}-(sw|h[0-9]+)$")
     return [ns for ns in present if pat.match(ns)]

@@ -17,12 +17,12 @@ CMD_TIMEOUT_S = 30.0        # any single ip/tc call
 # environment checks
 
 
-def _which(tool: str) -> str | None:
+def find_tool(tool: str) -> str | None:
     return shutil.which(tool) or next(
         (p for p in (f"/usr/sbin/{tool}", f"/sbin/{tool}", f"/usr/bin/{tool}") if os.access(p, os.X_OK)), None)
 
 
-def _check_root() -> None:
+def check_root() -> None:
     if os.geteuid() != 0:
         raise NotRoot("the testbed needs root: it creates network namespaces, veths, bridges and tc "
                       "qdiscs (run it with sudo, or as root in a container with CAP_NET_ADMIN and "
@@ -42,27 +42,27 @@ def available(refresh: bool = False) -> tuple[bool, str]:
     if _available_cache is not None and not refresh:
         return _available_cache
     try:
-        _check_root()
+        check_root()
     except NotRoot as e:
         return False, str(e)
     for tool in ("ip", "tc"):
-        if _which(tool) is None:
+        if find_tool(tool) is None:
             return False, f"'{tool}' (iproute2) is not installed"
     probe = f"tw-probe-{os.getpid()}"
     try:
-        r = subprocess.run([_which("ip"), "netns", "add", probe], capture_output=True, text=True,
+        r = subprocess.run([find_tool("ip"), "netns", "add", probe], capture_output=True, text=True,
                            timeout=CMD_TIMEOUT_S)
         if r.returncode != 0:
             result = (False, f"'ip netns add' fails here: {r.stderr.strip() or r.returncode}")
         else:
-            r = subprocess.run([_which("ip"), "-n", probe, "link", "add", "p0", "type", "veth", "peer",
+            r = subprocess.run([find_tool("ip"), "-n", probe, "link", "add", "p0", "type", "veth", "peer",
                                 "name", "p1"], capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
             result = (True, "") if r.returncode == 0 else (
                 False, f"veth links cannot be created in a namespace: {r.stderr.strip()}")
     except (OSError, subprocess.TimeoutExpired) as e:
         result = (False, f"'ip netns' unusable: {e}")
     finally:
-        subprocess.run([_which("ip") or "ip", "netns", "del", probe], capture_output=True, timeout=CMD_TIMEOUT_S)
+        subprocess.run([find_tool("ip") or "ip", "netns", "del", probe], capture_output=True, timeout=CMD_TIMEOUT_S)
     _available_cache = result
     return result
 
@@ -71,11 +71,11 @@ def available(refresh: bool = False) -> tuple[bool, str]:
 # command helpers
 
 
-def _cmd(argv: Sequence[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def run_cmd(argv: Sequence[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """Runs an ip/tc command; a failure raises TestbedError with the command and its stderr."""
     argv = list(argv)
     if argv[0] in ("ip", "tc"):
-        argv[0] = _which(argv[0]) or argv[0]
+        argv[0] = find_tool(argv[0]) or argv[0]
     try:
         r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -90,17 +90,17 @@ def _cmd(argv: Sequence[str], stdin: str | None = None, check: bool = True) -> s
     return r
 
 
-def _batch(tool: str, ns: str, lines: Sequence[str]) -> None:
+def run_batch(tool: str, ns: str, lines: Sequence[str]) -> None:
     """Runs many ip/tc commands in namespace ns in one process (-batch; stops at the first error)."""
     if lines:
-        _cmd([tool, "-n", ns, "-batch", "-"], stdin="".join(line + "\n" for line in lines))
+        run_cmd([tool, "-n", ns, "-batch", "-"], stdin="".join(line + "\n" for line in lines))
 
 
 def list_netns() -> list[str]:
-    r = _cmd(["ip", "netns", "list"], check=False)
+    r = run_cmd(["ip", "netns", "list"], check=False)
     return [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
 
 
-def _ns_pids(ns: str) -> list[int]:
-    r = _cmd(["ip", "netns", "pids", ns], check=False)
+def ns_pids(ns: str) -> list[int]:
+    r = run_cmd(["ip", "netns", "pids", ns], check=False)
     return [int(p) for p in r.stdout.split() if p.isdigit()]

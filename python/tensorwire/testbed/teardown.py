@@ -10,8 +10,8 @@ import time
 from typing import Sequence
 
 from .errors import TestbedError
-from .state import _owned_namespaces, _state_path, _validate_name, default_name
-from .system import _check_root, _cmd, _ns_pids, list_netns
+from .state import owned_namespaces, state_path, validate_name, default_name
+from .system import check_root, run_cmd, ns_pids, list_netns
 
 KILL_GRACE_S = 3.0          # down: SIGTERM, then SIGKILL, for processes left in the namespaces
 
@@ -22,9 +22,9 @@ def down(name: str | None = None) -> bool:
 
     Returns False (and does nothing) when there is no such testbed: calling it twice is fine.
     """
-    _check_root()
-    name = _validate_name(name or default_name())
-    path = _state_path(name)
+    check_root()
+    name = validate_name(name or default_name())
+    path = state_path(name)
     namespaces: list[str] = []
     try:
         with open(path) as f:
@@ -35,12 +35,12 @@ def down(name: str | None = None) -> bool:
     except (ValueError, KeyError, TypeError):
         pass  # a torn state file: the naming scheme below still finds everything
     present = list_netns()
-    namespaces = [ns for ns in dict.fromkeys(namespaces + _owned_namespaces(name, present)) if ns in present]
+    namespaces = [ns for ns in dict.fromkeys(namespaces + owned_namespaces(name, present)) if ns in present]
     found = bool(namespaces) or os.path.exists(path)
     _end_processes(namespaces)
     errors = []
     for ns in namespaces:
-        r = _cmd(["ip", "netns", "del", ns], check=False)
+        r = run_cmd(["ip", "netns", "del", ns], check=False)
         if r.returncode != 0 and ns in list_netns():
             errors.append(f"{ns}: {r.stderr.strip()}")
     try:
@@ -58,7 +58,7 @@ def _end_processes(namespaces: Sequence[str]) -> None:
     A namespace whose name is deleted lives on (with its links) while a process is inside it.
     """
     me = os.getpid()
-    pids = {p for ns in namespaces for p in _ns_pids(ns) if p != me}
+    pids = {p for ns in namespaces for p in ns_pids(ns) if p != me}
     if not pids:
         return
     for sig in (signal.SIGTERM, signal.SIGKILL):

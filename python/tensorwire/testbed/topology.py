@@ -13,10 +13,10 @@ from typing import Any, Mapping, Sequence
 
 from .errors import TestbedError
 from .rates import format_rate, parse_rate
-from .shaping import QUEUE_MS, _require_qdisc, _shaping_commands
-from .signals import _signals_as_interrupt, _signals_ignored
-from .state import STATE_DIR, _owned_namespaces, _state_path, _validate_name, default_name
-from .system import _batch, _check_root, _cmd, _which, list_netns
+from .shaping import QUEUE_MS, require_qdisc, shaping_commands
+from .signals import signals_as_interrupt, signals_ignored
+from .state import STATE_DIR, owned_namespaces, state_path, validate_name, default_name
+from .system import run_batch, check_root, run_cmd, find_tool, list_netns
 from .teardown import down
 
 SUBNET = "10.77.0"          # hosts get SUBNET.<i>/24, i = 1..N; only inside the testbed's namespaces
@@ -101,7 +101,7 @@ class Testbed:
 
     def exec_prefix(self, host: str) -> list[str]:
         """argv prefix that runs a command inside `host`: ['ip', 'netns', 'exec', <netns>]."""
-        return [_which("ip") or "ip", "netns", "exec", self._host(host).netns]
+        return [find_tool("ip") or "ip", "netns", "exec", self._host(host).netns]
 
     def host_env(self, host: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment for a command in `host`: `env` (default os.environ) plus TENSORWIRE_TESTBED,
@@ -158,7 +158,7 @@ class Testbed:
 
     def _write_state(self, exclusive: bool = False) -> None:
         os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
-        path = _state_path(self.name)
+        path = state_path(self.name)
         text = json.dumps(self.to_json(), indent=1) + "\n"
         if exclusive:  # O_EXCL: a second concurrent `up` of the same name fails here
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -172,13 +172,13 @@ class Testbed:
 
     @classmethod
     def exists(cls, name: str) -> bool:
-        return os.path.exists(_state_path(name)) or bool(_owned_namespaces(name, list_netns()))
+        return os.path.exists(state_path(name)) or bool(owned_namespaces(name, list_netns()))
 
     @classmethod
     def load(cls, name: str | None = None) -> "Testbed":
         """The running testbed `name` (default: default_name()); TestbedError if there is none."""
-        name = _validate_name(name or default_name())
-        path = _state_path(name)
+        name = validate_name(name or default_name())
+        path = state_path(name)
         try:
             with open(path) as f:
                 tb = cls.from_json(json.load(f))
@@ -205,7 +205,7 @@ class Testbed:
              isl_rate: str | int | None = None, delay: float | None = None, name: str | None = None,
              queue_ms: float = QUEUE_MS, isl_shared: bool = False) -> "Testbed":
         """The testbed `up` would build, without building it (validates the arguments)."""
-        name = _validate_name(name or default_name())
+        name = validate_name(name or default_name())
         if not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
             raise TestbedError(f"hosts must be 1..{MAX_HOSTS}, got {hosts!r}")
         if groups not in (1, 2):
@@ -253,14 +253,14 @@ class Testbed:
         Any failure, KeyboardInterrupt or SIGTERM during the build removes what was made, then
         raises.
         """
-        _check_root()
+        check_root()
         tb = cls.plan(hosts, groups, host_rate, isl_rate, delay, name, queue_ms, isl_shared)
         if cls.exists(tb.name):
             if not force:
                 raise TestbedError(f"testbed {tb.name!r} exists already; use it, remove it with "
                                    f"'tensorwire testbed down --name {tb.name}', or recreate it with --force")
             down(tb.name)
-        with _signals_as_interrupt():
+        with signals_as_interrupt():
             try:
                 tb._write_state(exclusive=True)
             except FileExistsError:
@@ -270,7 +270,7 @@ class Testbed:
                 tb.status = "up"
                 tb._write_state()
             except BaseException:
-                with _signals_ignored():
+                with signals_ignored():
                     try:
                         down(tb.name)
                     except Exception as cleanup_error:  # noqa: BLE001 - report, keep the first error
@@ -283,7 +283,7 @@ class Testbed:
     def _build(self) -> None:
         c = self.config
         if c.delay_ms:
-            _require_qdisc("netem", "delay needs the sch_netem kernel module")
+            require_qdisc("netem", "delay needs the sch_netem kernel module")
         self._make_switch()
         for h in self.hosts:
             self._make_host(h)
@@ -292,7 +292,7 @@ class Testbed:
 
     def _make_switch(self) -> None:
         sw = self.switch_netns
-        _cmd(["ip", "netns", "add", sw])
+        run_cmd(["ip", "netns", "add", sw])
         leaves = [f"leaf{g}" for g in range(1, self.config.groups + 1)]
         lines = ["link set lo up"]
         for leaf in leaves:
@@ -302,25 +302,25 @@ class Testbed:
         if self.config.groups == 2:
             lines += [f"link add isl1 mtu {self.config.mtu} type veth peer name isl2 mtu {self.config.mtu}",
                       "link set isl1 master leaf1 up", "link set isl2 master leaf2 up"]
-        _batch("ip", sw, lines)
+        run_batch("ip", sw, lines)
         # With br_netfilter loaded, bridged IPv4 would also run through this namespace's (empty)
         # iptables hooks: skip that work. Per-namespace since Linux 5.3; best effort.
         for key in ("bridge-nf-call-iptables", "bridge-nf-call-ip6tables", "bridge-nf-call-arptables"):
-            _cmd(["ip", "netns", "exec", sw, "sh", "-c", f"echo 0 > /proc/sys/net/bridge/{key}"], check=False)
+            run_cmd(["ip", "netns", "exec", sw, "sh", "-c", f"echo 0 > /proc/sys/net/bridge/{key}"], check=False)
 
     def _make_host(self, host: str) -> None:
         i = self.host_info[host]
-        _cmd(["ip", "netns", "add", i.netns])
+        run_cmd(["ip", "netns", "add", i.netns])
         # the pair is made inside the switch namespace with its other end moved straight into the
         # host's: neither end ever exists in the root namespace
-        _cmd(["ip", "-n", self.switch_netns, "link", "add", i.port, "mtu", str(self.config.mtu), "type", "veth",
+        run_cmd(["ip", "-n", self.switch_netns, "link", "add", i.port, "mtu", str(self.config.mtu), "type", "veth",
               "peer", "name", HOST_IFACE, "mtu", str(self.config.mtu), "netns", i.netns])
-        _batch("ip", i.netns, ["link set lo up",  # UCX and anything bound to 127.0.0.1 need it
+        run_batch("ip", i.netns, ["link set lo up",  # UCX and anything bound to 127.0.0.1 need it
                                f"addr add {i.address}/{PREFIX_LEN} dev {HOST_IFACE}",
                                f"link set {HOST_IFACE} up"])
 
     def _attach_ports(self) -> None:
-        _batch("ip", self.switch_netns,
+        run_batch("ip", self.switch_netns,
                [f"link set {self.host_info[h].port} master leaf{self.host_info[h].group} up" for h in self.hosts])
 
     def _shape(self) -> None:
@@ -330,32 +330,32 @@ class Testbed:
         for h in self.hosts:
             i = self.host_info[h]
             if c.host_rate is not None or c.delay_ms:
-                host_lines, q = _shaping_commands(HOST_IFACE, c.host_rate, c.queue_ms, c.delay_ms)
-                _batch("tc", i.netns, host_lines)
+                host_lines, q = shaping_commands(HOST_IFACE, c.host_rate, c.queue_ms, c.delay_ms)
+                run_batch("tc", i.netns, host_lines)
                 if q:
                     self.qdiscs.append({"netns": i.netns, "dev": HOST_IFACE, "link": f"{h} up", **q})
             if c.host_rate is not None:
-                lines, q = _shaping_commands(i.port, c.host_rate, c.queue_ms, None)
+                lines, q = shaping_commands(i.port, c.host_rate, c.queue_ms, None)
                 sw_lines += lines
                 self.qdiscs.append({"netns": self.switch_netns, "dev": i.port, "link": f"{h} down", **q})
         if c.groups == 2 and c.isl_rate is not None and not c.isl_shared:
             for dev, link in (("isl1", "isl 1->2"), ("isl2", "isl 2->1")):
-                lines, q = _shaping_commands(dev, c.isl_rate, c.queue_ms, None)
+                lines, q = shaping_commands(dev, c.isl_rate, c.queue_ms, None)
                 sw_lines += lines
                 self.qdiscs.append({"netns": self.switch_netns, "dev": dev, "link": link, **q})
         elif c.groups == 2 and c.isl_rate is not None:
             # One bucket for both directions: what arrives at either end of the ISL (isl2 receives
             # group 1's traffic, isl1 group 2's) is redirected into one ifb device whose tbf paces
             # it; ifb then hands each packet back to the receive path of the port it came in on.
-            _batch("ip", self.switch_netns, ["link add islq type ifb", "link set islq up"])
+            run_batch("ip", self.switch_netns, ["link add islq type ifb", "link set islq up"])
             for dev in ("isl1", "isl2"):
                 sw_lines += [f"qdisc add dev {dev} handle ffff: ingress",
                              f"filter add dev {dev} parent ffff: protocol all u32 match u32 0 0 "
                              "action mirred egress redirect dev islq"]
-            lines, q = _shaping_commands("islq", c.isl_rate, c.queue_ms, None)
+            lines, q = shaping_commands("islq", c.isl_rate, c.queue_ms, None)
             sw_lines += lines
             self.qdiscs.append({"netns": self.switch_netns, "dev": "islq", "link": "isl both ways", **q})
-        _batch("tc", self.switch_netns, sw_lines)
+        run_batch("tc", self.switch_netns, sw_lines)
 
     # -- removal ------------------------------------------------------------------------------
 

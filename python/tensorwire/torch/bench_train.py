@@ -16,7 +16,7 @@ import time
 
 from ..bench.common import print_line
 from .runs import MODES, train_once
-from .table2 import PAPER_TABLE2, PAPER_TABLE2_SOURCE, _ratio, _table2_pairs
+from .table2 import PAPER_TABLE2, PAPER_TABLE2_SOURCE, safe_ratio, table2_pairs
 
 # The issue's targets (zerocopy samples/s over the others, communication-bound models at small batch)
 TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
@@ -94,7 +94,7 @@ def _local_child(conn, threads, seed, lr, image_size, seq_len, steps, warmup, mo
 def _local_step(args, model: str, batch: int) -> float:
     import torch
     from . import data, models
-    from .ps.launch import _to
+    from .ps.common import to_device
     from .ps.memory import Memory
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -106,7 +106,7 @@ def _local_step(args, model: str, batch: int) -> float:
     fn = data.Synthetic(model, batch, args.seed, size, args.seq_len)
     times = []
     for step in range(args.steps):
-        x, y = _to(fn(0, step), mem.device)
+        x, y = to_device(fn(0, step), mem.device)
         t0 = time.perf_counter()
         opt.zero_grad()  # PyTorch's default (set_to_none): autograd's fresh gradients
         torch.nn.functional.cross_entropy(m(x), y).backward()
@@ -265,7 +265,7 @@ def _fig8_row(out: dict, args, model: str, batch: int, modes: list[str]) -> tupl
         zc = rows["zerocopy"]["samples_per_s"]
         for m in modes:
             if m != "zerocopy":
-                ratio = _ratio(zc, rows[m]["samples_per_s"]) if m in rows else float("nan")
+                ratio = safe_ratio(zc, rows[m]["samples_per_s"]) if m in rows else float("nan")
                 line += f"{ratio:>9.2f}x"
                 target = TARGETS.get(args.transport, {}).get(m)
                 if target is not None and batch == min(args.batches):
@@ -366,8 +366,8 @@ def render_table2(out: dict, args) -> str:
              f"{args.workers} servers, batch {args.table2_batch}/worker, transport {args.transport}",
              f"{'model':<11}{'GDR off':>9}{'GDR on':>9}{'off/on':>8}{'improv.':>9}   |{'paper: RDMA':>12}"
              f"{'RDMA+GDR':>10}{'improv.':>9}"]
-    for model, off, on in _table2_pairs(out):
-        r = _ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan")))
+    for model, off, on in table2_pairs(out):
+        r = safe_ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan")))
         p = PAPER_TABLE2.get(model)
         paper = f"{p[0]:>12.1f}{p[1]:>10.1f}{p[2]:>8g}%" if p else f"{'-':>12}{'-':>10}{'-':>9}"
         lines.append(f"{model:<11}{off.get('step_ms', float('nan')):>9.1f}{on.get('step_ms', float('nan')):>9.1f}"

@@ -235,7 +235,7 @@ def aggregate_s(shapes: list[tuple[int, ...]], workers: int, reps: int = 6) -> f
     torch.optim.SGD step."""
     import torch
     from . import ps
-    from .ps.common import _mean_into
+    from .ps.common import mean_into
     torch.set_num_threads(1)
     if not shapes:
         return 0.0
@@ -248,7 +248,7 @@ def aggregate_s(shapes: list[tuple[int, ...]], workers: int, reps: int = 6) -> f
         for i, m in enumerate(master):
             m.grad = grads[0][i]
             for w in range(1, workers):
-                _mean_into(m.grad, grads[w][i], w)
+                mean_into(m.grad, grads[w][i], w)
         opt.step()
         ts.append(time.perf_counter() - t0)
     return min(ts[1:])

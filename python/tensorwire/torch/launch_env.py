@@ -16,8 +16,8 @@ from ..rendezvous import torchrun_store
 def run_role(args, rank: int, world: int) -> int:
     import torch
     from . import models, ps
-    from .runs import _data_fn, _gdr, _opt_kwargs
-    from .ps.launch import _worker_loop, abort_setup, publish_server, server_addresses
+    from .runs import data_fn_of, gdr_of, opt_kwargs
+    from .ps.launch import worker_loop, abort_setup, publish_server, server_addresses
     S, W = args.servers, args.workers
     if world != S + W:
         print(f"tensorwire train: WORLD_SIZE is {world}, but --servers {S} + --workers {W} = {S + W}",
@@ -26,16 +26,16 @@ def run_role(args, rank: int, world: int) -> int:
     torch.set_num_threads(args.threads)
     role, r = ("server", rank) if rank < S else ("worker", rank - S)
     info = models.get(args.model)
-    dev, gdr = getattr(args, "device", "cpu"), _gdr(getattr(args, "gdr", None))
+    dev, gdr = getattr(args, "device", "cpu"), gdr_of(getattr(args, "gdr", None))
     if dev != "cpu" and not args.image_size:  # as train_once: the paper's input size on a GPU
         args.image_size = info.image_size
-    data_fn = _data_fn(args)
+    data_fn = data_fn_of(args)
     if args.mode == "gloo":
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         port = int(os.environ.get("MASTER_PORT", "29500"))
         init = "env://" if "MASTER_ADDR" in os.environ and "RANK" in os.environ else f"tcp://{host}:{port}"
         if role == "server":
-            srv = ps.GlooServer(r, S, W, init, args.optimizer, args.timeout, args.placement, **_opt_kwargs(args))
+            srv = ps.GlooServer(r, S, W, init, args.optimizer, args.timeout, args.placement, **opt_kwargs(args))
             stats = srv.run(args.steps)
             print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
             return 0
@@ -48,7 +48,7 @@ def run_role(args, rank: int, world: int) -> int:
             try:
                 srv = ps.Server(r, S, W, args.optimizer, args.mode, args.transport,
                                 host=_my_host(), timeout=args.timeout, placement=args.placement,
-                                compute=dev, gdr=gdr, **_opt_kwargs(args))
+                                compute=dev, gdr=gdr, **opt_kwargs(args))
             except BaseException as e:
                 abort_setup(store, f"server {r}: {type(e).__name__}: {e}")
                 raise
@@ -62,10 +62,10 @@ def run_role(args, rank: int, world: int) -> int:
         worker = ps.Worker(model, addresses, r, W, args.mode, args.transport, host=_my_host(),
                            timeout=args.timeout, placement=args.placement, compute=dev, gdr=gdr)
     cfg = ps.TrainConfig(info.factory, data_fn, None, W, S, args.steps, args.mode, args.transport,
-                         args.optimizer, _opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
+                         args.optimizer, opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
                          progress=bool(args.progress) and r == 0, device=dev, gdr=gdr)
     try:
-        result = _worker_loop(cfg, r, worker, model)
+        result = worker_loop(cfg, r, worker, model)
     finally:
         worker.close()
     st = result["stats"]["mean"]

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any, Callable
 
-from .runs import MODES, _fmt_bytes
+from .runs import MODES, fmt_bytes
 
 
 def _figure(panels: int, width: float = 5.0, height: float = 3.8):
@@ -116,13 +116,13 @@ def _convergence(ax, out: dict, args) -> None:
 
 
 def _table2(ax, out: dict, args) -> None:
-    from .table2 import PAPER_TABLE2, _ratio, _table2_pairs
-    pairs = _table2_pairs(out)
+    from .table2 import PAPER_TABLE2, safe_ratio, table2_pairs
+    pairs = table2_pairs(out)
     _bars(ax, [p[0] for p in pairs], [(label, [p[key].get("step_ms", 0) for p in pairs])
                                       for label, key in (("GDR off (staged via host)", 1), ("GDR on", 2))])
     for j, (model, off, on) in enumerate(pairs):
         paper = PAPER_TABLE2.get(model)
-        gain = (_ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan"))) - 1) * 100
+        gain = (safe_ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan"))) - 1) * 100
         ax.annotate(f"{gain:+.0f}%" + (f"\n(paper {paper[2]:g}%)" if paper else ""),
                     (j + 0.2, max(off.get("step_ms", 0), on.get("step_ms", 0))), ha="center", va="bottom",
                     fontsize=8)
@@ -163,7 +163,7 @@ def plot_partition(out: dict, path: str) -> None:
         ax.bar(labels, ms, bottom=bottom, label=label)
         bottom = [b + m for b, m in zip(bottom, ms)]
     for i, st in enumerate(stats):
-        ax.annotate(f"{_fmt_bytes(st['bytes_sent'])} sent\n{st['sends_zero_copy']} zero-copy, "
+        ax.annotate(f"{fmt_bytes(st['bytes_sent'])} sent\n{st['sends_zero_copy']} zero-copy, "
                     f"{st['sends_copied']} copied", (i, bottom[i]), ha="center", va="bottom", fontsize=7)
     ax.set_ylabel("ms per step (mean)")
     ax.set_title(f"{out['model']}: {out['stages']} stages over {out['transport']}")

@@ -9,7 +9,7 @@ import argparse
 MODES = ("zerocopy", "copy", "gloo")
 
 
-def _data_fn(args):
+def data_fn_of(args):
     from . import data
     if args.data == "digits":
         if args.model != "mlp":
@@ -32,11 +32,11 @@ def device_error(args, prog: str) -> str | None:
     return None
 
 
-def _gdr(text: str | None) -> bool | None:
+def gdr_of(text: str | None) -> bool | None:
     return None if text is None else text == "on"
 
 
-def _opt_kwargs(args) -> dict:
+def opt_kwargs(args) -> dict:
     kw = {"lr": args.lr}
     if args.optimizer in ("sgd", "rmsprop") and args.momentum:
         kw["momentum"] = args.momentum
@@ -60,14 +60,14 @@ def train_once(args, model: str | None = None, batch: int | None = None, mode: s
     if dev != "cpu" and not a.image_size:  # a GPU affords the paper's input size
         a.image_size = info.image_size
     loss_fn = None
-    return ps.train(info.factory, _data_fn(a), workers=a.workers, servers=a.servers, steps=a.steps,
+    return ps.train(info.factory, data_fn_of(a), workers=a.workers, servers=a.servers, steps=a.steps,
                     mode=a.mode, transport=a.transport, optimizer=a.optimizer, loss_fn=loss_fn, seed=a.seed,
                     warmup=a.warmup, timeout=a.timeout, threads=a.threads, progress=progress,
                     placement=a.placement, colocate=getattr(a, "colocate", False), device=dev,
-                    gdr=_gdr(getattr(a, "gdr", None)), **_opt_kwargs(a))
+                    gdr=gdr_of(getattr(a, "gdr", None)), **opt_kwargs(a))
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -99,12 +99,12 @@ def render_result(r, args) -> str:
         f"pull {ms['pull']:.2f} | step {ms['step']:.2f}",
         f"servers (ms)     wait for grads {ms['server_wait']:.2f} | sum {ms['server_sum']:.2f} | "
         f"optimizer {ms['server_optimizer']:.2f} | send params {ms['server_pull']:.2f}",
-        f"bytes per step   copied {_fmt_bytes(r.bytes_copied_per_step)} | sent {_fmt_bytes(r.bytes_sent_per_step)}"
-        + (f" | staged GPU<->host {_fmt_bytes(r.bytes_staged_per_step)}" if r.bytes_staged_per_step else ""),
+        f"bytes per step   copied {fmt_bytes(r.bytes_copied_per_step)} | sent {fmt_bytes(r.bytes_sent_per_step)}"
+        + (f" | staged GPU<->host {fmt_bytes(r.bytes_staged_per_step)}" if r.bytes_staged_per_step else ""),
         f"loss             first {r.losses[0]:.4f}  last {r.losses[-1]:.4f}  (mean over the workers)",
     ]
     return "\n".join(lines)
 
 
-def _step_times(r) -> list[float]:
+def mean_step_times(r) -> list[float]:
     return [sum(st) / len(st) for st in zip(*(ro["step_times"] for ro in r.roles if ro.get("role") == "worker"))]

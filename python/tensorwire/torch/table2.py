@@ -14,7 +14,7 @@ PAPER_TABLE2_SOURCE = ('"RPC Considered Harmful: Fast Distributed Deep Learning 
                        '"GPUDirect Support", Table 2 (8 workers)')
 
 
-def _table2_pairs(out: dict) -> list[tuple[str, dict, dict]]:
+def table2_pairs(out: dict) -> list[tuple[str, dict, dict]]:
     rows = out.get("table2") or []
     pairs = []
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -24,5 +24,5 @@ def _table2_pairs(out: dict) -> list[tuple[str, dict, dict]]:
     return pairs
 
 
-def _ratio(a: float, b: float) -> float:
+def safe_ratio(a: float, b: float) -> float:
     return a / b if b and not math.isnan(a) and not math.isnan(b) else float("nan")

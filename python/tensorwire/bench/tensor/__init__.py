@@ -84,9 +84,9 @@ from .base import (DEFAULT_SIZES, DTYPE, HOST, ITEM, START_TIMEOUT_S, STREAM_FRO
 from .cuda import CudaDynamic, CudaGloo, CudaIpc, CudaZeroCopy, Staged, cuda_unavailable
 from .gloo import Gloo
 from .grpc_call import GRPC_METHOD, GRPC_OPTIONS, Grpc
-from .harness import CHILD_ENV, _first_line, _run_series, _spin_us, memcpy_bandwidth, warmup_for
+from .harness import CHILD_ENV, first_line, run_series, bench_spin_us, memcpy_bandwidth, warmup_for
 from .registry import CUDA_SERIES, SERIES, SERIES_ORDER, select_series, series_class, series_order
-from .report import (CUDA_TARGETS, TARGETS, _expectations, _print, _speedups, best_of, open_table, plot, print_tail,
+from .report import (CUDA_TARGETS, TARGETS, expectations, print_report, speedups, best_of, open_table, plot, print_tail,
                      row_line, table_order, targets)
 from .slots import Copy, Dynamic, StaticSeries, ZeroCopy
 from .tcp_socket import Socket
@@ -117,7 +117,7 @@ def run_tensor(args) -> Report:
     names = select_series(args.series, memory)
     cfg = {"transport": args.transport, "timeout": float(args.timeout), "max_size": max(sizes),
            "progress": getattr(args, "progress_mode", "inline"), "memory": memory,
-           "spin_us": _spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us)}
+           "spin_us": bench_spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us)}
     method = ("median over iterations of t(send) -> t(ack after the receiver's max-reduction), best of "
               "--repeat passes; see tensorwire.bench.tensor")
     if memory == "cuda":
@@ -151,7 +151,7 @@ def run_tensor(args) -> Report:
     def print_cell(measured: dict[str, Any]) -> None:
         key = (measured["series"], measured["size"])
         rows = best_of(runs)
-        _speedups(rows)
+        speedups(rows)
         table.line(row_line(next(r for r in rows if (r["series"], r["size"]) == key), memory == "cuda"))
         printed.add(key)
 
@@ -162,18 +162,18 @@ def run_tensor(args) -> Report:
         for name in list(runnable):
             before = progress.done
             try:
-                _run_series(name, cfg, args, progress, runs, report, print_cell if last else None)
+                run_series(name, cfg, args, progress, runs, report, print_cell if last else None)
             except Exception as e:  # one broken series must not take the others down
-                report.fail(f"{name}: {type(e).__name__}: {_first_line(e)}")
+                report.fail(f"{name}: {type(e).__name__}: {first_line(e)}")
                 print_line(f"tensorwire bench tensor: {name} failed: {e}", sys.stderr, progress)
                 runnable.remove(name)  # not again in the later passes
                 progress.total -= len(sizes) * repeat - (progress.done - before)
     rows = best_of(runs)
-    _speedups(rows)
+    speedups(rows)
     for r in table_order(rows, memory):  # cells the last pass did not reach (their series failed)
         if (r["series"], r["size"]) not in printed:
             table.line(row_line(r, memory == "cuda"))
-    _expectations(report, rows)
+    expectations(report, rows)
     report.rows = rows
     # Performance bars are reported (MISS lines, JSON), not folded into the
     # verdict: the verdict says whether the run was sound (every tensor arrived

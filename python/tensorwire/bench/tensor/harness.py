@@ -26,7 +26,7 @@ CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREA
 SHARED_CLOCK = time.get_clock_info("perf_counter").implementation.startswith("clock_gettime(CLOCK_MONOTONIC")
 
 
-def _spin_us() -> int:
+def bench_spin_us() -> int:
     from ..p2p import BENCH_SPIN_US
     return BENCH_SPIN_US
 
@@ -151,7 +151,7 @@ class _Receiver:
             self.role.recv(wait)
         except RoleError:
             if self.role.error is not None:
-                return f"; the receiver reported: {_first_line(self.role.error)}"
+                return f"; the receiver reported: {first_line(self.role.error)}"
             return f"; the receiver exited (code {self.role.exitcode})"
         except TimeoutError:
             pass
@@ -183,7 +183,7 @@ def warmup_for(size: int, iters: int, budget: int, warmup: int | None) -> int:
     return max(2, min(200, max(iters // 10, budget // (8 * max(1, size)))))
 
 
-def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
+def run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                 rows: list[dict[str, Any]], report: Report,
                 measured: Callable[[dict[str, Any]], None] | None = None) -> None:
     """Every size of one series: each row appended to `rows`, then handed to `measured`."""
@@ -224,7 +224,7 @@ def _run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                             own.append(one)
             except Exception as e:
                 raise BenchError(f"transfer {k} of {human_size(size)} failed: {type(e).__name__}: "
-                                   f"{_first_line(e)}{rx.error_hint()}") from e
+                                   f"{first_line(e)}{rx.error_hint()}") from e
             res = rx.result(cfg["timeout"] * 2 + 30)
             median = statistics.median(samples)
             row = {"series": name, "transport": transport, "size": size, "iters": iters,
@@ -309,7 +309,7 @@ def _stream_round(series: Series, rx: "_Receiver", view: Any, size: int, count: 
             series.post()
     except Exception as e:
         raise BenchError(f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: "
-                           f"{_first_line(e)}{rx.error_hint()}") from e
+                           f"{first_line(e)}{rx.error_hint()}") from e
     return rx.result(cfg["timeout"] * 2 + 30)
 
 
@@ -349,7 +349,7 @@ def memcpy_bandwidth(size: int, reps: int = 5) -> float:
     return size / statistics.median(times) / 1e6
 
 
-def _first_line(e: Any) -> str:
+def first_line(e: Any) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
 

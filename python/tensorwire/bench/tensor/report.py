@@ -26,14 +26,14 @@ def best_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r, medians_us=medians[k]) for k, r in best.items()]
 
 
-def _speedups(rows: list[dict[str, Any]]) -> None:
+def speedups(rows: list[dict[str, Any]]) -> None:
     zc = {r["size"]: r["median_us"] for r in rows if r["series"] == "zerocopy"}
     for r in rows:
         base = zc.get(r["size"])
         r["zerocopy_speedup"] = (r["median_us"] / base) if base and r["series"] != "zerocopy" else None
 
 
-def _expectations(report: Report, rows: list[dict[str, Any]]) -> None:
+def expectations(report: Report, rows: list[dict[str, Any]]) -> None:
     """The paper's claim, as a warning: from 1 MiB up, zero copy beats the
     series that copy the tensor."""
     for r in rows:
@@ -193,7 +193,7 @@ def print_tail(report: Report, args, table: Table) -> None:
     print(report.verdict_line(f"cuda {key}{_cuda_latency(rows)}" if cuda else key))
 
 
-def _print(report: Report, args) -> None:
+def print_report(report: Report, args) -> None:
     """The whole report at once, rows in table order (size, then series)."""
     memory = report.config.get("memory", "host")
     table = open_table(report, args)

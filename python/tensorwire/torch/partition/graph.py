@@ -192,7 +192,7 @@ def plan(model: nn.Module, example_inputs: tuple, stages: int = 2, *, cuts: Sequ
     return Plan(top, S, names, list(edges.values()), pbytes, [m[0] if m else None for m in inputs])
 
 
-def _as_tuple(x: Any) -> tuple:
+def as_tuple(x: Any) -> tuple:
     return x if isinstance(x, tuple) else (x,)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from ...rendezvous import TorchStore
 from ...roles import RoleError, Roles
 from .graph import PartitionError
-from .stage import StageStats, _stage_main
+from .stage import StageStats, stage_main
 
 # Once a stage failed, how long the others may take to report their own
 # failures before they are stopped: a stage that fails makes its peers fail
@@ -16,14 +16,14 @@ from .stage import StageStats, _stage_main
 LINGER_S = 1.0
 
 
-def _launch(stages: int, cfg: dict, die: tuple[int, int] | None) -> list[StageStats]:
+def launch_stages(stages: int, cfg: dict, die: tuple[int, int] | None) -> list[StageStats]:
     """Spawns the stage processes (they meet in this process's store) and
     returns their statistics; the first failure of any stage fails the run."""
     timeout = cfg["timeout"]
     store = TorchStore.host("127.0.0.1", 0, timeout)
     with Roles() as roles:
         for s in range(stages):
-            roles.spawn(f"stage {s}", _stage_main, s, dict(cfg, store=store.address,
+            roles.spawn(f"stage {s}", stage_main, s, dict(cfg, store=store.address,
                                                            die_at=die[1] if die and die[0] == s else None))
         try:
             roles.supervise(timeout * cfg["steps"] + 60, linger=LINGER_S)

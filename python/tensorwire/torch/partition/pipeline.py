@@ -10,8 +10,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
-from .graph import PartitionError, Plan, _as_tuple, micro_example, plan
-from .launch import _launch
+from .graph import PartitionError, Plan, as_tuple, micro_example, plan
+from .launch import launch_stages
 from .stage import StageStats
 
 
@@ -31,7 +31,7 @@ class ModelInputs:
                               image_size=self.image_size)(0, step)
 
     def __call__(self, step: int) -> tuple:
-        return _as_tuple(self.batch(step)[0])
+        return as_tuple(self.batch(step)[0])
 
 
 @dataclass(frozen=True)
@@ -73,11 +73,11 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
     with the model run in this process. ``die=(stage, step)``: that stage
     exits at that step (tests)."""
     torch.manual_seed(seed)
-    p = plan(model_fn().eval(), _as_tuple(inputs_fn(0)), stages, cuts=cuts,
-             other_inputs=[_as_tuple(inputs_fn(i)) for i in probe_steps])
+    p = plan(model_fn().eval(), as_tuple(inputs_fn(0)), stages, cuts=cuts,
+             other_inputs=[as_tuple(inputs_fn(i)) for i in probe_steps])
     cfg = _config(model_fn, inputs_fn, stages, cuts, steps, warmup, transport, seed, probe_steps,
                   collect or check, timeout, threads)
-    st = _launch(p.stages, cfg, die)
+    st = launch_stages(p.stages, cfg, die)
     outputs = err = None
     if collect or check:
         merged = [{j: o for x in st for j, o in x.outputs[i].items()} for i in range(steps)]
@@ -88,7 +88,7 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
         err = 0.0
         with torch.no_grad():
             for i in range(steps):
-                want = ref(*_as_tuple(inputs_fn(i)))
+                want = ref(*as_tuple(inputs_fn(i)))
                 want = list(want) if isinstance(want, (tuple, list)) else [want]
                 for w_, g in zip(want, outputs[i]):
                     err = max(err, float((w_ - torch.from_numpy(g)).abs().max()) if w_.numel() else 0.0)
@@ -117,8 +117,8 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     torch.manual_seed(seed)
-    p = plan(model_fn(), micro_example(_as_tuple(data_fn(0)[0]), micro_batches), stages, cuts=cuts,
-             other_inputs=[micro_example(_as_tuple(data_fn(i)[0]), micro_batches) for i in probe_steps])
+    p = plan(model_fn(), micro_example(as_tuple(data_fn(0)[0]), micro_batches), stages, cuts=cuts,
+             other_inputs=[micro_example(as_tuple(data_fn(i)[0]), micro_batches) for i in probe_steps])
     owners: dict[int, set[int]] = {}
     for s in range(p.stages):
         for prm in p.stage_module(s).parameters():
@@ -131,7 +131,7 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
                   threads)
     cfg["train"] = {"optimizer": optimizer, "kwargs": optimizer_kwargs, "micro_batches": micro_batches,
                     "loss_fn": loss_fn or torch.nn.functional.cross_entropy}
-    st = _launch(p.stages, cfg, die)
+    st = launch_stages(p.stages, cfg, die)
     err = None
     if check:
         torch.manual_seed(seed)
@@ -141,7 +141,7 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
         losses = []
         for i in range(steps):
             x, y = data_fn(i)
-            loss = fn(ref(*_as_tuple(x)), y)
+            loss = fn(ref(*as_tuple(x)), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

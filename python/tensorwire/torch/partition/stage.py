@@ -1,5 +1,5 @@
 """A stage process: its part of the plan, its slots and senders, and the loops
-of inference and training (:class:`_Stage`, run by :func:`_stage_main`)."""
+of inference and training (:class:`_Stage`, run by :func:`stage_main`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import tensorwire as tw
 
 from ...rendezvous import Aborted, Store, TorchStore, gather, publish
 from .gather import gather_slots
-from .graph import Edge, PartitionError, _as_tuple, micro_example, plan
+from .graph import Edge, PartitionError, as_tuple, micro_example, plan
 from .sites import place_outputs
 
 DEPTH = 2                        # static slot buffers per edge: stage k+1 reads one while stage k fills the other
@@ -130,7 +130,7 @@ class _Stage:
         self.stats = StageStats(s)
 
     def _model_inputs(self, item: Any) -> tuple:
-        return _as_tuple(item[0]) if self.train else _as_tuple(item)
+        return as_tuple(item[0]) if self.train else as_tuple(item)
 
     def _example(self, step: int) -> tuple:
         """What the plan propagates: a step's inputs, or its first micro-batch."""
@@ -326,7 +326,7 @@ class _Stage:
         self.conn.recv()  # "exit": every stage is done, no slot is read any more
 
 
-def _stage_main(conn: Any, s: int, cfg: dict) -> None:
+def stage_main(conn: Any, s: int, cfg: dict) -> None:
     st = store = None
     try:
         store = TorchStore.connect(cfg["store"], cfg["timeout"])

@@ -36,7 +36,7 @@ def server_lanes(num_workers: int) -> int:
     return max(1, min(num_workers, os.cpu_count() or 1))
 
 
-def _mean_into(acc: torch.Tensor, g: torch.Tensor, w: int) -> None:
+def mean_into(acc: torch.Tensor, g: torch.Tensor, w: int) -> None:
     """acc holds the mean of w gradients; makes it the mean of w + 1 with g, in
     one pass (lerp: acc + (g - acc) / (w + 1)) instead of a scale and a sum."""
     acc.lerp_(g, 1.0 / (w + 1))
@@ -151,20 +151,27 @@ def make_optimizer(optimizer: Any, params: list[torch.Tensor], **kwargs: Any) ->
     return optimizer(params, **kwargs)
 
 
-def _default_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def default_loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(out, target)
 
 
-def _torch_dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def _tensor_of_view(view: Any, spec: VarSpec) -> torch.Tensor:
+def tensor_of_view(view: Any, spec: VarSpec) -> torch.Tensor:
     """A torch tensor over a slot's numpy view (zero copy)."""
     import numpy as np
     if spec.dtype == "bfloat16":  # numpy sees raw uint16
         return torch.from_numpy(np.asarray(view)).view(torch.bfloat16)
     return torch.from_numpy(view)
+
+
+def to_device(x: Any, device: str) -> Any:
+    """x (a tensor, or a tuple/list of them, nested) on `device`."""
+    if isinstance(x, (tuple, list)):
+        return type(x)(to_device(t, device) for t in x)
+    return x.to(device)
 
 
 # --------------------------------------------------------------------- waiting on peers

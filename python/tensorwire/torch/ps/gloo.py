@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .common import (DEFAULT_TIMEOUT_S, PSError, Stats, VarSpec, _mean_into, _torch_dtype, check_specs,
+from .common import (DEFAULT_TIMEOUT_S, PSError, Stats, VarSpec, mean_into, torch_dtype, check_specs,
                      make_optimizer, place, variables)
 
 
@@ -68,7 +68,7 @@ class _MailRecv:
         self.box.take(self.key, self.buf)
 
 
-class _Gloo:
+class GlooGroup:
     """Ranks 0..S-1 are the servers, S..S+W-1 the workers. Colocated (S == W),
     rank r is worker r and server r, one object shared by both roles of the
     process, and what one role sends the other goes through a mailbox."""
@@ -137,7 +137,7 @@ class _Gloo:
             pass
 
 
-def _send_sparse(g_: _Gloo, g: torch.Tensor, dst: int, tag: int) -> list:
+def _send_sparse(g_: GlooGroup, g: torch.Tensor, dst: int, tag: int) -> list:
     g = g.coalesce()
     idx, vals = g.indices()[0].contiguous(), g.values().contiguous()
     n = torch.tensor([idx.numel()], dtype=torch.int64)
@@ -145,11 +145,11 @@ def _send_sparse(g_: _Gloo, g: torch.Tensor, dst: int, tag: int) -> list:
     return [g_.isend(idx, dst, tag, "server"), g_.isend(vals, dst, tag, "server")]
 
 
-def _recv_sparse(g_: _Gloo, spec: VarSpec, src: int, tag: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _recv_sparse(g_: GlooGroup, spec: VarSpec, src: int, tag: int) -> tuple[torch.Tensor, torch.Tensor]:
     n = torch.zeros(1, dtype=torch.int64)
     g_.recv(n, src, tag, "server")
     idx = torch.empty(int(n), dtype=torch.int64)
-    vals = torch.empty((int(n),) + spec.shape[1:], dtype=_torch_dtype(spec.dtype))
+    vals = torch.empty((int(n),) + spec.shape[1:], dtype=torch_dtype(spec.dtype))
     g_.recv(idx, src, tag, "server")
     g_.recv(vals, src, tag, "server")
     return idx, vals
@@ -160,22 +160,22 @@ class GlooServer:
     :class:`Server`, every tensor moved by torch.distributed send/recv."""
 
     def __init__(self, rank: int, num_servers: int, num_workers: int, init_method: str, optimizer: Any = "sgd",
-                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", group: _Gloo | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", group: GlooGroup | None = None,
                  **optimizer_kwargs: Any) -> None:
         self.rank, self.W = rank, num_workers
         self.who = f"server {rank}"
         self._own_group = group is None  # a group passed in is shared with a colocated GlooWorker
-        self.g = group or _Gloo("server", rank, num_servers, num_workers, init_method, timeout)
+        self.g = group or GlooGroup("server", rank, num_servers, num_workers, init_method, timeout)
         self.stats = Stats("server", rank, "gloo")
         specs = self.g.validate(self.g.exchange_specs(None), self.who)
         owner = place([v.nbytes for v in specs], num_servers, placement)
         self.tags = [i for i, s in enumerate(owner) if s == rank]
         self.vars = [specs[i] for i in self.tags]
-        self.master = [nn.Parameter(torch.empty(v.shape, dtype=_torch_dtype(v.dtype))) for v in self.vars]
+        self.master = [nn.Parameter(torch.empty(v.shape, dtype=torch_dtype(v.dtype))) for v in self.vars]
         for v, m, tag in zip(self.vars, self.master, self.tags):
             self.g.recv(m.data, self.g.worker_rank(0), tag, "server")  # initial values from worker 0
         self.opt = make_optimizer(optimizer, list(self.master), **optimizer_kwargs)
-        self.bufs = [[torch.empty(v.shape, dtype=_torch_dtype(v.dtype)) if not v.sparse else None
+        self.bufs = [[torch.empty(v.shape, dtype=torch_dtype(v.dtype)) if not v.sparse else None
                       for _ in range(num_workers)] for v in self.vars]
         remote = num_workers - (1 if self.g.colocated else 0)  # a colocated worker is served by memcpy
         self.stats.bytes_sent_per_step = remote * sum(v.nbytes for v in self.vars)
@@ -208,7 +208,7 @@ class GlooServer:
             else:  # the same in-place mean as Server: the first receive buffer becomes the gradient
                 m.grad = self.bufs[i][0]
                 for w in range(1, W):
-                    _mean_into(m.grad, self.bufs[i][w], w)
+                    mean_into(m.grad, self.bufs[i][w], w)
         t2 = time.perf_counter()
         self.opt.step()
         t3 = time.perf_counter()
@@ -231,11 +231,12 @@ class GlooWorker:
     """A worker of the gloo baseline (same interface as :class:`Worker`)."""
 
     def __init__(self, model: nn.Module, rank: int, num_servers: int, num_workers: int, init_method: str,
-                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", group: _Gloo | None = None) -> None:
+                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced",
+                 group: GlooGroup | None = None) -> None:
         self.model, self.rank = model, rank
         self.who = f"worker {rank}"
         self._own_group = group is None  # a group passed in is shared with a colocated GlooServer
-        self.g = group or _Gloo("worker", rank, num_servers, num_workers, init_method, timeout)
+        self.g = group or GlooGroup("worker", rank, num_servers, num_workers, init_method, timeout)
         self.stats = Stats("worker", rank, "gloo")
         self.steps_done = 0
         self.vars = variables(model)

@@ -25,8 +25,9 @@ from ...bench.common import Progress
 from ...launch import free_port
 from ...rendezvous import Aborted, Store, TorchStore, gather, publish
 from ...roles import RoleError, Roles
-from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, _default_loss, server_lanes
-from .gloo import GlooServer, GlooWorker, _Gloo
+from .common import (DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, default_loss, server_lanes,
+                     to_device)
+from .gloo import GlooGroup, GlooServer, GlooWorker
 from .memory import Memory, cuda_problem
 from .server import Server
 from .worker import Worker
@@ -105,14 +106,8 @@ def _samples(x: Any) -> int:
     return int(x.shape[0])
 
 
-def _to(x: Any, device: str) -> Any:
-    if isinstance(x, (tuple, list)):
-        return type(x)(_to(t, device) for t in x)
-    return x.to(device)
-
-
-def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> dict:
-    loss_fn = cfg.loss_fn or _default_loss
+def worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> dict:
+    loss_fn = cfg.loss_fn or default_loss
     die_at = cfg.die[1] if cfg.die is not None and cfg.die[0] == rank else None
     losses, t_start, samples = [], None, 0
     bar = Progress(cfg.steps, "train", cfg.progress and rank == 0)
@@ -122,7 +117,7 @@ def _worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> 
             t_start = time.perf_counter()
         x, y = cfg.data_fn(rank, step)
         if cfg.device != "cpu":  # the batch is on the GPU before the step starts (data loading is not timed)
-            x, y = _to(x, cfg.device), _to(y, cfg.device)
+            x, y = to_device(x, cfg.device), to_device(y, cfg.device)
         losses.append(worker.step(lambda: loss_fn(model(x), y), die_at=die_at))
         if step >= cfg.warmup:
             samples += _samples(x)
@@ -143,7 +138,7 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
     its own server exchange never crosses the transport."""
     box: dict = {}
     if cfg.mode == "gloo":
-        group = _Gloo("both", rank, cfg.servers, cfg.workers, init_method, cfg.timeout, colocated=True)
+        group = GlooGroup("both", rank, cfg.servers, cfg.workers, init_method, cfg.timeout, colocated=True)
 
         def serve() -> None:
             srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
@@ -179,7 +174,7 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
         w.watch.partner = lambda: box.get("error") and f"its colocated server failed: {box['error']}"
         box["watch"] = w.watch
     try:
-        result = _worker_loop(cfg, rank, w, model)
+        result = worker_loop(cfg, rank, w, model)
     finally:
         w.close()
     t.join(cfg.timeout)
@@ -211,7 +206,7 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, store_address:
                 model = _build_model(cfg, rank)
                 w = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement)
                 try:
-                    result = _worker_loop(cfg, rank, w, model)
+                    result = worker_loop(cfg, rank, w, model)
                 finally:
                     w.close()
         elif role == "server":
@@ -226,7 +221,7 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, store_address:
             w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
                        placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr)
             try:
-                result = _worker_loop(cfg, rank, w, model)
+                result = worker_loop(cfg, rank, w, model)
             finally:
                 w.close()
         conn.send(("result", result))

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .common import VarSpec, _tensor_of_view, _torch_dtype
+from .common import VarSpec, tensor_of_view, torch_dtype
 
 NO_GPU = "needs a CUDA GPU: torch.cuda.is_available() is False"
 
@@ -95,7 +95,7 @@ class Memory:
 
     def empty(self, spec: VarSpec) -> torch.Tensor:
         """A plain torch tensor on the compute device (not registered)."""
-        return torch.empty(spec.shape, dtype=_torch_dtype(spec.dtype), device=self.device)
+        return torch.empty(spec.shape, dtype=torch_dtype(spec.dtype), device=self.device)
 
     @staticmethod
     def tensor(view: Any, spec: VarSpec) -> torch.Tensor:
@@ -103,7 +103,7 @@ class Memory:
         gives a numpy array, a GPU static slot a DLPack array on the GPU, every
         dynamic slot a Block."""
         if hasattr(view, "ctypes"):
-            return _tensor_of_view(view, spec)
+            return tensor_of_view(view, spec)
         return torch.from_dlpack(view)
 
     @staticmethod

@@ -12,7 +12,7 @@ from torch import nn
 
 import tensorwire as tw
 
-from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, VarSpec, Wait, _mean_into,
+from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, VarSpec, Wait, mean_into,
                      Watch, check_specs, make_optimizer, place, server_lanes)
 from .memory import Memory
 
@@ -259,7 +259,7 @@ class Server:
                 if w == 0:  # worker 0's slot buffer (staged: its GPU copy) becomes the gradient: no copy
                     m.grad = g
                 else:
-                    _mean_into(m.grad, g, w)
+                    mean_into(m.grad, g, w)
                 if (w == 0 and not mem.staged) or mem.defer:
                     held.append((self.grad_slots[i][w], view))
                 else:
