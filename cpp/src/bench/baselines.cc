@@ -104,12 +104,7 @@ void UcxBaseline::close() {
 std::string UcxBaseline::address() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_) throw ConnectionError("baseline is closed");
-  ucp_address_t* addr = nullptr;
-  size_t len = 0;
-  check(ucp_worker_get_address(worker_, &addr, &len), "ucp_worker_get_address");
-  std::string out(reinterpret_cast<const char*>(addr), len);
-  ucp_worker_release_address(worker_, addr);
-  return out;
+  return ucx::worker_address(worker_);
 }
 
 void UcxBaseline::connect(const std::string& peer_address) {

@@ -181,14 +181,16 @@ void Worker::keep_until_destroyed(std::shared_ptr<const void> arg) {
   keep_.push_back(std::move(arg));
 }
 
-std::string Worker::address() const {
+std::string worker_address(ucp_worker_h worker) {
   ucp_address_t* addr = nullptr;
   size_t len = 0;
-  check(ucp_worker_get_address(handle_, &addr, &len), "ucp_worker_get_address");
+  check(ucp_worker_get_address(worker, &addr, &len), "ucp_worker_get_address");
   std::string out(reinterpret_cast<const char*>(addr), len);
-  ucp_worker_release_address(handle_, addr);
+  ucp_worker_release_address(worker, addr);
   return out;
 }
+
+std::string Worker::address() const { return worker_address(handle_); }
 
 MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_t length, Backing backing, bool cuda,
                      std::function<void()> on_unmap)

@@ -26,6 +26,8 @@ std::vector<std::pair<std::string, std::string>> transport_overrides(const std::
 // Throws the Error that matches a failed UCX status.
 void check(ucs_status_t status, const std::string& what);
 ErrorKind error_kind(ucs_status_t status);
+// The packed address of `worker` (ucp_worker_get_address), as bytes.
+std::string worker_address(ucp_worker_h worker);
 
 // The private area UCX reserves in every request (ucp_params.request_size):
 // the completion race between the poster and the callback is settled here.
