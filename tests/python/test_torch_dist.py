@@ -72,7 +72,9 @@ def test_every_op_and_dtype_matches_gloo(n: int, transport: str, tmp_path: Path)
 
 def script(tmp_path: Path, body: str) -> Path:
     p = tmp_path / "prog.py"
+    # say(): one write(2) per line, so that the ranks' lines never interleave on the shared pipe
     p.write_text("import os, sys, time, datetime\nimport torch, torch.distributed as dist\nimport tensorwire.torch\n"
+                 "def say(*parts):\n    os.write(1, (' '.join(map(str, parts)) + '\\n').encode())\n"
                  + textwrap.dedent(body))
     return p
 
@@ -89,9 +91,9 @@ def test_killed_rank_fails_the_others_pending_ops_naming_it(tmp_path: Path) -> N
         try:
             dist.recv(torch.empty(100_000), 1)
         except dist.DistBackendError as e:
-            print(f"RAISED after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+            say(f"RAISED after {time.monotonic() - t0:.1f} s: {e}")
             os._exit(0)
-        print("NO ERROR", flush=True)
+        say("NO ERROR")
     """)
     run = torchrun(2, prog, timeout=110)
     out = run.stdout
@@ -111,9 +113,9 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
                 fn()
             except Exception as e:
                 assert all(w in str(e) for w in words), (what, str(e))
-                print("OK", what, type(e).__name__, flush=True)
+                say("OK", what, type(e).__name__)
                 return
-            print("NO ERROR", what, flush=True)
+            say("NO ERROR", what)
         for count in (10, 100_000):  # a receive into a smaller tensor fails; a placed send fails too
             if r == 0 and count == 10:
                 dist.send(torch.ones(count), 1)  # eager: complete once posted (the receiver refuses it)
@@ -135,18 +137,18 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
         else:
             dist.recv(t, 0)
             assert t[0] == 0 and t[-1] == 0
-        print("P2P OK", flush=True)
+        say("P2P OK")
         # a peer that never takes part: the op ends within the group's timeout
         pg = dist.distributed_c10d._get_default_group()
         pg.timeout = 3.0
         t0 = time.monotonic()
         if r == 0:
             expect("timeout", lambda: dist.send(torch.ones(100_000), 1, tag=5), "did not complete within 3 s")
-            print(f"TIMEOUT after {time.monotonic() - t0:.1f} s", flush=True)
+            say(f"TIMEOUT after {time.monotonic() - t0:.1f} s")
         time.sleep(4)
         regs = len(pg.registry)
         dist.destroy_process_group()
-        print(f"REGISTRATIONS {regs} -> {len(pg.registry)}", flush=True)
+        say(f"REGISTRATIONS {regs} -> {len(pg.registry)}")
     """)
     run = torchrun(2, prog, timeout=110)
     out = run.stdout
@@ -179,7 +181,7 @@ def test_subgroups_mixed_spec_and_explicit_store(tmp_path: Path) -> None:
         w = torch.full((3,), float(r))
         dist.all_reduce(w)
         assert w[0] == 3.0
-        print("SUBGROUP OK", dist.get_backend(), flush=True)
+        say("SUBGROUP OK", dist.get_backend())
         dist.destroy_process_group()
     """)
     run = torchrun(3, prog, timeout=110)
