@@ -39,7 +39,7 @@ channels: a dead peer fails the wait within the Device's liveness bound.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -50,6 +50,10 @@ SLOTS = 64                # records in flight per direction and peer (a power of
 HEADER = 64               # bytes: kind, tag, k, nbytes, offset, payload length (int64 each), 2 spare
 DEFAULT_EAGER_BYTES = 128 << 10  # a pipeline stage's activations (FCN-5, batch 8: 128 KiB) complete on posting
 WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (credits) this often
+# Records a peer may have waiting for receives and sends not posted yet (a peer that sends more is
+# refused: its memory is not ours to fill); 16384 eager payloads are at most 2 GiB.
+MAX_UNMATCHED = 16384
+REMOTES_KEPT = 1024       # unpacked descriptors of peers' tensors kept for the next placed send
 
 EAGER, RTS, RTR, DONE, ERR = 1, 2, 3, 4, 5
 KIND_NAMES = {EAGER: "eager", RTS: "rts", RTR: "rtr", DONE: "done", ERR: "error"}
@@ -62,7 +66,7 @@ class MessageError(Error, RuntimeError):
 class Op:
     """One posted send or receive; completed by the engine's progress."""
 
-    __slots__ = ("kind", "peer", "tag", "k", "arr", "nbytes", "done", "error", "req", "reg", "callbacks", "queued")
+    __slots__ = ("kind", "peer", "tag", "k", "arr", "nbytes", "done", "error", "req", "reg", "queued")
 
     def __init__(self, kind: str, peer: int, tag: int, k: int, arr: np.ndarray) -> None:
         self.kind, self.peer, self.tag, self.k, self.arr = kind, peer, tag, k, arr
@@ -72,7 +76,6 @@ class Op:
         self.req: Any = None      # the placed data write in flight (send)
         self.reg: Any = None      # the registration the op holds while in flight
         self.queued = False       # its last record waits for credit (the op is not complete before it goes)
-        self.callbacks: list[Callable[["Op"], None]] = []
 
     def what(self) -> str:
         way = "to" if self.kind == "send" else "from"
@@ -233,8 +236,11 @@ class Messenger:
             now = time.monotonic()
             if now >= deadline:
                 op = left[0]
+                p = op.peer
                 raise MessageError(f"rank {self.rank}: {op.what()} did not complete within {timeout:g} s "
-                                   f"(rank {op.peer} did not take part)")
+                                   f"(rank {p} did not take part; records with it: {self.sent[p]} sent, "
+                                   f"{self._credit(p)} acknowledged, {len(self.outq[p])} waiting for credit, "
+                                   f"{self.got[p]} received)")
             self._block(min(WAIT_SLICE_S, deadline - now), {op.peer for op in left})
 
     def close(self) -> None:
@@ -258,10 +264,10 @@ class Messenger:
         completes placed sends whose data write completed."""
         lay, w = self.lay, self.words
         for p in range(self.n):
-            if p == self.rank:
+            if p == self.rank or p in self.failed:
                 continue
             base = (lay.flags >> 3) + p * SLOTS
-            while w[base + (self.got[p] + 1) % SLOTS] == self.got[p] + 1:
+            while p not in self.failed and w[base + (self.got[p] + 1) % SLOTS] == self.got[p] + 1:
                 self._consume(p, self.got[p] + 1)
             if self.outq[p]:
                 self._drain(p)
@@ -291,7 +297,10 @@ class Messenger:
                 need = self.sent[p] + 1 - SLOTS
                 want = -(-need // (SLOTS // 2)) * (SLOTS // 2)
                 items.append(_core.Word(self.arena, lay.acks + p * 8, want, self.ch[p]))
-        items += [op.req for op in self.writing]
+        # Only writes still in flight: a done one (its DONE record waits for credit) is ready at once,
+        # and a wait that returns at once never drives the worker (the peer's writes to us would
+        # not land over tcp: both ranks spun, neither progressed).
+        items += [op.req for op in self.writing if not op.req.done()]
         if not items:
             time.sleep(min(seconds, 0.001))
             return
@@ -316,13 +325,23 @@ class Messenger:
         err = MessageError(f"rank {self.rank}: {who} failed ({type(e).__name__}: {e})")
         err.__cause__ = e
         for p in suspects:
-            self.failed[p] = err
-            for op in list(self.recvs.values()) + list(self.sends.values()) + self.writing:
-                if op.peer == p and not op.done:
-                    op.error, op.done = err, True
-            for table in (self.recvs, self.sends):
-                for key in [k for k, op in table.items() if op.peer == p]:
-                    del table[key]
+            self._fail_peer(p, err)
+
+    def _refuse(self, p: int, what: str) -> None:
+        """Rank `p` sent something no tensorwire peer sends: nothing more of it is read, and every
+        op with it fails, saying what it sent. Ops with other ranks go on."""
+        self._fail_peer(p, MessageError(f"rank {self.rank}: rank {p} sent {what}; its messages are refused "
+                                        f"from now on"))
+
+    def _fail_peer(self, p: int, err: MessageError) -> None:
+        self.failed[p] = err
+        for op in list(self.recvs.values()) + list(self.sends.values()) + self.writing:
+            if op.peer == p and not op.done:
+                op.error, op.done = err, True
+        for table in (self.recvs, self.sends, self.unexpected, self.rtrs):
+            for key in [k for k in table if k[0] == p]:
+                del table[key]
+        self.writing = [op for op in self.writing if op.peer != p]
 
     def _peer_of(self, e: Error) -> int | None:
         """The rank whose failure `e` reports ("peer HOST:PORT (pid N) ..."), if it says."""
@@ -393,9 +412,18 @@ class Messenger:
         lay = self.lay
         off = lay.inbox + (p * SLOTS + m % SLOTS) * lay.slot
         kind, tag, k, nbytes, offset, plen = self.words[off >> 3: (off >> 3) + 6].tolist()
+        self.got[p] = m  # before anything below posts records of its own
+        # The peer wrote every field: check them against what a record may say before any is used
+        # (a modified peer may send anything; docs/contracts.md section 11).
+        if (kind not in KIND_NAMES or nbytes < 0 or not 0 <= plen <= lay.slot - HEADER
+                or (kind == EAGER and plen != nbytes) or (kind in (RTS, DONE) and plen)):
+            self._refuse(p, f"a malformed record (kind {kind}, {nbytes} B, payload {plen} B)")
+            return
+        if kind in (EAGER, RTS, RTR) and len(self.unexpected) + len(self.rtrs) >= MAX_UNMATCHED:
+            self._refuse(p, f"more than {MAX_UNMATCHED} messages that no receive or send here matches yet")
+            return
         body = self.mem[off + HEADER: off + HEADER + plen]
         key = (p, tag, k)
-        self.got[p] = m  # before anything below posts records of its own
         if kind == RTR:
             self._on_rtr(key, nbytes, offset, bytes(body))
         elif kind == EAGER:
@@ -461,12 +489,18 @@ class Messenger:
             self._fail(op, why)
             return  # the receiver fails on our RTS
         p = op.peer
-        remote = self.remotes.get((p, desc))
-        if remote is None:
-            remote = self.remotes[(p, desc)] = self.ch[p].remote_region(desc)
-        local_off = op.arr.__array_interface__["data"][0] - op.reg.ptr
         ch = self.ch[p]
-        op.req = ch.write(op.reg, remote, local_off, offset, op.nbytes)
+        try:  # the descriptor and offset are the peer's: the core checks them against its exports
+            remote = self.remotes.get((p, desc))
+            if remote is None:
+                if len(self.remotes) >= REMOTES_KEPT:
+                    self.remotes.clear()
+                remote = self.remotes[(p, desc)] = ch.remote_region(desc)
+            local_off = op.arr.__array_interface__["data"][0] - op.reg.ptr
+            op.req = ch.write(op.reg, remote, local_off, offset, op.nbytes)
+        except Error as e:
+            self._refuse(p, f"a ready-to-receive record this device cannot write to ({e})")
+            return
         ch.fence()
         self._record(p, DONE, op.tag, op.k, op.nbytes, op=op)
         self.writing.append(op)
@@ -490,8 +524,6 @@ class Messenger:
     def _complete(self, op: Op) -> None:
         op.done = True
         op.reg = None
-        for cb in op.callbacks:
-            cb(op)
 
     def _fail(self, op: Op, why: str) -> None:
         op.error = MessageError(f"rank {self.rank}: {op.what()} failed: {why}")

@@ -186,3 +186,89 @@ def test_subgroups_mixed_spec_and_explicit_store(tmp_path: Path) -> None:
     """)
     run = torchrun(3, prog, timeout=110)
     assert run.stdout.count("SUBGROUP OK") == 3, run.stdout + run.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_sending_malformed_records_is_refused_and_named(tmp_path: Path) -> None:
+    """Rank 1 runs modified code: it writes records no tensorwire peer writes (each case in a group
+    of its own). Rank 0's receive from it fails naming it, nothing lands, and rank 0's other
+    groups go on."""
+    prog = script(tmp_path, """
+        import numpy as np
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        r = dist.get_rank()
+        for case in ("kind", "length", "flood"):
+            g = dist.new_group([0, 1], backend="tensorwire")
+            m = g.msg
+            dist.barrier(group=g)
+            if r == 1:
+                if case == "kind":
+                    m._post(0, 99, 0, 1, 100, 0, None)
+                elif case == "length":  # an eager record that says 100 B but carries 8
+                    m._post(0, 1, 0, 1, 100, 0, np.zeros(8, np.uint8))
+                else:  # more unmatched messages than a receiver keeps (posted within credit)
+                    for i in range(20000):
+                        t0 = time.monotonic()
+                        while m.sent[0] + 1 - m._credit(0) > 64 and time.monotonic() - t0 < 2:
+                            m.progress()
+                            time.sleep(0.0002)
+                        if m.sent[0] + 1 - m._credit(0) > 64:
+                            break  # no more credit: rank 0 stopped reading (it refused us)
+                        m._post(0, 1, 7, i + 1, 8, 0, np.zeros(8, np.uint8))
+                say("SENT", case)
+            else:
+                t = torch.zeros(25)
+                t0 = time.monotonic()
+                try:
+                    if case == "flood":  # nothing is posted here: rank 1's messages pile up unmatched
+                        while time.monotonic() - t0 < 30 and 1 not in m.failed:
+                            m.progress()
+                            time.sleep(0.001)
+                        raise m.failed[1]
+                    dist.recv(t, 1, group=g)
+                    say("NO ERROR", case)
+                except Exception as e:
+                    say(f"REFUSED {case} after {time.monotonic() - t0:.1f} s:", e)
+                assert torch.count_nonzero(t) == 0
+            x = torch.ones(4)
+            dist.all_reduce(x)  # the default group is untouched
+            assert x[0] == 2
+        say("ALIVE", r)
+        os._exit(0)
+    """)
+    run = torchrun(2, prog, timeout=110)
+    out = run.stdout
+    assert "NO ERROR" not in out, out
+    for case, words in (("kind", "malformed record (kind 99"), ("length", "malformed record (kind 1, 100 B, payload 8 B)"),
+                        ("flood", "more than 16384 messages")):
+        line = next((x for x in out.splitlines() if x.startswith(f"REFUSED {case}")), None)
+        assert line is not None, out + run.stderr[-3000:]
+        assert "rank 1 sent" in line and words in line, line
+    assert out.count("ALIVE") == 2, out + run.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_many_outstanding_messages_past_the_credit_window_over_tcp(tmp_path: Path) -> None:
+    """100 isends (eager and placed) against 100 irecvs, 20 rounds, over tcp: both rings run out
+    of credit, so the placed sends' DONE records wait in the queue while both ranks wait. A wait
+    that watched those completed writes returned at once and never drove the worker; the peer's
+    writes did not land and both ranks spun until the op timeout (CI, stop 38)."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=40))
+        r = dist.get_rank()
+        for it in range(20):
+            if r == 0:
+                works = [dist.isend(torch.full((k % 3 * 20_000 + 1,), k, dtype=torch.int64), 1, tag=9)
+                         for k in range(100)]
+            else:
+                bufs = [torch.empty(k % 3 * 20_000 + 1, dtype=torch.int64) for k in range(100)]
+                works = [dist.irecv(b, 0, tag=9) for b in bufs]
+            for w in works:
+                w.wait()
+            if r == 1:
+                assert [int(b[0]) for b in bufs] == list(range(100)), it
+        dist.barrier()
+        say("ROUNDS OK", r)
+    """)
+    run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "tcp"})
+    assert run.stdout.count("ROUNDS OK") == 2, run.stdout + run.stderr[-3000:]

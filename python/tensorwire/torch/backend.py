@@ -38,7 +38,6 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .. import errors as tw_errors
-from ..collectives import choose_allreduce  # noqa: F401 - re-exported for the bench
 from ..messages import Messenger
 from ..registry import RegistrationCache
 from ..world import Placement, World
