@@ -103,7 +103,21 @@ Range resolve_range(const LocalRegion& local, nb::handle local_offset, const Rem
 PyDevice::~PyDevice() {
   // Closing joins threads that may need the GIL (call handlers): release it.
   nb::gil_scoped_release release;
+  inbox.reset();  // before the device: it stops serving its call
   device.reset();
+}
+
+// The device's notification inbox, held for one call (ConnectionError once closed).
+std::shared_ptr<NotifyInbox> inbox_of(PyDevice& d) {
+  std::shared_ptr<NotifyInbox> in = d.inbox;
+  if (!in || !d.device) throw ConnectionError("device is closed");
+  return in;
+}
+
+nb::list notification_list(const std::vector<Notification>& got) {
+  nb::list out;
+  for (auto& n : got) out.append(nb::make_tuple(n.sender, nb::bytes(n.message.data(), n.message.size())));
+  return out;
 }
 
 // Channel.write / write_ordered / read: the Python signature of a one-sided
@@ -225,7 +239,7 @@ void bind_device(nb::module_& m) {
                                   std::to_string(message.size()));
           }
         }
-        Request req = one_sided<&Channel::write>()(c, local, remote, local_offset, remote_offset, nbytes);
+        NotifySender* sender = nullptr;
         if (notifying) {
           // The channel's notifying side, made on first use and kept with the channel.
           nb::object holder = nb::getattr(self, "_notify_sender", nb::none());
@@ -238,12 +252,18 @@ void bind_device(nb::module_& m) {
             holder = nb::cast(made, nb::rv_policy::take_ownership);
             nb::setattr(self, "_notify_sender", holder);
           }
-          NotifySender& sender = nb::cast<NotifySender&>(holder);
+          sender = &nb::cast<NotifySender&>(holder);
+          // A full queue at the target refuses the write before its data moves.
+          gil_scoped_release r;
+          sender->wait_room();
+        }
+        Request req = one_sided<&Channel::write>()(c, local, remote, local_offset, remote_offset, nbytes);
+        if (sender) {
           gil_scoped_release r;
           // The target places message-form data when it arrives: the
           // notification may go only once the data landed (its reply).
           if (c.uses_messages()) req.wait(kNotifyAfterS);
-          sender.send(message);
+          sender->send(message);
         }
         return req;
       }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0,
@@ -251,7 +271,8 @@ void bind_device(nb::module_& m) {
            "One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused "
            "when the request completes; the data is visible remotely after a later flush(). With notify=bytes "
            "(at most 252), the target's device.notifications() yields (this device's id, notify) once the data is "
-           "visible there (tensorwire.notify).")
+           "visible there (tensorwire.notify); PoolExhausted, before anything moves, while the target holds 64 "
+           "unread notifications of this device for over 1 s.")
       .def("write_ordered", one_sided<&Channel::write_ordered>(), nb::arg("local"), nb::arg("remote"),
            nb::arg("local_offset") = 0, nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "A write that lands after every write posted earlier on this channel (fence() + write() without "
@@ -364,6 +385,8 @@ void bind_device(nb::module_& m) {
         new (self) PyDevice();
         gil_scoped_release r;
         self->device = std::make_unique<Device>(c);
+        // Open to notifications before anyone can know the address.
+        self->inbox = std::make_shared<NotifyInbox>(*self->device);
       }, nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("workers") = 1,
          nb::arg("progress") = "blocking", nb::arg("spin_us") = 100, nb::arg("transport") = "auto",
          nb::arg("net_devices") = "auto", nb::arg("token") = "", nb::arg("slab_size") = std::size_t(64) << 20,
@@ -518,9 +541,32 @@ void bind_device(nb::module_& m) {
       .def_prop_ro("closed", [](PyDevice& d) { return !d.device || d.device->closed(); })
       .def("close", [](PyDevice& d) {
         if (!d.device) return;
+        std::shared_ptr<NotifyInbox> in = std::move(d.inbox);
         gil_scoped_release r;
+        in.reset();  // before the device: it stops serving its call
         d.device->close();
-      }, "Fails pending work, closes connections, stops threads. Blocks stay readable.");
+      }, "Fails pending work, closes connections, stops threads. Blocks stay readable.")
+      .def("take_notifications", [](PyDevice& d) {
+        std::shared_ptr<NotifyInbox> in = inbox_of(d);
+        std::vector<Notification> got;
+        {
+          gil_scoped_release r;
+          got = in->take();
+        }
+        return notification_list(got);
+      }, "Every notification that arrived: [(sender device id, bytes)], in order per sender; never blocks "
+         "(use device.notifications()).")
+      .def("wait_notifications", [](PyDevice& d, nb::handle timeout) {
+        const double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
+        std::shared_ptr<NotifyInbox> in = inbox_of(d);
+        std::vector<Notification> got;
+        {
+          gil_scoped_release r;
+          got = in->wait(t);
+        }
+        return notification_list(got);
+      }, nb::arg("timeout").none() = nb::none(),
+         "At least one notification (Timeout after `timeout` s; use device.next_notification()).");
 
   m.def("transport_family", &detail::transport_family, nb::arg("ucx_transport"),
         "The family of a UCX transport name: tcp, shm, rdma, cuda, self, or '' (the core's one table).");

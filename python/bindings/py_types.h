@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tensorwire/device.h"
+#include "tensorwire/notify.h"
 #include "tensorwire/slot.h"
 
 namespace nb = nanobind;
@@ -46,6 +47,9 @@ PyBlock fill_view(PyBlock b, const TensorSpec& spec);
 
 struct PyDevice {
   std::unique_ptr<Device> device;
+  // Its notifications, open from its start (contracts §1): a waiter holds a
+  // reference, so close() may drop it while one waits.
+  std::shared_ptr<NotifyInbox> inbox;
   ~PyDevice();
 };
 

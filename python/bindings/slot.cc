@@ -304,32 +304,6 @@ void bind_slots(nb::module_& m) {
       .def_ro("offset", &PyWord::offset)
       .def_ro("value", &PyWord::value);
 
-  nb::class_<NotifyInbox>(m, "NotifyInbox",
-                          "A device's notifications (use device.notifications / next_notification).")
-      .def("__init__", [](NotifyInbox* self, PyDevice& d) { new (self) NotifyInbox(device_of(d)); },
-           nb::arg("device"), nb::keep_alive<1, 2>())
-      .def("take", [](NotifyInbox& in) {
-        std::vector<Notification> got;
-        {
-          gil_scoped_release r;
-          got = in.take();
-        }
-        nb::list out;
-        for (auto& n : got) out.append(nb::make_tuple(n.sender, nb::bytes(n.message.data(), n.message.size())));
-        return out;
-      }, "Every notification that arrived: [(sender device id, bytes)], in order per sender; never blocks.")
-      .def("wait", [](NotifyInbox& in, nb::handle timeout) {
-        const double t = to_timeout(timeout, "timeout", /*negative_is_forever=*/true);
-        std::vector<Notification> got;
-        {
-          gil_scoped_release r;
-          got = in.wait(t);
-        }
-        nb::list out;
-        for (auto& n : got) out.append(nb::make_tuple(n.sender, nb::bytes(n.message.data(), n.message.size())));
-        return out;
-      }, nb::arg("timeout").none() = nb::none(), "At least one notification (Timeout after `timeout` s).");
-
   nb::class_<NotifySender>(m, "NotifySender", "The notifying side of a channel (channel.write(..., notify=)).")
       .def("__init__", [](NotifySender* self, Channel& ch, nb::handle timeout) {
         const double t = sender_timeout(timeout);

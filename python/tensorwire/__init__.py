@@ -222,13 +222,13 @@ class Device(_core.Device):
     def close(self) -> None:
         """Fails pending work, closes connections, stops threads. Blocks stay readable."""
         from . import notify
-        notify.close(self)  # before the device: the inbox stops serving its call
+        notify.close(self)
         super().close()
 
     def notifications(self) -> list[tuple[int, bytes]]:
         """Notifications that arrived (``channel.write(..., notify=...)`` of peers): a list of
-        (sender device id, message), in order per sender; never blocks. The first call (or
-        ``next_notification``) opens this device to notifications."""
+        (sender device id, message), in order per sender; never blocks. A device takes
+        notifications from its start; each sender may have 64 unread here (contracts §1)."""
         from . import notify
         return notify.notifications(self)
 

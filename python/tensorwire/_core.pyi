@@ -139,7 +139,7 @@ class Channel:
 
     def write(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None, notify: object | None = None) -> Request:
         """
-        One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused when the request completes; the data is visible remotely after a later flush(). With notify=bytes (at most 252), the target's device.notifications() yields (this device's id, notify) once the data is visible there (tensorwire.notify).
+        One-sided write local[local_offset:+nbytes] -> remote[remote_offset:]. The local bytes may be reused when the request completes; the data is visible remotely after a later flush(). With notify=bytes (at most 252), the target's device.notifications() yields (this device's id, notify) once the data is visible there (tensorwire.notify); PoolExhausted, before anything moves, while the target holds 64 unread notifications of this device for over 1 s.
         """
 
     def write_ordered(self, local: object, remote: RemoteRegion, local_offset: object = 0, remote_offset: object = 0, nbytes: object | None = None) -> Request:
@@ -286,6 +286,16 @@ class Device:
     def close(self) -> None:
         """
         Fails pending work, closes connections, stops threads. Blocks stay readable.
+        """
+
+    def take_notifications(self) -> list:
+        """
+        Every notification that arrived: [(sender device id, bytes)], in order per sender; never blocks (use device.notifications()).
+        """
+
+    def wait_notifications(self, timeout: object | None = None) -> list:
+        """
+        At least one notification (Timeout after `timeout` s; use device.next_notification()).
         """
 
 def transport_family(ucx_transport: str) -> str:
@@ -511,21 +521,6 @@ class Word:
 
     @property
     def value(self) -> int: ...
-
-class NotifyInbox:
-    """
-    A device's notifications (use device.notifications / next_notification).
-    """
-
-    def __init__(self, device: Device) -> None: ...
-
-    def take(self) -> list:
-        """
-        Every notification that arrived: [(sender device id, bytes)], in order per sender; never blocks.
-        """
-
-    def wait(self, timeout: object | None = None) -> list:
-        """At least one notification (Timeout after `timeout` s)."""
 
 class NotifySender:
     """The notifying side of a channel (channel.write(..., notify=))."""

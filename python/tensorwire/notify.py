@@ -9,6 +9,13 @@ channel as the data: entry, fence, sequence word, so the target sees it only
 after the data. In the message form (tcp) the target places the data when it
 arrives, so the write waits for its data to land before the notification goes.
 
+A device takes notifications from its start (its inbox is made with it), so a
+peer may notify it before it ever looks. Each sender's slot is a bounded queue:
+at most 64 unread notifications of at most 252 bytes. A write with notify= to
+a target that holds 64 unread ones of this sender waits up to 1 s for the
+target to read one, then raises ``PoolExhausted`` naming the bound before any
+of its data moves; the queued notifications stay.
+
 Target::
 
     for peer_id, message in device.notifications(): ...   # what has arrived, in order per sender
@@ -19,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 
-from . import _core
 from .errors import Timeout
 
 # How long one executor wait of next_notification lasts. Not a liveness check
@@ -28,14 +34,6 @@ from .errors import Timeout
 # await leaves its executor thread waiting (the default executor's threads are
 # joined at exit).
 _SLICE_S = 0.25
-
-
-def inbox(device) -> "_core.NotifyInbox":
-    """The device's inbox, made on first use: from then on it takes notifications."""
-    box = getattr(device, "_notify_inbox", None)
-    if box is None:
-        box = device._notify_inbox = _core.NotifyInbox(device)
-    return box
 
 
 def _pending(device) -> list:
@@ -49,7 +47,7 @@ def _pending(device) -> list:
 def notifications(device) -> list[tuple[int, bytes]]:
     items = _pending(device)
     out, items[:] = list(items), []
-    return out + inbox(device).take()
+    return out + device.take_notifications()
 
 
 async def next_notification(device, timeout: float | None) -> tuple[int, bytes]:
@@ -57,7 +55,6 @@ async def next_notification(device, timeout: float | None) -> tuple[int, bytes]:
     waits in short slices (a cancelled await leaves no thread waiting long and
     loses nothing: what a slice took waits in the pending list)."""
     items = _pending(device)
-    box = inbox(device)
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     while not items:
@@ -65,13 +62,15 @@ async def next_notification(device, timeout: float | None) -> tuple[int, bytes]:
         if left <= 0:
             raise Timeout(f"no notification within {timeout} s")
         try:
-            items.extend(await loop.run_in_executor(None, box.wait, left))
+            items.extend(await loop.run_in_executor(None, device.wait_notifications, left))
         except Timeout:
             continue
     return items.pop(0)
 
 
 def close(device) -> None:
-    """Stops taking notifications (Device.close)."""
-    if getattr(device, "_notify_inbox", None) is not None:
-        device._notify_inbox = None
+    """Forgets what a wait took but did not hand out (Device.close; the core
+    closes the inbox with the device)."""
+    items = getattr(device, "_notify_pending", None)
+    if items:
+        items.clear()

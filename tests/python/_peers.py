@@ -382,8 +382,7 @@ def run_device_peer(conn, transport: str, device_kwargs: dict | None, handle, fo
 
 
 def notify_target(conn, transport: str, count: int, size: int, timeout: float = 60.0) -> None:
-    """Publishes "region" (count * size bytes), opens itself to notifications,
-    reports its address, then takes `count` notifications (each the decimal
+    """Publishes "region" (count * size bytes), reports its address, then takes `count` notifications (each the decimal
     index k of a write of pattern(size, k) at offset k * size) and checks, as
     each arrives, that its data is already there. Reports {"got": [k...],
     "late_data": [k...], "senders": [...]}."""
@@ -396,7 +395,6 @@ def notify_target(conn, transport: str, count: int, size: int, timeout: float = 
         region = dev.alloc(count * size)
         view = np.asarray(region)
         dev.publish("region", region)
-        dev.notifications()  # opens the device to notifications
         conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
     except BaseException:
         conn.send({"error": traceback.format_exc()})
@@ -417,6 +415,46 @@ def notify_target(conn, transport: str, count: int, size: int, timeout: float = 
             got.append(int(message.decode()))
         conn.send({"got": got, "late_data": late, "senders": sorted(senders)})
         conn.poll(IDLE_LIMIT_S)
+    except (EOFError, OSError):
+        pass
+    finally:
+        dev.close()
+
+
+def quiet_target(conn, transport: str, size: int) -> None:
+    """Publishes "region" (size bytes, zeroed) and reports its address without
+    ever looking at its notifications, until asked {"take": n}: then it takes
+    n of them (waiting up to 20 s) and answers {"got": [[sender, text]...],
+    "data": the first n bytes of region as seen then, "again": what a second
+    look 0.2 s later finds}."""
+    import asyncio
+    import time
+
+    import tensorwire as tw
+
+    try:
+        dev = tw.Device(transport=transport)
+        region = dev.alloc(size)
+        view = np.asarray(region)
+        view[:] = 0
+        dev.publish("region", region)
+        conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
+    except BaseException:
+        conn.send({"error": traceback.format_exc()})
+        return
+    try:
+        while conn.poll(IDLE_LIMIT_S):
+            msg = conn.recv()
+            if msg == "stop":
+                break
+            n = msg["take"]
+            got = []
+            while len(got) < n:
+                got.append(asyncio.run(dev.next_notification(timeout=20)))
+            data = [int(b) for b in view[:n]]
+            time.sleep(0.2)
+            conn.send({"got": [[peer, m.decode()] for peer, m in got], "data": data,
+                       "again": dev.notifications()})
     except (EOFError, OSError):
         pass
     finally:

@@ -1,7 +1,9 @@
 // Copyright tensorwire authors.
 #include "tensorwire/notify.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -55,6 +57,7 @@ NotifyInbox::~NotifyInbox() {
 
 std::vector<Notification> NotifyInbox::take() {
   std::vector<Notification> out;
+  if (impl_->device->closed()) throw ConnectionError("device is closed");
   std::lock_guard<std::mutex> lock(impl_->mu);
   for (auto& [sender, slot] : impl_->slots) {
     for (int idx; (idx = slot->poll()) >= 0;) {
@@ -84,7 +87,7 @@ std::vector<Notification> NotifyInbox::wait(double timeout_s) {
       std::lock_guard<std::mutex> lock(impl_->mu);
       for (auto& [sender, slot] : impl_->slots) items.emplace_back(*slot);
     }
-    if (items.empty()) {  // no sender yet: nothing to wait on but time
+    if (items.empty()) {  // no sender yet: nothing to wait on but time (take() sees a close)
       std::this_thread::sleep_for(std::chrono::duration<double>(std::min(slice, 0.001)));
       continue;
     }
@@ -107,8 +110,8 @@ NotifySender::NotifySender(Channel channel, double timeout_s) : impl_(std::make_
   try {
     name = channel.call(kCall, "", timeout_s);
   } catch (const NotFound&) {
-    throw NotFound("the target takes no notifications yet: it accepts them once it opens an inbox "
-                   "(Python: device.notifications() or device.next_notification())");
+    throw NotFound("the target takes no notifications: it has no NotifyInbox (a Python Device has one from "
+                   "its start; a C++ program makes one with its Device)");
   }
   impl_->sender = std::make_unique<StaticSender>(channel, name, timeout_s);
   impl_->ring = detail::open_port(channel).pool().allocate(kNotifyEntry * kNotifyDepth, 64);
@@ -117,11 +120,32 @@ NotifySender::NotifySender(Channel channel, double timeout_s) : impl_(std::make_
 
 NotifySender::~NotifySender() = default;
 
+void NotifySender::wait_room(double wait_s) {
+  StaticSender& sender = *impl_->sender;
+  const std::uint64_t sent = sender.last_sent();
+  if (sent < static_cast<std::uint64_t>(kNotifyDepth)) return;
+  const std::uint64_t need = sent + 1 - kNotifyDepth;  // its entry is the one the next send reuses
+  if (sender.consumed() >= need) return;
+  try {
+    sender.wait_consumed(need, wait_s);
+  } catch (const Timeout&) {
+    char waited[32];
+    std::snprintf(waited, sizeof(waited), "%g", wait_s);
+    throw PoolExhausted("the target's notification queue for this device is full: " +
+                        std::to_string(kNotifyDepth) + " unread notifications, the bound per sending device (each " +
+                        "at most " + std::to_string(kNotifyMaxMessage) + " bytes), and the target read none within " +
+                        waited + " s; this notification was not sent (a write(..., notify=) moved no data either) " +
+                        "and the queued ones stay (the target reads them with device.notifications() or " +
+                        "next_notification())");
+  }
+}
+
 void NotifySender::send(const std::string& message, double timeout_s) {
   if (message.size() > kNotifyMaxMessage) {
     throw InvalidArgument("a notification takes at most " + std::to_string(kNotifyMaxMessage) + " bytes, got " +
                           std::to_string(message.size()));
   }
+  wait_room(timeout_s < 0 ? kNotifyFullWaitS : std::min(timeout_s, kNotifyFullWaitS));
   auto& s = *impl_;
   const std::size_t k = s.next % kNotifyDepth;
   if (s.pending[k].state() == 0) s.pending[k].wait(timeout_s);  // its last send still reads the entry

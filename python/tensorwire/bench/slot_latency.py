@@ -34,20 +34,17 @@ def _publish(dev, sizes: list[int], prefix: str, memory: str) -> dict:
     blocks = {s: dev.empty(_shape(s), "float32", memory=memory) for s in sizes}
     for s, b in blocks.items():
         dev.publish(f"{prefix}{s}", b)
-    dev.notifications()  # open to notifications
     return blocks
 
 
 def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, series: str, memory: str) -> None:
     import tensorwire as tw
-    from tensorwire import notify
     with tw.Device(transport=transport, progress=progress) as dev:
         slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2, memory=memory) for s in sizes}
         keep = _publish(dev, sizes, "nping", memory) if series != "slot" else {}  # noqa: F841 (the peer writes)
         conn.send(dev.address)
         back = conn.recv()
         ch = dev.connect(back)
-        box = notify.inbox(dev)
         for s in sizes:
             src = dev.empty(_shape(s), "float32", memory=memory)
             if series != "notify":
@@ -62,7 +59,7 @@ def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, ser
                 pending = 0
                 for _ in range(iters):
                     while pending == 0:
-                        pending += len(box.wait(30))
+                        pending += len(dev.wait_notifications(30))
                     pending -= 1
                     ch.write(src, remote, notify=b"")
         conn.recv()  # wait until the other side is done
@@ -71,7 +68,6 @@ def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, ser
 def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "blocking",
             series: str = "slot", memory: str = "host") -> list[dict]:
     import tensorwire as tw
-    from tensorwire import notify
     with Roles() as roles:
         peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress, series,
                            memory)
@@ -82,7 +78,6 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress:
             keep = _publish(dev, sizes, "npong", memory) if series != "slot" else {}  # noqa: F841
             peer.send(dev.address)
             ch = dev.connect(address)
-            box = notify.inbox(dev)
             for s in sizes:
                 src = dev.empty(_shape(s), "float32", memory=memory)
                 if series != "notify":
@@ -105,7 +100,7 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress:
                         t0 = time.perf_counter()
                         ch.write(src, remote, notify=b"")
                         while pending == 0:
-                            pending += len(box.wait(30))
+                            pending += len(dev.wait_notifications(30))
                         pending -= 1
                         if i >= warmup:
                             samples.append(time.perf_counter() - t0)
