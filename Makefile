@@ -127,6 +127,13 @@ fuzz-merge: fuzz-build
 bench-compare: build
 	bash bench/compare_ucx_perftest.sh
 
+# The README's headline numbers re-measured (about 12 minutes on the 2-vCPU VM): `tensorwire bench
+# report` reruns their benchmarks, rewrites their files in bench/results/ and the README's blocks.
+# Options through BENCH_ARGS: make bench BENCH_ARGS="--dry-run" (or "--only tensor-tcp,train-tcp").
+.PHONY: bench
+bench: build
+	$(PYTHON) -m tensorwire bench report $(BENCH_ARGS)
+
 stubs: build
 	$(PYTHON) -m nanobind.stubgen -m tensorwire._core -o python/tensorwire/_core.pyi
 

@@ -46,6 +46,7 @@ COMMAND_MODULES = (
     "tensorwire.cli.bench_collectives",  # bench alltoall/allreduce
     "tensorwire.cli.bench_terasort",  # bench terasort
     "tensorwire.cli.bench_torch_dist",  # bench torch-dist
+    "tensorwire.cli.bench_report",  # bench report
     "tensorwire.testbed.cli",       # tensorwire testbed
     "tensorwire.cli.train",         # tensorwire train, bench train, partition
 )

@@ -1,0 +1,475 @@
+"""`tensorwire bench report`: re-measures the numbers README.md states, in one command.
+
+It runs the existing benchmark commands behind the README's performance section, one
+after the other (no benchmark loop of its own), each with the settings its committed
+file was made with, fewer repeats where that keeps the whole run near ten minutes on
+the 2-vCPU development VM; writes each one's output to the file the README cites in
+bench/results/ (replacing it: the file's first lines say command, date and code), and
+regenerates the README's blocks between the markers
+
+    <!-- bench-report:begin --> ... <!-- bench-report:end -->            (performance)
+    <!-- bench-report:demo:begin --> ... <!-- bench-report:demo:end -->  (make demo's output)
+
+from those files, so the README states what the files hold. A step that fails keeps
+the old file (its output is kept in a temporary folder, named at the end). The GPU
+numbers come from bench/gpu/checks.sh on a GPU machine, not from here.
+
+Which claim each file backs, and the commands in full: bench/results/README.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .common import BenchError
+
+RESULTS = Path("bench") / "results"
+BEGIN, END = "<!-- bench-report:begin -->", "<!-- bench-report:end -->"
+DEMO_BEGIN, DEMO_END = "<!-- bench-report:demo:begin -->", "<!-- bench-report:demo:end -->"
+OUT = "{out}"  # in a step's command: the folder its files are written to
+
+
+@dataclass(frozen=True)
+class Step:
+    """One benchmark command of the report. `argv` starts with "tensorwire" (run as
+    `python -m tensorwire`) or names a script of the checkout; {out} in it is the
+    folder of its output files. `txt` is the file its output goes to (stdout and
+    stderr, with a header), None where the command writes its own (`writes`)."""
+    name: str
+    backs: str                       # what it re-measures, in the README's words
+    argv: tuple[str, ...]
+    txt: str | None
+    writes: tuple[str, ...] = ()     # the other files it leaves in {out}
+    minutes: float = 1.0             # about how long it takes on the 2-vCPU VM
+    committed: str = ""              # how the committed file's run differed (more repeats)
+    ok_codes: tuple[int, ...] = (0,)  # exit codes of a run that measured (a missed target included)
+    stderr: bool = True              # its stderr into the file too
+
+    def files(self) -> tuple[str, ...]:
+        return ((self.txt,) if self.txt else ()) + self.writes
+
+    def command(self, out: str) -> list[str]:
+        return [a.replace(OUT, out) for a in self.argv]
+
+    def shown(self, out: str = str(RESULTS)) -> str:
+        """The command as a person types it (from the checkout's root)."""
+        text = shlex.join(self.command(out))
+        return f"{text} > {out}/{self.txt}" if self.txt else text
+
+
+def _bench(*args: str) -> tuple[str, ...]:
+    return ("tensorwire", "bench", *args)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("demo", "make demo's output", ("tensorwire", "demo"), "demo.txt", minutes=0.1, stderr=False),
+    Step("p2p", "point to point vs ucx_perftest (write_bw, write_lat) and a plain TCP socket",
+         ("bash", "bench/compare_ucx_perftest.sh", "--reps", "1"), None,
+         writes=("compare_ucx_perftest.txt", "compare_ucx_perftest.json"), minutes=1.5,
+         committed="--reps 3", ok_codes=(0, 1)),
+    Step("tensor-shm", "Figure 7 over shared memory: slots vs RPC over UCX, gRPC, UCX tag, gloo",
+         _bench("tensor", "--transport", "shm", "--repeat", "1", "--no-progress",
+                "--json", f"{OUT}/tensor_shm.json", "--plot", f"{OUT}/tensor_shm.png"),
+         "tensor_shm.txt", writes=("tensor_shm.json", "tensor_shm.png"), minutes=2.0,
+         committed="--repeat 3", ok_codes=(0, 2)),
+    Step("tensor-tcp", "Figure 7 over tcp",
+         _bench("tensor", "--transport", "tcp", "--no-progress",
+                "--json", f"{OUT}/tensor_tcp.json", "--plot", f"{OUT}/tensor_tcp.png"),
+         "tensor_tcp.txt", writes=("tensor_tcp.json", "tensor_tcp.png"), minutes=2.0, ok_codes=(0, 2)),
+    Step("torch-dist-shm", "the torch.distributed backend vs gloo, tensorwire over shared memory",
+         _bench("torch-dist", "--transport", "shm", "--repeat", "1", "--no-progress",
+                "--json", f"{OUT}/torch_dist_shm.json"),
+         "torch_dist_shm.txt", writes=("torch_dist_shm.json",), minutes=0.8, committed="--repeat 3"),
+    Step("torch-dist-tcp", "the torch.distributed backend vs gloo, tensorwire over tcp",
+         _bench("torch-dist", "--transport", "tcp", "--repeat", "1", "--no-progress",
+                "--json", f"{OUT}/torch_dist_tcp.json"),
+         "torch_dist_tcp.txt", writes=("torch_dist_tcp.json",), minutes=0.8, committed="--repeat 3"),
+    Step("train-shm", "PS training vs gloo (Figure 8, batch 1) over shared memory",
+         _bench("train", "--transport", "shm", "--figures", "fig8", "--batches", "1", "--steps", "20",
+                "--repeat", "1", "--json", f"{OUT}/train_shm_b1.json"),
+         "train_shm_b1.txt", writes=("train_shm_b1.json",), minutes=2.5, committed="--repeat 3"),
+    Step("train-tcp", "PS training vs gloo (Figure 8, batch 1) over tcp, with the TCP floor",
+         _bench("train", "--transport", "tcp", "--figures", "fig8", "--batches", "1", "--steps", "20",
+                "--repeat", "1", "--json", f"{OUT}/net_tcp_train_b1.json"),
+         "net_tcp_train_b1.txt", writes=("net_tcp_train_b1.json",), minutes=2.2, committed="--repeat 2"),
+)
+STEP_NAMES = tuple(s.name for s in STEPS)
+
+
+def select(only: str | None) -> list[Step]:
+    """The steps named in `only` (a comma list; None: all), in the report's order."""
+    if not only:
+        return list(STEPS)
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    bad = [n for n in names if n not in STEP_NAMES]
+    if bad or not names:
+        raise ValueError(f"--only takes {', '.join(STEP_NAMES)}; got {only!r}")
+    return [s for s in STEPS if s.name in names]
+
+
+def steps_table() -> str:
+    """The steps, for --help: name, minutes, what it re-measures, its files."""
+    lines = []
+    for s in STEPS:
+        more = f"; the committed run: {s.committed}" if s.committed else ""
+        lines.append(f"  {s.name:<15}~{s.minutes:>3.1f} min  {s.backs}\n"
+                     f"  {'':<15}           -> {', '.join(s.files())}{more}")
+    total = sum(s.minutes for s in STEPS)
+    return "\n".join(lines) + f"\n  all: about {total:.0f} minutes"
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds} s"
+
+
+def _code(root: Path) -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "code unknown"
+    if not head:
+        return "code unknown"
+    return f"code {head}" + (" + uncommitted changes" if dirty else "")
+
+
+def _load() -> str:
+    try:
+        return "%.2f" % os.getloadavg()[0]
+    except OSError:
+        return "?"
+
+
+def _verdict(text: str) -> str:
+    """The last PASS/WARN/FAIL/MISS line of a command's output ('' if none)."""
+    for line in reversed(text.splitlines()):
+        if re.match(r"(PASS|WARN|FAIL|MISS)\b", line):
+            return line.strip()
+    return ""
+
+
+@dataclass
+class Outcome:
+    step: Step
+    ok: bool
+    seconds: float
+    summary: str
+    kept: str | None = None          # where a failed step's output is
+    written: list[str] = field(default_factory=list)
+
+
+def run_step(step: Step, root: Path, timeout: float, keep_dir: Path) -> Outcome:
+    """Runs one step from `root`; on success moves its files into root/bench/results."""
+    results = root / RESULTS
+    out = Path(tempfile.mkdtemp(prefix=f"tw-report-{step.name}-"))
+    argv = step.command(str(out))
+    if argv[0] == "tensorwire":
+        argv = [sys.executable, "-m", "tensorwire", *argv[1:]]
+    env = dict(os.environ, TENSORWIRE_PROGRESS_BAR="0", PYTHONUNBUFFERED="1")
+    start, wall, load0 = time.monotonic(), time.strftime("%Y-%m-%d %H:%M", time.gmtime()), _load()
+    log = out / "output.txt"
+    with open(log, "w") as f:
+        try:
+            proc = subprocess.Popen(argv, cwd=root, env=env, stdout=f,
+                                    stderr=subprocess.STDOUT if step.stderr else subprocess.DEVNULL,
+                                    start_new_session=True)
+        except OSError as e:
+            return Outcome(step, False, 0.0, f"could not start: {e}")
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            rc = None
+    seconds = time.monotonic() - start
+    text = log.read_text(errors="replace")
+    if rc is None or rc not in step.ok_codes:
+        kept = keep_dir / step.name
+        shutil.rmtree(kept, ignore_errors=True)
+        shutil.move(str(out), kept)
+        why = f"timed out after {_clock(timeout)}" if rc is None else f"exit {rc}"
+        return Outcome(step, False, seconds, f"FAILED ({why}): {_verdict(text) or text.strip()[-200:]}",
+                       kept=str(kept))
+    written = []
+    if step.txt:
+        more = f"; the committed run before used {step.committed}" if step.committed else ""
+        header = (f"# command: {step.shown()}   (step {step.name} of tensorwire bench report{more})\n"
+                  f"# date: {wall}-{time.strftime('%H:%M', time.gmtime())} UTC, {_code(root)}, "
+                  f"{os.cpu_count()} CPUs, load average {load0} at start, {_load()} at end\n")
+        (results / step.txt).write_text(header + text)
+        written.append(step.txt)
+    for name in step.writes:
+        if (out / name).exists():
+            shutil.move(str(out / name), results / name)
+            written.append(name)
+        elif step.txt is None and (results / name).exists():
+            written.append(name)  # the command wrote it there itself
+    shutil.rmtree(out, ignore_errors=True)
+    return Outcome(step, True, seconds, _verdict(text) or "done", written=written)
+
+
+# --- the README's blocks, from the files -------------------------------------------------------------
+
+
+def _read(results: Path, name: str) -> str | None:
+    path = results / name
+    return path.read_text(errors="replace") if path.exists() else None
+
+
+def _provenance(text: str) -> str:
+    """'2026-11-22, code 51bfc75, best of 3' from a results file's first lines."""
+    head = "\n".join(text.splitlines()[:6])
+    parts = []
+    date = re.search(r"\b(20\d\d-\d\d-\d\d)", head)
+    if date:
+        parts.append(date.group(1))
+    code = re.search(r"\b(?:code|commit|at) ([0-9a-f]{7,12})\b", head)
+    if code:
+        parts.append(f"code {code.group(1)}")
+    how = re.search(r"\b(best of \d+|median of \d+ runs)", text)
+    if how:
+        parts.append(how.group(1))
+    return ", ".join(parts)
+
+
+def _link(name: str) -> str:
+    return f"[{name}]({RESULTS.as_posix()}/{name})"
+
+
+def _size(text: str) -> str:
+    n = int(text)
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
+
+
+def _missing(name: str, step: str) -> list[str]:
+    return [f"* {_link(name)}: not measured yet (`tensorwire bench report --only {step}`)"]
+
+
+COMPARE_ROW = re.compile(r"^(tcp|shm|rdma)\s+(bw|lat)\s+(\d+)\s+([\d.]+)\s+(.+?)\s+([\d.]+)\s+(\S+)\s+([\d.]+)x\s+"
+                         r"\(target >= ([\d.]+)x\)\s+(PASS|FAIL)")
+
+
+def compare_lines(text: str) -> tuple[str, list[str]]:
+    rows = [m.groups() for m in map(COMPARE_ROW.match, text.splitlines()) if m]
+    met = sum(r[-1] == "PASS" for r in rows)
+    lines = []
+    for tr, metric, size, ours, anchor, theirs, unit, ratio, target, verdict in rows:
+        what = "write_bw" if metric == "bw" else "write_lat"
+        lines.append(f"  * {verdict} {tr} `{what}` {_size(size)}: {float(ours):g} against {float(theirs):g} {unit} "
+                     f"of {anchor}, {ratio}x (target >= {target}x)")
+    return f"{met} of {len(rows)} ratios meet their targets", lines
+
+
+TENSOR_TARGET = re.compile(r"^#\s+(PASS|MISS|INFO)\s+(.+?)\s{2,}([\d.]+)(x| us)\s+\(bar ([^)]+)\)\s+"
+                           r"worst at (\S+) of (\d+) size")
+TENSOR_VERDICT = re.compile(r"^(PASS|WARN|FAIL) tensor \S+ (?:\S+ )?zerocopy=([\d.]+)MB/s@(\S+) speed-up: ([^(;]+)")
+
+
+def tensor_lines(text: str) -> tuple[str, list[str]]:
+    lines, counts = [], {"PASS": 0, "MISS": 0}
+    for m in map(TENSOR_TARGET.match, text.splitlines()):
+        if m:
+            verdict, what, value, unit, bar, at, n = m.groups()
+            value = f"{value}x" if unit == "x" else f"{value} us"
+            where = f"at {at}" if n == "1" else f"worst of the {n} sizes it covers, at {at}"
+            shown = "INFO (a bar set for shm)" if verdict == "INFO" else verdict
+            lines.append(f"  * {shown} `{what}`: {value} ({where}; bar {bar})")
+            counts[verdict] = counts.get(verdict, 0) + 1
+    summary = f"{counts['PASS']} of {counts['PASS'] + counts['MISS']} bars met" if counts["PASS"] + counts["MISS"] \
+        else "no bars for this transport in that run"
+    verdict = next((m for m in map(TENSOR_VERDICT.match, text.splitlines()) if m), None)
+    if verdict:
+        sanity, mbps, at, speedups = verdict.groups()
+        lines.append(f"  * at {at}: zerocopy {float(mbps):,.0f} MB/s; the other series' time over zerocopy's: "
+                     f"{speedups.strip().rstrip(',')}; sanity checks {sanity}")
+    return summary, lines
+
+
+TORCH_TARGET = re.compile(r"^# target (.+): ([\d.]+x) (PASS|MISS)$")
+
+
+def torch_dist_lines(text: str) -> tuple[str, list[str]]:
+    lines = [f"  * {m.group(3)} {m.group(1)}: {m.group(2)}"
+             for m in map(TORCH_TARGET.match, text.splitlines()) if m]
+    # the tables' ratio columns (tensorwire over gloo: > 1 = tensorwire faster), one line for all
+    tables, title, rows = [], None, None
+    for line in text.splitlines():
+        if line.startswith("# ") and not line.startswith(("# target", "# python")) and "Size" not in line \
+                and "Model" not in line:
+            title = line[2:].split(":")[0].split(",")[0].strip()
+        elif re.match(r"^\s*# (Size|Model)\b", line):
+            kind = "latency" if "Lat (us)" in line else "bandwidth" if "BW" in line else None
+            rows = []
+            tables.append((f"send/recv {kind}" if kind else title, rows))
+        elif rows is not None and re.match(r"^\s*\S+\s+[\d.]+\s+[\d.]+\s+[\d.]+x$", line):
+            label, _, _, ratio = line.split()
+            rows.append((_size(label) if label.isdigit() else label, ratio))
+        elif line.startswith("---") and rows:
+            rows = None
+    if tables:
+        parts = [f"{t} " + ", ".join(f"{r} ({label})" for label, r in rows) for t, rows in tables if rows]
+        lines.append("  * tensorwire against gloo (> 1x: tensorwire faster): " + "; ".join(parts))
+    met = sum(line.startswith("  * PASS") for line in lines)
+    missed = sum(line.startswith("  * MISS") for line in lines)
+    failed = next((line for line in text.splitlines() if line.startswith("FAIL")), "")
+    return failed or f"{met} of {met + missed} targets met", lines
+
+
+TRAIN_ROW = re.compile(r"^(\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)x$")
+TRAIN_TARGET = re.compile(r"^\s+(\w+) batch (\d+): zerocopy/(copy|gloo) = ([\d.]+)x \(target >= ([\d.]+)x\): "
+                          r"(met|NOT met)")
+
+
+def train_lines(text: str) -> tuple[str, list[str]]:
+    targets: dict[tuple[str, str], dict[str, tuple[str, str, str]]] = {}
+    for m in map(TRAIN_TARGET.match, text.splitlines()):
+        if m:
+            model, batch, other, ratio, target, met = m.groups()
+            targets.setdefault((model, batch), {})[other] = (ratio, target, "met" if met == "met" else "MISS")
+    lines, in_fig8 = [], False
+    for line in text.splitlines():
+        if line.startswith("Figure 8"):
+            in_fig8 = True
+            continue
+        m = TRAIN_ROW.match(line) if in_fig8 else None
+        if not m:
+            if in_fig8 and not line.strip():
+                in_fig8 = False
+            continue
+        model, batch, zc, copy, gloo, zc_copy, zc_gloo = m.groups()
+        t = targets.get((model, batch), {})
+        bars = "; ".join(f"zerocopy/{k} {v[0]}x (target >= {v[1]}x) {v[2]}" for k, v in sorted(t.items(), key=lambda kv: kv[0] != "gloo"))
+        lines.append(f"  * {model} batch {batch}: zerocopy {zc}, copy {copy}, gloo {gloo} samples/s"
+                     + (f"; {bars}" if bars else f"; zerocopy/gloo {zc_gloo}x, zerocopy/copy {zc_copy}x"))
+    bars = [v for t in targets.values() for v in t.values()]
+    met = sum(v[2] == "met" for v in bars)
+    return (f"{met} of {len(bars)} targets met" if bars else "no targets in the file"), lines
+
+
+# (title, file, the step that writes it, its lines)
+SECTIONS = (
+    ("Point to point against `ucx_perftest`", "compare_ucx_perftest.txt", "p2p", compare_lines),
+    ("Figure 7 over shared memory (zerocopy = a static slot; the grpc and rpc-ucx bars cover 1 MiB up)",
+     "tensor_shm.txt", "tensor-shm", tensor_lines),
+    ("Figure 7 over tcp", "tensor_tcp.txt", "tensor-tcp", tensor_lines),
+    ("torch.distributed backend against gloo, tensorwire over shared memory", "torch_dist_shm.txt",
+     "torch-dist-shm", torch_dist_lines),
+    ("torch.distributed backend against gloo, tensorwire over tcp", "torch_dist_tcp.txt", "torch-dist-tcp",
+     torch_dist_lines),
+    ("Parameter server against gloo (Figure 8, 2 workers x 2 servers, samples/s) over shared memory",
+     "train_shm_b1.txt", "train-shm", train_lines),
+    ("Parameter server against gloo over tcp", "net_tcp_train_b1.txt", "train-tcp", train_lines),
+)
+
+
+def render_block(results: Path) -> str:
+    """The performance block (without its markers) from the files in `results`."""
+    out = ["<!-- generated by `tensorwire bench report` (make bench) from the files named; "
+           "edit python/tensorwire/bench/report.py, not this text -->",
+           "The files `make bench` (`tensorwire bench report`) rewrites, on the 2-vCPU development VM; "
+           "each line is from the file named, whose first lines give its command, date and code.", ""]
+    for title, name, step, lines_of in SECTIONS:
+        text = _read(results, name)
+        if text is None:
+            out += _missing(name, step)
+            continue
+        summary, lines = lines_of(text)
+        out.append(f"* **{title}** ({_link(name)}, {_provenance(text)}): {summary}")
+        out += lines or ["  * (no result lines found in the file)"]
+    return "\n".join(out)
+
+
+def render_demo(results: Path) -> str:
+    text = _read(results, "demo.txt")
+    body = [line for line in (text or "").splitlines() if line.strip() and not line.startswith("# ")]
+    if not body:
+        body = ["(not run yet: tensorwire bench report --only demo)"]
+    prov = f" ({_link('demo.txt')}, {_provenance(text)})" if text else ""
+    return "\n".join([f"`make demo` prints something like{prov}:", "", "```", *body, "```"])
+
+
+def replace_block(readme: str, begin: str, end: str, body: str) -> str:
+    """`readme` with the text between the markers replaced by `body` (the markers stay)."""
+    i, j = readme.find(begin), readme.find(end)
+    if i < 0 or j < 0 or j < i:
+        raise BenchError(f"README.md has no {begin} ... {end} block")
+    return readme[:i + len(begin)] + "\n" + body.strip("\n") + "\n" + readme[j:]
+
+
+def update_readme(root: Path) -> bool:
+    """Regenerates the README's blocks from root/bench/results; True if the README changed."""
+    path = root / "README.md"
+    old = path.read_text()
+    new = replace_block(old, BEGIN, END, render_block(root / RESULTS))
+    new = replace_block(new, DEMO_BEGIN, DEMO_END, render_demo(root / RESULTS))
+    if new != old:
+        path.write_text(new)
+    return new != old
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+
+def find_root(given: str | None) -> Path:
+    """The checkout to measure in: --root, else the one this package lies in, else the working directory."""
+    here = Path(__file__).resolve().parents[3]
+    for candidate in ([Path(given)] if given else [here, Path.cwd()]):
+        if (candidate / "README.md").exists() and (candidate / RESULTS).is_dir():
+            return candidate.resolve()
+    raise SystemExit("tensorwire bench report: run it in a checkout of tensorwire (README.md and bench/results/); "
+                     f"{'--root ' + given if given else 'none found'}")
+
+
+def run(args) -> int:
+    try:
+        steps = select(args.only)
+    except ValueError as e:
+        raise SystemExit(f"tensorwire bench report: {e}") from None
+    root = find_root(args.root)
+    if args.dry_run:
+        print(f"# from {root}; about {sum(s.minutes for s in steps):.0f} min")
+        for s in steps:
+            print(s.shown())
+        if not args.no_readme:
+            print(f"# then README.md's blocks ({BEGIN} ..., {DEMO_BEGIN} ...) from {RESULTS}/")
+        return 0
+    failed, total = [], time.monotonic()
+    keep_dir = Path(tempfile.mkdtemp(prefix="tw-report-failed-"))
+    if not args.readme_only:
+        print(f"tensorwire bench report: {len(steps)} step(s), about {sum(s.minutes for s in steps):.0f} min, "
+              f"results to {root / RESULTS}", flush=True)
+        for i, s in enumerate(steps, 1):
+            print(f"[{i}/{len(steps)}] {s.name} ({s.shown()}) ... ", end="", flush=True)
+            r = run_step(s, root, args.step_timeout or max(300.0, 4 * 60 * s.minutes), keep_dir)
+            print(f"{_clock(r.seconds)}, total {_clock(time.monotonic() - total)}: {r.summary}"
+                  + (f" -> {', '.join(r.written)}" if r.written else ""), flush=True)
+            if not r.ok:
+                failed.append(r)
+    if not args.no_readme:
+        changed = update_readme(root)
+        print(f"README.md: performance and demo blocks {'regenerated' if changed else 'unchanged'} "
+              f"from {RESULTS}/")
+    if failed:
+        print(f"{len(failed)} step(s) failed, their old files kept; output in "
+              + ", ".join(r.kept or "?" for r in failed))
+        return 1
+    shutil.rmtree(keep_dir, ignore_errors=True)
+    return 0
