@@ -130,6 +130,11 @@ def steps_table() -> str:
 # --- running ---------------------------------------------------------------------------------------
 
 
+def _minutes(steps: list[Step]) -> str:
+    total = sum(s.minutes for s in steps)
+    return f"about {total:.0f} min" if total >= 1 else "under a minute"
+
+
 def _clock(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds} s"
@@ -231,8 +236,8 @@ def _read(results: Path, name: str) -> str | None:
     return path.read_text(errors="replace") if path.exists() else None
 
 
-def _provenance(text: str) -> str:
-    """'2026-11-22, code 51bfc75, best of 3' from a results file's first lines."""
+def _provenance(text: str, how: bool = True) -> str:
+    """'2026-11-22, code 51bfc75, best of 3' from a results file's first lines (how: the repeats)."""
     head = "\n".join(text.splitlines()[:6])
     parts = []
     date = re.search(r"\b(20\d\d-\d\d-\d\d)", head)
@@ -241,9 +246,9 @@ def _provenance(text: str) -> str:
     code = re.search(r"\b(?:code|commit|at) ([0-9a-f]{7,12})\b", head)
     if code:
         parts.append(f"code {code.group(1)}")
-    how = re.search(r"\b(best of \d+|median of \d+ runs)", text)
-    if how:
-        parts.append(how.group(1))
+    repeats = re.search(r"\b(best of \d+|median of \d+ runs)", text) if how else None
+    if repeats:
+        parts.append(repeats.group(1))
     return ", ".join(parts)
 
 
@@ -402,7 +407,7 @@ def render_demo(results: Path) -> str:
     body = [line for line in (text or "").splitlines() if line.strip() and not line.startswith("# ")]
     if not body:
         body = ["(not run yet: tensorwire bench report --only demo)"]
-    prov = f" ({_link('demo.txt')}, {_provenance(text)})" if text else ""
+    prov = f" ({_link('demo.txt')}, {_provenance(text, how=False)})" if text else ""
     return "\n".join([f"`make demo` prints something like{prov}:", "", "```", *body, "```"])
 
 
@@ -445,7 +450,7 @@ def run(args) -> int:
         raise SystemExit(f"tensorwire bench report: {e}") from None
     root = find_root(args.root)
     if args.dry_run:
-        print(f"# from {root}; about {sum(s.minutes for s in steps):.0f} min")
+        print(f"# from {root}; {_minutes(steps)}")
         for s in steps:
             print(s.shown())
         if not args.no_readme:
@@ -454,7 +459,7 @@ def run(args) -> int:
     failed, total = [], time.monotonic()
     keep_dir = Path(tempfile.mkdtemp(prefix="tw-report-failed-"))
     if not args.readme_only:
-        print(f"tensorwire bench report: {len(steps)} step(s), about {sum(s.minutes for s in steps):.0f} min, "
+        print(f"tensorwire bench report: {len(steps)} step(s), {_minutes(steps)}, "
               f"results to {root / RESULTS}", flush=True)
         for i, s in enumerate(steps, 1):
             print(f"[{i}/{len(steps)}] {s.name} ({s.shown()}) ... ", end="", flush=True)
