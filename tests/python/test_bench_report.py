@@ -210,3 +210,16 @@ def test_the_readme_is_what_the_committed_files_say():
     assert block.strip("\n") == report.render_block(ROOT / "bench" / "results").strip("\n")
     demo = text[text.index(report.DEMO_BEGIN) + len(report.DEMO_BEGIN):text.index(report.DEMO_END)]
     assert demo.strip("\n") == report.render_demo(ROOT / "bench" / "results").strip("\n")
+
+
+def test_every_step_is_a_command_the_cli_takes(tmp_path):
+    """Each step's command line parses with the real parser (or names a script of the checkout),
+    so a renamed flag fails here rather than ten minutes into a run."""
+    parser = cli.build_parser()
+    for step in report.STEPS:
+        argv = step.command(str(tmp_path))
+        if argv[0] == "tensorwire":
+            args = parser.parse_args(argv[1:])
+            assert callable(args.func), step.name
+        else:
+            assert (ROOT / argv[1]).exists(), f"{step.name}: {argv[1]} is not in the checkout"
