@@ -237,7 +237,7 @@ def test_fullmesh_sweep_prints_each_world_size_when_it_finishes(tmp_path, monkey
         return subprocess.CompletedProcess(cmd, 0, "", "")
     monkeypatch.setattr(fullmesh.subprocess, "run", run)
     out = tmp_path / "fm.json"
-    assert cli.main(["bench", "fullmesh", "--ranks", "2,3", "-D", "1", "--no-progress", "--json", str(out)]) == 0
+    assert cli.main(["bench", "fullmesh", "--sweep-ranks", "2,3", "-D", "1", "--no-progress", "--json", str(out)]) == 0
     rest = capsys.readouterr().out
     row_of = {n: next(line for line in (shown[1] + rest).splitlines() if line.startswith(f" {n}  "))
               for n in (2, 3)}

@@ -69,7 +69,7 @@ def test_alias_prints_the_family_output(tmp_path, alias, member, flags):
     texts, reports = [], []
     for i, argv in enumerate((alias, [member, *flags])):
         out = tmp_path / f"{i}.json"
-        texts.append(run_cli("bench", *argv, "--transport", "shm", "--workers", "2", "--json", str(out)))
+        texts.append(run_cli("bench", *argv, "--transport", "shm", "--ucp-workers", "2", "--json", str(out)))
         reports.append(json.loads(out.read_text()))
     a, f = reports
     assert a["test"] == f["test"] == member

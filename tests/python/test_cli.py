@@ -205,3 +205,120 @@ def test_every_option_of_every_command_has_help():
 
     walk(build_parser(), "tensorwire")
     assert missing == []
+
+
+# ---- one flag, one meaning (issue 36 item 5; docs/benchmarks.md "Flags") ----
+
+# What the anchor tools' flags mean here: perftest (ib_write_bw ...), OSU, mpirun.
+ANCHORED = {
+    "-s": "sizes", "-a": "all", "-n": "iters", "-q": "lanes", "-t": "window", "-D": "duration", "-f": "margin",
+    "-b": "bidirectional", "-N": "no_peak", "-d": "net_devices", "-p": "port",  # perftest
+    "-i": "iters", "-x": "warmup", "-c": "validate",                              # OSU
+    "-np": "ranks",                                                               # mpirun
+}
+# Anchor flags no command may give another meaning.
+RESERVED = {"-F": "perftest's CPU-frequency switch"}
+# Old spellings kept because a committed results file uses them (args.deprecated_alias).
+DEPRECATED = {("fullmesh", "--ranks"): "--sweep-ranks",        # bench/results/fullmesh_loopback.txt
+              ("alltoall", "-n"): "--ranks", ("allreduce", "-n"): "--ranks"}  # bench/results/coll_wait_before_after.txt
+
+
+def _bench_parsers(parser: argparse.ArgumentParser | None = None):
+    for path, leaf in _leaves(parser or cli.build_parser()):
+        if path[0] == "bench":
+            yield path[1], leaf
+
+
+def _meaning(action: argparse.Action) -> tuple:
+    return (action.dest, getattr(action.type, "__name__", action.type), action.nargs, type(action).__name__)
+
+
+def _clashes(parsers) -> dict:
+    """{flag: {meaning: [commands]}} for every flag with more than one meaning."""
+    from tensorwire.cli.args import DeprecatedAlias
+    seen: dict = {}
+    types: dict = {}  # (flag, type name) -> the type objects: one name, two functions is a clash too
+    for name, parser in parsers:
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._VersionAction, DeprecatedAlias)):
+                continue
+            for flag in action.option_strings:
+                seen.setdefault(flag, {}).setdefault(_meaning(action), []).append(name)
+                types.setdefault((flag, _meaning(action)), set()).add(action.type)
+    out = {flag: meanings for flag, meanings in seen.items() if len(meanings) > 1}
+    for (flag, meaning), objs in types.items():
+        if len(objs) > 1:
+            out.setdefault(flag, {})[meaning + ("two type functions",)] = sorted(map(str, objs))
+    return out
+
+
+def test_every_bench_flag_means_one_thing_in_every_command():
+    """Every flag of every `tensorwire bench` command has the same dest, type, nargs and action wherever it
+    appears: `--ranks` is a count everywhere (a sweep is --sweep-ranks), `--workers` is bench train's
+    processes (a device's UCP workers are --ucp-workers), `--timeout` one wait or step."""
+    parsers = list(_bench_parsers())
+    assert len(parsers) >= 15, [n for n, _ in parsers]
+    assert _clashes(parsers) == {}
+    shared = {flag for flag in ("--ranks", "--sizes", "--iters", "--warmup", "--repeat", "--timeout", "--steps")
+              if sum(flag in p._option_string_actions for _, p in parsers) >= 2}
+    assert shared == {"--ranks", "--sizes", "--iters", "--warmup", "--repeat", "--timeout", "--steps"}
+
+
+def test_the_flag_check_finds_a_clash():
+    """The check above is real: two commands that give one flag two meanings are reported."""
+    root = argparse.ArgumentParser(prog="t")
+    sub = root.add_subparsers().add_parser("bench").add_subparsers()
+    a, b, c = sub.add_parser("a"), sub.add_parser("b"), sub.add_parser("c")
+    a.add_argument("--ranks", type=int)
+    b.add_argument("--ranks", type=str)                 # a sweep spelled like a count
+    a.add_argument("--warmup", type=int)
+    c.add_argument("--warmup", type=int, dest="warm")   # same type, other dest
+    a.add_argument("--json")
+    c.add_argument("--json")
+    assert set(_clashes(_bench_parsers(root))) == {"--ranks", "--warmup"}
+
+
+def test_anchor_flags_follow_their_anchor():
+    for name, parser in _bench_parsers():
+        for flag, action in parser._option_string_actions.items():
+            if flag in ANCHORED and (name, flag) not in DEPRECATED:
+                assert action.dest == ANCHORED[flag], f"bench {name} {flag} is {action.dest}, not {ANCHORED[flag]}"
+            assert flag not in RESERVED, f"bench {name} {flag}: that is {RESERVED[flag]}"
+
+
+def test_deprecated_spellings_are_hidden_warn_and_mean_the_new_flag(capsys):
+    from tensorwire.cli.args import DeprecatedAlias
+    found = {}
+    for name, parser in _bench_parsers():
+        for action in parser._actions:
+            if isinstance(action, DeprecatedAlias):
+                assert action.help == argparse.SUPPRESS
+                new = parser._option_string_actions[action.replacement]
+                assert _meaning(new)[:3] == _meaning(action)[:3] and new.type is action.type
+                for flag in action.option_strings:
+                    found[(name, flag)] = action.replacement
+    assert found == DEPRECATED
+    parser = cli.build_parser()
+    old = parser.parse_args(["bench", "fullmesh", "--ranks", "2,3"])
+    assert "fullmesh: --ranks is deprecated: write --sweep-ranks (" in capsys.readouterr().err
+    assert old.sweep_ranks == parser.parse_args(["bench", "fullmesh", "--sweep-ranks", "2,3"]).sweep_ranks == [2, 3]
+    old = parser.parse_args(["bench", "alltoall", "-n", "3"])
+    assert "alltoall: -n is deprecated: write --ranks (" in capsys.readouterr().err
+    assert old.ranks == parser.parse_args(["bench", "alltoall", "-np", "3"]).ranks == 3
+    assert parser.parse_args(["bench", "write_bw", "-n", "7"]).iters == 7
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["bench", "fullmesh", "-s", "64K,1M"], "a fullmesh run streams one size, got 2"),
+    (["bench", "fullmesh", "--sweep-ranks", "2,x"], "takes numbers like 2,4,8"),
+    (["bench", "tensor", "--sizes", "6"], "multiples of 4 B"),
+    (["bench", "tensor", "--warmup", "-1"], "must be >= 0"),
+    (["bench", "write_bw", "-F", "osu"], "unrecognized arguments: -F"),
+])
+def test_flag_values_refused_with_a_usage_error(argv, says, capsys):
+    try:
+        code = cli.main(argv)  # the command's own check
+    except SystemExit as e:    # the parser's
+        code = e.code
+    assert code == 2
+    assert says in capsys.readouterr().err

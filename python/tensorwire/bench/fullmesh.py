@@ -15,7 +15,7 @@ Under `tensorwire run -n N` (or mpirun/srun/torchrun) each rank:
      rank 0, which prints per-flow, per-rank TX/RX, aggregate and Jain's
      fairness index, with the verdicts, --json and --plot.
 
-Without a launcher, `bench fullmesh --ranks 2,3,4` runs the sweep itself
+Without a launcher, `bench fullmesh --sweep-ranks 2,3,4` runs the sweep itself
 (`tensorwire run -n k` per k, inside --testbed hosts if given) and prints
 the scaling table: aggregate vs N, per-flow mean/min, Jain.
 """
@@ -241,23 +241,20 @@ def _testbed_hosts(args) -> list[str]:
 def sweep(args) -> int:
     from .common import Progress, Report
     hosts = _testbed_hosts(args) if args.testbed else None
-    if args.ranks:
-        try:
-            ranks = [int(x) for x in args.ranks.split(",") if x.strip()]
-        except ValueError:
-            raise SystemExit(f"--ranks takes numbers like 2,4,8, not {args.ranks!r}") from None
+    if args.sweep_ranks:
+        ranks = list(args.sweep_ranks)
     else:
         ranks = list(range(2, len(hosts) + 1)) if hosts else [2, 3, 4]
     if any(k < 2 for k in ranks):
-        raise SystemExit("--ranks: a fullmesh needs at least 2 ranks")
+        raise SystemExit("--sweep-ranks: a fullmesh needs at least 2 ranks")
     if hosts and max(ranks) > len(hosts):
-        raise SystemExit(f"--ranks up to {max(ranks)} but only {len(hosts)} testbed hosts given")
+        raise SystemExit(f"--sweep-ranks up to {max(ranks)} but only {len(hosts)} testbed hosts given")
     groups = None
     if hosts:
         from ..testbed import Testbed
         tb = Testbed.load(args.testbed)
         groups = {h: tb.group(h) for h in hosts}
-    timeout = args.timeout or args.duration + 90
+    timeout = args.run_timeout or args.duration + 90
     report = Report("fullmesh_scaling", {
         "transport": args.transport, "ranks": ranks, "size": args.size, "lanes": args.lanes,
         "duration": args.duration, "margin": args.margin, "testbed": args.testbed, "hosts": hosts,

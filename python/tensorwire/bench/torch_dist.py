@@ -47,7 +47,7 @@ def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
                           OMP_NUM_THREADS="1")
             if backend == "tensorwire" and args.transport != "auto":
                 pl.env["TENSORWIRE_TRANSPORT"] = args.transport
-        code = launch(cmd, placements, timeout=args.timeout, quiet=True)
+        code = launch(cmd, placements, timeout=args.round_timeout, quiet=True)
         if code != 0 or not os.path.exists(out):
             return {"error": f"{backend} round failed (exit {code})"}
         with open(out) as f:

@@ -32,7 +32,8 @@ import sys
 import textwrap
 from .. import TRANSPORTS
 from ..bench._coll_osu import OSU_ITERS, OSU_LARGE, OSU_SKIP, PROFILE_1MI_INT32, mpi_unavailable
-from .args import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
+from .args import PLOT_NEEDS, add_progress_switch, arg_nonneg, arg_positive as _positive, arg_sizes as _sizes
+from .args import deprecated_alias
 
 OPS = ("alltoall", "allreduce")
 DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
@@ -77,13 +78,6 @@ DESCRIPTION = {
 
 # ---------------------------------------------------------------- command line
 
-def _nonneg(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {v}")
-    return v
-
-
 def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p = bench_sub.add_parser(
         op, help=("alltoall on one-sided writes (osu_alltoall), optionally vs MPI" if op == "alltoall" else
@@ -91,8 +85,8 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
         description=textwrap.fill(DESCRIPTION[op], 79) + "\n\n" + __doc__.split("\n\n")[1] + "\n\n"
         + __doc__.split("\n\n")[2],
         epilog=EXAMPLES[op], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", "-n", type=_positive, default=None,
-                   help="when not started as a rank: start this many ranks here (default 2; 4 with "
+    p.add_argument("--ranks", "-np", type=_positive, default=None,
+                   help="when not started as a rank: start this many ranks here (mpirun -np; default 2; 4 with "
                         "--profile 1mi-int32)")
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="data transport between ranks: tcp, shm, rdma, or auto (UCX_TLS as set; shm on one host)")
@@ -102,7 +96,7 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p.add_argument("--iters", "-i", type=_positive, default=None,
                    help=f"timed iterations per size (default OSU's: {OSU_ITERS[0]} up to {OSU_LARGE} B, "
                         f"{OSU_ITERS[1]} above)")
-    p.add_argument("--warmup", "-x", type=_nonneg, default=None,
+    p.add_argument("--warmup", "-x", type=arg_nonneg, default=None,
                    help=f"untimed iterations first (default OSU's: {OSU_SKIP[0]} / {OSU_SKIP[1]})")
     if op == "allreduce":
         p.add_argument("--type", choices=("float", "int"), default="float",
@@ -140,6 +134,8 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="rank 0 writes the report, with every rank's raw samples")
     p.add_argument("--plot", metavar="FILE.png", help="latency vs size, one line per series (needs matplotlib)")
     p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)  # tests: SIGKILL this rank
+    # bench/results/coll_wait_before_after.txt was made with -n; -n is perftest's iterations in the other commands.
+    deprecated_alias(p, "-n", replacement="--ranks", why="-n is perftest's iteration count in bench write_bw etc.")
     p.set_defaults(func=run_command, coll_op=op, needs=(PLOT_NEEDS,))
     return p
 

@@ -84,7 +84,9 @@ Its older spellings still work: --sizes (= -s), --iters (= -n), --window
 def _peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="data transport: tcp, shm (shared memory), rdma, or auto (UCX_TLS as set)")
-    p.add_argument("--workers", type=_positive, default=1, help="UCP workers per device (default 1)")
+    # Not --workers: in `bench train` that counts worker processes (docs/benchmarks.md, "Flags").
+    p.add_argument("--ucp-workers", dest="workers", type=_positive, default=1, metavar="N",
+                   help="UCP workers (progress contexts) per device: Device(workers=N) (default 1)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("-p", "--port", type=int, default=0,
                    help="port to listen on with --server (perftest -p; default: pick one)")
@@ -100,7 +102,7 @@ def _common_options(p: argparse.ArgumentParser, sizes: str) -> None:
     p.add_argument("-a", "--all", action="store_true", help=f"all sizes 2 B..8 MiB (perftest -a: {ALL_SIZES})")
     p.add_argument("--budget", type=_sizes, default=None, metavar="BYTES",
                    help="cap on bytes moved per size (lowers --iters for big sizes; default: no cap, as perftest)")
-    p.add_argument("-F", "--format", choices=FORMATS, default="perftest",
+    p.add_argument("--format", choices=FORMATS, default="perftest",  # not -F: perftest's CPU-frequency switch
                    help="table columns and units of which anchor (default perftest)")
     p.add_argument("-c", "--validate", action="store_true",
                    help="check received contents against an iteration-dependent pattern (FAIL on mismatch)")

@@ -7,15 +7,7 @@ from __future__ import annotations
 import argparse
 
 from .. import TRANSPORTS
-from .args import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_sizes as _sizes
-
-
-def _tensor_sizes(text: str) -> list[int]:
-    sizes = _sizes(text)
-    bad = [s for s in sizes if s % 4]
-    if bad:
-        raise argparse.ArgumentTypeError(f"sizes must be multiples of 4 B (float32 tensors), not {bad}")
-    return sizes
+from .args import PLOT_NEEDS, add_progress_switch, arg_nonneg, arg_positive as _positive, arg_sizes as _sizes
 
 
 def _series(text: str) -> str:
@@ -73,7 +65,7 @@ def register(commands) -> None:
         description=TENSOR_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     tensor.add_argument("--transport", choices=TRANSPORTS, default="auto",
                         help="transport of the tensorwire and UCX series: tcp, shm, rdma or auto (UCX_TLS as set)")
-    tensor.add_argument("--sizes", type=_tensor_sizes, default=_tensor_sizes("1K:256M"),
+    tensor.add_argument("--sizes", type=_sizes, default=_sizes("1K:256M"),
                         help="tensor sizes in bytes: a list like 4K,1M,16M or a range like 1K:1G (default 1K:256M)")
     tensor.add_argument("--memory", choices=("host", "cuda"), default="host",
                         help="where the tensors live: host (default) or cuda: GPU memory to GPU memory "
@@ -87,7 +79,7 @@ def register(commands) -> None:
                         help="passes over every series and size, interleaved; each cell reports its best pass "
                              "(lowest median; rows print during the last pass), the others' medians kept in the "
                              "JSON (default 1)")
-    tensor.add_argument("--warmup", type=int, default=None,
+    tensor.add_argument("--warmup", type=arg_nonneg, default=None,
                         help="untimed iterations before each size (default: a tenth of --iters, more for "
                              "small sizes: up to 200, at most an eighth of --budget)")
     tensor.add_argument("--budget", type=_sizes, default=[256 << 20], metavar="BYTES",
@@ -121,6 +113,9 @@ def _main(args: argparse.Namespace) -> int:
 
     from ..bench.tensor import cuda_unavailable, run_tensor, select_series
     from ..config import export_progress_bar
+    bad = [s for s in args.sizes if s % 4]
+    if bad:  # the check of every --sizes is the parser's; this one is the command's
+        raise SystemExit(f"tensorwire bench tensor: sizes must be multiples of 4 B (float32 tensors), not {bad}")
     if args.series:  # the parser took a name of either memory
         try:
             select_series(args.series, args.memory)

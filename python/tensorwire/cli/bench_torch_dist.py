@@ -28,7 +28,9 @@ def register(commands) -> None:
                    help="iterations per latency size (fewer for large sizes), default 1000")
     p.add_argument("--steps", type=arg_positive, default=8, help="timed DDP/pipelining steps, default 8")
     p.add_argument("--repeat", type=arg_positive, default=3, help="rounds per backend, alternating (default 3)")
-    p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="seconds one round may take")
+    # Not --timeout: in the other commands that bounds one wait or step, not a whole round.
+    p.add_argument("--round-timeout", type=float, default=600.0, metavar="S",
+                   help="seconds one round (a world of --ranks running the suite) may take (default 600)")
     p.add_argument("--json", metavar="FILE", help="write every round's numbers and the best as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="plot bandwidth and collective time by size (matplotlib)")
     add_progress_switch(p)

@@ -11,7 +11,7 @@ import sys
 
 from .. import TRANSPORTS
 from ..torch.runs import MODES, mean_step_times, device_error, render_result, time_to_target, train_once
-from .args import PLOT_NEEDS, add_progress_switch
+from .args import PLOT_NEEDS, add_progress_switch, arg_nonneg, arg_positive as _positive
 
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
 
@@ -105,13 +105,6 @@ examples:
 """
 
 
-def _positive(text: str) -> int:
-    v = int(text)
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {v}")
-    return v
-
-
 def _csv(choices):
     def parse(text: str) -> list[str]:
         items = [t.strip() for t in text.split(",") if t.strip()]
@@ -173,7 +166,7 @@ def register(commands) -> None:
     t.add_argument("--servers", type=_positive, default=2, help="server processes S (default 2)")
     t.add_argument("--batch", type=_positive, default=8, help="batch size per worker (default 8)")
     t.add_argument("--steps", type=_positive, default=50, help="training steps (default 50)")
-    t.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
+    t.add_argument("--warmup", type=arg_nonneg, default=2, help="first steps left out of the timings (default 2)")
     t.add_argument("--mode", choices=MODES, default="zerocopy", help="zerocopy (default), copy or gloo")
     t.add_argument("--data", choices=("synthetic", "digits"), default="synthetic",
                    help="synthetic batches made on the fly (default) or scikit-learn's digits (mlp only)")
@@ -212,7 +205,7 @@ def register(commands) -> None:
     b.add_argument("--target-loss", type=float, default=0.2,
                    help="convergence target: running mean of 10 losses (default 0.2)")
     b.add_argument("--steps", type=_positive, default=10, help="steps per run (default 10)")
-    b.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
+    b.add_argument("--warmup", type=arg_nonneg, default=2, help="warm-up steps per run (default 2)")
     b.add_argument("--repeat", type=_positive, default=1,
                    help="runs per configuration, going round the modes compared (a, b, a, b, ...); the best of "
                         "each is kept (default 1)")
@@ -235,7 +228,7 @@ def register(commands) -> None:
                     help="batch size; several (4,8) cycle from step to step and make the edges whose shape "
                          "follows the batch dynamic (default 8)")
     pp.add_argument("--steps", type=_positive, default=20, help="forward passes (default 20)")
-    pp.add_argument("--warmup", type=int, default=2, help="first steps left out of the timings (default 2)")
+    pp.add_argument("--warmup", type=arg_nonneg, default=2, help="first steps left out of the timings (default 2)")
     pp.add_argument("--transport", choices=TRANSPORTS, default="auto",
                     help="data transport between the stages: tcp, shm, rdma, or auto (UCX_TLS as set)")
     pp.add_argument("--image-size", type=int, default=0, help="CNN input size (default: as tensorwire train)")
