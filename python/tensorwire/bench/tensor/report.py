@@ -190,7 +190,12 @@ def print_tail(report: Report, args, table: Table) -> None:
         for name, why in report.config["unavailable"].items():
             print(f"# {name}: unavailable ({why})")
     key = _key_metric(rows)
-    print(report.verdict_line(f"cuda {key}{_cuda_latency(rows)}" if cuda else key))
+    line = report.verdict_line(f"cuda {key}{_cuda_latency(rows)}" if cuda else key)
+    missed = [t["target"] for t in report.config.get("targets") or [] if not t["met"]]
+    if missed and line.startswith("PASS "):  # sound, but short of its own bars: never a bare PASS
+        line = f"MISS {line[5:]} (missed {len(missed)} of {len(report.config['targets'])} targets: " \
+               f"{'; '.join(missed)})"
+    print(line)
 
 
 def print_report(report: Report, args) -> None:
