@@ -9,7 +9,7 @@ Per transport, the median over N fresh objects of:
   * attach: creating its sender (the attach call, a channel back, exact keys);
   * export: the export call a dynamic sender makes for a new source region.
 
-    python3 bench/micro/export_cost.py [N]      (results: bench/results/export_cost.txt)
+    python3 bench/micro/export_cost.py [N]      (results: bench/results/isolation_perf_raw.txt §5)
 """
 import statistics
 import sys

@@ -84,7 +84,7 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   // A message's large payload goes by UCX's rendezvous (core/messages.h).
   // Over tcp UCX's default scheme copies fragments in and out: ~1 GB/s here.
   // put_zcopy lands the bytes from the socket in the buffer the receiver
-  // named: 4-5 GB/s (bench/results/lane_forms_tcp.txt). From 32 KiB: below
+  // named: 4-5 GB/s (measured 2026-11, a run not kept). From 32 KiB: below
   // UCX's own threshold (~270 KiB) a 256 KiB tensor took 215 us as copied
   // eager fragments and 85 us by rendezvous. Only without RDMA devices: over
   // verbs slots keep their one-sided form and UCX's own choices stand.
