@@ -130,8 +130,9 @@ fuzz-merge: fuzz-build
 bench-compare: build
 	bash bench/compare_ucx_perftest.sh
 
-# The README's headline numbers re-measured (about 12 minutes on the 2-vCPU VM): `tensorwire bench
-# report` reruns their benchmarks, rewrites their files in bench/results/ and the README's blocks.
+# The README's headline numbers re-measured (best of 3: about 26 minutes on the 2-vCPU VM; --repeat 1:
+# about 11): `tensorwire bench report` reruns their benchmarks, rewrites their files in bench/results/
+# and the README's blocks.
 # Options through BENCH_ARGS: make bench BENCH_ARGS="--dry-run" (or "--only tensor-tcp,train-tcp").
 .PHONY: bench
 bench: build

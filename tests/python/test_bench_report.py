@@ -103,8 +103,8 @@ def test_dry_run_lists_the_commands(capsys):
     assert cli.main(["bench", "report", "--dry-run"]) == 0
     out = capsys.readouterr().out
     for command in ("tensorwire demo > bench/results/demo.txt",
-                    "bash bench/compare_ucx_perftest.sh --reps 1",
-                    "tensorwire bench tensor --transport shm --repeat 1 --no-progress "
+                    "bash bench/compare_ucx_perftest.sh --reps 3",
+                    "tensorwire bench tensor --transport shm --repeat 3 --no-progress "
                     "--json bench/results/tensor_shm.json --plot bench/results/tensor_shm.png "
                     "> bench/results/tensor_shm.txt",
                     "tensorwire bench tensor --transport tcp",
@@ -114,6 +114,10 @@ def test_dry_run_lists_the_commands(capsys):
                     "tensorwire bench train --transport tcp --figures fig8 --batches 1 --steps 20"):
         assert command in out, f"{command!r} not in:\n{out}"
     assert len([line for line in out.splitlines() if not line.startswith("#")]) == len(report.STEPS)
+    assert cli.main(["bench", "report", "--dry-run", "--repeat", "1"]) == 0  # one pass: every step that repeats
+    quick = capsys.readouterr().out
+    assert "--reps 1" in quick and "--repeat 3" not in quick and "--repeat 2" not in quick, quick
+    assert quick.count("--repeat 1") == out.count("--repeat ")
     # every file a step writes is one the README or bench/results/README.md names
     index = (ROOT / "bench" / "results" / "README.md").read_text()
     for step in report.STEPS:
