@@ -63,6 +63,7 @@ def arg_counts(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"takes numbers > 0 like 2,4,8, not {text!r}")
     return counts
 
+
 def arg_nonneg(text: str) -> int:
     v = int(text)
     if v < 0:

@@ -11,7 +11,7 @@ import sys
 
 from .. import TRANSPORTS
 from ..torch.runs import MODES, mean_step_times, device_error, render_result, time_to_target, train_once
-from .args import PLOT_NEEDS, add_progress_switch, arg_nonneg, arg_positive as _positive
+from .args import PLOT_NEEDS, add_progress_switch, arg_counts, arg_nonneg, arg_positive as _positive
 
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
 
@@ -115,16 +115,6 @@ def _csv(choices):
     return parse
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        out = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a comma-separated list of integers, not {text!r}") from None
-    if not out or min(out) <= 0:
-        raise argparse.ArgumentTypeError(f"positive integers, not {text!r}")
-    return out
-
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=TRANSPORTS, default="shm",
                    help="tensorwire transport of zerocopy/copy (gloo is always TCP); default shm")
@@ -185,12 +175,12 @@ def register(commands) -> None:
         description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("--models", type=_csv(MODEL_NAMES), default=["fcn5", "alexnet", "vgg16"],
                    help="models of fig8/fig11 (default fcn5,alexnet,vgg16: the communication-bound ones)")
-    b.add_argument("--batches", type=_ints, default=[1, 8], help="batch sizes per worker of fig8 (default 1,8)")
+    b.add_argument("--batches", type=arg_counts, default=[1, 8], help="batch sizes per worker of fig8 (default 1,8)")
     b.add_argument("--modes", type=_csv(MODES), default=list(MODES), help="modes of fig8 (default all)")
     b.add_argument("--workers", type=_positive, default=2, help="workers (= servers) of fig8/fig11 (default 2)")
     b.add_argument("--scale-models", type=_csv(MODEL_NAMES), default=["fcn5"],
                    help="models of fig10 (default fcn5)")
-    b.add_argument("--scale", type=_ints, default=[1, 2], help="worker counts of fig10 (default 1,2)")
+    b.add_argument("--scale", type=arg_counts, default=[1, 2], help="worker counts of fig10 (default 1,2)")
     b.add_argument("--scale-batch", type=_positive, default=8, help="batch of fig10 (default 8)")
     b.add_argument("--copy-batch", type=_positive, default=8, help="batch of fig11 (default 8, as the paper)")
     b.add_argument("--figures", type=_csv(("fig8", "fig10", "fig11", "convergence", "table2")),
@@ -224,7 +214,7 @@ def register(commands) -> None:
                     help="stage processes, cut where parameter bytes balance (default 2)")
     pp.add_argument("--cut", action="append", default=[], metavar="NAME",
                     help="start a new stage at this module or node (repeatable; overrides --stages)")
-    pp.add_argument("--batch", type=_ints, default=[8],
+    pp.add_argument("--batch", type=arg_counts, default=[8],
                     help="batch size; several (4,8) cycle from step to step and make the edges whose shape "
                          "follows the batch dynamic (default 8)")
     pp.add_argument("--steps", type=_positive, default=20, help="forward passes (default 20)")
