@@ -72,7 +72,7 @@ test-cpp: deps
 # time (default: the CPU count, at least 2, at most 4) take 490 s instead of 700 s here.
 PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=2; [ $$n -gt 4 ] && n=4; echo $$n)
 test-python: build
-	$(PYTHON) -m pytest tests/python -q -n $(PYTEST_WORKERS) --durations=15
+	$(PYTHON) -m pytest tests/python -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
 test: test-cpp test-python test-fuzz test-system-ucx
 

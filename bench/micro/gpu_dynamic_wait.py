@@ -7,7 +7,7 @@ bench/results/gpu_tensor_h100_shm_20261127.txt. MEM=host runs it without a GPU.
 """
 import os, sys, time
 import tensorwire as tw
-from tensorwire.roles import Roles
+from tensorwire.ranks.roles import Roles
 MEM = os.environ.get("MEM", "cuda")
 
 def _rx(conn, progress, sizes, order):

@@ -12,7 +12,7 @@ import sys
 import time
 
 import tensorwire as tw
-from tensorwire.roles import Roles
+from tensorwire.ranks.roles import Roles
 
 
 def _rx(conn, transport, n, gap):

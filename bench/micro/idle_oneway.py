@@ -11,7 +11,7 @@ released (static) or took (dynamic) it, 400 times; the first 50 are dropped
 receiver waits in tw.wait_any([slot]) before each recv()."""
 import sys, time, statistics
 import tensorwire as tw
-from tensorwire.roles import Roles
+from tensorwire.ranks.roles import Roles
 
 def _rx(conn, transport, n, memory, kind, wait):
     with tw.Device(transport=transport) as dev:

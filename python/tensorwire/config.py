@@ -29,8 +29,8 @@ class Variable:
 
 
 CORE = "C++ core (every Device)"
-WORLD = "tensorwire.world (World, detect)"
-RUN = "set by `tensorwire run`; read by tensorwire.world"
+WORLD = "tensorwire.ranks.world (World, detect)"
+RUN = "set by `tensorwire run`; read by tensorwire.ranks.world"
 BENCH = "benches"
 TESTBED = "set by the testbed for commands in a host"
 
@@ -66,12 +66,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_LOCAL_RANK", "rank among those on the same host (for the rank's own program)",
              "integer >= 0", "unset", "set by `tensorwire run`"),
     Variable("TENSORWIRE_ROOT", "address rank 0's device listens on, known to every rank: it serves the store "
-             "the ranks meet in (tensorwire.rendezvous)", "host:port",
+             "the ranks meet in (tensorwire.ranks.rendezvous)", "host:port",
              "127.0.0.1:29600; under torchrun unset: the ranks meet in torchrun's store (MASTER_ADDR:MASTER_PORT)",
              RUN),
     Variable("TENSORWIRE_HOST", "address this process's device listens on", "host or IP",
              "127.0.0.1 when the root is loopback, else the local address that routes to it",
-             "tensorwire.world, tensorwire train (PS roles); set by `tensorwire run --testbed`"),
+             "tensorwire.ranks.world, tensorwire train (PS roles); set by `tensorwire run --testbed`"),
     Variable("TENSORWIRE_TOKEN", "shared secret of a World's devices: peers with another token are refused",
              "any string", "empty (no token)", WORLD),
     # -- benches --
@@ -82,7 +82,7 @@ VARIABLES: tuple[Variable, ...] = (
              "client hands its own to the `bench serve` it spawns", "microseconds", "100", BENCH),
     Variable("TENSORWIRE_COLL_ORDER", "how the collectives order a payload before its flag (overrides the "
              "engine's choice)", "fence, flush", "flush over tcp, else fence",
-             "tensorwire.collectives (World collectives, bench alltoall/allreduce)"),
+             "tensorwire.ranks.collectives (World collectives, bench alltoall/allreduce)"),
     Variable("TENSORWIRE_COLL_DEBUG", "SIGUSR1 dumps every thread's stack (faulthandler) in each rank",
              "non-empty = on", "off", "bench alltoall/allreduce"),
     Variable("TENSORWIRE_TERASORT_DEBUG", "print each shuffle piece's arrival time", "non-empty = on", "off",
@@ -91,7 +91,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_TESTBED", "name of the testbed that commands use", "a name", "tw",
              "tensorwire testbed; " + TESTBED),
     Variable("TENSORWIRE_TESTBED_HOST", "testbed host this command runs in (a rank's host name)", "a host name",
-             "unset: the machine's host name", "tensorwire.world; " + TESTBED),
+             "unset: the machine's host name", "tensorwire.ranks.world; " + TESTBED),
     Variable("TENSORWIRE_TESTBED_ADDR", "address of that testbed host", "IP", "unset", TESTBED),
     # -- build --
     Variable("TENSORWIRE_UCX", "which UCX the build links (Makefile, pip via pyproject.toml, CMake)",

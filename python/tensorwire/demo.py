@@ -14,7 +14,7 @@ import numpy as np
 
 from . import Device
 from .bench import p2p
-from .roles import RoleError, Roles
+from .ranks.roles import RoleError, Roles
 
 
 def _child(conn, transport: str, n: int) -> None:

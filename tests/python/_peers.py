@@ -126,7 +126,7 @@ def refused_connects(conn, transport: str, rounds: int) -> None:
     import time
 
     import tensorwire as tw
-    from tensorwire.launch import free_port
+    from tensorwire.ranks.launch import free_port
 
     try:
         conn.send({"address": None, "pid": os.getpid()})

@@ -101,8 +101,8 @@ def device_pair(request):
 
 def free_port() -> int:
     """A port nobody listens on, from below the ephemeral range so that no
-    socket is handed it before the test binds it (tensorwire.launch.free_port)."""
-    from tensorwire.launch import free_port as pick
+    socket is handed it before the test binds it (tensorwire.ranks.launch.free_port)."""
+    from tensorwire.ranks.launch import free_port as pick
     return pick(HOST)
 
 
@@ -207,3 +207,13 @@ def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.01)
 def start_slot_peer(transport: str, **device_kwargs: Any) -> PeerProcess:
     """A process holding tensor slots or senders, driven by {"op": ...} messages (see _peers.slot_peer)."""
     return PeerProcess(_peers.slot_peer, transport, device_kwargs)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (make test: --dist loadgroup) the tests that build testbeds (root network
+    namespaces, links in the root namespace, tc) run one after another on one worker: they compare
+    the machine's links before and after and time signals to processes in namespaces, which another
+    testbed built at the same time disturbs."""
+    for item in items:
+        if item.get_closest_marker("netns") is not None or item.path.name == "test_testbed.py":
+            item.add_marker(pytest.mark.xdist_group("testbed"))

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tensorwire.cli import bench_collectives as coll
-from tensorwire.collectives import RD_RING_THRESHOLD, Layout, choose_allreduce, rd_geometry, ring_chunks
+from tensorwire.ranks.collectives import RD_RING_THRESHOLD, Layout, choose_allreduce, rd_geometry, ring_chunks
 
 FAST = ["--iters", "20", "--warmup", "2"]
 

@@ -23,7 +23,7 @@ from tensorwire import cli
 from tensorwire.bench import tensor as bt
 from tensorwire.bench.common import BenchError, Report
 from tensorwire.bench.tensor import cuda, harness, registry
-from tensorwire.roles import Roles
+from tensorwire.ranks.roles import Roles
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed (pip install torch)")

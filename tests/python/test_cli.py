@@ -138,7 +138,7 @@ def test_every_error_type_is_a_tensorwire_error():
 
 
 def test_demo_writes_and_verifies():
-    """`tensorwire demo`: its receiver is a role of tensorwire.roles (no process of its own making)."""
+    """`tensorwire demo`: its receiver is a role of tensorwire.ranks.roles (no process of its own making)."""
     r = tw("demo", "--mib", "1", "--transport", "shm")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "contents:  verified" in r.stdout, r.stdout

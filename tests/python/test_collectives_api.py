@@ -17,7 +17,7 @@ HAVE_TORCH = importlib.util.find_spec("torch") is not None
 SCRIPT = textwrap.dedent("""
     import sys
     import numpy as np
-    import tensorwire as tw, tensorwire.world as w
+    import tensorwire as tw, tensorwire.ranks.world as w
 
     transport, use_torch = sys.argv[1], sys.argv[2] == "1"
     if use_torch:
@@ -150,7 +150,7 @@ def test_results_equal_numpy(n, transport):
 
 
 MISMATCH = textwrap.dedent("""
-    import numpy as np, tensorwire as tw, tensorwire.world as w
+    import numpy as np, tensorwire as tw, tensorwire.ranks.world as w
     with w.World(transport="shm", timeout=5, progress="inline") as world:
         world.allreduce(np.ones(64, np.float32))          # the engine now holds 256 B
         try:
@@ -177,7 +177,7 @@ def test_ranks_that_disagree_are_told_not_mixed():
 
 
 SILENT = textwrap.dedent("""
-    import time, numpy as np, tensorwire as tw, tensorwire.world as w
+    import time, numpy as np, tensorwire as tw, tensorwire.ranks.world as w
     with w.World(transport="shm", timeout=1, progress="inline") as world:
         world.allreduce(np.ones(64, np.float32))
         if world.rank == 1:

@@ -17,7 +17,8 @@ import warnings
 
 import pytest
 
-from tensorwire import cli, config, world
+from tensorwire import cli, config
+from tensorwire.ranks import world
 from tensorwire.bench.common import Progress, Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

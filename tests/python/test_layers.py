@@ -22,15 +22,17 @@ PACKAGE = pathlib.Path(tensorwire.__file__).parent
 CORE = "core"
 MAY_IMPORT = {
     CORE: {CORE},
-    "bench": {CORE, "bench"},
-    "torch": {CORE, "bench", "torch"},
+    "ranks": {CORE, "ranks"},
+    "bench": {CORE, "ranks", "bench"},
+    "torch": {CORE, "ranks", "bench", "torch"},
     "testbed": {"testbed", "errors"},  # runs as root in namespaces: no device, no torch
-    "cli": {CORE, "bench", "torch", "testbed", "cli"},
+    "cli": {CORE, "ranks", "bench", "torch", "testbed", "cli"},
     "errors": {"errors"},  # every area may import the exceptions
 }
 # Third-party packages an area must not import at module level (optional
 # dependencies: their absence must not break the area's import).
-FORBIDDEN_EXTERNAL = {CORE: {"torch", "grpc", "matplotlib"}, "bench": {"torch", "grpc", "matplotlib"},
+FORBIDDEN_EXTERNAL = {CORE: {"torch", "grpc", "matplotlib"}, "ranks": {"torch", "grpc", "matplotlib"},
+                      "bench": {"torch", "grpc", "matplotlib"},
                       "testbed": {"torch", "numpy"}}
 
 
@@ -41,7 +43,7 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
-AREA_OF = {"bench": "bench", "torch": "torch", "testbed": "testbed", "errors": "errors",
+AREA_OF = {"ranks": "ranks", "bench": "bench", "torch": "torch", "testbed": "testbed", "errors": "errors",
            "cli": "cli", "__main__": "cli", "demo": "cli"}  # the rest of the top level is the core
 
 
@@ -95,27 +97,30 @@ def test_imports_point_down():
 
 
 def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
-    """The rule is not vacuous: a bench module importing tensorwire.torch fails it."""
+    """The rule is not vacuous: a bench module importing tensorwire.torch fails it, and so does a
+    module of the device API importing tensorwire.ranks."""
     fake = tmp_path / "tensorwire"
     (fake / "bench").mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     (fake / "bench" / "__init__.py").write_text("")
     (fake / "bench" / "bad.py").write_text("from ..torch import ps\nimport torch\n")
+    (fake / "device_api.py").write_text("from .ranks import world\n")  # the device API under the ranks
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     found = _violations()
+    assert any("core imports tensorwire.ranks" in v for v in found), found
     assert any("bench imports tensorwire.torch" in v for v in found), found
     assert any("bench imports torch at module level" in v for v in found), found
 
 
 def _modules_of(area: str) -> list[str]:
-    if area == CORE:  # the package root and its plain modules (the rendezvous and World among them)
+    if area == CORE:  # the package root and its plain modules (the device API)
         paths = [p for p in sorted(PACKAGE.glob("*.py")) if _area(_module_name(p)) == CORE]
     else:
         paths = [p for p in sorted((PACKAGE / area).rglob("*.py")) if p.name != "__main__.py"]
     return [_module_name(p) for p in paths]
 
 
-@pytest.mark.parametrize("area, absent", [(CORE, "torch"), ("bench", "torch"), ("testbed", "torch")])
+@pytest.mark.parametrize("area, absent", [(CORE, "torch"), ("ranks", "torch"), ("bench", "torch"), ("testbed", "torch")])
 def test_importing_an_area_does_not_load(area, absent):
     """Every module of `area` imports without pulling in `absent` (checked in a fresh interpreter)."""
     modules = _modules_of(area)

@@ -1,4 +1,4 @@
-"""The rendezvous store (tensorwire.rendezvous) on both backends: torch's TCPStore
+"""The rendezvous store (tensorwire.ranks.rendezvous) on both backends: torch's TCPStore
 and the control-plane store served by a Device. Each test runs against the
 serving side and a client: set/get/add/delete, a wait that ends when the key
 comes, a missing key or rank named in the Timeout within its bound, an abort
@@ -12,7 +12,7 @@ import time
 import pytest
 
 import tensorwire as tw
-from tensorwire.rendezvous import Aborted, ControlStore, Store, TorchStore, gather, publish
+from tensorwire.ranks.rendezvous import Aborted, ControlStore, Store, TorchStore, gather, publish
 
 BOUND_S = 0.5   # the bound of the waits that are meant to time out
 SLACK_S = 2.0   # what such a wait may overrun it on a busy machine

@@ -1,4 +1,4 @@
-"""tensorwire.roles, the one launcher of local roles: a clean run returns every
+"""tensorwire.ranks.roles, the one launcher of local roles: a clean run returns every
 role's result; the first failure is named (a death before the errors it
 caused, in the role's own words where it gave them) and the rest are
 stopped within a bound (SIGTERM, then SIGKILL after the grace)."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tensorwire.roles import Roles, RoleError, describe_exit
+from tensorwire.ranks.roles import Roles, RoleError, describe_exit
 
 # Spawned children start a fresh interpreter (~0.5 s, more on a busy machine):
 # the bounds below leave room for that.

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tensorwire.launch import free_port  # noqa: E402
+from tensorwire.ranks.launch import free_port  # noqa: E402
 
 HERE = Path(__file__).parent
 OPS_SCRIPT = HERE / "_torch_dist_ops.py"

@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tensorwire.launch import free_port  # noqa: E402
+from tensorwire.ranks.launch import free_port  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV = dict(os.environ, OMP_NUM_THREADS="1")  # the same threads under both launchers: the same float sums

@@ -1,4 +1,4 @@
-"""Bootstrap of N ranks (tensorwire.world) and the launcher (tensorwire run):
+"""Bootstrap of N ranks (tensorwire.ranks.world) and the launcher (tensorwire run):
 the ranks meet in rank 0's control-plane store, or in an existing torch store
 under torchrun; a missing rank, a rank claimed twice and sizes that differ fail
 every rank, within the bound, with words that say which."""
@@ -12,11 +12,11 @@ import time
 import pytest
 
 from tensorwire import InvalidArgument
-from tensorwire.launch import free_port as _free_port
-from tensorwire.world import detect
+from tensorwire.ranks.launch import free_port as _free_port
+from tensorwire.ranks.world import detect
 
 SCRIPT = textwrap.dedent("""
-    import os, sys, tensorwire.world as w
+    import os, sys, tensorwire.ranks.world as w
     with w.World(transport="tcp", timeout=20) as world:
         got = world.allgather({"rank": world.rank, "pid": os.getpid()})
         assert [g["rank"] for g in got] == list(range(world.size)), got
@@ -64,7 +64,7 @@ def test_killed_rank_fails_run_naming_it():
     assert time.monotonic() - t0 < 30  # stopped promptly, not after the 60 s barrier timeout
 
 
-BOOT = "import sys, tensorwire.world as w; w.World(transport='tcp', timeout=float(sys.argv[1]))"
+BOOT = "import sys, tensorwire.ranks.world as w; w.World(transport='tcp', timeout=float(sys.argv[1]))"
 
 
 def _ranks(envs: list[dict], timeouts: list[float], code: str = BOOT) -> list[tuple[int, str, float]]:
@@ -113,8 +113,8 @@ def test_two_processes_claiming_a_rank_fail_every_rank():
 
 
 TORCHRUN_SCRIPT = textwrap.dedent("""
-    import sys, tensorwire.world as w
-    from tensorwire.rendezvous import TorchStore
+    import sys, tensorwire.ranks.world as w
+    from tensorwire.ranks.rendezvous import TorchStore
     with w.World(transport="tcp", timeout=20) as world:
         assert isinstance(world.store, TorchStore) and world.placement.store == "torch", world.store
         got = world.allgather(world.rank)
@@ -147,7 +147,7 @@ def test_world_meets_in_a_store_passed_in():
     """World(store=...) takes a c10d store (here an in-process HashStore; two ranks as threads)."""
     import threading
 
-    from tensorwire.world import Placement, World
+    from tensorwire.ranks.world import Placement, World
     torch = pytest.importorskip("torch")
     store = torch.distributed.HashStore()
     worlds, errors = [None, None], []

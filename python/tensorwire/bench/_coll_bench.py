@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..collectives import RD_RING_THRESHOLD, CollectiveError, OneSidedCollectives
+from ..ranks.collectives import RD_RING_THRESHOLD, CollectiveError, OneSidedCollectives
 from . import _coll_osu as osu
 from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, Patterns
 from .common import Progress, Report, check_lane_transports, human_size, print_line
@@ -87,7 +87,7 @@ def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validat
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    from ..world import World
+    from ..ranks.world import World
     if os.environ.get("TENSORWIRE_COLL_DEBUG"):
         import faulthandler
         faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -155,7 +155,7 @@ def _maybe_die(args: argparse.Namespace, rank: int, phase: str, state: dict | No
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    from ..world import World
+    from ..ranks.world import World
     world = World(transport=args.transport, timeout=args.timeout)
     state = {"phase": "setup"}
     try:

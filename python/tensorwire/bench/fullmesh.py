@@ -39,7 +39,7 @@ def run_rank(args) -> int:
     import numpy as np
 
     from .. import _core
-    from ..world import World
+    from ..ranks.world import World
     from .common import check_pattern, fill_pattern
     from .p2p import BENCH_SPIN_US, window_for
 
@@ -269,7 +269,7 @@ def sweep(args) -> int:
             out = os.path.join(tmp, f"n{k}.json")
             cmd = [sys.executable, "-m", "tensorwire", "run", "-n", str(k), "--timeout", f"{timeout:g}"]
             if hosts:
-                # the launcher picks a fresh root port per run (tensorwire.launch.plan)
+                # the launcher picks a fresh root port per run (tensorwire.ranks.launch.plan)
                 cmd += ["--testbed", args.testbed, "--hosts", ",".join(hosts[:k])]
             cmd += ["--", sys.executable, "-m", "tensorwire", "bench", "fullmesh", "--transport", args.transport,
                     "-s", str(args.size), "-q", str(args.lanes), "-D", f"{args.duration:g}", "-f", f"{args.margin:g}",

@@ -20,7 +20,7 @@ import argparse
 import sys
 import time
 
-from ..roles import Roles
+from ..ranks.roles import Roles
 from .. import TRANSPORTS
 from .common import Report, check_latency_row, latency_stats, parse_sizes, print_table
 

@@ -11,7 +11,7 @@ import json
 import socket
 import time
 
-from ..roles import Roles
+from ..ranks.roles import Roles
 from .common import BenchError, iterations_for, parse_sizes
 
 

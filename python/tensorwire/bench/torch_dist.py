@@ -30,8 +30,8 @@ MODELS = ("fcn5", "resnet")
 
 def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
     """One set of rank processes with one backend; rank 0's results."""
-    from ..launch import free_port, plan
-    from ..launch import run as launch
+    from ..ranks.launch import free_port, plan
+    from ..ranks.launch import run as launch
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.json")
         cmd = [sys.executable, "-m", "tensorwire.torch.bench_dist", "--backend", backend,

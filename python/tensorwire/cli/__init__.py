@@ -40,7 +40,7 @@ COMMAND_MODULES = (
     "tensorwire.cli.bench_p2p",     # bench latency/bw/serve
     "tensorwire.cli.bench_tensor",  # bench tensor
     "tensorwire.cli.demo",          # tensorwire demo
-    "tensorwire.launch",            # tensorwire run
+    "tensorwire.ranks.launch",            # tensorwire run
     "tensorwire.cli.bench_fabric",  # bench write_bw/read_bw/write_lat/read_lat
     "tensorwire.cli.bench_fullmesh",  # bench fullmesh
     "tensorwire.cli.bench_collectives",  # bench alltoall/allreduce

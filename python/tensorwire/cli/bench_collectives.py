@@ -1,6 +1,6 @@
 """`tensorwire bench alltoall` and `tensorwire bench allreduce`: collectives
 built on one-sided writes into pre-registered per-peer buffers
-(tensorwire.collectives), measured the way the OSU micro-benchmarks measure MPI
+(tensorwire.ranks.collectives), measured the way the OSU micro-benchmarks measure MPI
 collectives, optionally beside MPI or torch.distributed gloo in the same run.
 
 Method (osu_alltoall / osu_allreduce): per size, `warm-up` untimed calls, then
@@ -38,7 +38,7 @@ from .args import deprecated_alias
 OPS = ("alltoall", "allreduce")
 DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
 # allreduce --algorithm auto: recursive doubling below this many bytes. The engine's
-# tensorwire.collectives.RD_RING_THRESHOLD (mirrored: importing the engine loads numpy;
+# tensorwire.ranks.collectives.RD_RING_THRESHOLD (mirrored: importing the engine loads numpy;
 # a test checks the two agree).
 RD_RING_THRESHOLD = 512 << 10
 RANK_ENV = ("TENSORWIRE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
@@ -180,7 +180,7 @@ def _launch(args: argparse.Namespace) -> int:
     env_path = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.compare == "mpi":
         from ..config import PROGRESS_BAR
-        from ..launch import free_port
+        from ..ranks.launch import free_port
         why = mpi_unavailable()
         if why:
             print(f"tensorwire bench {args.coll_op}: --compare mpi is not possible here: {why}", file=sys.stderr)
@@ -208,7 +208,7 @@ def _launch(args: argparse.Namespace) -> int:
             print(f"tensorwire bench {args.coll_op}: --compare gloo needs torch: pip install tensorwire[torch]",
                   file=sys.stderr)
             return 2
-    from .. import launch
+    from ..ranks import launch
     return launch.run(rank_cmd, launch.plan(n))
 
 

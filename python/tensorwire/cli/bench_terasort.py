@@ -122,7 +122,7 @@ def _main(args: argparse.Namespace) -> int:
         print(f"{total:x}")
         return 0
     from ..config import export_progress_bar
-    from ..world import detect
+    from ..ranks.world import detect
     export_progress_bar(args.progress)  # the ranks started below inherit the choice
     placement = detect()
     if placement.launcher == "single" and args.ranks > 1:
@@ -132,7 +132,7 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from ..launch import plan, run
+    from ..ranks.launch import plan, run
     cmd = [sys.executable, "-m", "tensorwire", "bench", "terasort", "--rows", str(args.rows),  # the same, as a rank
            "--ranks", str(args.ranks), "--transport", args.transport, "--baseline", args.baseline,
            "--chunk", str(args.chunk), "--samples", str(args.samples), "--repeat", str(args.repeat),

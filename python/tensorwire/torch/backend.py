@@ -9,14 +9,14 @@ tensorwire after ``import tensorwire.torch`` and one changed word::
 Each process group is a tensorwire World (one Device) that meets its peers
 through the c10d store torch hands it (no second rendezvous). Point to point
 (``send``/``recv``/``isend``/``irecv``, ``batch_isend_irecv``) runs on the
-tagged messages of tensorwire.messages: small tensors inline (eager), large
+tagged messages of tensorwire.ranks.messages: small tensors inline (eager), large
 ones written straight into the receiver's own tensor (static placement, the
 flag outside the payload) from the sender's own tensor, both registered in
 place through one registration cache per group (tensorwire.registry).
 
 Collectives: ``all_reduce``, ``broadcast``, ``barrier`` and the even
 ``all_to_all_single`` run on the World's one-sided collectives engine
-(tensorwire.collectives, the same code as ``World.allreduce``); ``reduce``
+(tensorwire.ranks.collectives, the same code as ``World.allreduce``); ``reduce``
 is an all_reduce; ``all_gather*``, ``reduce_scatter*``, ``gather``,
 ``scatter``, ``all_to_all`` and uneven ``all_to_all_single`` are pairwise
 exchanges of messages (zero copy into the output tensors for the large ones).
@@ -38,9 +38,9 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .. import errors as tw_errors
-from ..messages import Messenger
+from ..ranks.messages import Messenger
 from ..registry import RegistrationCache
-from ..world import Placement, World
+from ..ranks.world import Placement, World
 
 BACKEND = "tensorwire"
 COLL_TAG = -1                     # the tag of the messages collectives exchange (users' tags are >= 0)

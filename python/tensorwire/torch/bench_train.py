@@ -72,7 +72,7 @@ def _tag(mode: str, over: dict) -> str:
 def _local(args, model: str, batch: int) -> dict:
     """Single-process training, no communication (Figure 10's "Local"), in a
     spawned process with the same malloc settings as the training roles."""
-    from ..roles import Roles
+    from ..ranks.roles import Roles
     from .ps import MALLOC_ENV
     with Roles() as roles:
         child = roles.spawn(f"local {model}", _local_child, args.threads, args.seed, args.lr, args.image_size,

@@ -50,7 +50,7 @@ import time
 from multiprocessing import shared_memory
 
 from ..bench.common import BenchError
-from ..roles import RoleError, Roles
+from ..ranks.roles import RoleError, Roles
 
 SOCK_BUF = 4 << 20
 TRANSPORTS = ("tcp", "shm")
@@ -124,7 +124,7 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_
     lst.bind(("127.0.0.1", 0))
     lst.listen(nprocs)
     conn.send(("port", lst.getsockname()[1]))
-    # every process's port (tensorwire.roles: gather, then broadcast). Not through tensorwire.rendezvous:
+    # every process's port (tensorwire.ranks.roles: gather, then broadcast). Not through tensorwire.ranks.rendezvous:
     # its stores need torch or a Device in each floor process, which has neither (torch's import made
     # test_floor's measurements take 13 s instead of 1 s here)
     tag, ports = conn.recv()

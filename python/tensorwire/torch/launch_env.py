@@ -1,7 +1,7 @@
 """One role per process under torchrun / mpirun (`tensorwire train` with RANK and
 WORLD_SIZE, or OMPI_COMM_WORLD_RANK/SIZE, set): ranks 0..S-1 serve, S..S+W-1
 train. Server addresses meet in the job's TCPStore at MASTER_ADDR:MASTER_PORT
-(tensorwire.rendezvous.torchrun_store: torchrun's own where it hosts one),
+(tensorwire.ranks.rendezvous.torchrun_store: torchrun's own where it hosts one),
 under the keys of the local launch (ps.launch)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from ..rendezvous import torchrun_store
+from ..ranks.rendezvous import torchrun_store
 
 
 def run_role(args, rank: int, world: int) -> int:

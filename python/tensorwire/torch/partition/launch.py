@@ -1,12 +1,12 @@
 """The process launch: one spawned process per stage; the stages find each
-other's addresses in a TCPStore this process hosts (tensorwire.rendezvous,
+other's addresses in a TCPStore this process hosts (tensorwire.ranks.rendezvous,
 stage.meet); their statistics collected, and the first failure of any stage
-fails the run (tensorwire.roles names it and stops the others)."""
+fails the run (tensorwire.ranks.roles names it and stops the others)."""
 
 from __future__ import annotations
 
-from ...rendezvous import TorchStore
-from ...roles import RoleError, Roles
+from ...ranks.rendezvous import TorchStore
+from ...ranks.roles import RoleError, Roles
 from .graph import PartitionError
 from .stage import StageStats, stage_main
 

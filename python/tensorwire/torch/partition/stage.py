@@ -16,7 +16,7 @@ import torch.fx
 
 import tensorwire as tw
 
-from ...rendezvous import Aborted, Store, TorchStore, gather, publish
+from ...ranks.rendezvous import Aborted, Store, TorchStore, gather, publish
 from .gather import gather_slots
 from .graph import Edge, PartitionError, as_tuple, micro_example, plan
 from .sites import place_outputs

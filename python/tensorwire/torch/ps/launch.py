@@ -1,7 +1,7 @@
 """The local launcher: train() runs every role in a spawned process (or a
 thread), supervises them and sums up their reports; the role mains are what
 each of those processes runs. Servers publish their addresses in the run's
-store and workers find them there (tensorwire.rendezvous: a TCPStore this
+store and workers find them there (tensorwire.ranks.rendezvous: a TCPStore this
 process hosts, or under torchrun the job's own, launch_env): the same keys
 in both launches, and the role pipes carry only results and errors."""
 
@@ -22,9 +22,9 @@ from torch import nn
 import tensorwire as tw
 
 from ...bench.common import Progress
-from ...launch import free_port
-from ...rendezvous import Aborted, Store, TorchStore, gather, publish
-from ...roles import RoleError, Roles
+from ...ranks.launch import free_port
+from ...ranks.rendezvous import Aborted, Store, TorchStore, gather, publish
+from ...ranks.roles import RoleError, Roles
 from .common import (DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, default_loss, server_lanes,
                      to_device)
 from .gloo import GlooGroup, GlooServer, GlooWorker

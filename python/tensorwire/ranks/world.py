@@ -1,14 +1,14 @@
 """A world of N ranks: bootstrap, address table, collectives on tensors, barrier
 and small-object exchange.
 
-Every rank owns one Device. The ranks meet in one store (tensorwire.rendezvous):
+Every rank owns one Device. The ranks meet in one store (tensorwire.ranks.rendezvous):
 each puts its device's address and host under ``tensorwire/world/...`` and
 waits for everybody's. After that, ranks talk directly (`world.channel(peer)`);
 the store only carries `allgather` and the object form of `broadcast`, which
 are tiny (the paper's "RPC only for addresses").
 
 Tensors: `allreduce`, `alltoall` and `broadcast` of a numpy array or CPU torch
-tensor run on the one-sided collectives engine (tensorwire.collectives), made
+tensor run on the one-sided collectives engine (tensorwire.ranks.collectives), made
 on first use and grown when a call needs more; `barrier` runs on it once it
 exists. Every rank must make the same collective calls, with the same shapes,
 dtypes, ops and roots, in the same order (docs/collectives.md, "As a library").
@@ -52,8 +52,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import ConnectionError as TwConnectionError
-from .errors import Error, InvalidArgument, Timeout
+from ..errors import ConnectionError as TwConnectionError
+from ..errors import Error, InvalidArgument, Timeout
 from .rendezvous import (Aborted, ControlStore, Store, TorchStore, gather, publish, split_address,
                          torchrun_store)
 
@@ -143,7 +143,7 @@ class World:
         placement: rank/size/root (default: ``detect()`` from the environment).
         timeout: seconds the bootstrap and each barrier/allgather may take.
         store: where the ranks meet (default: see the module docs): a
-            ``tensorwire.rendezvous.Store`` or a c10d store (torch.distributed),
+            ``tensorwire.ranks.rendezvous.Store`` or a c10d store (torch.distributed),
             the same on every rank.
         name: where this World's keys live in the store (default: the k-th World of
             this rank in this process meets under the k-th name); give one when the
@@ -153,7 +153,7 @@ class World:
 
     def __init__(self, placement: Placement | None = None, timeout: float = 30.0, store: Any = None,
                  name: str | None = None, **device_options: Any) -> None:
-        from . import Device
+        from .. import Device
         self.placement = placement or detect()
         self.rank, self.size = self.placement.rank, self.placement.size
         self.timeout = timeout
@@ -166,7 +166,7 @@ class World:
         self._coll: Any = None       # the collectives engine (OneSidedCollectives), made on first use
         self._coll_gen = 0           # engines made so far (each publishes under its own names)
         self._coll_dims: tuple[int, ...] = (0, 0, 0)  # what it holds: alltoall block, allreduce vector, broadcast (bytes)
-        # The engine's rule (tensorwire.collectives): control-plane calls sit between engine
+        # The engine's rule (tensorwire.ranks.collectives): control-plane calls sit between engine
         # barriers. _coll_data: a data-path call since the last engine barrier (a control-plane
         # call must barrier first); _coll_control: a control-plane call since then (the next
         # data-path call must barrier first). Every rank makes the same calls, so all agree.
@@ -319,7 +319,7 @@ class World:
             flat[:] = got
         return value
 
-    # -- collectives on tensors (the one-sided engine, tensorwire.collectives) --
+    # -- collectives on tensors (the one-sided engine, tensorwire.ranks.collectives) --
 
     def allreduce(self, tensor: Any, op: str = "sum") -> Any:
         """Reduces `tensor` over all ranks in place and returns it: op "sum" (default),

@@ -43,8 +43,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _core
-from .errors import Error, InvalidArgument, Timeout
+from .. import _core
+from ..errors import Error, InvalidArgument, Timeout
 
 SLOTS = 64                # records in flight per direction and peer (a power of two)
 HEADER = 64               # bytes: kind, tag, k, nbytes, offset, payload length (int64 each), 2 spare
@@ -111,7 +111,7 @@ class Messenger:
     """Tagged send/recv between the ranks of `world` (see the module docs).
 
     Args:
-        world: a tensorwire.world.World (its device, channels and store).
+        world: a tensorwire.ranks.world.World (its device, channels and store).
         registry: a tensorwire.registry.RegistrationCache for the placed path.
         timeout: seconds a wait may take when the caller gives none.
         eager_bytes: the largest message that travels inline in the ring.

@@ -38,8 +38,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
-from .errors import ConnectionError as TwConnectionError
-from .errors import Error, InvalidArgument, NotFound, Timeout
+from ..errors import ConnectionError as TwConnectionError
+from ..errors import Error, InvalidArgument, NotFound, Timeout
 
 FIRST_NAP_S, LAST_NAP_S = 50e-6, 0.02   # the back-off of every wait
 CONNECT_NAP_S = 0.05                    # between tries to reach a control store that does not answer yet

@@ -1,7 +1,7 @@
 """`tensorwire run`: start N ranks of a command on this machine or inside testbed hosts.
 
 Each rank gets TENSORWIRE_RANK, TENSORWIRE_SIZE, TENSORWIRE_LOCAL_RANK and
-TENSORWIRE_ROOT (rank 0's address, see tensorwire.world), plus TENSORWIRE_HOST
+TENSORWIRE_ROOT (rank 0's address, see tensorwire.ranks.world), plus TENSORWIRE_HOST
 (the address it listens on) inside a testbed, and TENSORWIRE_PROGRESS_BAR=1
 when the launcher's stderr is a terminal (unless set: docs/configuration.md).
 Rank 0's stdout passes through untouched (it writes the report); the others'
@@ -20,7 +20,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 
-from .config import PROGRESS_BAR
+from ..config import PROGRESS_BAR
 from .roles import GRACE_S, Role, RoleError, Roles, describe_exit
 
 
@@ -33,7 +33,7 @@ examples:
   tensorwire run -n 4 -- tensorwire bench alltoall --sizes 1M
   tensorwire run -n 8 --testbed tw --hosts h1,h2,h3,h4,h5,h6,h7,h8 -- tensorwire bench fullmesh --transport tcp
 ranks started by mpirun, srun or torchrun find each other without this
-launcher (see `python -c "import tensorwire.world as w; help(w)"`).""")
+launcher (see `python -c "import tensorwire.ranks.world as w; help(w)"`).""")
     p.add_argument("-n", "--ranks", type=int, required=True, help="number of ranks to start")
     p.add_argument("--hosts", default=None,
                    help="comma-separated testbed hosts; rank i runs on host i mod len (needs --testbed)")
@@ -103,7 +103,7 @@ def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int
     if hosts and not testbed:
         raise SystemExit("tensorwire run: --hosts names testbed hosts; give --testbed NAME too")
     if testbed:
-        from .testbed import Testbed
+        from ..testbed import Testbed
         tb = Testbed.load(testbed)
         names = hosts.split(",") if hosts else list(tb.hosts)
         unknown = [h for h in names if h not in tb.hosts]

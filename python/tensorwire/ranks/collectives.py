@@ -66,8 +66,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import _core
-from .errors import Error, InvalidArgument, Timeout
+from .. import _core
+from ..errors import Error, InvalidArgument, Timeout
 
 FLAG_SLOTS = 32           # source words per peer for flag writes, reused round-robin
 ALIGN = 64
@@ -164,7 +164,7 @@ class OneSidedCollectives:
     """Alltoall / allreduce / broadcast / barrier over one-sided writes between the ranks of `world`.
 
     Args:
-        world: a tensorwire.world.World.
+        world: a tensorwire.ranks.world.World.
         a2a_bytes: largest alltoall block per peer (0: no alltoall buffers).
         ar_bytes: largest allreduce vector in bytes (0: no allreduce buffers).
         bc_bytes: largest broadcast in bytes (0: no broadcast buffers).

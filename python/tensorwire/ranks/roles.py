@@ -49,7 +49,7 @@ import time
 import traceback
 from typing import Any, Callable, Iterator
 
-from .errors import Error
+from ..errors import Error
 
 GRACE_S = 3.0         # between SIGTERM and SIGKILL
 TAIL_LINES = 10       # of a command's stderr, kept for the failure's message

@@ -1,0 +1,12 @@
+"""Ranks: processes that work together, above the device API.
+
+* ``world``: a World, one Device per rank, meeting in one store; its collectives.
+* ``collectives``: the one-sided collectives engine the World (and the torch backend) run on.
+* ``messages``: tagged send/recv between a World's ranks (the torch backend's point to point).
+* ``rendezvous``: the stores ranks meet in (their own, torchrun's TCPStore, a c10d store).
+* ``roles``: the one launcher of local processes (each with a role, a dead one named, the others stopped).
+* ``launch``: ``tensorwire run``, N ranks of a command on this machine or in testbed hosts.
+
+Nothing here is imported by the device API (tensorwire, tensorwire.slots, tensorwire.notify):
+the layers are in docs/architecture.md and tests/python/test_layers.py.
+"""
