@@ -20,6 +20,18 @@ from typing import Any, Callable
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Loading UCX patches mmap and its kin (UCM's bistro hooks) and waits UCX's grace period, 50 ms,
+# after each patch for threads inside the function to leave: 0.4 s of sched_yield for every
+# process that imports tensorwire, and the tests start hundreds. A test process loads UCX before
+# it runs anything of its own; the tests' processes (and their children) take 1 ms. Only for the
+# UCX wheel's versions, which know the variable (an unknown UCX_ variable draws a warning).
+try:
+    from importlib.metadata import version as _version
+    _version("libucx-cu13")
+    if os.environ.get("TENSORWIRE_UCX", "wheel") == "wheel":
+        os.environ.setdefault("UCX_MEM_BISTRO_GRACE_DURATION", "1ms")
+except Exception:  # noqa: BLE001 - no wheel: the system's UCX, its own defaults
+    pass
 if HERE not in sys.path:  # spawned children inherit sys.path: they import _peers too
     sys.path.insert(0, HERE)
 
