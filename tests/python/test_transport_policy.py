@@ -79,7 +79,10 @@ def test_bench_header_and_json_show_the_lanes(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "Transport type  : tcp (UCX: tcp/lo)" in p.stdout
     data = json.loads(out.read_text())
-    assert data["config"]["lane_transports"] == ["tcp/lo"] and data["verdict"] == "PASS"
+    assert data["config"]["lane_transports"] == ["tcp/lo"]
+    # the run is sound; 50 samples on a busy machine may draw the spread warning, nothing else
+    assert data["verdict"] in ("PASS", "WARN"), data["checks"]
+    assert all(c["level"] == "WARN" and "relative stdev" in c["message"] for c in data["checks"]), data["checks"]
 
 
 @pytest.mark.skipif(HAS_VERBS, reason="this machine has verbs: rdma is usable")

@@ -199,21 +199,31 @@ def _run(args: argparse.Namespace) -> int:
     if not cmd:
         raise TestbedError("no command: tensorwire testbed run --host h1 -- CMD [ARG ...]")
     tb = Testbed.load(args.name)
-    try:
-        p = tb.popen(args.host, cmd)
-    except FileNotFoundError as e:
-        raise TestbedError(str(e)) from None
+    p = None
 
     # SIGTERM/SIGHUP to us: pass it on to the command and keep waiting for it
     def forward(signum, frame):
-        if p.poll() is None:
+        if p is not None and p.poll() is None:
             p.send_signal(signum)
-    saved = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # A SIGINT while the command starts is held until it runs (then it ends it): raised inside
+    # Popen, it would leave the command running with nobody to end it.
+    held: list[int] = []
+    saved = {signal.SIGINT: signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))}
     try:
+        saved.update({s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP)})
+        try:
+            p = tb.popen(args.host, cmd)
+        except FileNotFoundError as e:
+            raise TestbedError(str(e)) from None
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if held:
+            raise KeyboardInterrupt
         rc = p.wait()
     except KeyboardInterrupt:
         # Ctrl-C from a terminal reached the command too (same process group); a SIGINT sent to
         # us alone did not: end it, politely first
+        if p is None:
+            return 130
         _end(p)
         rc = p.returncode if p.returncode is not None else 130
         if rc >= 0:
@@ -221,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
     finally:
         for s, h in saved.items():
             signal.signal(s, h)
-        if p.poll() is None:
+        if p is not None and p.poll() is None:
             _end(p)
     return rc if rc >= 0 else 128 - rc
 
