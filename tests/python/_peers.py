@@ -347,15 +347,18 @@ def slot_peer(conn, transport: str, device_kwargs: dict | None = None) -> None:
     run_device_peer(conn, transport, device_kwargs, handle, forget)
 
 
-def run_device_peer(conn, transport: str, device_kwargs: dict | None, handle, forget) -> None:
-    """The body of a peer process driven through `conn`: makes a device, sends
-    its address, answers each {"op": ...} message with handle(dev, msg) (a
-    dict; {"error": traceback} when it raises) until "stop", EOF or an idle
-    limit, then forget()s what it holds and closes the device."""
+def run_device_peer(conn, transport: str, device_kwargs: dict | None, handle, forget, setup=None) -> None:
+    """The body of a peer process driven through `conn`: makes a device, runs
+    setup(dev) if given, sends its address, answers each {"op": ...} message
+    with handle(dev, msg) (a dict; {"error": traceback} when it raises) until
+    "stop", EOF or an idle limit, then forget()s what it holds and closes the
+    device."""
     import tensorwire as tw
 
     try:
         dev = tw.Device(transport=transport, **(device_kwargs or {}))
+        if setup is not None:
+            setup(dev)
         conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
     except BaseException:
         conn.send({"error": traceback.format_exc()})
@@ -430,32 +433,22 @@ def quiet_target(conn, transport: str, size: int) -> None:
     import asyncio
     import time
 
-    import tensorwire as tw
+    view = None
 
-    try:
-        dev = tw.Device(transport=transport)
+    def setup(dev) -> None:
+        nonlocal view
         region = dev.alloc(size)
         view = np.asarray(region)
         view[:] = 0
         dev.publish("region", region)
-        conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
-    except BaseException:
-        conn.send({"error": traceback.format_exc()})
-        return
-    try:
-        while conn.poll(IDLE_LIMIT_S):
-            msg = conn.recv()
-            if msg == "stop":
-                break
-            n = msg["take"]
-            got = []
-            while len(got) < n:
-                got.append(asyncio.run(dev.next_notification(timeout=20)))
-            data = [int(b) for b in view[:n]]
-            time.sleep(0.2)
-            conn.send({"got": [[peer, m.decode()] for peer, m in got], "data": data,
-                       "again": dev.notifications()})
-    except (EOFError, OSError):
-        pass
-    finally:
-        dev.close()
+
+    def handle(dev, msg) -> dict:
+        n = msg["take"]
+        got = []
+        while len(got) < n:
+            got.append(asyncio.run(dev.next_notification(timeout=20)))
+        data = [int(b) for b in view[:n]]
+        time.sleep(0.2)
+        return {"got": [[peer, m.decode()] for peer, m in got], "data": data, "again": dev.notifications()}
+
+    run_device_peer(conn, transport, None, handle, lambda: None, setup)

@@ -96,24 +96,31 @@ def test_speedups_table_and_plot(tmp_path, capfd):
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, capsys):
-    """The table's rows come out during the sweep: with --repeat 2 none in the first
-    pass, and in the last each cell's row when that pass measured it, showing its best
-    pass and zerocopy's speed-up; the JSON rows are the best of the passes as before."""
-    seen = []
-
-    def series(name, cfg, args, progress, runs, report, measured=None):  # made-up medians, 2 passes
+def _fake_series(median_us):
+    """A stand-in for bench tensor's run_series: each cell's row with median_us(series, size, runs so far)."""
+    def series(name, cfg, args, progress, runs, report, measured=None):
         for size in args.sizes:
-            seen.append((name, size, capsys.readouterr().out))  # what stdout showed before this cell
-            done = sum(r["series"] == name and r["size"] == size for r in runs)
-            median = (10.0 if name == "zerocopy" else 30.0) * (2 - done) * size / 1024
+            median = median_us(name, size, runs)
             row = {"series": name, "transport": "shm", "size": size, "iters": 10, "median_us": median,
                    "MBps": size / median, "warmup": 2, "min_us": median, "verified": None}
             runs.append(row)
             if measured is not None:
                 measured(row)
             progress.step(name)
-    monkeypatch.setattr(bt, "run_series", series)
+    return series
+
+
+def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, capsys):
+    """The table's rows come out during the sweep: with --repeat 2 none in the first
+    pass, and in the last each cell's row when that pass measured it, showing its best
+    pass and zerocopy's speed-up; the JSON rows are the best of the passes as before."""
+    seen = []
+
+    def median(name, size, runs):  # made-up medians, 2 passes; notes what stdout showed before this cell
+        seen.append((name, size, capsys.readouterr().out))
+        done = sum(r["series"] == name and r["size"] == size for r in runs)
+        return (10.0 if name == "zerocopy" else 30.0) * (2 - done) * size / 1024
+    monkeypatch.setattr(bt, "run_series", _fake_series(median))
     out = tmp_path / "t.json"
     assert cli.main(["bench", "tensor", "--transport", "shm", "--series", "zerocopy,ucx-tag", "--sizes", "1K,2K",
                      "--repeat", "2", "--no-progress", "--json", str(out)]) == 0
@@ -139,16 +146,8 @@ def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, ca
 def test_last_line_is_miss_when_a_target_is_missed(zerocopy_us, first, monkeypatch, capsys):
     """A sound run that misses one of its own bars ends with MISS naming it, never a bare PASS
     (made-up medians: zerocopy 3x faster than ucx-tag, then 1.3x slower); the exit code stays 0."""
-    def series(name, cfg, args, progress, runs, report, measured=None):
-        for size in args.sizes:
-            median = (zerocopy_us if name == "zerocopy" else 30.0) * size / 1024
-            row = {"series": name, "transport": "shm", "size": size, "iters": 10, "median_us": median,
-                   "MBps": size / median, "warmup": 2, "min_us": median, "verified": None}
-            runs.append(row)
-            if measured is not None:
-                measured(row)
-            progress.step(name)
-    monkeypatch.setattr(bt, "run_series", series)
+    monkeypatch.setattr(bt, "run_series", _fake_series(
+        lambda name, size, runs: (zerocopy_us if name == "zerocopy" else 30.0) * size / 1024))
     assert cli.main(["bench", "tensor", "--transport", "shm", "--series", "zerocopy,ucx-tag", "--sizes", "4K",
                      "--no-progress"]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
