@@ -227,3 +227,22 @@ def test_every_step_is_a_command_the_cli_takes(tmp_path):
             assert callable(args.func), step.name
         else:
             assert (ROOT / argv[1]).exists(), f"{step.name}: {argv[1]} is not in the checkout"
+
+
+def test_a_results_file_says_uncommitted_only_for_code(tmp_path):
+    """The code a step ran is "uncommitted" only when code changed, not when the report itself
+    has rewritten bench/results/ or README.md (in a scratch git repository)."""
+    import subprocess
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    for name in ("README.md", "bench/results/x.txt", "code.py"):
+        (tmp_path / name).write_text("1\n")
+    subprocess.run(git[:5] + ["init", "-q", str(tmp_path)], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "c"], check=True)
+    assert report._code(tmp_path).startswith("code ") and "uncommitted" not in report._code(tmp_path)
+    (tmp_path / "README.md").write_text("2\n")
+    (tmp_path / "bench" / "results" / "x.txt").write_text("2\n")
+    assert "uncommitted" not in report._code(tmp_path)
+    (tmp_path / "code.py").write_text("2\n")
+    assert report._code(tmp_path).endswith("+ uncommitted changes")

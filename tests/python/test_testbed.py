@@ -113,6 +113,36 @@ def test_not_root_is_a_clear_error(monkeypatch, capsys):
     testbed.available(refresh=True)
 
 
+def test_run_ends_a_command_interrupted_while_it_starts(monkeypatch):
+    """A SIGINT that reaches `testbed run` while Popen is starting the command (made here by the
+    stand-in testbed, which signals the CLI from inside popen) is held until the command runs, then
+    ends it: exit 130 and nothing left running (raised inside Popen, it left the command behind)."""
+    import tensorwire.testbed as tb_pkg
+    from tensorwire.testbed import cli as tb_cli
+    started = []
+
+    class StandIn:
+        def popen(self, host, cmd):
+            p = subprocess.Popen(["sleep", "60"])
+            started.append(p)
+            os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: still inside popen
+            time.sleep(0.05)
+            return p
+    monkeypatch.setattr(system, "check_root", lambda: None)
+    monkeypatch.setattr(tb_pkg.Testbed, "load", classmethod(lambda cls, name: StandIn()))
+    before = signal.getsignal(signal.SIGINT)
+    args = tb_cli.argparse.Namespace(name="standin", host="h1", cmd=["--", "sleep", "60"])
+    try:
+        assert tb_cli._run(args) == 130
+        assert started and started[0].poll() is not None, "the command was left running"
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert signal.getsignal(signal.SIGINT) is before  # the CLI's handlers are restored
+
+
 # -- testbeds ------------------------------------------------------------------------------------
 
 
