@@ -505,6 +505,25 @@ def test_finding3_garbage_ack_key_on_attach_refused(transport, garbage):
 LIVENESS_S = 1.0
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP pid and return once every thread of it has stopped: kill() returns before the
+    target's threads reach their stop, and one still running could answer a call made after it."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while True:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{task}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
+        if states and all(s in "Tt" for s in states):
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not stop within 10 s: {states}"
+        time.sleep(0.001)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_finding4_stopped_receiver_fails_pending_send(transport):
     with start_slot_peer(transport, liveness=LIVENESS_S) as stopped, \
@@ -513,7 +532,7 @@ def test_finding4_stopped_receiver_fails_pending_send(transport):
         ch = victim.connect(stopped.address)
         s = ch.static_sender("grad")
         s.send(np.arange(1024, dtype=np.int64)).wait(10)  # fills the one buffer; nobody releases it
-        os.kill(stopped.pid, signal.SIGSTOP)
+        _stop(stopped.pid)
         try:
             t0 = time.monotonic()
             call_error: list = []
@@ -560,7 +579,7 @@ def test_finding4_stopped_sender_fails_pending_recv(transport):
         v = slot.recv(timeout=10)
         assert v.tolist() == [1] * 4
         slot.release(v)
-        os.kill(stopped.pid, signal.SIGSTOP)
+        _stop(stopped.pid)
         try:
             t0 = time.monotonic()
             with pytest.raises(tw.PeerFailed):
