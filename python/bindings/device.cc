@@ -1,4 +1,8 @@
 // Copyright tensorwire authors.
+#include <array>
+#include <cstring>
+
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
@@ -286,6 +290,41 @@ void bind_device(nb::module_& m) {
       .def("read", one_sided<&Channel::read, true>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
            nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "One-sided read remote -> local; the data is there when it completes.")
+      // tensorwire.ranks.messages' record post in one call (its hot path: a Python
+      // sequence of stores, two writes and a fence cost 3.7 us an 8-byte send):
+      // the 64-byte header (6 int64 fields) and `plen` payload bytes from
+      // `payload_ptr` go into the arena at `staging`, are written to the peer's
+      // ring at `inbox`, then, after a fence, the sequence word `seq` (from
+      // `flag_src`) to `flag_dst`. Returns None when both writes completed (a
+      // mapped peer), else (record write, flag write).
+      .def("_post_record", [](Channel& c, nb::handle arena, const RemoteRegion& remote, std::uint64_t staging,
+                              std::uint64_t inbox, std::uint64_t flag_src, std::uint64_t flag_dst, std::int64_t seq,
+                              std::array<std::int64_t, 6> header, std::uintptr_t payload_ptr,
+                              std::uint64_t plen) -> nb::object {
+        constexpr std::uint64_t kHeader = 64;
+        LocalRegion lr = local_region_of(arena);
+        if (staging + kHeader + plen > lr.length || staging + kHeader + plen < staging ||
+            flag_src + 8 > lr.length || flag_src % 8 || staging % 8) {
+          throw InvalidArgument("_post_record: staging or flag source outside the arena");
+        }
+        if (plen && !payload_ptr) throw InvalidArgument("_post_record: a payload without an address");
+        char* base = static_cast<char*>(lr.address);
+        std::memcpy(base + staging, header.data(), sizeof(header));
+        std::memset(base + staging + sizeof(header), 0, kHeader - sizeof(header));
+        if (plen) std::memcpy(base + staging + kHeader, reinterpret_cast<const void*>(payload_ptr), plen);
+        Request rec, flag;
+        {
+          gil_scoped_release release;
+          rec = c.write(lr, staging, remote, inbox, kHeader + plen);
+          c.fence();
+          std::memcpy(base + flag_src, &seq, sizeof(seq));
+          flag = c.write(lr, flag_src, remote, flag_dst, 8);
+        }
+        if (rec.state() > 0 && flag.state() > 0) return nb::none();  // both done, neither failed
+        return nb::make_tuple(std::move(rec), std::move(flag));
+      }, nb::arg("arena"), nb::arg("remote"), nb::arg("staging"), nb::arg("inbox"), nb::arg("flag_src"),
+         nb::arg("flag_dst"), nb::arg("seq"), nb::arg("header"), nb::arg("payload_ptr"), nb::arg("plen"),
+         "Internal (tensorwire.ranks.messages): posts one record of the messages ring.")
       .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run
            "Later operations on this lane's worker land after earlier ones.")
       .def("flush", [](Channel& c) { gil_scoped_release r; return c.flush(); },

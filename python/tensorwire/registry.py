@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable
 
-import numpy as np
 
 DEFAULT_MAX_ENTRIES = 256
 DEFAULT_MAX_BYTES = 8 << 30
@@ -41,13 +40,11 @@ class RegistrationCache:
         self.on_drops: dict[int, list[Callable[[], None]]] = {}
         self.hits = self.misses = 0
 
-    def lookup(self, arr: np.ndarray, owner: Any = None) -> Any:
-        """The registration covering `arr`. `owner`: (address, nbytes, keepalive) of the
-        allocation that holds it (a torch storage), or a function returning it; default: `arr` itself."""
+    def lookup(self, owner: Any) -> Any:
+        """The registration of the allocation `owner`: (address, nbytes, keepalive), e.g. a torch
+        storage's, or a function returning it (asked only when needed)."""
         if callable(owner):
             owner = owner()
-        if owner is None:
-            owner = (arr.__array_interface__["data"][0], arr.nbytes, arr)
         ptr, nbytes, keep = owner
         key = (int(ptr), int(nbytes))
         hit = self.entries.get(key)

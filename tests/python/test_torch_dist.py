@@ -196,6 +196,8 @@ def test_a_peer_sending_malformed_records_is_refused_and_named(tmp_path: Path) -
     prog = script(tmp_path, """
         import numpy as np
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        eight = np.zeros(8, np.uint8)  # a payload: (address, length)
+        payload = (eight.ctypes.data, eight.size)
         r = dist.get_rank()
         for case in ("kind", "length", "flood"):
             g = dist.new_group([0, 1], backend="tensorwire")
@@ -203,9 +205,9 @@ def test_a_peer_sending_malformed_records_is_refused_and_named(tmp_path: Path) -
             dist.barrier(group=g)
             if r == 1:
                 if case == "kind":
-                    m._post(0, 99, 0, 1, 100, 0, None)
+                    m._post(0, 99, 0, 1, 100, 0, 0, 0)
                 elif case == "length":  # an eager record that says 100 B but carries 8
-                    m._post(0, 1, 0, 1, 100, 0, np.zeros(8, np.uint8))
+                    m._post(0, 1, 0, 1, 100, 0, *payload)
                 else:  # more unmatched messages than a receiver keeps (posted within credit)
                     for i in range(20000):
                         t0 = time.monotonic()
@@ -214,7 +216,7 @@ def test_a_peer_sending_malformed_records_is_refused_and_named(tmp_path: Path) -
                             time.sleep(0.0002)
                         if m.sent[0] + 1 - m._credit(0) > 64:
                             break  # no more credit: rank 0 stopped reading (it refused us)
-                        m._post(0, 1, 7, i + 1, 8, 0, np.zeros(8, np.uint8))
+                        m._post(0, 1, 7, i + 1, 8, 0, *payload)
                 say("SENT", case)
             else:
                 t = torch.zeros(25)

@@ -38,6 +38,7 @@ channels: a dead peer fails the wait within the Device's liveness bound.
 
 from __future__ import annotations
 
+import ctypes
 import time
 from typing import Any
 
@@ -66,11 +67,11 @@ class MessageError(Error, RuntimeError):
 class Op:
     """One posted send or receive; completed by the engine's progress."""
 
-    __slots__ = ("kind", "peer", "tag", "k", "arr", "nbytes", "done", "error", "req", "reg", "queued")
+    __slots__ = ("kind", "peer", "tag", "k", "ptr", "nbytes", "keep", "done", "error", "req", "reg", "queued")
 
-    def __init__(self, kind: str, peer: int, tag: int, k: int, arr: np.ndarray) -> None:
-        self.kind, self.peer, self.tag, self.k, self.arr = kind, peer, tag, k, arr
-        self.nbytes = arr.nbytes
+    def __init__(self, kind: str, peer: int, tag: int, k: int, ptr: int, nbytes: int, keep: Any) -> None:
+        self.kind, self.peer, self.tag, self.k = kind, peer, tag, k
+        self.ptr, self.nbytes, self.keep = ptr, nbytes, keep  # keep: what holds the memory at ptr
         self.done = False
         self.error: BaseException | None = None
         self.req: Any = None      # the placed data write in flight (send)
@@ -128,6 +129,7 @@ class Messenger:
         self.lay = Layout(self.n, eager_bytes)
         dev = world.device
         self.arena = dev.alloc(self.lay.total, alignment=4096)
+        self.base = self.arena.ptr
         self.mem = np.frombuffer(self.arena, dtype=np.uint8)
         self.words = self.mem.view(np.int64)
         self.mem[self.lay.flags: self.lay.acks + self.n * 8] = 0
@@ -145,8 +147,7 @@ class Messenger:
         self.sent = [0] * n            # records posted to p (the last one's number)
         self.got = [0] * n             # records consumed from p
         self.acked = [0] * n           # credits we handed back to p (records)
-        self.rec_req: list[list[Any]] = [[None] * SLOTS for _ in range(n)]   # staging slot's write in flight
-        self.flag_req: list[list[Any]] = [[None] * SLOTS for _ in range(n)]
+        self.post_req: list[list[Any]] = [[None] * SLOTS for _ in range(n)]  # a staging slot's writes in flight
         self.outq: list[list[tuple]] = [[] for _ in range(n)]     # records waiting for credit
         self.send_k: dict[tuple[int, int], int] = {}
         self.recv_k: dict[tuple[int, int], int] = {}
@@ -155,7 +156,7 @@ class Messenger:
         self.unexpected: dict[tuple[int, int, int], tuple[int, Any]] = {}
         self.rtrs: dict[tuple[int, int, int], tuple[int, int, bytes]] = {}
         self.writing: list[Op] = []                            # placed sends whose data write is in flight
-        self.exported: dict[tuple[int, int], bytes] = {}       # (peer, registration id) -> descriptor
+        self.exported: dict[tuple[int, int], np.ndarray] = {}  # (peer, registration id) -> descriptor
         self.remotes: dict[tuple[int, bytes], Any] = {}        # (peer, descriptor) -> RemoteRegion
         self.failed: dict[int, BaseException] = {}             # peers whose channel failed
         self.next_word: list[Any] = [None] * n                 # (number, Word) of the next record per peer
@@ -163,19 +164,20 @@ class Messenger:
 
     # ---- public API --------------------------------------------------------
 
-    def isend(self, arr: np.ndarray, peer: int, tag: int = 0, owner: Any = None) -> Op:
-        """Posts a send of the C-contiguous `arr` to `peer`; `owner` holds its memory
-        (e.g. a torch storage) for the registration cache. Returns the Op."""
+    def isend(self, ptr: int, nbytes: int, peer: int, tag: int = 0, keep: Any = None, owner: Any = None) -> Op:
+        """Posts a send of the `nbytes` bytes at address `ptr` (held by `keep`, which must not
+        change them before the op completes) to `peer`; `owner` (see RegistrationCache.lookup)
+        names the allocation that holds them, for the placed path. Returns the Op."""
         self._check_peer(peer)
         key = (peer, tag)
         k = self.send_k[key] = self.send_k.get(key, 0) + 1
-        op = Op("send", peer, tag, k, arr)
-        if op.nbytes <= self.lay.eager:
+        op = Op("send", peer, tag, k, ptr, nbytes, keep)
+        if nbytes <= self.lay.eager:
             self.rtrs.pop((peer, tag, k), None)  # a receiver expecting another size fails on our record
-            if self._record(peer, EAGER, tag, k, op.nbytes, 0, arr.reshape(-1).view(np.uint8), op):
+            if self._record(peer, EAGER, tag, k, nbytes, 0, ptr, nbytes, op):
                 op.done = True
             return op
-        op.reg = self.registry.lookup(arr, owner)
+        op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
         self._record(peer, RTS, tag, k, op.nbytes)
         rtr = self.rtrs.pop((peer, tag, k), None)
         if rtr is None:
@@ -184,12 +186,12 @@ class Messenger:
             self._place(op, *rtr)
         return op
 
-    def irecv(self, arr: np.ndarray, peer: int, tag: int = 0, owner: Any = None) -> Op:
-        """Posts a receive into the C-contiguous, writable `arr` from `peer`."""
+    def irecv(self, ptr: int, nbytes: int, peer: int, tag: int = 0, keep: Any = None, owner: Any = None) -> Op:
+        """Posts a receive into the `nbytes` writable bytes at `ptr` (held by `keep`) from `peer`."""
         self._check_peer(peer)
         key = (peer, tag)
         k = self.recv_k[key] = self.recv_k.get(key, 0) + 1
-        op = Op("recv", peer, tag, k, arr)
+        op = Op("recv", peer, tag, k, ptr, nbytes, keep)
         mkey = (peer, tag, k)
         got = self.unexpected.pop(mkey, None)
         if op.nbytes > self.lay.eager:
@@ -197,11 +199,10 @@ class Messenger:
                 self._arrived(op, got)
                 if op.done:
                     return op
-            op.reg = self.registry.lookup(arr, owner)
+            op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
             desc = self._export(peer, op.reg)
-            offset = arr.__array_interface__["data"][0] - op.reg.ptr
             self.recvs[mkey] = op
-            self._record(peer, RTR, tag, k, op.nbytes, offset, np.frombuffer(desc, dtype=np.uint8))
+            self._record(peer, RTR, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc))
             return op
         if got is not None:
             self._arrived(op, got)
@@ -357,17 +358,21 @@ class Messenger:
     # ---- records -----------------------------------------------------------
 
     def _record(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int = 0,
-                payload: np.ndarray | None = None, op: Op | None = None) -> bool:
-        """Posts a record to `peer`, or queues it until `peer` hands back credit (then `op`,
-        whose last record it is, completes only once it went: a rank whose ops are all
-        complete has nothing left that only its own progress could post). True if posted."""
+                pptr: int = 0, plen: int = 0, op: Op | None = None) -> bool:
+        """Posts a record to `peer` (its payload: the `plen` bytes at `pptr`), or queues it until
+        `peer` hands back credit (then `op`, whose last record it is, completes only once it
+        went: a rank whose ops are all complete has nothing left that only its own progress
+        could post). True if posted."""
         if self.outq[peer] or self.sent[peer] + 1 - self._credit(peer) > SLOTS:
             # no credit: keep a copy (the caller's memory may change once the op returns)
             if op is not None:
                 op.queued = True
-            self.outq[peer].append((kind, tag, k, nbytes, offset, None if payload is None else payload.copy(), op))
+            copy = np.empty(plen, dtype=np.uint8)
+            if plen:
+                ctypes.memmove(copy.ctypes.data, pptr, plen)
+            self.outq[peer].append((kind, tag, k, nbytes, offset, copy, op))
             return False
-        self._post(peer, kind, tag, k, nbytes, offset, payload)
+        self._post(peer, kind, tag, k, nbytes, offset, pptr, plen)
         return True
 
     def _credit(self, peer: int) -> int:
@@ -376,37 +381,29 @@ class Messenger:
     def _drain(self, peer: int) -> None:
         q = self.outq[peer]
         while q and self.sent[peer] + 1 - self._credit(peer) <= SLOTS:
-            *record, op = q.pop(0)
-            self._post(peer, *record)
+            kind, tag, k, nbytes, offset, copy, op = q.pop(0)
+            self._post(peer, kind, tag, k, nbytes, offset, copy.ctypes.data if copy.size else 0, copy.size)
             if op is not None:
                 op.queued = False
                 if op.kind == "send" and op.req is None:  # an eager send: complete once posted
                     self._complete(op)
 
     def _post(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int,
-              payload: np.ndarray | None) -> None:
+              pptr: int, plen: int) -> None:
+        """Header and payload into the staging slot, written into our slot of the peer's ring;
+        fence; the slot's sequence word (one C++ call: this is every send's path)."""
         lay = self.lay
         m = self.sent[peer] = self.sent[peer] + 1
         j = m % SLOTS
-        for reqs in (self.rec_req[peer], self.flag_req[peer]):
-            prev = reqs[j]
-            if prev is not None and not prev.done():
-                prev.wait(self.timeout)  # long done in practice: the record was consumed
-        src = lay.staging + (peer * SLOTS + j) * lay.slot
-        hw = src >> 3
-        w = self.words
-        plen = 0 if payload is None else payload.size
-        w[hw], w[hw + 1], w[hw + 2], w[hw + 3], w[hw + 4], w[hw + 5] = kind, tag, k, nbytes, offset, plen
-        if plen:
-            self.mem[src + HEADER: src + HEADER + plen] = payload
-        dst = lay.inbox + (self.rank * SLOTS + j) * lay.slot
-        ch = self.ch[peer]
-        self.rec_req[peer][j] = ch.write(self.arena, self.remote[peer], src, dst, HEADER + plen)
-        ch.fence()
-        fsrc = lay.flagsrc + (peer * SLOTS + j) * 8
-        w[fsrc >> 3] = m
-        self.flag_req[peer][j] = ch.write(self.arena, self.remote[peer], fsrc,
-                                          lay.flags + (self.rank * SLOTS + j) * 8, 8)
+        prev = self.post_req[peer][j]
+        if prev is not None:
+            for req in prev:
+                if not req.done():
+                    req.wait(self.timeout)  # long done in practice: the record was consumed
+        self.post_req[peer][j] = self.ch[peer]._post_record(
+            self.arena, self.remote[peer], lay.staging + (peer * SLOTS + j) * lay.slot,
+            lay.inbox + (self.rank * SLOTS + j) * lay.slot, lay.flagsrc + (peer * SLOTS + j) * 8,
+            lay.flags + (self.rank * SLOTS + j) * 8, m, (kind, tag, k, nbytes, offset, plen), pptr, plen)
 
     def _consume(self, p: int, m: int) -> None:
         lay = self.lay
@@ -427,7 +424,7 @@ class Messenger:
         if kind == RTR:
             self._on_rtr(key, nbytes, offset, bytes(body))
         elif kind == EAGER:
-            self._deliver(key, (kind, body.copy(), nbytes))
+            self._deliver(key, (kind, body, nbytes))  # copied out of the ring by _deliver or _arrived
         elif kind == ERR:  # the receiver refused our send `key`
             sop = self.sends.pop(key, None)
             if sop is not None:
@@ -445,8 +442,8 @@ class Messenger:
 
     def _deliver(self, key: tuple[int, int, int], got: tuple) -> None:
         op = self.recvs.get(key)
-        if op is None:
-            self.unexpected[key] = got
+        if op is None:  # the ring slot is reused once consumed: keep a copy of its payload
+            self.unexpected[key] = got if got[1] is None else (got[0], got[1].copy(), got[2])
             return
         self._arrived(op, got)
         if op.done:
@@ -459,10 +456,12 @@ class Messenger:
             why = (f"rank {op.peer} sends {nbytes} B (tag {op.tag}, message {op.k}) but rank {self.rank} "
                    f"receives into {op.nbytes} B: send and receive tensors must have the same size")
             self._fail(op, why)
-            self._record(op.peer, ERR, op.tag, op.k, 0, 0, np.frombuffer(why.encode(), dtype=np.uint8))
+            text = np.frombuffer(why.encode(), dtype=np.uint8)  # held here while the record is posted
+            self._record(op.peer, ERR, op.tag, op.k, 0, 0, *_payload(text))
             return
         if kind == EAGER:
-            op.arr.reshape(-1).view(np.uint8)[:] = data
+            if nbytes:
+                ctypes.memmove(op.ptr, data.ctypes.data, nbytes)
             self._complete(op)
         elif kind == DONE:
             self._complete(op)
@@ -496,8 +495,7 @@ class Messenger:
                 if len(self.remotes) >= REMOTES_KEPT:
                     self.remotes.clear()
                 remote = self.remotes[(p, desc)] = ch.remote_region(desc)
-            local_off = op.arr.__array_interface__["data"][0] - op.reg.ptr
-            op.req = ch.write(op.reg, remote, local_off, offset, op.nbytes)
+            op.req = ch.write(op.reg, remote, op.ptr - op.reg.ptr, offset, op.nbytes)
         except Error as e:
             self._refuse(p, f"a ready-to-receive record this device cannot write to ({e})")
             return
@@ -511,11 +509,11 @@ class Messenger:
         else:
             self._complete(op)
 
-    def _export(self, peer: int, reg: Any) -> bytes:
+    def _export(self, peer: int, reg: Any) -> np.ndarray:
         key = (peer, id(reg))
         d = self.exported.get(key)
         if d is None:
-            d = self.exported[key] = self.ch[peer].export_region(reg, self.timeout)
+            d = self.exported[key] = np.frombuffer(self.ch[peer].export_region(reg, self.timeout), dtype=np.uint8)
             self.registry.on_drop(reg, lambda: self.exported.pop(key, None))
         return d
 
@@ -523,7 +521,7 @@ class Messenger:
 
     def _complete(self, op: Op) -> None:
         op.done = True
-        op.reg = None
+        op.reg = op.keep = None
 
     def _fail(self, op: Op, why: str) -> None:
         op.error = MessageError(f"rank {self.rank}: {op.what()} failed: {why}")
@@ -536,3 +534,8 @@ class Messenger:
             raise InvalidArgument(f"peer must be another rank in 0..{self.n - 1}, got {peer}")
         if peer in self.failed:
             raise self.failed[peer]
+
+
+def _payload(arr: np.ndarray) -> tuple[int, int]:
+    """(address, length) of a record payload; the caller holds `arr` until the record is posted."""
+    return (arr.ctypes.data if arr.size else 0), arr.size

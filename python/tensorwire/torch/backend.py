@@ -117,6 +117,16 @@ def _bytes_view(t: torch.Tensor, what: str) -> np.ndarray:
     return flat.view(torch.uint8).numpy()
 
 
+def _buffer(t: torch.Tensor, what: str) -> tuple[int, int]:
+    """(address, nbytes) of a contiguous CPU tensor, for the messages engine (which copies or
+    places bytes; no numpy view: making one costs more than an eager send's post)."""
+    if isinstance(t, torch.Tensor) and t.is_cpu and t.layout == torch.strided and not t.is_quantized \
+            and t.is_contiguous():
+        return t.data_ptr(), t.nbytes
+    _bytes_view(t, what)  # raises the error that says what is wrong with it
+    raise ValueError(f"tensorwire backend: {what} cannot move a {type(t).__name__} of {t.dtype}")
+
+
 def _owner(t: torch.Tensor) -> Callable[[], tuple[int, int, Any]]:
     """For the registration cache: (address, nbytes, keepalive) of the allocation holding `t`,
     asked only where a message is placed."""
@@ -267,8 +277,8 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         if not sends and not recvs:
             return
         m = self.msg
-        ops = [m.irecv(_bytes_view(t, "recv"), p, COLL_TAG, _owner(t)) for t, p in recvs]
-        ops += [m.isend(_bytes_view(t, "send"), p, COLL_TAG, _owner(t)) for t, p in sends]
+        ops = [m.irecv(*_buffer(t, "recv"), p, COLL_TAG, t, _owner(t)) for t, p in recvs]
+        ops += [m.isend(*_buffer(t, "send"), p, COLL_TAG, t, _owner(t)) for t, p in sends]
         m.wait_all(ops, self.timeout if timeout is None else timeout)
 
     def _peers(self) -> list[int]:
@@ -298,11 +308,11 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                              f"(0..{self._size - 1}, not {self._rank}), got {peer}")
         if tag < 0:
             raise ValueError(f"tensorwire backend: {kind} tag must be >= 0, got {tag}")
-        view = _bytes_view(t, kind)
+        ptr, nbytes = _buffer(t, kind)
         try:
             if kind == "send":
-                return self.msg.isend(view, peer, tag, _owner(t))
-            return self.msg.irecv(view, peer, tag, _owner(t))
+                return self.msg.isend(ptr, nbytes, peer, tag, t, _owner(t))
+            return self.msg.irecv(ptr, nbytes, peer, tag, t, _owner(t))
         except Exception as e:  # noqa: BLE001
             raise self._as_backend_error(e, f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}") from None
 
