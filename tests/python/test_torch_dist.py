@@ -250,6 +250,55 @@ def test_a_peer_sending_malformed_records_is_refused_and_named(tmp_path: Path) -
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path: Path) -> None:
+    """Placed messages of odd sizes, sent before and after the receive is posted: over shm the
+    two sides each copy part (split: the sender's RTS carries its descriptor, the receiver reads
+    the second half and says TAKEN); over tcp the sender writes all. A receive of the wrong size
+    fails on both sides, naming both sizes; the next message of the pair still arrives."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        r = dist.get_rank()
+        sizes = [300_001, 1_000_003, 4_194_305]
+        for late in (False, True):  # late: the receives are posted after every RTS has arrived
+            if r == 0:
+                works = [dist.isend(torch.arange(s, dtype=torch.int64) * (k + 2), 1, tag=k) for k, s in enumerate(sizes)]
+                for w in works:
+                    w.wait()
+            else:
+                if late:
+                    time.sleep(0.5)
+                bufs = [torch.zeros(s, dtype=torch.int64) for s in sizes]
+                for w in [dist.irecv(b, 0, tag=k) for k, b in enumerate(bufs)]:
+                    w.wait()
+                for k, (b, s) in enumerate(zip(bufs, sizes)):
+                    assert torch.equal(b, torch.arange(s, dtype=torch.int64) * (k + 2)), (late, k)
+            say("ORDER OK", r, late)
+        try:  # the receiver expects fewer bytes than are sent
+            if r == 0:
+                dist.send(torch.ones(1_000_000, dtype=torch.int64), 1, tag=5)
+            else:
+                dist.recv(torch.zeros(999_999, dtype=torch.int64), 0, tag=5)
+        except Exception as e:
+            say("REFUSED", r, "8000000" in str(e) and "7999992" in str(e))
+        if r == 0:
+            dist.send(torch.full((500_000,), 3, dtype=torch.int64), 1, tag=6)
+        else:
+            t = torch.zeros(500_000, dtype=torch.int64)
+            dist.recv(t, 0, tag=6)
+            say("NEXT OK", bool((t == 3).all()))
+        say("SPLIT", r, dist.distributed_c10d._get_default_group().msg.split_sends)
+    """)
+    run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": transport})
+    out = run.stdout
+    assert out.count("ORDER OK") == 4, out + run.stderr[-3000:]
+    assert "REFUSED 0 True" in out and "REFUSED 1 True" in out, out + run.stderr[-3000:]
+    assert "NEXT OK True" in out, out + run.stderr[-3000:]
+    split = "SPLIT 0 0" not in out  # the sender counts its split sends
+    assert split == (transport == "shm"), out
+
+
+@pytest.mark.timeout(120)
 def test_many_outstanding_messages_past_the_credit_window_over_tcp(tmp_path: Path) -> None:
     """100 isends (eager and placed) against 100 irecvs, 20 rounds, over tcp: both rings run out
     of credit, so the placed sends' DONE records wait in the queue while both ranks wait. A wait

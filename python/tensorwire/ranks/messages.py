@@ -21,6 +21,14 @@ tensor; a size that differs between the two sides is an error on both):
   at once, so a receiver that posted a smaller tensor fails at once instead
   of waiting. When the receiver posts first (a pipeline stage, a ping-pong),
   the RTR is already there when the sender arrives: one trip.
+* **placed, split** (larger than ``split_bytes``, default 256 KiB, to a peer on
+  this host that the kernel copies to, e.g. UCX's cma): the sender's RTS
+  also carries its own tensor's descriptor (exported to the receiver once per
+  allocation); the sender writes the first half into the receiver's tensor
+  while the receiver reads the second half out of the sender's, each on its
+  own core (one copy of each byte, two cores; one core's copy is half what two
+  give on these VMs, bench/results/torch_dist_shm.txt). The receiver's TAKEN
+  record tells the sender its tensor may change again.
 
 Records travel in per-peer rings of ``SLOTS`` slots; the receiver hands
 credits back (an 8-byte word written into the sender's arena every SLOTS/2
@@ -48,6 +56,10 @@ from .. import _core
 from ..errors import Error, InvalidArgument, Timeout
 
 SLOTS = 64                # records in flight per direction and peer (a power of two)
+DEFAULT_SPLIT_BYTES = 256 << 10  # from here a same-host placed message is copied by both sides
+# transports whose copies a process makes into another's memory itself (the kernel's cross-memory
+# attach, xpmem, knem): a second process can copy part of a message at the same time
+SPLIT_TRANSPORTS = ("cma/", "xpmem/", "knem/")
 HEADER = 64               # bytes: kind, tag, k, nbytes, offset, payload length (int64 each), 2 spare
 DEFAULT_EAGER_BYTES = 128 << 10  # a pipeline stage's activations (FCN-5, batch 8: 128 KiB) complete on posting
 WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (credits) this often
@@ -56,8 +68,8 @@ WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (
 MAX_UNMATCHED = 16384
 REMOTES_KEPT = 1024       # unpacked descriptors of peers' tensors kept for the next placed send
 
-EAGER, RTS, RTR, DONE, ERR = 1, 2, 3, 4, 5
-KIND_NAMES = {EAGER: "eager", RTS: "rts", RTR: "rtr", DONE: "done", ERR: "error"}
+EAGER, RTS, RTR, DONE, ERR, TAKEN = 1, 2, 3, 4, 5, 6
+KIND_NAMES = {EAGER: "eager", RTS: "rts", RTR: "rtr", DONE: "done", ERR: "error", TAKEN: "taken"}
 
 
 class MessageError(Error, RuntimeError):
@@ -67,16 +79,19 @@ class MessageError(Error, RuntimeError):
 class Op:
     """One posted send or receive; completed by the engine's progress."""
 
-    __slots__ = ("kind", "peer", "tag", "k", "ptr", "nbytes", "keep", "done", "error", "req", "reg", "queued")
+    __slots__ = ("kind", "peer", "tag", "k", "ptr", "nbytes", "keep", "done", "error", "req", "reg", "queued",
+                 "split", "parts")
 
     def __init__(self, kind: str, peer: int, tag: int, k: int, ptr: int, nbytes: int, keep: Any) -> None:
         self.kind, self.peer, self.tag, self.k = kind, peer, tag, k
         self.ptr, self.nbytes, self.keep = ptr, nbytes, keep  # keep: what holds the memory at ptr
         self.done = False
         self.error: BaseException | None = None
-        self.req: Any = None      # the placed data write in flight (send)
+        self.req: Any = None      # the placed data write (send) or split read (receive) in flight
         self.reg: Any = None      # the registration the op holds while in flight
         self.queued = False       # its last record waits for credit (the op is not complete before it goes)
+        self.split = 0            # placed, split: the sender writes [0, split), the receiver reads the rest
+        self.parts = 1            # what the op still waits for: DONE or the write; + TAKEN or the read if split
 
     def what(self) -> str:
         way = "to" if self.kind == "send" else "from"
@@ -116,13 +131,17 @@ class Messenger:
         registry: a tensorwire.registry.RegistrationCache for the placed path.
         timeout: seconds a wait may take when the caller gives none.
         eager_bytes: the largest message that travels inline in the ring.
+        split_bytes: the smallest placed message both sides copy (same-host peers; 0: never).
         name: prefix of the published arena (several engines on one device need their own).
     """
 
     def __init__(self, world: Any, registry: Any, timeout: float = 30.0,
-                 eager_bytes: int = DEFAULT_EAGER_BYTES, name: str = "msg") -> None:
+                 eager_bytes: int = DEFAULT_EAGER_BYTES, split_bytes: int = DEFAULT_SPLIT_BYTES,
+                 name: str = "msg") -> None:
         if eager_bytes < 0 or eager_bytes > 1 << 24:
             raise InvalidArgument(f"eager_bytes must be in 0..16 MiB, got {eager_bytes}")
+        if split_bytes < 0:
+            raise InvalidArgument(f"split_bytes must be >= 0 (0: never split), got {split_bytes}")
         self.world, self.registry = world, registry
         self.rank, self.n = world.rank, world.size
         self.timeout = timeout
@@ -144,6 +163,11 @@ class Messenger:
                 self.remote[p] = self.ch[p].lookup(self.name, timeout)
         world.allgather(None)  # every rank has looked up (nothing is written before)
         n = self.n
+        # per peer: the smallest placed message both sides copy (0: never; the sender decides, its RTS says)
+        self.split_sends = 0  # placed sends both sides copied (split), for tests and benchmarks
+        self.split_from = [split_bytes if ch is not None and split_bytes and ch.form == "rma" and
+                           ch.peer.get("same_host") and any(t.startswith(SPLIT_TRANSPORTS) for t in ch.transports())
+                           else 0 for ch in self.ch]
         self.sent = [0] * n            # records posted to p (the last one's number)
         self.got = [0] * n             # records consumed from p
         self.acked = [0] * n           # credits we handed back to p (records)
@@ -156,6 +180,8 @@ class Messenger:
         self.unexpected: dict[tuple[int, int, int], tuple[int, Any]] = {}
         self.rtrs: dict[tuple[int, int, int], tuple[int, int, bytes]] = {}
         self.writing: list[Op] = []                            # placed sends whose data write is in flight
+        self.reading: list[Op] = []                            # split receives whose read is in flight
+        self.taking: dict[tuple[int, int, int], Op] = {}       # split sends waiting for the receiver's TAKEN
         self.exported: dict[tuple[int, int], np.ndarray] = {}  # (peer, registration id) -> descriptor
         self.remotes: dict[tuple[int, bytes], Any] = {}        # (peer, descriptor) -> RemoteRegion
         self.failed: dict[int, BaseException] = {}             # peers whose channel failed
@@ -178,7 +204,13 @@ class Messenger:
                 op.done = True
             return op
         op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
-        self._record(peer, RTS, tag, k, op.nbytes)
+        if self.split_from[peer] and nbytes >= self.split_from[peer]:
+            op.split, op.parts = _split_at(nbytes), 2
+            self.taking[(peer, tag, k)] = op
+            self.split_sends += 1
+            self._record(peer, RTS, tag, k, nbytes, ptr - op.reg.ptr, *_payload(self._export(peer, op.reg)))
+        else:
+            self._record(peer, RTS, tag, k, nbytes)
         rtr = self.rtrs.pop((peer, tag, k), None)
         if rtr is None:
             self.sends[(peer, tag, k)] = op
@@ -195,14 +227,15 @@ class Messenger:
         mkey = (peer, tag, k)
         got = self.unexpected.pop(mkey, None)
         if op.nbytes > self.lay.eager:
-            if got is not None:
-                self._arrived(op, got)
-                if op.done:
-                    return op
+            if got is not None and got[2] != nbytes:
+                self._arrived(op, got)  # fails it, saying both sizes
+                return op
             op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
             desc = self._export(peer, op.reg)
             self.recvs[mkey] = op
             self._record(peer, RTR, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc))
+            if got is not None:
+                self._arrived(op, got)  # the sender's RTS: a split one starts our read
             return op
         if got is not None:
             self._arrived(op, got)
@@ -248,7 +281,7 @@ class Messenger:
         if self.closed:
             return
         self.closed = True
-        for op in self.writing:
+        for op in self.writing + self.reading:
             try:
                 op.req.wait(1.0)
             except Error:
@@ -280,6 +313,14 @@ class Messenger:
                 else:
                     still.append(op)
             self.writing = still
+        if self.reading:
+            still = []
+            for op in self.reading:
+                if op.req.done():
+                    self._finish_read(op)
+                else:
+                    still.append(op)
+            self.reading = still
 
     def _block(self, seconds: float, peers: set[int]) -> None:
         """Sleeps in the C++ waiter until a peer writes something we may be waiting for."""
@@ -301,7 +342,7 @@ class Messenger:
         # Only writes still in flight: a done one (its DONE record waits for credit) is ready at once,
         # and a wait that returns at once never drives the worker (the peer's writes to us would
         # not land over tcp: both ranks spun, neither progressed).
-        items += [op.req for op in self.writing if not op.req.done()]
+        items += [op.req for op in self.writing + self.reading if not op.req.done()]
         if not items:
             time.sleep(min(seconds, 0.001))
             return
@@ -336,13 +377,14 @@ class Messenger:
 
     def _fail_peer(self, p: int, err: MessageError) -> None:
         self.failed[p] = err
-        for op in list(self.recvs.values()) + list(self.sends.values()) + self.writing:
+        for op in list(self.recvs.values()) + list(self.sends.values()) + list(self.taking.values()) + self.writing:
             if op.peer == p and not op.done:
                 op.error, op.done = err, True
-        for table in (self.recvs, self.sends, self.unexpected, self.rtrs):
+        for table in (self.recvs, self.sends, self.unexpected, self.rtrs, self.taking):
             for key in [k for k in table if k[0] == p]:
                 del table[key]
         self.writing = [op for op in self.writing if op.peer != p]
+        self.reading = [op for op in self.reading if op.peer != p]
 
     def _peer_of(self, e: Error) -> int | None:
         """The rank whose failure `e` reports ("peer HOST:PORT (pid N) ..."), if it says."""
@@ -413,7 +455,7 @@ class Messenger:
         # The peer wrote every field: check them against what a record may say before any is used
         # (a modified peer may send anything; docs/contracts.md section 11).
         if (kind not in KIND_NAMES or nbytes < 0 or not 0 <= plen <= lay.slot - HEADER
-                or (kind == EAGER and plen != nbytes) or (kind in (RTS, DONE) and plen)):
+                or (kind == EAGER and plen != nbytes) or (kind in (DONE, TAKEN) and plen)):
             self._refuse(p, f"a malformed record (kind {kind}, {nbytes} B, payload {plen} B)")
             return
         if kind in (EAGER, RTS, RTR) and len(self.unexpected) + len(self.rtrs) >= MAX_UNMATCHED:
@@ -424,13 +466,23 @@ class Messenger:
         if kind == RTR:
             self._on_rtr(key, nbytes, offset, bytes(body))
         elif kind == EAGER:
-            self._deliver(key, (kind, body, nbytes))  # copied out of the ring by _deliver or _arrived
+            # (kind, data, nbytes, data's address): copied out of the ring by _deliver or _arrived
+            self._deliver(key, (kind, body, nbytes, self.base + off + HEADER))
         elif kind == ERR:  # the receiver refused our send `key`
-            sop = self.sends.pop(key, None)
-            if sop is not None:
+            sop = self.sends.pop(key, None) or self.taking.get(key)
+            if sop is not None and not sop.done:
                 self._fail(sop, bytes(body).decode(errors="replace"))
-        else:  # RTS, DONE
-            self._deliver(key, (kind, None, nbytes))
+        elif kind == TAKEN:  # the receiver read its part of our split send `key`
+            sop = self.taking.pop(key, None)
+            if sop is not None:
+                self._part_done(sop)
+            elif not self._sent_already(key):
+                self._refuse(p, f"a taken record for send {key[1:]} that was never posted")
+                return
+        elif kind == RTS:  # a split one carries the sender's descriptor: kept past the ring slot
+            self._deliver(key, (kind, bytes(body) if plen else None, nbytes, offset))
+        else:  # DONE
+            self._deliver(key, (kind, None, nbytes, 0))
         if m % (SLOTS // 2) == 0:
             self._ack(p, m)
 
@@ -443,15 +495,19 @@ class Messenger:
     def _deliver(self, key: tuple[int, int, int], got: tuple) -> None:
         op = self.recvs.get(key)
         if op is None:  # the ring slot is reused once consumed: keep a copy of its payload
-            self.unexpected[key] = got if got[1] is None else (got[0], got[1].copy(), got[2])
+            if got[0] == EAGER:
+                data = got[1].copy()
+                got = (EAGER, data, got[2], data.ctypes.data)
+            self.unexpected[key] = got
             return
         self._arrived(op, got)
         if op.done:
             self.recvs.pop(key, None)
 
     def _arrived(self, op: Op, got: tuple) -> None:
-        """A record for the posted receive `op`: eager data, the sender's RTS or DONE."""
-        kind, data, nbytes = got
+        """A record for the posted receive `op`: eager data, the sender's RTS or DONE
+        (kind, payload, nbytes, and the payload's address (eager) or the sender's offset (RTS))."""
+        kind, data, nbytes, offset = got
         if nbytes != op.nbytes:
             why = (f"rank {op.peer} sends {nbytes} B (tag {op.tag}, message {op.k}) but rank {self.rank} "
                    f"receives into {op.nbytes} B: send and receive tensors must have the same size")
@@ -461,10 +517,12 @@ class Messenger:
             return
         if kind == EAGER:
             if nbytes:
-                ctypes.memmove(op.ptr, data.ctypes.data, nbytes)
+                ctypes.memmove(op.ptr, offset, nbytes)
             self._complete(op)
         elif kind == DONE:
-            self._complete(op)
+            self._part_done(op)
+        elif data is not None:  # a split RTS: read the second half out of the sender's tensor
+            self._take(op, data, offset)
         # RTS with the right size: our RTR went (or goes) out; the DONE follows
 
     def _on_rtr(self, key: tuple[int, int, int], nbytes: int, offset: int, desc: bytes) -> None:
@@ -490,12 +548,7 @@ class Messenger:
         p = op.peer
         ch = self.ch[p]
         try:  # the descriptor and offset are the peer's: the core checks them against its exports
-            remote = self.remotes.get((p, desc))
-            if remote is None:
-                if len(self.remotes) >= REMOTES_KEPT:
-                    self.remotes.clear()
-                remote = self.remotes[(p, desc)] = ch.remote_region(desc)
-            op.req = ch.write(op.reg, remote, op.ptr - op.reg.ptr, offset, op.nbytes)
+            op.req = ch.write(op.reg, self._remote(p, desc), op.ptr - op.reg.ptr, offset, op.split or op.nbytes)
         except Error as e:
             self._refuse(p, f"a ready-to-receive record this device cannot write to ({e})")
             return
@@ -503,10 +556,47 @@ class Messenger:
         self._record(p, DONE, op.tag, op.k, op.nbytes, op=op)
         self.writing.append(op)
 
+    def _remote(self, p: int, desc: bytes) -> Any:
+        remote = self.remotes.get((p, desc))
+        if remote is None:
+            if len(self.remotes) >= REMOTES_KEPT:
+                self.remotes.clear()
+            remote = self.remotes[(p, desc)] = self.ch[p].remote_region(desc)
+        return remote
+
     def _finish_send(self, op: Op) -> None:
         if op.req.failed:
             self._fail(op, f"the write into rank {op.peer}'s tensor failed: {op.req.error}")
         else:
+            self._part_done(op)
+
+    def _take(self, op: Op, desc: bytes, offset: int) -> None:
+        """Reads the second half of the split send `op` receives out of the sender's tensor."""
+        p = op.peer
+        op.split, op.parts = _split_at(op.nbytes), op.parts + 1
+        try:  # the descriptor and offset are the peer's: the core checks them against its exports
+            op.req = self.ch[p].read(op.reg, self._remote(p, desc), op.ptr - op.reg.ptr + op.split,
+                                     offset + op.split, op.nbytes - op.split)
+        except Error as e:
+            self._refuse(p, f"a split send this device cannot read from ({e})")
+            return
+        self.reading.append(op)
+
+    def _finish_read(self, op: Op) -> None:
+        if op.req.failed:
+            why = f"reading the second half out of rank {op.peer}'s tensor failed: {op.req.error}"
+            text = np.frombuffer(why.encode(), dtype=np.uint8)  # held here while the record is posted
+            self._record(op.peer, ERR, op.tag, op.k, 0, 0, *_payload(text))
+            self._fail(op, why)
+        else:
+            self._record(op.peer, TAKEN, op.tag, op.k, op.nbytes)
+            self._part_done(op)
+        if op.done:
+            self.recvs.pop((op.peer, op.tag, op.k), None)
+
+    def _part_done(self, op: Op) -> None:
+        op.parts -= 1
+        if op.parts <= 0:
             self._complete(op)
 
     def _export(self, peer: int, reg: Any) -> np.ndarray:
@@ -525,6 +615,8 @@ class Messenger:
 
     def _fail(self, op: Op, why: str) -> None:
         op.error = MessageError(f"rank {self.rank}: {op.what()} failed: {why}")
+        if op.kind == "send":
+            self.taking.pop((op.peer, op.tag, op.k), None)
         self._complete(op)
 
     def _check_peer(self, peer: int) -> None:
@@ -534,6 +626,11 @@ class Messenger:
             raise InvalidArgument(f"peer must be another rank in 0..{self.n - 1}, got {peer}")
         if peer in self.failed:
             raise self.failed[peer]
+
+
+def _split_at(nbytes: int) -> int:
+    """Where a split message's halves meet (both sides compute it from the size)."""
+    return nbytes // 2 & ~63
 
 
 def _payload(arr: np.ndarray) -> tuple[int, int]:

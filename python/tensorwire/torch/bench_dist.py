@@ -13,6 +13,7 @@ import torch.distributed as dist
 import tensorwire.torch  # noqa: F401 - registers "tensorwire"
 
 LAT_WINDOW = 16       # osu_bw's window: sends in flight before the receiver's ack
+BW_BYTES = 1 << 30    # bytes a bandwidth size moves (at least 4 windows: osu_bw repeats its window 20 times)
 
 
 def _sync() -> None:
@@ -201,7 +202,7 @@ def main() -> None:
         for s in sizes["lat"]:
             res[f"latency/{s}"] = p2p_latency(s, a.iters)
         for s in sizes["bw"]:
-            res[f"bandwidth/{s}"] = p2p_bandwidth(s, max(LAT_WINDOW, min(a.iters, (256 << 20) // s)))
+            res[f"bandwidth/{s}"] = p2p_bandwidth(s, max(4 * LAT_WINDOW, min(a.iters, BW_BYTES // s)))
         if a.backend == "tensorwire":
             res["dispatch/isend"] = dispatch_us(min(a.iters, 500))
     if "coll" in suite:
