@@ -293,10 +293,10 @@ void bind_device(nb::module_& m) {
       // tensorwire.ranks.messages' record post in one call (its hot path: a Python
       // sequence of stores, two writes and a fence cost 3.7 us an 8-byte send):
       // the 64-byte header (6 int64 fields) and `plen` payload bytes from
-      // `payload_ptr` go into the arena at `staging`, are written to the peer's
-      // ring at `inbox`, then, after a fence, the sequence word `seq` (from
-      // `flag_src`) to `flag_dst`. Returns None when both writes completed (a
-      // mapped peer), else (record write, flag write).
+      // `payload_ptr` go into the arena at `staging` and are written to the
+      // peer's ring at `inbox`, flagged by the sequence word `seq` (from
+      // `flag_src`) at `flag_dst` (Channel::write_flagged). Returns the write's
+      // Request, or None when it completed (a mapped peer).
       .def("_post_record", [](Channel& c, nb::handle arena, const RemoteRegion& remote, std::uint64_t staging,
                               std::uint64_t inbox, std::uint64_t flag_src, std::uint64_t flag_dst, std::int64_t seq,
                               std::array<std::int64_t, 6> header, std::uintptr_t payload_ptr,
@@ -312,16 +312,14 @@ void bind_device(nb::module_& m) {
         std::memcpy(base + staging, header.data(), sizeof(header));
         std::memset(base + staging + sizeof(header), 0, kHeader - sizeof(header));
         if (plen) std::memcpy(base + staging + kHeader, reinterpret_cast<const void*>(payload_ptr), plen);
-        Request rec, flag;
+        std::memcpy(base + flag_src, &seq, sizeof(seq));
+        Request posted;
         {
           gil_scoped_release release;
-          rec = c.write(lr, staging, remote, inbox, kHeader + plen);
-          c.fence();
-          std::memcpy(base + flag_src, &seq, sizeof(seq));
-          flag = c.write(lr, flag_src, remote, flag_dst, 8);
+          posted = c.write_flagged(lr, staging, remote, inbox, kHeader + plen, flag_src, flag_dst);
         }
-        if (rec.state() > 0 && flag.state() > 0) return nb::none();  // both done, neither failed
-        return nb::make_tuple(std::move(rec), std::move(flag));
+        if (posted.state() > 0) return nb::none();  // done, not failed
+        return nb::cast(std::move(posted));
       }, nb::arg("arena"), nb::arg("remote"), nb::arg("staging"), nb::arg("inbox"), nb::arg("flag_src"),
          nb::arg("flag_dst"), nb::arg("seq"), nb::arg("header"), nb::arg("payload_ptr"), nb::arg("plen"),
          "Internal (tensorwire.ranks.messages): posts one record of the messages ring.")

@@ -86,6 +86,16 @@ class Channel {
   Request write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                         std::size_t remote_offset, std::size_t length);
 
+  // Data, then flag (the paper's static placement): writes local[local_offset,
+  // +length) into remote[remote_offset..], then the 8-byte word at
+  // local[flag_local_offset] into remote[flag_remote_offset] (aligned), which
+  // lands after every byte of the data: a peer that polls the word and sees
+  // it may read the data. One message where the target places writes (tcp),
+  // else write + fence + write. Completes when both writes did.
+  Request write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                        std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
+                        std::size_t flag_remote_offset);
+
   // Asks the peer for the region it published under `name` (NotFound if none).
   RemoteRegion lookup(const std::string& name, double timeout_s = 10.0);
   // A region of the peer described by `descriptor` (e.g. sent in a call). It

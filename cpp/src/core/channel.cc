@@ -231,7 +231,8 @@ Request ChannelImpl::batch(bool is_write, const std::vector<Transfer>& transfers
 }
 
 Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
-                                 const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
+                                 const RemoteRegion& remote, std::size_t remote_offset, std::size_t length,
+                                 std::uint64_t flag_at, std::uint64_t flag) {
   auto dev = peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
   char* here = static_cast<char*>(local.address) + local_offset;
@@ -249,14 +250,24 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
     op.memh = local.memh;
     op.length = length;
   }
-  ops_->add_message(state);  // before the post: the reply may beat its return
+  // An eager write is applied by the target in order (core/messages.h): a
+  // fence after it waits for nothing. Reads are not: the target's reply may
+  // read its memory after later writes landed.
+  const bool ordered = is_write && length <= kOrderedPutMax && one_lane();
+  ops_->add_message(state, ordered);  // before the post: the reply may beat its return
   const std::uint64_t id = dev->add_message_op(op);
   DataHeader h;
-  h.kind = is_write ? MsgKind::kPut : MsgKind::kGet;
+  h.kind = is_write ? (flag_at ? MsgKind::kPutFlagged : MsgKind::kPut) : MsgKind::kGet;
   h.token = peer->hello.data_token;
   h.target = id;
   h.a = remote.descriptor().address + remote_offset;
-  h.b = is_write ? 0 : length;
+  h.b = is_write ? flag_at : length;
+  std::string extra;
+  if (flag_at) {
+    ByteWriter w;
+    w.put<std::uint64_t>(flag);
+    extra = std::move(w.str());
+  }
   posted_.fetch_add(1, std::memory_order_relaxed);
   ucs_status_ptr_t ptr;
   {
@@ -264,9 +275,9 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
     WorkerCtl::Use use(worker.get());
     // The op completes on the target's reply, which comes only after the
     // payload left: the send itself needs no tracking.
-    ptr = post_message(ep->get(), h.encode(), is_write ? here : nullptr, is_write ? length : 0,
+    ptr = post_message(ep->get(), h.encode(extra), is_write ? here : nullptr, is_write ? length : 0,
                        is_write ? local.memh : nullptr, [](void* request, ucs_status_t, void*) { ucp_request_free(request); },
-                       nullptr);
+                       nullptr, ordered);
   }
   if (UCS_PTR_IS_ERR(ptr)) {
     DeviceImpl::MessageOp taken;
@@ -330,6 +341,14 @@ Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offs
   return post_after(std::move(landed), [h, extra = std::move(extra)](ChannelImpl& channel) {
     return channel.post_data_message(h, extra, nullptr, 0, 0);
   });
+}
+
+bool ChannelImpl::one_lane() const {
+  int known = one_lane_.load(std::memory_order_relaxed);
+  if (known >= 0) return known != 0;
+  const bool one = lane_transports().size() == 1;  // unknown (an older UCX): not assumed
+  one_lane_.store(one ? 1 : 0, std::memory_order_relaxed);
+  return one;
 }
 
 bool ChannelImpl::uses_messages() const {
@@ -473,9 +492,9 @@ Request ChannelImpl::ucx_flush() {
 void ChannelImpl::fence() {
   check_usable();
   if (uses_messages()) {
-    // Eager messages are applied in order, but a rendezvous payload lands
-    // later: wait for every write in flight.
-    flush().wait(kDrainTimeoutS);
+    // Eager writes are applied in order (message_rma); a rendezvous payload
+    // or a read's reply lands later: wait for every op in flight then.
+    if (ops_->unordered_in_flight()) flush().wait(kDrainTimeoutS);
     return;
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);  // orders direct copies (see flush)
@@ -496,7 +515,8 @@ Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_o
   // Inline mode keeps the blocking fence too: no thread but the caller's
   // progresses, so a write chained to a flush would wait for the caller's
   // next wait (and never come if the caller sends last and leaves).
-  if ((!needs_target_progress() && !uses_messages()) || worker->mode() == ProgressMode::kInline) {
+  if ((!needs_target_progress() && !uses_messages()) || worker->mode() == ProgressMode::kInline ||
+      (uses_messages() && !ops_->unordered_in_flight())) {
     fence();
     return rma(true, local, local_offset, remote, remote_offset, length);
   }
@@ -510,6 +530,42 @@ Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_o
       [local = LocalRegion(local), local_offset, remote = RemoteRegion(remote), remote_offset,
        length](ChannelImpl& channel) { return channel.rma(true, local, local_offset, remote, remote_offset, length); },
       local.owner, remote.shared());
+}
+
+Request ChannelImpl::write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                                   std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
+                                   std::size_t flag_remote_offset) {
+  check_rma("write_flagged", local, local_offset, remote, remote_offset, length);
+  check_rma("write_flagged (flag)", local, flag_local_offset, remote, flag_remote_offset, 8);
+  if ((remote.descriptor().address + flag_remote_offset) % 8) {
+    throw InvalidArgument("write_flagged: the flag must be an aligned 8-byte word");
+  }
+  if (uses_messages() && !self_) {
+    // One message: the target lands the payload, then sets the flag (kPutFlagged).
+    std::uint64_t flag;
+    std::memcpy(&flag, static_cast<const char*>(local.address) + flag_local_offset, sizeof(flag));
+    return message_rma(true, local, local_offset, remote, remote_offset, length,
+                       remote.descriptor().address + flag_remote_offset, flag);
+  }
+  Request data = rma(true, local, local_offset, remote, remote_offset, length);
+  fence();
+  Request flag = rma(true, local, flag_local_offset, remote, flag_remote_offset, 8);
+  if (data.state() > 0 && flag.state() > 0) return Request();  // both done: nothing to track
+  auto pending = std::make_shared<std::pair<Request, Request>>(std::move(data), std::move(flag));
+  auto* state = new RequestState(worker, 1);
+  state->poller_evented = true;  // UCX requests: their completions are events of this worker
+  state->poller = [pending, state]() {
+    for (Request* r : {&pending->first, &pending->second}) {
+      if (r->state() == 0) return false;
+      if (r->state() < 0) {
+        state->complete_error(r->error_kind(), r->error_message());
+        return true;
+      }
+    }
+    state->complete_ok();
+    return true;
+  };
+  return Request(state);
 }
 
 Request ChannelImpl::post_after(Request before, std::function<Request(ChannelImpl&)> next,
@@ -589,6 +645,13 @@ detail::ChannelImpl& impl_of(const std::shared_ptr<detail::ChannelImpl>& impl) {
   return *impl;
 }
 }  // namespace
+
+Request Channel::write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                               std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
+                               std::size_t flag_remote_offset) {
+  return impl_of(impl_).write_flagged(local, local_offset, remote, remote_offset, length, flag_local_offset,
+                                      flag_remote_offset);
+}
 
 Request Channel::write(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                        std::size_t remote_offset, std::size_t length) {

@@ -73,10 +73,14 @@ class PendingOps {
   void fail(ErrorKind kind, const std::string& why);
   // Message-form writes and reads (ChannelImpl::message_rma): tracked like
   // any operation, and counted so that flush_messages() can wait for them.
-  void add_message(RequestState* state);
+  // `ordered`: the target applies it before any message sent after it (an
+  // eager write); the others (rendezvous payloads, reads) are counted apart.
+  void add_message(RequestState* state, bool ordered = false);
   void settle_message(RequestState* state, ucs_status_t status);
   // Completes once every message op added so far has (at once if none is in flight).
   Request flush_messages(const std::shared_ptr<WorkerCtl>& worker);
+  // Whether a message op that is not ordered is in flight (a fence must wait for it).
+  bool unordered_in_flight();
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   [[noreturn]] void throw_failure() const;
 
@@ -88,6 +92,7 @@ class PendingOps {
   std::mutex mu_;
   std::unordered_set<RequestState*> pending_;
   std::size_t messages_ = 0;                  // message ops in flight (under mu_)
+  std::unordered_set<RequestState*> unordered_;  // those of them not ordered (under mu_)
   std::vector<RequestState*> flush_waiters_;  // complete when messages_ reaches 0
   std::atomic<bool> failed_{false};
   ErrorKind fail_kind_ = ErrorKind::kConnection;
@@ -110,6 +115,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   void fence();
   Request write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                         std::size_t remote_offset, std::size_t length);
+  Request write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                        std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
+                        std::size_t flag_remote_offset);
   // Fails every pending request with `kind`; later posts throw. Idempotent.
   void fail(ErrorKind kind, const std::string& why) { ops_->fail(kind, why); }
   bool failed() const { return ops_->failed(); }
@@ -129,6 +137,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // (core/messages.h): where its RMA is emulated (needs_target_progress), or
   // as TENSORWIRE_LANE_FORM forces; never on a channel to this very device.
   bool uses_messages() const;
+  // Whether this channel's eager messages reach the peer in the order they
+  // were sent: one lane (one transport connection) carries them all.
+  bool one_lane() const;
   // Whether a waiter for something the peer sends must drive this lane's
   // worker: emulated RMA, or messages (handled by whoever progresses).
   bool waiter_drives() const { return needs_target_progress() || uses_messages(); }
@@ -183,9 +194,11 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // A pool block of this very device (self_): its first byte, pinned; else nullptr.
   char* own_memory(const RemoteRegion& remote) const;
   // write/read in the message form: the target checks and applies it; the
-  // request completes on its reply.
+  // request completes on its reply. A write with `flag_at` (a remote
+  // address) also sets the word there to `flag` after its payload landed.
   Request message_rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                      std::size_t remote_offset, std::size_t length);
+                      std::size_t remote_offset, std::size_t length, std::uint64_t flag_at = 0,
+                      std::uint64_t flag = 0);
 
   PendingOps* ops_;  // holds one ref
   const bool map_shared_memory_;
@@ -198,6 +211,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   std::atomic<bool> drain_before_direct_{false};
   mutable std::atomic<int> target_progress_{-1};  // -1 unknown, else the answer
   mutable std::atomic<int> messages_{-1};         // uses_messages(): -1 unknown, else the answer
+  mutable std::atomic<int> one_lane_{-1};         // one_lane(): -1 unknown, else the answer
   std::atomic<std::uint64_t> posted_{0}, direct_writes_{0}, direct_reads_{0}, direct_bytes_{0}, drains_{0};
 };
 

@@ -33,7 +33,7 @@ DataHeader DataHeader::decode(ByteReader& r) {
   if (r.get<std::uint32_t>() != kDataMagic) throw InvalidArgument("data message with a bad magic");
   DataHeader h;
   const auto kind = r.get<std::uint8_t>();
-  if (kind < 1 || kind > static_cast<std::uint8_t>(MsgKind::kWake)) {
+  if (kind < 1 || kind > static_cast<std::uint8_t>(MsgKind::kPutFlagged)) {
     throw InvalidArgument("data message of unknown kind " + std::to_string(kind));
   }
   h.kind = static_cast<MsgKind>(kind);
@@ -131,7 +131,7 @@ void on_held_sent(void* request, ucs_status_t status, void* user_data) {
 #endif
 
 ucs_status_ptr_t post_message(ucp_ep_h ep, const std::string& header, const void* payload, std::size_t length,
-                              ucp_mem_h memh, ucp_send_nbx_callback_t cb, void* user_data) {
+                              ucp_mem_h memh, ucp_send_nbx_callback_t cb, void* user_data, bool eager) {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
   param.cb.send = cb;
@@ -141,10 +141,10 @@ ucs_status_ptr_t post_message(ucp_ep_h ep, const std::string& header, const void
     param.memh = memh;
   }
 #if TW_UCX_HAS_AM_COPY_HEADER
-  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER;
+  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
   return ucp_am_send_nbx(ep, kDataAmId, header.data(), header.size(), payload, length, &param);
 #else
-  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  param.flags = UCP_AM_SEND_FLAG_REPLY | (eager ? UCP_AM_SEND_FLAG_EAGER : 0);
   auto* held = new HeldHeader{header, cb, user_data};
   param.cb.send = on_held_sent;
   param.user_data = held;
@@ -259,22 +259,37 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
   }
   ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
   switch (h.kind) {
-    case MsgKind::kPut: {
+    case MsgKind::kPut:
+    case MsgKind::kPutFlagged: {
       DataHeader done{MsgKind::kPutDone, from->hello.data_token, h.target, 0,
                       static_cast<std::uint64_t>(AccessStatus::kOk)};
-      // The target checks the range against what it exported to this peer
+      const bool flagged = h.kind == MsgKind::kPutFlagged;
+      std::uint64_t flag = 0;
+      bool flag_ok = true;
+      if (flagged) {
+        try {
+          flag = r.get<std::uint64_t>();
+        } catch (const Error&) {
+          flag_ok = false;
+        }
+        // The flag is a word a waiter polls: aligned, and exported like the data.
+        flag_ok = flag_ok && h.b % 8 == 0 && from->granted(h.b, 8);
+      }
+      // The target checks the ranges against what it exported to this peer
       // before any byte lands (contracts §11).
-      if (!from->granted(h.a, length)) {
-        refuse_message("%s wrote %zu bytes at 0x%llx, outside what was exported to it", from->describe().c_str(),
-                       length, static_cast<unsigned long long>(h.a));
+      if (!from->granted(h.a, length) || !flag_ok) {
+        refuse_message("%s wrote %zu bytes at 0x%llx%s, outside what was exported to it", from->describe().c_str(),
+                       length, static_cast<unsigned long long>(h.a), flagged ? " and a flag" : "");
         done.b = static_cast<std::uint64_t>(AccessStatus::kNotExported);
         send_reply(reply_ep, done, nullptr, 0);
         return;
       }
       payload.receive_into(
           reinterpret_cast<void*>(h.a), nullptr,
-          [reply_ep, done](bool ok) mutable {
+          [reply_ep, done, flagged, at = h.b, flag](bool ok) mutable {
             if (!ok) done.b = static_cast<std::uint64_t>(AccessStatus::kFailed);
+            // After the payload: a waiter that sees the flag sees every byte before it.
+            if (ok && flagged) __atomic_store_n(reinterpret_cast<std::uint64_t*>(at), flag, __ATOMIC_RELEASE);
             send_reply(reply_ep, done, nullptr, 0);
           },
           nullptr);

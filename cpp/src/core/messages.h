@@ -41,6 +41,7 @@ enum class MsgKind : std::uint8_t {
   kGet = 7,            // target: op id to answer; a = address; b = length
   kGetData = 8,        // target: op id; b = status; payload = bytes
   kWake = 9,           // target: slot or sender; a = sequence just set, released or acked: the peer napped (a doorbell)
+  kPutFlagged = 10,    // as kPut, then the 8-byte flag (extra) at address b, after every byte of the payload
 };
 
 // kStaticSend's and kDynamicSend's b: 0, the payload follows in the message;
@@ -98,9 +99,17 @@ class MessageSink {
                           Incoming& payload, int worker_index) = 0;
 };
 
+// Writes up to this size go as eager messages (UCP_AM_SEND_FLAG_EAGER): the
+// target's handler places an eager payload at once, in the order the messages
+// were sent on the endpoint, so a fence after them costs nothing (a larger
+// payload may come by rendezvous and land later: a fence waits for it). The
+// ring records of tensorwire.ranks.messages (<= 128 KiB + header) fit.
+inline constexpr std::size_t kOrderedPutMax = 256u << 10;
+
 // Sends a header-only message or one with a payload from registered memory
-// (memh may be null). Flags: reply endpoint wanted, header copied.
+// (memh may be null). Flags: reply endpoint wanted, header copied; `eager`
+// forces UCX's eager protocol (never a rendezvous).
 ucs_status_ptr_t post_message(ucp_ep_h ep, const std::string& header, const void* payload, std::size_t length,
-                              ucp_mem_h memh, ucp_send_nbx_callback_t cb, void* user_data);
+                              ucp_mem_h memh, ucp_send_nbx_callback_t cb, void* user_data, bool eager = false);
 
 }  // namespace tensorwire::detail

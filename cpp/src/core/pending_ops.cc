@@ -88,10 +88,11 @@ void PendingOps::fail(ErrorKind kind, const std::string& why) {
 
 void PendingOps::throw_failure() const { throw_error(fail_kind_, fail_message_); }
 
-void PendingOps::add_message(RequestState* state) {
+void PendingOps::add_message(RequestState* state, bool ordered) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++messages_;
+    if (!ordered) unordered_.insert(state);
   }
   add(state);
 }
@@ -101,6 +102,7 @@ void PendingOps::settle_message(RequestState* state, ucs_status_t status) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (messages_ > 0 && --messages_ == 0) flushed.swap(flush_waiters_);
+    unordered_.erase(state);
   }
   retain();  // settle() may drop the last reference to us
   settle(state, status);
@@ -109,6 +111,11 @@ void PendingOps::settle_message(RequestState* state, ucs_status_t status) {
     w->release();
   }
   release();
+}
+
+bool PendingOps::unordered_in_flight() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !unordered_.empty();
 }
 
 Request PendingOps::flush_messages(const std::shared_ptr<WorkerCtl>& worker) {

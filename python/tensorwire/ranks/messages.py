@@ -438,10 +438,8 @@ class Messenger:
         m = self.sent[peer] = self.sent[peer] + 1
         j = m % SLOTS
         prev = self.post_req[peer][j]
-        if prev is not None:
-            for req in prev:
-                if not req.done():
-                    req.wait(self.timeout)  # long done in practice: the record was consumed
+        if prev is not None and not prev.done():
+            prev.wait(self.timeout)  # long done in practice: the record was consumed
         self.post_req[peer][j] = self.ch[peer]._post_record(
             self.arena, self.remote[peer], lay.staging + (peer * SLOTS + j) * lay.slot,
             lay.inbox + (self.rank * SLOTS + j) * lay.slot, lay.flagsrc + (peer * SLOTS + j) * 8,

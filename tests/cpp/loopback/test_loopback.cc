@@ -310,6 +310,36 @@ TEST_P(Loopback, WriteAndReadBatches) {
 // read against what it exported to that peer (contracts §11, §12), even when
 // a lying initiator skipped its own checks: nothing lands, nothing is read,
 // the request fails with InvalidArgument, and the target counts the refusal.
+// write_flagged: the flag lands after every byte of the data (one message
+// where the target places writes; an eager one and one by rendezvous).
+TEST_P(Loopback, WriteFlaggedLandsDataBeforeFlag) {
+  if (mode() == tw::ProgressMode::kInline) GTEST_SKIP() << "inline mode: the target's worker needs a driver";
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  constexpr std::size_t kFlag = kRegion - 8;
+  auto* flag_src = reinterpret_cast<std::uint64_t*>(bytes(source) + kFlag);
+  auto* flag_dst = reinterpret_cast<volatile std::uint64_t*>(bytes(target) + kFlag);
+  std::uint64_t round = 0;
+  for (std::size_t payload : {std::size_t{64}, std::size_t{8192}, kRegion - 64}) {
+    for (int k = 0; k < 4; ++k) {
+      ++round;
+      fill_pattern(source.data(), payload, static_cast<int>(round));
+      *flag_src = round;
+      tw::Request both = ch.write_flagged(source.region(), 0, remote, 0, payload, kFlag, kFlag);
+      auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
+      while (*flag_dst != round && std::chrono::steady_clock::now() < until) {
+        both.test();  // drives the sending side
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+      }
+      ASSERT_EQ(*flag_dst, round) << payload << " B";
+      std::atomic_thread_fence(std::memory_order_acquire);
+      ASSERT_EQ(first_diff(target.data(), source.data(), payload), -1) << payload << " B, round " << round;
+      both.wait(kWait);
+    }
+  }
+  EXPECT_THROW(ch.write_flagged(source.region(), 0, remote, 0, 64, kFlag, kFlag - 4), tw::InvalidArgument);
+}
+
 TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
   start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}});  // on every transport
   tw::Channel ch = client->connect(server->address());
@@ -332,7 +362,12 @@ TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
   }
   EXPECT_TRUE(all_equal(secret.data(), secret.size(), 0x5a)) << "a refused write landed";
   EXPECT_EQ(first_diff(source.data(), before.data(), 4096), -1) << "a refused read changed the destination";
-  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 4);
+  // Data inside the export, its flag beyond it: refused whole (not even the data lands).
+  std::memset(target.data(), 0, 4096);
+  EXPECT_THROW(ch.write_flagged(source.region(), 0, forged(beyond), 0, 4096, 0, target.size() + 64).wait(kWait),
+               tw::InvalidArgument);
+  EXPECT_TRUE(all_equal(target.data(), 4096, 0)) << "the data of a refused flagged write landed";
+  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 5);
   // The channel stays usable for what was exported.
   ch.write(source.region(), 0, exported, 0, 4096).wait(kWait);
   EXPECT_EQ(first_diff(target.data(), source.data(), 4096), -1);
@@ -600,6 +635,36 @@ TEST_P(Loopback, FenceOrdersWrites) {
   ch.flush().wait(kWait);
   EXPECT_EQ(bytes(target)[(1 << 20) + 64], 0x01);
   EXPECT_EQ(first_diff(target.data(), source.data(), 1 << 20), -1);
+}
+
+// A fence between small writes (eager messages where the target places
+// writes: applied in order, so the fence returns without a round trip): a
+// watcher that sees the flag sees the data.
+TEST_P(Loopback, FenceOrdersSmallWritesSeenByAWatcher) {
+  if (mode() == tw::ProgressMode::kInline) GTEST_SKIP() << "inline mode: the target's worker needs a driver";
+  tw::Channel ch = client->connect(server->address());
+  tw::RemoteRegion remote = ch.lookup("target", kWait);
+  constexpr std::size_t kFlag = kRegion - 8;
+  auto* flag_src = reinterpret_cast<std::uint64_t*>(bytes(source) + kFlag);
+  auto* flag_dst = reinterpret_cast<volatile std::uint64_t*>(bytes(target) + kFlag);
+  for (std::uint64_t round = 1; round <= 16; ++round) {
+    const std::size_t payload = round % 2 ? 4096 : 60000;
+    fill_pattern(source.data(), payload, static_cast<int>(round));
+    *flag_src = round;
+    tw::Request data = ch.write(source.region(), 0, remote, 0, payload);
+    ch.fence();
+    tw::Request flag = ch.write(source.region(), kFlag, remote, kFlag, 8);
+    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
+    while (*flag_dst != round && std::chrono::steady_clock::now() < until) {
+      flag.test();
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    ASSERT_EQ(*flag_dst, round);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    ASSERT_EQ(first_diff(target.data(), source.data(), payload), -1) << "round " << round;
+    data.wait(kWait);
+    flag.wait(kWait);
+  }
 }
 
 // write_ordered: once the flag is visible at the target, so is everything
