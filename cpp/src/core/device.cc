@@ -80,6 +80,12 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   // (Transport settings: not with UCX 1.13, ucx/features.h.)
 #if TW_UCX_HAS_TL_CONFIG_MODIFY
   o.emplace_back("?CMA_BW", "4000MBps");
+  // tcp moves an eager message in segments of this size, one send and one
+  // receive (and a reassembly copy) each: with UCX's 8 KiB a 64 KiB record
+  // of the torch backend took 8 (torch.distributed over tcp at 64 KiB: 1.3
+  // -> 2.7 GB/s, one-way 58 -> 33 us; bench/results/torch_dist_tcp.txt).
+  o.emplace_back("?TCP_TX_SEG_SIZE", "64k");
+  o.emplace_back("?TCP_RX_SEG_SIZE", "64k");
 #endif
   // A message's large payload goes by UCX's rendezvous (core/messages.h).
   // Over tcp UCX's default scheme copies fragments in and out: ~1 GB/s here.
