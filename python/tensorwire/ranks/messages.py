@@ -69,6 +69,7 @@ MAX_UNMATCHED = 16384
 REMOTES_KEPT = 1024       # unpacked descriptors of peers' tensors kept for the next placed send
 
 EAGER, RTS, RTR, DONE, ERR, TAKEN = 1, 2, 3, 4, 5, 6
+ERR_ON_RECV = 1  # an ERR record's offset: about the receive it names (else: about the send)
 KIND_NAMES = {EAGER: "eager", RTS: "rts", RTR: "rtr", DONE: "done", ERR: "error", TAKEN: "taken"}
 
 
@@ -80,7 +81,7 @@ class Op:
     """One posted send or receive; completed by the engine's progress."""
 
     __slots__ = ("kind", "peer", "tag", "k", "ptr", "nbytes", "keep", "done", "error", "req", "reg", "queued",
-                 "split", "parts")
+                 "split", "parts", "done_due")
 
     def __init__(self, kind: str, peer: int, tag: int, k: int, ptr: int, nbytes: int, keep: Any) -> None:
         self.kind, self.peer, self.tag, self.k = kind, peer, tag, k
@@ -92,6 +93,7 @@ class Op:
         self.queued = False       # its last record waits for credit (the op is not complete before it goes)
         self.split = 0            # placed, split: the sender writes [0, split), the receiver reads the rest
         self.parts = 1            # what the op still waits for: DONE or the write; + TAKEN or the read if split
+        self.done_due = False     # a placed send's DONE record goes once its write completed
 
     def what(self) -> str:
         way = "to" if self.kind == "send" else "from"
@@ -164,6 +166,10 @@ class Messenger:
         world.allgather(None)  # every rank has looked up (nothing is written before)
         n = self.n
         # per peer: the smallest placed message both sides copy (0: never; the sender decides, its RTS says)
+        # per peer: whether a completed write has landed at the target (the message form: it completes
+        # on the target's reply), so a placed send's DONE follows its completion instead of a fence
+        # (over tcp a fence after a rendezvous write is a round trip that stalls the sender)
+        self.landed_on_completion = [ch is not None and ch.form == "messages" for ch in self.ch]
         self.split_sends = 0  # placed sends both sides copied (split), for tests and benchmarks
         self.split_from = [split_bytes if ch is not None and split_bytes and ch.form == "rma" and
                            ch.peer.get("same_host") and any(t.startswith(SPLIT_TRANSPORTS) for t in ch.transports())
@@ -308,7 +314,11 @@ class Messenger:
         if self.writing:
             still = []
             for op in self.writing:
-                if op.req.done() and not op.queued:
+                if op.done_due and op.req.done():
+                    op.done_due = False
+                    if not op.req.failed:
+                        self._record(op.peer, DONE, op.tag, op.k, op.nbytes, op=op)
+                if op.req.done() and not op.queued and not op.done_due:
                     self._finish_send(op)
                 else:
                     still.append(op)
@@ -466,6 +476,10 @@ class Messenger:
         elif kind == EAGER:
             # (kind, data, nbytes, data's address): copied out of the ring by _deliver or _arrived
             self._deliver(key, (kind, body, nbytes, self.base + off + HEADER))
+        elif kind == ERR and offset == ERR_ON_RECV:  # the sender's write for our receive `key` failed
+            rop = self.recvs.pop(key, None)
+            if rop is not None and not rop.done:
+                self._fail(rop, bytes(body).decode(errors="replace"))
         elif kind == ERR:  # the receiver refused our send `key`
             sop = self.sends.pop(key, None) or self.taking.get(key)
             if sop is not None and not sop.done:
@@ -550,8 +564,11 @@ class Messenger:
         except Error as e:
             self._refuse(p, f"a ready-to-receive record this device cannot write to ({e})")
             return
-        ch.fence()
-        self._record(p, DONE, op.tag, op.k, op.nbytes, op=op)
+        if self.landed_on_completion[p]:
+            op.done_due = True  # posted by progress() once the write completed (it landed then)
+        else:
+            ch.fence()
+            self._record(p, DONE, op.tag, op.k, op.nbytes, op=op)
         self.writing.append(op)
 
     def _remote(self, p: int, desc: bytes) -> Any:
@@ -564,7 +581,11 @@ class Messenger:
 
     def _finish_send(self, op: Op) -> None:
         if op.req.failed:
-            self._fail(op, f"the write into rank {op.peer}'s tensor failed: {op.req.error}")
+            why = f"the write into rank {op.peer}'s tensor failed: {op.req.error}"
+            if self.landed_on_completion[op.peer]:  # no DONE went: the receiver learns it from us
+                text = np.frombuffer(why.encode(), dtype=np.uint8)  # held here while the record is posted
+                self._record(op.peer, ERR, op.tag, op.k, 0, ERR_ON_RECV, *_payload(text))
+            self._fail(op, why)
         else:
             self._part_done(op)
 
