@@ -42,3 +42,18 @@ def test_bad_arguments_are_usage_errors(args: list[str], words: str) -> None:
     run = bench(*args, timeout=60)
     assert run.returncode == 2, run.stdout + run.stderr
     assert words in run.stderr, run.stderr
+
+
+def test_a_training_target_names_its_compute_ceiling() -> None:
+    """DDP and GPipe rows carry what the compute alone allows (no all_reduce; the slowest
+    stage), the better of the two backends' measurements, over gloo's samples/s."""
+    import argparse
+
+    from tensorwire.bench import torch_dist
+    args = argparse.Namespace(transport="shm", ranks=2, lat_sizes=[], sizes=[], coll_sizes=[])
+    tw = {"ddp/fcn5": 50.0, "ddp-ceiling/fcn5": 90.0, "pipe/fcn5": 60.0}
+    gl = {"ddp/fcn5": 40.0, "ddp-ceiling/fcn5": 100.0, "pipe/fcn5": 60.0, "pipe-ceiling/fcn5": 57.0}
+    got = {what: (met, said) for what, met, said in torch_dist._targets(args, tw, gl)}
+    assert got["DDP FCN-5 batch 8 samples/s >= 1.3x gloo"] == (False, "1.25x (compute ceiling 2.50x gloo)"), got
+    assert got["GPipe FCN-5 samples/s >= 1.2x gloo"] == (False, "1.00x (compute ceiling 0.95x gloo)"), got
+    assert torch_dist._ceiling(tw, gl, "ddp", "resnet") is None

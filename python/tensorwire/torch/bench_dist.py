@@ -113,7 +113,10 @@ def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     return small_resnet(), (3, 32, 32)
 
 
-def ddp_samples_per_s(name: str, batch: int, steps: int) -> float:
+def ddp_samples_per_s(name: str, batch: int, steps: int, sync: bool = True) -> float:
+    """DDP training samples/s; sync=False: under ddp.no_sync(), no gradient all_reduce at all
+    (the compute alone: the ceiling that any backend's DDP reaches on this machine)."""
+    import contextlib
     from torch.nn.parallel import DistributedDataParallel as DDP
     torch.manual_seed(0)
     model, shape = _model(name)
@@ -123,7 +126,8 @@ def ddp_samples_per_s(name: str, batch: int, steps: int) -> float:
 
     def step() -> None:
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        with contextlib.nullcontext() if sync else ddp.no_sync():
+            torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
     step()
     _sync()
@@ -159,6 +163,34 @@ def pipe_samples_per_s(name: str, batch: int, steps: int, microbatches: int = 4)
     for _ in range(steps):
         step()
     return steps * batch * microbatches / (time.perf_counter() - t0)
+
+
+def pipe_ceiling_samples_per_s(name: str, batch: int, microbatches: int = 4) -> float:
+    """GPipe's compute ceiling: every rank times its own stage's forward and backward of one
+    microbatch (all ranks at once, as in the pipeline); a GPipe step takes at least
+    (microbatches + ranks - 1) x the slowest stage's time, whatever moves the activations."""
+    torch.manual_seed(0)
+    model, shape = _model(name)
+    layers = list(model.net) if name == "fcn5" else list(model)
+    r, n = dist.get_rank(), dist.get_world_size()
+    per = -(-len(layers) // n)
+    stage = torch.nn.Sequential(*layers[r * per:(r + 1) * per])
+    x = torch.randn(batch, *shape)
+    with torch.no_grad():
+        for layer in layers[:r * per]:
+            x = layer(x)
+    x.requires_grad_(r > 0)
+
+    def once() -> None:
+        stage(x).float().sum().backward()
+    once()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(microbatches):
+        once()
+    slowest = torch.tensor([(time.perf_counter() - t0) / microbatches])
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return batch * microbatches / ((microbatches + n - 1) * float(slowest))
 
 
 def dispatch_us(iters: int, batch: int = 16) -> float:
@@ -212,9 +244,11 @@ def main() -> None:
     if "ddp" in suite:
         for m in ("fcn5", "resnet"):
             res[f"ddp/{m}"] = ddp_samples_per_s(m, 8, a.steps)
+            res[f"ddp-ceiling/{m}"] = ddp_samples_per_s(m, 8, a.steps, sync=False)
     if "pipe" in suite:
         for m in ("fcn5", "resnet"):
             res[f"pipe/{m}"] = pipe_samples_per_s(m, 8, a.steps)
+            res[f"pipe-ceiling/{m}"] = pipe_ceiling_samples_per_s(m, 8)
     if dist.get_rank() == 0:
         with open(a.out, "w") as f:
             json.dump(res, f)
