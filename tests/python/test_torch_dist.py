@@ -250,6 +250,56 @@ def test_a_peer_sending_malformed_records_is_refused_and_named(tmp_path: Path) -
 
 
 @pytest.mark.timeout(120)
+def test_async_collectives_run_in_order_beside_the_caller(tmp_path: Path) -> None:
+    """async_op collectives run in call order on the group's comm thread (the caller goes on:
+    DDP's backward overlaps its all_reduce so): results and futures equal the sync ones; a rank
+    that waits in a p2p receive while its own async all_reduce is still queued is not stuck
+    (the peer finishes that all_reduce before it sends); a failing async op raises at wait()."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
+        r = dist.get_rank()
+        ts = [torch.full((300_000,), float(r + k)) for k in range(6)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        fut = works[-1].get_future()
+        dist.barrier()  # queued after them: runs once they ran
+        assert all(w.is_completed() for w in works)
+        for k, (t, w) in enumerate(zip(ts, works)):
+            w.wait()
+            assert torch.all(t == 2 * k + 1), k
+        assert torch.all(fut.wait()[0] == 11)
+        say("ORDER OK", r)
+        # rank 0 queues an all_reduce and then blocks in a receive; rank 1 sends only after
+        # its all_reduce completed, which needs rank 0's comm thread to run it
+        big = torch.ones(4_000_000)
+        w = dist.all_reduce(big, async_op=True)
+        if r == 0:
+            got = torch.zeros(10)
+            dist.recv(got, 1)
+            w.wait()
+            say("NOT STUCK", bool(torch.all(got == 7)), bool(torch.all(big == 2)))
+        else:
+            w.wait()
+            dist.send(torch.full((10,), 7.0), 0)
+        bad = torch.ones(8 if r == 0 else 16)
+        w = dist.all_reduce(bad, async_op=True)
+        try:
+            w.wait()
+            say("NO ERROR")
+        except Exception as e:
+            say("ASYNC ERROR", r, type(e).__name__, "rank" in str(e))
+        dist.barrier()
+        dist.destroy_process_group()
+        say("CLOSED", r)
+    """)
+    run = torchrun(2, prog, timeout=110)
+    out = run.stdout
+    assert out.count("ORDER OK") == 2, out + run.stderr[-3000:]
+    assert "NOT STUCK True True" in out, out + run.stderr[-3000:]
+    assert "NO ERROR" not in out and out.count("ASYNC ERROR") == 2 and "False" not in out, out
+    assert out.count("CLOSED") == 2, out + run.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path: Path) -> None:
     """Placed messages of odd sizes, sent before and after the receive is posted: over shm the

@@ -265,6 +265,23 @@ class Messenger:
     def wait_all(self, ops: list[Op], timeout: float | None = None) -> None:
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
+        while not self.wait_some(ops, deadline - time.monotonic()):
+            if time.monotonic() >= deadline:
+                raise self.timeout_error(ops, timeout)
+
+    def timeout_error(self, ops: list[Op], timeout: float) -> MessageError:
+        """The error of a wait for `ops` that took `timeout` seconds: the first op left, and its peer."""
+        op = next(op for op in ops if not op.done)
+        p = op.peer
+        return MessageError(f"rank {self.rank}: {op.what()} did not complete within {timeout:g} s "
+                            f"(rank {p} did not take part; records with it: {self.sent[p]} sent, "
+                            f"{self._credit(p)} acknowledged, {len(self.outq[p])} waiting for credit, "
+                            f"{self.got[p]} received)")
+
+    def wait_some(self, ops: list[Op], seconds: float) -> bool:
+        """Drives the engine for at most `seconds` (one look at least): True once every op in
+        `ops` completed; raises the first one's error."""
+        deadline = time.monotonic() + max(0.0, seconds)
         while True:
             self.progress()
             left = [op for op in ops if not op.done]
@@ -272,15 +289,10 @@ class Messenger:
                 if op.done and op.error is not None:
                     raise op.error
             if not left:
-                return
+                return True
             now = time.monotonic()
             if now >= deadline:
-                op = left[0]
-                p = op.peer
-                raise MessageError(f"rank {self.rank}: {op.what()} did not complete within {timeout:g} s "
-                                   f"(rank {p} did not take part; records with it: {self.sent[p]} sent, "
-                                   f"{self._credit(p)} acknowledged, {len(self.outq[p])} waiting for credit, "
-                                   f"{self.got[p]} received)")
+                return False
             self._block(min(WAIT_SLICE_S, deadline - now), {op.peer for op in left})
 
     def close(self) -> None:

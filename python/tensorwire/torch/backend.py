@@ -30,6 +30,9 @@ from __future__ import annotations
 
 import datetime
 import os
+import queue
+import threading
+import time
 from typing import Any, Callable
 
 import numpy as np
@@ -137,18 +140,28 @@ def _owner(t: torch.Tensor) -> Callable[[], tuple[int, int, Any]]:
 
 
 class Work(dist._Work):
-    """A posted op. Collectives are complete when made; p2p completes when waited for."""
+    """A posted op: p2p completes when waited for (a wait drives every pending message of the
+    group); a collective is complete when made, or, queued (an async_op), once the group's
+    comm thread ran it (``ran``)."""
 
-    def __init__(self, pg: "TensorwireProcessGroup", result: Any, ops: list | None = None) -> None:
+    def __init__(self, pg: "TensorwireProcessGroup", result: Any, ops: list | None = None,
+                 queued: str = "") -> None:
         super().__init__()
         self.pg, self.result, self.ops = pg, result, ops or []
         self.fut: Future | None = None
         self.err: BaseException | None = None
+        self.what = queued
+        self.ran: threading.Event | None = threading.Event() if queued else None
+        self._mu = threading.Lock()
+        self._settled = False
 
     def is_completed(self) -> bool:
+        if self.ran is not None:
+            return self.ran.is_set()
         if self.ops and self.err is None:
             try:
-                return all(self.pg.msg.test(op) for op in self.ops)
+                with self.pg._lock:
+                    return all(self.pg.msg.test(op) for op in self.ops)
             except Exception as e:  # noqa: BLE001 - surfaced by wait()
                 self.err = e
         return True
@@ -160,7 +173,12 @@ class Work(dist._Work):
         return self.err
 
     def wait(self, timeout: Any = None) -> bool:
-        if self.ops and self.err is None:
+        if self.ran is not None:
+            seconds = _seconds(timeout, self.pg.timeout)
+            if not self.ran.wait(seconds):
+                raise TensorwireError(f"tensorwire backend, rank {self.pg._rank}: {self.what} did not complete "
+                                      f"within {seconds:g} s (it runs on in the background)")
+        elif self.ops and self.err is None:
             try:
                 self.pg._wait_ops(self.ops, _seconds(timeout, self.pg.timeout))
             except Exception as e:  # noqa: BLE001 - every failure is a backend error naming the peer
@@ -168,18 +186,31 @@ class Work(dist._Work):
             self.ops = [] if self.err is None else self.ops
         if self.err is not None:
             raise self.err
-        self._set_future()
+        self._settle_future()
         return True
 
     def get_future(self) -> Future:
-        if self.fut is None:
-            self.fut = Future()
-            if not self.ops:
-                self._set_future()
+        with self._mu:
+            if self.fut is None:
+                self.fut = Future()
+        if not self.ops and (self.ran is None or self.ran.is_set()):
+            self._settle_future()
         return self.fut
 
-    def _set_future(self) -> None:
-        if self.fut is not None and not self.fut.done():
+    def _finish(self, err: BaseException | None) -> None:
+        """The comm thread ran this collective (err: how it failed)."""
+        self.err = err
+        self.ran.set()
+        self._settle_future()
+
+    def _settle_future(self) -> None:
+        with self._mu:
+            if self.fut is None or self._settled:
+                return
+            self._settled = True
+        if self.err is not None:  # (callbacks run here: on the comm thread for queued collectives, as gloo's)
+            self.fut.set_exception(self.err)
+        else:
             self.fut.set_result(self.result)
 
 
@@ -205,6 +236,15 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             self.msg = Messenger(self.world, self.registry, timeout=self.timeout)
         self._scratch: torch.Tensor | None = None   # reduce_scatter's landing area (registered once)
         self._closed = False
+        # Every use of the World and the messages engine holds _lock (they are single-threaded).
+        # Collectives asked as async_op (DDP's gradient buckets, FSDP's gathers) run in order on
+        # the comm thread, so the caller computes meanwhile (gloo overlaps them so); a collective
+        # whose caller waits at once runs on the caller when nothing is queued (no hand-off).
+        self._lock = threading.RLock()
+        self._jobs: queue.Queue = queue.Queue()
+        self._queued = 0                # collectives queued or running on the comm thread
+        self._queued_mu = threading.Lock()
+        self._comm: threading.Thread | None = None
 
     # ---- identity -----------------------------------------------------------
 
@@ -244,16 +284,53 @@ class TensorwireProcessGroup(dist.ProcessGroup):
     def _done(self, result: Any) -> Work:
         return Work(self, result)
 
-    def _run(self, what: str, fn: Callable[[], Any], result: Any) -> Work:
-        """Runs a collective now; any failure becomes a backend error naming the op."""
+    def _run(self, what: str, fn: Callable[[], Any], result: Any, opts: Any = None) -> Work:
+        """Runs a collective: now, on this thread, when its caller waits for it at once (not an
+        async_op) and nothing is queued, else queued for the comm thread (in call order). Any
+        failure becomes a backend error naming the op."""
         self._check_open(what)
-        try:
-            fn()
-        except (TypeError, ValueError):
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise self._as_backend_error(e, what) from None
-        return self._done(result)
+        on_comm = threading.current_thread() is self._comm
+        if on_comm or (not getattr(opts, "asyncOp", True) and self._queued == 0):
+            try:
+                with self._lock:
+                    fn()
+            except (TypeError, ValueError):
+                raise
+            except Exception as e:  # noqa: BLE001
+                raise self._as_backend_error(e, what) from None
+            return self._done(result)
+        work = Work(self, result, queued=what)
+        with self._queued_mu:
+            self._queued += 1
+            if self._comm is None:
+                self._comm = threading.Thread(target=self._comm_loop, name="tw-torch-comm", daemon=True)
+                self._comm.start()
+        self._jobs.put((what, fn, work))
+        return work
+
+    def _comm_loop(self) -> None:
+        """The comm thread: runs queued collectives one after another until close() says stop."""
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            what, fn, work = job
+            err: BaseException | None = None
+            try:
+                if self._closed:
+                    raise TensorwireError(f"rank {self._rank}: {what} on a destroyed tensorwire process group")
+                with self._lock:
+                    fn()
+            except (TypeError, ValueError, TensorwireError) as e:
+                err = e
+            except Exception as e:  # noqa: BLE001
+                err = self._as_backend_error(e, what)
+            with self._queued_mu:
+                self._queued -= 1
+            try:
+                work._finish(err)
+            except Exception:  # noqa: BLE001 - a future's callback failed: it is the caller's, logged by torch
+                pass
 
     def _check_open(self, what: str) -> None:
         if self._closed:
@@ -269,14 +346,25 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         return err
 
     def _wait_ops(self, ops: list, timeout: float) -> None:
-        self.msg.wait_all(ops, timeout)
+        """Waits for p2p ops in slices, letting the comm thread in between (a collective queued
+        before may be what the peer needs first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                left = deadline - time.monotonic()
+                if self.msg.wait_some(ops, min(left, 0.05)):
+                    return
+                if left <= 0:
+                    raise self.msg.timeout_error(ops, timeout)
+            if self._queued:
+                time.sleep(0.001)  # the comm thread takes the lock meanwhile
 
     def _exchange(self, sends: list[tuple[torch.Tensor, int]], recvs: list[tuple[torch.Tensor, int]],
                   timeout: float | None = None) -> None:
         """Posts every receive, then every send (tag COLL_TAG), and waits for all."""
         if not sends and not recvs:
             return
-        m = self.msg
+        m = self.msg  # (under _lock: a collective runs holding it)
         ops = [m.irecv(*_buffer(t, "recv"), p, COLL_TAG, t, _owner(t)) for t, p in recvs]
         ops += [m.isend(*_buffer(t, "send"), p, COLL_TAG, t, _owner(t)) for t, p in sends]
         m.wait_all(ops, self.timeout if timeout is None else timeout)
@@ -310,9 +398,10 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             raise ValueError(f"tensorwire backend: {kind} tag must be >= 0, got {tag}")
         ptr, nbytes = _buffer(t, kind)
         try:
-            if kind == "send":
-                return self.msg.isend(ptr, nbytes, peer, tag, t, _owner(t))
-            return self.msg.irecv(ptr, nbytes, peer, tag, t, _owner(t))
+            with self._lock:
+                if kind == "send":
+                    return self.msg.isend(ptr, nbytes, peer, tag, t, _owner(t))
+                return self.msg.irecv(ptr, nbytes, peer, tag, t, _owner(t))
         except Exception as e:  # noqa: BLE001
             raise self._as_backend_error(e, f"{kind} {'to' if kind == 'send' else 'from'} rank {peer}") from None
 
@@ -328,7 +417,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
         for t in tensors:
             _bytes_view(t, "all_reduce")
-        return self._run("all_reduce", lambda: [self._allreduce(t, op) for t in tensors], tensors)
+        return self._run("all_reduce", lambda: [self._allreduce(t, op) for t in tensors], tensors, opts=opts)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
@@ -347,7 +436,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                     for t in group:
                         t.copy_(flat[off: off + t.numel()].view_as(t))
                         off += t.numel()
-        return self._run("all_reduce_coalesced", run, tensors)
+        return self._run("all_reduce_coalesced", run, tensors, opts=opts)
 
     def _allreduce(self, t: torch.Tensor, op: str) -> None:
         if t.dtype == torch.bool or t.is_complex() and op in ("min", "max"):
@@ -394,10 +483,10 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             for t in tensors:
                 if t.numel():
                     self.world.broadcast(_bytes_view(t, "broadcast"), root)
-        return self._run("broadcast", run, tensors)
+        return self._run("broadcast", run, tensors, opts=opts)
 
     def barrier(self, opts: Any = None) -> Work:
-        return self._run("barrier", lambda: self.world.barrier(self.timeout), None)
+        return self._run("barrier", lambda: self.world.barrier(self.timeout), None, opts=opts)
 
     def _check_root(self, root: int, what: str) -> None:
         if not 0 <= root < self.size():
@@ -414,7 +503,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                              f"({n} x {inp.numel()} {inp.dtype}), got {out.numel()} {out.dtype}")
         blocks = out.reshape(n, -1) if inp.numel() else [out] * n
         return self._run("all_gather_into_tensor", lambda: self._gather_all(inp, [blocks[p] for p in range(n)]),
-                         out)
+                         out, opts=opts)
 
     _allgather_base = all_gather_single
 
@@ -427,7 +516,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                 if t.numel() != i.numel() or t.dtype != i.dtype:
                     raise ValueError(f"tensorwire backend: all_gather outputs must match the input "
                                      f"({i.numel()} x {i.dtype}), got {t.numel()} x {t.dtype}")
-        return self._run("all_gather", lambda: [self._gather_all(i, o) for o, i in zip(outs, inps)], outs)
+        return self._run("all_gather", lambda: [self._gather_all(i, o) for o, i in zip(outs, inps)], outs, opts=opts)
 
     def allgather_coalesced(self, outs: list[list[torch.Tensor]], inps: list[torch.Tensor], opts: Any = None):
         return self.allgather(outs, inps, opts)
@@ -439,7 +528,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                 raise ValueError("tensorwire backend: all_gather_into_tensor needs an output of size x the input")
         return self._run("all_gather_into_tensor_coalesced",
                          lambda: [self._gather_all(i, list(o.reshape(n, -1)) if i.numel() else [o] * n)
-                                  for o, i in zip(outs, inps)], outs)
+                                  for o, i in zip(outs, inps)], outs, opts=opts)
 
     def _gather_all(self, inp: torch.Tensor, blocks: list[torch.Tensor]) -> None:
         r = self.rank()
@@ -458,7 +547,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             raise ValueError(f"tensorwire backend: reduce_scatter_tensor needs an input of {n} x the output "
                              f"({n} x {out.numel()} {out.dtype}), got {inp.numel()} {inp.dtype}")
         blocks = list(inp.reshape(n, -1)) if out.numel() else []
-        return self._run("reduce_scatter_tensor", lambda: self._reduce_scatter(out, blocks, op), out)
+        return self._run("reduce_scatter_tensor", lambda: self._reduce_scatter(out, blocks, op), out, opts=opts)
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -473,14 +562,14 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                     raise ValueError("tensorwire backend: reduce_scatter inputs must match the output's size and dtype")
         return self._run("reduce_scatter",
                          lambda: [self._reduce_scatter(o, [t.contiguous() for t in i] if o.numel() else [], op)
-                                  for o, i in zip(outs, inps)], outs)
+                                  for o, i in zip(outs, inps)], outs, opts=opts)
 
     def reduce_scatter_single_coalesced(self, outs: list[torch.Tensor], inps: list[torch.Tensor], opts: Any = None):
         op = _op_name(opts.reduceOp if opts is not None else ReduceOp.SUM)
         n = self.size()
         return self._run("reduce_scatter_tensor_coalesced",
                          lambda: [self._reduce_scatter(o, list(i.reshape(n, -1)) if o.numel() else [], op)
-                                  for o, i in zip(outs, inps)], outs)
+                                  for o, i in zip(outs, inps)], outs, opts=opts)
 
     def _reduce_scatter(self, out: torch.Tensor, blocks: list[torch.Tensor], op: str) -> None:
         """Block p of every rank goes to rank p; each rank reduces what it got (in rank order,
@@ -534,7 +623,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                                  f"of one size with dimension 0 divisible by {n}")
             if inp.numel() and inp.dim():
                 return self._run("all_to_all_single", lambda: self.world.alltoall(
-                    _bytes_view(out, "all_to_all_single"), _bytes_view(inp, "all_to_all_single")), out)
+                    _bytes_view(out, "all_to_all_single"), _bytes_view(inp, "all_to_all_single")), out, opts=opts)
         row_in = inp[0].numel() if inp.dim() and inp.shape[0] else 0
         row_out = out[0].numel() if out.dim() and out.shape[0] else 0
         in_splits = list(in_splits) or [inp.shape[0] // n] * n
@@ -548,7 +637,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         fo = out.reshape(-1)
         ins = _split(fi, [s * row_in for s in in_splits])
         outs = _split(fo, [s * row_out for s in out_splits])
-        return self._run("all_to_all_single", lambda: self._a2a(outs, ins), out)
+        return self._run("all_to_all_single", lambda: self._a2a(outs, ins), out, opts=opts)
 
     all_to_all_single = alltoall_base
 
@@ -556,7 +645,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         n = self.size()
         if len(outs) != n or len(inps) != n:
             raise ValueError(f"tensorwire backend: all_to_all needs {n} input and {n} output tensors")
-        return self._run("all_to_all", lambda: self._a2a(outs, [t.contiguous() for t in inps]), outs)
+        return self._run("all_to_all", lambda: self._a2a(outs, [t.contiguous() for t in inps]), outs, opts=opts)
 
     def _a2a(self, outs: list[torch.Tensor], ins: list[torch.Tensor]) -> None:
         r = self.rank()
@@ -580,8 +669,8 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             def run() -> None:
                 lst[r].copy_(inp)
                 self._exchange([], [(lst[p], p) for p in self._peers()])
-            return self._run("gather", run, outs)
-        return self._run("gather", lambda: self._exchange([(inp, root)], []), outs)
+            return self._run("gather", run, outs, opts=opts)
+        return self._run("gather", lambda: self._exchange([(inp, root)], []), outs, opts=opts)
 
     def scatter(self, outs: list[torch.Tensor], inps: list[list[torch.Tensor]], opts: Any) -> Work:
         root, r, n = opts.rootRank, self.rank(), self.size()
@@ -595,8 +684,8 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             def run() -> None:
                 out.copy_(lst[r])
                 self._exchange([(lst[p].contiguous(), p) for p in self._peers()], [])
-            return self._run("scatter", run, outs)
-        return self._run("scatter", lambda: self._exchange([], [(out, root)]), outs)
+            return self._run("scatter", run, outs, opts=opts)
+        return self._run("scatter", lambda: self._exchange([], [(out, root)]), outs, opts=opts)
 
     # ---- life ---------------------------------------------------------------
 
@@ -610,12 +699,17 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         """Releases every registration, the messages engine and the World's Device."""
         if self._closed:
             return
+        comm = self._comm
+        if comm is not None and comm is not threading.current_thread():
+            self._jobs.put(None)  # after what is queued: those run first
+            comm.join(self.timeout if sync else 1.0)
         self._closed = True
-        if self.msg is not None:
-            self.msg.close()
-        self.registry.clear()
-        self._scratch = None
-        self.world._close(sync=sync)
+        with self._lock:
+            if self.msg is not None:
+                self.msg.close()
+            self.registry.clear()
+            self._scratch = None
+            self.world._close(sync=sync)
 
     def __del__(self) -> None:
         try:
