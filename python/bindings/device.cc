@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
+#include "core/channel_impl.h"
 #include "core/transport_policy.h"
 #include "tensorwire/notify.h"
 #include "checked.h"
@@ -292,14 +293,14 @@ void bind_device(nb::module_& m) {
            "One-sided read remote -> local; the data is there when it completes.")
       // tensorwire.ranks.messages' record post in one call (its hot path: a Python
       // sequence of stores, two writes and a fence cost 3.7 us an 8-byte send):
-      // the 64-byte header (6 int64 fields) and `plen` payload bytes from
+      // the 64-byte header (7 int64 fields) and `plen` payload bytes from
       // `payload_ptr` go into the arena at `staging` and are written to the
       // peer's ring at `inbox`, flagged by the sequence word `seq` (from
       // `flag_src`) at `flag_dst` (Channel::write_flagged). Returns the write's
       // Request, or None when it completed (a mapped peer).
       .def("_post_record", [](Channel& c, nb::handle arena, const RemoteRegion& remote, std::uint64_t staging,
                               std::uint64_t inbox, std::uint64_t flag_src, std::uint64_t flag_dst, std::int64_t seq,
-                              std::array<std::int64_t, 6> header, std::uintptr_t payload_ptr,
+                              std::array<std::int64_t, 7> header, std::uintptr_t payload_ptr,
                               std::uint64_t plen) -> nb::object {
         constexpr std::uint64_t kHeader = 64;
         LocalRegion lr = local_region_of(arena);
@@ -323,6 +324,21 @@ void bind_device(nb::module_& m) {
       }, nb::arg("arena"), nb::arg("remote"), nb::arg("staging"), nb::arg("inbox"), nb::arg("flag_src"),
          nb::arg("flag_dst"), nb::arg("seq"), nb::arg("header"), nb::arg("payload_ptr"), nb::arg("plen"),
          "Internal (tensorwire.ranks.messages): posts one record of the messages ring.")
+      // tensorwire.ranks.messages' claim of a split message's first half: a
+      // compare-and-swap of the 8-byte word at `offset` of the peer's region,
+      // which shared memory maps here (the peer swaps the same word in its own
+      // memory: whoever swaps first copies that half). Returns the old value.
+      .def("_compare_swap", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::uint64_t offset,
+                               std::uint64_t expected, std::uint64_t desired) {
+        LocalRegion lr = local_region_of(local);
+        char* mapped = c.impl()->direct_target(remote, lr);
+        if (!mapped) throw InvalidArgument("_compare_swap: the peer's region is not mapped here");
+        if (offset % 8 || offset + 8 > remote.length()) throw InvalidArgument("_compare_swap: a word outside the region");
+        __atomic_compare_exchange_n(reinterpret_cast<std::uint64_t*>(mapped + offset), &expected, desired, false,
+                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        return expected;
+      }, nb::arg("local"), nb::arg("remote"), nb::arg("offset"), nb::arg("expected"), nb::arg("desired"),
+         "Internal (tensorwire.ranks.messages): compare-and-swap of a word in the peer's mapped region.")
       .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run
            "Later operations on this lane's worker land after earlier ones.")
       .def("flush", [](Channel& c) { gil_scoped_release r; return c.flush(); },
@@ -605,6 +621,15 @@ void bind_device(nb::module_& m) {
       }, nb::arg("timeout").none() = nb::none(),
          "At least one notification (Timeout after `timeout` s; use device.next_notification()).");
 
+  m.def("_compare_swap", [](nb::handle local, std::uint64_t offset, std::uint64_t expected, std::uint64_t desired) {
+    LocalRegion lr = local_region_of(local);
+    if (offset % 8 || offset + 8 > lr.length) throw InvalidArgument("_compare_swap: a word outside the region");
+    __atomic_compare_exchange_n(reinterpret_cast<std::uint64_t*>(static_cast<char*>(lr.address) + offset), &expected,
+                                desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    return expected;
+  }, nb::arg("local"), nb::arg("offset"), nb::arg("expected"), nb::arg("desired"),
+        "Internal (tensorwire.ranks.messages): compare-and-swap of a word of local memory (a peer may swap it "
+        "through shared memory at the same time). Returns the old value.");
   m.def("transport_family", &detail::transport_family, nb::arg("ucx_transport"),
         "The family of a UCX transport name: tcp, shm, rdma, cuda, self, or '' (the core's one table).");
   m.def("unusable_reason", &detail::unusable_reason, nb::arg("resources"), nb::arg("family"),

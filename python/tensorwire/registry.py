@@ -60,6 +60,14 @@ class RegistrationCache:
             self._drop(next(iter(self.entries)))
         return reg
 
+    def cached(self, owner: Any) -> Any:
+        """The registration of the allocation `owner` if the cache holds one, else None (never
+        registers)."""
+        if callable(owner):
+            owner = owner()
+        hit = self.entries.get((int(owner[0]), int(owner[1])))
+        return None if hit is None else hit[0]
+
     def on_drop(self, reg: Any, callback: Callable[[], None]) -> None:
         """Calls `callback` when `reg` leaves the cache (its exports end with it)."""
         self.on_drops.setdefault(id(reg), []).append(callback)

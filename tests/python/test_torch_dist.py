@@ -160,7 +160,10 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
     line = next(x for x in out.splitlines() if x.startswith("TIMEOUT"))
     assert float(line.split()[2]) < 10, line
     regs = [x for x in out.splitlines() if x.startswith("REGISTRATIONS")]
-    assert len(regs) == 2 and all(x.endswith("-> 0") and not x.startswith("REGISTRATIONS 0 ") for x in regs), regs
+    # a receiver registers its placed destinations (a sender's tensors up to 4 MiB are pulled from its
+    # outbox, unregistered): some were held, and destruction released every one
+    assert len(regs) == 2 and all(x.endswith("-> 0") for x in regs), regs
+    assert sum(int(x.split()[1]) for x in regs) > 0, regs
 
 
 @pytest.mark.timeout(120)
@@ -302,17 +305,19 @@ def test_async_collectives_run_in_order_beside_the_caller(tmp_path: Path) -> Non
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path: Path) -> None:
-    """Placed messages of odd sizes, sent before and after the receive is posted: over shm the
-    two sides each copy part (split: the sender's RTS carries its descriptor, the receiver reads
-    the second half and says TAKEN); over tcp the sender writes all. A receive of the wrong size
+    """Placed messages of odd sizes, sent before and after the receive is posted: a tensor not
+    registered yet (up to 4 MiB) is copied to the sender's outbox and pulled by the receiver; a
+    registered one over shm is split (the sender's RTS carries its descriptor, the receiver
+    reads the second half, or claims the first too, and says TAKEN); over tcp the sender writes. A receive of the wrong size
     fails on both sides, naming both sizes; the next message of the pair still arrives."""
     prog = script(tmp_path, """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
         r = dist.get_rank()
         sizes = [300_001, 1_000_003, 4_194_305]
+        srcs = [torch.arange(s, dtype=torch.int64) * (k + 2) for k, s in enumerate(sizes)]
         for late in (False, True):  # late: the receives are posted after every RTS has arrived
-            if r == 0:
-                works = [dist.isend(torch.arange(s, dtype=torch.int64) * (k + 2), 1, tag=k) for k, s in enumerate(sizes)]
+            if r == 0:  # the same tensors twice: the second time they are registered (split, not pulled)
+                works = [dist.isend(t, 1, tag=k) for k, t in enumerate(srcs)]
                 for w in works:
                     w.wait()
             else:
@@ -337,7 +342,9 @@ def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path:
             t = torch.zeros(500_000, dtype=torch.int64)
             dist.recv(t, 0, tag=6)
             say("NEXT OK", bool((t == 3).all()))
-        say("SPLIT", r, dist.distributed_c10d._get_default_group().msg.split_sends)
+        m = dist.distributed_c10d._get_default_group().msg
+        say("SPLIT", r, m.split_sends)
+        say("PULLED", r, m.pulled_sends)
     """)
     run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": transport})
     out = run.stdout
@@ -346,6 +353,7 @@ def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path:
     assert "NEXT OK True" in out, out + run.stderr[-3000:]
     split = "SPLIT 0 0" not in out  # the sender counts its split sends
     assert split == (transport == "shm"), out
+    assert "PULLED 0 0" not in out, out  # a tensor not registered yet, up to 4 MiB: the receiver pulls it
 
 
 @pytest.mark.timeout(120)

@@ -28,7 +28,12 @@ tensor; a size that differs between the two sides is an error on both):
   while the receiver reads the second half out of the sender's, each on its
   own core (one copy of each byte, two cores; one core's copy is half what two
   give on these VMs, bench/results/torch_dist_shm.txt). The receiver's TAKEN
-  record tells the sender its tensor may change again.
+  record tells the sender its tensor may change again. Who copies the first
+  half is claimed, not assumed: the RTR names a claim word in the receiver's
+  arena (the ``aux`` field: word index and message id); the sender swaps it
+  when it has the RTR, the receiver when its own half is done, and the first
+  swap wins. A sender busy computing (a pipeline stage that posted isend and
+  went on) thus never stalls its receiver: the receiver copies it all.
 
 Records travel in per-peer rings of ``SLOTS`` slots; the receiver hands
 credits back (an 8-byte word written into the sender's arena every SLOTS/2
@@ -56,11 +61,16 @@ from .. import _core
 from ..errors import Error, InvalidArgument, Timeout
 
 SLOTS = 64                # records in flight per direction and peer (a power of two)
+DEFAULT_PULL_BYTES = 4 << 20    # up to here a tensor not registered yet is copied out for the receiver to pull
 DEFAULT_SPLIT_BYTES = 256 << 10  # from here a same-host placed message is copied by both sides
 # transports whose copies a process makes into another's memory itself (the kernel's cross-memory
 # attach, xpmem, knem): a second process can copy part of a message at the same time
 SPLIT_TRANSPORTS = ("cma/", "xpmem/", "knem/")
-HEADER = 64               # bytes: kind, tag, k, nbytes, offset, payload length (int64 each), 2 spare
+HEADER = 64               # bytes: kind, tag, k, nbytes, offset, payload length, aux (int64 each), 1 spare
+OUTBOX_BYTES = 32 << 20   # our staging for pulled messages (in the arena: every peer has it mapped or exported)
+PULL = 1                  # an RTS's aux: the data waits in the sender's outbox at `offset`; the receiver reads it
+CLAIM_AFTER_S = 200e-6    # a split receive claims the first half once its sender was silent this long
+CLAIMS = 1023             # split receives in flight per sender whose first half either side may claim
 DEFAULT_EAGER_BYTES = 128 << 10  # a pipeline stage's activations (FCN-5, batch 8: 128 KiB) complete on posting
 WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (credits) this often
 # Records a peer may have waiting for receives and sends not posted yet (a peer that sends more is
@@ -81,7 +91,7 @@ class Op:
     """One posted send or receive; completed by the engine's progress."""
 
     __slots__ = ("kind", "peer", "tag", "k", "ptr", "nbytes", "keep", "done", "error", "req", "reg", "queued",
-                 "split", "parts", "done_due")
+                 "split", "parts", "done_due", "claim", "src", "head", "tail_done", "landed")
 
     def __init__(self, kind: str, peer: int, tag: int, k: int, ptr: int, nbytes: int, keep: Any) -> None:
         self.kind, self.peer, self.tag, self.k = kind, peer, tag, k
@@ -94,6 +104,11 @@ class Op:
         self.split = 0            # placed, split: the sender writes [0, split), the receiver reads the rest
         self.parts = 1            # what the op still waits for: DONE or the write; + TAKEN or the read if split
         self.done_due = False     # a placed send's DONE record goes once its write completed
+        self.claim: tuple[int, int] | None = None  # a split receive's claim word (index, message id)
+        self.src: Any = None      # a split receive: (the sender's region, offset) it reads from
+        self.head = False         # a split receive reads the first half too (it won the claim)
+        self.tail_done = False    # a split receive has read the second half
+        self.landed = False       # a receive's DONE arrived
 
     def what(self) -> str:
         way = "to" if self.kind == "send" else "from"
@@ -121,6 +136,8 @@ class Layout:
         self.staging = take(n * ring)        # local: our records to peer p, slot by slot
         self.flagsrc = take(n * SLOTS * 8)   # local: sources of our sequence words
         self.acksrc = take(n * 8)            # local: sources of our credit words
+        self.claims = take(n * CLAIMS * 8)   # receiver: who copies a split message's first half (peers swap)
+        self.outbox = take(OUTBOX_BYTES)     # sender: pulled messages wait here until their TAKEN
         self.total = off
         self.ring = ring
 
@@ -139,7 +156,7 @@ class Messenger:
 
     def __init__(self, world: Any, registry: Any, timeout: float = 30.0,
                  eager_bytes: int = DEFAULT_EAGER_BYTES, split_bytes: int = DEFAULT_SPLIT_BYTES,
-                 name: str = "msg") -> None:
+                 pull_bytes: int = DEFAULT_PULL_BYTES, name: str = "msg") -> None:
         if eager_bytes < 0 or eager_bytes > 1 << 24:
             raise InvalidArgument(f"eager_bytes must be in 0..16 MiB, got {eager_bytes}")
         if split_bytes < 0:
@@ -171,9 +188,17 @@ class Messenger:
         # (over tcp a fence after a rendezvous write is a round trip that stalls the sender)
         self.landed_on_completion = [ch is not None and ch.form == "messages" for ch in self.ch]
         self.split_sends = 0  # placed sends both sides copied (split), for tests and benchmarks
+        self.pulled_sends = 0  # placed sends copied to the outbox for the receiver to read
         self.split_from = [split_bytes if ch is not None and split_bytes and ch.form == "rma" and
                            ch.peer.get("same_host") and any(t.startswith(SPLIT_TRANSPORTS) for t in ch.transports())
                            else 0 for ch in self.ch]
+        self.claims_free: list[list[int]] = [list(range(CLAIMS)) if f else [] for f in self.split_from]
+        self.claim_ids = 0    # message ids of claim words (never reused: a stale swap fails)
+        self.claimable: list[Op] = []               # split receives whose first half is open
+        self.pull_max = pull_bytes
+        self.outbox_free: list[tuple[int, int]] = [(0, OUTBOX_BYTES)]   # (offset in the outbox, bytes)
+        self.outbox_held: dict[tuple[int, int, int], tuple[int, int]] = {}  # pulled sends until TAKEN
+        self.last_heard = [0.0] * n                 # when a record of each peer was last consumed
         self.sent = [0] * n            # records posted to p (the last one's number)
         self.got = [0] * n             # records consumed from p
         self.acked = [0] * n           # credits we handed back to p (records)
@@ -209,8 +234,24 @@ class Messenger:
             if self._record(peer, EAGER, tag, k, nbytes, 0, ptr, nbytes, op):
                 op.done = True
             return op
+        if nbytes <= self.pull_max and self.registry.cached(owner if owner is not None else (ptr, nbytes, keep)) is None:
+            off = self._outbox_take(nbytes)
+            if off is not None:  # copied out now; the op completes on the receiver's TAKEN (or ERR)
+                ctypes.memmove(self.base + self.lay.outbox + off, ptr, nbytes)
+                self.outbox_held[(peer, tag, k)] = (off, nbytes)
+                self.taking[(peer, tag, k)] = op
+                self.rtrs.pop((peer, tag, k), None)  # not written by us: the receiver reads it
+                self.pulled_sends += 1
+                self._record(peer, RTS, tag, k, nbytes, self.lay.outbox + off, aux=PULL)
+                return op
+        hits = self.registry.hits
         op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
-        if self.split_from[peer] and nbytes >= self.split_from[peer]:
+        # split only a tensor sent before (its allocation registered already): exporting a fresh
+        # one to the receiver is a control call, 0.2-1 ms, which costs more than the copy it
+        # shares (a pipeline stage sends new activations every microbatch: GPipe ResNet 100 ->
+        # 55 samples/s when every one was exported)
+        reused = self.registry.hits != hits or (peer, id(op.reg)) in self.exported
+        if self.split_from[peer] and nbytes >= self.split_from[peer] and reused:
             op.split, op.parts = _split_at(nbytes), 2
             self.taking[(peer, tag, k)] = op
             self.split_sends += 1
@@ -237,9 +278,20 @@ class Messenger:
                 self._arrived(op, got)  # fails it, saying both sizes
                 return op
             op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
+            if got is not None and got[1] is PULL:  # it waits in the sender's outbox: no RTR needed
+                self.recvs[mkey] = op
+                self._pull(op, got[3])
+                return op
             desc = self._export(peer, op.reg)
             self.recvs[mkey] = op
-            self._record(peer, RTR, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc))
+            aux = 0
+            if nbytes >= self.split_from[peer] > 0 and self.claims_free[peer]:
+                c = self.claims_free[peer].pop()
+                self.claim_ids += 1
+                op.claim = (c, self.claim_ids)
+                self.words[(self.lay.claims >> 3) + peer * CLAIMS + c] = self.claim_ids * 4  # open
+                aux = (self.claim_ids << 10) | (c + 1)
+            self._record(peer, RTR, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc), aux=aux)
             if got is not None:
                 self._arrived(op, got)  # the sender's RTS: a split one starts our read
             return op
@@ -290,10 +342,11 @@ class Messenger:
                     raise op.error
             if not left:
                 return True
+            due = self._claim_idle() if self.claimable else None
             now = time.monotonic()
             if now >= deadline:
                 return False
-            self._block(min(WAIT_SLICE_S, deadline - now), {op.peer for op in left})
+            self._block(min(WAIT_SLICE_S, deadline - now, due or WAIT_SLICE_S), {op.peer for op in left})
 
     def close(self) -> None:
         if self.closed:
@@ -407,6 +460,9 @@ class Messenger:
                 del table[key]
         self.writing = [op for op in self.writing if op.peer != p]
         self.reading = [op for op in self.reading if op.peer != p]
+        self.claimable = [op for op in self.claimable if op.peer != p]
+        for key in [k for k in self.outbox_held if k[0] == p]:
+            self._outbox_release(key)
 
     def _peer_of(self, e: Error) -> int | None:
         """The rank whose failure `e` reports ("peer HOST:PORT (pid N) ..."), if it says."""
@@ -422,7 +478,7 @@ class Messenger:
     # ---- records -----------------------------------------------------------
 
     def _record(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int = 0,
-                pptr: int = 0, plen: int = 0, op: Op | None = None) -> bool:
+                pptr: int = 0, plen: int = 0, op: Op | None = None, aux: int = 0) -> bool:
         """Posts a record to `peer` (its payload: the `plen` bytes at `pptr`), or queues it until
         `peer` hands back credit (then `op`, whose last record it is, completes only once it
         went: a rank whose ops are all complete has nothing left that only its own progress
@@ -434,9 +490,9 @@ class Messenger:
             copy = np.empty(plen, dtype=np.uint8)
             if plen:
                 ctypes.memmove(copy.ctypes.data, pptr, plen)
-            self.outq[peer].append((kind, tag, k, nbytes, offset, copy, op))
+            self.outq[peer].append((kind, tag, k, nbytes, offset, copy, op, aux))
             return False
-        self._post(peer, kind, tag, k, nbytes, offset, pptr, plen)
+        self._post(peer, kind, tag, k, nbytes, offset, pptr, plen, aux)
         return True
 
     def _credit(self, peer: int) -> int:
@@ -445,15 +501,19 @@ class Messenger:
     def _drain(self, peer: int) -> None:
         q = self.outq[peer]
         while q and self.sent[peer] + 1 - self._credit(peer) <= SLOTS:
-            kind, tag, k, nbytes, offset, copy, op = q.pop(0)
-            self._post(peer, kind, tag, k, nbytes, offset, copy.ctypes.data if copy.size else 0, copy.size)
+            kind, tag, k, nbytes, offset, copy, op, aux = q.pop(0)
+            self._post(peer, kind, tag, k, nbytes, offset, copy.ctypes.data if copy.size else 0, copy.size, aux)
             if op is not None:
                 op.queued = False
-                if op.kind == "send" and op.req is None:  # an eager send: complete once posted
-                    self._complete(op)
+                if op.kind == "send" and op.req is None and op.parts == 1 and not op.split:
+                    self._complete(op)  # an eager send: complete once posted
+                elif op.kind == "recv" and not op.done:  # its TAKEN went
+                    self._part_done(op)
+                    if op.done:
+                        self.recvs.pop((op.peer, op.tag, op.k), None)
 
     def _post(self, peer: int, kind: int, tag: int, k: int, nbytes: int, offset: int,
-              pptr: int, plen: int) -> None:
+              pptr: int, plen: int, aux: int = 0) -> None:
         """Header and payload into the staging slot, written into our slot of the peer's ring;
         fence; the slot's sequence word (one C++ call: this is every send's path)."""
         lay = self.lay
@@ -465,13 +525,14 @@ class Messenger:
         self.post_req[peer][j] = self.ch[peer]._post_record(
             self.arena, self.remote[peer], lay.staging + (peer * SLOTS + j) * lay.slot,
             lay.inbox + (self.rank * SLOTS + j) * lay.slot, lay.flagsrc + (peer * SLOTS + j) * 8,
-            lay.flags + (self.rank * SLOTS + j) * 8, m, (kind, tag, k, nbytes, offset, plen), pptr, plen)
+            lay.flags + (self.rank * SLOTS + j) * 8, m, (kind, tag, k, nbytes, offset, plen, aux), pptr, plen)
 
     def _consume(self, p: int, m: int) -> None:
         lay = self.lay
         off = lay.inbox + (p * SLOTS + m % SLOTS) * lay.slot
-        kind, tag, k, nbytes, offset, plen = self.words[off >> 3: (off >> 3) + 6].tolist()
+        kind, tag, k, nbytes, offset, plen, aux = self.words[off >> 3: (off >> 3) + 7].tolist()
         self.got[p] = m  # before anything below posts records of its own
+        self.last_heard[p] = time.monotonic()
         # The peer wrote every field: check them against what a record may say before any is used
         # (a modified peer may send anything; docs/contracts.md section 11).
         if (kind not in KIND_NAMES or nbytes < 0 or not 0 <= plen <= lay.slot - HEADER
@@ -484,7 +545,10 @@ class Messenger:
         body = self.mem[off + HEADER: off + HEADER + plen]
         key = (p, tag, k)
         if kind == RTR:
-            self._on_rtr(key, nbytes, offset, bytes(body))
+            if aux and not 1 <= (aux & 1023) <= CLAIMS:
+                self._refuse(p, f"a ready-to-receive record naming claim word {(aux & 1023) - 1}")
+                return
+            self._on_rtr(key, nbytes, offset, bytes(body), aux)
         elif kind == EAGER:
             # (kind, data, nbytes, data's address): copied out of the ring by _deliver or _arrived
             self._deliver(key, (kind, body, nbytes, self.base + off + HEADER))
@@ -493,16 +557,23 @@ class Messenger:
             if rop is not None and not rop.done:
                 self._fail(rop, bytes(body).decode(errors="replace"))
         elif kind == ERR:  # the receiver refused our send `key`
+            self._outbox_release(key)
             sop = self.sends.pop(key, None) or self.taking.get(key)
             if sop is not None and not sop.done:
                 self._fail(sop, bytes(body).decode(errors="replace"))
-        elif kind == TAKEN:  # the receiver read its part of our split send `key`
+        elif kind == TAKEN:  # the receiver read its part of our split send `key`, or all of a pulled one
             sop = self.taking.pop(key, None)
+            released = self._outbox_release(key)
             if sop is not None:
                 self._part_done(sop)
-            elif not self._sent_already(key):
+            elif not released and not self._sent_already(key):
                 self._refuse(p, f"a taken record for send {key[1:]} that was never posted")
                 return
+        elif kind == RTS and aux == PULL:  # the data waits in the sender's outbox at `offset`
+            if not (self.lay.outbox <= offset and offset + nbytes <= self.lay.outbox + OUTBOX_BYTES):
+                self._refuse(p, f"a message to pull from outside its outbox ({nbytes} B at {offset})")
+                return
+            self._deliver(key, (kind, PULL, nbytes, offset))
         elif kind == RTS:  # a split one carries the sender's descriptor: kept past the ring slot
             self._deliver(key, (kind, bytes(body) if plen else None, nbytes, offset))
         else:  # DONE
@@ -544,26 +615,33 @@ class Messenger:
                 ctypes.memmove(op.ptr, offset, nbytes)
             self._complete(op)
         elif kind == DONE:
+            op.landed = True
+            if op in self.claimable:  # the sender wrote the first half: we are done with its tensor
+                self.claimable.remove(op)
+                self._taken(op)
             self._part_done(op)
+        elif data is PULL:  # read it all out of the sender's outbox
+            self._pull(op, offset)
         elif data is not None:  # a split RTS: read the second half out of the sender's tensor
             self._take(op, data, offset)
         # RTS with the right size: our RTR went (or goes) out; the DONE follows
 
-    def _on_rtr(self, key: tuple[int, int, int], nbytes: int, offset: int, desc: bytes) -> None:
+    def _on_rtr(self, key: tuple[int, int, int], nbytes: int, offset: int, desc: bytes, aux: int) -> None:
         op = self.sends.pop(key, None)
         if op is None:
             if not self._sent_already(key):  # (else our send went eager: the receiver fails on it)
-                self.rtrs[key] = (nbytes, offset, desc)
+                self.rtrs[key] = (nbytes, offset, desc, aux)
         else:
-            self._place(op, nbytes, offset, desc)
+            self._place(op, nbytes, offset, desc, aux)
 
     def _sent_already(self, key: tuple[int, int, int]) -> bool:
         """Whether our send `key` was posted already (a record for it that finds no op is stale)."""
         p, tag, k = key
         return k <= self.send_k.get((p, tag), 0)
 
-    def _place(self, op: Op, nbytes: int, offset: int, desc: bytes) -> None:
-        """The receiver's RTR for the placed send `op`: write the data into its tensor."""
+    def _place(self, op: Op, nbytes: int, offset: int, desc: bytes, aux: int = 0) -> None:
+        """The receiver's RTR for the placed send `op`: write the data into its tensor (a split
+        one: its first half, if we claim it before the receiver does)."""
         if nbytes != op.nbytes:
             why = (f"rank {self.rank} sends {op.nbytes} B (tag {op.tag}, message {op.k}) but rank {op.peer} "
                    f"receives into {nbytes} B: send and receive tensors must have the same size")
@@ -571,6 +649,17 @@ class Messenger:
             return  # the receiver fails on our RTS
         p = op.peer
         ch = self.ch[p]
+        if op.split and aux:
+            word = self.lay.claims + (self.rank * CLAIMS + (aux & 1023) - 1) * 8
+            mine = aux >> 10 << 2
+            try:
+                won = ch._compare_swap(self.arena, self.remote[p], word, mine, mine + 1) == mine
+            except Error as e:
+                self._refuse(p, f"a claim word this device cannot reach ({e})")
+                return
+            if not won:  # the receiver copies it all (it was done with its half before we came)
+                self._part_done(op)
+                return
         try:  # the descriptor and offset are the peer's: the core checks them against its exports
             op.req = ch.write(op.reg, self._remote(p, desc), op.ptr - op.reg.ptr, offset, op.split or op.nbytes)
         except Error as e:
@@ -606,24 +695,111 @@ class Messenger:
         p = op.peer
         op.split, op.parts = _split_at(op.nbytes), op.parts + 1
         try:  # the descriptor and offset are the peer's: the core checks them against its exports
-            op.req = self.ch[p].read(op.reg, self._remote(p, desc), op.ptr - op.reg.ptr + op.split,
+            op.src = (self._remote(p, desc), offset)
+            op.req = self.ch[p].read(op.reg, op.src[0], op.ptr - op.reg.ptr + op.split,
                                      offset + op.split, op.nbytes - op.split)
         except Error as e:
             self._refuse(p, f"a split send this device cannot read from ({e})")
             return
         self.reading.append(op)
 
+    def _pull(self, op: Op, offset: int) -> None:
+        """Reads the whole message `op` receives out of the sender's outbox (no DONE comes)."""
+        p = op.peer
+        op.head = True  # its read covers it all: TAKEN once it completed
+        try:
+            op.req = self.ch[p].read(op.reg, self.remote[p], op.ptr - op.reg.ptr, offset, op.nbytes)
+        except Error as e:
+            self._refuse(p, f"a message to pull that this device cannot read ({e})")
+            return
+        self.reading.append(op)
+
+    def _outbox_take(self, nbytes: int) -> int | None:
+        """An offset in our outbox for `nbytes` (first fit, 64-byte aligned), or None when full."""
+        size = (nbytes + 63) // 64 * 64
+        for i, (off, free) in enumerate(self.outbox_free):
+            if free >= size:
+                if free == size:
+                    del self.outbox_free[i]
+                else:
+                    self.outbox_free[i] = (off + size, free - size)
+                return off
+        return None
+
+    def _outbox_release(self, key: tuple[int, int, int]) -> bool:
+        """Returns the outbox space of the pulled send `key` (its TAKEN or ERR came). False if none."""
+        held = self.outbox_held.pop(key, None)
+        if held is None:
+            return False
+        off, size = held[0], (held[1] + 63) // 64 * 64
+        free = sorted(self.outbox_free + [(off, size)])
+        merged: list[tuple[int, int]] = []
+        for o, n in free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((o, n))
+        self.outbox_free = merged
+        return True
+
     def _finish_read(self, op: Op) -> None:
+        """A split receive's read completed: its second half, or (claimed) its first."""
         if op.req.failed:
-            why = f"reading the second half out of rank {op.peer}'s tensor failed: {op.req.error}"
+            why = f"reading out of rank {op.peer}'s tensor failed: {op.req.error}"
             text = np.frombuffer(why.encode(), dtype=np.uint8)  # held here while the record is posted
             self._record(op.peer, ERR, op.tag, op.k, 0, 0, *_payload(text))
             self._fail(op, why)
+        elif op.head:  # we copied it all: the sender may change its tensor again
+            self._taken(op)
         else:
-            self._record(op.peer, TAKEN, op.tag, op.k, op.nbytes)
-            self._part_done(op)
+            op.tail_done = True
+            if op.landed or op.claim is None or self._claim_word(op) != op.claim[1] * 4:
+                self._taken(op)  # the sender wrote the first half, or claimed it: DONE comes (or came)
+            else:
+                self.claimable.append(op)  # the first half is open: claimed by us if the sender stays away
         if op.done:
             self.recvs.pop((op.peer, op.tag, op.k), None)
+
+    def _taken(self, op: Op) -> None:
+        """Tells the sender we are done reading its tensor; the part we read counts done once the
+        record went (a receive that completed with its TAKEN still queued for credit would leave
+        its sender waiting for good: nothing but this rank's next wait posts it)."""
+        if self._record(op.peer, TAKEN, op.tag, op.k, op.nbytes, op=op):
+            self._part_done(op)
+
+    def _claim_word(self, op: Op) -> int:
+        return int(self.words[(self.lay.claims >> 3) + op.peer * CLAIMS + op.claim[0]])
+
+    def _claim_idle(self) -> float | None:
+        """Claims the open first halves of split receives whose sender was silent for CLAIM_AFTER_S
+        (busy computing, not in a wait that would write them): we read them ourselves. Returns how
+        long until the next one is due, or None."""
+        now = time.monotonic()
+        due: float | None = None
+        still = []
+        for op in self.claimable:
+            if op.done or op.landed:
+                continue
+            quiet = now - self.last_heard[op.peer]
+            if quiet < CLAIM_AFTER_S:
+                still.append(op)
+                due = min(due or CLAIM_AFTER_S, CLAIM_AFTER_S - quiet)
+                continue
+            c, mid = op.claim
+            if _core._compare_swap(self.arena, self.lay.claims + (op.peer * CLAIMS + c) * 8, mid * 4,
+                                   mid * 4 + 2) != mid * 4:
+                self._taken(op)  # the sender claimed it meanwhile: its DONE follows
+                continue
+            op.head, op.parts = True, op.parts - 1  # no DONE will come: we read the first half
+            try:
+                op.req = self.ch[op.peer].read(op.reg, op.src[0], op.ptr - op.reg.ptr, op.src[1], op.split)
+            except Error as e:
+                self._fail(op, f"reading the first half out of rank {op.peer}'s tensor failed: {e}")
+                self.recvs.pop((op.peer, op.tag, op.k), None)
+                continue
+            self.reading.append(op)
+        self.claimable = still
+        return due
 
     def _part_done(self, op: Op) -> None:
         op.parts -= 1
@@ -642,7 +818,10 @@ class Messenger:
 
     def _complete(self, op: Op) -> None:
         op.done = True
-        op.reg = op.keep = None
+        op.reg = op.keep = op.src = None
+        if op.claim is not None:  # its word stays: a late swap finds another message's id there
+            self.claims_free[op.peer].append(op.claim[0])
+            op.claim = None
 
     def _fail(self, op: Op, why: str) -> None:
         op.error = MessageError(f"rank {self.rank}: {op.what()} failed: {why}")
