@@ -246,3 +246,16 @@ def test_a_results_file_says_uncommitted_only_for_code(tmp_path):
     assert "uncommitted" not in report._code(tmp_path)
     (tmp_path / "code.py").write_text("2\n")
     assert report._code(tmp_path).endswith("+ uncommitted changes")
+
+
+def test_torch_dist_targets_keep_their_compute_ceiling():
+    """A training target's line carries its compute ceiling into the README (it says why a
+    bar no transport could meet was missed); every target line counts."""
+    text = "\n".join([
+        "# target send/recv 8 B latency <= 1/5 of gloo's: 5.48x PASS",
+        "# target DDP FCN-5 batch 8 samples/s >= 1.3x gloo: 1.23x (compute ceiling 1.96x gloo) MISS",
+        "MISS: 1 of 2 targets (DDP FCN-5 batch 8 samples/s >= 1.3x gloo)",
+    ])
+    summary, lines = report.torch_dist_lines(text)
+    assert summary == "1 of 2 targets met", summary
+    assert "  * MISS DDP FCN-5 batch 8 samples/s >= 1.3x gloo: 1.23x (compute ceiling 1.96x gloo)" in lines, lines

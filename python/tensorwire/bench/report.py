@@ -315,7 +315,7 @@ def tensor_lines(text: str) -> tuple[str, list[str]]:
     return summary, lines
 
 
-TORCH_TARGET = re.compile(r"^# target (.+): ([\d.]+x) (PASS|MISS)$")
+TORCH_TARGET = re.compile(r"^# target (.+?): ([\d.]+x(?: \([^)]*\))?) (PASS|MISS)$")  # (a compute ceiling)
 
 
 def torch_dist_lines(text: str) -> tuple[str, list[str]]:
