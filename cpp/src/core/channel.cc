@@ -201,14 +201,20 @@ Request ChannelImpl::batch(bool is_write, const std::vector<Transfer>& transfers
     check_rma((op + " item " + std::to_string(i)).c_str(), t.local, t.local_offset, t.remote, t.remote_offset,
               t.length);
   }
-  auto pending = std::make_shared<std::vector<Request>>();
+  std::vector<Request> posted;
   for (const Transfer& t : transfers) {
     Request r = rma(is_write, t.local, t.local_offset, t.remote, t.remote_offset, t.length);
-    if (r.state() == 0) {
-      pending->push_back(std::move(r));
-    } else if (r.state() < 0) {
-      r.wait(0);  // posted, then failed at once: its error is the batch's
-    }
+    if (r.state() < 0) r.wait(0);  // posted, then failed at once: its error is the batch's
+    posted.push_back(std::move(r));
+  }
+  return join(std::move(posted));
+}
+
+Request ChannelImpl::join(std::vector<Request> requests) {
+  auto pending = std::make_shared<std::vector<Request>>();
+  for (Request& r : requests) {
+    if (r.state() < 0) return Request::failed(r.error_kind(), r.error_message());
+    if (r.state() == 0) pending->push_back(std::move(r));
   }
   if (pending->empty()) return Request();
   // One request over the pending ones; they complete in any order.
@@ -216,6 +222,7 @@ Request ChannelImpl::batch(bool is_write, const std::vector<Transfer>& transfers
   state->poller_evented = true;  // UCX requests: their completions are events of this worker
   auto next = std::make_shared<std::size_t>(0);
   state->poller = [pending, next, state]() {
+    // state(), not test(): the waiter (or the progress thread) progresses.
     for (; *next < pending->size(); ++*next) {
       Request& r = (*pending)[*next];
       if (r.state() == 0) return false;
@@ -554,22 +561,10 @@ Request ChannelImpl::write_flagged(const LocalRegion& local, std::size_t local_o
   Request data = rma(true, local, local_offset, remote, remote_offset, length);
   fence();
   Request flag = rma(true, local, flag_local_offset, remote, flag_remote_offset, 8);
-  if (data.state() > 0 && flag.state() > 0) return Request();  // both done: nothing to track
-  auto pending = std::make_shared<std::pair<Request, Request>>(std::move(data), std::move(flag));
-  auto* state = new RequestState(worker, 1);
-  state->poller_evented = true;  // UCX requests: their completions are events of this worker
-  state->poller = [pending, state]() {
-    for (Request* r : {&pending->first, &pending->second}) {
-      if (r->state() == 0) return false;
-      if (r->state() < 0) {
-        state->complete_error(r->error_kind(), r->error_message());
-        return true;
-      }
-    }
-    state->complete_ok();
-    return true;
-  };
-  return Request(state);
+  std::vector<Request> both;
+  both.push_back(std::move(data));
+  both.push_back(std::move(flag));
+  return join(std::move(both));
 }
 
 Request ChannelImpl::post_after(Request before, std::function<Request(ChannelImpl&)> next,

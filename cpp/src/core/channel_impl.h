@@ -118,6 +118,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   Request write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                         std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
                         std::size_t flag_remote_offset);
+  // One request over `requests` (this channel's): complete when all are, failed with the first
+  // failure in order; an already complete or failed one needs no tracking.
+  Request join(std::vector<Request> requests);
   // Fails every pending request with `kind`; later posts throw. Idempotent.
   void fail(ErrorKind kind, const std::string& why) { ops_->fail(kind, why); }
   bool failed() const { return ops_->failed(); }

@@ -514,22 +514,10 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
     return flag;
   }
   // Either is pending: one request that completes when both did.
-  auto both = std::make_shared<std::pair<Request, Request>>(std::move(payload), std::move(flag));
-  auto* state = new detail::RequestState(s.channel.impl()->worker, 1);
-  state->poller_evented = true;  // two UCX requests: their completions are events
-  state->poller = [both, state]() {
-    // state(), not test(): the waiter (or the progress thread) progresses.
-    if (both->first.state() == 0 || both->second.state() == 0) return false;
-    for (Request* r : {&both->first, &both->second}) {
-      if (r->state() < 0) {
-        state->complete_error(r->error_kind(), r->error_message());
-        return true;
-      }
-    }
-    state->complete_ok();
-    return true;
-  };
-  return Request(state);
+  std::vector<Request> both;
+  both.push_back(std::move(payload));
+  both.push_back(std::move(flag));
+  return s.channel.impl()->join(std::move(both));
 }
 
 }  // namespace detail
