@@ -190,6 +190,21 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 
 }  // namespace
 
+namespace {
+
+// Watches a word the peer writes until it holds `value` (at most kWait),
+// driving the sending side through `drive` meanwhile (the target of a tcp
+// write needs its initiator's progress too).
+void watch_word(volatile std::uint64_t* word, std::uint64_t value, tw::Request& drive) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
+  while (*word != value && std::chrono::steady_clock::now() < until) {
+    drive.test();
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
 TEST_P(Loopback, ConnectAndPeers) {
   tw::Channel ch = client->connect(server->address());
   EXPECT_EQ(ch.lane(), 0);
@@ -306,10 +321,6 @@ TEST_P(Loopback, WriteAndReadBatches) {
   EXPECT_TRUE(all_equal(bytes(target), target.size(), 0x5a)) << "a refused batch wrote something";
 }
 
-// In the message form (tcp by default) the *target* checks every write and
-// read against what it exported to that peer (contracts §11, §12), even when
-// a lying initiator skipped its own checks: nothing lands, nothing is read,
-// the request fails with InvalidArgument, and the target counts the refusal.
 // write_flagged: the flag lands after every byte of the data (one message
 // where the target places writes; an eager one and one by rendezvous).
 TEST_P(Loopback, WriteFlaggedLandsDataBeforeFlag) {
@@ -326,11 +337,7 @@ TEST_P(Loopback, WriteFlaggedLandsDataBeforeFlag) {
       fill_pattern(source.data(), payload, static_cast<int>(round));
       *flag_src = round;
       tw::Request both = ch.write_flagged(source.region(), 0, remote, 0, payload, kFlag, kFlag);
-      auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
-      while (*flag_dst != round && std::chrono::steady_clock::now() < until) {
-        both.test();  // drives the sending side
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      watch_word(flag_dst, round, both);
       ASSERT_EQ(*flag_dst, round) << payload << " B";
       std::atomic_thread_fence(std::memory_order_acquire);
       ASSERT_EQ(first_diff(target.data(), source.data(), payload), -1) << payload << " B, round " << round;
@@ -340,6 +347,10 @@ TEST_P(Loopback, WriteFlaggedLandsDataBeforeFlag) {
   EXPECT_THROW(ch.write_flagged(source.region(), 0, remote, 0, 64, kFlag, kFlag - 4), tw::InvalidArgument);
 }
 
+// In the message form (tcp by default) the *target* checks every write and
+// read against what it exported to that peer (contracts §11, §12), even when
+// a lying initiator skipped its own checks: nothing lands, nothing is read,
+// the request fails with InvalidArgument, and the target counts the refusal.
 TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
   start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}});  // on every transport
   tw::Channel ch = client->connect(server->address());
@@ -654,11 +665,7 @@ TEST_P(Loopback, FenceOrdersSmallWritesSeenByAWatcher) {
     tw::Request data = ch.write(source.region(), 0, remote, 0, payload);
     ch.fence();
     tw::Request flag = ch.write(source.region(), kFlag, remote, kFlag, 8);
-    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
-    while (*flag_dst != round && std::chrono::steady_clock::now() < until) {
-      flag.test();
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    watch_word(flag_dst, round, flag);
     ASSERT_EQ(*flag_dst, round);
     std::atomic_thread_fence(std::memory_order_acquire);
     ASSERT_EQ(first_diff(target.data(), source.data(), payload), -1) << "round " << round;
@@ -682,11 +689,7 @@ TEST_P(Loopback, WriteOrderedLandsAfterEarlierWrites) {
     *flag_src = round;
     tw::Request data = ch.write(source.region(), 0, remote, 0, kPayload);
     tw::Request flag = ch.write_ordered(source.region(), kFlag, remote, kFlag, 8);
-    auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(kWait);
-    while (*flag_dst != round && std::chrono::steady_clock::now() < until) {
-      flag.test();  // drives the sending side
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
+    watch_word(flag_dst, round, flag);
     ASSERT_EQ(*flag_dst, round);
     std::atomic_thread_fence(std::memory_order_acquire);
     ASSERT_EQ(first_diff(target.data(), source.data(), kPayload), -1) << "round " << round;
