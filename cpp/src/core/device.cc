@@ -82,8 +82,9 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   o.emplace_back("?CMA_BW", "4000MBps");
   // tcp moves an eager message in segments of this size, one send and one
   // receive (and a reassembly copy) each: with UCX's 8 KiB a 64 KiB record
-  // of the torch backend took 8 (torch.distributed over tcp at 64 KiB: 1.3
-  // -> 2.7 GB/s, one-way 58 -> 33 us; bench/results/torch_dist_tcp.txt).
+  // of the torch backend took 8 (torch.distributed over tcp at 64 KiB: 0.45x
+  // gloo before, 2.26x in bench/results/torch_dist_tcp.txt with the other tcp
+  // changes of that run).
   o.emplace_back("?TCP_TX_SEG_SIZE", "64k");
   o.emplace_back("?TCP_RX_SEG_SIZE", "64k");
 #endif

@@ -64,8 +64,8 @@ def progress_mode(transport: str, size: int, env: Any = None) -> str:
     inline (the waiting rank drives its worker: no thread wake-up on the latency path) where
     every peer is reached through shared memory, whose writes land without the target's help;
     blocking (a progress thread) elsewhere: over tcp a write lands only when its target
-    progresses, and two ranks each waiting in a fence for the other's writes (a send's
-    ordering against a receive's RTR) need a driver that does not depend on either wait."""
+    progresses, and a rank waiting on one group must not leave another group's messages
+    unsent (inline, a wait drives only its own group's worker)."""
     env = os.environ if env is None else env
     if transport == "shm":
         return "inline"
