@@ -57,3 +57,26 @@ def test_a_training_target_names_its_compute_ceiling() -> None:
     assert got["DDP FCN-5 batch 8 samples/s >= 1.3x gloo"] == (False, "1.25x (compute ceiling 2.50x gloo)"), got
     assert got["GPipe FCN-5 samples/s >= 1.2x gloo"] == (False, "1.00x (compute ceiling 0.95x gloo)"), got
     assert torch_dist._ceiling(tw, gl, "ddp", "resnet") is None
+
+
+def test_a_failed_round_fails_the_run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    """A backend's best of fewer rounds than --repeat is not the comparison asked for: the
+    run says which rounds it kept and fails, whatever the ratios."""
+    import argparse
+
+    from tensorwire.bench import torch_dist
+    calls = {"gloo": 0}
+
+    def fake_round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
+        if backend == "gloo":
+            calls["gloo"] += 1
+            if calls["gloo"] > 1:
+                return {"error": "gloo round failed (exit 1)"}
+            return {"latency/8": 80.0}
+        return {"latency/8": 5.0}
+    monkeypatch.setattr(torch_dist, "_round", fake_round)
+    args = argparse.Namespace(transport="shm", ranks=2, suite="p2p", repeat=3, lat_sizes=[8], sizes=[],
+                              coll_sizes=[], json=None, plot=None, progress=False)
+    assert torch_dist.run(args) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == "FAIL: rounds kept tensorwire 3 of 3, gloo 1 of 3", last
