@@ -413,10 +413,14 @@ class Messenger:
                 need = self.sent[p] + 1 - SLOTS
                 want = -(-need // (SLOTS // 2)) * (SLOTS // 2)
                 items.append(_core.Word(self.arena, lay.acks + p * 8, want, self.ch[p]))
-        # Only writes still in flight: a done one (its DONE record waits for credit) is ready at once,
-        # and a wait that returns at once never drives the worker (the peer's writes to us would
-        # not land over tcp: both ranks spun, neither progressed).
-        items += [op.req for op in self.writing + self.reading if not op.req.done()]
+        # Every read, and every write but one whose last record waits for credit: a done request
+        # is ready at once, which is right when progress has something to do for it (a read or
+        # write that completed since progress() looked: leaving it out slept a whole slice, 50
+        # ms of a 64 MiB all_reduce's 13), and wrong for a queued one (a wait that returns at
+        # once never drives the worker: over tcp the peer's writes to us would not land, both
+        # ranks spun, neither progressed); the credit word wakes that one.
+        items += [op.req for op in self.reading]
+        items += [op.req for op in self.writing if not (op.queued and op.req.done())]
         if not items:
             time.sleep(min(seconds, 0.001))
             return
