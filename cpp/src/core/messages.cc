@@ -284,13 +284,28 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
         send_reply(reply_ep, done, nullptr, 0);
         return;
       }
+      // The reply of a put that landed in place waits for the worker's next
+      // flush point (WorkerCtl::defer): a waiter that drove this handler
+      // returns to its caller first, and the caller's next message (a
+      // ping-pong's answer) leaves before the reply. Sent at once it cost the
+      // one-way trip a send (torch.distributed's 8 B send/recv over tcp).
+      // Inline progress has no thread that would flush it: sent at once there.
+      WorkerCtl* worker = workers[worker_index].get();
+      std::weak_ptr<Peer> peer = from;
       payload.receive_into(
           reinterpret_cast<void*>(h.a), nullptr,
-          [reply_ep, done, flagged, at = h.b, flag](bool ok) mutable {
+          [reply_ep, done, flagged, at = h.b, flag, worker, peer](bool ok) mutable {
             if (!ok) done.b = static_cast<std::uint64_t>(AccessStatus::kFailed);
             // After the payload: a waiter that sees the flag sees every byte before it.
             if (ok && flagged) __atomic_store_n(reinterpret_cast<std::uint64_t*>(at), flag, __ATOMIC_RELEASE);
-            send_reply(reply_ep, done, nullptr, 0);
+            if (!ok || worker->mode() == ProgressMode::kInline) {
+              send_reply(reply_ep, done, nullptr, 0);
+              return;
+            }
+            worker->defer([reply_ep, done, peer] {
+              auto p = peer.lock();
+              if (p && !p->failed()) send_reply(reply_ep, done, nullptr, 0);
+            });
           },
           nullptr);
       return;
