@@ -545,7 +545,7 @@ class Messenger:
         if kind in (EAGER, RTS, RTR) and len(self.unexpected) + len(self.rtrs) >= MAX_UNMATCHED:
             self._refuse(p, f"more than {MAX_UNMATCHED} messages that no receive or send here matches yet")
             return
-        body = self.mem[off + HEADER: off + HEADER + plen]
+        body = self.mem[off + HEADER: off + HEADER + plen] if kind != EAGER else None
         key = (p, tag, k)
         if kind == RTR:
             if aux and not 1 <= (aux & 1023) <= CLAIMS:
@@ -554,7 +554,7 @@ class Messenger:
             self._on_rtr(key, nbytes, offset, bytes(body), aux)
         elif kind == EAGER:
             # (kind, data, nbytes, data's address): copied out of the ring by _deliver or _arrived
-            self._deliver(key, (kind, body, nbytes, self.base + off + HEADER))
+            self._deliver(key, (kind, None, nbytes, self.base + off + HEADER))
         elif kind == ERR and offset == ERR_ON_RECV:  # the sender's write for our receive `key` failed
             rop = self.recvs.pop(key, None)
             if rop is not None and not rop.done:
@@ -594,7 +594,8 @@ class Messenger:
         op = self.recvs.get(key)
         if op is None:  # the ring slot is reused once consumed: keep a copy of its payload
             if got[0] == EAGER:
-                data = got[1].copy()
+                at = got[3] - self.base
+                data = self.mem[at: at + got[2]].copy()
                 got = (EAGER, data, got[2], data.ctypes.data)
             self.unexpected[key] = got
             return

@@ -152,8 +152,9 @@ class Work(dist._Work):
         self.err: BaseException | None = None
         self.what = queued
         self.ran: threading.Event | None = threading.Event() if queued else None
-        self._mu = threading.Lock()
         self._settled = False
+
+    _mu = threading.Lock()  # one for every Work: held for a field or two (p2p Works are made per op)
 
     def is_completed(self) -> bool:
         if self.ran is not None:
@@ -204,6 +205,8 @@ class Work(dist._Work):
         self._settle_future()
 
     def _settle_future(self) -> None:
+        if self.fut is None:  # no future asked for (get_future settles one made later itself)
+            return
         with self._mu:
             if self.fut is None or self._settled:
                 return
