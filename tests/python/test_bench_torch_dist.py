@@ -21,7 +21,7 @@ def bench(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
 @pytest.mark.timeout(240)
 def test_short_run_prints_both_backends_and_a_verdict(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    run = bench("--suite", "p2p,coll", "--lat-sizes", "8", "--sizes", "64K", "--coll-sizes", "1M", "--iters", "40",
+    run = bench("--suite", "p2p,coll", "--lat-sizes", "8", "--sizes", "64K,1M", "--coll-sizes", "1M", "--iters", "40",
                 "--repeat", "1", "--json", str(out))
     assert run.returncode == 0, run.stdout + run.stderr
     text = run.stdout
@@ -33,6 +33,8 @@ def test_short_run_prints_both_backends_and_a_verdict(tmp_path: Path) -> None:
     for backend in ("tensorwire", "gloo"):
         best = data["best"][backend]
         assert best["latency/8"] > 0 and best["bandwidth/65536"] > 0 and best["all_reduce/1048576"] > 0, best
+        assert best["cma-limit/1048576"] > 0 and "cma-limit/65536" not in best, best  # from 1 MiB up
+    assert "# cma limit, both ranks copying at once" in text, text
     assert len(data["rounds"]["tensorwire"]) == 1 and data["targets"], data
 
 
@@ -80,3 +82,19 @@ def test_a_failed_round_fails_the_run(monkeypatch: pytest.MonkeyPatch, capsys: p
     assert torch_dist.run(args) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "FAIL: rounds kept tensorwire 3 of 3, gloo 1 of 3", last
+
+
+def test_a_shm_bandwidth_target_names_the_cma_limit() -> None:
+    """Over shm a send/recv bandwidth bar states what the kernel's cross-process copy with both
+    ranks copying moved in the same run (the better backend round), over gloo's bandwidth."""
+    import argparse
+
+    from tensorwire.bench import torch_dist
+    args = argparse.Namespace(transport="shm", ranks=2, lat_sizes=[], sizes=[1 << 24], coll_sizes=[])
+    tw = {"bandwidth/16777216": 12000.0, "cma-limit/16777216": 12500.0}
+    gl = {"bandwidth/16777216": 5000.0, "cma-limit/16777216": 13000.0}
+    got = {what: (met, said) for what, met, said in torch_dist._targets(args, tw, gl)}
+    assert got["send/recv bandwidth 16M >= 3x gloo"] == (False, "2.40x (cma limit 2.60x gloo)"), got
+    args.transport = "tcp"
+    said = [s for w, _, s in torch_dist._targets(args, tw, gl) if w.startswith("send/recv bandwidth 16M")]
+    assert said == ["2.40x"], said  # over tcp the copy is not the path

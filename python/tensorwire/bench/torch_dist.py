@@ -89,7 +89,9 @@ def _targets(args: argparse.Namespace, tw: dict, gl: dict) -> list[tuple[str, bo
         for s in args.sizes:
             x = ratio(f"bandwidth/{s}", False)
             if s >= lo and x is not None:
-                out.append((f"send/recv bandwidth {human_size(s)} >= {need:g}x gloo", x >= need, f"{x:.2f}x"))
+                cap = _cma_limit(tw, gl, s) if shm else None
+                say = f"{x:.2f}x" + (f" (cma limit {cap:.2f}x gloo)" if cap else "")
+                out.append((f"send/recv bandwidth {human_size(s)} >= {need:g}x gloo", x >= need, say))
     need = 2.0 if shm else 1.0
     for s in args.coll_sizes:
         x = ratio(f"all_reduce/{s}", True)
@@ -104,6 +106,15 @@ def _targets(args: argparse.Namespace, tw: dict, gl: dict) -> list[tuple[str, bo
                 say = f"{x:.2f}x" + (f" (compute ceiling {cap:.2f}x gloo)" if cap else "")
                 out.append((f"{what} samples/s >= {need:g}x gloo", x >= need, say))
     return out
+
+
+def _cma_limit(tw: dict, gl: dict, size: int) -> float | None:
+    """The machine's cross-process copy with both ranks copying (no protocol; the better of
+    the two backends' rounds) over gloo's send/recv bandwidth at `size`: the most a same-host
+    send/recv that shares the copy can reach here."""
+    key = f"cma-limit/{size}"
+    caps = [d[key] for d in (tw, gl) if d.get(key)]
+    return max(caps) / gl[f"bandwidth/{size}"] if caps and gl.get(f"bandwidth/{size}") else None
 
 
 def _ceiling(tw: dict, gl: dict, kind: str, model: str) -> float | None:
@@ -127,6 +138,10 @@ def _tables(args: argparse.Namespace, tw: dict, gl: dict) -> None:
                     [row(f"latency/{s}", str(s), True) for s in args.lat_sizes])
         print_table(f"{'# Size':>10} {'tw BW (MB/s)':>14} {'gloo BW (MB/s)':>14} {'ratio':>8}",
                     [row(f"bandwidth/{s}", str(s), False) for s in args.sizes])
+        limits = [(s, max(d.get(f"cma-limit/{s}", 0) for d in (tw, gl))) for s in args.sizes]
+        if args.transport == "shm" and any(v for _, v in limits):
+            print("# cma limit, both ranks copying at once (process_vm_writev/readv, no protocol): " + ", ".join(
+                f"{human_size(s)} {v:.0f} MB/s" for s, v in limits if v))
         if "dispatch/isend" in tw:
             print(f"# python dispatch: dist.isend of 8 B returns after {tw['dispatch/isend']:.2f} us (tensorwire)")
     for op in COLL_OPS:

@@ -22,6 +22,65 @@ def _sync() -> None:
     dist.barrier()
 
 
+def cma_limit(nbytes: int, iters: int) -> float:
+    """MB/s of the kernel's cross-memory copy between ranks 0 and 1 with both copying at once,
+    no protocol around it: windows as p2p_bandwidth's, where rank 0 writes the first half of
+    each buffer into rank 1's (process_vm_writev) while rank 1 reads the second half out of
+    rank 0's (process_vm_readv). What a same-host send/recv that shares the copy between the two
+    processes (tensorwire's split path) can reach on this machine; measured in every round."""
+    import ctypes
+
+    class IoVec(ctypes.Structure):
+        _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+    libc = ctypes.CDLL(None, use_errno=True)
+    r = dist.get_rank()
+    bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(LAT_WINDOW)]
+    mine = torch.tensor([os.getpid()] + [b.data_ptr() for b in bufs], dtype=torch.int64)
+    theirs = torch.zeros_like(mine)
+    if r == 0:
+        dist.send(mine, 1)
+        dist.recv(theirs, 1)
+    elif r == 1:
+        dist.recv(theirs, 0)
+        dist.send(mine, 0)
+    half = nbytes // 2
+    at, n = (0, half) if r == 0 else (half, nbytes - half)
+    copy = libc.process_vm_writev if r == 0 else libc.process_vm_readv
+    copy.argtypes = [ctypes.c_int, ctypes.POINTER(IoVec), ctypes.c_ulong, ctypes.POINTER(IoVec), ctypes.c_ulong,
+                     ctypes.c_ulong]
+    copy.restype = ctypes.c_ssize_t
+    pid = int(theirs[0])
+    ack = torch.zeros(1)
+
+    def window() -> None:
+        if r > 1:
+            return
+        for i, b in enumerate(bufs):
+            done = 0
+            while done < n:  # the kernel may move less than asked
+                local = IoVec(b.data_ptr() + at + done, n - done)
+                remote = IoVec(int(theirs[1 + i]) + at + done, n - done)
+                got = copy(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
+                if got <= 0:
+                    raise OSError(ctypes.get_errno(), "process_vm_readv/writev failed")
+                done += got
+        if r == 0:  # a window ends when both halves are in: each side waits for the other
+            dist.send(ack, 1)
+            dist.recv(ack, 1)
+        else:
+            dist.recv(ack, 0)
+            dist.send(ack, 0)
+    windows = max(1, iters // LAT_WINDOW)
+    window()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(windows):
+        window()
+    took = time.perf_counter() - t0
+    _sync()  # neither frees its buffers while the other may still copy
+    return windows * LAT_WINDOW * nbytes / took / 1e6
+
+
 def p2p_latency(nbytes: int, iters: int) -> float:
     """One-way microseconds of a ping-pong between ranks 0 and 1 (osu_latency)."""
     r = dist.get_rank()
@@ -237,6 +296,9 @@ def main() -> None:
             res[f"latency/{s}"] = p2p_latency(s, a.iters)
         for s in sizes["bw"]:
             res[f"bandwidth/{s}"] = p2p_bandwidth(s, max(4 * LAT_WINDOW, min(a.iters, BW_BYTES // s)))
+        for s in sizes["bw"]:
+            if s >= 1 << 20:
+                res[f"cma-limit/{s}"] = cma_limit(s, max(4 * LAT_WINDOW, min(a.iters, BW_BYTES // s)))
         if a.backend == "tensorwire":
             res["dispatch/isend"] = dispatch_us(min(a.iters, 500))
     if "coll" in suite:
