@@ -37,12 +37,7 @@ def cma_limit(nbytes: int, iters: int) -> float:
     bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(LAT_WINDOW)]
     mine = torch.tensor([os.getpid()] + [b.data_ptr() for b in bufs], dtype=torch.int64)
     theirs = torch.zeros_like(mine)
-    if r == 0:
-        dist.send(mine, 1)
-        dist.recv(theirs, 1)
-    elif r == 1:
-        dist.recv(theirs, 0)
-        dist.send(mine, 0)
+    _pingpong(r, mine, theirs)
     half = nbytes // 2
     at, n = (0, half) if r == 0 else (half, nbytes - half)
     copy = libc.process_vm_writev if r == 0 else libc.process_vm_readv
@@ -64,12 +59,7 @@ def cma_limit(nbytes: int, iters: int) -> float:
                 if got <= 0:
                     raise OSError(ctypes.get_errno(), "process_vm_readv/writev failed")
                 done += got
-        if r == 0:  # a window ends when both halves are in: each side waits for the other
-            dist.send(ack, 1)
-            dist.recv(ack, 1)
-        else:
-            dist.recv(ack, 0)
-            dist.send(ack, 0)
+        _pingpong(r, ack, ack)  # a window ends when both halves are in: each side waits for the other
     windows = max(1, iters // LAT_WINDOW)
     window()
     _sync()
@@ -86,21 +76,22 @@ def p2p_latency(nbytes: int, iters: int) -> float:
     r = dist.get_rank()
     t = torch.zeros(max(1, nbytes), dtype=torch.uint8)
     for i in range(iters // 10 + 2):  # warm-up: registrations, first touches
-        _pingpong(r, t)
+        _pingpong(r, t, t)
     _sync()
     t0 = time.perf_counter()
     for _ in range(iters):
-        _pingpong(r, t)
+        _pingpong(r, t, t)
     return (time.perf_counter() - t0) / iters / 2 * 1e6
 
 
-def _pingpong(r: int, t: torch.Tensor) -> None:
+def _pingpong(r: int, out: torch.Tensor, back: torch.Tensor) -> None:
+    """Rank 0 sends `out` to rank 1 and receives `back` from it; rank 1 the other way round."""
     if r == 0:
-        dist.send(t, 1)
-        dist.recv(t, 1)
+        dist.send(out, 1)
+        dist.recv(back, 1)
     elif r == 1:
-        dist.recv(t, 0)
-        dist.send(t, 0)
+        dist.recv(back, 0)
+        dist.send(out, 0)
 
 
 def p2p_bandwidth(nbytes: int, iters: int) -> float:
