@@ -118,7 +118,7 @@ def _cma_limit(tw: dict, gl: dict, size: int) -> float | None:
 
 
 def _ceiling(tw: dict, gl: dict, kind: str, model: str) -> float | None:
-    """The compute ceiling of a DDP or GPipe run (no gradient all_reduce; the slowest stage's
+    """The compute ceiling of a DDP or GPipe run (DDP whose comm hook moves nothing; the slowest stage's
     compute) over gloo's samples/s: what no transport can beat on this machine."""
     key = f"{kind}-ceiling/{model}"
     caps = [d[key] for d in (tw, gl) if d.get(key)]
@@ -156,7 +156,7 @@ def _tables(args: argparse.Namespace, tw: dict, gl: dict) -> None:
                         [row(f"{kind}/{m}", m, False) for m in MODELS])
             caps = [(m, _ceiling(tw, gl, kind, m)) for m in MODELS]
             if any(c for _, c in caps):
-                what = ("DDP under no_sync (no gradient all_reduce)" if kind == "ddp" else
+                what = ("DDP with a comm hook that moves nothing (its bucket copies stay)" if kind == "ddp" else
                         "GPipe's (microbatches + ranks - 1) x the slowest stage's forward+backward")
                 print(f"# compute ceiling, {what}: " + ", ".join(
                     f"{m} {c:.2f}x gloo" for m, c in caps if c))
