@@ -103,6 +103,16 @@ Range resolve_range(const LocalRegion& local, nb::handle local_offset, const Rem
   return {lo, ro, n};
 }
 
+// Compare-and-swap of the 8-byte word at `offset` of `length` bytes at `base` (the messages
+// engine's claim words, which two processes may swap at once); returns the old value.
+std::uint64_t compare_swap_word(char* base, std::size_t length, std::uint64_t offset, std::uint64_t expected,
+                                std::uint64_t desired) {
+  if (offset % 8 || length < 8 || offset > length - 8) throw InvalidArgument("_compare_swap: a word outside the region");
+  __atomic_compare_exchange_n(reinterpret_cast<std::uint64_t*>(base + offset), &expected, desired, false,
+                              __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+  return expected;
+}
+
 }  // namespace
 
 PyDevice::~PyDevice() {
@@ -333,10 +343,7 @@ void bind_device(nb::module_& m) {
         LocalRegion lr = local_region_of(local);
         char* mapped = c.impl()->direct_target(remote, lr);
         if (!mapped) throw InvalidArgument("_compare_swap: the peer's region is not mapped here");
-        if (offset % 8 || offset + 8 > remote.length()) throw InvalidArgument("_compare_swap: a word outside the region");
-        __atomic_compare_exchange_n(reinterpret_cast<std::uint64_t*>(mapped + offset), &expected, desired, false,
-                                    __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-        return expected;
+        return compare_swap_word(mapped, remote.length(), offset, expected, desired);
       }, nb::arg("local"), nb::arg("remote"), nb::arg("offset"), nb::arg("expected"), nb::arg("desired"),
          "Internal (tensorwire.ranks.messages): compare-and-swap of a word in the peer's mapped region.")
       .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run
@@ -623,10 +630,7 @@ void bind_device(nb::module_& m) {
 
   m.def("_compare_swap", [](nb::handle local, std::uint64_t offset, std::uint64_t expected, std::uint64_t desired) {
     LocalRegion lr = local_region_of(local);
-    if (offset % 8 || offset + 8 > lr.length) throw InvalidArgument("_compare_swap: a word outside the region");
-    __atomic_compare_exchange_n(reinterpret_cast<std::uint64_t*>(static_cast<char*>(lr.address) + offset), &expected,
-                                desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-    return expected;
+    return compare_swap_word(static_cast<char*>(lr.address), lr.length, offset, expected, desired);
   }, nb::arg("local"), nb::arg("offset"), nb::arg("expected"), nb::arg("desired"),
         "Internal (tensorwire.ranks.messages): compare-and-swap of a word of local memory (a peer may swap it "
         "through shared memory at the same time). Returns the old value.");

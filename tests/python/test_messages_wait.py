@@ -39,3 +39,21 @@ def test_a_wait_watches_reads_and_writes_progress_has_work_for(monkeypatch) -> N
     assert read_done in watched and write_done in watched, "a completed read or write must end the wait"
     assert read_running in watched and write_running in watched
     assert write_queued not in watched, "a done write waiting for credit would end every wait at once"
+
+
+def test_compare_swap_stays_inside_its_region() -> None:
+    """The claim words' compare-and-swap refuses an offset outside the region, including one
+    whose end wraps around (offset + 8 overflowing 64 bits), before touching memory."""
+    import numpy as np
+    import pytest
+
+    import tensorwire as tw
+    from tensorwire import _core
+    with tw.Device(host="127.0.0.1", transport="shm") as dev:
+        block = dev.empty((4,), "uint64")
+        words = np.asarray(block)
+        assert _core._compare_swap(block, 8, 0, 5) == 0 and int(words[1]) == 5
+        assert _core._compare_swap(block, 8, 0, 7) == 5 and int(words[1]) == 5  # expected 0: no swap
+        for offset in (2**64 - 8, 32, 3):
+            with pytest.raises(tw.InvalidArgument, match="outside the region"):
+                _core._compare_swap(block, offset, 0, 1)
