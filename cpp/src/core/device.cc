@@ -82,9 +82,10 @@ std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConf
   o.emplace_back("?CMA_BW", "4000MBps");
   // tcp moves an eager message in segments of this size, one send and one
   // receive (and a reassembly copy) each: with UCX's 8 KiB a 64 KiB record
-  // of the torch backend took 8 (torch.distributed over tcp at 64 KiB: 0.45x
-  // gloo before, 2.26x in bench/results/torch_dist_tcp.txt with the other tcp
-  // changes of that run).
+  // of the torch backend took 8 (torch.distributed's 64 KiB send/recv over
+  // tcp went from 0.45x gloo to 2.26x with this and the other tcp changes of
+  // that run, code feb942d in git history; bench/results/torch_dist_tcp.txt
+  // has today's).
   o.emplace_back("?TCP_TX_SEG_SIZE", "64k");
   o.emplace_back("?TCP_RX_SEG_SIZE", "64k");
 #endif

@@ -26,8 +26,8 @@ tensor; a size that differs between the two sides is an error on both):
   also carries its own tensor's descriptor (exported to the receiver once per
   allocation); the sender writes the first half into the receiver's tensor
   while the receiver reads the second half out of the sender's, each on its
-  own core (one copy of each byte, on two cores: 16 MiB at 12.0 GB/s in
-  bench/results/torch_dist_shm.txt, 1.17x gloo before the split). The receiver's TAKEN
+  own core (one copy of each byte, on two cores: 16 MiB at 11.7 GB/s in
+  bench/results/torch_dist_shm.txt, 83% of the cross-process copy limit measured beside it). The receiver's TAKEN
   record tells the sender its tensor may change again. Who copies the first
   half is claimed, not assumed: the RTR names a claim word in the receiver's
   arena (the ``aux`` field: word index and message id); the sender swaps it

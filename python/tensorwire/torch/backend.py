@@ -48,7 +48,7 @@ from ..ranks.world import Placement, World
 BACKEND = "tensorwire"
 COLL_TAG = -1                     # the tag of the messages collectives exchange (users' tags are >= 0)
 # all_reduce from this size on: reduce-scatter then all-gather of messages, written straight into the
-# ranks' own tensors (4.2x gloo at 16 MiB over shm, bench/results/torch_dist_shm.txt; through the engine's
+# ranks' own tensors (2.9x gloo at 16 MiB over shm, bench/results/torch_dist_shm.txt; through the engine's
 # arena, which costs a copy in and out, it was 1.5x: torch_dist_quick.txt in git history, before ecf3ab5);
 # below it the engine's recursive doubling (fewest trips)
 LARGE_ALLREDUCE = 1 << 20
