@@ -13,7 +13,7 @@ BUILD_FUZZ := build/fuzz
 BUILD_SYSTEM := build/cpp-system
 FUZZ_SECONDS ?= 60
 FUZZ_TEST_SECONDS ?= 30
-FUZZ_TARGETS := region control hello record
+FUZZ_TARGETS := region control hello record frame
 # clang, and compiler-rt for libFuzzer (only recommended by clang, so named).
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
 APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)

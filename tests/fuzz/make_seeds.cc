@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "common/bytes.h"
 #include "core/control_wire.h"
+#include "core/messages.h"
+#include "net/socket.h"
 #include "protocol/dynamic_record.h"
 #include "tensorwire/region.h"
 
@@ -93,6 +96,25 @@ td::DynamicRecord record(DType dtype, std::vector<std::int64_t> shape) {
   return r;
 }
 
+// A socket frame (fuzz_frame): prefix, header, then `sent` bytes of a
+// payload announced as `length` (all of it by default).
+std::string frame(const std::string& header, std::uint64_t length, std::size_t sent) {
+  std::string f = tensorwire::net::encode_prefix(header.size(), length) + header;
+  for (std::size_t i = 0; i < sent; ++i) f.push_back(static_cast<char>(i * 7 + 1));
+  return f;
+}
+std::string frame(const std::string& header, std::size_t length = 0) { return frame(header, length, length); }
+
+td::DataHeader data_header(td::MsgKind kind, std::uint64_t a = 0, std::uint64_t b = 0) {
+  td::DataHeader h;
+  h.kind = kind;
+  h.token = 0x5eed5eed5eed5eedULL;
+  h.target = 3;
+  h.a = a;
+  h.b = b;
+  return h;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -145,5 +167,51 @@ int main(int argc, char** argv) {
   write("record", "empty", record_input(4, false, lots, record({2, 32}, {0, 7})));
   write("record", "ndim64-raw", record_input(64, true, lots, record({6, 8}, std::vector<std::int64_t>(64, 1))));
   write("record", "at-limit", record_input(2, false, 4096, record({1, 8}, {64, 64})));
+
+  // fuzz_frame: the byte stream a data lane receives.
+  td::LaneIntro intro;
+  intro.version = ctl::kProtocolVersion;
+  intro.worker = 1;
+  intro.lane = 2;
+  intro.token = 0x5eed5eed5eed5eedULL;
+  const std::string intro_frame = frame(intro.encode());
+  const std::string put_frame = frame(data_header(td::MsgKind::kPut, 0x7f0000001000ULL).encode(), 32);
+  write("frame", "lane-intro", intro_frame);
+  write("frame", "put", put_frame);
+  std::string flag(8, '\0');
+  flag[0] = 1;
+  write("frame", "put-flagged", frame(data_header(td::MsgKind::kPutFlagged, 0x7f0000001000ULL, 0x7f0000002000ULL).encode(flag), 16));
+  write("frame", "get", frame(data_header(td::MsgKind::kGet, 0x7f0000001000ULL, 64).encode()));
+  write("frame", "get-data", frame(data_header(td::MsgKind::kGetData).encode(), 64));
+  write("frame", "put-done", frame(data_header(td::MsgKind::kPutDone).encode()));
+  write("frame", "static-send", frame(data_header(td::MsgKind::kStaticSend, 5).encode(), 48));
+  write("frame", "static-release", frame(data_header(td::MsgKind::kStaticRelease, 5).encode()));
+  write("frame", "wake", frame(data_header(td::MsgKind::kWake, 6).encode()));
+  {
+    const td::DynamicRecord rec = record({2, 32}, {2, 3});
+    td::DynamicRecord inl = rec;
+    inl.address = 0;
+    inl.rkey.clear();
+    std::vector<char> buf(td::record_size_for(4));
+    buf.resize(td::encode_record(inl, 4, buf.data(), td::RecordForm::kInlineData));
+    const std::string extra(buf.data(), buf.size());
+    write("frame", "dynamic-send", frame(data_header(td::MsgKind::kDynamicSend, 1, 0).encode(extra), inl.nbytes));
+    write("frame", "dynamic-send-placed",
+          frame(data_header(td::MsgKind::kDynamicSend, 1, td::kPlacedSend).encode(extra)));
+    td::ByteWriter offer;
+    offer.put_bytes32(descriptor(MemoryType::kHost, 0x7f0000003000ULL, 24, "rkey").to_bytes());
+    offer.put<std::uint64_t>(24);
+    write("frame", "dynamic-ack", frame(data_header(td::MsgKind::kDynamicAck, 1, td::kAccepted).encode(offer.str())));
+  }
+  write("frame", "two-frames", intro_frame + put_frame);
+  write("frame", "empty-header", frame("", 5));
+  // Streamed payloads (> kEagerMax), cut short by EOF: one the harness lands, one it discards.
+  const std::string big_header = data_header(td::MsgKind::kPut, 0x7f0000001000ULL).encode();
+  write("frame", "streamed-landed", intro_frame + frame(big_header, tensorwire::net::kEagerMax + 100, 1000));
+  write("frame", "streamed-discarded", frame(big_header, std::uint64_t(1) << 20, 2000));
+  // An eager payload (at kEagerMax) cut short: never delivered.
+  write("frame", "eager-truncated", put_frame + frame(big_header, tensorwire::net::kEagerMax, 500));
+  // A frame, then a bad magic: a protocol error.
+  write("frame", "bad-magic", put_frame + "TWXX" + std::string(12, '\0'));
   return 0;
 }

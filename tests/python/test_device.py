@@ -28,8 +28,8 @@ def test_device_options(transport, progress):
         assert isinstance(dev.id, int) and dev.id != 0
         text = dev.describe()
         assert dev.address in text and f"progress: {progress}" in text
-        if transport == "tcp":
-            assert "UCX_TLS): tcp" in text
+        if transport == "tcp":  # tcp lanes are tensorwire's sockets; UCX keeps self (registration, own channel)
+            assert "UCX_TLS): self" in text and "control: tensorwire's tcp sockets" in text
         elif transport == "shm":
             assert "UCX_TLS): sm" in text
     assert dev.closed

@@ -147,7 +147,10 @@ def test_a_channel_to_its_own_device_copies_directly(transport):
             del got
             req.wait(10)
         stats = ch.stats()
-        assert stats["posted"] == 1 and stats["direct_writes"] >= 1 + 10 and stats["direct_reads"] >= 1 + 5, stats
+        # The registered array went through UCX: over shm as a put; over tcp the data context's
+        # only transport is UCX's self, which maps it for a copy in this process.
+        posted = 0 if transport == "tcp" else 1
+        assert stats["posted"] == posted and stats["direct_writes"] >= 1 + 10 and stats["direct_reads"] >= 1 + 5, stats
 
 
 def test_a_channel_to_its_own_device_keeps_a_freed_block_mapped():

@@ -416,17 +416,20 @@ def _lie_then_good_tensor(receiver, attacker: tw.Device, ch: tw.Channel, s, good
     return out
 
 
+# Keys reach the receiver only on lanes that use them: a tcp lane is tensorwire's socket, always
+# in the message form and keyless (its modified-peer attacks: tests/cpp/loopback/test_attack.cc).
+KEYED_TRANSPORTS = ["shm"]
 LIES = ["address_plus_1GiB", "address_0x10000", "unexported_own_block", "length_grown", "garbage_rkey"]
 
 
 @pytest.mark.parametrize("lie", LIES)
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", KEYED_TRANSPORTS)
 def test_finding3_lying_record_refused(transport, lie):
     """The attached sender (this process) sends a good tensor, then overwrites
     the record it just wrote with a lie before the receiver (another process)
     reads it. The receiver refuses it with InvalidArgument and lives on, the
     sender's request fails with InvalidArgument, and the next tensor arrives.
-    A record in slot memory is the RMA form's (forced here over tcp too); the
+    A record in slot memory is the RMA form's (forced here); the
     message form's lies are tests/cpp/loopback (MessageFormRefusesLyingRecords)."""
     with lane_form("rma"), start_slot_peer(transport) as receiver, _device(transport, slab_size=MiB) as attacker:
         receiver.request({"op": "dynamic_slot", "name": "acts"})
@@ -454,13 +457,13 @@ GARBAGE_KEYS = {"0x44": 0x44, "0x01": 0x01}
 
 
 @pytest.mark.parametrize("garbage", list(GARBAGE_KEYS))
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", KEYED_TRANSPORTS)
 def test_finding3_exported_garbage_rkey_refused(transport, garbage):
     """The attached sender *exports* a range of its own with a garbage key
     (tw.export takes whatever the peer says about its own memory), then sends a
     record with that key. Unpacking it must fail with InvalidArgument in the
     receiver (another process), which lives on and takes the next tensor.
-    Keys travel only in the RMA form (forced here over tcp too)."""
+    Keys travel only in the RMA form (forced here)."""
     with lane_form("rma"), start_slot_peer(transport) as receiver, _device(transport, slab_size=MiB) as attacker:
         receiver.request({"op": "dynamic_slot", "name": "acts"})
         ch = attacker.connect(receiver.address)
@@ -476,7 +479,7 @@ def test_finding3_exported_garbage_rkey_refused(transport, garbage):
 
 
 @pytest.mark.parametrize("garbage", list(GARBAGE_KEYS))
-@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("transport", KEYED_TRANSPORTS)
 def test_finding3_garbage_ack_key_on_attach_refused(transport, garbage):
     """A peer attaches to a free dynamic slot by hand (the attach call) with an
     ack descriptor whose key is garbage. The receiver (another process) checks
@@ -681,7 +684,10 @@ def test_exact_keys_cover_the_export_and_carry_transfers(monkeypatch):
     dynamic slot transfers all work with such keys."""
     monkeypatch.setenv("TENSORWIRE_EXACT_EXPORT", "1")
     monkeypatch.setenv("TENSORWIRE_LANE_FORM", "rma")  # keys are used only by one-sided RMA
-    with _device("tcp") as server, _device("tcp") as client:
+    # Shared memory without the direct path: UCX's put then uses the exact keys, as verbs would
+    # (a tcp lane uses no key at all).
+    monkeypatch.setenv("TENSORWIRE_MAP_SHARED_MEMORY", "0")
+    with _device("shm") as server, _device("shm") as client:
         dst = server.empty((1024,), "int64", alignment=4096)
         server.publish("dst", dst)
         ch = client.connect(server.address)

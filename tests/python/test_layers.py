@@ -135,9 +135,10 @@ def test_importing_an_area_does_not_load(area, absent):
 # The C++ rows: a directory of cpp/src (or the bindings) -> the directories its
 # `#include "dir/..."` lines may name. tensorwire/ (the public API) is open to all.
 REPO = pathlib.Path(__file__).resolve().parents[2]
-_BELOW_PROTOCOLS = {"common", "cuda", "ucx", "core"}
+_BELOW_PROTOCOLS = {"common", "cuda", "ucx", "net", "core"}
 CPP_MAY_INCLUDE = {
     "common": {"common"},
+    "net": {"common", "net"},  # tensorwire's own tcp transport: sockets and frames, nothing of UCX
     "cuda": {"common", "cuda"},  # the CUDA driver, loaded at run time
     "ucx": {"common", "cuda", "ucx"},
     "core": _BELOW_PROTOCOLS,  # the control plane too (core/connect.cc, control_plane.cc, control_wire.*)

@@ -939,8 +939,9 @@ def test_a_dynamic_sender_napping_in_wait_any_is_rung(transport):
 
 @pytest.mark.parametrize("progress, place", [("inline", None), ("blocking", None), ("blocking", "0-4096"),
                                              ("inline", "off")])
-def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, progress, place):
-    """Over tcp (the message form) a slot whose device has no progress thread
+def test_static_tensors_on_message_lanes_are_placed_by_size(monkeypatch, progress, place):
+    """On a UCX lane in the message form (UD; here shared memory forced to
+    it: a tcp lane is a socket and places nothing) a slot whose device has no progress thread
     (inline) asks its sender to place tensors of 256 KiB-64 MiB (to 4 MiB where
     the kernel's tcp congestion control is bbr): put into the buffer, announced
     by a header once the put landed (contracts §10.3, §12); other sizes, and
@@ -956,11 +957,12 @@ def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, progress, place
               ("blocking", "0-4096"): {"small": 2, "middle": 0, "large": 0}, ("inline", "off"): none}[progress, place]
     for forced in ("TENSORWIRE_LANE_FORM", "TENSORWIRE_PLACE"):  # a module fixture's lane_form may have set them
         monkeypatch.delenv(forced, raising=False)
+    monkeypatch.setenv("TENSORWIRE_LANE_FORM", "messages")
     if place is not None:  # the slot's device decides
         monkeypatch.setenv("TENSORWIRE_PLACE", place)
-    with start_slot_peer("tcp", progress=progress) as peer:
+    with start_slot_peer("shm", progress=progress) as peer:
         monkeypatch.delenv("TENSORWIRE_PLACE", raising=False)  # not read by the sender
-        with tw.Device(transport="tcp") as dev:
+        with tw.Device(transport="shm") as dev:
             ch = dev.connect(peer.address)
             assert ch.form == "messages"
             for label, nbytes in sizes.items():
@@ -979,8 +981,9 @@ def test_static_tensors_over_tcp_are_placed_by_size(monkeypatch, progress, place
 
 
 @pytest.mark.parametrize("progress", ["inline", "blocking"])
-def test_dynamic_tensors_over_tcp_are_placed_in_the_offered_block(monkeypatch, progress):
-    """Over tcp a dynamic slot on an inline-progress device offers, with each
+def test_dynamic_tensors_on_message_lanes_are_placed_in_the_offered_block(monkeypatch, progress):
+    """On a UCX lane in the message form (shared memory forced to it here) a
+    dynamic slot on an inline-progress device offers, with each
     ack, a block for the next tensor of the same size (256 KiB-4 MiB); its
     sender puts that tensor there and sends the record after it (contracts
     §10.4, §12). A tensor of another size travels in its message, and the
@@ -988,8 +991,9 @@ def test_dynamic_tensors_over_tcp_are_placed_in_the_offered_block(monkeypatch, p
     Contents intact either way."""
     for forced in ("TENSORWIRE_LANE_FORM", "TENSORWIRE_PLACE"):
         monkeypatch.delenv(forced, raising=False)
+    monkeypatch.setenv("TENSORWIRE_LANE_FORM", "messages")
     sizes = [1 << 20, 1 << 20, 1 << 20, 4 << 10, 1 << 20, 1 << 20]  # placed: 2nd, 3rd, 6th (inline)
-    with start_slot_peer("tcp", progress=progress) as peer, tw.Device(transport="tcp") as dev:
+    with start_slot_peer("shm", progress=progress) as peer, tw.Device(transport="shm") as dev:
         name = unique("dplace")
         op(peer, "dynamic_slot", name=name)
         sender = dev.connect(peer.address).dynamic_sender(name)

@@ -77,9 +77,9 @@ def test_bench_header_and_json_show_the_lanes(tmp_path):
     out = tmp_path / "lat.json"
     p = _cli("bench", "write_lat", "-s", "8", "-n", "50", "--transport", "tcp", "--json", str(out))
     assert p.returncode == 0, p.stderr
-    assert "Transport type  : tcp (UCX: tcp/lo)" in p.stdout
+    assert "Transport type  : tcp (lanes: tcp/socket)" in p.stdout
     data = json.loads(out.read_text())
-    assert data["config"]["lane_transports"] == ["tcp/lo"]
+    assert data["config"]["lane_transports"] == ["tcp/socket"]
     # the run is sound; 50 samples on a busy machine may draw the spread warning, nothing else
     assert data["verdict"] in ("PASS", "WARN"), data["checks"]
     assert all(c["level"] == "WARN" and "relative stdev" in c["message"] for c in data["checks"]), data["checks"]
@@ -98,10 +98,11 @@ def test_cli_with_an_unusable_transport_exits_with_the_reason():
 
 
 def test_perftest_style_device_choice():
-    """-d/--ib-dev picks the network device(s) UCX may use (perftest -d), for the peer too."""
+    """-d/--ib-dev picks the network device(s) the lanes may use (perftest -d), for the peer too:
+    over tcp the interface its sockets bind to."""
     ok = _cli("bench", "write_lat", "-s", "8", "-n", "50", "--transport", "tcp", "-d", "lo")
     assert ok.returncode == 0, ok.stderr
-    assert "(UCX: tcp/lo)" in ok.stdout
+    assert "(lanes: tcp/lo)" in ok.stdout
     bad = _cli("bench", "write_lat", "-s", "8", "-n", "50", "--transport", "tcp", "-d", "nosuchdev0")
     assert bad.returncode == 1
-    assert "no device UCX can use for transport 'tcp' among net devices 'nosuchdev0'" in bad.stderr
+    assert "no network interface 'nosuchdev0' for transport 'tcp'" in bad.stderr

@@ -51,6 +51,16 @@ void on_data_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
 // A direct copy waits at most this long for UCX operations it must not overtake.
 constexpr double kDrainTimeoutS = 30.0;
 
+// A socket sends from host memory: a GPU payload is copied to a host buffer
+// first (returned, to keep alive until sent; *payload then points into it).
+std::shared_ptr<std::string> stage_gpu(const void** payload, std::size_t length) {
+  if (!*payload || !length || !cuda::in_use() || !cuda::query(*payload).device) return nullptr;
+  auto staged = std::make_shared<std::string>(length, '\0');
+  cuda::copy(staged->data(), *payload, length);
+  *payload = staged->data();
+  return staged;
+}
+
 bool range_ok(std::size_t offset, std::size_t length, std::uint64_t size) {
   return length <= size && offset <= size - length;
 }
@@ -98,6 +108,9 @@ ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerC
       self_(!own_pool_.expired()) {}
 
 void ChannelImpl::connect(const std::string& remote_worker_address) {
+  auto dev = peer->device.lock();
+  if (!dev) throw ConnectionError("device is closed");
+  if (!self_ && dev->socket_lanes()) return connect_socket(*dev);
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -108,16 +121,38 @@ void ChannelImpl::connect(const std::string& remote_worker_address) {
   params.err_handler.cb = on_data_ep_error;
   params.err_handler.arg = err_arg.get();
   ucp_ep_h handle = nullptr;
-  ucx::check(ucp_ep_create(worker->get(), &params, &handle),
-             "cannot create a data endpoint to " + peer->describe());
+  const ucs_status_t st = ucp_ep_create(worker->get(), &params, &handle);
+  // Transport auto: a peer no UCX transport of ours reaches gets a tcp lane.
+  if (st == UCS_ERR_UNREACHABLE && !self_ && dev->config.transport == "auto") return connect_socket(*dev);
+  ucx::check(st, "cannot create a data endpoint to " + peer->describe());
   ep = std::make_shared<ucx::Endpoint>(worker->worker(), handle);
+}
+
+void ChannelImpl::connect_socket(DeviceImpl& dev) {
+  auto [host, port] = net::split_address(peer->hello.address);
+  socklen_t len = 0;
+  const sockaddr_storage ss = net::resolve(host, port, &len);
+  auto conn = net::Conn::dial(ss, len, "tcp lane " + std::to_string(lane) + " to " + peer->describe(),
+                              dev.config.connect_timeout_s, dev.config.keepalive_s, dev.lane_interface);
+  LaneIntro intro;
+  intro.version = dev.config.protocol_version ? dev.config.protocol_version : control::kProtocolVersion;
+  intro.worker = static_cast<std::uint16_t>(lane % peer->hello.workers.size());
+  intro.lane = static_cast<std::uint32_t>(lane);
+  intro.token = peer->hello.data_token;
+  conn->send(intro.encode());  // before any data message; the acceptor checks it first
+  // Replies to what we send come back on the same socket, to this lane's worker.
+  auto [on_frame, on_close] = dev.lane_handlers(static_cast<int>(lane % dev.workers.size()), peer);
+  worker->sockets().add(conn, std::move(on_frame), std::move(on_close));
+  sock = std::move(conn);
 }
 
 ChannelImpl::~ChannelImpl() {
   // Force-close: UCX cancels what it still holds, now or (for operations
   // queued in a transport) when the worker is destroyed; those completions
-  // land in ops_, which lives until the last of them.
+  // land in ops_, which lives until the last of them. A socket fails what it
+  // still queues when its worker's poller sees it closed.
   if (ep) ep->close(true);
+  if (sock) sock->close("channel closed");
   ops_->fail(ErrorKind::kConnection, "channel closed");
   ops_->release();
   drain_deferred_releases();
@@ -125,7 +160,7 @@ ChannelImpl::~ChannelImpl() {
 
 void ChannelImpl::check_usable() const {
   if (failed()) ops_->throw_failure();
-  if (!ep || !ep->get()) throw ConnectionError("channel is closed");
+  if (sock ? sock->closed() : (!ep || !ep->get())) throw ConnectionError("channel is closed");
 }
 
 bool ChannelImpl::check_rma(const char* op, const LocalRegion& local, std::size_t local_offset,
@@ -260,7 +295,8 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
   // An eager write is applied by the target in order (core/messages.h): a
   // fence after it waits for nothing. Reads are not: the target's reply may
   // read its memory after later writes landed.
-  const bool ordered = is_write && length <= kOrderedPutMax && one_lane();
+  // On a socket every write is: the target reads one frame at a time.
+  const bool ordered = is_write && (sock || (length <= kOrderedPutMax && one_lane()));
   ops_->add_message(state, ordered);  // before the post: the reply may beat its return
   const std::uint64_t id = dev->add_message_op(op);
   DataHeader h;
@@ -276,6 +312,25 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
     extra = std::move(w.str());
   }
   posted_.fetch_add(1, std::memory_order_relaxed);
+  if (sock) {
+    // The op completes on the target's reply, which comes after the payload arrived.
+    const void* payload = is_write ? here : nullptr;
+    const std::size_t n = is_write ? length : 0;
+    auto staged = stage_gpu(&payload, n);
+    try {
+      sock->send(h.encode(extra), payload, n, staged ? net::SendDone([staged](bool) {}) : net::SendDone());
+    } catch (const Error& e) {
+      DeviceImpl::MessageOp taken;
+      if (dev->take_message_op(id, peer.get(), &taken)) {
+        state->complete_error(ErrorKind::kConnection, std::string(is_write ? "write" : "read") + " to " +
+                                                          peer->describe() + " failed: " + e.what());
+        ops_->settle_message(state, UCS_ERR_CONNECTION_RESET);
+      }
+    }
+    worker->flush_deferred();
+    drain_deferred_releases();
+    return Request(state);
+  }
   ucs_status_ptr_t ptr;
   {
     WorkerCtl::Caller caller(worker.get());
@@ -320,6 +375,7 @@ Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, con
   h.token = peer->hello.data_token;
   const void* payload = local && length ? static_cast<const char*>(local->address) + offset : nullptr;
   posted_.fetch_add(1, std::memory_order_relaxed);
+  if (sock) return socket_send(h.encode(extra), payload, payload ? length : 0, local ? &local->owner : nullptr);
   WorkerCtl::Caller caller(worker.get());
   WorkerCtl::Use use(worker.get());
   ucs_status_ptr_t ptr = post_message(ep->get(), h.encode(extra), payload, payload ? length : 0,
@@ -327,7 +383,30 @@ Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, con
   return finish_post(ptr, "send", local ? &local->owner : nullptr);
 }
 
+Request ChannelImpl::socket_send(const std::string& header, const void* payload, std::size_t length,
+                                 const std::shared_ptr<const void>* local_owner) {
+  auto staged = stage_gpu(&payload, length);
+  // One ref for the Request, one for the send's completion (tracked by ops_).
+  auto* state = new RequestState(worker, 2);
+  if (local_owner) state->local_owner = *local_owner;
+  ops_->add(state);
+  PendingOps* ops = ops_;
+  bool left;
+  try {
+    left = sock->send(header, payload, length, [ops, state, staged](bool ok) {
+      ops->settle(state, ok ? UCS_OK : UCS_ERR_CONNECTION_RESET);
+    });
+  } catch (const Error&) {
+    left = false;
+    ops_->settle(state, UCS_ERR_CONNECTION_RESET);
+  }
+  if (left) ops_->settle(state, UCS_OK);
+  return Request(state);
+}
+
 bool ChannelImpl::can_place(const LocalRegion& local, const RemoteRegion& remote) const {
+  // A tcp lane has no RMA: its payloads travel in the message, read into place by the target.
+  if (sock) return false;
   return !self_ && uses_messages() && remote.descriptor().memory_type == MemoryType::kHost && host_memory(local);
 }
 
@@ -355,6 +434,7 @@ Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offs
 }
 
 bool ChannelImpl::one_lane() const {
+  if (sock) return true;
   int known = one_lane_.load(std::memory_order_relaxed);
   if (known >= 0) return known != 0;
   const bool one = lane_transports().size() == 1;  // unknown (an older UCX): not assumed
@@ -363,6 +443,7 @@ bool ChannelImpl::one_lane() const {
 }
 
 bool ChannelImpl::uses_messages() const {
+  if (sock) return true;
   int known = messages_.load(std::memory_order_relaxed);
   if (known >= 0) return known != 0;
   bool use = false;
@@ -410,7 +491,7 @@ Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t
 
 void ChannelImpl::check_remote(const RemoteRegion& remote) const {
   check_usable();
-  access_to(remote);
+  if (!sock) access_to(remote);  // a tcp lane uses no key: the target checks every address
 }
 
 RemoteRegionImpl::Access ChannelImpl::access_to(const RemoteRegion& remote) const {
@@ -430,6 +511,10 @@ char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& 
 
 std::vector<std::string> ChannelImpl::lane_transports() const {
   std::vector<std::string> out;
+  if (sock) {
+    auto dev = peer->device.lock();
+    return {"tcp/" + (dev && !dev->lane_interface.empty() ? dev->lane_interface : std::string("socket"))};
+  }
   if (!ep || !ep->get()) return out;
 #if !TW_UCX_HAS_EP_TRANSPORTS
   return out;  // this UCX cannot name an endpoint's transports (ucx_limits)
@@ -451,6 +536,7 @@ std::vector<std::string> ChannelImpl::lane_transports() const {
 }
 
 bool ChannelImpl::needs_target_progress() const {
+  if (sock) return true;
   int known = target_progress_.load(std::memory_order_relaxed);
   if (known >= 0) return known != 0;
   const std::vector<std::string> lanes = lane_transports();
@@ -684,6 +770,7 @@ unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }
 std::string Channel::transport_info() const {
   auto& ch = impl_of(impl_);
   ch.check_usable();
+  if (ch.sock) return "tcp/socket: lane " + std::to_string(ch.lane) + " is tensorwire's own socket (" + ch.sock->name() + ")\n";
   char* buf = nullptr;
   size_t size = 0;
   FILE* f = open_memstream(&buf, &size);

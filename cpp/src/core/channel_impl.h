@@ -36,6 +36,7 @@
 #include "core/messages.h"
 #include "core/request_state.h"
 #include "core/worker_ctl.h"
+#include "net/socket.h"
 #include "tensorwire/channel.h"
 
 namespace tensorwire::detail {
@@ -169,7 +170,10 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   const std::shared_ptr<Peer> peer;
   const int lane;
   const std::shared_ptr<WorkerCtl> worker;
+  // The lane's connection: a UCX endpoint, or (a tcp lane) tensorwire's own
+  // socket, which carries every operation in the message form.
   std::shared_ptr<ucx::Endpoint> ep;
+  std::shared_ptr<net::Conn> sock;
 
  private:
   Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
@@ -185,6 +189,11 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // alive until the chain ends.
   Request post_after(Request before, std::function<Request(ChannelImpl&)> next,
                      std::shared_ptr<const void> local_owner = {}, std::shared_ptr<const void> remote_owner = {});
+  // A tcp lane: dials the peer's listener and introduces the lane (LaneIntro).
+  void connect_socket(DeviceImpl& dev);
+  // Sends a frame on the tcp lane; the Request completes once the payload left.
+  Request socket_send(const std::string& header, const void* payload, std::size_t length,
+                      const std::shared_ptr<const void>* local_owner);
   // send_message without its after-post duties (deferred releases): also from a UCX callback.
   Request post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                             std::size_t length);
@@ -220,7 +229,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
 
 class Peer : public std::enable_shared_from_this<Peer> {
  public:
-  Peer(std::weak_ptr<DeviceImpl> device, control::Hello hello, std::shared_ptr<ucx::Endpoint> control_ep,
+  Peer(std::weak_ptr<DeviceImpl> device, control::Hello hello, std::shared_ptr<net::Conn> control_conn,
        bool same_host);
   std::shared_ptr<ChannelImpl> channel(int lane);
   // A region this peer exported to us through the control plane (a LOOKUP
@@ -251,7 +260,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
 
   const std::weak_ptr<DeviceImpl> device;
   const control::Hello hello;
-  const std::shared_ptr<ucx::Endpoint> control_ep;
+  const std::shared_ptr<net::Conn> control_conn;
   PeerInfo info;
   // The token this peer puts in its data messages to us: we chose it and
   // sent it in our HELLO (or reply) on its connection. Its HELLO carried the
@@ -260,6 +269,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
 
  private:
   mutable std::mutex mu_;
+  std::mutex lane_mu_;  // held while a lane's channel is made (channel()); never inside mu_
   // A lane's channel lives as long as the peer: held here (the cycle with
   // ChannelImpl::peer ends in fail(), which closing the device runs), so a
   // slot made after the last one on a lane went finds its endpoint instead

@@ -18,15 +18,6 @@ namespace tensorwire::detail {
 
 namespace {
 
-// Control sends are fire-and-forget: the callback owns the message and the request.
-void on_am_sent(void* request, ucs_status_t status, void* user_data) {
-  delete static_cast<std::string*>(user_data);
-  ucp_request_free(request);
-  if (status != UCS_OK && status != UCS_ERR_CANCELED) {
-    TW_LOG_DEBUG("control message not sent: %s", ucs_status_string(status));
-  }
-}
-
 ErrorKind kind_of(control::Status s) {
   switch (s) {
     case control::Status::kNotFound: return ErrorKind::kNotFound;
@@ -42,53 +33,31 @@ ErrorKind kind_of(control::Status s) {
 
 }  // namespace
 
-void DeviceImpl::send(const std::shared_ptr<ucx::Endpoint>& ep, const control::Header& h, const std::string& body) {
-  if (!ep || !ep->get()) throw ConnectionError("control connection is closed");
-  auto* msg = new std::string(control::encode(h, body));
-  if (msg->size() > control::kMaxMessage) {
-    const std::size_t total = msg->size();
-    delete msg;
-    throw InvalidArgument("control message of " + std::to_string(total) + " bytes exceeds the 1 MiB limit");
+void DeviceImpl::send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body) {
+  if (!conn) throw ConnectionError("control connection is closed");
+  std::string msg = control::encode(h, body);
+  if (msg.size() > control::kMaxMessage) {
+    throw InvalidArgument("control message of " + std::to_string(msg.size()) + " bytes exceeds the 1 MiB limit");
   }
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
-  param.cb.send = on_am_sent;
-  param.user_data = msg;
-  param.flags = UCP_AM_SEND_FLAG_EAGER | UCP_AM_SEND_FLAG_REPLY;
-  ucs_status_ptr_t ptr = ucp_am_send_nbx(ep->get(), control::kAmId, nullptr, 0, msg->data(), msg->size(), &param);
-  if (ptr == nullptr) {
-    delete msg;
-  } else if (UCS_PTR_IS_ERR(ptr)) {
-    delete msg;
-    ucx::check(UCS_PTR_STATUS(ptr), "control message send");
-  }
-  control_worker->wake();
+  conn->send(msg);  // the header of a frame without payload; queued when the socket is full
 }
 
-std::shared_ptr<ucx::Endpoint> DeviceImpl::endpoint_for(ucp_ep_h ep) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = endpoints_.find(ep);
-  return it == endpoints_.end() ? nullptr : it->second;
-}
-
-void DeviceImpl::reply(ucp_ep_h ep, const control::Header& request, control::MsgType type, control::Status status,
-                       const std::string& body) {
-  auto endpoint = endpoint_for(ep);
-  if (!endpoint) {
-    TW_LOG_WARN("cannot reply to a control message: unknown endpoint");
-    return;
-  }
+void DeviceImpl::reply(const std::shared_ptr<net::Conn>& conn, const control::Header& request, control::MsgType type,
+                       control::Status status, const std::string& body) {
   control::Header h;
   h.type = type;
   h.request_id = request.request_id;
   h.status = status;
   if (config.protocol_version) h.version = config.protocol_version;
-  send(endpoint, h, body);
+  try {
+    send(conn, h, body);
+  } catch (const Error& e) {
+    TW_LOG_DEBUG("cannot reply to a control message: %s", e.what());
+  }
 }
 
 std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control::MsgType type,
-                                     const std::string& body, double timeout_s,
-                                     std::unique_lock<std::mutex>* release_after_send) {
+                                     const std::string& body, double timeout_s) {
   check_open();
   if (peer->failed()) throw PeerFailed(peer->describe() + " has failed");
   auto* state = new RequestState(nullptr, 2);  // one ref here, one in pending_
@@ -96,7 +65,7 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
   {
     std::lock_guard<std::mutex> lock(mu_);
     rid = next_request_id_++;
-    pending_[rid] = PendingCall{state, peer->control_ep.get()};
+    pending_[rid] = PendingCall{state, peer->control_conn.get()};
   }
   auto cleanup = [&] {
     std::lock_guard<std::mutex> lock(mu_);
@@ -107,8 +76,7 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
     h.type = type;
     h.request_id = rid;
     if (config.protocol_version) h.version = config.protocol_version;
-    send(peer->control_ep, h, body);
-    if (release_after_send) release_after_send->unlock();
+    send(peer->control_conn, h, body);
     double left = timeout_s;
     if (config.progress == ProgressMode::kInline) {
       // Nobody else moves an inline device's data workers, and the peer's
@@ -126,7 +94,6 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
     }
     state->wait(left);
   } catch (...) {
-    if (release_after_send && release_after_send->owns_lock()) release_after_send->unlock();
     cleanup();
     state->release();
     throw;
@@ -137,12 +104,12 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
   return out;
 }
 
-void DeviceImpl::fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, const std::string& why) {
+void DeviceImpl::fail_pending_control(const net::Conn* conn, ErrorKind kind, const std::string& why) {
   std::vector<RequestState*> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [rid, call] : pending_) {
-      if (call.ep == ep) {
+      if (call.conn == conn) {
         call.state->retain();
         failed.push_back(call.state);
       }
@@ -154,18 +121,18 @@ void DeviceImpl::fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, c
   }
 }
 
-std::shared_ptr<Peer> DeviceImpl::peer_on(ucp_ep_h ep) {
+std::shared_ptr<Peer> DeviceImpl::peer_on(const net::Conn* conn) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = peers_by_ep_.find(ep);
-  return it == peers_by_ep_.end() ? nullptr : it->second;
+  auto it = peers_by_conn_.find(conn);
+  return it == peers_by_conn_.end() ? nullptr : it->second;
 }
 
-void DeviceImpl::on_message(ucp_ep_h ep, const void* data, std::size_t length) {
+void DeviceImpl::on_message(const std::shared_ptr<net::Conn>& conn, const void* data, std::size_t length) {
   ByteReader r(data, length, "control message");
   control::Header h = control::decode_header(r);  // throws (message dropped) on a bad magic or type
-  if (auto peer = peer_on(ep)) peer->heard();
+  if (auto peer = peer_on(conn.get())) peer->heard();
   try {
-    dispatch(ep, h, r);
+    dispatch(conn, h, r);
   } catch (const std::exception& e) {
     // A request we cannot decode gets a clear error instead of a timeout.
     control::MsgType reply_type;
@@ -175,14 +142,14 @@ void DeviceImpl::on_message(ucp_ep_h ep, const void* data, std::size_t length) {
       case control::MsgType::kCall: reply_type = control::MsgType::kCallReply; break;
       default: throw;
     }
-    reply(ep, h, reply_type, control::Status::kBadMessage, std::string("malformed request: ") + e.what());
+    reply(conn, h, reply_type, control::Status::kBadMessage, std::string("malformed request: ") + e.what());
   }
 }
 
-void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) {
+void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control::Header& h, ByteReader& r) {
   switch (h.type) {
     case control::MsgType::kHello:
-      handle_hello(ep, h, r);
+      handle_hello(conn, h, r);
       return;
     case control::MsgType::kHelloReply:
     case control::MsgType::kLookupReply:
@@ -198,10 +165,10 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
       std::string body = r.get_n(r.left());
       if (h.status == control::Status::kOk && h.type == control::MsgType::kHelloReply) {
         std::lock_guard<std::mutex> lock(mu_);
-        auto c = connecting_.find(ep);
+        auto c = connecting_.find(conn.get());
         if (c != connecting_.end()) {
           try {
-            register_connected(ep, c->second, body);
+            register_connected(conn.get(), c->second, body);
           } catch (const Error& e) {
             c->second.refused = std::string("bad HELLO reply: ") + e.what();
           }
@@ -217,14 +184,14 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
       return;
     }
     case control::MsgType::kPing:
-      reply(ep, h, control::MsgType::kPong, control::Status::kOk, "");
+      reply(conn, h, control::MsgType::kPong, control::Status::kOk, "");
       return;
     case control::MsgType::kPong:
       return;  // heard() above is all it is for
     case control::MsgType::kLookup: {
-      auto asker = peer_on(ep);
+      auto asker = peer_on(conn.get());
       if (!asker) {
-        reply(ep, h, control::MsgType::kLookupReply, control::Status::kNoHello,
+        reply(conn, h, control::MsgType::kLookupReply, control::Status::kNoHello,
               "LOOKUP before HELLO: this connection has not introduced itself");
         return;
       }
@@ -243,18 +210,16 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
         }
       }
       if (found) body = export_for(*found, *asker).to_bytes();
-      reply(ep, h, control::MsgType::kLookupReply, status, body);
+      reply(conn, h, control::MsgType::kLookupReply, status, body);
       return;
     }
     case control::MsgType::kCall: {
       std::string name = r.get_bytes16();
       std::string payload = r.get_bytes32();
-      auto endpoint = endpoint_for(ep);
-      if (!endpoint) return;
       // The caller is who said HELLO on this connection, whatever the payload claims.
-      auto caller = peer_on(ep);
+      auto caller = peer_on(conn.get());
       if (!caller) {
-        reply(ep, h, control::MsgType::kCallReply, control::Status::kNoHello,
+        reply(conn, h, control::MsgType::kCallReply, control::Status::kNoHello,
               "CALL before HELLO: this connection has not introduced itself");
         return;
       }
@@ -268,11 +233,11 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
           status = control::Status::kInvalidArgument;
           out = e.what();
         }
-        reply(ep, h, control::MsgType::kCallReply, status, out);
+        reply(conn, h, control::MsgType::kCallReply, status, out);
         return;
       }
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back([this, endpoint, h, caller, name = std::move(name), payload = std::move(payload)] {
+      jobs_.push_back([this, conn, h, caller, name = std::move(name), payload = std::move(payload)] {
         CallFn handler;
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -310,7 +275,7 @@ void DeviceImpl::dispatch(ucp_ep_h ep, const control::Header& h, ByteReader& r) 
         rh.status = status;
         if (config.protocol_version) rh.version = config.protocol_version;
         try {
-          send(endpoint, rh, out);
+          send(conn, rh, out);
         } catch (const std::exception& e) {
           TW_LOG_WARN("cannot send a call reply: %s", e.what());
         }
@@ -359,7 +324,7 @@ void DeviceImpl::liveness_loop() {
           control::Header ping;
           ping.type = control::MsgType::kPing;
           if (config.protocol_version) ping.version = config.protocol_version;
-          send(p->control_ep, ping, "");
+          send(p->control_conn, ping, "");
         } catch (const Error& e) {
           TW_LOG_DEBUG("cannot ping %s: %s", p->describe().c_str(), e.what());
         }

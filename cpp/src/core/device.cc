@@ -6,6 +6,8 @@
 // core/control_plane.cc.
 #include <dirent.h>
 #include <dlfcn.h>
+#include <net/if.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -69,6 +71,15 @@ bool has_rdma_devices() {
 
 std::vector<std::pair<std::string, std::string>> data_overrides(const DeviceConfig& c) {
   auto o = ucx::transport_overrides(c.transport);
+  // A device's tcp lanes are its own sockets (net/socket.h), never UCX's tcp,
+  // whose target carries out a put or get at whatever address a peer's
+  // packet names (docs/contracts.md §11). UCX keeps what needs no network:
+  // registration, the channel to this very device (self), CUDA copies; and
+  // under auto every other transport, unless UCX_TLS says otherwise.
+  for (auto& [key, value] : o) {
+    if (key == "TLS" && c.transport == "tcp") value = value == "tcp" ? "self" : "self,cuda_copy";
+  }
+  if (c.transport == "auto") o.emplace_back("?TLS", "^tcp");
   // tcp socket buffers stay the kernel's (autotuned): fixed 4 MiB ones kept
   // megabytes queued per flow, which the receiver then copied out of cold
   // cache (bench/results/tcp_tuning.md).
@@ -122,7 +133,10 @@ ucs_status_t on_data_am(void* arg, const void* header, size_t header_length, voi
   if (!dev) return UCS_OK;
   if (!dev->closed()) {
     try {
-      dev->on_data_message(a->worker_index, header, header_length, data, length, param);
+      Incoming payload(dev->workers[a->worker_index]->get(), data, length, param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+      ReplyPath reply;
+      if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) reply.ep = param->reply_ep;
+      dev->on_data_message(a->worker_index, header, header_length, payload, reply, nullptr);
     } catch (const std::exception& e) {
       TW_LOG_WARN("dropping a data message: %s", e.what());
     }
@@ -218,30 +232,28 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
     throw InvalidArgument("no device UCX can use for transport '" + config.transport + "' among net devices '" +
                           devices + "' (" + e.what() + "); `tensorwire info` lists the devices UCX offers");
   }
+  // tcp lanes are sockets: net_devices names the interface they bind to (SO_BINDTODEVICE).
+  if (config.transport == "tcp" && config.net_devices != "auto" && !config.net_devices.empty()) {
+    if (config.net_devices.find(',') != std::string::npos) {
+      throw InvalidArgument("transport 'tcp' binds its lanes to one network interface, got net devices '" +
+                            config.net_devices + "'");
+    }
+    if (if_nametoindex(config.net_devices.c_str()) == 0) {
+      throw InvalidArgument("no network interface '" + config.net_devices + "' for transport 'tcp' (net devices; " +
+                            "`ip link` lists this machine's)");
+    }
+    lane_interface = config.net_devices;
+  }
   // Fail closed: what was asked for must be there (contracts §13).
-  const std::vector<std::string> offered = data_context->resources();
+  const std::vector<std::string> offered = resources();
   for (const std::string& family : required_families(config.transport, config.require)) {
     const std::string why = unusable_reason(offered, family);
     if (!why.empty()) throw InvalidArgument("transport '" + family + "' was asked for but is not usable here: " + why);
   }
-  // The control plane always runs over tcp with peer error handling: it is
-  // what detects a dead peer, whatever the data transport is.
-  std::vector<std::pair<std::string, std::string>> ctl{{"TLS", "tcp"}};
-  if (is_loopback(config.host)) ctl.emplace_back("NET_DEVICES", "lo");
-  char keepalive[32];
-  std::snprintf(keepalive, sizeof(keepalive), "%.3fs", config.keepalive_s);
-  ctl.emplace_back("KEEPALIVE_INTERVAL", keepalive);
-  control_context = std::make_shared<ucx::Context>(ctl, UCP_FEATURE_AM | UCP_FEATURE_WAKEUP, "tensorwire-control");
-
   for (int i = 0; i < config.workers; ++i) {
     workers.push_back(std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(data_context), config.progress,
                                                   config.spin_us, "tw-progress-" + std::to_string(i)));
   }
-  // The control worker always has its own blocking thread: control messages
-  // must be answered even when the data path runs inline.
-  control_worker = std::make_shared<WorkerCtl>(std::make_shared<ucx::Worker>(control_context),
-                                               ProgressMode::kBlocking, 50, "tw-control");
-  control_worker->enable_progress_guard();  // see connect()
   exact_export_ = data_context->has_hardware_keys();
   if (const char* exact = std::getenv("TENSORWIRE_EXACT_EXPORT")) {
     // Forces it either way: tests of the exact path on machines without RDMA.
@@ -271,10 +283,13 @@ void DeviceImpl::start() {
     ucx::check(ucp_worker_set_am_recv_handler(workers[i]->get(), &dm), "ucp_worker_set_am_recv_handler (data)");
   }
 
-  listen();  // core/connect.cc: the control worker's AM handler and listener; sets `address`
+  listen();  // core/connect.cc: the listening socket and the control poller; sets `address`
 
   for (auto& w : workers) w->start();
-  control_worker->start();
+  // The control thread always runs: control messages must be answered even
+  // when the data path runs inline.
+  control_thread_ = std::thread([this] { control_loop(); });
+  pthread_setname_np(control_thread_.native_handle(), "tw-control");
   dispatcher_ = std::thread([this] { dispatcher_loop(); });
   liveness_ = std::thread([this] { liveness_loop(); });
 }
@@ -393,25 +408,32 @@ void DeviceImpl::close() {
   if (dispatcher_.joinable()) dispatcher_.join();
   if (liveness_.joinable()) liveness_.join();
   std::map<std::uint64_t, std::shared_ptr<Peer>> peers;
-  std::map<ucp_ep_h, std::shared_ptr<ucx::Endpoint>> endpoints;
+  std::map<const net::Conn*, std::shared_ptr<net::Conn>> conns;
   {
     std::lock_guard<std::mutex> lock(mu_);
     peers.swap(peers_);
-    endpoints.swap(endpoints_);
-    peers_by_ep_.clear();
+    conns.swap(conns_);
+    peers_by_conn_.clear();
+    parked_lanes_.clear();  // in no poller: their sockets close with them
   }
   for (auto& [pid, p] : peers) p->fail(ErrorKind::kConnection, "device is closed");
-  for (auto& [h, ep] : endpoints) fail_pending_control(ep.get(), ErrorKind::kConnection, "device is closed");
+  for (auto& [h, c] : conns) fail_pending_control(c.get(), ErrorKind::kConnection, "device is closed");
   drop_message_ops(nullptr, "device is closed");
-  if (listener_) {
-    ucp_listener_destroy(listener_);
-    listener_ = nullptr;
-  }
-  // Graceful close of control endpoints lets peers see the disconnect now.
-  for (auto& [h, ep] : endpoints) ep->close(false);
+  // Closing the sockets lets peers see the disconnect now.
+  for (auto& [h, c] : conns) c->close("device is closed");
+  stop_control_.store(true, std::memory_order_release);
+  if (control_poller_) control_poller_->wake();
+  if (control_thread_.joinable()) control_thread_.join();
+  control_poller_.reset();  // the listener and what is left
   for (auto& w : workers) w->stop();
-  control_worker->stop();
   drain_deferred_releases();
+}
+
+std::vector<std::string> DeviceImpl::resources() const {
+  std::vector<std::string> out = data_context->resources();
+  // tensorwire's own tcp lanes (net/socket.h): transport tcp, and auto for peers UCX cannot reach.
+  if (config.transport == "tcp" || config.transport == "auto") out.insert(out.begin(), "tcp/socket");
+  return out;
 }
 
 std::string DeviceImpl::describe() const {
@@ -424,7 +446,7 @@ std::string DeviceImpl::describe() const {
                                                      : "inline")
      << "\n";
   os << "data transports (UCX_TLS): " << data_context->transports() << "\n";
-  os << "control transports: " << control_context->transports() << "\n";
+  os << "control: tensorwire's tcp sockets (net/socket.h)\n";
   char* buf = nullptr;
   size_t size = 0;
   if (FILE* f = open_memstream(&buf, &size)) {
@@ -483,7 +505,7 @@ std::pair<std::uint64_t, std::uint64_t> detail::DeviceImpl::place_window() const
 void Device::close() { impl_->close(); }
 bool Device::closed() const { return impl_->closed(); }
 std::string Device::describe() const { return impl_->describe(); }
-std::vector<std::string> Device::resources() const { return impl_->data_context->resources(); }
+std::vector<std::string> Device::resources() const { return impl_->resources(); }
 std::uint64_t Device::refusals() const { return impl_->refusal_count(); }
 
 std::string ucx_version() { return ucp_get_version_string(); }

@@ -26,6 +26,7 @@
 #include "core/messages.h"
 #include "core/request_state.h"
 #include "core/worker_ctl.h"
+#include "net/socket.h"
 #include "tensorwire/device.h"
 
 namespace tensorwire::detail {
@@ -50,34 +51,31 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // device's pools call it before a block or registration's memory returns.
   void revoke_grants(std::uint64_t start, std::uint64_t end);
   std::string describe() const;
+  // What this device's lanes can use: UCX's resources and (transports tcp and auto) "tcp/socket".
+  std::vector<std::string> resources() const;
   unsigned progress();
 
   // ---- control plane (core/connect.cc, core/control_plane.cc) ----
   std::shared_ptr<Peer> connect(const std::string& address);
   // Sends a control request to `peer` and waits for the reply body.
-  // `release_after_send`: a held lock (the control worker's progress guard)
-  // to unlock once the request is sent, before waiting for the reply.
   std::string control_call(const std::shared_ptr<Peer>& peer, control::MsgType type, const std::string& body,
-                           double timeout_s,
-                           std::unique_lock<std::mutex>* release_after_send = nullptr);
+                           double timeout_s);
   void publish(const std::string& name, const RegionDescriptor& d);
   void unpublish(const std::string& name);
   void on_call(const std::string& name, CallFn handler);
-  // Fails every pending control call sent on `ep`.
-  void fail_pending_control(const ucx::Endpoint* ep, ErrorKind kind, const std::string& why);
+  // Fails every pending control call sent on `conn`.
+  void fail_pending_control(const net::Conn* conn, ErrorKind kind, const std::string& why);
 
-  // UCX callbacks (control thread).
-  void on_connection_request(ucp_conn_request_h request);
-  void on_control_error(ucp_ep_h ep, ucs_status_t status);
-  void on_message(ucp_ep_h reply_ep, const void* data, std::size_t length);
+  // The control thread's handlers (net::Poller).
+  void on_accept(int fd);
+  void on_control_closed(const std::shared_ptr<net::Conn>& conn, const std::string& why);
+  void on_message(const std::shared_ptr<net::Conn>& conn, const void* data, std::size_t length);
 
   DeviceConfig config;
   std::uint64_t id = 0;
   std::string address;
   std::shared_ptr<ucx::Context> data_context;
-  std::shared_ptr<ucx::Context> control_context;
   std::vector<std::shared_ptr<WorkerCtl>> workers;
-  std::shared_ptr<WorkerCtl> control_worker;
   std::shared_ptr<PoolImpl> pool_impl;
   std::unique_ptr<MemoryPool> pool;
   // The CUDA arena of GPU `gpu` (made on first use; InvalidArgument without CUDA).
@@ -119,9 +117,20 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   void remove_sink(std::uint64_t id);
   std::shared_ptr<MessageSink> message_sink(std::uint64_t id);
   std::shared_ptr<Peer> peer_by_token(std::uint64_t token);
-  // The data workers' AM handler (kDataAmId).
-  void on_data_message(int worker_index, const void* header, std::size_t header_length, void* data,
-                       std::size_t length, const ucp_am_recv_param_t* param);
+  // A data message, from a data worker's AM handler (kDataAmId) or a tcp
+  // lane's socket (`bound`: the peer that lane belongs to; a message must
+  // carry that peer's token).
+  void on_data_message(int worker_index, const void* header, std::size_t header_length, Incoming& payload,
+                       const ReplyPath& reply, const Peer* bound);
+  // tcp lanes (core/messages.cc): the acceptor's side of a lane's first
+  // frame (false when the frame is not a lane introduction), and the
+  // handlers of a lane's socket, served by worker `worker_index` for `peer`.
+  bool accept_lane(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length);
+  std::pair<net::FrameHandler, net::CloseHandler> lane_handlers(int worker_index, const std::shared_ptr<Peer>& peer);
+  // Whether lanes to `peer` are tensorwire's own tcp sockets rather than UCX
+  // endpoints (transport tcp; transport auto when UCX cannot reach the peer).
+  bool socket_lanes() const { return config.transport == "tcp"; }
+  std::string lane_interface;  // tcp lanes bind to it (net_devices, transport tcp); empty: routing decides
   // Logs (rate-limited) and counts a message refused by its target.
   void refuse_message(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
   void refuse_message_v(const char* fmt, va_list ap) __attribute__((format(printf, 2, 0)));
@@ -129,31 +138,40 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
 
  private:
   // ---- control plane ----
-  // The control worker's AM handler and the listener; sets `address` (start()).
+  // The listening socket and the control thread's poller; sets `address` (start()).
   void listen();
-  void send(const std::shared_ptr<ucx::Endpoint>& ep, const control::Header& h, const std::string& body);
-  void reply(ucp_ep_h ep, const control::Header& request, control::MsgType type, control::Status status,
-             const std::string& body);
-  std::shared_ptr<ucx::Endpoint> endpoint_for(ucp_ep_h ep);
-  void handle_hello(ucp_ep_h ep, const control::Header& h, detail::ByteReader& r);
-  void dispatch(ucp_ep_h ep, const control::Header& h, detail::ByteReader& r);
+  // Adds a control connection to the control thread (ours or accepted).
+  void add_control(const std::shared_ptr<net::Conn>& conn);
+  // The first frame on an accepted connection: a control message, or a data lane's introduction.
+  void on_first_frame(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length,
+                      net::Payload& payload);
+  void send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body);
+  void reply(const std::shared_ptr<net::Conn>& conn, const control::Header& request, control::MsgType type,
+             control::Status status, const std::string& body);
+  void handle_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, detail::ByteReader& r);
+  void dispatch(const std::shared_ptr<net::Conn>& conn, const control::Header& h, detail::ByteReader& r);
   void dispatcher_loop();
+  void control_loop();
   // Pings peers gone quiet; fails those silent for config.liveness_s.
   void liveness_loop();
-  std::shared_ptr<Peer> peer_on(ucp_ep_h ep);
-  // Why a HELLO claiming `claimed` on `ep` must be refused ("" when it may stand).
+  std::shared_ptr<Peer> peer_on(const net::Conn* conn);
+  // Why a HELLO claiming `claimed` must be refused ("" when it may stand).
   std::string identity_conflict(const control::Hello& claimed);
   // An outgoing connection waiting for its HELLO reply.
   struct Connecting {
     std::string address;
-    std::shared_ptr<ucx::Endpoint> ep;
+    std::shared_ptr<net::Conn> conn;
     std::shared_ptr<Peer> peer;  // set when the reply registered it
     std::string refused;         // or why not
     std::uint64_t token = 0;     // the data token our HELLO gave the peer
   };
   // Registers the peer of a HELLO reply (control thread, mu_ held).
-  void register_connected(ucp_ep_h handle, Connecting& c, const std::string& body);
-  std::map<ucp_ep_h, Connecting> connecting_;
+  void register_connected(const net::Conn* conn, Connecting& c, const std::string& body);
+  std::map<const net::Conn*, Connecting> connecting_;
+  // tcp lanes that arrived before the HELLO reply that registers their token
+  // (accept_lane): by token, each with the worker it asked for (under mu_).
+  static constexpr std::size_t kMaxParkedLanes = 64;
+  std::map<std::uint64_t, std::vector<std::pair<std::shared_ptr<net::Conn>, int>>> parked_lanes_;
   control::Hello my_hello() const;
 
   void register_token(std::uint64_t token, const std::shared_ptr<Peer>& peer);
@@ -166,8 +184,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::atomic<std::uint64_t> message_refusals_{0};
   std::vector<std::shared_ptr<const void>> data_args_;
 
-  ucp_listener_h listener_ = nullptr;
-  void* control_arg_ = nullptr;  // owned by the control worker
+  std::unique_ptr<net::Poller> control_poller_;  // the listener and every control connection
+  std::thread control_thread_;
+  std::atomic<bool> stop_control_{false};
   std::atomic<std::uint64_t> refusals_{0};
   std::mutex cuda_pools_mu_;
   std::map<int, std::pair<std::shared_ptr<PoolImpl>, std::unique_ptr<MemoryPool>>> cuda_pools_;
@@ -179,11 +198,11 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::map<std::string, CallFn> handlers_;
   std::map<std::uint64_t, std::shared_ptr<Peer>> peers_;            // by device id
   std::deque<std::uint64_t> new_peers_;                               // for wait_for_peer
-  std::map<ucp_ep_h, std::shared_ptr<ucx::Endpoint>> endpoints_;     // every control endpoint
-  std::map<ucp_ep_h, std::shared_ptr<Peer>> peers_by_ep_;
+  std::map<const net::Conn*, std::shared_ptr<net::Conn>> conns_;  // every control connection
+  std::map<const net::Conn*, std::shared_ptr<Peer>> peers_by_conn_;
   struct PendingCall {
     RequestState* state;
-    const ucx::Endpoint* ep;
+    const net::Conn* conn;
   };
   std::map<std::uint64_t, PendingCall> pending_;
   std::uint64_t next_request_id_ = 1;

@@ -69,19 +69,65 @@ void on_reply_sent(void* request, ucs_status_t status, void*) {
   ucp_request_free(request);
 }
 
-void send_reply(ucp_ep_h ep, const DataHeader& h, const void* payload, std::size_t length) {
-  if (!ep) return;
-  ucs_status_ptr_t p = post_message(ep, h.encode(), payload, length, nullptr, on_reply_sent, nullptr);
+void send_reply(const ReplyPath& to, const DataHeader& h, const void* payload, std::size_t length) {
+  if (to.conn) {
+    try {
+      to.conn->send(h.encode(), payload, length);
+    } catch (const Error& e) {
+      TW_LOG_DEBUG("data reply not sent: %s", e.what());
+    }
+    return;
+  }
+  if (!to.ep) return;
+  ucs_status_ptr_t p = post_message(to.ep, h.encode(), payload, length, nullptr, on_reply_sent, nullptr);
   if (UCS_PTR_IS_ERR(p)) TW_LOG_DEBUG("data reply not sent: %s", ucs_status_string(UCS_PTR_STATUS(p)));
 }
 
 }  // namespace
 
-Incoming::~Incoming() = default;  // an untaken rendezvous is dropped by UCX when the handler returns
+std::string LaneIntro::encode() const {
+  ByteWriter w;
+  w.put<std::uint32_t>(kMagic);
+  w.put<std::uint16_t>(version);
+  w.put<std::uint16_t>(worker);
+  w.put<std::uint32_t>(lane);
+  w.put<std::uint64_t>(token);
+  return std::move(w.str());
+}
+
+bool LaneIntro::decode(const char* header, std::size_t length, LaneIntro* out) {
+  if (length != kSize) return false;
+  ByteReader r(header, length, "lane introduction");
+  if (r.get<std::uint32_t>() != kMagic) return false;
+  out->version = r.get<std::uint16_t>();
+  out->worker = r.get<std::uint16_t>();
+  out->lane = r.get<std::uint32_t>();
+  out->token = r.get<std::uint64_t>();
+  return true;
+}
+
+Incoming::~Incoming() = default;  // an untaken payload is dropped (by UCX, or read and discarded by the socket)
 
 void Incoming::receive_into(void* dst, ucp_mem_h memh, std::function<void(bool)> done,
                             std::shared_ptr<const void> keep) {
   taken_ = true;
+  if (frame_) {
+    if (length_ && cuda::in_use() && cuda::query(dst).device) {
+      // A socket reads into host memory: GPU memory takes it from a bounce buffer.
+      auto bounce = std::make_shared<std::string>(length_, '\0');
+      frame_->land(bounce->data(), [dst, bounce, done = std::move(done), keep = std::move(keep)](bool ok) mutable {
+        if (ok) cuda::copy(dst, bounce->data(), bounce->size());
+        done(ok);
+        defer_release(std::move(keep));
+      });
+      return;
+    }
+    frame_->land(dst, [done = std::move(done), keep = std::move(keep)](bool ok) mutable {
+      done(ok);
+      defer_release(std::move(keep));
+    });
+    return;
+  }
   if (!rendezvous_) {
     // An eager payload is in host memory; GPU memory takes it by the driver.
     if (length_ && cuda::in_use() && cuda::query(dst).device) {
@@ -240,10 +286,9 @@ void DeviceImpl::refuse_message_v(const char* fmt, va_list ap) {
 
 // ---- DeviceImpl: the receiving side of data messages ----
 
-void DeviceImpl::on_data_message(int worker_index, const void* header, std::size_t header_length, void* data,
-                                 std::size_t length, const ucp_am_recv_param_t* param) {
-  const bool rendezvous = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
-  Incoming payload(workers[worker_index]->get(), data, length, rendezvous);
+void DeviceImpl::on_data_message(int worker_index, const void* header, std::size_t header_length,
+                                 Incoming& payload, const ReplyPath& reply_ep, const Peer* bound) {
+  const std::size_t length = payload.length();
   ByteReader r(header, header_length, "data message");
   DataHeader h;
   try {
@@ -257,7 +302,11 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
     refuse_message("a data message from an unknown or failed peer (kind %d)", static_cast<int>(h.kind));
     return;
   }
-  ucp_ep_h reply_ep = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? param->reply_ep : nullptr;
+  if (bound && from.get() != bound) {
+    refuse_message("a data message on %s's tcp lane carries another peer's token (kind %d)",
+                   bound->describe().c_str(), static_cast<int>(h.kind));
+    return;
+  }
   switch (h.kind) {
     case MsgKind::kPut:
     case MsgKind::kPutFlagged: {
@@ -379,6 +428,76 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
       return;
     }
   }
+}
+
+// ---- DeviceImpl: tcp lanes ----
+
+bool DeviceImpl::accept_lane(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length) {
+  LaneIntro intro;
+  if (!LaneIntro::decode(header, length, &intro)) return false;
+  const std::uint16_t mine = config.protocol_version ? config.protocol_version : control::kProtocolVersion;
+  std::shared_ptr<Peer> peer = peer_by_token(intro.token);
+  std::string why;
+  if (intro.version != mine) {
+    why = "protocol version mismatch (v" + std::to_string(intro.version) + ", this device speaks v" +
+          std::to_string(mine) + ")";
+  } else if (intro.worker >= workers.size()) {
+    why = "no worker " + std::to_string(intro.worker) + " here";
+  }
+  if (why.empty() && (!peer || peer->failed())) {
+    // A peer may dial a lane right after answering our HELLO, and this
+    // thread may read the lane before the reply: a token our pending HELLO
+    // gave is parked (out of every poller) until the reply registers it.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [c, pending] : connecting_) {
+      if (!peer && pending.token == intro.token && !pending.peer) {
+        auto& parked = parked_lanes_[intro.token];
+        if (parked.size() >= kMaxParkedLanes) break;
+        parked.emplace_back(conn, static_cast<int>(intro.worker));
+        conns_.erase(conn.get());
+        conn->move_to(nullptr, {}, {});
+        return true;
+      }
+    }
+    why = "its token names no connected peer";
+  }
+  if (!why.empty()) {
+    refusals_.fetch_add(1);
+    TW_LOG_WARN("refused a tcp lane from %s: %s", conn->name().c_str(), why.c_str());
+    conn->close("lane refused: " + why);
+    return true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.erase(conn.get());  // a data lane now, not a control connection
+  }
+  auto [on_frame, on_close] = lane_handlers(intro.worker, peer);
+  conn->move_to(&workers[intro.worker]->sockets(), std::move(on_frame), std::move(on_close));
+  return true;
+}
+
+std::pair<net::FrameHandler, net::CloseHandler> DeviceImpl::lane_handlers(int worker_index,
+                                                                          const std::shared_ptr<Peer>& peer) {
+  std::weak_ptr<DeviceImpl> weak_dev = weak_from_this();
+  std::weak_ptr<Peer> weak_peer = peer;
+  net::FrameHandler on_frame = [weak_dev, weak_peer, worker_index](const std::shared_ptr<net::Conn>& conn,
+                                                                   const char* header, std::size_t length,
+                                                                   net::Payload& frame) {
+    auto dev = weak_dev.lock();
+    auto from = weak_peer.lock();
+    if (!dev || !from || dev->closed()) return;  // a payload nobody lands is read and dropped
+    Incoming payload(frame);
+    try {
+      dev->on_data_message(worker_index, header, length, payload, ReplyPath{nullptr, conn}, from.get());
+    } catch (const std::exception& e) {
+      TW_LOG_WARN("dropping a data message: %s", e.what());
+    }
+    defer_release(std::move(dev));
+  };
+  net::CloseHandler on_close = [weak_peer](const std::shared_ptr<net::Conn>& conn, const std::string& why) {
+    if (auto p = weak_peer.lock()) p->fail(ErrorKind::kPeerFailed, "tcp lane to " + p->describe() + " closed: " + why);
+  };
+  return {std::move(on_frame), std::move(on_close)};
 }
 
 }  // namespace tensorwire::detail

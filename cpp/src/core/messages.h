@@ -1,14 +1,13 @@
 // Copyright tensorwire authors.
 //
-// The message form of the data path (docs/contracts.md §12): where a lane's
-// RMA is emulated by UCX (tcp, UD), a one-sided put costs the target a
-// progress call anyway, and a fence costs a full flush round trip. There,
-// slots and plain write/read travel as UCX active messages that the target's
-// handler applies: one message per tensor (header + payload; UCX's
-// rendezvous puts a large payload straight into the buffer the handler
-// names), one small message per release/ack, and every write or read of
-// channel memory checked by the *target* against what it exported to the
-// initiator before a byte moves.
+// The message form of the data path (docs/contracts.md §12): on tcp lanes
+// (tensorwire's own sockets, net/socket.h) and where a lane's RMA is emulated
+// by UCX (UD), slots and plain write/read travel as messages that the
+// target's handler applies: one message per tensor (header + payload; a large
+// payload is read straight into the buffer the handler names, by the socket
+// or by UCX's rendezvous), one small message per release/ack, and every write
+// or read of channel memory checked by the *target* against what it exported
+// to the initiator before a byte moves.
 //
 // Identity: a message names its sender by a token the receiver handed it in
 // its HELLO over that peer's own control connection (Peer::inbound_token), never by
@@ -23,6 +22,7 @@
 #include <ucp/api/ucp.h>
 
 #include "common/bytes.h"
+#include "net/socket.h"
 
 namespace tensorwire::detail {
 
@@ -66,12 +66,14 @@ struct DataHeader {
 };
 
 // The payload of an arriving message: eager (in UCX's buffer, valid only
-// during the handler) or announced by rendezvous (UCX fetches it into the
-// buffer the handler names).
+// during the handler), announced by UCX's rendezvous (UCX fetches it into the
+// buffer the handler names), or a socket frame's (read into that buffer).
 class Incoming {
  public:
   Incoming(ucp_worker_h worker, void* data, std::size_t length, bool rendezvous)
       : worker_(worker), data_(data), length_(length), rendezvous_(rendezvous) {}
+  explicit Incoming(net::Payload& frame)
+      : worker_(nullptr), data_(nullptr), length_(frame.length()), rendezvous_(false), frame_(&frame) {}
   ~Incoming();  // a payload nobody took is released (a refused rendezvous)
   Incoming(const Incoming&) = delete;
   Incoming& operator=(const Incoming&) = delete;
@@ -86,7 +88,30 @@ class Incoming {
   void* data_;
   std::size_t length_;
   bool rendezvous_;
+  net::Payload* frame_ = nullptr;
   bool taken_ = false;
+};
+
+// Where the answer to a message goes: the UCX endpoint it came on (AM reply
+// endpoint), or its socket.
+struct ReplyPath {
+  ucp_ep_h ep = nullptr;
+  std::shared_ptr<net::Conn> conn;
+};
+
+// The first frame a tcp lane sends on its socket (before any data message):
+// which worker of the acceptor serves it and, as the token the acceptor gave
+// it, who the dialing peer is. 24 bytes, little-endian.
+struct LaneIntro {
+  static constexpr std::uint32_t kMagic = 0x4e4c5754;  // "TWLN"
+  std::uint16_t version = 0;
+  std::uint16_t worker = 0;
+  std::uint32_t lane = 0;
+  std::uint64_t token = 0;
+  static constexpr std::size_t kSize = 20;
+  std::string encode() const;
+  // False when `header` is not a lane introduction (another magic or size).
+  static bool decode(const char* header, std::size_t length, LaneIntro* out);
 };
 
 // An object that messages address by id (slots and slot senders).

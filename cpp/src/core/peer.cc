@@ -12,8 +12,8 @@
 
 namespace tensorwire::detail {
 
-Peer::Peer(std::weak_ptr<DeviceImpl> dev, control::Hello h, std::shared_ptr<ucx::Endpoint> cep, bool same_host)
-    : device(std::move(dev)), hello(std::move(h)), control_ep(std::move(cep)) {
+Peer::Peer(std::weak_ptr<DeviceImpl> dev, control::Hello h, std::shared_ptr<net::Conn> cep, bool same_host)
+    : device(std::move(dev)), hello(std::move(h)), control_conn(std::move(cep)) {
   info.device_id = hello.device_id;
   info.address = hello.address;
   info.hostname = hello.hostname;
@@ -43,16 +43,26 @@ std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
   // worker lock, and a progress thread holding that lock may call fail()
   // (on_data_ep_error of another lane), which takes mu_: a lock-order
   // inversion (deadlock) that ThreadSanitizer reported.
+  // One thread makes a lane, others wait for it (lane_mu_): a second
+  // connection made meanwhile and dropped would end its socket, and the
+  // peer, seeing its tcp lane close, would fail us.
+  std::lock_guard<std::mutex> making(lane_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed()) throw PeerFailed(describe() + " has failed");
+    auto it = channels_.find(lane);
+    if (it != channels_.end()) return it->second;
+  }
   // Lanes spread round-robin over our workers and over the peer's workers.
   auto worker = dev->workers[lane % dev->workers.size()];
   auto ch = std::make_shared<ChannelImpl>(shared_from_this(), lane, worker);
   ch->connect(hello.workers[lane % hello.workers.size()]);
   // Registered under the lock fail() takes: a channel made here is either
   // refused or seen by fail()'s fan-out. (`ch`, declared before the lock, is
-  // destroyed after it is released when refused or when another thread won.)
+  // destroyed after it is released when refused.)
   std::lock_guard<std::mutex> lock(mu_);
   if (failed()) throw PeerFailed(describe() + " has failed");
-  return channels_.emplace(lane, ch).first->second;  // another thread's if it made this lane meanwhile
+  return channels_.emplace(lane, ch).first->second;
 }
 
 std::shared_ptr<RemoteRegionImpl> Peer::accept_export(const RegionDescriptor& d) {
@@ -180,7 +190,7 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
     defer_release(std::move(ch));  // often the last reference now, and fail() may run in a UCX callback
   }
   if (auto dev = device.lock()) {
-    dev->fail_pending_control(control_ep.get(), kind, why);
+    dev->fail_pending_control(control_conn.get(), kind, why);
     dev->drop_message_ops(this, why);
   }
 }

@@ -68,15 +68,18 @@ void Drivers::nap(double seconds, bool precise) {
     return;
   }
   // Several workers: arm each (a busy one has events pending: progress
-  // instead of sleeping), then sleep on all their fds at once.
-  struct pollfd fds[kMax];
+  // instead of sleeping), then sleep on all their fds at once, their
+  // sockets' included.
+  struct pollfd fds[2 * kMax];
+  nfds_t n = 0;
   for (std::size_t i = 0; i < n_; ++i) {
     if (ucp_worker_arm(workers_[i]->get()) != UCS_OK) return;
-    fds[i] = {workers_[i]->worker()->event_fd(), POLLIN, 0};
+    fds[n++] = {workers_[i]->worker()->event_fd(), POLLIN, 0};
+    if (!workers_[i]->sockets().empty()) fds[n++] = {workers_[i]->sockets().fd(), POLLIN, 0};
   }
   struct timespec ts{static_cast<time_t>(seconds),
                      static_cast<long>((seconds - static_cast<double>(static_cast<time_t>(seconds))) * 1e9)};
-  ::ppoll(fds, n_, &ts, nullptr);
+  ::ppoll(fds, n, &ts, nullptr);
 }
 
 std::size_t wait_any(const std::vector<std::shared_ptr<WaitSource>>& sources, double timeout_s) {

@@ -178,11 +178,16 @@ void WorkerCtl::stay_out() {
 void WorkerCtl::wait_event(double seconds) {
   ucs_status_t st = ucp_worker_arm(worker_->get());
   if (st != UCS_OK) return;  // BUSY: events pending, progress instead
-  struct pollfd pfd{worker_->event_fd(), POLLIN, 0};
+  struct pollfd pfd[2] = {{worker_->event_fd(), POLLIN, 0}, {sockets_.fd(), POLLIN, 0}};
   if (seconds < 0) seconds = 0;
   struct timespec ts{static_cast<time_t>(seconds), static_cast<long>((seconds - static_cast<double>(
                                                                         static_cast<time_t>(seconds))) * 1e9)};
-  ::ppoll(&pfd, 1, &ts, nullptr);
+  ::ppoll(pfd, sockets_.empty() ? 1 : 2, &ts, nullptr);
+}
+
+void WorkerCtl::poll_events(int timeout_ms) {
+  struct pollfd pfd[2] = {{worker_->event_fd(), POLLIN, 0}, {sockets_.fd(), POLLIN, 0}};
+  ::poll(pfd, sockets_.empty() ? 1 : 2, timeout_ms);
 }
 
 void WorkerCtl::run() {
@@ -198,9 +203,7 @@ void WorkerCtl::run() {
       continue;
     }
     unsigned events;
-    if (guarded_) {
-      events = progress_now();  // takes the progress guard
-    } else {
+    {
       std::lock_guard<std::recursive_mutex> use(use_);
       events = progress_now();
     }
@@ -226,9 +229,8 @@ void WorkerCtl::run() {
       if (st != UCS_ERR_BUSY) TW_LOG_ERROR("%s: ucp_worker_arm failed: %s", name_.c_str(), ucs_status_string(st));
       continue;
     }
-    struct pollfd pfd{worker_->event_fd(), POLLIN, 0};
     // The timeout bounds how long a missed wake-up can stall (never forever).
-    ::poll(&pfd, 1, 100);
+    poll_events(100);
     sleeping_.store(false, std::memory_order_release);
   }
 }

@@ -1,6 +1,8 @@
 // Copyright tensorwire authors.
 //
-// WorkerCtl: one UCP worker and the policy that drives its progress.
+// WorkerCtl: one UCP worker, the sockets of its tcp lanes (net/socket.h),
+// and the policy that drives their progress: whoever progresses the worker
+// progresses both, and a nap wakes for either.
 //
 // Threads: workers are created in UCS_THREAD_MODE_MULTI. Any thread may post
 // operations directly (the latency path must not pay a hand-off to another
@@ -34,6 +36,7 @@
 #include <thread>
 #include <vector>
 
+#include "net/socket.h"
 #include "tensorwire/device.h"
 #include "ucx/ucx.h"
 
@@ -83,8 +86,7 @@ class WorkerCtl {
   void stop();   // joins it; idempotent
   // Announces a thread other than the progress thread that is about to use
   // the worker (post, progress, wait): the progress thread stays out of the
-  // worker until the last caller has left. A no-op without a progress thread
-  // and on guarded (control) workers.
+  // worker until the last caller has left. A no-op without a progress thread.
   class Caller {
    public:
     explicit Caller(WorkerCtl* w) : w_(w && w->handoff() ? w : nullptr) {
@@ -133,16 +135,6 @@ class WorkerCtl {
     Use u(this);
     return progress_now();
   }
-  // Progress guard (off unless enabled before start(); data workers never pay
-  // for it). While a caller holds progress_guard(), this WorkerCtl does not
-  // progress the worker, so UCX applies no endpoint failure in between two of
-  // the caller's calls. Needed by DeviceImpl::connect: UCX (1.22) spins
-  // forever, holding the worker lock, in ucp_am_send_nbx on a client-server
-  // endpoint whose connection already failed before it was wired up (its
-  // failed lanes answer pending_add with BUSY). Only ucp_worker_progress
-  // applies such a failure; Endpoint::close's own progress loop is not guarded.
-  void enable_progress_guard() { guarded_ = true; }
-  std::mutex& progress_guard() { return guard_; }
   // Deferred notifications (a static slot's release in the message form):
   // posted at the next flush point on this worker instead of now, so they
   // never delay the caller's next send (a Python recv/release/send loop sent
@@ -169,17 +161,21 @@ class WorkerCtl {
   unsigned spin_us() const { return spin_us_; }
   ucp_worker_h get() const { return worker_->get(); }
   const std::shared_ptr<ucx::Worker>& worker() const { return worker_; }
+  // The tcp lanes of this worker: their frames are handled by whoever progresses it.
+  net::Poller& sockets() { return sockets_; }
 
  private:
   void run();
   void run_deferred();
   unsigned progress_now() {
-    if (!guarded_) return ucp_worker_progress(worker_->get());
-    std::lock_guard<std::mutex> lock(guard_);
-    return ucp_worker_progress(worker_->get());
+    unsigned n = ucp_worker_progress(worker_->get());
+    if (!sockets_.empty()) n += sockets_.progress(0);
+    return n;
   }
+  // Sleeps until the worker or a socket has an event, at most timeout_ms (after ucp_worker_arm).
+  void poll_events(int timeout_ms);
   void leave();
-  bool handoff() const { return !guarded_ && threaded_.load(std::memory_order_relaxed); }
+  bool handoff() const { return threaded_.load(std::memory_order_relaxed); }
   void stay_out();
   void lock_worker();
 
@@ -197,8 +193,7 @@ class WorkerCtl {
   std::atomic<std::uint64_t> holds_{0};  // times callers_ went from 0 to 1
   std::atomic<bool> threaded_{false};
   std::recursive_mutex use_;  // see Use
-  bool guarded_ = false;
-  std::mutex guard_;
+  net::Poller sockets_;
   // Whether this thread posted work that is still in flight since its Caller
   // arrived (per thread: callers of different workers do not mix it up much,
   // and a spurious wake is only a cost).

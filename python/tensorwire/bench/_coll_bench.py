@@ -218,7 +218,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     if rank == 0:
         used = check_lane_transports(report, args.transport, [t for mine in lanes for t in mine])
         if used:
-            print(f"# tensorwire's lanes used UCX: {', '.join(used)}")
+            print(f"# tensorwire's lanes used: {', '.join(used)}")
         _checks(report, op, n, args)
         out.finish()
         report.write_json(args.json)

@@ -182,7 +182,7 @@ def print_report(report, out=None) -> None:
     print("-" * 87, file=out)
     print(f"{'':20}Fullmesh RDMA_Write BW Test (tensorwire)", file=out)
     used = cfg.get("lane_transports")
-    over = f"{cfg['transport']} (UCX: {', '.join(used)})" if used else cfg["transport"]
+    over = f"{cfg['transport']} (lanes: {', '.join(used)})" if used else cfg["transport"]
     print(f" Ranks           : {cfg['ranks']:<8}\tTransport type : {over}", file=out)
     print(f" Lanes per pair  : {cfg['lanes']:<8}\tTX depth       : {cfg['tx_depth']}", file=out)
     print(f" Message size    : {cfg['size']:<8}\tDuration       : {cfg['duration']:g} s, sampled "

@@ -19,7 +19,7 @@ def _kind(op: str) -> str:
 def _over(cfg: dict) -> str:
     """The requested transport and the UCX transports the lanes used."""
     used = cfg.get("lane_transports")
-    return f"{cfg['transport']} (UCX: {', '.join(used)})" if used else cfg["transport"]
+    return f"{cfg['transport']} (lanes: {', '.join(used)})" if used else cfg["transport"]
 
 
 def _preamble(lines: list[str], progress: Progress | None) -> None:

@@ -172,7 +172,7 @@ def print_tail(report: Report, args, table: Table) -> None:
     cuda = report.config.get("memory") == "cuda"
     table.close()
     if report.config.get("lane_transports"):
-        print(f"# tensorwire's lanes used UCX: {', '.join(report.config['lane_transports'])}")
+        print(f"# tensorwire's lanes used: {', '.join(report.config['lane_transports'])}")
     _print_anchors(rows, cuda)
     if report.config.get("targets"):
         print(f"# targets for --memory cuda (transport {args.transport}): worst over the sizes each covers" if cuda

@@ -1,0 +1,593 @@
+// Copyright tensorwire authors.
+#include "net/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "common/log.h"
+#include "tensorwire/error.h"
+
+namespace tensorwire::net {
+
+namespace {
+
+constexpr std::size_t kRxChunk = std::size_t(256) << 10;  // the receive buffer's usual size
+constexpr unsigned kFramesPerTurn = 256;                   // then other connections get their turn
+
+void put32(char* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+void put64(char* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>(v >> (8 * i));
+}
+std::uint32_t get32(const char* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+std::uint64_t get64(const char* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+// Markers in epoll's data for the two fds that are not connections.
+char wake_marker, listen_marker;
+
+}  // namespace
+
+std::string encode_prefix(std::size_t header_length, std::uint64_t payload_length) {
+  std::string p(kPrefixSize, '\0');
+  put32(&p[0], kFrameMagic);
+  put32(&p[4], static_cast<std::uint32_t>(header_length));
+  put64(&p[8], payload_length);
+  return p;
+}
+
+std::string decode_prefix(const char* p, Prefix* out) {
+  if (get32(p) != kFrameMagic) return "bad frame magic";
+  out->header_length = get32(p + 4);
+  out->payload_length = get64(p + 8);
+  if (out->header_length > kMaxHeader) return "frame header of " + std::to_string(out->header_length) + " bytes";
+  if (out->payload_length > kMaxPayload) return "frame payload of " + std::to_string(out->payload_length) + " bytes";
+  return "";
+}
+
+sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t* len) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
+  if (rc != 0 || !res) throw InvalidArgument("cannot resolve host '" + host + "': " + gai_strerror(rc));
+  sockaddr_storage ss{};
+  std::memcpy(&ss, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  freeaddrinfo(res);
+  return ss;
+}
+
+std::pair<std::string, std::uint16_t> split_address(const std::string& address) {
+  auto pos = address.rfind(':');
+  if (pos == std::string::npos || pos == 0 || pos + 1 == address.size()) {
+    throw InvalidArgument("address must be host:port, got '" + address + "'");
+  }
+  char* end = nullptr;
+  unsigned long port = std::strtoul(address.c_str() + pos + 1, &end, 10);
+  if (*end != '\0' || port == 0 || port > 65535) throw InvalidArgument("bad port in address '" + address + "'");
+  return {address.substr(0, pos), static_cast<std::uint16_t>(port)};
+}
+
+void tune(int fd, double keepalive_s) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (keepalive_s > 0) {
+    int secs = std::max(1, static_cast<int>(std::ceil(keepalive_s)));
+    int probes = 3;
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &secs, sizeof(secs));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &secs, sizeof(secs));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  }
+}
+
+// ---- Payload ----
+
+void Payload::land(void* dst, std::function<void(bool)> done) {
+  if (taken_) throw InvalidArgument("a frame's payload was landed twice");
+  taken_ = true;
+  if (eager_) {
+    if (length_) std::memcpy(dst, eager_, length_);
+    if (done) done(true);
+    return;
+  }
+  conn_->land_at_ = static_cast<char*>(dst);
+  conn_->land_done_ = std::move(done);
+}
+
+// ---- Conn ----
+
+std::shared_ptr<Conn> Conn::dial(const sockaddr_storage& addr, socklen_t len, const std::string& name,
+                                 double timeout_s, double keepalive_s, const std::string& interface) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw ConnectionError("cannot connect to " + name + ": socket: " + std::strerror(errno));
+  if (!interface.empty() &&
+      setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, interface.data(), static_cast<socklen_t>(interface.size())) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw ConnectionError("cannot bind a connection to " + name + " to interface '" + interface + "': " +
+                          std::strerror(err));
+  }
+  int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len);
+  if (rc != 0 && errno == EINPROGRESS) {
+    struct pollfd pfd{fd, POLLOUT, 0};
+    int ms = timeout_s < 0 ? -1 : static_cast<int>(std::min(timeout_s * 1e3, 2e9));
+    int n;
+    do {
+      n = ::poll(&pfd, 1, ms);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) {
+      ::close(fd);
+      throw ConnectionError("cannot connect to " + name + ": no answer within " + std::to_string(timeout_s) + " s");
+    }
+    int err = 0;
+    socklen_t elen = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen);
+    rc = err ? -1 : 0;
+    errno = err;
+  }
+  if (rc != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw ConnectionError("cannot connect to " + name + ": " + std::strerror(err));
+  }
+  tune(fd, keepalive_s);
+  return std::make_shared<Conn>(fd, name);
+}
+
+Conn::Conn(int fd, std::string name) : fd_(fd), name_(std::move(name)) {
+  int flags = fcntl(fd_, F_GETFL, 0);
+  if (flags >= 0 && !(flags & O_NONBLOCK)) fcntl(fd_, F_SETFL, flags | O_NONBLOCK);
+}
+
+Conn::~Conn() { ::close(fd_); }
+
+std::size_t Conn::queued() const {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  return tx_bytes_;
+}
+
+bool Conn::write_some(TxOp& op) {
+  const std::uint64_t total = op.head.size() + op.length;
+  while (op.sent < total) {
+    iovec iov[2];
+    int n = 0;
+    if (op.sent < op.head.size()) {
+      iov[n++] = {const_cast<char*>(op.head.data()) + op.sent, op.head.size() - op.sent};
+      if (op.length) iov[n++] = {const_cast<char*>(op.payload), op.length};
+    } else {
+      const std::uint64_t at = op.sent - op.head.size();
+      iov[n++] = {const_cast<char*>(op.payload) + at, op.length - at};
+    }
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = n;
+    ssize_t w = ::sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w > 0) {
+      op.sent += static_cast<std::uint64_t>(w);
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+    errno_ = w < 0 ? errno : EPIPE;
+    return false;
+  }
+  return true;
+}
+
+bool Conn::send(std::string_view header, const void* payload, std::uint64_t length, SendDone done) {
+  if (header.size() > kMaxHeader) {
+    throw InvalidArgument("a frame header of " + std::to_string(header.size()) + " bytes exceeds the limit");
+  }
+  if (length > kMaxPayload) throw InvalidArgument("a payload of " + std::to_string(length) + " bytes exceeds the limit");
+  TxOp op;
+  op.head = encode_prefix(header.size(), length);
+  op.head.append(header);
+  op.payload = static_cast<const char*>(payload);
+  op.length = length;
+  std::unique_lock<std::mutex> lock(tx_mu_);
+  if (closing_.load(std::memory_order_acquire)) {
+    throw ConnectionError("connection to " + name_ + " is closed" + (close_why_.empty() ? "" : ": " + close_why_));
+  }
+  if (txq_.empty()) {
+    if (!write_some(op)) {
+      const std::string why = std::string("send failed: ") + std::strerror(errno_);
+      lock.unlock();
+      close(why);
+      throw ConnectionError("connection to " + name_ + ": " + why);
+    }
+    if (op.sent == op.head.size() + op.length) return true;
+  }
+  tx_bytes_ += op.head.size() + op.length - op.sent;
+  op.done = std::move(done);
+  txq_.push_back(std::move(op));
+  want_writable(true);
+  return false;
+}
+
+void Conn::want_writable(bool on) {
+  if (on == want_out_) return;
+  want_out_ = on;
+  if (poller_) poller_->update(this, on);
+}
+
+void Conn::close(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(tx_mu_);
+    if (close_why_.empty()) close_why_ = why;
+    closing_.store(true, std::memory_order_release);
+  }
+  // The poller sees the end (EOF) and finishes the connection in its thread.
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
+unsigned Conn::on_writable() {
+  std::vector<SendDone> dones;
+  bool failed = false;
+  {
+    std::lock_guard<std::mutex> lock(tx_mu_);
+    while (!txq_.empty()) {
+      TxOp& op = txq_.front();
+      const std::uint64_t before = op.sent;
+      if (!write_some(op)) {
+        failed = true;
+        break;
+      }
+      tx_bytes_ -= op.sent - before;
+      if (op.sent < op.head.size() + op.length) break;
+      dones.push_back(std::move(op.done));
+      txq_.pop_front();
+    }
+    if (txq_.empty()) want_writable(false);
+  }
+  for (auto& d : dones) {
+    if (d) d(true);
+  }
+  if (failed) close(std::string("send failed: ") + std::strerror(errno_));
+  return static_cast<unsigned>(dones.size());
+}
+
+bool Conn::read_more() {
+  // Room at the end of the buffer for at least a chunk; a frame that needs
+  // more (a control message up to 1 MiB) grows it.
+  std::size_t have = rx_end_ - rx_begin_;
+  std::size_t need = kRxChunk;
+  if (have >= kPrefixSize) {
+    Prefix p;
+    if (decode_prefix(rx_.data() + rx_begin_, &p).empty()) {
+      need = std::max<std::size_t>(need, kPrefixSize + p.header_length +
+                                             (p.payload_length <= kEagerMax ? p.payload_length : 0));
+    }
+  }
+  // Grown as bytes arrive, never on a length's word alone: a 16-byte prefix
+  // claiming a 1 MiB header costs nothing until the header comes (fuzz_frame).
+  need = std::min(need, have + kRxChunk);
+  if (rx_begin_ > 0 && (have == 0 || rx_.size() - rx_end_ < std::min(need - have, kRxChunk / 4))) {
+    std::memmove(rx_.data(), rx_.data() + rx_begin_, have);
+    rx_begin_ = 0;
+    rx_end_ = have;
+  }
+  if (rx_.size() < std::max(need, kRxChunk)) rx_.resize(std::max(need, kRxChunk));
+  for (;;) {
+    ssize_t r = ::recv(fd_, rx_.data() + rx_end_, rx_.size() - rx_end_, MSG_DONTWAIT);
+    if (r > 0) {
+      rx_end_ += static_cast<std::size_t>(r);
+      return true;
+    }
+    if (r == 0) {
+      finish(closed() ? close_why_ : "closed by the peer");
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    finish(closed() ? close_why_ : std::string("receive failed: ") + std::strerror(errno));
+    return false;
+  }
+}
+
+bool Conn::dispatch_buffered(unsigned* frames) {
+  while (!finished_ && !moving_) {
+    const std::size_t have = rx_end_ - rx_begin_;
+    if (have < kPrefixSize) return true;
+    Prefix p;
+    const std::string bad = decode_prefix(rx_.data() + rx_begin_, &p);
+    if (!bad.empty()) {
+      TW_LOG_WARN("closing the connection to %s: %s", name_.c_str(), bad.c_str());
+      finish("protocol error: " + bad);
+      return false;
+    }
+    const bool eager = p.payload_length <= kEagerMax;
+    const std::size_t need = kPrefixSize + p.header_length + (eager ? p.payload_length : 0);
+    if (have < need) return true;
+    const char* header = rx_.data() + rx_begin_ + kPrefixSize;
+    Payload payload(this, eager ? header + p.header_length : nullptr, p.payload_length);
+    rx_begin_ += need;  // the handler's pointers stay valid: nothing reads into the buffer meanwhile
+    ++*frames;
+    try {
+      on_frame_(shared_from_this(), header, p.header_length, payload);
+    } catch (const std::exception& e) {
+      TW_LOG_WARN("dropping a frame from %s: %s", name_.c_str(), e.what());
+    }
+    if (!eager) {
+      land_left_ = p.payload_length;
+      discarding_ = !payload.taken_;
+      if (discarding_) land_at_ = nullptr;
+      return true;
+    }
+    // Every complete frame in the buffer goes now: buffered bytes raise no
+    // event, so one left behind would wait for the peer's next bytes.
+  }
+  return !finished_;
+}
+
+bool Conn::on_readable(unsigned* frames) {
+  const unsigned start = *frames;
+  while (!finished_ && !moving_) {
+    if (land_left_ > 0) {
+      // A streamed payload: first what the buffer holds, then straight from the socket.
+      const std::size_t have = rx_end_ - rx_begin_;
+      if (have) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(have, land_left_));
+        if (!discarding_) {
+          std::memcpy(land_at_, rx_.data() + rx_begin_, n);
+          land_at_ += n;
+        }
+        rx_begin_ += n;
+        land_left_ -= n;
+      }
+      while (land_left_ > 0) {
+        if (rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
+        char* into = discarding_ ? rx_.data() : land_at_;
+        const std::size_t room = discarding_ ? rx_.size() : std::size_t(1) << 30;
+        if (discarding_ && rx_.size() < kRxChunk) rx_.resize(kRxChunk);
+        ssize_t r = ::recv(fd_, into, static_cast<std::size_t>(std::min<std::uint64_t>(land_left_, room)),
+                           MSG_DONTWAIT);
+        if (r > 0) {
+          if (!discarding_) land_at_ += r;
+          land_left_ -= static_cast<std::uint64_t>(r);
+          continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+        finish(r == 0 ? (closed() ? close_why_ : "closed by the peer")
+                      : std::string("receive failed: ") + std::strerror(errno));
+        return false;
+      }
+      land_at_ = nullptr;
+      discarding_ = false;
+      auto done = std::move(land_done_);
+      land_done_ = nullptr;
+      if (done) done(true);
+      continue;
+    }
+    if (!dispatch_buffered(frames)) return false;
+    if (land_left_ > 0 || moving_) continue;
+    if (*frames - start >= kFramesPerTurn) {
+      if (poller_) poller_->schedule(this);  // what is buffered raises no event
+      return true;
+    }
+    if (!read_more()) return !finished_;
+  }
+  return !finished_;
+}
+
+void Conn::finish(const std::string& why) {
+  if (finished_) return;
+  finished_ = true;
+  std::deque<TxOp> pending;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(tx_mu_);
+    if (close_why_.empty()) close_why_ = why;
+    reason = close_why_;
+    closing_.store(true, std::memory_order_release);
+    pending.swap(txq_);
+    tx_bytes_ = 0;
+  }
+  ::shutdown(fd_, SHUT_RDWR);
+  for (auto& op : pending) {
+    if (op.done) op.done(false);
+  }
+  if (land_done_) {
+    auto done = std::move(land_done_);
+    land_done_ = nullptr;
+    done(false);
+  }
+  land_left_ = 0;
+  if (on_close_) {
+    auto self = shared_from_this();
+    try {
+      on_close_(self, reason);
+    } catch (const std::exception& e) {
+      TW_LOG_WARN("close handler of %s: %s", name_.c_str(), e.what());
+    }
+  }
+}
+
+// ---- Poller ----
+
+Poller::Poller() {
+  epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (epfd_ < 0 || wake_fd_ < 0) throw ConnectionError(std::string("cannot create a socket poller: ") + std::strerror(errno));
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &wake_marker;
+  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+}
+
+Poller::~Poller() {
+  std::vector<std::shared_ptr<Conn>> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [p, c] : conns_) left.push_back(c);
+    conns_.clear();
+    ready_.clear();
+  }
+  for (auto& c : left) {
+    {
+      std::lock_guard<std::mutex> lock(c->tx_mu_);
+      c->poller_ = nullptr;
+    }
+    c->finish("closed");
+  }
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  ::close(wake_fd_);
+  ::close(epfd_);
+}
+
+void Poller::add(const std::shared_ptr<Conn>& conn, FrameHandler on_frame, CloseHandler on_close) {
+  conn->on_frame_ = std::move(on_frame);
+  conn->on_close_ = std::move(on_close);
+  conn->moving_ = false;
+  bool out;
+  {
+    std::lock_guard<std::mutex> lock(conn->tx_mu_);
+    conn->poller_ = this;
+    out = conn->want_out_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_[conn.get()] = conn;
+    count_.store(conns_.size(), std::memory_order_relaxed);
+  }
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (out ? std::uint32_t(EPOLLOUT) : 0u);
+  ev.data.ptr = conn.get();
+  if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, conn->fd_, &ev) != 0) {
+    TW_LOG_ERROR("epoll_ctl(ADD) for %s: %s", conn->name_.c_str(), std::strerror(errno));
+  }
+  if (conn->rx_end_ > conn->rx_begin_) schedule(conn.get());
+  wake();  // a progress() asleep before this connection existed
+}
+
+void Poller::remove(const std::shared_ptr<Conn>& conn) {
+  ::epoll_ctl(epfd_, EPOLL_CTL_DEL, conn->fd_, nullptr);
+  {
+    std::lock_guard<std::mutex> lock(conn->tx_mu_);
+    conn->poller_ = nullptr;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.erase(conn.get());
+  count_.store(conns_.size(), std::memory_order_relaxed);
+}
+
+void Poller::listen(int fd, std::function<void(int)> on_accept) {
+  listen_fd_ = fd;
+  on_accept_ = std::move(on_accept);
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.ptr = &listen_marker;
+  ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void Poller::update(Conn* conn, bool want_out) {
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | (want_out ? std::uint32_t(EPOLLOUT) : 0u);
+  ev.data.ptr = conn;
+  ::epoll_ctl(epfd_, EPOLL_CTL_MOD, conn->fd_, &ev);
+}
+
+void Poller::schedule(Conn* conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = conns_.find(conn);
+  if (it == conns_.end()) return;
+  ready_.push_back(it->second);
+  has_ready_.store(true, std::memory_order_release);
+  wake();  // its bytes are buffered, not in the socket: a nap on fd() must still end
+}
+
+void Poller::wake() {
+  const std::uint64_t one = 1;
+  ssize_t ignored = ::write(wake_fd_, &one, sizeof(one));
+  (void)ignored;
+}
+
+unsigned Poller::progress(int timeout_ms) {
+  unsigned handled = 0;
+  auto serve = [&](const std::shared_ptr<Conn>& c, std::uint32_t events) {
+    if (events & EPOLLOUT) handled += c->on_writable();
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      if (!c->on_readable(&handled)) {
+        remove(c);
+        return;
+      }
+    }
+    if (c->moving_) {
+      // Handed to another poller by its frame handler (Conn::move_to).
+      auto to = c->move_to_;
+      auto on_frame = std::move(c->move_frame_);
+      auto on_close = std::move(c->move_close_);
+      remove(c);
+      if (to) to->add(c, std::move(on_frame), std::move(on_close));  // else parked by its owner
+    }
+  };
+  if (has_ready_.load(std::memory_order_acquire)) {
+    std::vector<std::shared_ptr<Conn>> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready.swap(ready_);
+      has_ready_.store(false, std::memory_order_relaxed);
+    }
+    for (auto& c : ready) serve(c, EPOLLIN);
+    timeout_ms = 0;
+  }
+  if (count_.load(std::memory_order_relaxed) == 0 && listen_fd_ < 0 && timeout_ms == 0) return handled;
+  epoll_event events[64];
+  int n;
+  do {
+    n = ::epoll_wait(epfd_, events, 64, timeout_ms);
+  } while (n < 0 && errno == EINTR);
+  for (int i = 0; i < n; ++i) {
+    void* p = events[i].data.ptr;
+    if (p == &wake_marker) {
+      std::uint64_t v;
+      ssize_t ignored = ::read(wake_fd_, &v, sizeof(v));
+      (void)ignored;
+      continue;
+    }
+    if (p == &listen_marker) {
+      for (;;) {
+        int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        ++handled;
+        on_accept_(fd);
+      }
+      continue;
+    }
+    std::shared_ptr<Conn> c;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = conns_.find(static_cast<Conn*>(p));
+      if (it == conns_.end()) continue;  // finished earlier in this batch
+      c = it->second;
+    }
+    serve(c, events[i].events);
+  }
+  return handled;
+}
+
+}  // namespace tensorwire::net

@@ -1,0 +1,211 @@
+// Copyright tensorwire authors.
+//
+// tensorwire's own tcp transport: framed messages over plain sockets, for
+// every connection a network peer can reach (the control plane, and the data
+// lanes of the tcp transport). UCX's tcp transport is not used there: its
+// target carries out any put or get a peer's packet names, at any address of
+// the process (docs/contracts.md §11), which no check of ours can stop. Here
+// the target reads every byte itself and decides where it lands.
+//
+// A frame: u32 magic "TWSK" | u32 header length | u64 payload length |
+// header | payload (little-endian). The header is what the owner decodes
+// (a control message, a data message's header); the payload is bytes whose
+// destination the receiver chooses after reading the header: a payload of at
+// most kEagerMax arrives whole in the receive buffer, a larger one is read
+// from the socket straight into the destination the handler names
+// (Payload::land), or discarded.
+//
+// Threads: a Poller's progress() runs in one thread at a time (its owner's
+// lock); it reads, dispatches frames, writes what send() queued and delivers
+// closes. send() and close() may be called from any thread.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace tensorwire::net {
+
+inline constexpr std::uint32_t kFrameMagic = 0x4b535754;  // "TWSK"
+inline constexpr std::size_t kPrefixSize = 16;
+inline constexpr std::size_t kMaxHeader = (std::size_t(1) << 20) + 4096;  // a control message of 1 MiB and its header
+inline constexpr std::uint64_t kMaxPayload = std::uint64_t(1) << 40;
+inline constexpr std::size_t kEagerMax = std::size_t(64) << 10;
+
+struct Prefix {
+  std::uint32_t header_length = 0;
+  std::uint64_t payload_length = 0;
+};
+// Decodes the 16 bytes at p; "" when valid, else why not (bad magic, sizes past the limits).
+std::string decode_prefix(const char* p, Prefix* out);
+std::string encode_prefix(std::size_t header_length, std::uint64_t payload_length);
+
+class Conn;
+class Poller;
+
+// The payload of the frame being dispatched, as its handler sees it.
+class Payload {
+ public:
+  std::uint64_t length() const { return length_; }
+  // The whole payload when it arrived with the header (valid during the handler), else nullptr.
+  const char* data() const { return eager_; }
+  // Lands the payload at dst (length() bytes) and calls done(ok) once it is
+  // all there: at once for an eager payload, else as the socket delivers it
+  // (done(false) if the connection closes first). At most once, during the
+  // handler; a payload nobody lands is read and dropped.
+  void land(void* dst, std::function<void(bool ok)> done);
+
+ private:
+  friend class Conn;
+  Payload(Conn* conn, const char* eager, std::uint64_t length) : conn_(conn), eager_(eager), length_(length) {}
+  Conn* conn_;
+  const char* eager_;
+  std::uint64_t length_;
+  bool taken_ = false;
+};
+
+using FrameHandler = std::function<void(const std::shared_ptr<Conn>& conn, const char* header,
+                                        std::size_t header_length, Payload& payload)>;
+// Delivered once, from the poller's thread, when the connection ends (EOF,
+// error, a protocol violation, or close()).
+using CloseHandler = std::function<void(const std::shared_ptr<Conn>& conn, const std::string& why)>;
+using SendDone = std::function<void(bool ok)>;
+
+class Conn : public std::enable_shared_from_this<Conn> {
+ public:
+  // Connects to addr within timeout_s (ConnectionError naming `name`
+  // otherwise), tuned as tune(fd, keepalive_s) says, through `interface` when
+  // one is named (SO_BINDTODEVICE).
+  static std::shared_ptr<Conn> dial(const sockaddr_storage& addr, socklen_t len, const std::string& name,
+                                    double timeout_s, double keepalive_s, const std::string& interface = "");
+  Conn(int fd, std::string name);  // takes a connected socket
+  ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  // Sends one frame: header is copied, payload must stay valid until sent.
+  // True when the whole frame left now (done is not called); false when the
+  // rest is queued (done(ok) comes once it left, or false when the connection
+  // closes first). Throws ConnectionError on a closed connection.
+  bool send(std::string_view header, const void* payload = nullptr, std::uint64_t length = 0, SendDone done = {});
+  // Ends the connection (any thread); the poller delivers the close handler.
+  void close(const std::string& why);
+  bool closed() const { return closing_.load(std::memory_order_acquire); }
+  const std::string& name() const { return name_; }
+  // Bytes in flight in send() calls not yet written (the sender's backlog).
+  std::size_t queued() const;
+  // From this connection's frame handler: once the handler returns, its
+  // poller hands the connection to `to`, whose handlers get every later frame
+  // (bytes already received included); with `to` null it only leaves the
+  // poller (its owner adds it somewhere later).
+  void move_to(Poller* to, FrameHandler on_frame, CloseHandler on_close) {
+    move_to_ = to;
+    move_frame_ = std::move(on_frame);
+    move_close_ = std::move(on_close);
+    moving_ = true;
+  }
+
+ private:
+  friend class Poller;
+  friend class Payload;
+  // Poller side (its thread): false once the connection ended.
+  bool on_readable(unsigned* frames);
+  unsigned on_writable();
+  bool dispatch_buffered(unsigned* frames);
+  bool read_more();
+  void finish(const std::string& why);  // fails what is pending, delivers the close handler
+  void want_writable(bool on);           // under tx_mu_
+
+  struct TxOp {
+    std::string head;  // prefix + header
+    const char* payload = nullptr;
+    std::uint64_t length = 0;
+    std::uint64_t sent = 0;  // of head + payload
+    SendDone done;
+  };
+  // Writes what it can of `op` (tx_mu_ held); false on an error (errno_ set).
+  bool write_some(TxOp& op);
+
+  const int fd_;
+  const std::string name_;
+  std::atomic<bool> closing_{false};
+  std::string close_why_;  // under tx_mu_
+  mutable std::mutex tx_mu_;
+  std::deque<TxOp> txq_;
+  std::size_t tx_bytes_ = 0;
+  bool want_out_ = false;
+  int errno_ = 0;
+
+  Poller* poller_ = nullptr;  // set by Poller::add (under tx_mu_)
+  FrameHandler on_frame_;
+  CloseHandler on_close_;
+  bool finished_ = false;
+  bool moving_ = false;  // see move_to
+  Poller* move_to_ = nullptr;
+  FrameHandler move_frame_;
+  CloseHandler move_close_;
+
+  // Receive side (the poller's thread only).
+  std::vector<char> rx_;
+  std::size_t rx_begin_ = 0, rx_end_ = 0;
+  char* land_at_ = nullptr;      // a streamed payload being landed
+  std::uint64_t land_left_ = 0;  // its bytes still to come (also a discard's, with land_at_ null)
+  std::function<void(bool)> land_done_;
+  bool discarding_ = false;
+};
+
+class Poller {
+ public:
+  Poller();
+  ~Poller();  // closes every connection still added (their close handlers run)
+  Poller(const Poller&) = delete;
+  Poller& operator=(const Poller&) = delete;
+
+  // An fd that polls readable when progress() has something to do.
+  int fd() const { return epfd_; }
+  // Adds a connection; frames and its close go to the handlers from now on.
+  // Bytes it already holds (a connection moved from another poller) are dispatched at the next progress().
+  void add(const std::shared_ptr<Conn>& conn, FrameHandler on_frame, CloseHandler on_close);
+  // Takes a connection out (the poller's thread, e.g. from its frame
+  // handler, to move it to another poller); no close handler runs.
+  void remove(const std::shared_ptr<Conn>& conn);
+  // A listening socket: each accepted connection goes to on_accept (the poller's thread).
+  void listen(int fd, std::function<void(int fd)> on_accept);
+  // Handles what is ready: waits up to timeout_ms (0: not at all, -1: until
+  // something happens). Returns how many frames, completed sends and closes
+  // it handled.
+  unsigned progress(int timeout_ms);
+  void wake();  // ends a progress() that waits
+  bool empty() const { return count_.load(std::memory_order_relaxed) == 0; }
+
+ private:
+  friend class Conn;
+  void update(Conn* conn, bool want_out);  // EPOLLOUT on or off
+  void schedule(Conn* conn);               // dispatch buffered bytes at the next progress
+  int epfd_ = -1;
+  int wake_fd_ = -1;
+  int listen_fd_ = -1;
+  std::function<void(int)> on_accept_;
+  std::mutex mu_;
+  std::unordered_map<Conn*, std::shared_ptr<Conn>> conns_;
+  std::vector<std::shared_ptr<Conn>> ready_;  // to dispatch without an event (under mu_)
+  std::atomic<std::size_t> count_{0};
+  std::atomic<bool> has_ready_{false};
+};
+
+// "host:port" -> address (InvalidArgument when it does not resolve).
+sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t* len);
+std::pair<std::string, std::uint16_t> split_address(const std::string& address);
+// TCP_NODELAY, and keepalive probes every keepalive_s when > 0.
+void tune(int fd, double keepalive_s);
+
+}  // namespace tensorwire::net

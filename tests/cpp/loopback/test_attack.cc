@@ -1,0 +1,298 @@
+// Copyright tensorwire authors.
+//
+// A modified peer (docs/contracts.md §11): it holds a valid token and
+// connects as an ordinary device, then skips its own device's checks. Over
+// tcp it takes what the internal headers give it (the lane's socket, raw
+// frames with any header; a UCX endpoint of its own to the victim's worker)
+// and aims at memory the victim never exported to it: a pool neighbour of the
+// published block, a dedicated slab, a registered array, the heap, the byte
+// after the published block, an unmapped address. The victim's bytes must
+// not change, the victim must stay alive, and every attempt must be refused.
+// Over shared memory the same test documents what a same-host peer reaches.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/device_impl.h"
+#include "core/messages.h"
+#include "net/socket.h"
+#include "tensorwire/channel.h"
+#include "tensorwire/device.h"
+#include "tensorwire/error.h"
+#include "tensorwire/memory.h"
+
+namespace tw = tensorwire;
+namespace td = tensorwire::detail;
+
+namespace {
+
+constexpr double kWait = 10.0;
+
+tw::DeviceConfig config(const std::string& transport) {
+  tw::DeviceConfig c;
+  c.host = "127.0.0.1";
+  c.net_devices = "lo";
+  c.transport = transport;
+  c.slab_size = std::size_t(8) << 20;
+  c.connect_timeout_s = 5.0;
+  return c;
+}
+
+// A target of the attack: its bytes, and a copy to compare with.
+struct Secret {
+  std::string what;
+  unsigned char* at;
+  std::size_t n;
+  std::vector<unsigned char> was;
+  Secret(std::string w, void* p, std::size_t len) : what(std::move(w)), at(static_cast<unsigned char*>(p)), n(len) {
+    for (std::size_t i = 0; i < n; ++i) at[i] = static_cast<unsigned char>(i * 7 + 3);
+    was.assign(at, at + n);
+  }
+  bool intact() const { return std::memcmp(at, was.data(), n) == 0; }
+};
+
+tw::RemoteRegion forged(const tw::RemoteRegion& real, std::uint64_t address, std::uint64_t length) {
+  tw::RegionDescriptor d = real.descriptor();
+  d.address = address;
+  d.length = length;
+  return tw::RemoteRegion(std::make_shared<td::RemoteRegionImpl>(std::move(d)));
+}
+
+// Waits (bounded) until the victim counted `n` more refused data messages.
+void await_refusals(tw::Device& victim, std::uint64_t before, std::uint64_t n) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (victim.impl()->message_refusals() < before + n && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+}  // namespace
+
+TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  tw::Block published = victim.allocate(4096);
+  tw::Block neighbour = victim.allocate(4096);               // same slab, never exported
+  tw::Block dedicated = victim.allocate(std::size_t(4) << 20);  // a slab of its own
+  std::vector<unsigned char> array(65536), heap(65536);
+  tw::Registration registered = victim.pool().register_memory(array.data(), array.size());
+  victim.publish("pub", published.descriptor());
+  std::vector<Secret> secrets;
+  secrets.emplace_back("the pool neighbour", neighbour.data(), 4096);
+  secrets.emplace_back("a dedicated slab", dedicated.data(), 4096);
+  secrets.emplace_back("a registered array", array.data(), array.size());
+  secrets.emplace_back("the heap", heap.data(), heap.size());
+  void* unmapped = ::mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(unmapped, MAP_FAILED);
+  ::munmap(unmapped, 4096);  // an address nothing maps
+
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  // The lane is tensorwire's socket: no UCX endpoint reaches the victim at all.
+  ASSERT_TRUE(ch.impl()->sock);
+  EXPECT_FALSE(ch.impl()->ep);
+  EXPECT_EQ(ch.transports(), std::vector<std::string>{"tcp/lo"});  // a socket bound to net_devices
+
+  tw::Block src = attacker.allocate(65536);
+  std::memset(src.data(), 0xee, 65536);
+  tw::Block dst = attacker.allocate(65536);
+  const std::uint64_t after_pub = reinterpret_cast<std::uint64_t>(published.data()) + 4096;
+  struct Aim {
+    std::string what;
+    std::uint64_t address;
+    std::uint64_t length;
+  };
+  std::vector<Aim> aims;
+  for (const Secret& s : secrets) aims.push_back({s.what, reinterpret_cast<std::uint64_t>(s.at), 64});
+  aims.push_back({"the byte after the published block", after_pub - 63, 64});
+  aims.push_back({"an unmapped address", reinterpret_cast<std::uint64_t>(unmapped), 64});
+  aims.push_back({"address 0", 0, 64});
+  aims.push_back({"the top of the address space", ~std::uint64_t(0) - 7, 64});  // wraps: must not pass a check
+
+  // 1. Through its own channel, with forged descriptors (the initiator's checks skipped).
+  const auto refused_before = victim.impl()->message_refusals();
+  std::uint64_t attempts = 0;
+  for (const Aim& a : aims) {
+    tw::RemoteRegion r = forged(pub, a.address, a.length);
+    EXPECT_THROW(ch.write(src.region(), 0, r, 0, a.length).wait(kWait), tw::InvalidArgument) << a.what;
+    EXPECT_THROW(ch.read(dst.region(), 0, r, 0, a.length).wait(kWait), tw::InvalidArgument) << a.what;
+    attempts += 2;
+  }
+  // 2. Raw frames on the lane's socket: a put, a flagged put (flag outside)
+  // and a get, with any op id, straight past the channel.
+  for (const Aim& a : aims) {
+    td::DataHeader h;
+    h.token = ch.impl()->peer->hello.data_token;
+    h.target = 999999;  // no op of ours: the victim's answer is refused here
+    h.kind = td::MsgKind::kPut;
+    h.a = a.address;
+    ch.impl()->sock->send(h.encode(), src.data(), a.length);
+    h.kind = td::MsgKind::kPutFlagged;
+    h.a = reinterpret_cast<std::uint64_t>(published.data());  // inside the export...
+    h.b = (a.address + a.length) & ~std::uint64_t(7);          // ...its flag outside (past the aim)
+    td::ByteWriter flag;
+    flag.put<std::uint64_t>(0xdeadbeef);
+    ch.impl()->sock->send(h.encode(flag.str()), src.data(), 8);
+    h.kind = td::MsgKind::kGet;
+    h.a = a.address;
+    h.b = a.length;
+    ch.impl()->sock->send(h.encode());
+    attempts += 3;
+  }
+  // A large put (streamed, not eager) at the neighbour, and one whose length runs past the export.
+  {
+    td::DataHeader h;
+    h.token = ch.impl()->peer->hello.data_token;
+    h.kind = td::MsgKind::kPut;
+    h.target = 999999;
+    h.a = reinterpret_cast<std::uint64_t>(neighbour.data());
+    ch.impl()->sock->send(h.encode(), src.data(), 65536);
+    h.a = reinterpret_cast<std::uint64_t>(published.data());
+    ch.impl()->sock->send(h.encode(), src.data(), 65536);
+    attempts += 2;
+  }
+  await_refusals(victim, refused_before, attempts);
+  EXPECT_GE(victim.impl()->message_refusals(), refused_before + attempts);
+  for (const Secret& s : secrets) EXPECT_TRUE(s.intact()) << s.what << " changed";
+
+  // 3. A UCX endpoint of its own (UCX's tcp, RMA on) to the victim's data
+  // worker: the victim's worker offers no transport a network peer reaches.
+  {
+    auto context = std::make_shared<tw::ucx::Context>(
+        std::vector<std::pair<std::string, std::string>>{{"TLS", "tcp"}, {"NET_DEVICES", "lo"}},
+        UCP_FEATURE_RMA | UCP_FEATURE_AM, "attacker");
+    auto worker = std::make_shared<tw::ucx::Worker>(context);
+    const std::string& victim_worker = ch.impl()->peer->hello.workers.at(0);
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+    params.address = reinterpret_cast<const ucp_address_t*>(victim_worker.data());
+    ucp_ep_h ep = nullptr;
+    EXPECT_EQ(ucp_ep_create(worker->get(), &params, &ep), UCS_ERR_UNREACHABLE)
+        << "a raw UCX endpoint reached the victim's data worker";
+  }
+  // 4. Bytes that are not tensorwire's (UCX's own connection request, say) on
+  // the victim's port: it closes that connection and carries on.
+  {
+    auto [host, port] = tw::net::split_address(victim.address());
+    socklen_t len = 0;
+    const sockaddr_storage ss = tw::net::resolve(host, port, &len);
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&ss), len), 0);
+    const char junk[] = "not a tensorwire frame, and long enough for a prefix";
+    ASSERT_GT(::send(fd, junk, sizeof(junk), MSG_NOSIGNAL), 0);
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    char c;
+    EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the victim kept a connection that spoke garbage";
+    ::close(fd);
+  }
+  for (const Secret& s : secrets) EXPECT_TRUE(s.intact()) << s.what << " changed";
+
+  // The victim is alive and still serves what it did export.
+  std::memset(src.data(), 0x42, 4096);
+  ch.write(src.region(), 0, pub, 0, 4096).wait(kWait);
+  EXPECT_EQ(static_cast<unsigned char*>(published.data())[4095], 0x42);
+  tw::Device bystander(config("tcp"));
+  EXPECT_NO_THROW(bystander.connect(victim.address()).lookup("pub", kWait));
+}
+
+namespace {
+
+int raw_connect(const std::string& address) {
+  auto [host, port] = tw::net::split_address(address);
+  socklen_t len = 0;
+  const sockaddr_storage ss = tw::net::resolve(host, port, &len);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&ss), len) != 0) return -1;
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+bool send_all(int fd, const std::string& bytes) {
+  return ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size());
+}
+
+}  // namespace
+
+// Frames that lie about their sizes, written raw (past the sender's own
+// checks): a payload that claims far more than the export, and a header
+// past the limit. Neither lands a byte; the second ends its connection; the
+// victim carries on.
+TEST(ModifiedPeer, OverTcpLyingFramesLandNothing) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  tw::Block published = victim.allocate(4096);
+  victim.publish("pub", published.descriptor());
+  Secret secret("the published block", published.data(), 4096);
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+
+  // A lane of its own, introduced with the attacker's valid token.
+  int lane = raw_connect(victim.address());
+  ASSERT_GE(lane, 0);
+  td::LaneIntro intro;
+  intro.version = tw::protocol_version();
+  intro.token = ch.impl()->peer->hello.data_token;
+  ASSERT_TRUE(send_all(lane, tw::net::encode_prefix(td::LaneIntro::kSize, 0) + intro.encode()));
+  // A put into the published block whose payload claims 1 TiB: refused by the
+  // victim's range check before a byte lands, and the bytes that follow are dropped.
+  td::DataHeader h;
+  h.kind = td::MsgKind::kPut;
+  h.token = intro.token;
+  h.target = 1;
+  h.a = pub.descriptor().address;
+  const std::string header = h.encode();
+  const auto before = victim.impl()->message_refusals();
+  ASSERT_TRUE(send_all(lane, tw::net::encode_prefix(header.size(), tw::net::kMaxPayload) + header +
+                                 std::string(65536, '\xee')));
+  await_refusals(victim, before, 1);
+  EXPECT_EQ(victim.impl()->message_refusals(), before + 1);
+  EXPECT_TRUE(secret.intact());
+  ::close(lane);
+
+  // A first frame whose prefix claims a 2 GiB header: the victim closes the connection.
+  int liar = raw_connect(victim.address());
+  ASSERT_GE(liar, 0);
+  std::string lie = tw::net::encode_prefix(0, 0);
+  lie[7] = static_cast<char>(0x80);  // header length 0x80000000
+  ASSERT_TRUE(send_all(liar, lie));
+  char c;
+  EXPECT_EQ(::recv(liar, &c, 1, 0), 0) << "the victim kept a connection whose frame lied";
+  ::close(liar);
+  EXPECT_TRUE(secret.intact());
+  tw::Device bystander(config("tcp"));
+  EXPECT_NO_THROW(bystander.connect(victim.address()).lookup("pub", kWait));
+}
+
+// Over shared memory a same-host peer maps the slab of a key it was handed
+// (its direct path, and UCX's posix/sysv transports do the same): it reaches
+// the published block's pool neighbours through it. The slab is all it maps;
+// same-user processes reach each other's memory through the kernel anyway
+// (process_vm_writev, ptrace): docs/contracts.md §11.
+TEST(ModifiedPeer, OverSharedMemoryAPeerReachesTheSlabItWasHandedAKeyFor) {
+  tw::Device victim(config("shm"));
+  tw::Device attacker(config("shm"));
+  tw::Block published = victim.allocate(4096);
+  tw::Block neighbour = victim.allocate(4096);
+  victim.publish("pub", published.descriptor());
+  Secret secret("the pool neighbour", neighbour.data(), 4096);
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  ASSERT_TRUE(ch.impl()->ep);
+  EXPECT_FALSE(ch.impl()->sock);
+  const td::RemoteRegionImpl::Access access = ch.impl()->access_to(pub);
+  ASSERT_NE(access.mapped, nullptr) << "shared memory maps the published block's slab";
+  const std::ptrdiff_t to_neighbour = static_cast<char*>(neighbour.data()) - static_cast<char*>(published.data());
+  access.mapped[to_neighbour] = 0x77;  // what a modified peer does with the mapping
+  EXPECT_FALSE(secret.intact()) << "a same-host peer reaches the slab of a key it holds";
+}
