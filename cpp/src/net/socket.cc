@@ -270,7 +270,7 @@ unsigned Conn::on_writable() {
   return static_cast<unsigned>(dones.size());
 }
 
-bool Conn::read_more() {
+Conn::Read Conn::read_more() {
   // Room at the end of the buffer for at least a chunk; a frame that needs
   // more (a control message up to 1 MiB) grows it.
   std::size_t have = rx_end_ - rx_begin_;
@@ -292,19 +292,20 @@ bool Conn::read_more() {
   }
   if (rx_.size() < std::max(need, kRxChunk)) rx_.resize(std::max(need, kRxChunk));
   for (;;) {
-    ssize_t r = ::recv(fd_, rx_.data() + rx_end_, rx_.size() - rx_end_, MSG_DONTWAIT);
+    const std::size_t room = rx_.size() - rx_end_;
+    ssize_t r = ::recv(fd_, rx_.data() + rx_end_, room, MSG_DONTWAIT);
     if (r > 0) {
       rx_end_ += static_cast<std::size_t>(r);
-      return true;
+      return static_cast<std::size_t>(r) < room ? kDrained : kMore;
     }
     if (r == 0) {
       finish(closed() ? close_why_ : "closed by the peer");
-      return false;
+      return kNothing;
     }
     if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return kNothing;
     finish(closed() ? close_why_ : std::string("receive failed: ") + std::strerror(errno));
-    return false;
+    return kNothing;
   }
 }
 
@@ -345,6 +346,10 @@ bool Conn::dispatch_buffered(unsigned* frames) {
 
 bool Conn::on_readable(unsigned* frames) {
   const unsigned start = *frames;
+  // A read that did not fill the room it had drained the socket (as good as
+  // certain): what it brought is handled, then the poller waits for the next
+  // event instead of paying a recv that says EAGAIN (a syscall per message).
+  bool drained = false;
   while (!finished_ && !moving_) {
     if (land_left_ > 0) {
       // A streamed payload: first what the buffer holds, then straight from the socket.
@@ -363,11 +368,12 @@ bool Conn::on_readable(unsigned* frames) {
         char* into = discarding_ ? rx_.data() : land_at_;
         const std::size_t room = discarding_ ? rx_.size() : std::size_t(1) << 30;
         if (discarding_ && rx_.size() < kRxChunk) rx_.resize(kRxChunk);
-        ssize_t r = ::recv(fd_, into, static_cast<std::size_t>(std::min<std::uint64_t>(land_left_, room)),
-                           MSG_DONTWAIT);
+        const std::size_t ask = static_cast<std::size_t>(std::min<std::uint64_t>(land_left_, room));
+        ssize_t r = ::recv(fd_, into, ask, MSG_DONTWAIT);
         if (r > 0) {
           if (!discarding_) land_at_ += r;
           land_left_ -= static_cast<std::uint64_t>(r);
+          if (static_cast<std::size_t>(r) < ask && land_left_ > 0) return true;  // drained: the rest raises an event
           continue;
         }
         if (r < 0 && errno == EINTR) continue;
@@ -385,11 +391,14 @@ bool Conn::on_readable(unsigned* frames) {
     }
     if (!dispatch_buffered(frames)) return false;
     if (land_left_ > 0 || moving_) continue;
+    if (drained) return true;
     if (*frames - start >= kFramesPerTurn) {
       if (poller_) poller_->schedule(this);  // what is buffered raises no event
       return true;
     }
-    if (!read_more()) return !finished_;
+    const Read got = read_more();
+    if (got == kNothing) return !finished_;
+    drained = got == kDrained;
   }
   return !finished_;
 }

@@ -121,7 +121,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool on_readable(unsigned* frames);
   unsigned on_writable();
   bool dispatch_buffered(unsigned* frames);
-  bool read_more();
+  enum Read { kNothing, kDrained, kMore };  // read_more: nothing (EAGAIN, or the end), all there was, a full buffer
+  Read read_more();
   void finish(const std::string& why);  // fails what is pending, delivers the close handler
   void want_writable(bool on);           // under tx_mu_
 
