@@ -318,7 +318,10 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
     const std::size_t n = is_write ? length : 0;
     auto staged = stage_gpu(&payload, n);
     try {
-      sock->send(h.encode(extra), payload, n, staged ? net::SendDone([staged](bool) {}) : net::SendDone());
+      sock->send(h.encode(extra), payload, n, [&staged]() -> net::SendDone {
+        if (!staged) return nullptr;
+        return [staged](bool) {};  // keeps the staged copy until it left
+      });
     } catch (const Error& e) {
       DeviceImpl::MessageOp taken;
       if (dev->take_message_op(id, peer.get(), &taken)) {
@@ -386,21 +389,23 @@ Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, con
 Request ChannelImpl::socket_send(const std::string& header, const void* payload, std::size_t length,
                                  const std::shared_ptr<const void>* local_owner) {
   auto staged = stage_gpu(&payload, length);
-  // One ref for the Request, one for the send's completion (tracked by ops_).
-  auto* state = new RequestState(worker, 2);
-  if (local_owner) state->local_owner = *local_owner;
-  ops_->add(state);
+  // Tracked only when the frame could not all leave at once (the common small
+  // send is complete on return): one ref for the Request, one for the send's
+  // completion (ops_ tracks it).
+  RequestState* state = nullptr;
   PendingOps* ops = ops_;
-  bool left;
   try {
-    left = sock->send(header, payload, length, [ops, state, staged](bool ok) {
-      ops->settle(state, ok ? UCS_OK : UCS_ERR_CONNECTION_RESET);
+    const bool left = sock->send(header, payload, length, [&]() -> net::SendDone {
+      state = new RequestState(worker, 2);
+      if (local_owner) state->local_owner = *local_owner;
+      ops->add(state);
+      return [ops, state, staged](bool ok) { ops->settle(state, ok ? UCS_OK : UCS_ERR_CONNECTION_RESET); };
     });
-  } catch (const Error&) {
-    left = false;
-    ops_->settle(state, UCS_ERR_CONNECTION_RESET);
+    if (left) return Request();
+  } catch (const Error& e) {
+    return Request::failed(ErrorKind::kConnection, "send to " + peer->describe() + " failed: " + e.what());
   }
-  if (left) ops_->settle(state, UCS_OK);
+  worker->wake();  // the rest leaves when the socket can take it: someone must progress
   return Request(state);
 }
 

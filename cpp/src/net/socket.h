@@ -15,9 +15,10 @@
 // from the socket straight into the destination the handler names
 // (Payload::land), or discarded.
 //
-// Threads: a Poller's progress() runs in one thread at a time (its owner's
-// lock); it reads, dispatches frames, writes what send() queued and delivers
-// closes. send() and close() may be called from any thread.
+// Threads: a Poller's progress() runs in one thread at a time (another
+// thread's call returns at once); it reads, dispatches frames, writes what
+// send() queued and delivers closes. send() and close() may be called from
+// any thread.
 #pragma once
 
 #include <sys/socket.h>
@@ -93,10 +94,14 @@ class Conn : public std::enable_shared_from_this<Conn> {
   Conn& operator=(const Conn&) = delete;
 
   // Sends one frame: header is copied, payload must stay valid until sent.
-  // True when the whole frame left now (done is not called); false when the
-  // rest is queued (done(ok) comes once it left, or false when the connection
-  // closes first). Throws ConnectionError on a closed connection.
-  bool send(std::string_view header, const void* payload = nullptr, std::uint64_t length = 0, SendDone done = {});
+  // True when the whole frame left now; false when the rest is queued:
+  // then when_queued() is called (once, under this connection's lock: it
+  // must not use the connection) and what it returns is called with ok once
+  // the rest left, or with false when the connection closes first. So a
+  // frame that leaves at once costs its sender no tracking. Throws
+  // ConnectionError on a closed connection.
+  bool send(std::string_view header, const void* payload = nullptr, std::uint64_t length = 0,
+            const std::function<SendDone()>& when_queued = nullptr);
   // Ends the connection (any thread); the poller delivers the close handler.
   void close(const std::string& why);
   bool closed() const { return closing_.load(std::memory_order_acquire); }
@@ -201,6 +206,7 @@ class Poller {
   std::vector<std::shared_ptr<Conn>> ready_;  // to dispatch without an event (under mu_)
   std::atomic<std::size_t> count_{0};
   std::atomic<bool> has_ready_{false};
+  std::atomic<bool> busy_{false};  // a thread is inside progress()
 };
 
 // "host:port" -> address (InvalidArgument when it does not resolve).
