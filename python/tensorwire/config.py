@@ -109,16 +109,20 @@ class UcxVariable:
 
 
 UCX_VARIABLES: tuple[UcxVariable, ...] = (
-    UcxVariable("UCX_TLS", "respected with transport auto; transport tcp/shm/rdma replaces it for the data "
-                "context; the control plane always uses tcp"),
+    UcxVariable("UCX_TLS", "respected with transport auto (unset: every transport but tcp, `^tcp`; a tcp in it "
+                "opts back into UCX's tcp, which a peer's packets can use to reach any memory of the process: "
+                "only between trusted hosts); transport tcp (UCX keeps `self`), shm or rdma replaces it; the "
+                "control plane and tcp lanes are tensorwire's own sockets (contracts §11)"),
     UcxVariable("UCX_NET_DEVICES", "respected; unset and a device bound to loopback: lo (Device(net_devices=) "
                 "overrides both)"),
-    UcxVariable("UCX_TCP_SNDBUF, UCX_TCP_RCVBUF", "respected; unset: the kernel autotunes the buffers (UCX's "
-                "default; fixed 4M ones were slower, bench/results/tcp_tuning.md)"),
+    UcxVariable("UCX_TCP_SNDBUF, UCX_TCP_RCVBUF", "UCX's tcp only (a user's UCX_TLS): tensorwire's sockets leave "
+                "the buffers to the kernel's autotuning (fixed 4M ones were slower with UCX's tcp, "
+                "bench/results/tcp_tuning.md)"),
     UcxVariable("UCX_CMA_BW", "4000MBps unless set (memcpy into mapped slabs beats process_vm_writev)"),
     UcxVariable("UCX_RNDV_SCHEME, UCX_RNDV_THRESH", "put_zcopy and 32K on hosts without RDMA devices, unless "
                 "set"),
-    UcxVariable("UCX_KEEPALIVE_INTERVAL", "set on the control plane from Device(keepalive=), 1 s"),
+    UcxVariable("(tcp keepalive)", "the control plane and tcp lanes are tensorwire's own sockets: probes every "
+                "Device(keepalive=), 1 s"),
     UcxVariable("UCX_ROOT", "build time: prefix of a system UCX (TENSORWIRE_UCX=system)"),
     UcxVariable("other UCX_*", "UCX's own (e.g. UCX_LOG_LEVEL): apply to every context"),
 )

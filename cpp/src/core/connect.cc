@@ -85,9 +85,27 @@ void DeviceImpl::on_accept(int fd) {
       [weak](const std::shared_ptr<net::Conn>& c, const char* header, std::size_t length, net::Payload& payload) {
         if (auto dev = weak.lock()) dev->on_first_frame(c, header, length, payload);
       },
-      [weak](const std::shared_ptr<net::Conn>& c, const std::string& why) {
-        if (auto dev = weak.lock()) dev->on_control_closed(c, why);
-      });
+      control_handlers().second);
+}
+
+std::pair<net::FrameHandler, net::CloseHandler> DeviceImpl::control_handlers() {
+  std::weak_ptr<DeviceImpl> weak = weak_from_this();
+  net::FrameHandler on_frame = [weak](const std::shared_ptr<net::Conn>& c, const char* header, std::size_t length,
+                                      net::Payload&) {
+    if (auto dev = weak.lock()) dev->on_message_logged(c, header, length);
+  };
+  net::CloseHandler on_close = [weak](const std::shared_ptr<net::Conn>& c, const std::string& why) {
+    if (auto dev = weak.lock()) dev->on_control_closed(c, why);
+  };
+  return {std::move(on_frame), std::move(on_close)};
+}
+
+void DeviceImpl::on_message_logged(const std::shared_ptr<net::Conn>& conn, const void* data, std::size_t length) {
+  try {
+    on_message(conn, data, length);
+  } catch (const std::exception& e) {
+    TW_LOG_WARN("dropping a bad control message: %s", e.what());
+  }
 }
 
 void DeviceImpl::add_control(const std::shared_ptr<net::Conn>& conn) {
@@ -95,47 +113,17 @@ void DeviceImpl::add_control(const std::shared_ptr<net::Conn>& conn) {
     std::lock_guard<std::mutex> lock(mu_);
     conns_[conn.get()] = conn;
   }
-  std::weak_ptr<DeviceImpl> weak = weak_from_this();
-  control_poller_->add(
-      conn,
-      [weak](const std::shared_ptr<net::Conn>& c, const char* header, std::size_t length, net::Payload&) {
-        auto dev = weak.lock();
-        if (!dev) return;
-        try {
-          dev->on_message(c, header, length);
-        } catch (const std::exception& e) {
-          TW_LOG_WARN("dropping a bad control message: %s", e.what());
-        }
-      },
-      [weak](const std::shared_ptr<net::Conn>& c, const std::string& why) {
-        if (auto dev = weak.lock()) dev->on_control_closed(c, why);
-      });
+  auto [on_frame, on_close] = control_handlers();
+  control_poller_->add(conn, std::move(on_frame), std::move(on_close));
 }
 
 void DeviceImpl::on_first_frame(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length,
                                 net::Payload& payload) {
   if (accept_lane(conn, header, length)) return;  // a data lane (core/messages.cc): moved to its worker
   // Anything else is the control plane: from now on every frame goes to on_message.
-  std::weak_ptr<DeviceImpl> weak = weak_from_this();
-  conn->move_to(
-      control_poller_.get(),
-      [weak](const std::shared_ptr<net::Conn>& c, const char* h, std::size_t n, net::Payload&) {
-        auto dev = weak.lock();
-        if (!dev) return;
-        try {
-          dev->on_message(c, h, n);
-        } catch (const std::exception& e) {
-          TW_LOG_WARN("dropping a bad control message: %s", e.what());
-        }
-      },
-      [weak](const std::shared_ptr<net::Conn>& c, const std::string& why) {
-        if (auto dev = weak.lock()) dev->on_control_closed(c, why);
-      });
-  try {
-    on_message(conn, header, length);
-  } catch (const std::exception& e) {
-    TW_LOG_WARN("dropping a bad control message: %s", e.what());
-  }
+  auto [on_frame, on_close] = control_handlers();
+  conn->move_to(control_poller_.get(), std::move(on_frame), std::move(on_close));
+  on_message_logged(conn, header, length);
 }
 
 control::Hello DeviceImpl::my_hello() const {

@@ -142,6 +142,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   void listen();
   // Adds a control connection to the control thread (ours or accepted).
   void add_control(const std::shared_ptr<net::Conn>& conn);
+  // A control connection's handlers: every frame to on_message (a bad one logged and dropped).
+  std::pair<net::FrameHandler, net::CloseHandler> control_handlers();
+  void on_message_logged(const std::shared_ptr<net::Conn>& conn, const void* data, std::size_t length);
   // The first frame on an accepted connection: a control message, or a data lane's introduction.
   void on_first_frame(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length,
                       net::Payload& payload);
