@@ -169,7 +169,7 @@ TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
   {
     auto context = std::make_shared<tw::ucx::Context>(
         std::vector<std::pair<std::string, std::string>>{{"TLS", "tcp"}, {"NET_DEVICES", "lo"}},
-        UCP_FEATURE_RMA | UCP_FEATURE_AM, "attacker");
+        UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP, "attacker");  // WAKEUP: ucx::Worker asks for the event fd
     auto worker = std::make_shared<tw::ucx::Worker>(context);
     const std::string& victim_worker = ch.impl()->peer->hello.workers.at(0);
     ucp_ep_params_t params{};
