@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import tensorwire as tw
@@ -106,3 +107,18 @@ def test_perftest_style_device_choice():
     bad = _cli("bench", "write_lat", "-s", "8", "-n", "50", "--transport", "tcp", "-d", "nosuchdev0")
     assert bad.returncode == 1
     assert "no network interface 'nosuchdev0' for transport 'tcp'" in bad.stderr
+
+
+def test_auto_gives_a_peer_ucx_cannot_reach_a_tcp_lane(monkeypatch):
+    """Transport auto: a peer that no UCX transport of this device reaches (here UCX_TLS=self, as for
+    a peer on another host without RDMA) gets a tcp lane, tensorwire's own socket, and data moves."""
+    monkeypatch.setenv("UCX_TLS", "self")
+    with tw.Device() as a, tw.Device() as b:
+        dst = b.alloc(4096)
+        b.publish("dst", dst)
+        ch = a.connect(b.address)
+        assert ch.transports() == ["tcp/socket"]
+        src = a.alloc(4096)
+        np.asarray(src)[:] = 7
+        ch.write(src, ch.lookup("dst")).wait(10)
+        assert (np.asarray(dst) == 7).all()
