@@ -89,14 +89,15 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   enum class LaneForm { kAuto, kRma, kMessages };
   std::vector<LaneForm> lane_forms;  // TENSORWIRE_LANE_FORM, per lane (lane % size); empty: auto
   // Which tensors this device's slots ask their senders to place on a
-  // message-form lane (put, flush, header message; contracts §10.3, §10.4, §12):
+  // message-form UCX lane (UD, or forced; a tcp lane is a socket and places
+  // nothing) (put, flush, header message; contracts §10.3, §10.4, §12):
   // [from, to], empty when from > to. Placing lets a sender stream tensor k+1
   // while the receiver's thread consumes tensor k, which matters only where no
   // progress thread answers a rendezvous meanwhile: by default inline
   // progress, 256 KiB-64 MiB, or 256 KiB-4 MiB where the kernel's tcp
-  // congestion control is bbr: there bursts beyond what the socket buffers
-  // hold (4 MiB) lose segments while the receiver is away, and the
-  // receiver-paced rendezvous is faster (bench/results/tcp_placed.txt §6-7).
+  // congestion control is bbr (measured when tcp lanes were UCX's: there
+  // bursts beyond what the socket buffers hold (4 MiB) lost segments while the
+  // receiver was away; bench/results/tcp_placed.txt §6-7).
   // TENSORWIRE_PLACE=LO-HI (bytes) or off sets it for every progress mode.
   std::pair<std::uint64_t, std::uint64_t> place_window() const;
   std::uint64_t place_from = std::uint64_t(256) << 10, place_to = std::uint64_t(4) << 20;
@@ -127,8 +128,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // handlers of a lane's socket, served by worker `worker_index` for `peer`.
   bool accept_lane(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length);
   std::pair<net::FrameHandler, net::CloseHandler> lane_handlers(int worker_index, const std::shared_ptr<Peer>& peer);
-  // Whether lanes to `peer` are tensorwire's own tcp sockets rather than UCX
-  // endpoints (transport tcp; transport auto when UCX cannot reach the peer).
+  // Whether every lane (but a channel to this very device) is a tcp socket:
+  // transport tcp. Under auto, ChannelImpl::connect makes one for a peer UCX
+  // cannot reach.
   bool socket_lanes() const { return config.transport == "tcp"; }
   std::string lane_interface;  // tcp lanes bind to it (net_devices, transport tcp); empty: routing decides
   // Logs (rate-limited) and counts a message refused by its target.

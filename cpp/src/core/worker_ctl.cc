@@ -178,16 +178,15 @@ void WorkerCtl::stay_out() {
 void WorkerCtl::wait_event(double seconds) {
   ucs_status_t st = ucp_worker_arm(worker_->get());
   if (st != UCS_OK) return;  // BUSY: events pending, progress instead
+  poll_events(seconds);
+}
+
+void WorkerCtl::poll_events(double seconds) {
   struct pollfd pfd[2] = {{worker_->event_fd(), POLLIN, 0}, {sockets_.fd(), POLLIN, 0}};
   if (seconds < 0) seconds = 0;
   struct timespec ts{static_cast<time_t>(seconds), static_cast<long>((seconds - static_cast<double>(
                                                                         static_cast<time_t>(seconds))) * 1e9)};
   ::ppoll(pfd, sockets_.empty() ? 1 : 2, &ts, nullptr);
-}
-
-void WorkerCtl::poll_events(int timeout_ms) {
-  struct pollfd pfd[2] = {{worker_->event_fd(), POLLIN, 0}, {sockets_.fd(), POLLIN, 0}};
-  ::poll(pfd, sockets_.empty() ? 1 : 2, timeout_ms);
 }
 
 void WorkerCtl::run() {
@@ -230,7 +229,7 @@ void WorkerCtl::run() {
       continue;
     }
     // The timeout bounds how long a missed wake-up can stall (never forever).
-    poll_events(100);
+    poll_events(0.1);
     sleeping_.store(false, std::memory_order_release);
   }
 }

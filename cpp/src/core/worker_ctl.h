@@ -172,8 +172,8 @@ class WorkerCtl {
     if (!sockets_.empty()) n += sockets_.progress(0);
     return n;
   }
-  // Sleeps until the worker or a socket has an event, at most timeout_ms (after ucp_worker_arm).
-  void poll_events(int timeout_ms);
+  // Sleeps until the worker or a socket has an event, at most `seconds` (after ucp_worker_arm).
+  void poll_events(double seconds);
   void leave();
   bool handoff() const { return threaded_.load(std::memory_order_relaxed); }
   void stay_out();

@@ -50,11 +50,17 @@ char wake_marker, listen_marker;
 
 }  // namespace
 
-std::string encode_prefix(std::size_t header_length, std::uint64_t payload_length) {
-  std::string p(kPrefixSize, '\0');
+void append_prefix(std::string* out, std::size_t header_length, std::uint64_t payload_length) {
+  char p[kPrefixSize];
   put32(&p[0], kFrameMagic);
   put32(&p[4], static_cast<std::uint32_t>(header_length));
   put64(&p[8], payload_length);
+  out->append(p, kPrefixSize);
+}
+
+std::string encode_prefix(std::size_t header_length, std::uint64_t payload_length) {
+  std::string p;
+  append_prefix(&p, header_length, payload_length);
   return p;
 }
 
@@ -206,8 +212,8 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
   }
   if (length > kMaxPayload) throw InvalidArgument("a payload of " + std::to_string(length) + " bytes exceeds the limit");
   TxOp op;
-  op.head.reserve(kPrefixSize + header.size());
-  op.head = encode_prefix(header.size(), length);
+  op.head.reserve(kPrefixSize + header.size());  // one allocation for prefix and header
+  append_prefix(&op.head, header.size(), length);
   op.head.append(header);
   op.payload = static_cast<const char*>(payload);
   op.length = length;

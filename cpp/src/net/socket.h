@@ -49,6 +49,7 @@ struct Prefix {
 // Decodes the 16 bytes at p; "" when valid, else why not (bad magic, sizes past the limits).
 std::string decode_prefix(const char* p, Prefix* out);
 std::string encode_prefix(std::size_t header_length, std::uint64_t payload_length);
+void append_prefix(std::string* out, std::size_t header_length, std::uint64_t payload_length);
 
 class Conn;
 class Poller;
