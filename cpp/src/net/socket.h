@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -129,6 +130,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool dispatch_buffered(unsigned* frames);
   enum Read { kNothing, kDrained, kMore };  // read_more: nothing (EAGAIN, or the end), all there was, a full buffer
   Read read_more();
+  void ask_delayed_acks();  // TCP_QUICKACK off, at most every kDelayedAcksEvery
   void finish(const std::string& why);  // fails what is pending, delivers the close handler
   void want_writable(bool on);           // under tx_mu_
 
@@ -164,6 +166,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // Receive side (the poller's thread only).
   std::vector<char> rx_;
   std::size_t rx_begin_ = 0, rx_end_ = 0;
+  std::chrono::steady_clock::time_point delayed_acks_at_{};  // when read_more last asked for them
   char* land_at_ = nullptr;      // a streamed payload being landed
   std::uint64_t land_left_ = 0;  // its bytes still to come (also a discard's, with land_at_ null)
   std::function<void(bool)> land_done_;
