@@ -35,6 +35,14 @@ constexpr unsigned kFramesPerTurn = 256;                   // then other connect
 // bench/results/net_first_write.txt). Every write capped so was slower at
 // 16 MiB (0.6x): only the first one is.
 constexpr std::size_t kFirstWrite = std::size_t(64) << 10;
+// Frames larger than kStreamFrom go out through a send buffer of
+// kStreamSndbuf (the kernel doubles it): the kernel's own sizing (4 MiB here)
+// queued megabytes that the receiver then copied out of cold cache, 16 MiB
+// streams 1.3x slower; smaller frames keep a large buffer, since 1 MiB through
+// the small one waited for room mid-frame (0.85x). bench/results/net_sndbuf.txt.
+constexpr std::uint64_t kStreamFrom = std::uint64_t(2) << 20;
+constexpr int kStreamSndbuf = 512 << 10;
+constexpr int kFrameSndbuf = 2 << 20;  // doubled: the 4 MiB the kernel grows to anyway (wmem_max here)
 constexpr auto kDelayedAcksEvery = std::chrono::milliseconds(5);  // under the kernel's 40 ms ack timer
 
 void put32(char* p, std::uint32_t v) {
@@ -186,8 +194,17 @@ std::size_t Conn::queued() const {
   return tx_bytes_;
 }
 
+void Conn::size_send_buffer(std::uint64_t frame) {
+  const bool small = frame > kStreamFrom;
+  if (small == small_sndbuf_) return;
+  small_sndbuf_ = small;
+  const int bytes = small ? kStreamSndbuf : kFrameSndbuf;
+  setsockopt(fd_, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
+}
+
 bool Conn::write_some(TxOp& op) {
   const std::uint64_t total = op.head.size() + op.length;
+  if (op.sent == 0) size_send_buffer(total);
   while (op.sent < total) {
     iovec iov[2];
     int n = 0;

@@ -143,6 +143,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   };
   // Writes what it can of `op` (tx_mu_ held); false on an error (errno_ set).
   bool write_some(TxOp& op);
+  void size_send_buffer(std::uint64_t frame);  // tx_mu_ held, as a frame starts
 
   const int fd_;
   const std::string name_;
@@ -152,6 +153,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::deque<TxOp> txq_;
   std::size_t tx_bytes_ = 0;
   bool want_out_ = false;
+  bool small_sndbuf_ = false;  // under tx_mu_: the send buffer is kStreamSndbuf (a large frame is going)
   int errno_ = 0;
 
   Poller* poller_ = nullptr;  // set by Poller::add (under tx_mu_)
