@@ -12,7 +12,7 @@ BUILD_CPP := build/cpp
 BUILD_FUZZ := build/fuzz
 BUILD_SYSTEM := build/cpp-system
 FUZZ_SECONDS ?= 60
-FUZZ_TEST_SECONDS ?= 30
+FUZZ_TEST_SECONDS ?= 20
 FUZZ_TARGETS := region control hello record frame
 # clang, and compiler-rt for libFuzzer (only recommended by clang, so named).
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
