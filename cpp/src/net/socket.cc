@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "common/log.h"
@@ -194,7 +195,24 @@ std::size_t Conn::queued() const {
   return tx_bytes_;
 }
 
+// A send buffer set once stays set (the kernel stops sizing it) and is capped
+// at net.core.wmem_max: where that is below kFrameSndbuf (212992 by default;
+// 4 MiB on the machine measured), setting one would leave every later frame
+// a buffer smaller than the kernel's own, so the kernel keeps sizing it.
+bool send_buffers_settable() {
+  static const bool ok = [] {
+    long wmem_max = 0;
+    if (std::FILE* f = std::fopen("/proc/sys/net/core/wmem_max", "r")) {
+      if (std::fscanf(f, "%ld", &wmem_max) != 1) wmem_max = 0;
+      std::fclose(f);
+    }
+    return wmem_max >= kFrameSndbuf;
+  }();
+  return ok;
+}
+
 void Conn::size_send_buffer(std::uint64_t frame) {
+  if (!send_buffers_settable()) return;
   const bool small = frame > kStreamFrom;
   if (small == small_sndbuf_) return;
   small_sndbuf_ = small;

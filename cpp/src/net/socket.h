@@ -215,6 +215,11 @@ class Poller {
   std::atomic<bool> busy_{false};  // a thread is inside progress()
 };
 
+// Whether tcp connections size their send buffer per frame (Conn: a small
+// one for frames over 2 MiB): only where net.core.wmem_max lets it go back to
+// the kernel's own 4 MiB.
+bool send_buffers_settable();
+
 // "host:port" -> address (InvalidArgument when it does not resolve).
 sockaddr_storage resolve(const std::string& host, std::uint16_t port, socklen_t* len);
 std::pair<std::string, std::uint16_t> split_address(const std::string& address);
