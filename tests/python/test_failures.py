@@ -308,6 +308,100 @@ def test_peer_closed_gracefully(transport):
             ch.lookup("dst", timeout=5)
 
 
+class _SlowRepliesProxy:
+    """Relays tcp connections to `target`. Once `delay` is set, bytes of the first
+    connection (the control connection) wait that long on their way back to the
+    client; the others (data lanes) pass at once."""
+
+    def __init__(self, target: str) -> None:
+        import socket
+        self.target = target
+        self.listener = socket.create_server((HOST, 0))
+        self.address = f"{HOST}:{self.listener.getsockname()[1]}"
+        self.delay = 0.0
+        self.sockets = [self.listener]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        first = True
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return  # closed
+            host, port = self.target.rsplit(":", 1)
+            server = socket.create_connection((host, int(port)), timeout=10)
+            server.settimeout(None)
+            self.sockets += [client, server]
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, first), daemon=True).start()
+            first = False
+
+    def _pump(self, src, dst, slow: bool) -> None:
+        import socket
+        while True:
+            try:
+                data = src.recv(1 << 16)
+            except OSError:
+                data = b""
+            if slow and self.delay:
+                time.sleep(self.delay)
+            try:
+                if not data:
+                    dst.shutdown(socket.SHUT_WR)
+                    return
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        for s in self.sockets:
+            s.close()
+
+
+def test_a_reply_sent_before_the_peer_closed_arrives():
+    """A peer answers a call and closes its device at once. Its data lanes' ends may
+    reach us before the reply, which comes on the control connection: the call must
+    still return that reply (World: rank 0 serves the store's last call and closes)."""
+    transport = "tcp"  # tensorwire's own lanes: their end is a socket's end
+    server = tw.Device(host=HOST, transport=transport)
+    answered = threading.Event()
+    server.on_call("bye", lambda payload: (answered.set(), b"bye")[1])
+    proxy = _SlowRepliesProxy(server.address)
+    try:
+        with tw.Device(host=HOST, transport=transport) as client:
+            ch = client.connect(proxy.address)
+            client_dst = client.alloc(4096)
+            client.publish("dst", client_dst)
+            back = server.channel_to(client.id)  # a lane the server dials: it reaches us directly
+            back.write(server.alloc(4096), back.lookup("dst")).wait(10)
+            back.flush().wait(10)
+            proxy.delay = 0.5  # the reply now comes well after the lane's end
+            got: dict = {}
+
+            def call() -> None:
+                try:
+                    got["reply"] = ch.call("bye", b"", 10)
+                except tw.Error as e:
+                    got["error"] = e
+
+            th = threading.Thread(target=call, daemon=True)
+            th.start()
+            assert answered.wait(10), "the call did not reach the server"
+            del back  # its lane closes with the device, not later
+            server.close()
+            th.join(15)
+            assert not th.is_alive()
+            assert got == {"reply": b"bye"}, got
+            # the peer is gone for data and calls alike
+            with pytest.raises(DEAD_PEER_ERRORS):
+                ch.call("bye", b"", 5)
+    finally:
+        server.close()
+        proxy.close()
+
+
 # ---------------------------------------------------------------- refused handshakes
 
 

@@ -44,7 +44,8 @@ struct DataEpErrorArg {
 void on_data_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
   auto* a = static_cast<const DataEpErrorArg*>(arg);
   if (auto peer = a->peer.lock()) {
-    peer->fail(ErrorKind::kPeerFailed, "data endpoint to " + a->peer_name + " failed: " + ucs_status_string(status));
+    peer->fail(ErrorKind::kPeerFailed, "data endpoint to " + a->peer_name + " failed: " + ucs_status_string(status),
+               /*calls_too=*/false);
   }
 }
 

@@ -251,7 +251,11 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // Set once the device lists this peer among those it granted anything
   // (DeviceImpl::revoke_grants walks that list).
   std::atomic<bool> listed_as_grantee{false};
-  void fail(ErrorKind kind, const std::string& why);
+  // Fails its channels and message operations, and (`calls_too`) the control
+  // calls waiting for its replies. A data lane's end passes false: the peer's
+  // replies sent before it closed are still on their way over the control
+  // connection, whose own end (or liveness, or the call's timeout) fails the rest.
+  void fail(ErrorKind kind, const std::string& why, bool calls_too = true);
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   std::string describe() const;  // "device 0x.. at host:port (pid N)"
   // Liveness: when a control message from this peer last arrived.

@@ -502,7 +502,8 @@ std::pair<net::FrameHandler, net::CloseHandler> DeviceImpl::lane_handlers(int wo
     defer_release(std::move(dev));
   };
   net::CloseHandler on_close = [weak_peer](const std::shared_ptr<net::Conn>& conn, const std::string& why) {
-    if (auto p = weak_peer.lock()) p->fail(ErrorKind::kPeerFailed, "tcp lane to " + p->describe() + " closed: " + why);
+    if (auto p = weak_peer.lock()) p->fail(ErrorKind::kPeerFailed, "tcp lane to " + p->describe() + " closed: " + why,
+                                           /*calls_too=*/false);
   };
   return {std::move(on_frame), std::move(on_close)};
 }

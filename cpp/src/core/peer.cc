@@ -174,7 +174,7 @@ std::shared_ptr<RemoteRegionImpl> Peer::region_locked(const RegionDescriptor& d)
   return r;
 }
 
-void Peer::fail(ErrorKind kind, const std::string& why) {
+void Peer::fail(ErrorKind kind, const std::string& why, bool calls_too) {
   std::vector<std::shared_ptr<ChannelImpl>> live;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -190,7 +190,7 @@ void Peer::fail(ErrorKind kind, const std::string& why) {
     defer_release(std::move(ch));  // often the last reference now, and fail() may run in a UCX callback
   }
   if (auto dev = device.lock()) {
-    dev->fail_pending_control(control_conn.get(), kind, why);
+    if (calls_too) dev->fail_pending_control(control_conn.get(), kind, why);
     dev->drop_message_ops(this, why);
   }
 }
