@@ -7,6 +7,8 @@ import asyncio
 import ctypes
 import gc
 import re
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -645,6 +647,52 @@ def test_peers_and_channel_back_to_a_client(device_pair):
     with pytest.raises(tw.NotFound):
         server.channel_to(12345)
     assert "tcp" in ch.transport_info() or device_pair.transport == "shm"
+
+
+def test_a_channel_back_sends_on_the_lane_its_peer_dialled():
+    """Over tcp one socket carries both directions of a lane (as UCX's tcp matches
+    connections): the server's channel back to a client whose lane it already holds
+    sends on that lane, and traffic both ways at once lands intact."""
+    with tw.Device(host=HOST, transport="tcp") as server, tw.Device(host=HOST, transport="tcp") as client:
+        n, rounds = 4096, 50
+        at_server, at_client = server.alloc(n), client.alloc(n)
+        server.publish("in", at_server)
+        client.publish("in", at_client)
+        ch = client.connect(server.address)
+        to_server = ch.lookup("in")
+        src_c = client.alloc(n)
+        ch.write(src_c, to_server).wait(10)  # the server has taken the lane once this is acknowledged
+        back = server.channel_to(client.id)
+        assert "used both ways" in back.transport_info(), back.transport_info()
+        assert "used both ways" not in ch.transport_info()
+        to_client, src_s = back.lookup("in"), server.alloc(n)
+        errors = []
+
+        def stream(channel, src, remote, seed):
+            try:
+                for i in range(rounds):
+                    np.asarray(src)[:] = (seed + i) % 251
+                    channel.write(src, remote).wait(10)
+            except tw.Error as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=stream, args=(ch, src_c, to_server, 1)),
+                   threading.Thread(target=stream, args=(back, src_s, to_client, 100))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        assert (np.asarray(at_server) == (1 + rounds - 1) % 251).all()
+        assert (np.asarray(at_client) == (100 + rounds - 1) % 251).all()
+        # the lane's owner is the client: its channel closing ends the lane, and the server's
+        # channel back fails with it rather than hanging
+        client.close()
+        with pytest.raises((tw.PeerFailed, tw.ConnectionError)):
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                back.write(src_s, to_client).wait(1)
+                time.sleep(0.01)
 
 
 def test_loopback_device_refuses_remote_address_clearly():

@@ -130,6 +130,14 @@ void ChannelImpl::connect(const std::string& remote_worker_address) {
 }
 
 void ChannelImpl::connect_socket(DeviceImpl& dev) {
+  // The peer's own lane, where it dialled one: its frames and ours share the
+  // socket, each side's replies coming back on it (lane_handlers serves both).
+  // bench/results/net_one_socket.txt: a round trip is two segments, not three.
+  if (auto theirs = peer->inbound_lane(lane, static_cast<int>(lane % dev.workers.size()))) {
+    sock = std::move(theirs);
+    borrowed_sock = true;
+    return;
+  }
   auto [host, port] = net::split_address(peer->hello.address);
   socklen_t len = 0;
   const sockaddr_storage ss = net::resolve(host, port, &len);
@@ -153,7 +161,7 @@ ChannelImpl::~ChannelImpl() {
   // land in ops_, which lives until the last of them. A socket fails what it
   // still queues when its worker's poller sees it closed.
   if (ep) ep->close(true);
-  if (sock) sock->close("channel closed");
+  if (sock && !borrowed_sock) sock->close("channel closed");
   ops_->fail(ErrorKind::kConnection, "channel closed");
   ops_->release();
   drain_deferred_releases();
@@ -776,7 +784,10 @@ unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }
 std::string Channel::transport_info() const {
   auto& ch = impl_of(impl_);
   ch.check_usable();
-  if (ch.sock) return "tcp/socket: lane " + std::to_string(ch.lane) + " is tensorwire's own socket (" + ch.sock->name() + ")\n";
+  if (ch.sock) {
+    return "tcp/socket: lane " + std::to_string(ch.lane) + " is tensorwire's own socket (" + ch.sock->name() +
+           (ch.borrowed_sock ? ", dialled by the peer, used both ways" : "") + ")\n";
+  }
   char* buf = nullptr;
   size_t size = 0;
   FILE* f = open_memstream(&buf, &size);

@@ -174,6 +174,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // socket, which carries every operation in the message form.
   std::shared_ptr<ucx::Endpoint> ep;
   std::shared_ptr<net::Conn> sock;
+  bool borrowed_sock = false;  // sock is the peer's own lane (Peer::inbound_lane): not ours to close
 
  private:
   Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
@@ -270,6 +271,12 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // sent it in our HELLO (or reply) on its connection. Its HELLO carried the
   // one we put in ours (hello.data_token).
   std::uint64_t inbound_token = 0;
+  // tcp lanes this peer dialled to us. Our channel on such a lane sends on that
+  // socket instead of dialling its own: one connection both ways, as UCX's tcp
+  // matches connections, so that acks ride on data (a round trip is two
+  // segments, not three or four). `worker`: the poller the socket is in.
+  void add_inbound_lane(std::uint32_t lane, int worker, const std::shared_ptr<net::Conn>& conn);
+  std::shared_ptr<net::Conn> inbound_lane(int lane, int worker) const;  // null: none open there
 
  private:
   mutable std::mutex mu_;
@@ -280,6 +287,9 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // of wiring up a new one (over tcp a new connection each time, which
   // slowed later transfers; UCX left the old ones open).
   std::map<int, std::shared_ptr<ChannelImpl>> channels_;
+  // lane -> (worker, socket); bounded like the lanes a peer may dial (kMaxInboundLanes)
+  static constexpr std::size_t kMaxInboundLanes = 1024;
+  std::map<std::uint32_t, std::pair<int, std::weak_ptr<net::Conn>>> inbound_lanes_;
   std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
   static constexpr std::size_t kRecentRegions = 16;
   std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive

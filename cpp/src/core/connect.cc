@@ -162,7 +162,7 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
   auto conn = net::Conn::dial(ss, len, addr, config.connect_timeout_s, config.keepalive_s);
   add_control(conn);
   auto drop = [&] {
-    std::vector<std::pair<std::shared_ptr<net::Conn>, int>> parked;
+    std::vector<ParkedLane> parked;
     {
       std::lock_guard<std::mutex> lock(mu_);
       conns_.erase(conn.get());
@@ -176,7 +176,7 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
         connecting_.erase(c);
       }
     }
-    for (auto& [lane, worker] : parked) lane->close("the connection it belongs to was refused");
+    for (auto& p : parked) p.conn->close("the connection it belongs to was refused");
   };
   // A provisional peer carries the connection through control_call.
   control::Hello unknown;
@@ -245,9 +245,10 @@ void DeviceImpl::register_connected(const net::Conn* handle, Connecting& c, cons
   // Lanes the peer dialled right after its reply, which this thread read first (parked by accept_lane).
   auto parked = parked_lanes_.find(c.token);
   if (parked != parked_lanes_.end()) {
-    for (auto& [lane, worker] : parked->second) {
-      auto [on_frame, on_close] = lane_handlers(worker, peer);
-      workers[worker]->sockets().add(lane, std::move(on_frame), std::move(on_close));
+    for (auto& p : parked->second) {
+      auto [on_frame, on_close] = lane_handlers(p.worker, peer);
+      workers[p.worker]->sockets().add(p.conn, std::move(on_frame), std::move(on_close));
+      peer->add_inbound_lane(p.lane, p.worker, p.conn);
     }
     parked_lanes_.erase(parked);
   }

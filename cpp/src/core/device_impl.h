@@ -176,7 +176,12 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // tcp lanes that arrived before the HELLO reply that registers their token
   // (accept_lane): by token, each with the worker it asked for (under mu_).
   static constexpr std::size_t kMaxParkedLanes = 64;
-  std::map<std::uint64_t, std::vector<std::pair<std::shared_ptr<net::Conn>, int>>> parked_lanes_;
+  struct ParkedLane {
+    std::shared_ptr<net::Conn> conn;
+    int worker;
+    std::uint32_t lane;
+  };
+  std::map<std::uint64_t, std::vector<ParkedLane>> parked_lanes_;
   control::Hello my_hello() const;
 
   void register_token(std::uint64_t token, const std::shared_ptr<Peer>& peer);

@@ -460,7 +460,7 @@ bool DeviceImpl::accept_lane(const std::shared_ptr<net::Conn>& conn, const char*
       if (!peer && pending.token == intro.token && !pending.peer) {
         auto& parked = parked_lanes_[intro.token];
         if (parked.size() >= kMaxParkedLanes) break;
-        parked.emplace_back(conn, static_cast<int>(intro.worker));
+        parked.push_back({conn, static_cast<int>(intro.worker), intro.lane});
         conns_.erase(conn.get());
         conn->move_to(nullptr, {}, {});
         return true;
@@ -480,6 +480,7 @@ bool DeviceImpl::accept_lane(const std::shared_ptr<net::Conn>& conn, const char*
   }
   auto [on_frame, on_close] = lane_handlers(intro.worker, peer);
   conn->move_to(&workers[intro.worker]->sockets(), std::move(on_frame), std::move(on_close));
+  peer->add_inbound_lane(intro.lane, intro.worker, conn);
   return true;
 }
 

@@ -65,6 +65,26 @@ std::shared_ptr<ChannelImpl> Peer::channel(int lane) {
   return channels_.emplace(lane, ch).first->second;
 }
 
+void Peer::add_inbound_lane(std::uint32_t lane, int worker, const std::shared_ptr<net::Conn>& conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (inbound_lanes_.size() >= kMaxInboundLanes) {  // drop the closed ones; past the bound, dial our own
+    for (auto it = inbound_lanes_.begin(); it != inbound_lanes_.end();) {
+      auto c = it->second.second.lock();
+      it = (!c || c->closed()) ? inbound_lanes_.erase(it) : std::next(it);
+    }
+    if (inbound_lanes_.size() >= kMaxInboundLanes) return;
+  }
+  inbound_lanes_[lane] = {worker, conn};
+}
+
+std::shared_ptr<net::Conn> Peer::inbound_lane(int lane, int worker) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = inbound_lanes_.find(static_cast<std::uint32_t>(lane));
+  if (it == inbound_lanes_.end() || it->second.first != worker) return nullptr;
+  auto c = it->second.second.lock();
+  return c && !c->closed() ? c : nullptr;
+}
+
 std::shared_ptr<RemoteRegionImpl> Peer::accept_export(const RegionDescriptor& d) {
   if (d.device_id != hello.device_id) {
     throw InvalidArgument("a region exported by " + describe() + " belongs to another device");
