@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import threading
 
 import numpy as np
@@ -188,6 +189,35 @@ def test_cli_rejects_bad_arguments(capsys):
     assert "multiples of 4" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["bench", "tensor"])
     assert args.sizes[0] == 1024 and args.sizes[-1] == 256 << 20 and args.series is None
+
+
+def test_cpus_pick_one_cpu_per_process():
+    from tensorwire.bench.common import pick_cpus
+    mine = sorted(os.sched_getaffinity(0))
+    assert pick_cpus("none", 2) is None
+    assert pick_cpus("auto", 2) == (mine[:2] if len(mine) >= 2 else None)
+    assert pick_cpus("auto", len(mine) + 1) is None  # fewer CPUs than processes: the scheduler's
+    assert pick_cpus(str(mine[0]), 1) == [mine[0]]
+    for bad, why in [("x", "auto, none or 2 CPU numbers"), (f"{mine[0]},{mine[0]}", "2 distinct"),
+                     (str(mine[0]), "2 distinct"), (f"{mine[0]},{max(mine) + 1}", "may run on CPUs")]:
+        with pytest.raises(ValueError, match=why):
+            pick_cpus(bad, 2)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_sender_and_receiver_run_on_the_cpus_asked_for(tmp_path, capfd):
+    """--cpus auto pins the sender (this process, for the run) and the receiver to one CPU
+    each; the header says which; this process gets its CPUs back after."""
+    before = os.sched_getaffinity(0)
+    mine = sorted(before)
+    report = run_cli(tmp_path, "zerocopy", "shm", "--cpus", f"{mine[1]},{mine[0]}")
+    assert report["config"]["cpus"] == [mine[1], mine[0]]
+    assert f"sender on CPU {mine[1]}, receiver on CPU {mine[0]}" in capfd.readouterr().out
+    assert os.sched_getaffinity(0) == before
+    report = run_cli(tmp_path, "zerocopy", "shm", "--cpus", "none")
+    assert report["config"]["cpus"] is None
+    assert "CPUs: the scheduler's" in capfd.readouterr().out
+    assert cli.main(["bench", "tensor", "--cpus", "0,0"]) == 2
 
 
 def test_meta_round_trip_and_pattern():

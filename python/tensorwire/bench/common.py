@@ -59,6 +59,35 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
+def pick_cpus(spec: str, n: int) -> list[int] | None:
+    """CPUs for the `n` processes of a bench, one each: `spec` "auto" (the first `n` of this
+    process's CPUs when it has that many, else None), "none" (None: the scheduler places them)
+    or a comma list of `n` CPU numbers from this process's set."""
+    mine = sorted(os.sched_getaffinity(0))
+    if spec == "none":
+        return None
+    if spec == "auto":
+        return mine[:n] if len(mine) >= n else None
+    try:
+        cpus = [int(c) for c in spec.split(",")]
+    except ValueError:
+        raise ValueError(f"--cpus takes auto, none or {n} CPU numbers like 0,1; got {spec!r}") from None
+    if len(cpus) != n or len(set(cpus)) != n:
+        raise ValueError(f"--cpus needs {n} distinct CPUs, got {spec!r}")
+    if not set(cpus) <= set(mine):
+        raise ValueError(f"--cpus {spec}: this process may run on CPUs {','.join(map(str, mine))} only")
+    return cpus
+
+
+def bind_cpu(cpu: int | None) -> set[int]:
+    """Pins the calling thread (and the threads it starts later) to `cpu`; returns the
+    CPUs it had, to restore with os.sched_setaffinity(0, ...). None: leaves it as is."""
+    had = os.sched_getaffinity(0)
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
+    return had
+
+
 def human_size(n: int) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if n >= scale and n % scale == 0:

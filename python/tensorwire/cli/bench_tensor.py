@@ -88,6 +88,11 @@ def register(commands) -> None:
     tensor.add_argument("--spin-us", type=int, default=None, metavar="US",
                         help="how long a waiter (tensorwire devices, UCX baselines) polls before it sleeps on the "
                              "worker's event fd (default: that of bench latency/bw, 100)")
+    tensor.add_argument("--cpus", default="auto", metavar="auto|none|A,B",
+                        help="CPUs of the sender and the receiver, one each: auto (default: the first two "
+                             "this process may use, when it may use two), none (the scheduler places them: it "
+                             "at times puts both on one CPU for a whole series, every transfer then waiting for "
+                             "a context switch) or two CPU numbers")
     tensor.add_argument("--no-stream", dest="stream", action="store_false",
                         help="skip the stream passes (from 1 MiB up: back-to-back transfers with no bench ack, "
                              "each series paced by its own flow control) and the memcpy/write anchors")
@@ -111,6 +116,7 @@ def register(commands) -> None:
 def _main(args: argparse.Namespace) -> int:
     import importlib.util
 
+    from ..bench.common import pick_cpus
     from ..bench.tensor import cuda_unavailable, run_tensor, select_series
     from ..config import export_progress_bar
     bad = [s for s in args.sizes if s % 4]
@@ -121,6 +127,10 @@ def _main(args: argparse.Namespace) -> int:
             select_series(args.series, args.memory)
         except ValueError as e:
             raise SystemExit(f"tensorwire bench tensor: {e}") from None
+    try:
+        pick_cpus(args.cpus, 2)
+    except ValueError as e:
+        raise SystemExit(f"tensorwire bench tensor: {e}") from None
     if args.memory == "cuda":  # before any receiver is spawned: say it once, exit 2
         if importlib.util.find_spec("torch") is None:
             raise SystemExit("tensorwire bench tensor --memory cuda needs torch: pip install tensorwire[torch]")

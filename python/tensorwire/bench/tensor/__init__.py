@@ -75,10 +75,11 @@ The package, one job per file:
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from typing import Any
 
-from ..common import Progress, Report, print_line
+from ..common import Progress, Report, bind_cpu, pick_cpus, print_line
 from .base import (DEFAULT_SIZES, DTYPE, HOST, ITEM, START_TIMEOUT_S, STREAM_FROM, WRITE_ANCHOR_FROM, Series,
                    decode_meta, encode_meta, fill_pattern)
 from .cuda import CudaDynamic, CudaGloo, CudaIpc, CudaZeroCopy, Staged, cuda_unavailable
@@ -117,7 +118,8 @@ def run_tensor(args) -> Report:
     names = select_series(args.series, memory)
     cfg = {"transport": args.transport, "timeout": float(args.timeout), "max_size": max(sizes),
            "progress": getattr(args, "progress_mode", "inline"), "memory": memory,
-           "spin_us": bench_spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us)}
+           "spin_us": bench_spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us),
+           "cpus": pick_cpus(getattr(args, "cpus", "auto"), 2)}
     method = ("median over iterations of t(send) -> t(ack after the receiver's max-reduction), best of "
               "--repeat passes; see tensorwire.bench.tensor")
     if memory == "cuda":
@@ -126,7 +128,7 @@ def run_tensor(args) -> Report:
     report = Report("tensor", {"transport": args.transport, "memory": memory, "sizes": sizes, "iters": args.iters,
                                "budget": args.budget, "warmup": args.warmup, "verify": bool(args.verify),
                                "refresh": bool(getattr(args, "refresh", False)), "progress": cfg["progress"],
-                               "spin_us": cfg["spin_us"],
+                               "spin_us": cfg["spin_us"], "cpus": cfg["cpus"],
                                "series": names, "dtype": "float32", "unit": "usec, MB/s (10^6 B/s)",
                                "method": method})
     unavailable: dict[str, str] = {}
@@ -155,19 +157,14 @@ def run_tensor(args) -> Report:
         table.line(row_line(next(r for r in rows if (r["series"], r["size"]) == key), memory == "cuda"))
         printed.add(key)
 
-    # Whole passes, series interleaved: each sees the machine's modes alike. A cell's row is
-    # printed when the last pass measured it: its best is known then (and zerocopy's, measured
-    # first, for the speed-up).
-    for last in [False] * (repeat - 1) + [True]:
-        for name in list(runnable):
-            before = progress.done
-            try:
-                run_series(name, cfg, args, progress, runs, report, print_cell if last else None)
-            except Exception as e:  # one broken series must not take the others down
-                report.fail(f"{name}: {type(e).__name__}: {first_line(e)}")
-                print_line(f"tensorwire bench tensor: {name} failed: {e}", sys.stderr, progress)
-                runnable.remove(name)  # not again in the later passes
-                progress.total -= len(sizes) * repeat - (progress.done - before)
+    # Sender and receiver on CPUs of their own (--cpus): left to the scheduler, the two at times
+    # share one CPU for a whole series, each transfer then waiting for a context switch
+    # (bench/results/tensor_cpus.txt).
+    had = bind_cpu(cfg["cpus"][0] if cfg["cpus"] else None)
+    try:
+        _passes(runnable, sizes, repeat, cfg, args, progress, runs, report, print_cell)
+    finally:
+        os.sched_setaffinity(0, had)
     rows = best_of(runs)
     speedups(rows)
     for r in table_order(rows, memory):  # cells the last pass did not reach (their series failed)
@@ -184,3 +181,20 @@ def run_tensor(args) -> Report:
         plot(report, args.plot)
         print(f"plot written to {args.plot}")
     return report
+
+
+def _passes(runnable: list[str], sizes: list[int], repeat: int, cfg: dict[str, Any], args, progress: Progress,
+            runs: list[dict[str, Any]], report: Report, print_cell: Any) -> None:
+    """Whole passes, series interleaved: each sees the machine's modes alike. A cell's row is
+    printed when the last pass measured it: its best is known then (and zerocopy's, measured
+    first, for the speed-up)."""
+    for last in [False] * (repeat - 1) + [True]:
+        for name in list(runnable):
+            before = progress.done
+            try:
+                run_series(name, cfg, args, progress, runs, report, print_cell if last else None)
+            except Exception as e:  # one broken series must not take the others down
+                report.fail(f"{name}: {type(e).__name__}: {first_line(e)}")
+                print_line(f"tensorwire bench tensor: {name} failed: {e}", sys.stderr, progress)
+                runnable.remove(name)  # not again in the later passes
+                progress.total -= len(sizes) * repeat - (progress.done - before)

@@ -12,7 +12,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ...ranks.roles import RoleError, Roles
-from ..common import BenchError, Progress, Report, check_number, check_transports, human_size, iterations_for
+from ..common import (BenchError, Progress, Report, bind_cpu, check_number, check_transports, human_size,
+                      iterations_for)
 from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern
 from .registry import series_class
 
@@ -80,6 +81,8 @@ def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
     """Runs one series' receiver side, driven by commands on `conn`."""
     series: Series | None = None
     try:
+        if cfg.get("cpus"):
+            bind_cpu(cfg["cpus"][1])  # before the series makes its device: its threads inherit the CPU
         series = series_class(name, cfg.get("memory", "host"))(cfg)
         while True:
             if not conn.poll(float(cfg.get("idle_timeout", 600))):

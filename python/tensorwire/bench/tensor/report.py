@@ -135,6 +135,9 @@ def open_table(report: Report, args, progress: Progress | None = None) -> Table:
     rep = report.config.get("repeat", 1)
     best = f"; best of {rep} interleaved passes" if rep > 1 else ""
     verify = " [verify: times include the check]" if args.verify else ""
+    cpus = report.config.get("cpus")
+    verify += (f"; sender on CPU {cpus[0]}, receiver on CPU {cpus[1]}" if cpus else
+               "; CPUs: the scheduler's")
     if cuda:
         print_line(f"# GPU tensor transfer + consume, GPU memory to GPU memory, transport {args.transport} "
                    f"(float32; median per transfer{best}; one-way: send -> usable at the receiver; MB = 10^6 B; "
