@@ -134,18 +134,17 @@ def open_table(report: Report, args, progress: Progress | None = None) -> Table:
     cuda = report.config.get("memory") == "cuda"
     rep = report.config.get("repeat", 1)
     best = f"; best of {rep} interleaved passes" if rep > 1 else ""
-    verify = " [verify: times include the check]" if args.verify else ""
     cpus = report.config.get("cpus")
-    verify += (f"; sender on CPU {cpus[0]}, receiver on CPU {cpus[1]}" if cpus else
-               "; CPUs: the scheduler's")
+    notes = (" [verify: times include the check]" if args.verify else "") + (
+        f"; sender on CPU {cpus[0]}, receiver on CPU {cpus[1]}" if cpus else "; CPUs: the scheduler's")
     if cuda:
         print_line(f"# GPU tensor transfer + consume, GPU memory to GPU memory, transport {args.transport} "
                    f"(float32; median per transfer{best}; one-way: send -> usable at the receiver; MB = 10^6 B; "
-                   f"speed-up = series time / zerocopy time){verify}", progress=progress)
+                   f"speed-up = series time / zerocopy time){notes}", progress=progress)
         return Table(" #bytes     series    via       #iters   median[usec]    MB/sec        one-way[usec]  "
                      "one-way MB/s  speed-up   stream MB/sec", progress=progress)
     print_line(f"# Tensor transfer + consume over {args.transport} (float32; median per transfer{best}; "
-               f"MB = 10^6 B; speed-up = series time / zerocopy time){verify}", progress=progress)
+               f"MB = 10^6 B; speed-up = series time / zerocopy time){notes}", progress=progress)
     return Table(" #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec",
                  progress=progress)
 
