@@ -381,3 +381,44 @@ def test_many_outstanding_messages_past_the_credit_window_over_tcp(tmp_path: Pat
     """)
     run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "tcp"})
     assert run.stdout.count("ROUNDS OK") == 2, run.stdout + run.stderr[-3000:]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_send_moves_while_its_sender_waits_in_a_collective(transport: str, tmp_path: Path) -> None:
+    """isend, then a collective, then the send's wait (legal torch: gloo moves the send in the
+    background). The send's record waits for credit (150 eager sends) or for the receiver's RTR
+    (a placed send): only the sender's progress moves it, so every wait of the group (barrier,
+    all_reduce, broadcast) drives the messages engine too. Before, the sender sat in the collective
+    while its receiver waited for the send, and neither came back until the op timeout."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
+        r = dist.get_rank()
+        def coll(name):
+            if name == "barrier":
+                dist.barrier()
+            elif name == "all_reduce":
+                dist.all_reduce(torch.ones(4))
+            else:
+                dist.broadcast(torch.ones(3), src=1)
+        big = 5 << 18  # floats: 5 MiB, a placed send (its RTR needs the sender's progress)
+        sizes = [2] * 150 + [big]  # eager past the credit window (64 records), then placed
+        for name in ("barrier", "all_reduce", "broadcast", "barrier"):
+            if r == 0:
+                works = [dist.isend(torch.full((s,), float(k)), 1, tag=3) for k, s in enumerate(sizes)]
+                coll(name)
+                for w in works:
+                    w.wait()
+            else:
+                bufs = [torch.empty(s) for s in sizes]
+                for k, b in enumerate(bufs):  # before the collective: the sender is in it by now
+                    dist.recv(b, 0, tag=3)
+                    assert int(b[0]) == k and int(b[-1]) == k, (name, k)
+                coll(name)
+            say("AFTER", name, r)
+        dist.destroy_process_group()
+    """)
+    t0 = time.monotonic()
+    run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    assert run.stdout.count("AFTER") == 8, run.stdout + run.stderr[-3000:]
+    assert time.monotonic() - t0 < 100, "the ranks waited for an op timeout"

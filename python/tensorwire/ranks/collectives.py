@@ -74,6 +74,7 @@ ALIGN = 64
 SEQ_BITS = 40             # a flag is sig << SEQ_BITS | message number
 SEQ_MASK = (1 << SEQ_BITS) - 1
 MISMATCH_CHECK_S = 0.2    # how often a long wait looks for a flag of another call
+BESIDE_SLICE_S = 0.05     # a wait that drives the engine beside (World.beside) re-reads its words this often
 # allreduce auto: recursive doubling below this many bytes, then rh (4, 8, ... ranks) or the
 # ring. Measured with `tensorwire bench allreduce --algorithm ring|rd` on 2, 3 and 4 ranks
 # (bench/results/collectives_threshold.txt, docs/collectives.md).
@@ -324,7 +325,7 @@ class OneSidedCollectives:
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                _core.wait_any([word], timeout=max(0.0, min(MISMATCH_CHECK_S, deadline - time.monotonic())))
+                self._wait_any([word], max(0.0, min(MISMATCH_CHECK_S, deadline - time.monotonic())))
                 return
             except Timeout:
                 got = int(f[idx])
@@ -342,9 +343,29 @@ class OneSidedCollectives:
     def _wait(self, items: list, why: Any) -> int:
         """wait_any(items) within the timeout; CollectiveError with why() after it."""
         try:
-            return _core.wait_any(items, timeout=self.timeout)
+            return self._wait_any(items, self.timeout)
         except Timeout:
             raise CollectiveTimeout(f"rank {self.rank}: {why()}") from None
+
+    def _wait_any(self, items: list, timeout: float) -> int:
+        """wait_any(items), which raises Timeout after `timeout` s. While the World's engine
+        beside (World.beside) has work that waits for our progress, its words are watched too,
+        in slices (some of them, credits, an equality wait can miss), and it is driven at every
+        wake-up."""
+        beside = self.world.beside
+        deadline = time.monotonic() + timeout
+        while beside is not None and beside.busy():
+            left = deadline - time.monotonic()
+            try:
+                i = _core.wait_any(items + beside.wait_items(), timeout=max(0.0, min(BESIDE_SLICE_S, left)))
+            except Timeout:
+                i = len(items)
+                if left <= BESIDE_SLICE_S:
+                    raise
+            beside.progress()
+            if i < len(items):  # wait_any names the first ready item: ours come first
+                return i
+        return _core.wait_any(items, timeout=max(0.0, deadline - time.monotonic()))
 
     def _complete(self) -> None:
         """Local completion of the call's data writes (their sources may be reused)."""

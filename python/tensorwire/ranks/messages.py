@@ -44,7 +44,8 @@ unexpected queue), so a full ring never blocks a message behind it.
 Progress: nothing moves in the background. Every ``wait`` (and ``test``)
 drives the whole engine: it reads the rings of every peer, answers RTRs,
 posts what waited for credit and completes writes; a rank's pending sends
-move whenever it waits for anything. Waits block in the C++ waiter on the
+move whenever it waits for anything: the World's other waits (its collectives
+engine's, its store's) drive this engine too while it is ``busy()`` (World.beside). Waits block in the C++ waiter on the
 words the peers write (``tensorwire.wait_any``), watching the peers'
 channels: a dead peer fails the wait within the Device's liveness bound.
 """
@@ -396,8 +397,24 @@ class Messenger:
                     still.append(op)
             self.reading = still
 
-    def _block(self, seconds: float, peers: set[int]) -> None:
-        """Sleeps in the C++ waiter until a peer writes something we may be waiting for."""
+    def busy(self) -> bool:
+        """Whether something waits for this rank's own progress: a record for credit, a placed
+        send for its RTR or its write, a read, a posted receive, a TAKEN."""
+        return bool(self.sends or self.writing or self.reading or self.recvs or self.taking or
+                    any(self.outq))
+
+    def nap(self, seconds: float) -> None:
+        """Spends up to `seconds` moving what waits for us (a wait elsewhere, e.g. in the store,
+        lets a send posted before it go on), or sleeps when nothing does."""
+        if not self.busy():
+            time.sleep(seconds)
+            return
+        self.progress()
+        self._block(seconds, {p for p in range(self.n) if p != self.rank and p not in self.failed})
+
+    def wait_items(self) -> list[Any]:
+        """What a wait for this engine watches: each peer's next record word, the credit word
+        where records wait for it, and the reads and writes in flight."""
         lay = self.lay
         items: list[Any] = []
         for p in range(self.n):
@@ -421,6 +438,11 @@ class Messenger:
         # ranks spun, neither progressed); the credit word wakes that one.
         items += [op.req for op in self.reading]
         items += [op.req for op in self.writing if not (op.queued and op.req.done())]
+        return items
+
+    def _block(self, seconds: float, peers: set[int]) -> None:
+        """Sleeps in the C++ waiter until a peer writes something we may be waiting for."""
+        items = self.wait_items()
         if not items:
             time.sleep(min(seconds, 0.001))
             return

@@ -164,6 +164,7 @@ class World:
         self.store: Store | None = None
         self._serving = False        # this rank's device serves the store (rank 0, ControlStore)
         self._coll: Any = None       # the collectives engine (OneSidedCollectives), made on first use
+        self._beside: Any = None     # another engine whose work our waits move (see beside)
         self._coll_gen = 0           # engines made so far (each publishes under its own names)
         self._coll_dims: tuple[int, ...] = (0, 0, 0)  # what it holds: alltoall block, allreduce vector, broadcast (bytes)
         # The engine's rule (tensorwire.ranks.collectives): control-plane calls sit between engine
@@ -281,6 +282,20 @@ class World:
             for key in [f"{p}/read"] + [f"{p}/{r}" for r in range(self.size - 1, -1, -1)]:
                 self.store.delete_key(key)
         return [json.loads(v) for v in got]
+
+    @property
+    def beside(self) -> Any:
+        """Another engine of this rank (a torch group's messages engine, tensorwire.ranks.messages)
+        whose pending work only this rank's progress moves: every wait of this World (the
+        collectives engine's, the store's) drives it too, so a send posted before a collective
+        goes on while its sender waits in the collective (its receiver may wait for it first)."""
+        return self._beside
+
+    @beside.setter
+    def beside(self, engine: Any) -> None:
+        self._beside = engine
+        if self.store is not None:
+            self.store.nap = engine.nap if engine is not None else time.sleep
 
     def _round_prefix(self, rnd: int) -> str:
         return f"{self.store_prefix}/round/{rnd}"

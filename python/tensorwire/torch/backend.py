@@ -237,6 +237,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         self.msg: Messenger | None = None
         if size > 1:
             self.msg = Messenger(self.world, self.registry, timeout=self.timeout)
+            self.world.beside = self.msg  # a send posted before a collective moves while we wait in it
         self._scratch: torch.Tensor | None = None   # reduce_scatter's landing area (registered once)
         self._closed = False
         # Every use of the World and the messages engine holds _lock (they are single-threaded).
