@@ -422,3 +422,33 @@ def test_a_send_moves_while_its_sender_waits_in_a_collective(transport: str, tmp
     run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert run.stdout.count("AFTER") == 8, run.stdout + run.stderr[-3000:]
     assert time.monotonic() - t0 < 100, "the ranks waited for an op timeout"
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp_path: Path) -> None:
+    """Rank 0 sends 60 eager messages and leaves; rank 1 receives them after it left. Consuming
+    the 32nd hands credit back to the sender, a write to a peer that is gone: it failed the
+    receive of a message that had arrived whole (bench torch-dist's dispatch series, whose
+    rank 0 leaves first)."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
+        r = dist.get_rank()
+        if r == 0:
+            for k in range(60):
+                dist.send(torch.full((2,), float(k)), 1)
+            dist.destroy_process_group()
+            say("LEFT")
+            os._exit(0)
+        time.sleep(2)  # rank 0 is gone by now
+        got = []
+        for k in range(60):
+            t = torch.empty(2)
+            dist.recv(t, 0)
+            got.append(int(t[0]))
+        assert got == list(range(60)), got
+        say("RECEIVED", len(got))
+        os._exit(0)
+    """)
+    run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    assert "LEFT" in run.stdout and "RECEIVED 60" in run.stdout, run.stdout + run.stderr[-3000:]

@@ -73,6 +73,7 @@ PULL = 1                  # an RTS's aux: the data waits in the sender's outbox 
 CLAIM_AFTER_S = 200e-6    # a split receive claims the first half once its sender was silent this long
 CLAIMS = 1023             # split receives in flight per sender whose first half either side may claim
 DEFAULT_EAGER_BYTES = 128 << 10  # a pipeline stage's activations (FCN-5, batch 8: 128 KiB) complete on posting
+CLOSE_FLUSH_S = 5.0       # how long close() waits for records posted to live peers to land
 WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (credits) this often
 # Records a peer may have waiting for receives and sends not posted yet (a peer that sends more is
 # refused: its memory is not ours to fill); 16384 eager payloads are at most 2 GiB.
@@ -165,12 +166,21 @@ class Messenger:
         self.world, self.registry = world, registry
         self.rank, self.n = world.rank, world.size
         self.timeout = timeout
-        self.lay = Layout(self.n, eager_bytes)
+        self.lay = lay = Layout(self.n, eager_bytes)
+        # where record j to (or from) each peer lives: the hot paths add j * slot (or j * 8)
+        self._staging_at = [lay.staging + p * SLOTS * lay.slot for p in range(self.n)]
+        self._flagsrc_at = [lay.flagsrc + p * SLOTS * 8 for p in range(self.n)]
+        self._inbox_at = lay.inbox + self.rank * SLOTS * lay.slot   # ours in each peer's inbox
+        self._flags_at = lay.flags + self.rank * SLOTS * 8          # our sequence words there
+        self._flag_words = lay.flags >> 3                           # (word index) the peers' sequence words here
+        self._ack_words = lay.acks >> 3                             # (word index) the credits peers hand us
         dev = world.device
         self.arena = dev.alloc(self.lay.total, alignment=4096)
         self.base = self.arena.ptr
         self.mem = np.frombuffer(self.arena, dtype=np.uint8)
         self.words = self.mem.view(np.int64)
+        # the same words through a memoryview: its scalar reads cost half of numpy's (every record)
+        self.wv = memoryview(self.words).cast("B").cast("q")
         self.mem[self.lay.flags: self.lay.acks + self.n * 8] = 0
         self.name = f"{name}.arena"
         dev.publish(self.name, self.arena)
@@ -226,12 +236,14 @@ class Messenger:
         """Posts a send of the `nbytes` bytes at address `ptr` (held by `keep`, which must not
         change them before the op completes) to `peer`; `owner` (see RegistrationCache.lookup)
         names the allocation that holds them, for the placed path. Returns the Op."""
-        self._check_peer(peer)
+        if self.closed or peer in self.failed or not 0 <= peer < self.n or peer == self.rank:
+            self._check_peer(peer)  # raises what is wrong
         key = (peer, tag)
         k = self.send_k[key] = self.send_k.get(key, 0) + 1
         op = Op("send", peer, tag, k, ptr, nbytes, keep)
         if nbytes <= self.lay.eager:
-            self.rtrs.pop((peer, tag, k), None)  # a receiver expecting another size fails on our record
+            if self.rtrs:
+                self.rtrs.pop((peer, tag, k), None)  # a receiver expecting another size fails on our record
             if self._record(peer, EAGER, tag, k, nbytes, 0, ptr, nbytes, op):
                 op.done = True
             return op
@@ -267,7 +279,8 @@ class Messenger:
 
     def irecv(self, ptr: int, nbytes: int, peer: int, tag: int = 0, keep: Any = None, owner: Any = None) -> Op:
         """Posts a receive into the `nbytes` writable bytes at `ptr` (held by `keep`) from `peer`."""
-        self._check_peer(peer)
+        if self.closed or peer in self.failed or not 0 <= peer < self.n or peer == self.rank:
+            self._check_peer(peer)  # raises what is wrong
         key = (peer, tag)
         k = self.recv_k[key] = self.recv_k.get(key, 0) + 1
         op = Op("recv", peer, tag, k, ptr, nbytes, keep)
@@ -336,17 +349,20 @@ class Messenger:
         deadline = time.monotonic() + max(0.0, seconds)
         while True:
             self.progress()
-            left = [op for op in ops if not op.done]
+            left = None
             for op in ops:
-                if op.done and op.error is not None:
+                if not op.done:
+                    left = op if left is None else left
+                elif op.error is not None:
                     raise op.error
-            if not left:
+            if left is None:
                 return True
             due = self._claim_idle() if self.claimable else None
             now = time.monotonic()
             if now >= deadline:
                 return False
-            self._block(min(WAIT_SLICE_S, deadline - now, due or WAIT_SLICE_S), {op.peer for op in left})
+            self._block(min(WAIT_SLICE_S, deadline - now, due or WAIT_SLICE_S),
+                        {op.peer for op in ops if not op.done})
 
     def close(self) -> None:
         if self.closed:
@@ -357,6 +373,18 @@ class Messenger:
                 op.req.wait(1.0)
             except Error:
                 pass
+        # Records posted but not landed yet: over tcp they may still sit in our socket or the
+        # peer's, and a Device that closes under them loses them (a rank that sent its last
+        # messages and left at once: its receiver got none of them). A peer that is gone fails
+        # them at once; one alive lands them in a round trip.
+        deadline = time.monotonic() + CLOSE_FLUSH_S
+        for reqs in self.post_req:
+            for q in reqs:
+                if q is not None and not q.done():
+                    try:
+                        q.wait(max(0.0, deadline - time.monotonic()))
+                    except Error:
+                        pass
         try:
             self.world.device.unpublish(self.name)
         except Error:
@@ -367,13 +395,13 @@ class Messenger:
     def progress(self) -> None:
         """Reads every ring, answers what arrived, posts what waited for credit,
         completes placed sends whose data write completed."""
-        lay, w = self.lay, self.words
+        w, got = self.wv, self.got
         for p in range(self.n):
             if p == self.rank or p in self.failed:
                 continue
-            base = (lay.flags >> 3) + p * SLOTS
-            while p not in self.failed and w[base + (self.got[p] + 1) % SLOTS] == self.got[p] + 1:
-                self._consume(p, self.got[p] + 1)
+            base = self._flag_words + p * SLOTS
+            while p not in self.failed and w[base + (got[p] + 1) % SLOTS] == got[p] + 1:
+                self._consume(p, got[p] + 1)
             if self.outq[p]:
                 self._drain(p)
         if self.writing:
@@ -521,7 +549,7 @@ class Messenger:
         return True
 
     def _credit(self, peer: int) -> int:
-        return int(self.words[(self.lay.acks >> 3) + peer])
+        return self.wv[self._ack_words + peer]
 
     def _drain(self, peer: int) -> None:
         q = self.outq[peer]
@@ -541,23 +569,36 @@ class Messenger:
               pptr: int, plen: int, aux: int = 0) -> None:
         """Header and payload into the staging slot, written into our slot of the peer's ring;
         fence; the slot's sequence word (one C++ call: this is every send's path)."""
-        lay = self.lay
         m = self.sent[peer] = self.sent[peer] + 1
         j = m % SLOTS
-        prev = self.post_req[peer][j]
+        reqs = self.post_req[peer]
+        prev = reqs[j]
         if prev is not None and not prev.done():
             prev.wait(self.timeout)  # long done in practice: the record was consumed
-        self.post_req[peer][j] = self.ch[peer]._post_record(
-            self.arena, self.remote[peer], lay.staging + (peer * SLOTS + j) * lay.slot,
-            lay.inbox + (self.rank * SLOTS + j) * lay.slot, lay.flagsrc + (peer * SLOTS + j) * 8,
-            lay.flags + (self.rank * SLOTS + j) * 8, m, (kind, tag, k, nbytes, offset, plen, aux), pptr, plen)
+        slot = self.lay.slot
+        reqs[j] = self.ch[peer]._post_record(
+            self.arena, self.remote[peer], self._staging_at[peer] + j * slot, self._inbox_at + j * slot,
+            self._flagsrc_at[peer] + j * 8, self._flags_at + j * 8, m, (kind, tag, k, nbytes, offset, plen, aux),
+            pptr, plen)
 
     def _consume(self, p: int, m: int) -> None:
         lay = self.lay
         off = lay.inbox + (p * SLOTS + m % SLOTS) * lay.slot
-        kind, tag, k, nbytes, offset, plen, aux = self.words[off >> 3: (off >> 3) + 7].tolist()
+        kind, tag, k, nbytes, offset, plen, aux = self.wv[off >> 3: (off >> 3) + 7].tolist()
         self.got[p] = m  # before anything below posts records of its own
         self.last_heard[p] = time.monotonic()
+        if kind == EAGER and plen == nbytes and 0 <= nbytes <= lay.slot - HEADER:
+            # the common case first: eager data for a receive posted with its size
+            key = (p, tag, k)
+            op = self.recvs.get(key)
+            if op is not None and op.nbytes == nbytes:
+                del self.recvs[key]
+                if nbytes:
+                    ctypes.memmove(op.ptr, self.base + off + HEADER, nbytes)
+                self._complete(op)
+                if m % (SLOTS // 2) == 0:
+                    self._ack(p, m)
+                return
         # The peer wrote every field: check them against what a record may say before any is used
         # (a modified peer may send anything; docs/contracts.md section 11).
         if (kind not in KIND_NAMES or nbytes < 0 or not 0 <= plen <= lay.slot - HEADER
@@ -610,7 +651,10 @@ class Messenger:
         src = self.lay.acksrc + p * 8
         self.words[src >> 3] = m
         self.acked[p] = m
-        self.ch[p].write(self.arena, self.remote[p], src, self.lay.acks + self.rank * 8, 8)
+        try:
+            self.ch[p].write(self.arena, self.remote[p], src, self.lay.acks + self.rank * 8, 8)
+        except Error:
+            pass  # the peer is gone: a credit nobody will use (what it sent before is still read)
 
     def _deliver(self, key: tuple[int, int, int], got: tuple) -> None:
         op = self.recvs.get(key)
