@@ -452,3 +452,32 @@ def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp
     """)
     run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert "LEFT" in run.stdout and "RECEIVED 60" in run.stdout, run.stdout + run.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_barrier_returns_when_the_store_goes_after_every_rank_arrived(tmp_path: Path) -> None:
+    """A barrier before any collective meets in the c10d store, which rank 0 hosts. Rank 0 reads
+    every rank's arrival and leaves; rank 1, the last reader, then tidies the round's keys in a
+    store that is gone. The barrier is over (every arrival was read): it returned an error
+    instead (bench torch-dist's dispatch series, whose rank 0 leaves first)."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
+        r = dist.get_rank()
+        if r == 1:  # the last reader, late: rank 0 and its store are gone by then
+            store = dist.distributed_c10d._get_default_group().world.store
+            real_add = store.add
+            def late_add(key, n):
+                time.sleep(1.5)
+                return real_add(key, n)
+            store.add = late_add
+        dist.barrier()
+        say("BARRIER OK", r)
+        os._exit(0)
+    """)
+    port = str(free_port())  # env:// without torchrun: rank 0 hosts the store (torchrun's agent would)
+    procs = [subprocess.Popen([sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, LOCAL_WORLD_SIZE="2"))
+             for r in range(2)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs

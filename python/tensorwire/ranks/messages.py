@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,7 @@ WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (
 # Records a peer may have waiting for receives and sends not posted yet (a peer that sends more is
 # refused: its memory is not ours to fill); 16384 eager payloads are at most 2 GiB.
 MAX_UNMATCHED = 16384
+PULLED_KEPT = 1024        # allocations sent from once (pulled) remembered, to register one sent again
 REMOTES_KEPT = 1024       # unpacked descriptors of peers' tensors kept for the next placed send
 
 EAGER, RTS, RTR, DONE, ERR, TAKEN = 1, 2, 3, 4, 5, 6
@@ -209,6 +211,7 @@ class Messenger:
         self.pull_max = pull_bytes
         self.outbox_free: list[tuple[int, int]] = [(0, OUTBOX_BYTES)]   # (offset in the outbox, bytes)
         self.outbox_held: dict[tuple[int, int, int], tuple[int, int]] = {}  # pulled sends until TAKEN
+        self.pulled_allocs: OrderedDict[tuple[int, int], bool] = OrderedDict()  # allocations pulled once
         self.last_heard = [0.0] * n                 # when a record of each peer was last consumed
         self.sent = [0] * n            # records posted to p (the last one's number)
         self.got = [0] * n             # records consumed from p
@@ -247,7 +250,9 @@ class Messenger:
             if self._record(peer, EAGER, tag, k, nbytes, 0, ptr, nbytes, op):
                 op.done = True
             return op
-        if nbytes <= self.pull_max and self.registry.cached(owner if owner is not None else (ptr, nbytes, keep)) is None:
+        alloc = owner() if callable(owner) else owner if owner is not None else (ptr, nbytes, keep)
+        if nbytes <= self.pull_max and self.registry.cached(alloc) is None and (
+                not self.landed_on_completion[peer] or self._first_send_of(alloc)):
             off = self._outbox_take(nbytes)
             if off is not None:  # copied out now; the op completes on the receiver's TAKEN (or ERR)
                 ctypes.memmove(self.base + self.lay.outbox + off, ptr, nbytes)
@@ -258,7 +263,7 @@ class Messenger:
                 self._record(peer, RTS, tag, k, nbytes, self.lay.outbox + off, aux=PULL)
                 return op
         hits = self.registry.hits
-        op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
+        op.reg = self.registry.lookup(alloc)
         # split only a tensor sent before (its allocation registered already): exporting a fresh
         # one to the receiver is a control call, a round trip, which costs more than the copy it
         # shares (a pipeline stage sends new activations every microbatch)
@@ -783,6 +788,21 @@ class Messenger:
             self._refuse(p, f"a message to pull that this device cannot read ({e})")
             return
         self.reading.append(op)
+
+    def _first_send_of(self, alloc: tuple) -> bool:
+        """Whether the allocation (address, nbytes, keepalive) was not sent from lately. Over a
+        socket (a peer whose writes complete on its reply) a tensor sent once (a pipeline stage's
+        activations) is copied out for the receiver to pull, which costs less than registering
+        it; one sent again (a buffer a loop reuses) is registered and written from in place from
+        then on: 1 MiB windows 15-20% faster without the copy. Over shared memory the pull stays
+        (the receiver's read of the copy runs beside the sender: 256 KiB-1 MiB 15-35% faster)."""
+        key = (int(alloc[0]), int(alloc[1]))
+        if self.pulled_allocs.pop(key, None) is not None:
+            return False
+        self.pulled_allocs[key] = True
+        if len(self.pulled_allocs) > PULLED_KEPT:
+            self.pulled_allocs.popitem(last=False)
+        return True
 
     def _outbox_take(self, nbytes: int) -> int | None:
         """An offset in our outbox for `nbytes` (first fit, 64-byte aligned), or None when full."""

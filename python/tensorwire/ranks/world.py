@@ -277,10 +277,15 @@ class World:
                                                             f"within {timeout:g} s")
         except Timeout as e:
             raise Timeout(f"rank {self.rank}: {e}") from None
-        if self.store.add(f"{p}/read", 1) == self.size:  # the last to read it: the round is over for all
-            # rank 0's value goes last: once it is gone, rank 0 may close the store (_close)
-            for key in [f"{p}/read"] + [f"{p}/{r}" for r in range(self.size - 1, -1, -1)]:
-                self.store.delete_key(key)
+        try:
+            if self.store.add(f"{p}/read", 1) == self.size:  # the last to read it: the round is over for all
+                # rank 0's value goes last: once it is gone, rank 0 may close the store (_close)
+                for key in [f"{p}/read"] + [f"{p}/{r}" for r in range(self.size - 1, -1, -1)]:
+                    self.store.delete_key(key)
+        except Error:
+            # Housekeeping only: every value is read. A store its host took away as it left
+            # (torch's, on rank 0, which read them all first) fails the next call that needs it.
+            pass
         return [json.loads(v) for v in got]
 
     @property
