@@ -327,7 +327,8 @@ void bind_device(nb::module_& m) {
         Request posted;
         {
           gil_scoped_release release;
-          posted = c.write_flagged(lr, staging, remote, inbox, kHeader + plen, flag_src, flag_dst);
+          // unanswered on a tcp lane: the reader's credits say the slot was read
+          posted = c.write_flagged(lr, staging, remote, inbox, kHeader + plen, flag_src, flag_dst, /*landed=*/false);
         }
         if (posted.state() > 0) return nb::none();  // done, not failed
         return nb::cast(std::move(posted));

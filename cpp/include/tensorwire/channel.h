@@ -91,10 +91,13 @@ class Channel {
   // local[flag_local_offset] into remote[flag_remote_offset] (aligned), which
   // lands after every byte of the data: a peer that polls the word and sees
   // it may read the data. One message where the target places writes (tcp),
-  // else write + fence + write. Completes when both writes did.
+  // else write + fence + write. Completes when both writes did; with
+  // landed = false, on a tcp lane, once the local bytes left (the target does
+  // not answer: its flag is the only news that they landed, and a refusal is
+  // the target's alone to log), for records whose reader acknowledges them.
   Request write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                         std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
-                        std::size_t flag_remote_offset);
+                        std::size_t flag_remote_offset, bool landed = true);
 
   // Asks the peer for the region it published under `name` (NotFound if none).
   RemoteRegion lookup(const std::string& name, double timeout_s = 10.0);

@@ -645,7 +645,7 @@ Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_o
 
 Request ChannelImpl::write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                                    std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
-                                   std::size_t flag_remote_offset) {
+                                   std::size_t flag_remote_offset, bool landed) {
   check_rma("write_flagged", local, local_offset, remote, remote_offset, length);
   check_rma("write_flagged (flag)", local, flag_local_offset, remote, flag_remote_offset, 8);
   if ((remote.descriptor().address + flag_remote_offset) % 8) {
@@ -655,6 +655,24 @@ Request ChannelImpl::write_flagged(const LocalRegion& local, std::size_t local_o
     // One message: the target lands the payload, then sets the flag (kPutFlagged).
     std::uint64_t flag;
     std::memcpy(&flag, static_cast<const char*>(local.address) + flag_local_offset, sizeof(flag));
+    if (!landed && sock) {
+      // Unanswered (operation id 0): one syscall less at each end per record, and no
+      // reply to wake our progress thread (tcp one way 8 B through torch ~0.9 us less).
+      DataHeader h;
+      h.kind = MsgKind::kPutFlagged;
+      h.token = peer->hello.data_token;
+      h.target = kUnanswered;
+      h.a = remote.descriptor().address + remote_offset;
+      h.b = remote.descriptor().address + flag_remote_offset;
+      ByteWriter w;
+      w.put<std::uint64_t>(flag);
+      posted_.fetch_add(1, std::memory_order_relaxed);
+      Request sent = socket_send(h.encode(w.str()), static_cast<const char*>(local.address) + local_offset, length,
+                                 &local.owner);
+      worker->flush_deferred();
+      drain_deferred_releases();
+      return sent;
+    }
     return message_rma(true, local, local_offset, remote, remote_offset, length,
                        remote.descriptor().address + flag_remote_offset, flag);
   }
@@ -747,9 +765,9 @@ detail::ChannelImpl& impl_of(const std::shared_ptr<detail::ChannelImpl>& impl) {
 
 Request Channel::write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                                std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
-                               std::size_t flag_remote_offset) {
+                               std::size_t flag_remote_offset, bool landed) {
   return impl_of(impl_).write_flagged(local, local_offset, remote, remote_offset, length, flag_local_offset,
-                                      flag_remote_offset);
+                                      flag_remote_offset, landed);
 }
 
 Request Channel::write(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,

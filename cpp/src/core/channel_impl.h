@@ -118,7 +118,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
                         std::size_t remote_offset, std::size_t length);
   Request write_flagged(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                         std::size_t remote_offset, std::size_t length, std::size_t flag_local_offset,
-                        std::size_t flag_remote_offset);
+                        std::size_t flag_remote_offset, bool landed = true);
   // One request over `requests` (this channel's): complete when all are, failed with the first
   // failure in order; an already complete or failed one needs no tracking.
   Request join(std::vector<Request> requests);

@@ -320,6 +320,7 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
       DataHeader done{MsgKind::kPutDone, from->hello.data_token, h.target, 0,
                       static_cast<std::uint64_t>(AccessStatus::kOk)};
       const bool flagged = h.kind == MsgKind::kPutFlagged;
+      const bool answered = !flagged || h.target != kUnanswered;
       std::uint64_t flag = 0;
       bool flag_ok = true;
       if (flagged) {
@@ -337,7 +338,7 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
         refuse_message("%s wrote %zu bytes at 0x%llx%s, outside what was exported to it", from->describe().c_str(),
                        length, static_cast<unsigned long long>(h.a), flagged ? " and a flag" : "");
         done.b = static_cast<std::uint64_t>(AccessStatus::kNotExported);
-        send_reply(reply_ep, done, nullptr, 0);
+        if (answered) send_reply(reply_ep, done, nullptr, 0);
         return;
       }
       // The reply of a put that landed in place waits for the worker's next
@@ -350,10 +351,11 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
       std::weak_ptr<Peer> peer = from;
       payload.receive_into(
           reinterpret_cast<void*>(h.a), nullptr,
-          [reply_ep, done, flagged, at = h.b, flag, worker, peer](bool ok) mutable {
+          [reply_ep, done, flagged, answered, at = h.b, flag, worker, peer](bool ok) mutable {
             if (!ok) done.b = static_cast<std::uint64_t>(AccessStatus::kFailed);
             // After the payload: a waiter that sees the flag sees every byte before it.
             if (ok && flagged) __atomic_store_n(reinterpret_cast<std::uint64_t*>(at), flag, __ATOMIC_RELEASE);
+            if (!answered) return;
             if (!ok || worker->mode() == ProgressMode::kInline) {
               send_reply(reply_ep, done, nullptr, 0);
               return;

@@ -44,6 +44,10 @@ enum class MsgKind : std::uint8_t {
   kPutFlagged = 10,    // as kPut, then the 8-byte flag (extra) at address b, after every byte of the payload
 };
 
+// kPutFlagged's operation id 0: the sender wants no reply (Channel::write_flagged
+// with landed = false); operation ids start at 1.
+inline constexpr std::uint64_t kUnanswered = 0;
+
 // kStaticSend's and kDynamicSend's b: 0, the payload follows in the message;
 // kPlacedSend, the sender put it into its buffer (a dynamic slot: the block
 // its last ack offered) and flushed before sending this header.

@@ -379,17 +379,21 @@ class Messenger:
             except Error:
                 pass
         # Records posted but not landed yet: over tcp they may still sit in our socket or the
-        # peer's, and a Device that closes under them loses them (a rank that sent its last
-        # messages and left at once: its receiver got none of them). A peer that is gone fails
-        # them at once; one alive lands them in a round trip.
+        # peer's (a record's write is not answered there), and a Device that closes under them
+        # loses them (a rank that sent its last messages and left at once: its receiver got none
+        # of them). One answered write after them, our credit word again, lands behind them on
+        # the same connection: its completion says they landed. A peer that is gone fails it at
+        # once; one alive answers in a round trip.
         deadline = time.monotonic() + CLOSE_FLUSH_S
-        for reqs in self.post_req:
-            for q in reqs:
-                if q is not None and not q.done():
-                    try:
-                        q.wait(max(0.0, deadline - time.monotonic()))
-                    except Error:
-                        pass
+        for p in range(self.n):
+            if p == self.rank or p in self.failed or not self.sent[p]:
+                continue
+            src = self.lay.acksrc + p * 8
+            try:
+                self.ch[p].write(self.arena, self.remote[p], src, self.lay.acks + self.rank * 8, 8).wait(
+                    max(0.0, deadline - time.monotonic()))
+            except Error:
+                pass
         try:
             self.world.device.unpublish(self.name)
         except Error:

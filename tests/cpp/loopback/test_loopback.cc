@@ -331,17 +331,23 @@ TEST_P(Loopback, WriteFlaggedLandsDataBeforeFlag) {
   auto* flag_src = reinterpret_cast<std::uint64_t*>(bytes(source) + kFlag);
   auto* flag_dst = reinterpret_cast<volatile std::uint64_t*>(bytes(target) + kFlag);
   std::uint64_t round = 0;
-  for (std::size_t payload : {std::size_t{64}, std::size_t{8192}, kRegion - 64}) {
-    for (int k = 0; k < 4; ++k) {
-      ++round;
-      fill_pattern(source.data(), payload, static_cast<int>(round));
-      *flag_src = round;
-      tw::Request both = ch.write_flagged(source.region(), 0, remote, 0, payload, kFlag, kFlag);
-      watch_word(flag_dst, round, both);
-      ASSERT_EQ(*flag_dst, round) << payload << " B";
-      std::atomic_thread_fence(std::memory_order_acquire);
-      ASSERT_EQ(first_diff(target.data(), source.data(), payload), -1) << payload << " B, round " << round;
-      both.wait(kWait);
+  // landed = false: unanswered on a tcp lane (the flag is the only news); the same elsewhere
+  for (bool landed : {true, false}) {
+    for (std::size_t payload : {std::size_t{64}, std::size_t{8192}, kRegion - 64}) {
+      for (int k = 0; k < 4; ++k) {
+        ++round;
+        fill_pattern(source.data(), payload, static_cast<int>(round));
+        *flag_src = round;
+        tw::Request both = ch.write_flagged(source.region(), 0, remote, 0, payload, kFlag, kFlag, landed);
+        both.wait(kWait);  // the source may change once it completes: landed or not, the target gets these bytes
+        fill_pattern(source.data(), payload, static_cast<int>(round) + 1000);
+        watch_word(flag_dst, round, both);
+        ASSERT_EQ(*flag_dst, round) << payload << " B";
+        std::atomic_thread_fence(std::memory_order_acquire);
+        fill_pattern(source.data(), payload, static_cast<int>(round));
+        ASSERT_EQ(first_diff(target.data(), source.data(), payload), -1)
+            << payload << " B, round " << round << (landed ? "" : ", unanswered");
+      }
     }
   }
   EXPECT_THROW(ch.write_flagged(source.region(), 0, remote, 0, 64, kFlag, kFlag - 4), tw::InvalidArgument);
@@ -379,6 +385,17 @@ TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
                tw::InvalidArgument);
   EXPECT_TRUE(all_equal(target.data(), 4096, 0)) << "the data of a refused flagged write landed";
   EXPECT_EQ(server->impl()->message_refusals(), refused_before + 5);
+  // Unanswered (a tcp lane): the target refuses it alike and says nothing; elsewhere it is answered.
+  try {
+    ch.write_flagged(source.region(), 0, forged(beyond), 0, 4096, 0, target.size() + 64, /*landed=*/false).wait(kWait);
+  } catch (const tw::InvalidArgument&) {
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (server->impl()->message_refusals() < refused_before + 6 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(server->impl()->message_refusals(), refused_before + 6);
+  EXPECT_TRUE(all_equal(target.data(), 4096, 0)) << "the data of a refused unanswered flagged write landed";
   // The channel stays usable for what was exported.
   ch.write(source.region(), 0, exported, 0, 4096).wait(kWait);
   EXPECT_EQ(first_diff(target.data(), source.data(), 4096), -1);
