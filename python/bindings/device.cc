@@ -347,6 +347,15 @@ void bind_device(nb::module_& m) {
         return compare_swap_word(mapped, remote.length(), offset, expected, desired);
       }, nb::arg("local"), nb::arg("remote"), nb::arg("offset"), nb::arg("expected"), nb::arg("desired"),
          "Internal (tensorwire.ranks.messages): compare-and-swap of a word in the peer's mapped region.")
+      .def("_write_streaming", [](Channel& c, nb::handle local, const RemoteRegion& remote, nb::handle local_offset,
+                                  nb::handle remote_offset, nb::handle nbytes) {
+        LocalRegion lr = local_region_of(local);
+        Range r = resolve_range(lr, local_offset, remote, remote_offset, nbytes, false);
+        gil_scoped_release release;
+        return c.impl()->write_streaming(lr, r.local_offset, remote, r.remote_offset, r.length);
+      }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset"), nb::arg("remote_offset"), nb::arg("nbytes"),
+         "Internal (the torch backend's all_reduce through mapped memory): write() into a peer's mapped region "
+         "with streaming stores; complete on return; InvalidArgument when the region is not mapped here.")
       .def("fence", [](Channel& c) { gil_scoped_release r; c.fence(); },  // may block: other threads run
            "Later operations on this lane's worker land after earlier ones.")
       .def("flush", [](Channel& c) { gil_scoped_release r; return c.flush(); },

@@ -481,3 +481,30 @@ def test_a_barrier_returns_when_the_store_goes_after_every_rank_arrived(tmp_path
              for r in range(2)]
     outs = [p.communicate(timeout=100) for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("n,transport", [(3, "shm"), (2, "tcp")])
+def test_large_all_reduce_through_mapped_memory_matches(n: int, transport: str, tmp_path: Path) -> None:
+    """all_reduce of tensors larger than a round's piece (8 MiB per chunk), chunks of uneven
+    length: over shared memory through the ranks' mapped landing areas (pg._shared), over tcp
+    by messages; exact results (small integers) for sum, avg, max and bfloat16."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        r, n = dist.get_rank(), dist.get_world_size()
+        pg = dist.distributed_c10d._get_default_group()
+        count = n * 2_500_001 + 2  # about 10 MB a chunk of float32: two rounds, the last chunk shorter
+        base = torch.arange(count) % 7
+        for dt, op in ((torch.float32, dist.ReduceOp.SUM), (torch.float32, dist.ReduceOp.AVG),
+                       (torch.int64, dist.ReduceOp.MAX), (torch.bfloat16, dist.ReduceOp.SUM)):
+            t = (base + r).to(dt)
+            dist.all_reduce(t, op=op)
+            want = {dist.ReduceOp.SUM: base * n + n * (n - 1) // 2, dist.ReduceOp.MAX: base + n - 1,
+                    dist.ReduceOp.AVG: (base * n + n * (n - 1) // 2).double() / n}[op].to(dt)
+            assert torch.equal(t, want), (dt, op, t[:9], want[:9])
+        say("SHARED", bool(pg._shared), r)
+        dist.destroy_process_group()
+    """)
+    run = torchrun(n, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    shared = transport == "shm"
+    assert run.stdout.count(f"SHARED {shared}") == n, run.stdout + run.stderr[-3000:]

@@ -482,8 +482,16 @@ bool ChannelImpl::host_memory(const LocalRegion& local) const {
   return ucp_mem_query(local.memh, &attr) == UCS_OK && attr.mem_type == UCS_MEMORY_TYPE_HOST;
 }
 
+Request ChannelImpl::write_streaming(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                                     std::size_t remote_offset, std::size_t length) {
+  if (!check_rma("write_streaming", local, local_offset, remote, remote_offset, length)) return Request();
+  char* mapped = direct_target(remote, local);
+  if (!mapped) throw InvalidArgument("write_streaming: the peer's region is not mapped here");
+  return direct(true, local, local_offset, mapped, remote_offset, length, /*streaming=*/true);
+}
+
 Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
-                            std::size_t remote_offset, std::size_t length) {
+                            std::size_t remote_offset, std::size_t length, bool streaming) {
   if (drain_before_direct_.exchange(false, std::memory_order_acq_rel)) {
     // UCX operations posted before the last fence may still be in flight:
     // this copy must not overtake them.
@@ -493,7 +501,11 @@ Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t
   char* here = static_cast<char*>(local.address) + local_offset;
   char* there = mapped + remote_offset;
   if (is_write) {
-    bulk_copy(there, here, length);
+    if (streaming) {
+      streaming_copy(there, here, length);
+    } else {
+      bulk_copy(there, here, length);
+    }
     direct_writes_.fetch_add(1, std::memory_order_relaxed);
   } else {
     bulk_copy(here, there, length);
