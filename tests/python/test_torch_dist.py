@@ -463,14 +463,20 @@ def test_a_barrier_returns_when_the_store_goes_after_every_rank_arrived(tmp_path
     prog = script(tmp_path, """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
+        read = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank1-read-every-value")
         if r == 1:  # the last reader, late: rank 0 and its store are gone by then
             store = dist.distributed_c10d._get_default_group().world.store
             real_add = store.add
-            def late_add(key, n):
+            def late_add(key, n):  # called once every value is read
+                open(read, "w").close()
                 time.sleep(1.5)
                 return real_add(key, n)
             store.add = late_add
         dist.barrier()
+        if r == 0:  # leave (and take the store) once rank 1 read every value, before it tidies
+            deadline = time.monotonic() + 60
+            while not os.path.exists(read) and time.monotonic() < deadline:
+                time.sleep(0.01)
         say("BARRIER OK", r)
         os._exit(0)
     """)
