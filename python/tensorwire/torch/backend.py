@@ -528,7 +528,6 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         per = SHARED_PIECE // es            # elements per piece
         reg = self.registry.lookup(_owner(flat))
         at = flat.data_ptr() - reg.ptr      # our tensor in its registration
-        fn = _TORCH_REDUCE["sum" if op == "avg" else op]
 
         def piece(p: int, j: int) -> tuple[int, int]:
             return min(p * q + j * per, total), min(p * q + min((j + 1) * per, q), total)
@@ -550,16 +549,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             if b > a:
                 parts = [flat[a:b] if p == r else landed[slot(r, p): slot(r, p) + (b - a) * es].view(flat.dtype)
                          for p in range(n)]
-                mine = flat[a:b]
-                if n == 2:
-                    fn(parts[0], parts[1], out=mine)  # elementwise: mine may be an operand
-                else:
-                    acc = fn(parts[0], parts[1])
-                    for p in range(2, n):
-                        fn(acc, parts[p], out=acc)
-                    mine.copy_(acc)
-                if op == "avg":
-                    mine.div_(n)
+                _reduce_in_rank_order(parts, flat[a:b], op)
             write_to_peers({p: (a, b) for p in peers}, True)        # our result, to everybody
             self._token_round()
             for p in peers:                                          # everybody's results, into our tensor
@@ -693,20 +683,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         got = {p: scratch[p * nb: (p + 1) * nb] for p in peers}
         self._exchange([(blocks[p], p) for p in peers], [(got[p], p) for p in peers])
         got[r] = blocks[r].reshape(-1)
-        fn = _TORCH_REDUCE["sum" if op == "avg" else op]
-        res = out.reshape(-1)  # a view: out is contiguous
-        if n == 2:
-            fn(got[0], got[1], out=res)  # elementwise: res may be got[r] itself
-        else:
-            acc = fn(got[0], got[1])
-            for p in range(2, n):
-                fn(acc, got[p], out=acc)
-            res.copy_(acc)
-        if op == "avg":
-            if res.is_floating_point() or res.is_complex():
-                res.div_(n)
-            else:
-                res.div_(n, rounding_mode="floor")
+        _reduce_in_rank_order([got[p] for p in range(n)], out.reshape(-1), op)  # a view: out is contiguous
 
     def _landing(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         """A flat tensor of `numel` x dtype in one long-lived allocation (registered once)."""
@@ -827,6 +804,24 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             self.close(sync=False)
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def _reduce_in_rank_order(parts: list[torch.Tensor], out: torch.Tensor, op: str) -> None:
+    """out = parts[0] op parts[1] op ..., in rank order (every rank forms the same bytes); AVG
+    divides once by the count. Elementwise: out may be one of the parts."""
+    fn = _TORCH_REDUCE["sum" if op == "avg" else op]
+    if len(parts) == 2:
+        fn(parts[0], parts[1], out=out)
+    else:
+        acc = fn(parts[0], parts[1])
+        for part in parts[2:]:
+            fn(acc, part, out=acc)
+        out.copy_(acc)
+    if op == "avg":
+        if out.is_floating_point() or out.is_complex():
+            out.div_(len(parts))
+        else:
+            out.div_(len(parts), rounding_mode="floor")
 
 
 def _split(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
