@@ -514,3 +514,33 @@ def test_large_all_reduce_through_mapped_memory_matches(n: int, transport: str, 
     run = torchrun(n, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     shared = transport == "shm"
     assert run.stdout.count(f"SHARED {shared}") == n, run.stdout + run.stderr[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_killed_rank_fails_a_large_all_reduce_naming_it(tmp_path: Path) -> None:
+    """A rank killed between two all_reduces through the mapped landing areas: the others' next
+    one raises, naming it, within the Device's liveness bound (their writes into its area land
+    in memory nobody reads; the token round is what notices)."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=90))
+        r = dist.get_rank()
+        t = torch.ones(3 << 20)  # 12 MiB: the landing areas' path, several pieces
+        dist.all_reduce(t)
+        assert bool(dist.distributed_c10d._get_default_group()._shared) and float(t[0]) == 3
+        dist.barrier()
+        if r == 2:
+            os.kill(os.getpid(), 9)
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t)
+        except dist.DistBackendError as e:
+            say(f"RAISED after {time.monotonic() - t0:.1f} s: {e}")
+            os._exit(0)
+        say("NO ERROR")
+    """)
+    run = torchrun(3, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "shm"})
+    lines = [x for x in run.stdout.splitlines() if "RAISED" in x]
+    assert len(lines) == 2, run.stdout + run.stderr[-2000:]
+    for line in lines:
+        assert "rank 2" in line, line
+        assert float(line.split()[2]) < 30, line  # the Device's liveness bound, not the 90 s op timeout
