@@ -544,3 +544,29 @@ def test_killed_rank_fails_a_large_all_reduce_naming_it(tmp_path: Path) -> None:
     for line in lines:
         assert "rank 2" in line, line
         assert float(line.split()[2]) < 30, line  # the Device's liveness bound, not the 90 s op timeout
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_tensor_sent_again_over_tcp_is_written_in_place(transport: str, tmp_path: Path) -> None:
+    """A 1 MiB tensor not registered yet is copied into the sender's outbox and pulled by the
+    receiver. Over tcp one sent again from the same allocation is registered and written in
+    place from then on (pulled once of three sends); over shared memory every send is pulled."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        r = dist.get_rank()
+        t = torch.zeros(1 << 18)  # 1 MiB of float32, one allocation for every send
+        for k in range(3):
+            if r == 0:
+                t.fill_(k + 1)
+                dist.send(t, 1)
+            else:
+                dist.recv(t, 0)
+                assert float(t[0]) == k + 1 and float(t[-1]) == k + 1, k
+        if r == 0:
+            say("PULLED", dist.distributed_c10d._get_default_group().msg.pulled_sends)
+        dist.barrier()
+        dist.destroy_process_group()
+    """)
+    run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    assert f"PULLED {1 if transport == 'tcp' else 3}" in run.stdout, run.stdout + run.stderr[-3000:]
