@@ -669,7 +669,7 @@ Request ChannelImpl::write_flagged(const LocalRegion& local, std::size_t local_o
     std::memcpy(&flag, static_cast<const char*>(local.address) + flag_local_offset, sizeof(flag));
     if (!landed && sock) {
       // Unanswered (operation id 0): one syscall less at each end per record, and no
-      // reply to wake our progress thread (tcp one way 8 B through torch ~0.9 us less).
+      // reply to wake our progress thread.
       DataHeader h;
       h.kind = MsgKind::kPutFlagged;
       h.token = peer->hello.data_token;

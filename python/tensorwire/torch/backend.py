@@ -148,7 +148,7 @@ class Work(dist._Work):
     comm thread ran it (``ran``)."""
 
     # the defaults, as class attributes: a p2p Work is made per op, and each attribute set on a
-    # torch Work costs (0.74 us a Work with all seven set, 0.52 with three)
+    # torch Work costs (an eager send's path)
     fut: Future | None = None
     err: BaseException | None = None
     what = ""
@@ -518,8 +518,10 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         with what the next writes overwrite (the pieces were reduced before the results went; the
         results were copied out before the next round's pieces went). The messages' reduce-
         scatter instead has the kernel copy across processes (cma) into a scratch the reduction
-        then reads, and the same copy back: 64 MiB over shm 12.0 ms that way, 6.9 ms this way
-        (the writes with streaming stores: 11.6 with plain ones), in one probe."""
+        then reads, and the same copy back (64 MiB over shm: 3.07x gloo this way, 2.58x that
+        way at cd3b40b, bench/results/torch_dist_shm.txt and its history). The writes stream:
+        plain stores into lines the peer's core holds ran at half the rate
+        (bench/results/static_slot_streaming.txt has the same effect on the static slot)."""
         area, landed, remotes = shared
         n, r = self.size(), self.rank()
         peers, ch = self._peers(), self.msg.ch
