@@ -250,7 +250,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         self._sent = Work(None, None)  # what every eager send that posted at once returns: complete (no ops, no group)
         self._scratch: torch.Tensor | None = None   # reduce_scatter's landing area (registered once)
         self._shared: Any = None  # all_reduce through mapped memory: (area, its bytes, the peers' areas), or False
-        self._tokens = torch.zeros(size + 1, dtype=torch.int64)  # what the rounds of that all_reduce exchange
+        self._tokens = torch.zeros(size, dtype=torch.int64)  # that all_reduce's token rounds: ours, one per peer
         self._closed = False
         # Every use of the World and the messages engine holds _lock (they are single-threaded).
         # Collectives asked as async_op (DDP's gradient buckets, FSDP's gathers) run in order on
@@ -562,9 +562,8 @@ class TensorwireProcessGroup(dist.ProcessGroup):
 
     def _token_round(self) -> None:
         """Every rank tells every other that it is past this point, and waits to hear the same."""
-        tok = self._tokens
-        self._exchange([(tok[self.rank()].reshape(1), p) for p in self._peers()],
-                       [(tok[p].reshape(1) if p != self.rank() else tok[-1:], p) for p in self._peers()])
+        tok, peers = self._tokens, self._peers()
+        self._exchange([(tok[self._rank: self._rank + 1], p) for p in peers], [(tok[p: p + 1], p) for p in peers])
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Work:
         self._check_root(opts.rootRank, "reduce")
