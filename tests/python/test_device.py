@@ -695,6 +695,48 @@ def test_a_channel_back_sends_on_the_lane_its_peer_dialled():
                 time.sleep(0.01)
 
 
+def test_a_channel_back_made_before_the_dialers_lane_shares_it():
+    """The accepting side's channel back, made before (or without) the dialer's lane, asks
+    the dialer for that lane instead of dialling a second socket: one socket per lane and
+    connection, both ways, also for a lane the dialer never opened (lane 3 here)."""
+    with tw.Device(host=HOST, transport="tcp") as server, tw.Device(host=HOST, transport="tcp") as client:
+        n = 1024
+        at_server, at_client = server.alloc(n), client.alloc(n)
+        server.publish("in", at_server)
+        client.publish("in", at_client)
+        ch = client.connect(server.address)
+        for lane in (0, 3):
+            back = server.channel_to(client.id, lane)  # at once: lane 3 does not exist yet
+            assert "used both ways" in back.transport_info(), (lane, back.transport_info())
+            mine = client.connect(server.address, lane=lane)
+            assert "used both ways" not in mine.transport_info(), (lane, mine.transport_info())
+            src_c, src_s = client.alloc(n), server.alloc(n)
+            np.asarray(src_c)[:] = lane + 1
+            np.asarray(src_s)[:] = lane + 100
+            mine.write(src_c, mine.lookup("in")).wait(10)
+            back.write(src_s, back.lookup("in")).wait(10)
+            assert (np.asarray(at_server) == lane + 1).all()
+            assert (np.asarray(at_client) == lane + 100).all()
+        assert ch is not None
+
+
+def test_the_lane_call_is_refused_when_misused():
+    """tw.lane (a lane asked of the connection's dialer) from the dialer itself, for a
+    lane past the bound or with a malformed payload: a clear refusal, and nothing dialled."""
+    import struct
+    with tw.Device(host=HOST, transport="tcp") as server, tw.Device(host=HOST, transport="tcp") as client:
+        ch = client.connect(server.address)
+        with pytest.raises(tw.InvalidArgument, match="did not dial"):
+            ch.call("tw.lane", struct.pack("<I", 5))
+        back = server.channel_to(client.id)
+        with pytest.raises(tw.InvalidArgument, match="lanes are 0..1023"):
+            back.call("tw.lane", struct.pack("<I", 1024))
+        with pytest.raises(tw.Error):
+            back.call("tw.lane", b"\x01\x02")
+        assert back.call("tw.lane", struct.pack("<I", 6)) == b""
+        assert "used both ways" in server.channel_to(client.id, 6).transport_info()
+
+
 def test_loopback_device_refuses_remote_address_clearly():
     """A device on 127.0.0.1 has its UCX limited to `lo`: connecting elsewhere
     says so (instead of UCX's 'Destination is unreachable')."""

@@ -133,7 +133,10 @@ void ChannelImpl::connect_socket(DeviceImpl& dev) {
   // The peer's own lane, where it dialled one: its frames and ours share the
   // socket, each side's replies coming back on it (lane_handlers serves both).
   // bench/results/net_one_socket.txt: a round trip is two segments, not three.
-  if (auto theirs = peer->inbound_lane(lane, static_cast<int>(lane % dev.workers.size()))) {
+  const int here = static_cast<int>(lane % dev.workers.size());
+  auto theirs = peer->inbound_lane(lane, here);
+  if (!theirs && peer->accepted) theirs = peer->lane_from_dialer(lane, here, dev.config.connect_timeout_s);
+  if (theirs) {
     sock = std::move(theirs);
     borrowed_sock = true;
     return;
@@ -379,6 +382,19 @@ Request ChannelImpl::send_message(DataHeader h, std::string_view extra, const Lo
   worker->flush_deferred();  // after the caller's own message
   drain_deferred_releases();
   return request;
+}
+
+bool ChannelImpl::ride_message(const void* key, DataHeader h) {
+  if (!sock) return false;
+  check_usable();
+  h.token = peer->hello.data_token;
+  if (sock->ride(key, h.encode())) {
+    std::weak_ptr<net::Conn> weak = sock;
+    worker->defer([weak] {
+      if (auto conn = weak.lock()) conn->flush_riders();
+    });
+  }
+  return true;
 }
 
 Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local,

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -156,6 +157,12 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // local[offset..+length) as payload); completes when the local bytes may be reused.
   Request send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                        std::size_t length);
+  // A header-only message that need not leave now (a slot's release): it
+  // rides in the next message sent on this lane's socket (net::Conn::ride;
+  // `key` coalesces: a later one replaces it), or goes at the worker's next
+  // flush point if none is sent first. False where the lane has no socket
+  // (UCX lanes): then send_message it.
+  bool ride_message(const void* key, DataHeader h);
   // Whether a payload from `local` to `remote` can go placed
   // (put_then_message): a message-form lane, host memory on both sides.
   bool can_place(const LocalRegion& local, const RemoteRegion& remote) const;
@@ -282,9 +289,20 @@ class Peer : public std::enable_shared_from_this<Peer> {
   // segments, not three or four). `worker`: the poller the socket is in.
   void add_inbound_lane(std::uint32_t lane, int worker, const std::shared_ptr<net::Conn>& conn);
   std::shared_ptr<net::Conn> inbound_lane(int lane, int worker) const;  // null: none open there
+  // Whether this peer dialled our control connection (we accepted it). Lanes
+  // on a connection are dialled by its dialer only: a channel of ours made
+  // before the dialer's lane arrived would otherwise dial a second socket,
+  // and each direction would then carry its data on one socket and the other
+  // direction's acks on its own (3-4 segments a round trip, not 2).
+  bool accepted = false;
+  // An accepted peer's lane: asks the dialer for it (control::kLaneCall)
+  // unless it is open already, and waits for it up to timeout_s. Null when it
+  // did not come (the caller dials its own).
+  std::shared_ptr<net::Conn> lane_from_dialer(int lane, int worker, double timeout_s);
 
  private:
   mutable std::mutex mu_;
+  std::condition_variable lane_cv_;  // an inbound lane arrived (under mu_)
   std::mutex lane_mu_;  // held while a lane's channel is made (channel()); never inside mu_
   // A lane's channel lives as long as the peer: held here (the cycle with
   // ChannelImpl::peer ends in fail(), which closing the device runs), so a

@@ -311,6 +311,7 @@ void DeviceImpl::handle_hello(const std::shared_ptr<net::Conn>& conn, const cont
   }
   bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
   auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), conn, same_host);
+  peer->accepted = true;
   peer->inbound_token = random_id();
   register_token(peer->inbound_token, peer);
   control::Hello ours = my_hello();

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <optional>
+#include <thread>
 
 #include "common/log.h"
 #include "core/device_impl.h"
@@ -17,6 +18,9 @@
 namespace tensorwire::detail {
 
 namespace {
+
+// Lanes a peer may ask us to dial (control::kLaneCall): as many as it may dial to us (Peer's inbound bound).
+constexpr std::uint32_t kMaxRequestedLane = 1024;
 
 ErrorKind kind_of(control::Status s) {
   switch (s) {
@@ -221,6 +225,35 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
       if (!caller) {
         reply(conn, h, control::MsgType::kCallReply, control::Status::kNoHello,
               "CALL before HELLO: this connection has not introduced itself");
+        return;
+      }
+      if (name == control::kLaneCall) {
+        // Built in: the peer that accepted this connection asks us, its
+        // dialer, for a lane. Answered at once; the dial goes in a thread of
+        // its own, off the control thread and the dispatcher (whose handler
+        // may be waiting for this very lane on the other side).
+        control::Status status = control::Status::kOk;
+        std::string out;
+        try {
+          ByteReader lr(payload.data(), payload.size(), "lane call");
+          const std::uint32_t lane = lr.get<std::uint32_t>();
+          if (lr.left() != 0 || lane >= kMaxRequestedLane) {
+            throw InvalidArgument("a lane call for lane " + std::to_string(lane) + " (lanes are 0.." +
+                                  std::to_string(kMaxRequestedLane - 1) + ")");
+          }
+          if (caller->accepted) throw InvalidArgument("a lane call from a peer we did not dial");
+          std::thread([caller, lane] {
+            try {
+              caller->channel(static_cast<int>(lane));
+            } catch (const std::exception& e) {
+              TW_LOG_DEBUG("lane %u to %s, asked for by it: %s", lane, caller->describe().c_str(), e.what());
+            }
+          }).detach();
+        } catch (const Error& e) {
+          status = control::Status::kInvalidArgument;
+          out = e.what();
+        }
+        reply(conn, h, control::MsgType::kCallReply, status, out);
         return;
       }
       if (name == control::kExportCall) {

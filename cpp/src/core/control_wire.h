@@ -22,6 +22,10 @@ constexpr unsigned kAmId = 0x7477;             // the one AM id of the control p
 constexpr std::size_t kMaxMessage = 1 << 20;   // calls and replies above this are refused
 // The built-in call by which a peer exports a range to us (Channel::export_region).
 inline constexpr const char* kExportCall = "tw.export";
+// The built-in call by which the peer that accepted our connection asks us,
+// its dialer, for a tcp lane (payload: the lane, u32): we dial it, and both
+// directions of that lane share the socket (Peer::lane_from_dialer).
+inline constexpr const char* kLaneCall = "tw.lane";
 
 enum class MsgType : std::uint8_t {
   kHello = 1, kHelloReply = 2, kLookup = 3, kLookupReply = 4, kCall = 5, kCallReply = 6,

@@ -75,6 +75,41 @@ void Peer::add_inbound_lane(std::uint32_t lane, int worker, const std::shared_pt
     if (inbound_lanes_.size() >= kMaxInboundLanes) return;
   }
   inbound_lanes_[lane] = {worker, conn};
+  lane_cv_.notify_all();
+}
+
+std::shared_ptr<net::Conn> Peer::lane_from_dialer(int lane, int worker, double timeout_s) {
+  if (auto open = inbound_lane(lane, worker)) return open;
+  auto dev = device.lock();
+  if (!dev) return nullptr;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                               std::chrono::duration<double>(timeout_s));
+  ByteWriter arg;
+  arg.put<std::uint32_t>(static_cast<std::uint32_t>(lane));
+  ByteWriter body;
+  body.put_bytes16(control::kLaneCall);
+  body.put_bytes32(arg.str());
+  try {
+    dev->control_call(shared_from_this(), control::MsgType::kCall, body.str(), timeout_s);
+  } catch (const Error& e) {
+    TW_LOG_DEBUG("%s did not dial lane %d for us (%s): dialling our own", describe().c_str(), lane, e.what());
+    return nullptr;
+  }
+  // The dialer answered before its lane's introduction reached us on a socket of its own.
+  std::unique_lock<std::mutex> lock(mu_);
+  std::shared_ptr<net::Conn> found;
+  lane_cv_.wait_until(lock, deadline, [&] {
+    auto it = inbound_lanes_.find(static_cast<std::uint32_t>(lane));
+    if (it != inbound_lanes_.end() && it->second.first == worker) {
+      auto c = it->second.second.lock();
+      if (c && !c->closed()) found = std::move(c);
+    }
+    return found || failed();
+  });
+  if (!found && !failed()) {
+    TW_LOG_WARN("%s did not open lane %d within %g s: dialling our own", describe().c_str(), lane, timeout_s);
+  }
+  return found;
 }
 
 std::shared_ptr<net::Conn> Peer::inbound_lane(int lane, int worker) const {

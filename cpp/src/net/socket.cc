@@ -273,6 +273,7 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
   if (closing_.load(std::memory_order_acquire)) {
     throw ConnectionError("connection to " + name_ + " is closed" + (close_why_.empty() ? "" : ": " + close_why_));
   }
+  take_riders(op);
   if (txq_.empty()) {
     if (!write_some(op)) {
       const std::string why = std::string("send failed: ") + std::strerror(errno_);
@@ -287,6 +288,56 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
   txq_.push_back(std::move(op));
   want_writable(true);
   return false;
+}
+
+bool Conn::take_riders(TxOp& op) {
+  if (riders_.empty()) return false;
+  std::string head;
+  for (const auto& r : riders_) head += r.second;
+  head += op.head;
+  op.head.swap(head);
+  riders_.clear();
+  return true;
+}
+
+bool Conn::ride(const void* key, std::string_view header) {
+  if (header.size() > kMaxHeader) {
+    throw InvalidArgument("a frame header of " + std::to_string(header.size()) + " bytes exceeds the limit");
+  }
+  std::string frame;
+  frame.reserve(kPrefixSize + header.size());
+  append_prefix(&frame, header.size(), 0);
+  frame.append(header);
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  if (closing_.load(std::memory_order_acquire)) {
+    throw ConnectionError("connection to " + name_ + " is closed" + (close_why_.empty() ? "" : ": " + close_why_));
+  }
+  for (auto& r : riders_) {
+    if (r.first == key) {
+      r.second.swap(frame);
+      return false;
+    }
+  }
+  riders_.emplace_back(key, std::move(frame));
+  return riders_.size() == 1;
+}
+
+void Conn::flush_riders() {
+  std::unique_lock<std::mutex> lock(tx_mu_);
+  TxOp op;
+  if (closing_.load(std::memory_order_acquire) || !take_riders(op)) return;
+  if (txq_.empty()) {
+    if (!write_some(op)) {
+      const std::string why = std::string("send failed: ") + std::strerror(errno_);
+      lock.unlock();
+      close(why);
+      return;
+    }
+    if (op.sent == op.head.size()) return;
+  }
+  tx_bytes_ += op.head.size() - op.sent;
+  txq_.push_back(std::move(op));
+  want_writable(true);
 }
 
 void Conn::want_writable(bool on) {

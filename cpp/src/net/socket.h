@@ -104,6 +104,15 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // ConnectionError on a closed connection.
   bool send(std::string_view header, const void* payload = nullptr, std::uint64_t length = 0,
             const std::function<SendDone()>& when_queued = nullptr);
+  // A header-only frame that waits for this connection's next send() and
+  // leaves in the same write, ahead of that send's frame (no syscall and no
+  // segment of its own: a slot's release rides on the reply it precedes). A
+  // later rider with the same `key` replaces a waiting one. Returns true when
+  // none was waiting: the caller then arranges a flush_riders() for the case
+  // that no send comes. Throws ConnectionError on a closed connection.
+  bool ride(const void* key, std::string_view header);
+  // Sends the riders still waiting, in one write.
+  void flush_riders();
   // Ends the connection (any thread); the poller delivers the close handler.
   void close(const std::string& why);
   bool closed() const { return closing_.load(std::memory_order_acquire); }
@@ -152,6 +161,8 @@ class Conn : public std::enable_shared_from_this<Conn> {
   mutable std::mutex tx_mu_;
   std::deque<TxOp> txq_;
   std::size_t tx_bytes_ = 0;
+  std::vector<std::pair<const void*, std::string>> riders_;  // under tx_mu_: (key, prefix + header)
+  bool take_riders(TxOp& op);  // tx_mu_ held: puts the waiting riders ahead of op's frame
   bool want_out_ = false;
   bool small_sndbuf_ = false;  // under tx_mu_: the send buffer is kStreamSndbuf (a large frame is going)
   int errno_ = 0;

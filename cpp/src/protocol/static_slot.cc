@@ -345,6 +345,13 @@ void StaticSlot::release() {
       s.send_release();
       return;
     }
+    // A socket lane: it rides in the caller's next send on that socket (its
+    // reply, in a ping-pong), in the same write and segment.
+    detail::DataHeader h;
+    h.kind = detail::MsgKind::kStaticRelease;
+    h.target = s.link.sender_sink;
+    h.a = last;
+    if (s.link.channel.impl()->ride_message(impl_.get(), h)) return;
     if (!s.release_queued.exchange(true)) {
       std::weak_ptr<detail::StaticSlotImpl> weak = impl_;
       s.link.channel.impl()->worker->defer([weak] {

@@ -43,8 +43,9 @@ def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, ser
         slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2, memory=memory) for s in sizes}
         keep = _publish(dev, sizes, "nping", memory) if series != "slot" else {}  # noqa: F841 (the peer writes)
         conn.send(dev.address)
-        back = conn.recv()
-        ch = dev.connect(back)
+        # One connection per pair, as World makes them: the measuring side
+        # connects, this side takes the channel back on that connection.
+        ch = dev.channel_to(dev.wait_for_peer(30)["device_id"])
         for s in sizes:
             src = dev.empty(_shape(s), "float32", memory=memory)
             if series != "notify":
@@ -76,7 +77,6 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress:
         with tw.Device(transport=transport, progress=progress) as dev:
             slots = {s: dev.static_slot(f"pong{s}", _shape(s), "float32", depth=2, memory=memory) for s in sizes}
             keep = _publish(dev, sizes, "npong", memory) if series != "slot" else {}  # noqa: F841
-            peer.send(dev.address)
             ch = dev.connect(address)
             for s in sizes:
                 src = dev.empty(_shape(s), "float32", memory=memory)

@@ -1,7 +1,7 @@
 // Copyright tensorwire authors.
 // net::Conn over a loopback tcp connection: how frames are handed to the
-// kernel (the first write of a large frame, the send buffer of large frames)
-// and the delayed acks a reading connection asks for.
+// kernel (the first write of a large frame, the send buffer of large frames),
+// the delayed acks a reading connection asks for, and riders.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "net/socket.h"
+#include "tensorwire/error.h"
 
 namespace net = tensorwire::net;
 
@@ -147,4 +148,35 @@ TEST(Socket, AReadAsksForDelayedAcks) {
   p.send_and_receive("hello", pattern(4096, 4));
   ::getsockopt(p.rx_fd, IPPROTO_TCP, TCP_QUICKACK, &quick, &len);
   EXPECT_EQ(quick, 0);
+}
+
+// A rider waits for the connection's next frame and arrives just ahead of it;
+// a later rider with the same key replaces it; flush_riders() sends what still
+// waits on its own; a closed connection refuses one.
+TEST(Socket, RidersGoAheadOfTheNextFrame) {
+  Pair p;
+  const int a = 0, b = 0;
+  EXPECT_TRUE(p.tx->ride(&a, "release 1"));   // none waited: the caller arranges a flush
+  EXPECT_FALSE(p.tx->ride(&a, "release 2"));  // replaces "release 1"
+  EXPECT_FALSE(p.tx->ride(&b, "other"));
+  p.send_and_receive("reply", pattern(100, 5));
+  ASSERT_EQ(p.got.size(), 3u);
+  EXPECT_EQ(p.got[0].header, "release 2");
+  EXPECT_TRUE(p.got[0].payload.empty());
+  EXPECT_EQ(p.got[1].header, "other");
+  EXPECT_EQ(p.got[2].header, "reply");
+  EXPECT_TRUE(p.got[2].payload == pattern(100, 5));
+
+  p.tx->flush_riders();  // nothing waits: nothing is sent
+  EXPECT_TRUE(p.tx->ride(&a, "release 3"));
+  p.tx->flush_riders();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (p.got.size() < 4 && std::chrono::steady_clock::now() < deadline) p.poller.progress(1);
+  ASSERT_EQ(p.got.size(), 4u) << "the flushed rider did not arrive within 20 s";
+  EXPECT_EQ(p.got[3].header, "release 3");
+  p.send_and_receive("after", {});
+  ASSERT_EQ(p.got.size(), 5u) << "a flushed rider went twice";
+
+  p.tx->close("test");
+  EXPECT_THROW(p.tx->ride(&a, "late"), tensorwire::ConnectionError);
 }
