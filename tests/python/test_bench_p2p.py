@@ -124,6 +124,7 @@ def test_slot_latency_bench(tmp_path, transport, progress):
     report = json.loads(out.read_text())
     assert report["config"]["progress"] == progress
     assert [r["size"] for r in report["rows"]] == [8, 4096]
+    assert {r["memory"] for r in report["rows"]} == {"host"}
     for row in report["rows"]:
         assert 0 < row["lat_us"]["min"] <= row["lat_us"]["p50"] <= row["lat_us"]["max"]
 
@@ -143,6 +144,7 @@ def test_slot_latency_bench_in_gpu_memory(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["config"]["memory"] == "cuda"
+    assert all(r["memory"].startswith("cuda") for r in report["rows"]), report["rows"]  # not only the config's word
     assert sorted((r["series"], r["size"]) for r in report["rows"]) == [("notify", 8), ("notify", 4096),
                                                                          ("slot", 8), ("slot", 4096)]
     for row in report["rows"]:

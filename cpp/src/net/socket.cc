@@ -711,6 +711,26 @@ unsigned Poller::progress(int timeout_ms) {
     timeout_ms = 0;
   }
   if (count_.load(std::memory_order_relaxed) == 0 && listen_fd_ < 0 && timeout_ms == 0) return handled;
+  // A look (timeout 0: a spinning waiter's) at a poller with one connection
+  // that has nothing to write: its recv says whether bytes came, where
+  // epoll_wait and then the recv were two syscalls per frame (a 1 KiB tcp
+  // slot round trip 0.6 us shorter; bench/results/net_one_socket_riders.txt).
+  if (timeout_ms == 0 && listen_fd_ < 0 && count_.load(std::memory_order_relaxed) == 1) {
+    std::shared_ptr<Conn> only;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (conns_.size() == 1) only = conns_.begin()->second;
+    }
+    bool out = true;
+    if (only) {
+      std::lock_guard<std::mutex> lock(only->tx_mu_);
+      out = only->want_out_;
+    }
+    if (only && !out) {
+      serve(only, EPOLLIN);
+      return handled;
+    }
+  }
   epoll_event events[64];
   int n;
   do {
