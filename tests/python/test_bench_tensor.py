@@ -358,21 +358,28 @@ def test_targets_pick_the_worst_size():
 
 
 def test_tcp_targets_are_those_of_the_network_path():
-    """Over tcp the bars are zerocopy against ucx-tag, gloo and a plain socket,
-    and the dynamic slot's speed relative to zerocopy (zerocopy / dynamic)."""
+    """Over tcp the bars are zerocopy against ucx-tag, gloo and a plain socket (1.2x
+    ucx-tag and the socket for 1-64 KiB), and the dynamic slot's speed relative to
+    zerocopy (zerocopy / dynamic)."""
     rows = [
         {"series": "zerocopy", "size": 1 << 10, "median_us": 10.0},
         {"series": "gloo", "size": 1 << 10, "median_us": 100.0},
         {"series": "ucx-tag", "size": 1 << 10, "median_us": 9.0},
-        {"series": "socket", "size": 1 << 10, "median_us": 5.0},  # below 1 MiB: not judged
+        {"series": "socket", "size": 1 << 10, "median_us": 5.0},  # judged by the 1.2x bar only
+        {"series": "zerocopy", "size": 64 << 10, "median_us": 20.0},
+        {"series": "ucx-tag", "size": 64 << 10, "median_us": 30.0},
         {"series": "zerocopy", "size": 1 << 20, "median_us": 200.0, "stream_MBps": 6000.0},
         {"series": "dynamic", "size": 1 << 20, "median_us": 250.0},
         {"series": "socket", "size": 1 << 20, "median_us": 300.0, "stream_MBps": 5000.0},
         {"series": "gloo", "size": 1 << 20, "median_us": 190.0},
     ]
     got = {t["target"]: t for t in bt.targets(rows, "tcp")}
-    assert set(got) == {"zerocopy >= ucx-tag", "zerocopy >= gloo", "dynamic >= 0.9x zerocopy",
-                        "zerocopy >= socket", "zerocopy >= socket (stream)"}
+    assert set(got) == {"zerocopy >= 1.2x ucx-tag", "zerocopy >= 1.2x socket", "zerocopy >= ucx-tag",
+                        "zerocopy >= gloo", "dynamic >= 0.9x zerocopy", "zerocopy >= socket",
+                        "zerocopy >= socket (stream)"}
+    small = got["zerocopy >= 1.2x ucx-tag"]
+    assert (small["worst"], small["at"], small["sizes"], small["met"]) == (pytest.approx(0.9), 1 << 10, 2, False)
+    assert got["zerocopy >= 1.2x socket"]["worst"] == pytest.approx(0.5) and got["zerocopy >= 1.2x socket"]["sizes"] == 1
     assert got["zerocopy >= ucx-tag"]["worst"] == pytest.approx(0.9) and not got["zerocopy >= ucx-tag"]["met"]
     g = got["zerocopy >= gloo"]
     assert (g["worst"], g["at"], g["met"]) == (pytest.approx(0.95), 1 << 20, False)

@@ -489,6 +489,37 @@ def test_a_barrier_returns_when_the_store_goes_after_every_rank_arrived(tmp_path
     assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs
 
 
+@pytest.mark.timeout(120)
+def test_rank_0_does_not_take_the_store_away_before_the_last_barrier_is_read(tmp_path: Path) -> None:
+    """Rank 0 hosts the c10d store (env:// without an agent) and leaves right after a
+    store barrier (destroy_process_group, then exit: bench torch-dist's rank program). A rank
+    still reading that barrier's values must get them: destroy_process_group on rank 0 waits,
+    bounded, until the last reader is done. Rank 1 reads late here (1 s)."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
+        r = dist.get_rank()
+        if r == 1:  # reads the barrier's values late: rank 0 is through it by then
+            store = dist.distributed_c10d._get_default_group().world.store
+            real_get = store._get
+            def late_get(key):
+                time.sleep(1.0)
+                store._get = real_get
+                return real_get(key)
+            store._get = late_get
+        dist.barrier()
+        say("BARRIER OK", r)
+        dist.destroy_process_group()
+        os._exit(0)
+    """)
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, LOCAL_WORLD_SIZE="2"))
+             for r in range(2)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("n,transport", [(3, "shm"), (2, "tcp")])
 def test_large_all_reduce_through_mapped_memory_matches(n: int, transport: str, tmp_path: Path) -> None:

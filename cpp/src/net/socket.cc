@@ -270,6 +270,7 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
   op.payload = static_cast<const char*>(payload);
   op.length = length;
   std::unique_lock<std::mutex> lock(tx_mu_);
+  Writing writing(*this);
   if (closing_.load(std::memory_order_acquire)) {
     throw ConnectionError("connection to " + name_ + " is closed" + (close_why_.empty() ? "" : ": " + close_why_));
   }
@@ -324,6 +325,7 @@ bool Conn::ride(const void* key, std::string_view header) {
 
 void Conn::flush_riders() {
   std::unique_lock<std::mutex> lock(tx_mu_);
+  Writing writing(*this);
   TxOp op;
   if (closing_.load(std::memory_order_acquire) || !take_riders(op)) return;
   if (txq_.empty()) {
@@ -343,6 +345,7 @@ void Conn::flush_riders() {
 void Conn::want_writable(bool on) {
   if (on == want_out_) return;
   want_out_ = on;
+  queued_out_.store(on, std::memory_order_release);
   if (poller_) poller_->update(this, on);
 }
 
@@ -361,6 +364,7 @@ unsigned Conn::on_writable() {
   bool failed = false;
   {
     std::lock_guard<std::mutex> lock(tx_mu_);
+    Writing writing(*this);
     while (!txq_.empty()) {
       TxOp& op = txq_.front();
       const std::uint64_t before = op.sent;
@@ -721,12 +725,7 @@ unsigned Poller::progress(int timeout_ms) {
       std::lock_guard<std::mutex> lock(mu_);
       if (conns_.size() == 1) only = conns_.begin()->second;
     }
-    bool out = true;
-    if (only) {
-      std::lock_guard<std::mutex> lock(only->tx_mu_);
-      out = only->want_out_;
-    }
-    if (only && !out) {
+    if (only && !only->tx_busy_.load(std::memory_order_acquire)) {
       serve(only, EPOLLIN);
       return handled;
     }

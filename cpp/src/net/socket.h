@@ -163,6 +163,17 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::size_t tx_bytes_ = 0;
   std::vector<std::pair<const void*, std::string>> riders_;  // under tx_mu_: (key, prefix + header)
   bool take_riders(TxOp& op);  // tx_mu_ held: puts the waiting riders ahead of op's frame
+  // Whether a write is under way or queued (want_out_), read without tx_mu_ by
+  // Poller::progress's direct look: a recv on the socket waits in the kernel
+  // for the socket's lock, which a large write holds (a spinning waiter beside
+  // a thread sending 1 MiB frames on the same socket halved its rate).
+  std::atomic<bool> tx_busy_{false};
+  std::atomic<bool> queued_out_{false};  // want_out_, for the same readers
+  struct Writing {  // tx_busy_ while a send holds tx_mu_
+    explicit Writing(Conn& c) : conn(c) { conn.tx_busy_.store(true, std::memory_order_release); }
+    ~Writing() { conn.tx_busy_.store(conn.queued_out_.load(std::memory_order_acquire), std::memory_order_release); }
+    Conn& conn;
+  };
   bool want_out_ = false;
   bool small_sndbuf_ = false;  // under tx_mu_: the send buffer is kStreamSndbuf (a large frame is going)
   int errno_ = 0;

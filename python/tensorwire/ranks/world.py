@@ -58,7 +58,7 @@ from .rendezvous import (Aborted, ControlStore, Store, TorchStore, gather, publi
                          torchrun_store)
 
 DEFAULT_ROOT_PORT = 29600
-CLOSE_LINGER_S = 5.0  # how long rank 0, serving the store, waits at close for the others to read the last round
+CLOSE_LINGER_S = 5.0  # how long rank 0, the store's host, waits at close for the others to read the last round
 # Worlds of more than one rank made in this process, by rank: the k-th World of every rank meets
 # under the k-th prefix (a torchrun store outlives Worlds)
 _worlds: dict[int, int] = {}
@@ -468,13 +468,18 @@ class World:
                 eng.close()
             except Error:
                 pass
-        if self._serving and self._round and not self.device.closed:
-            # the others may still read the last round from our store: give them a moment
-            # (its last reader deletes it)
+        if (self.rank == 0 and self.size > 1 and self.store is not None and (self._serving or sync) and self._round
+                and not self.device.closed):
+            # the others may still read the last round from the store, which rank 0 hosts (ours,
+            # or torch's TCPStore under env:// without an agent, gone when this process ends):
+            # give them a moment (its last reader deletes it)
             last = f"{self._round_prefix(self._round)}/0"
             deadline = time.monotonic() + min(self.timeout, CLOSE_LINGER_S)
-            while self.store.check([last]) and time.monotonic() < deadline:
-                time.sleep(0.001)
+            try:
+                while self.store.check([last]) and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            except Error:
+                pass  # a store whose host (an agent) is gone: nobody can read it any more
         self._channels.clear()
         self.device.close()
 
