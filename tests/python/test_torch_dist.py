@@ -454,6 +454,18 @@ def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp
     assert "LEFT" in run.stdout and "RECEIVED 60" in run.stdout, run.stdout + run.stderr[-3000:]
 
 
+def _both_pass_a_barrier(prog: Path) -> None:
+    """Runs `prog` as 2 ranks by env:// without torchrun (rank 0 hosts the c10d store, as
+    torchrun's agent would otherwise); both must exit 0 and rank 1 say "BARRIER OK 1"."""
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                                       MASTER_PORT=port, LOCAL_WORLD_SIZE="2"))
+             for r in range(2)]
+    outs = [p.communicate(timeout=100) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs
+
+
 @pytest.mark.timeout(120)
 def test_a_barrier_returns_when_the_store_goes_after_every_rank_arrived(tmp_path: Path) -> None:
     """A barrier before any collective meets in the c10d store, which rank 0 hosts. Rank 0 reads
@@ -480,13 +492,7 @@ def test_a_barrier_returns_when_the_store_goes_after_every_rank_arrived(tmp_path
         say("BARRIER OK", r)
         os._exit(0)
     """)
-    port = str(free_port())  # env:// without torchrun: rank 0 hosts the store (torchrun's agent would)
-    procs = [subprocess.Popen([sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=port, LOCAL_WORLD_SIZE="2"))
-             for r in range(2)]
-    outs = [p.communicate(timeout=100) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs
+    _both_pass_a_barrier(prog)
 
 
 @pytest.mark.timeout(120)
@@ -511,13 +517,7 @@ def test_rank_0_does_not_take_the_store_away_before_the_last_barrier_is_read(tmp
         dist.destroy_process_group()
         os._exit(0)
     """)
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=port, LOCAL_WORLD_SIZE="2"))
-             for r in range(2)]
-    outs = [p.communicate(timeout=100) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs
+    _both_pass_a_barrier(prog)
 
 
 @pytest.mark.timeout(150)
