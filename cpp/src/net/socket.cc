@@ -26,7 +26,10 @@ namespace tensorwire::net {
 namespace {
 
 constexpr std::size_t kRxChunk = std::size_t(256) << 10;  // the most one read asks for
-constexpr std::size_t kFirstLook = std::size_t(16) << 10;  // what a read asks for before it knows the frame
+// What a read asks for before it knows the frame: 16 KiB and room for a frame's prefix and
+// header, so that a 16 KiB tensor's frame comes in one read, not two (bench tensor over tcp,
+// bench/results/net_one_socket_riders.txt, last section).
+constexpr std::size_t kFirstLook = (std::size_t(16) << 10) + 512;
 constexpr unsigned kFramesPerTurn = 256;                   // then other connections get their turn
 // A frame larger than twice this goes out in two writes at least: this much
 // first, then the rest. One sendmsg of a whole megabyte left the receiver
