@@ -385,10 +385,16 @@ Request ChannelImpl::send_message(DataHeader h, std::string_view extra, const Lo
 }
 
 bool ChannelImpl::ride_message(const void* key, DataHeader h) {
-  if (!sock) return false;
-  check_usable();
+  // A lane that failed or closed: the caller's own path reports it where it always did.
+  if (!sock || failed() || sock->closed()) return false;
   h.token = peer->hello.data_token;
-  if (sock->ride(key, h.encode())) {
+  bool first;
+  try {
+    first = sock->ride(key, h.encode());
+  } catch (const ConnectionError&) {  // closed since the look above
+    return false;
+  }
+  if (first) {
     std::weak_ptr<net::Conn> weak = sock;
     worker->defer([weak] {
       if (auto conn = weak.lock()) conn->flush_riders();

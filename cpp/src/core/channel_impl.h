@@ -161,7 +161,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // rides in the next message sent on this lane's socket (net::Conn::ride;
   // `key` coalesces: a later one replaces it), or goes at the worker's next
   // flush point if none is sent first. False where the lane has no socket
-  // (UCX lanes): then send_message it.
+  // (UCX lanes) or is no longer usable: then send it the usual way.
   bool ride_message(const void* key, DataHeader h);
   // Whether a payload from `local` to `remote` can go placed
   // (put_then_message): a message-form lane, host memory on both sides.
