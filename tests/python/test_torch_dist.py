@@ -15,17 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import torchrun  # noqa: E402
 from tensorwire.ranks.launch import free_port  # noqa: E402
 
 HERE = Path(__file__).parent
 OPS_SCRIPT = HERE / "_torch_dist_ops.py"
-
-
-def torchrun(n: int, script: Path, *args: str, timeout: float = 150, env: dict | None = None):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-           "--master-port", str(free_port()), str(script), *args]
-    e = dict(os.environ, **(env or {}))
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=e)
 
 
 def load(out: Path, n: int) -> list[dict]:

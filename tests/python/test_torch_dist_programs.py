@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tensorwire.ranks.launch import free_port  # noqa: E402
+from conftest import torchrun as conftest_torchrun  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 ENV = dict(os.environ, OMP_NUM_THREADS="1")  # the same threads under both launchers: the same float sums
@@ -22,9 +22,7 @@ RUN_S = 55  # one program's run (a few seconds alone; the machine is shared)
 
 
 def torchrun(n: int, example: str, *args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-           "--master-port", str(free_port()), str(EXAMPLES / example), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_S, env=ENV)
+    return conftest_torchrun(n, EXAMPLES / example, *args, timeout=RUN_S, env=ENV)
 
 
 def ok(run: subprocess.CompletedProcess) -> str:
