@@ -332,6 +332,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::map<std::uint64_t, Grant> grants_;  // start -> grant: our memory this peer may reach by message
   std::list<std::uint64_t> grant_order_;   // the starts, oldest first (revoke() takes one out in O(1))
   std::shared_ptr<RemoteRegionImpl> region_locked(const RegionDescriptor& d);
+  std::shared_ptr<net::Conn> inbound_lane_locked(int lane, int worker) const;  // mu_ held
   std::atomic<bool> failed_{false};
   static std::int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())

@@ -98,14 +98,7 @@ std::shared_ptr<net::Conn> Peer::lane_from_dialer(int lane, int worker, double t
   // The dialer answered before its lane's introduction reached us on a socket of its own.
   std::unique_lock<std::mutex> lock(mu_);
   std::shared_ptr<net::Conn> found;
-  lane_cv_.wait_until(lock, deadline, [&] {
-    auto it = inbound_lanes_.find(static_cast<std::uint32_t>(lane));
-    if (it != inbound_lanes_.end() && it->second.first == worker) {
-      auto c = it->second.second.lock();
-      if (c && !c->closed()) found = std::move(c);
-    }
-    return found || failed();
-  });
+  lane_cv_.wait_until(lock, deadline, [&] { return (found = inbound_lane_locked(lane, worker)) || failed(); });
   if (!found && !failed()) {
     TW_LOG_WARN("%s did not open lane %d within %g s: dialling our own", describe().c_str(), lane, timeout_s);
   }
@@ -114,6 +107,10 @@ std::shared_ptr<net::Conn> Peer::lane_from_dialer(int lane, int worker, double t
 
 std::shared_ptr<net::Conn> Peer::inbound_lane(int lane, int worker) const {
   std::lock_guard<std::mutex> lock(mu_);
+  return inbound_lane_locked(lane, worker);
+}
+
+std::shared_ptr<net::Conn> Peer::inbound_lane_locked(int lane, int worker) const {
   auto it = inbound_lanes_.find(static_cast<std::uint32_t>(lane));
   if (it == inbound_lanes_.end() || it->second.first != worker) return nullptr;
   auto c = it->second.second.lock();
