@@ -40,6 +40,9 @@ VARIABLES: tuple[Variable, ...] = (
              "blocking, polling, inline", "Device(progress=...), blocking", CORE),
     Variable("TENSORWIRE_TRANSPORT", "transport of the torch.distributed backend's Devices "
              "(`Device(transport=...)`)", "auto, tcp, shm, rdma", "auto (UCX_TLS as set)", "tensorwire.torch.backend"),
+    Variable("TENSORWIRE_SHARE_IN_PLACE", "whether the torch.distributed backend shares a tensor it moves again "
+             "with same-host peers in place (tensorwire.sharing; 0: never, the copies go through UCX and "
+             "the landing areas)", "0, 1", "1", "tensorwire.ranks.messages"),
     Variable("TENSORWIRE_SPIN_US", "how long a waiter polls before it sleeps on the event fd (overrides "
              "Device(spin_us=))", "0..1000000 (microseconds)", "Device(spin_us=...), 100", CORE),
     Variable("TENSORWIRE_LANE_FORM", "how lanes move data: one-sided RMA or active messages (a comma list: "

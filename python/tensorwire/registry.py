@@ -16,7 +16,7 @@ with it (docs/contracts.md section 11).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 
 DEFAULT_MAX_ENTRIES = 256
@@ -29,11 +29,18 @@ class RegistrationCache:
     Args:
         device: the tensorwire Device that registers.
         max_entries, max_bytes: bounds on what the cache holds alive.
+        register: makes the entry for (address, nbytes) (default: the device's registration;
+            tensorwire.sharing.share_in_place keeps shares in a cache of their own).
+        release: called with an entry when it leaves the cache (default: nothing, the entry
+            ends when dropped).
     """
 
     def __init__(self, device: Any, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+                 max_bytes: int = DEFAULT_MAX_BYTES, register: Optional[Callable[[int, int], Any]] = None,
+                 release: Optional[Callable[[Any], None]] = None) -> None:
         self.device = device
+        self.register = register
+        self.release = release
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self.entries: OrderedDict[tuple[int, int], tuple[Any, Any]] = OrderedDict()
         self.held = 0
@@ -53,7 +60,7 @@ class RegistrationCache:
             self.hits += 1
             return hit[0]
         self.misses += 1
-        reg = self.device.register_memory(key[0], max(key[1], 1))
+        reg = (self.register or self.device.register_memory)(key[0], max(key[1], 1))
         self.entries[key] = (reg, keep)
         self.held += key[1]
         while len(self.entries) > 1 and (len(self.entries) > self.max_entries or self.held > self.max_bytes):
@@ -77,6 +84,8 @@ class RegistrationCache:
         self.held -= key[1]
         for cb in self.on_drops.pop(id(reg), []):
             cb()
+        if self.release is not None:
+            self.release(reg)
 
     def clear(self) -> None:
         """Drops every registration (process group destruction)."""

@@ -541,6 +541,62 @@ def test_large_all_reduce_through_mapped_memory_matches(n: int, transport: str, 
     assert run.stdout.count(f"SHARED {shared}") == n, run.stdout + run.stderr[-3000:]
 
 
+@pytest.mark.timeout(150)
+def test_all_reduce_in_the_ranks_own_tensors_shared_in_place(tmp_path: Path) -> None:
+    """A tensor all-reduced again is shared in place (tensorwire.sharing) and reduced in the
+    ranks' own tensors: exact results for every op and dtype with odd lengths (the elements outside
+    the whole pages go through the engine), a slice of a larger allocation left out of it (the
+    rest of its allocation stays private), a size that differs between ranks refused on every rank,
+    and after the group is destroyed every shared allocation is private memory again."""
+    prog = script(tmp_path, """
+        from tensorwire import sharing
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        r, n = dist.get_rank(), dist.get_world_size()
+        pg = dist.distributed_c10d._get_default_group()
+        count = n * 700_001 + 5
+        base = torch.arange(count) % 7
+        kept = []
+        for dt, op in ((torch.float32, dist.ReduceOp.SUM), (torch.float32, dist.ReduceOp.AVG),
+                       (torch.int64, dist.ReduceOp.MAX), (torch.bfloat16, dist.ReduceOp.SUM),
+                       (torch.float16, dist.ReduceOp.MIN), (torch.int32, dist.ReduceOp.PRODUCT)):
+            t = (base + r).to(dt)
+            want = {dist.ReduceOp.SUM: base * n + n * (n - 1) // 2, dist.ReduceOp.MAX: base + n - 1,
+                    dist.ReduceOp.MIN: base, dist.ReduceOp.AVG: (base * n + n * (n - 1) // 2).double() / n,
+                    dist.ReduceOp.PRODUCT: torch.stack([base + k for k in range(n)]).prod(0)}[op].to(dt)
+            for again in range(3):  # the second call on shares it; the third reuses the share
+                t.copy_((base + r).to(dt))
+                dist.all_reduce(t, op=op)
+                assert torch.equal(t, want), (dt, op, again, t[:9], want[:9])
+            kept.append(t)
+        say("IN_PLACE", pg._in_place, len(pg.msg.shares), r)
+        big = torch.full((3 << 20,), 2.0)
+        part = big[1000: 1000 + (2 << 20)]
+        for _ in range(3):
+            part.fill_(1.0)
+            dist.all_reduce(part)
+        assert float(part.sum()) == n * (2 << 20) and float(big[:1000].sum()) == 2000
+        say("SLICE", pg.msg.shares.cached((big.untyped_storage().data_ptr(), big.untyped_storage().nbytes())), r)
+        odd = torch.ones(count + (r == 1))
+        try:
+            dist.all_reduce(odd)
+            say("NO ERROR", r)
+        except ValueError as e:
+            say("REFUSED", r, e)
+        ranges = [sharing.interior(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in kept]
+        dist.destroy_process_group()
+        say("PRIVATE", all(sharing.private_anonymous(lo, hi) for lo, hi in ranges), r)
+    """)
+    run = torchrun(3, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": "shm"})
+    out = run.stdout + run.stderr[-3000:]
+    assert run.returncode == 0, out
+    for r in range(3):
+        assert f"IN_PLACE True 6 {r}" in run.stdout, out
+        assert f"SLICE None {r}" in run.stdout, out
+        assert f"PRIVATE True {r}" in run.stdout, out
+    refused = [x for x in run.stdout.splitlines() if x.startswith("REFUSED")]
+    assert len(refused) == 3 and all("all_reduce of" in x and "rank" in x for x in refused), out
+
+
 @pytest.mark.timeout(120)
 def test_killed_rank_fails_a_large_all_reduce_naming_it(tmp_path: Path) -> None:
     """A rank killed between two all_reduces through the mapped landing areas: the others' next
@@ -549,9 +605,12 @@ def test_killed_rank_fails_a_large_all_reduce_naming_it(tmp_path: Path) -> None:
     prog = script(tmp_path, """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=90))
         r = dist.get_rank()
-        t = torch.ones(3 << 20)  # 12 MiB: the landing areas' path, several pieces
+        t = torch.ones(3 << 20)  # 12 MiB: the landing areas' path, then (again) shared in place
         dist.all_reduce(t)
-        assert bool(dist.distributed_c10d._get_default_group()._shared) and float(t[0]) == 3
+        t.fill_(1)
+        dist.all_reduce(t)
+        pg = dist.distributed_c10d._get_default_group()
+        assert bool(pg._shared) and pg._in_place and float(t[0]) == 3
         dist.barrier()
         if r == 2:
             os.kill(os.getpid(), 9)

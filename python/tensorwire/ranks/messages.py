@@ -53,14 +53,16 @@ channels: a dead peer fails the wait within the Device's liveness bound.
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from .. import _core
+from .. import _core, sharing
 from ..errors import Error, InvalidArgument, Timeout
+from ..registry import RegistrationCache
 
 SLOTS = 64                # records in flight per direction and peer (a power of two)
 DEFAULT_PULL_BYTES = 4 << 20    # up to here a tensor not registered yet is copied out for the receiver to pull
@@ -81,6 +83,8 @@ WAIT_SLICE_S = 0.05       # a wait re-reads what a word-equality wait can miss (
 MAX_UNMATCHED = 16384
 PULLED_KEPT = 1024        # allocations sent from once (pulled) remembered, to register one sent again
 REMOTES_KEPT = 1024       # unpacked descriptors of peers' tensors kept for the next placed send
+SHARES_MAX_BYTES = 2 << 30  # allocations kept shared in place (and alive) at most
+MET_KEPT = 4096           # allocations remembered as moved once (shared in place when moved again)
 
 EAGER, RTS, RTR, DONE, ERR, TAKEN = 1, 2, 3, 4, 5, 6
 ERR_ON_RECV = 1  # an ERR record's offset: about the receive it names (else: about the send)
@@ -231,6 +235,13 @@ class Messenger:
         self.remotes: dict[tuple[int, bytes], Any] = {}        # (peer, descriptor) -> RemoteRegion
         self.failed: dict[int, BaseException] = {}             # peers whose channel failed
         self.next_word: list[Any] = [None] * n                 # (number, Word) of the next record per peer
+        # allocations shared in place with same-host peers, and the peers' shares mapped here
+        # (tensorwire.sharing): the backend's all_reduce reads and writes the ranks' own tensors
+        self.sharing = os.environ.get("TENSORWIRE_SHARE_IN_PLACE", "1") != "0"
+        self.shares = RegistrationCache(world.device, max_bytes=SHARES_MAX_BYTES,
+                                        register=sharing.share_in_place, release=sharing.Share.release)
+        self.peer_shares = sharing.PeerShares()
+        self.met: OrderedDict[tuple[int, int], None] = OrderedDict()  # allocations moved once
         self.closed = False
 
     # ---- public API --------------------------------------------------------
@@ -320,6 +331,25 @@ class Messenger:
         self.recvs[mkey] = op
         return op
 
+    def share(self, alloc: tuple[int, int, Any]) -> sharing.Share | None:
+        """The share of the allocation (address, nbytes, keepalive), made when it is moved the
+        second time (sharing copies the allocation once and each peer maps it: a temporary moved
+        once does not pay that back), or None: not yet, sharing is off, or the allocation's pages
+        are not malloc's private memory. The caller makes sure no other bytes of the allocation
+        change while it is being shared (the op's own tensor covers its whole pages)."""
+        key = (int(alloc[0]), int(alloc[1]))
+        if not self.sharing:
+            return None
+        if self.shares.cached(key) is None and key not in self.met:
+            self.met[key] = None
+            while len(self.met) > MET_KEPT:
+                self.met.popitem(last=False)
+            return None
+        try:
+            return self.shares.lookup(alloc)
+        except sharing.SharingError:
+            return None
+
     def test(self, op: Op) -> bool:
         if not op.done:
             self.progress()
@@ -398,6 +428,8 @@ class Messenger:
             self.world.device.unpublish(self.name)
         except Error:
             pass
+        self.shares.clear()  # private pages back under every allocation shared in place
+        self.peer_shares.close()
 
     # ---- progress ----------------------------------------------------------
 

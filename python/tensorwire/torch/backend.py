@@ -28,11 +28,14 @@ has the table of ops, dtypes, limits and how failures surface.
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import os
 import queue
 import threading
 import time
+import zlib
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -41,6 +44,7 @@ import torch.distributed as dist
 from torch.futures import Future
 
 from .. import errors as tw_errors
+from .. import sharing
 from ..ranks.messages import Messenger
 from ..registry import RegistrationCache
 from ..ranks.world import Placement, World
@@ -55,6 +59,12 @@ LARGE_ALLREDUCE = 1 << 20
 # all_reduce among ranks whose memory is mapped into each other (one host, shared memory): each round
 # moves a piece of this many bytes per chunk through the peers' landing areas (n - 1 of them per rank)
 SHARED_PIECE = 4 << 20
+# all_reduce among ranks that map each other's tensors (shared in place, tensorwire.sharing): rank p
+# reduces chunk p reading the peers' tensors and writes the result into them, this many bytes at a
+# time (a piece stays in cache between its reduction and its copies out)
+IN_PLACE_PIECE = 256 << 10
+TICKET = 8  # int64s of an in-place all_reduce's ticket: fd, pid, inode, length, offset, nbytes, dtype, spare
+SEEN_TICKETS = 4096  # tickets every rank remembers (identically) to skip the agreement round for known shares
 ReduceOp = dist.ReduceOp
 _REDUCE_NAMES = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
                  ReduceOp.AVG: "avg"}
@@ -251,6 +261,9 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         self._scratch: torch.Tensor | None = None   # reduce_scatter's landing area (registered once)
         self._shared: Any = None  # all_reduce through mapped memory: (area, its bytes, the peers' areas), or False
         self._tokens = torch.zeros(size, dtype=torch.int64)  # that all_reduce's token rounds: ours, one per peer
+        # all_reduce in the ranks' own tensors, shared in place (None: not tried yet; False: not here)
+        self._in_place: bool | None = None
+        self._seen: OrderedDict[tuple[int, ...], None] = OrderedDict()  # tickets all ranks have mapped
         self._closed = False
         # Every use of the World and the messages engine holds _lock (they are single-threaded).
         # Collectives asked as async_op (DDP's gradient buckets, FSDP's gathers) run in order on
@@ -463,11 +476,18 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             return
         if t.numel() * t.element_size() >= LARGE_ALLREDUCE and t.numel() >= self.size():
             shared = self._shared_area()
+            flat = t.detach().reshape(-1)
+            if shared and self._allreduce_in_place(flat, op):
+                return
             if shared:
-                self._allreduce_shared(t.detach().reshape(-1), op, shared)
+                self._allreduce_shared(flat, op, shared)
             else:
-                self._allreduce_by_messages(t.detach().reshape(-1), op)
+                self._allreduce_by_messages(flat, op)
             return
+        self._allreduce_engine(t, op)
+
+    def _allreduce_engine(self, t: torch.Tensor, op: str) -> None:
+        """all_reduce on the World's collectives engine (the small sizes)."""
         engine_op = "sum" if op == "avg" else op
         if t.dtype == torch.bfloat16:  # numpy has no bfloat16: reduce in float32, round once
             wide = t.float()
@@ -559,6 +579,103 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                 if pb > pa:
                     at_p = slot(r, p, True)
                     flat[pa:pb].view(torch.uint8).copy_(landed[at_p: at_p + (pb - pa) * es])
+
+    def _allreduce_in_place(self, flat: torch.Tensor, op: str) -> bool:
+        """All-reduce in the ranks' own tensors, each shared in place with the others
+        (tensorwire.sharing): rank p reduces chunk p reading every peer's tensor straight, in rank
+        order, a piece at a time, and writes each piece of the result into every peer's tensor.
+        Each byte is read from its owner once and written once per rank, against the landing
+        areas' three copies of it; no copy into or out of a staging area. Rounds: a ticket round
+        (each rank's share: the first message also says its input is ready), an agreement round
+        only when a share is new (every rank mapped every peer's, or all fall back), and a token
+        round at the end (every write into a peer's tensor has landed). The few elements outside
+        every rank's whole pages (< a page at each end) go through the engine. False (nothing
+        moved) when some rank's tensor cannot be shared: the caller takes the landing areas."""
+        if self._in_place is False or not self.msg.sharing:
+            return False
+        n, r, peers = self._size, self._rank, self._peers()
+        es, total = flat.element_size(), flat.numel()
+        code = zlib.crc32(str(flat.dtype).encode()) & 0x7FFFFFFF
+        share = self._share(flat)
+        mine = torch.tensor([-1, 0, 0, 0, 0, total * es, code, 0], dtype=torch.int64)
+        if share is not None:
+            pid, fd, ino, length = share.ticket()
+            mine[:5] = torch.tensor([fd, pid, ino, length, share.lo - flat.data_ptr()])
+        got = torch.zeros(n, TICKET, dtype=torch.int64)
+        got[r] = mine
+        self._exchange([(mine, p) for p in peers], [(got[p], p) for p in peers])
+        tickets = got.tolist()
+        for p, t in enumerate(tickets):
+            if t[5] != total * es or t[6] != code:
+                what = f"{t[5]} B" if t[5] != total * es else "another dtype"
+                raise ValueError(f"tensorwire backend: all_reduce of {total * es} B of {flat.dtype} here, "
+                                 f"rank {p} passed {what}")
+        if any(t[0] < 0 for t in tickets):
+            return False
+        keys = [tuple(t[:5]) for t in tickets]
+        new = any(k not in self._seen for k in keys)
+        addr: dict[int, int] = {}
+        ok = True
+        try:
+            for p in peers:
+                addr[p] = self.msg.peer_shares.address(tickets[p][1], tickets[p][0], tickets[p][2], tickets[p][3])
+        except sharing.SharingError:
+            if not new:
+                raise
+            ok = False
+        if new:  # every rank agrees before anybody writes into a peer's tensor
+            flags = torch.zeros(n, dtype=torch.int64)
+            flags[r] = int(ok)
+            self._exchange([(flags[r: r + 1], p) for p in peers], [(flags[p: p + 1], p) for p in peers])
+            if not bool(flags.all()):
+                self._in_place = False  # this host does not let ranks map each other: never again
+                return False
+            for k in keys:
+                self._seen[k] = None
+            while len(self._seen) > SEEN_TICKETS:
+                self._seen.popitem(last=False)
+        self._in_place = True
+        off = [t[4] for t in tickets]               # rank p's share starts off[p] bytes into its tensor
+        lo = max(0, max(-(-o // es) for o in off))  # elements [lo, hi) lie in every rank's share
+        hi = min(min((o + t[3]) // es for o, t in zip(off, tickets)), total)
+        if hi <= lo:
+            return False
+        q = -(-(hi - lo) // n)
+        a, b = min(lo + r * q, hi), min(lo + (r + 1) * q, hi)  # our chunk
+
+        def view(p: int) -> torch.Tensor:
+            """Elements [a, b) of rank p's tensor, through its share mapped here."""
+            at = addr[p] + a * es - off[p]
+            raw = (ctypes.c_char * ((b - a) * es)).from_address(at)
+            return torch.frombuffer(raw, dtype=torch.uint8).view(flat.dtype)
+        if b > a:
+            theirs = {p: view(p) for p in peers}
+            step = max(1, IN_PLACE_PIECE // es)
+            for i in range(0, b - a, step):
+                j = min(i + step, b - a)
+                ours = flat[a + i: a + j]
+                _reduce_in_rank_order([ours if p == r else theirs[p][i:j] for p in range(n)], ours, op)
+                for p in peers:
+                    theirs[p][i:j].copy_(ours)
+            del theirs
+        self._token_round()
+        if lo > 0 or hi < total:  # the ends outside some rank's whole pages
+            ends = torch.cat([flat[:lo], flat[hi:]])
+            self._allreduce_engine(ends, op)
+            flat[:lo].copy_(ends[:lo])
+            flat[hi:].copy_(ends[lo:])
+        return True
+
+    def _share(self, flat: torch.Tensor) -> sharing.Share | None:
+        """The share of the allocation holding `flat` (Messenger.share: from its second move on),
+        or None; also None when the tensor does not cover the allocation's whole pages (other
+        bytes of it may change while it is being shared)."""
+        storage = flat.untyped_storage()
+        sp, sn = storage.data_ptr(), storage.nbytes()
+        lo, hi = sharing.interior(sp, sn)
+        if hi <= lo or flat.data_ptr() > lo or flat.data_ptr() + flat.numel() * flat.element_size() < hi:
+            return None
+        return self.msg.share((sp, sn, storage))
 
     def _token_round(self) -> None:
         """Every rank tells every other that it is past this point, and waits to hear the same."""

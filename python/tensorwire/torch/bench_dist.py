@@ -16,6 +16,9 @@ import tensorwire.torch  # noqa: F401 - registers "tensorwire"
 
 LAT_WINDOW = 16       # osu_bw's window: sends in flight before the receiver's ack
 BW_BYTES = 1 << 30    # bytes a bandwidth size moves (at least 4 windows: osu_bw repeats its window 20 times)
+# untimed calls and training steps before the clock starts (osu's skip): DDP rebuilds its buckets after
+# its first step, and tensorwire shares a tensor in place on its second all_reduce (docs/torch.md)
+WARMUP = 3
 
 
 def _sync() -> None:
@@ -131,7 +134,8 @@ def collective(op: str, nbytes: int, iters: int) -> float:
     else:
         inp, out = torch.ones(count // n * n), torch.empty(count // n)
         call = lambda: dist.reduce_scatter_single(out, inp)  # noqa: E731
-    call()
+    for _ in range(WARMUP):
+        call()
     _sync()
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -190,7 +194,8 @@ def ddp_samples_per_s(name: str, batch: int, steps: int, sync: bool = True) -> f
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
-    step()
+    for _ in range(WARMUP):
+        step()
     _sync()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -218,7 +223,8 @@ def pipe_samples_per_s(name: str, batch: int, steps: int, microbatches: int = 4)
             sched.step(target=y)
         else:
             sched.step()
-    step()
+    for _ in range(WARMUP):
+        step()
     _sync()
     t0 = time.perf_counter()
     for _ in range(steps):
