@@ -351,6 +351,49 @@ def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("share", ["1", "0"])
+def test_split_messages_copy_through_the_peers_shares(share: str, tmp_path: Path) -> None:
+    """Tensors past the pull size sent again from and into the same allocations over shm are
+    shared in place (tensorwire.sharing): the receiver copies its half out of the sender's share
+    and a sender that finds the receiver's ready-to-receive record copies its half into the
+    receiver's share, the bytes outside the whole pages through UCX; every byte lands, whoever
+    posts first, and a slice of a larger allocation is never shared. TENSORWIRE_SHARE_IN_PLACE=0:
+    the same messages through UCX alone."""
+    prog = script(tmp_path, """
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        r = dist.get_rank()
+        count = (5 << 20) // 8 + 3  # past the 4 MiB pull size: registered and split
+        src, dst = torch.zeros(count, dtype=torch.int64), torch.zeros(count, dtype=torch.int64)
+        big = torch.zeros(2 * count, dtype=torch.int64)
+        part = big[7: 7 + count]  # a slice: its allocation has bytes the op does not cover
+        ready = torch.zeros(1)
+        for it in range(5):
+            for buf in (dst, part):
+                if r == 0:
+                    src.copy_(torch.arange(count) * (it + 3) + (buf is part))
+                    if it % 2:  # the receive is posted first: its RTR (and share) waits for us
+                        dist.recv(ready, 1)
+                    dist.send(src, 1)
+                else:
+                    w = dist.irecv(buf, 0)
+                    if it % 2:
+                        dist.send(ready, 0)
+                    w.wait()
+                    assert torch.equal(buf, torch.arange(count) * (it + 3) + (buf is part)), (it, buf is part)
+        assert float(big[:7].sum()) == 0 and float(big[7 + count:].sum()) == 0
+        m = dist.distributed_c10d._get_default_group().msg
+        shared = {(s.ptr, s.nbytes) for s, _keep in m.shares.entries.values()}
+        say("MAPPED", r, m.mapped_copies > 0, "SLICE", (big.untyped_storage().data_ptr(), big.nbytes) in shared)
+        dist.destroy_process_group()
+    """)
+    run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "shm", "TENSORWIRE_SHARE_IN_PLACE": share})
+    out = run.stdout + run.stderr[-3000:]
+    assert run.returncode == 0, out
+    on = share == "1"
+    assert f"MAPPED 0 {on} SLICE False" in run.stdout and f"MAPPED 1 {on} SLICE False" in run.stdout, out
+
+
+@pytest.mark.timeout(120)
 def test_many_outstanding_messages_past_the_credit_window_over_tcp(tmp_path: Path) -> None:
     """100 isends (eager and placed) against 100 irecvs, 20 rounds, over tcp: both rings run out
     of credit, so the placed sends' DONE records wait in the queue while both ranks wait. A wait

@@ -86,6 +86,10 @@ REMOTES_KEPT = 1024       # unpacked descriptors of peers' tensors kept for the 
 SHARES_MAX_BYTES = 2 << 30  # allocations kept shared in place (and alive) at most
 MET_KEPT = 4096           # allocations remembered as moved once (shared in place when moved again)
 
+SHARED = 1 << 62          # a split RTS's or an RTR's aux: the payload starts with the tensor's share ticket
+TICKET_BYTES = 40         # a share ticket: pid, fd, inode, length, where the share starts in the registration
+EDGE = 64                 # bytes of a split half that go through UCX when the rest is a mapped copy
+
 EAGER, RTS, RTR, DONE, ERR, TAKEN = 1, 2, 3, 4, 5, 6
 ERR_ON_RECV = 1  # an ERR record's offset: about the receive it names (else: about the send)
 KIND_NAMES = {EAGER: "eager", RTS: "rts", RTR: "rtr", DONE: "done", ERR: "error", TAKEN: "taken"}
@@ -206,6 +210,7 @@ class Messenger:
         self.landed_on_completion = [ch is not None and ch.form == "messages" for ch in self.ch]
         self.split_sends = 0  # placed sends both sides copied (split), for tests and benchmarks
         self.pulled_sends = 0  # placed sends copied to the outbox for the receiver to read
+        self.mapped_copies = 0  # halves of split messages copied through a peer's share (tensorwire.sharing)
         self.split_from = [split_bytes if ch is not None and split_bytes and ch.form == "rma" and
                            ch.peer.get("same_host") and any(t.startswith(SPLIT_TRANSPORTS) for t in ch.transports())
                            else 0 for ch in self.ch]
@@ -283,7 +288,11 @@ class Messenger:
             op.split, op.parts = _split_at(nbytes), 2
             self.taking[(peer, tag, k)] = op
             self.split_sends += 1
-            self._record(peer, RTS, tag, k, nbytes, ptr - op.reg.ptr, *_payload(self._export(peer, op.reg)))
+            desc, aux = self._export(peer, op.reg), 0
+            share = self.share(alloc, ptr, nbytes)
+            if share is not None:  # the receiver may copy its half out of our share
+                desc, aux = _with_ticket(share, op.reg.ptr, desc), SHARED
+            self._record(peer, RTS, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc), aux=aux)
         else:
             self._record(peer, RTS, tag, k, nbytes)
         rtr = self.rtrs.pop((peer, tag, k), None)
@@ -306,7 +315,8 @@ class Messenger:
             if got is not None and got[2] != nbytes:
                 self._arrived(op, got)  # fails it, saying both sizes
                 return op
-            op.reg = self.registry.lookup(owner if owner is not None else (ptr, nbytes, keep))
+            alloc = owner() if callable(owner) else owner if owner is not None else (ptr, nbytes, keep)
+            op.reg = self.registry.lookup(alloc)
             if got is not None and got[1] is PULL:  # it waits in the sender's outbox: no RTR needed
                 self.recvs[mkey] = op
                 self._pull(op, got[3])
@@ -320,6 +330,11 @@ class Messenger:
                 op.claim = (c, self.claim_ids)
                 self.words[(self.lay.claims >> 3) + peer * CLAIMS + c] = self.claim_ids * 4  # open
                 aux = (self.claim_ids << 10) | (c + 1)
+                # (up to pull_max a sender pulls from an allocation it has not registered: nobody
+                # would use a share then)
+                share = self.share(alloc, ptr, nbytes) if nbytes > self.pull_max else None
+                if share is not None:  # the sender may copy its half into our share
+                    desc, aux = _with_ticket(share, op.reg.ptr, desc), aux | SHARED
             self._record(peer, RTR, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc), aux=aux)
             if got is not None:
                 self._arrived(op, got)  # the sender's RTS: a split one starts our read
@@ -331,14 +346,15 @@ class Messenger:
         self.recvs[mkey] = op
         return op
 
-    def share(self, alloc: tuple[int, int, Any]) -> sharing.Share | None:
-        """The share of the allocation (address, nbytes, keepalive), made when it is moved the
-        second time (sharing copies the allocation once and each peer maps it: a temporary moved
-        once does not pay that back), or None: not yet, sharing is off, or the allocation's pages
-        are not malloc's private memory. The caller makes sure no other bytes of the allocation
-        change while it is being shared (the op's own tensor covers its whole pages)."""
+    def share(self, alloc: tuple[int, int, Any], ptr: int, nbytes: int) -> sharing.Share | None:
+        """The share of the allocation (address, nbytes, keepalive) an op moves [ptr, ptr + nbytes)
+        of, made when the allocation is moved the second time (sharing copies it once and each peer
+        maps it: a temporary moved once does not pay that back), or None: not yet, sharing is off,
+        the op does not cover the allocation's whole pages (its other bytes might change while they
+        are copied into the share), or they are not malloc's private memory."""
         key = (int(alloc[0]), int(alloc[1]))
-        if not self.sharing:
+        lo, hi = sharing.interior(*key)
+        if not self.sharing or hi <= lo or ptr > lo or ptr + nbytes < hi:
             return None
         if self.shares.cached(key) is None and key not in self.met:
             self.met[key] = None
@@ -651,11 +667,18 @@ class Messenger:
             return
         body = self.mem[off + HEADER: off + HEADER + plen] if kind != EAGER else None
         key = (p, tag, k)
+        ticket = None
+        if kind in (RTS, RTR) and aux & SHARED:
+            if plen < TICKET_BYTES:
+                self._refuse(p, f"a share ticket of {plen} B")
+                return
+            ticket = tuple(body[:TICKET_BYTES].view(np.int64).tolist())
+            body, aux = body[TICKET_BYTES:], aux & ~SHARED
         if kind == RTR:
             if aux and not 1 <= (aux & 1023) <= CLAIMS:
                 self._refuse(p, f"a ready-to-receive record naming claim word {(aux & 1023) - 1}")
                 return
-            self._on_rtr(key, nbytes, offset, bytes(body), aux)
+            self._on_rtr(key, nbytes, offset, bytes(body), aux, ticket)
         elif kind == EAGER:
             # (kind, data, nbytes, data's address): copied out of the ring by _deliver or _arrived
             self._deliver(key, (kind, None, nbytes, self.base + off + HEADER))
@@ -681,8 +704,9 @@ class Messenger:
                 self._refuse(p, f"a message to pull from outside its outbox ({nbytes} B at {offset})")
                 return
             self._deliver(key, (kind, PULL, nbytes, offset))
-        elif kind == RTS:  # a split one carries the sender's descriptor: kept past the ring slot
-            self._deliver(key, (kind, bytes(body) if plen else None, nbytes, offset))
+        elif kind == RTS:  # a split one carries the sender's descriptor (and share): kept past the ring slot
+            desc = bytes(body) if plen else None
+            self._deliver(key, (kind, desc if ticket is None else (desc, ticket), nbytes, offset))
         else:  # DONE
             self._deliver(key, (kind, None, nbytes, 0))
         if m % (SLOTS // 2) == 0:
@@ -737,22 +761,24 @@ class Messenger:
             self._take(op, data, offset)
         # RTS with the right size: our RTR went (or goes) out; the DONE follows
 
-    def _on_rtr(self, key: tuple[int, int, int], nbytes: int, offset: int, desc: bytes, aux: int) -> None:
+    def _on_rtr(self, key: tuple[int, int, int], nbytes: int, offset: int, desc: bytes, aux: int,
+                ticket: tuple | None) -> None:
         op = self.sends.pop(key, None)
         if op is None:
             if not self._sent_already(key):  # (else our send went eager: the receiver fails on it)
-                self.rtrs[key] = (nbytes, offset, desc, aux)
+                self.rtrs[key] = (nbytes, offset, desc, aux, ticket)
         else:
-            self._place(op, nbytes, offset, desc, aux)
+            self._place(op, nbytes, offset, desc, aux, ticket)
 
     def _sent_already(self, key: tuple[int, int, int]) -> bool:
         """Whether our send `key` was posted already (a record for it that finds no op is stale)."""
         p, tag, k = key
         return k <= self.send_k.get((p, tag), 0)
 
-    def _place(self, op: Op, nbytes: int, offset: int, desc: bytes, aux: int = 0) -> None:
+    def _place(self, op: Op, nbytes: int, offset: int, desc: bytes, aux: int = 0, ticket: tuple | None = None) -> None:
         """The receiver's RTR for the placed send `op`: write the data into its tensor (a split
-        one: its first half, if we claim it before the receiver does)."""
+        one: its first half, if we claim it before the receiver does; through the receiver's
+        share, when it sent one, but the first bytes outside its whole pages)."""
         if nbytes != op.nbytes:
             why = (f"rank {self.rank} sends {op.nbytes} B (tag {op.tag}, message {op.k}) but rank {op.peer} "
                    f"receives into {nbytes} B: send and receive tensors must have the same size")
@@ -771,11 +797,16 @@ class Messenger:
             if not won:  # the receiver copies it all (it was done with its half before we came)
                 self._part_done(op)
                 return
+        mapped = self._mapped(p, ticket, offset, 0, op.split, head=True) if op.split and ticket else None
         try:  # the descriptor and offset are the peer's: the core checks them against its exports
-            op.req = ch.write(op.reg, self._remote(p, desc), op.ptr - op.reg.ptr, offset, op.split or op.nbytes)
+            op.req = ch.write(op.reg, self._remote(p, desc), op.ptr - op.reg.ptr, offset,
+                              mapped[0] if mapped else op.split or op.nbytes)
         except Error as e:
             self._refuse(p, f"a ready-to-receive record this device cannot write to ({e})")
             return
+        if mapped:  # the rest of our half: a copy into the receiver's tensor, mapped here
+            ctypes.memmove(mapped[2], op.ptr + mapped[0], mapped[1] - mapped[0])
+            self.mapped_copies += 1
         if self.landed_on_completion[p]:
             op.done_due = True  # posted by progress() once the write completed (it landed then)
         else:
@@ -801,18 +832,43 @@ class Messenger:
         else:
             self._part_done(op)
 
-    def _take(self, op: Op, desc: bytes, offset: int) -> None:
-        """Reads the second half of the split send `op` receives out of the sender's tensor."""
+    def _take(self, op: Op, data: Any, offset: int) -> None:
+        """Reads the second half of the split send `op` receives out of the sender's tensor
+        (through the sender's share, when it sent one, but the last bytes outside its whole pages)."""
         p = op.peer
+        desc, ticket = data if isinstance(data, tuple) else (data, None)
         op.split, op.parts = _split_at(op.nbytes), op.parts + 1
+        mapped = self._mapped(p, ticket, offset, op.split, op.nbytes, head=False) if ticket else None
+        at = mapped[1] if mapped else op.split  # UCX reads [at, nbytes)
         try:  # the descriptor and offset are the peer's: the core checks them against its exports
             op.src = (self._remote(p, desc), offset)
-            op.req = self.ch[p].read(op.reg, op.src[0], op.ptr - op.reg.ptr + op.split,
-                                     offset + op.split, op.nbytes - op.split)
+            op.req = self.ch[p].read(op.reg, op.src[0], op.ptr - op.reg.ptr + at, offset + at, op.nbytes - at)
         except Error as e:
             self._refuse(p, f"a split send this device cannot read from ({e})")
             return
+        if mapped:
+            ctypes.memmove(op.ptr + mapped[0], mapped[2], mapped[1] - mapped[0])
+            self.mapped_copies += 1
         self.reading.append(op)
+
+    def _mapped(self, p: int, ticket: tuple, offset: int, i: int, j: int, head: bool) -> tuple[int, int, int] | None:
+        """The part [a, b) of bytes [i, j) of a message that peer p's share (its `ticket`) holds,
+        p's tensor at `offset` of its registration, and where byte a lies in that share mapped
+        here; the rest, [i, a) (head: ours to write) or [b, j) (else: ours to read), at least EDGE
+        bytes, goes through UCX. None when the share does not hold the rest or cannot be mapped."""
+        pid, fd, ino, length, at = ticket
+        lo, hi = at - offset, at - offset + length  # the share, in message bytes
+        if head:
+            a, b = max(i + EDGE, lo), j
+        else:
+            a, b = i, min(j - EDGE, hi)
+        if a < lo or b > hi or b - a < EDGE:
+            return None
+        try:
+            base = self.peer_shares.address(pid, fd, ino, length)
+        except sharing.SharingError:
+            return None  # (e.g. another pid namespace): UCX moves it all
+        return a, b, base + a - lo
 
     def _pull(self, op: Op, offset: int) -> None:
         """Reads the whole message `op` receives out of the sender's outbox (no DONE comes)."""
@@ -968,6 +1024,13 @@ class Messenger:
 def _split_at(nbytes: int) -> int:
     """Where a split message's halves meet (both sides compute it from the size)."""
     return nbytes // 2 & ~63
+
+
+def _with_ticket(share: sharing.Share, base: int, desc: np.ndarray) -> np.ndarray:
+    """A record payload: the share's ticket (where it starts relative to the registration at
+    `base`), then the registration's descriptor."""
+    ticket = np.array([*share.ticket(), share.lo - base], dtype=np.int64)
+    return np.concatenate([ticket.view(np.uint8), desc])
 
 
 def _payload(arr: np.ndarray) -> tuple[int, int]:

@@ -667,15 +667,10 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         return True
 
     def _share(self, flat: torch.Tensor) -> sharing.Share | None:
-        """The share of the allocation holding `flat` (Messenger.share: from its second move on),
-        or None; also None when the tensor does not cover the allocation's whole pages (other
-        bytes of it may change while it is being shared)."""
+        """The share of the allocation holding `flat` (Messenger.share: from its second move on), or None."""
         storage = flat.untyped_storage()
-        sp, sn = storage.data_ptr(), storage.nbytes()
-        lo, hi = sharing.interior(sp, sn)
-        if hi <= lo or flat.data_ptr() > lo or flat.data_ptr() + flat.numel() * flat.element_size() < hi:
-            return None
-        return self.msg.share((sp, sn, storage))
+        return self.msg.share((storage.data_ptr(), storage.nbytes(), storage), flat.data_ptr(),
+                              flat.numel() * flat.element_size())
 
     def _token_round(self) -> None:
         """Every rank tells every other that it is past this point, and waits to hear the same."""

@@ -16,8 +16,8 @@ import tensorwire.torch  # noqa: F401 - registers "tensorwire"
 
 LAT_WINDOW = 16       # osu_bw's window: sends in flight before the receiver's ack
 BW_BYTES = 1 << 30    # bytes a bandwidth size moves (at least 4 windows: osu_bw repeats its window 20 times)
-# untimed calls and training steps before the clock starts (osu's skip): DDP rebuilds its buckets after
-# its first step, and tensorwire shares a tensor in place on its second all_reduce (docs/torch.md)
+# untimed calls, windows and training steps before the clock starts (osu's skip): DDP rebuilds its
+# buckets after its first step, and tensorwire shares a tensor in place when it moves it again (docs/torch.md)
 WARMUP = 3
 
 
@@ -113,7 +113,8 @@ def p2p_bandwidth(nbytes: int, iters: int) -> float:
             for w in [dist.irecv(b, 0) for b in bufs]:
                 w.wait()
             dist.send(ack, 0)
-    window()
+    for _ in range(WARMUP):
+        window()
     _sync()
     t0 = time.perf_counter()
     for _ in range(windows):
