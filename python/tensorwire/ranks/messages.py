@@ -34,6 +34,12 @@ tensor; a size that differs between the two sides is an error on both):
   when it has the RTR, the receiver when its own half is done, and the first
   swap wins. A sender busy computing (a pipeline stage that posted isend and
   went on) thus never stalls its receiver: the receiver copies it all.
+* **placed, split, shared** (larger than ``pull_bytes`` on the receiver's side;
+  an allocation moved before on the sender's): the RTS and the RTR also carry
+  a ticket of the tensor's allocation shared in place (tensorwire.sharing,
+  ``SHARED`` in ``aux``); the peer maps it and copies its half with plain loads
+  and stores instead of the kernel's copy (16 MiB: bench/results/torch_dist_shm.txt),
+  the few bytes outside the allocation's whole pages (``EDGE`` at least) by UCX.
 
 Records travel in per-peer rings of ``SLOTS`` slots; the receiver hands
 credits back (an 8-byte word written into the sender's arena every SLOTS/2

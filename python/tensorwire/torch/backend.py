@@ -12,11 +12,15 @@ through the c10d store torch hands it (no second rendezvous). Point to point
 tagged messages of tensorwire.ranks.messages: small tensors inline (eager), large
 ones written straight into the receiver's own tensor (static placement, the
 flag outside the payload) from the sender's own tensor, both registered in
-place through one registration cache per group (tensorwire.registry).
+place through one registration cache per group (tensorwire.registry); between
+ranks on one host, a tensor moved again is shared in place (tensorwire.sharing)
+and copied by plain loads and stores instead of the kernel's cross-memory copy.
 
 Collectives: ``all_reduce``, ``broadcast``, ``barrier`` and the even
 ``all_to_all_single`` run on the World's one-sided collectives engine
-(tensorwire.ranks.collectives, the same code as ``World.allreduce``); ``reduce``
+(tensorwire.ranks.collectives, the same code as ``World.allreduce``), but an
+all_reduce of 1 MiB or more: in the ranks' own tensors shared in place, through
+the landing areas, or by messages (docs/torch.md); ``reduce``
 is an all_reduce; ``all_gather*``, ``reduce_scatter*``, ``gather``,
 ``scatter``, ``all_to_all`` and uneven ``all_to_all_single`` are pairwise
 exchanges of messages (zero copy into the output tensors for the large ones).
