@@ -351,14 +351,12 @@ def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("share", ["1", "0"])
-def test_split_messages_copy_through_the_peers_shares(share: str, tmp_path: Path) -> None:
+def test_split_messages_copy_through_the_peers_shares(tmp_path: Path) -> None:
     """Tensors past the pull size sent again from and into the same allocations over shm are
     shared in place (tensorwire.sharing): the receiver copies its half out of the sender's share
     and a sender that finds the receiver's ready-to-receive record copies its half into the
     receiver's share, the bytes outside the whole pages through UCX; every byte lands, whoever
-    posts first, and a slice of a larger allocation is never shared. TENSORWIRE_SHARE_IN_PLACE=0:
-    the same messages through UCX alone."""
+    posts first, and a slice of a larger allocation is never shared."""
     prog = script(tmp_path, """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
         r = dist.get_rank()
@@ -386,11 +384,10 @@ def test_split_messages_copy_through_the_peers_shares(share: str, tmp_path: Path
         say("MAPPED", r, m.mapped_copies > 0, "SLICE", (big.untyped_storage().data_ptr(), big.nbytes) in shared)
         dist.destroy_process_group()
     """)
-    run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "shm", "TENSORWIRE_SHARE_IN_PLACE": share})
+    run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "shm"})
     out = run.stdout + run.stderr[-3000:]
     assert run.returncode == 0, out
-    on = share == "1"
-    assert f"MAPPED 0 {on} SLICE False" in run.stdout and f"MAPPED 1 {on} SLICE False" in run.stdout, out
+    assert "MAPPED 0 True SLICE False" in run.stdout and "MAPPED 1 True SLICE False" in run.stdout, out
 
 
 @pytest.mark.timeout(120)
@@ -590,7 +587,8 @@ def test_all_reduce_in_the_ranks_own_tensors_shared_in_place(tmp_path: Path) -> 
     ranks' own tensors: exact results for every op and dtype with odd lengths (the elements outside
     the whole pages go through the engine), a slice of a larger allocation left out of it (the
     rest of its allocation stays private), a size that differs between ranks refused on every rank,
-    and after the group is destroyed every shared allocation is private memory again."""
+    a group made under TENSORWIRE_SHARE_IN_PLACE=0 shares nothing, and after the groups are destroyed
+    every shared allocation is private memory again."""
     prog = script(tmp_path, """
         from tensorwire import sharing
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
@@ -626,6 +624,14 @@ def test_all_reduce_in_the_ranks_own_tensors_shared_in_place(tmp_path: Path) -> 
         except ValueError as e:
             say("REFUSED", r, e)
         ranges = [sharing.interior(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in kept]
+        os.environ["TENSORWIRE_SHARE_IN_PLACE"] = "0"  # read by each new group's engine
+        off = dist.new_group(backend="tensorwire")
+        t = torch.ones(count)
+        for _ in range(3):
+            t.fill_(1.0)
+            dist.all_reduce(t, group=off)
+        assert bool((t == n).all())
+        say("OFF", len(off.msg.shares), off._in_place, r)
         dist.destroy_process_group()
         say("PRIVATE", all(sharing.private_anonymous(lo, hi) for lo, hi in ranges), r)
     """)
@@ -636,6 +642,7 @@ def test_all_reduce_in_the_ranks_own_tensors_shared_in_place(tmp_path: Path) -> 
         assert f"IN_PLACE True 6 {r}" in run.stdout, out
         assert f"SLICE None {r}" in run.stdout, out
         assert f"PRIVATE True {r}" in run.stdout, out
+        assert f"OFF 0 None {r}" in run.stdout, out  # TENSORWIRE_SHARE_IN_PLACE=0: nothing shared
     refused = [x for x in run.stdout.splitlines() if x.startswith("REFUSED")]
     assert len(refused) == 3 and all("all_reduce of" in x and "rank" in x for x in refused), out
 
