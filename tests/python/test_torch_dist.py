@@ -356,7 +356,8 @@ def test_split_messages_copy_through_the_peers_shares(tmp_path: Path) -> None:
     shared in place (tensorwire.sharing): the receiver copies its half out of the sender's share
     and a sender that finds the receiver's ready-to-receive record copies its half into the
     receiver's share, the bytes outside the whole pages through UCX; every byte lands, whoever
-    posts first, and a slice of a larger allocation is never shared."""
+    posts first, and a slice of a larger allocation is never shared. A share the cache drops while
+    a receive that sent its ticket waits keeps its pages until that receive completes."""
     prog = script(tmp_path, """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
         r = dist.get_rank()
@@ -382,12 +383,32 @@ def test_split_messages_copy_through_the_peers_shares(tmp_path: Path) -> None:
         m = dist.distributed_c10d._get_default_group().msg
         shared = {(s.ptr, s.nbytes) for s, _keep in m.shares.entries.values()}
         say("MAPPED", r, m.mapped_copies > 0, "SLICE", (big.untyped_storage().data_ptr(), big.nbytes) in shared)
+        # a cache that holds one share: receives in flight keep theirs until they complete
+        m.shares.max_bytes = 6 << 20
+        bufs = [torch.zeros(count, dtype=torch.int64) for _ in range(4)]
+        for it in range(2):  # the second time each buffer is shared, dropping the one before
+            if r == 0:
+                dist.recv(ready, 1)
+                for k in range(4):
+                    src.copy_(torch.arange(count) * (k + 11) + it)
+                    dist.send(src, 1)
+            else:
+                works = [dist.irecv(b, 0) for b in bufs]
+                say("DEFERRED", len(m.release_due)) if it else None
+                dist.send(ready, 0)
+                for w in works:
+                    w.wait()
+                for k, b in enumerate(bufs):
+                    assert torch.equal(b, torch.arange(count) * (k + 11) + it), (it, k)
+        say("SETTLED", r, len(m.release_due), len(m.share_users))
         dist.destroy_process_group()
     """)
     run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "shm"})
     out = run.stdout + run.stderr[-3000:]
     assert run.returncode == 0, out
     assert "MAPPED 0 True SLICE False" in run.stdout and "MAPPED 1 True SLICE False" in run.stdout, out
+    assert "DEFERRED 3" in run.stdout, out  # three shares dropped from the cache while their receives waited
+    assert "SETTLED 0 0 0" in run.stdout and "SETTLED 1 0 0" in run.stdout, out
 
 
 @pytest.mark.timeout(120)

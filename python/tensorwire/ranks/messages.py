@@ -109,7 +109,7 @@ class Op:
     """One posted send or receive; completed by the engine's progress."""
 
     __slots__ = ("kind", "peer", "tag", "k", "ptr", "nbytes", "keep", "done", "error", "req", "reg", "queued",
-                 "split", "parts", "done_due", "claim", "src", "head", "tail_done", "landed")
+                 "split", "parts", "done_due", "claim", "src", "head", "tail_done", "landed", "share")
 
     def __init__(self, kind: str, peer: int, tag: int, k: int, ptr: int, nbytes: int, keep: Any) -> None:
         self.kind, self.peer, self.tag, self.k = kind, peer, tag, k
@@ -127,6 +127,7 @@ class Op:
         self.head = False         # a split receive reads the first half too (it won the claim)
         self.tail_done = False    # a split receive has read the second half
         self.landed = False       # a receive's DONE arrived
+        self.share: Any = None    # our share whose ticket the op sent (kept until the op completes)
 
     def what(self) -> str:
         way = "to" if self.kind == "send" else "from"
@@ -250,7 +251,9 @@ class Messenger:
         # (tensorwire.sharing): the backend's all_reduce reads and writes the ranks' own tensors
         self.sharing = os.environ.get("TENSORWIRE_SHARE_IN_PLACE", "1") != "0"
         self.shares = RegistrationCache(world.device, max_bytes=SHARES_MAX_BYTES,
-                                        register=sharing.share_in_place, release=sharing.Share.release)
+                                        register=sharing.share_in_place, release=self._release_share)
+        self.share_users: dict[int, int] = {}          # id(share) -> ops in flight whose peer may use it
+        self.release_due: dict[int, sharing.Share] = {}  # shares dropped from the cache while in use
         self.peer_shares = sharing.PeerShares()
         self.met: OrderedDict[tuple[int, int], None] = OrderedDict()  # allocations moved once
         self.closed = False
@@ -298,6 +301,7 @@ class Messenger:
             share = self.share(alloc, ptr, nbytes)
             if share is not None:  # the receiver may copy its half out of our share
                 desc, aux = _with_ticket(share, op.reg.ptr, desc), SHARED
+                self._use_share(op, share)
             self._record(peer, RTS, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc), aux=aux)
         else:
             self._record(peer, RTS, tag, k, nbytes)
@@ -341,6 +345,7 @@ class Messenger:
                 share = self.share(alloc, ptr, nbytes) if nbytes > self.pull_max else None
                 if share is not None:  # the sender may copy its half into our share
                     desc, aux = _with_ticket(share, op.reg.ptr, desc), aux | SHARED
+                    self._use_share(op, share)
             self._record(peer, RTR, tag, k, nbytes, ptr - op.reg.ptr, *_payload(desc), aux=aux)
             if got is not None:
                 self._arrived(op, got)  # the sender's RTS: a split one starts our read
@@ -371,6 +376,18 @@ class Messenger:
             return self.shares.lookup(alloc)
         except sharing.SharingError:
             return None
+
+    def _use_share(self, op: Op, share: sharing.Share) -> None:
+        """`op` sent `share`'s ticket: the share stays until the op completes, even if the cache drops it."""
+        op.share = share
+        self.share_users[id(share)] = self.share_users.get(id(share), 0) + 1
+
+    def _release_share(self, share: sharing.Share) -> None:
+        """The cache dropped `share`: private pages go back now, or once no op in flight names it."""
+        if self.share_users.get(id(share)):
+            self.release_due[id(share)] = share
+        else:
+            share.release()
 
     def test(self, op: Op) -> bool:
         if not op.done:
@@ -451,6 +468,9 @@ class Messenger:
         except Error:
             pass
         self.shares.clear()  # private pages back under every allocation shared in place
+        for share in self.release_due.values():  # (ops still in flight fail with the closed engine)
+            share.release()
+        self.release_due.clear()
         self.peer_shares.close()
 
     # ---- progress ----------------------------------------------------------
@@ -1007,6 +1027,15 @@ class Messenger:
 
     def _complete(self, op: Op) -> None:
         op.done = True
+        if op.share is not None:  # (before op.keep goes: a share is released while its memory lives)
+            key = id(op.share)
+            left = self.share_users[key] = self.share_users[key] - 1
+            if not left:
+                del self.share_users[key]
+                due = self.release_due.pop(key, None)
+                if due is not None:
+                    due.release()
+            op.share = None
         op.reg = op.keep = op.src = None
         if op.claim is not None:  # its word stays: a late swap finds another message's id there
             self.claims_free[op.peer].append(op.claim[0])
