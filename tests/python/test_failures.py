@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import socket
 import threading
 import time
 
@@ -139,14 +140,30 @@ def test_refused_connects_while_control_plane_busy():
 
 
 def test_connect_to_closed_device_fails():
-    dead = tw.Device(transport="tcp")
-    address = dead.address
-    dead.close()
-    with tw.Device(transport="tcp", connect_timeout=2) as dev:
-        t0 = time.monotonic()
-        with pytest.raises(tw.ConnectionError):
-            dev.connect(address)
-        assert time.monotonic() - t0 < 5
+    # The closed device's port stays bound (not listening: a connect there is refused), so that
+    # no other listener takes it meanwhile: the next Device, or a parallel test's (a connect to
+    # whoever took it once succeeded here).
+    for _ in range(5):
+        dead = tw.Device(transport="tcp")
+        address = dead.address
+        dead.close()
+        host, port = address.rsplit(":", 1)
+        hold = socket.socket()
+        try:
+            hold.bind((host, int(port)))
+            break
+        except OSError:  # taken already: another port
+            hold.close()
+    else:
+        pytest.fail("no closed device's port could be held")
+    try:
+        with tw.Device(transport="tcp", connect_timeout=2) as dev:
+            t0 = time.monotonic()
+            with pytest.raises(tw.ConnectionError):
+                dev.connect(address)
+            assert time.monotonic() - t0 < 5
+    finally:
+        hold.close()
 
 
 # ---------------------------------------------------------------- dead peer

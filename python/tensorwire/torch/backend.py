@@ -624,7 +624,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
             for p in peers:
                 addr[p] = self.msg.peer_shares.address(tickets[p][1], tickets[p][0], tickets[p][2], tickets[p][3])
         except sharing.SharingError:
-            if not new:
+            if not new:  # mapped before by every rank (its owner keeps the fd while the ticket is current)
                 raise
             ok = False
         if new:  # every rank agrees before anybody writes into a peer's tensor
