@@ -75,7 +75,8 @@ def interior(ptr: int, nbytes: int) -> tuple[int, int]:
 
 def private_anonymous(lo: int, hi: int, maps: str | None = None) -> bool:
     """Whether every page of [lo, hi) is mapped private, anonymous and read-write (malloc's
-    memory), per /proc/self/maps (or the text `maps`)."""
+    memory, which a newer glibc may name "[anon: glibc: malloc]"), per /proc/self/maps (or the
+    text `maps`)."""
     if maps is None:
         with open("/proc/self/maps") as f:
             maps = f.read()
@@ -86,7 +87,7 @@ def private_anonymous(lo: int, hi: int, maps: str | None = None) -> bool:
         if end <= at or start >= hi:
             continue
         path = fields[5].strip() if len(fields) > 5 else ""
-        if start > at or fields[1] != "rw-p" or path not in ("", "[heap]"):
+        if start > at or fields[1] != "rw-p" or not (path in ("", "[heap]") or path.startswith("[anon:")):
             return False
         at = end
         if at >= hi:

@@ -95,10 +95,11 @@ def test_memory_that_is_not_mallocs_private_memory_is_not_shared() -> None:
 def test_private_anonymous_reads_the_whole_range() -> None:
     maps = ("1000-3000 rw-p 00000000 00:00 0 \n"
             "3000-4000 rw-p 00000000 00:00 0 [heap]\n"
+            "4000-4800 rw-p 00000000 00:00 0 [anon: glibc: malloc arena]\n"
             "5000-6000 rw-p 00000000 00:00 0 \n"
             "6000-7000 rw-s 00000000 00:01 9 /memfd:x (deleted)\n"
             "7000-8000 rw-p 00000000 08:01 9 /lib/data\n")
-    assert sharing.private_anonymous(0x1000, 0x4000, maps)
+    assert sharing.private_anonymous(0x1000, 0x4800, maps)
     assert not sharing.private_anonymous(0x1000, 0x5000, maps)   # a gap
     assert not sharing.private_anonymous(0x5000, 0x7000, maps)   # shared
     assert not sharing.private_anonymous(0x7000, 0x8000, maps)   # a file
