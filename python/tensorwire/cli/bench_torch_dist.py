@@ -26,7 +26,10 @@ def register(commands) -> None:
                    help="collective sizes in bytes (default 1M,16M,64M)")
     p.add_argument("--iters", type=arg_positive, default=1000,
                    help="iterations per latency size (fewer for large sizes), default 1000")
-    p.add_argument("--steps", type=arg_positive, default=8, help="timed DDP/pipelining steps, default 8")
+    p.add_argument("--steps", type=arg_positive, default=8,
+                   help=f"timed DDP/pipelining steps, default 8 (after {torch_dist.WARMUP} untimed ones, as "
+                        f"collectives and bandwidth windows are timed after {torch_dist.WARMUP}: DDP rebuilds its "
+                        "buckets after its first step, and a tensor moved again is shared in place)")
     p.add_argument("--repeat", type=arg_positive, default=3, help="rounds per backend, alternating (default 3)")
     # Not --timeout: in the other commands that bounds one wait or step, not a whole round.
     p.add_argument("--round-timeout", type=float, default=600.0, metavar="S",

@@ -13,12 +13,10 @@ import torch
 import torch.distributed as dist
 
 import tensorwire.torch  # noqa: F401 - registers "tensorwire"
+from tensorwire.bench.torch_dist import WARMUP
 
 LAT_WINDOW = 16       # osu_bw's window: sends in flight before the receiver's ack
 BW_BYTES = 1 << 30    # bytes a bandwidth size moves (at least 4 windows: osu_bw repeats its window 20 times)
-# untimed calls, windows and training steps before the clock starts (osu's skip): DDP rebuilds its
-# buckets after its first step, and tensorwire shares a tensor in place when it moves it again (docs/torch.md)
-WARMUP = 3
 
 
 def _sync() -> None:
