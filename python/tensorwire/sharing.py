@@ -132,9 +132,11 @@ class Share:
             raise
         self.fd, self.ino = fd, os.fstat(fd).st_ino
 
-    def ticket(self) -> tuple[int, int, int, int]:
-        """What a peer needs to map it: (pid, fd, inode, length)."""
-        return os.getpid(), self.fd, self.ino, self.length
+    def ticket(self, base: int) -> tuple[int, int, int, int, int]:
+        """What a peer needs to map it and find its tensor in it: (pid, fd, inode, length, where the
+        share starts relative to `base`, e.g. the tensor's or its registration's address).
+        PeerShares.address takes the first four."""
+        return os.getpid(), self.fd, self.ino, self.length, self.lo - base
 
     def release(self) -> None:
         """Puts private pages with the same contents back under the allocation (idempotent)."""

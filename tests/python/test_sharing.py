@@ -54,8 +54,7 @@ def test_a_share_keeps_address_and_contents_and_release_gives_private_pages_back
 def test_another_process_maps_the_share_through_its_ticket_and_writes_into_it() -> None:
     a = _allocation(PAGE * 256 + 40)
     share = sharing.share_in_place(a.ctypes.data, a.nbytes)
-    pid, fd, ino, length = share.ticket()
-    at = share.lo - a.ctypes.data  # element `at` of a is the share's first byte
+    pid, fd, ino, length, at = share.ticket(a.ctypes.data)  # element `at` of a is the share's first byte
     child = textwrap.dedent(f"""
         import ctypes
         from tensorwire import sharing

@@ -1064,7 +1064,7 @@ def _split_at(nbytes: int) -> int:
 def _with_ticket(share: sharing.Share, base: int, desc: np.ndarray) -> np.ndarray:
     """A record payload: the share's ticket (where it starts relative to the registration at
     `base`), then the registration's descriptor."""
-    ticket = np.array([*share.ticket(), share.lo - base], dtype=np.int64)
+    ticket = np.array(share.ticket(base), dtype=np.int64)
     return np.concatenate([ticket.view(np.uint8), desc])
 
 

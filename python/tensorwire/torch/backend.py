@@ -67,7 +67,7 @@ SHARED_PIECE = 4 << 20
 # reduces chunk p reading the peers' tensors and writes the result into them, this many bytes at a
 # time (a piece stays in cache between its reduction and its copies out)
 IN_PLACE_PIECE = 256 << 10
-TICKET = 8  # int64s of an in-place all_reduce's ticket: fd, pid, inode, length, offset, nbytes, dtype, spare
+TICKET = 8  # int64s of an in-place all_reduce's ticket: Share.ticket's 5 (fd -1: none), nbytes, dtype, spare
 SEEN_TICKETS = 4096  # tickets every rank remembers (identically) to skip the agreement round for known shares
 ReduceOp = dist.ReduceOp
 _REDUCE_NAMES = {ReduceOp.SUM: "sum", ReduceOp.PRODUCT: "prod", ReduceOp.MIN: "min", ReduceOp.MAX: "max",
@@ -601,10 +601,9 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         es, total = flat.element_size(), flat.numel()
         code = zlib.crc32(str(flat.dtype).encode()) & 0x7FFFFFFF
         share = self._share(flat)
-        mine = torch.tensor([-1, 0, 0, 0, 0, total * es, code, 0], dtype=torch.int64)
+        mine = torch.tensor([0, -1, 0, 0, 0, total * es, code, 0], dtype=torch.int64)
         if share is not None:
-            pid, fd, ino, length = share.ticket()
-            mine[:5] = torch.tensor([fd, pid, ino, length, share.lo - flat.data_ptr()])
+            mine[:5] = torch.tensor(share.ticket(flat.data_ptr()))
         got = torch.zeros(n, TICKET, dtype=torch.int64)
         got[r] = mine
         self._exchange([(mine, p) for p in peers], [(got[p], p) for p in peers])
@@ -614,7 +613,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
                 what = f"{t[5]} B" if t[5] != total * es else "another dtype"
                 raise ValueError(f"tensorwire backend: all_reduce of {total * es} B of {flat.dtype} here, "
                                  f"rank {p} passed {what}")
-        if any(t[0] < 0 for t in tickets):
+        if any(t[1] < 0 for t in tickets):
             return False
         keys = [tuple(t[:5]) for t in tickets]
         new = any(k not in self._seen for k in keys)
@@ -622,7 +621,7 @@ class TensorwireProcessGroup(dist.ProcessGroup):
         ok = True
         try:
             for p in peers:
-                addr[p] = self.msg.peer_shares.address(tickets[p][1], tickets[p][0], tickets[p][2], tickets[p][3])
+                addr[p] = self.msg.peer_shares.address(*tickets[p][:4])
         except sharing.SharingError:
             if not new:  # mapped before by every rank (its owner keeps the fd while the ticket is current)
                 raise
