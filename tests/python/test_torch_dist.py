@@ -359,7 +359,8 @@ def test_split_messages_copy_through_the_peers_shares(tmp_path: Path) -> None:
     shared in place (tensorwire.sharing): the receiver copies its half out of the sender's share
     and a sender that finds the receiver's ready-to-receive record copies its half into the
     receiver's share, the bytes outside the whole pages through UCX; every byte lands, whoever
-    posts first, and a slice of a larger allocation is never shared. A share the cache drops while
+    posts first, and a slice of a larger allocation or a share_memory_() tensor is never shared (the
+    latter refused once, then not examined again). A share the cache drops while
     a receive that sent its ticket waits keeps its pages until that receive completes."""
     prog = script(tmp_path, """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
@@ -383,6 +384,16 @@ def test_split_messages_copy_through_the_peers_shares(tmp_path: Path) -> None:
                     w.wait()
                     assert torch.equal(buf, torch.arange(count) * (it + 3) + (buf is part)), (it, buf is part)
         assert float(big[:7].sum()) == 0 and float(big[7 + count:].sum()) == 0
+        shm = torch.zeros(count, dtype=torch.int64).share_memory_()  # shared already: never shared in place
+        for it in range(3):
+            if r == 0:
+                dist.send(torch.full((count,), it, dtype=torch.int64), 1)
+            else:
+                dist.recv(shm, 0)
+                assert bool((shm == it).all()), it
+        if r == 1:
+            say("REFUSED ONCE", dist.distributed_c10d._get_default_group().msg.met.get(
+                (shm.untyped_storage().data_ptr(), shm.untyped_storage().nbytes())))
         m = dist.distributed_c10d._get_default_group().msg
         shared = {(s.ptr, s.nbytes) for s, _keep in m.shares.entries.values()}
         say("MAPPED", r, m.mapped_copies > 0, "SLICE", (big.untyped_storage().data_ptr(), big.nbytes) in shared)
@@ -410,6 +421,7 @@ def test_split_messages_copy_through_the_peers_shares(tmp_path: Path) -> None:
     out = run.stdout + run.stderr[-3000:]
     assert run.returncode == 0, out
     assert "MAPPED 0 True SLICE False" in run.stdout and "MAPPED 1 True SLICE False" in run.stdout, out
+    assert "REFUSED ONCE False" in run.stdout, out  # a share_memory_() tensor: refused, then not looked at again
     assert "DEFERRED 3" in run.stdout, out  # three shares dropped from the cache while their receives waited
     assert "SETTLED 0 0 0" in run.stdout and "SETTLED 1 0 0" in run.stdout, out
 

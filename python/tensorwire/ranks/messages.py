@@ -255,7 +255,8 @@ class Messenger:
         self.share_users: dict[int, int] = {}          # id(share) -> ops in flight whose peer may use it
         self.release_due: dict[int, sharing.Share] = {}  # shares dropped from the cache while in use
         self.peer_shares = sharing.PeerShares()
-        self.met: OrderedDict[tuple[int, int], None] = OrderedDict()  # allocations moved once
+        # allocations moved once (True: shared when moved again) or refused (False: not looked at again)
+        self.met: OrderedDict[tuple[int, int], bool] = OrderedDict()
         self.closed = False
 
     # ---- public API --------------------------------------------------------
@@ -367,14 +368,18 @@ class Messenger:
         lo, hi = sharing.interior(*key)
         if not self.sharing or hi <= lo or ptr > lo or ptr + nbytes < hi:
             return None
-        if self.shares.cached(key) is None and key not in self.met:
-            self.met[key] = None
-            while len(self.met) > MET_KEPT:
-                self.met.popitem(last=False)
-            return None
+        if self.shares.cached(key) is None:
+            seen = self.met.get(key)
+            if not seen:  # the first move, or one refused before (each try reads /proc/self/maps)
+                if seen is None:
+                    self.met[key] = True
+                    while len(self.met) > MET_KEPT:
+                        self.met.popitem(last=False)
+                return None
         try:
             return self.shares.lookup(alloc)
         except sharing.SharingError:
+            self.met[key] = False
             return None
 
     def _use_share(self, op: Op, share: sharing.Share) -> None:
