@@ -646,6 +646,12 @@ def test_all_reduce_in_the_ranks_own_tensors_shared_in_place(tmp_path: Path) -> 
                 assert torch.equal(t, want), (dt, op, again, t[:9], want[:9])
             kept.append(t)
         say("IN_PLACE", pg._in_place, len(pg.msg.shares), bool(pg._shared), r)
+        import warnings
+        with warnings.catch_warnings():  # the engine's (small) all_reduce: IEEE overflow, as torch, no warning
+            warnings.simplefilter("error")
+            huge = torch.full((8,), 3e38)
+            dist.all_reduce(huge)
+            assert bool(torch.isinf(huge).all())
         big = torch.full((3 << 20,), 2.0)
         part = big[1000: 1000 + (2 << 20)]
         for _ in range(3):
