@@ -8,7 +8,8 @@
 // build: gcc -O2 -mavx2 -o push_pull bench/micro/push_pull.c
 // run:   ./push_pull BYTES MODE ITERS [REFRESH]
 //   MODE 0 push memcpy, 1 push streaming (AVX2), 2 pull memcpy,
-//        3 pull streaming (SSE2), 4 push streaming (SSE2)
+//        3 pull streaming (SSE2), 4 push streaming (SSE2),
+//        5 push rep movsb, 6 pull rep movsb (bulk_copy's copy from 64 KiB)
 //   REFRESH 1: the sender rewrites its whole tensor before each transfer
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -22,7 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char* const kModes[] = {"push", "push-nt", "pull", "pull-nt", "push-nt-sse"};
+static const char* const kModes[] = {"push", "push-nt", "pull", "pull-nt", "push-nt-sse", "push-movsb",
+                                     "pull-movsb"};
 
 static double now_us(void) {
   struct timespec t;
@@ -63,6 +65,10 @@ static void stream_avx2(void* dst, const void* src, size_t n) {
   _mm_sfence();
 }
 
+static void rep_movsb(void* dst, const void* src, size_t n) {
+  __asm__ volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
+}
+
 static void stream_sse2(void* dst, const void* src, size_t n) {
   char* d = dst;
   const char* s = src;
@@ -77,8 +83,8 @@ int main(int argc, char** argv) {
   }
   size_t n = strtoull(argv[1], 0, 0);
   int mode = atoi(argv[2]), iters = atoi(argv[3]), refresh = argc > 4 ? atoi(argv[4]) : 0;
-  if (n < 64 || n % 64 || mode < 0 || mode > 4 || iters < 1) {
-    fprintf(stderr, "BYTES: a multiple of 64; MODE 0..4; ITERS >= 1\n");
+  if (n < 64 || n % 64 || mode < 0 || mode > 6 || iters < 1) {
+    fprintf(stderr, "BYTES: a multiple of 64; MODE 0..6; ITERS >= 1\n");
     return 2;
   }
   // One shared mapping: flag and ack words, the sender's tensor (shared so a
@@ -100,8 +106,9 @@ int main(int argc, char** argv) {
       while (atomic_load(flag) != k) {
       }
       const float* view = (const float*)slot;
-      if (mode == 2 || mode == 3) {
+      if (mode == 2 || mode == 3 || mode == 6) {
         if (mode == 2) memcpy(own, src, n);
+        else if (mode == 6) rep_movsb(own, src, n);
         else stream_sse2(own, src, n);
         view = (const float*)own;
       }
@@ -122,6 +129,7 @@ int main(int argc, char** argv) {
     if (mode == 0) memcpy(slot, src, n);
     if (mode == 1) stream_avx2(slot, src, n);
     if (mode == 4) stream_sse2(slot, src, n);
+    if (mode == 5) rep_movsb(slot, src, n);
     atomic_store(flag, k);
     while (atomic_load(ack) != k) {
     }

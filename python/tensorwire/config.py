@@ -60,6 +60,9 @@ VARIABLES: tuple[Variable, ...] = (
              "instead of UCX)", "0 off, anything else on", "Device(map_shared_memory=...), on", CORE),
     Variable("TENSORWIRE_STREAMING_COPY_MIN", "smallest copy that uses streaming (non-temporal) stores",
              "bytes; 0 = never", "half the last-level cache + 1", CORE),
+    Variable("TENSORWIRE_REP_MOVSB_MIN", "smallest copy below the streaming size that uses `rep movsb` "
+             "(x86-64 CPUs with ERMS; glibc's memcpy uses vector loops from the L2's size on AMD)",
+             "bytes; 0 = never", "65536", CORE),
     Variable("TENSORWIRE_LOG", "level of the core's log lines on stderr", "error, warn, info, debug", "warn",
              CORE),
     # -- the world of ranks (tensorwire run, World) --

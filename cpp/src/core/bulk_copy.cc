@@ -11,6 +11,7 @@
 #include "tensorwire/error.h"
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -21,6 +22,8 @@ namespace {
 
 constexpr std::size_t kLine = 64;
 constexpr std::size_t kDefaultLastLevelCache = 32u << 20;
+// Copies from 64 KiB go by `rep movsb` where the CPU has ERMS: see bulk_copy.h.
+constexpr std::size_t kRepMovsbMin = 64u << 10;
 
 std::size_t last_level_cache() {
   long l3 = -1;
@@ -30,19 +33,27 @@ std::size_t last_level_cache() {
   return l3 > 0 ? static_cast<std::size_t>(l3) : kDefaultLastLevelCache;
 }
 
+// The byte count `v` of the environment variable `name`, 0 meaning never
+// (SIZE_MAX); `fallback` when it is not set.
+std::size_t size_from_env(const char* name, const char* v, std::size_t fallback) {
+  if (!v) return fallback;
+  char* end = nullptr;
+  unsigned long long n = std::strtoull(v, &end, 10);
+  if (!*v || *end || *v == '-') {
+    throw InvalidArgument(std::string(name) + " must be a byte count (0 = never), got '" + v + "'");
+  }
+  return n == 0 ? SIZE_MAX : static_cast<std::size_t>(n);
+}
+
 }  // namespace
 
 std::size_t streaming_copy_min_from_env() {
-  if (const char* v = std::getenv("TENSORWIRE_STREAMING_COPY_MIN")) {
-    char* end = nullptr;
-    unsigned long long n = std::strtoull(v, &end, 10);
-    if (!*v || *end || *v == '-') {
-      throw InvalidArgument(std::string("TENSORWIRE_STREAMING_COPY_MIN must be a byte count (0 = never), got '") +
-                            v + "'");
-    }
-    return n == 0 ? SIZE_MAX : static_cast<std::size_t>(n);
-  }
-  return last_level_cache() / 2 + 1;
+  return size_from_env("TENSORWIRE_STREAMING_COPY_MIN", std::getenv("TENSORWIRE_STREAMING_COPY_MIN"),
+                       last_level_cache() / 2 + 1);
+}
+
+std::size_t rep_movsb_min_from_env() {
+  return size_from_env("TENSORWIRE_REP_MOVSB_MIN", std::getenv("TENSORWIRE_REP_MOVSB_MIN"), kRepMovsbMin);
 }
 
 namespace {
@@ -65,6 +76,15 @@ void stream_lines_sse2(char* dst, const char* src, std::size_t n) {
       _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + j), v);
     }
   }
+}
+
+bool has_erms() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 9));
+}
+
+void rep_movsb(void* dst, const void* src, std::size_t n) {
+  asm volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
 }
 
 void stream_copy(char* dst, const char* src, std::size_t n) {
@@ -92,6 +112,15 @@ std::size_t streaming_copy_min() {
   return min;
 }
 
+std::size_t rep_movsb_min() {
+#if defined(__x86_64__)
+  static const std::size_t min = has_erms() ? rep_movsb_min_from_env() : SIZE_MAX;
+#else
+  static const std::size_t min = SIZE_MAX;
+#endif
+  return min;
+}
+
 void streaming_copy(void* dst, const void* src, std::size_t n) {
 #if defined(__x86_64__)
   stream_copy(static_cast<char*>(dst), static_cast<const char*>(src), n);
@@ -103,9 +132,15 @@ void streaming_copy(void* dst, const void* src, std::size_t n) {
 void bulk_copy(void* dst, const void* src, std::size_t n) {
   if (n >= streaming_copy_min()) {
     streaming_copy(dst, src, n);
-  } else {
-    std::memcpy(dst, src, n);
+    return;
   }
+#if defined(__x86_64__)
+  if (n >= rep_movsb_min()) {
+    rep_movsb(dst, src, n);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
 }
 
 }  // namespace detail

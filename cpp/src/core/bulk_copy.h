@@ -8,7 +8,12 @@
 namespace tensorwire {
 namespace detail {
 
-// Copies n bytes. Copies larger than half the last-level cache use
+// Copies n bytes. From 64 KiB, on x86-64 CPUs with ERMS, by `rep movsb`:
+// glibc's memcpy uses it only below the L2's size on AMD and vector loops
+// above, and the microcode's copy is much quicker into lines another core
+// holds, a static slot's case (bench/results/rep_movsb.txt, Zen 5 VM: 1 MiB
+// pushed in 14 against 21-25 us, 64 MiB in 2.3-2.5 against 3.2-3.3 ms).
+// Copies larger than half the last-level cache use
 // non-temporal (streaming) stores on x86-64: the destination would not stay
 // cached anyway, and streaming stores skip the read-for-ownership of every
 // destination line and leave no dirty lines in this core's cache for the
@@ -28,6 +33,13 @@ std::size_t streaming_copy_min();
 // The same, read now: throws InvalidArgument for a malformed
 // TENSORWIRE_STREAMING_COPY_MIN (each Device checks it when created).
 std::size_t streaming_copy_min_from_env();
+
+// The size from which bulk_copy (below the streaming size) uses `rep movsb`:
+// TENSORWIRE_REP_MOVSB_MIN (bytes, 0 = never) if set, else 64 KiB; never
+// where the CPU lacks ERMS. Read once; the _from_env form reads it now and
+// throws InvalidArgument when it is malformed.
+std::size_t rep_movsb_min();
+std::size_t rep_movsb_min_from_env();
 
 }  // namespace detail
 }  // namespace tensorwire

@@ -176,6 +176,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
     config.spin_us = static_cast<unsigned>(v);
   }
   streaming_copy_min_from_env();  // a bad TENSORWIRE_STREAMING_COPY_MIN fails here, not at a copy
+  rep_movsb_min_from_env();       // and TENSORWIRE_REP_MOVSB_MIN
   if (const char* forms = std::getenv("TENSORWIRE_LANE_FORM")) {
     // auto (default), rma or messages; a comma list gives lane i the form i % n.
     std::string f(forms);

@@ -1,8 +1,8 @@
 // Copyright tensorwire authors.
 //
-// The direct path's copy: streaming stores must copy exactly what memcpy
-// copies, for every alignment of both ends and lengths around whole lines,
-// without touching a byte outside the destination range.
+// The direct path's copy: streaming stores and `rep movsb` must copy exactly
+// what memcpy copies, for every alignment of both ends and lengths around
+// whole lines, without touching a byte outside the destination range.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -12,11 +12,14 @@
 
 namespace {
 
-void check_copy(std::size_t dst_off, std::size_t src_off, std::size_t n) {
+using CopyFn = void (*)(void*, const void*, std::size_t);
+
+void check_copy(std::size_t dst_off, std::size_t src_off, std::size_t n,
+                CopyFn copy = tensorwire::detail::streaming_copy) {
   const std::size_t pad = 128;
   std::vector<unsigned char> src(src_off + n + pad), dst(dst_off + n + 2 * pad, 0xEE);
   for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
-  tensorwire::detail::streaming_copy(dst.data() + pad + dst_off, src.data() + src_off, n);
+  copy(dst.data() + pad + dst_off, src.data() + src_off, n);
   for (std::size_t i = 0; i < pad + dst_off; ++i) ASSERT_EQ(dst[i], 0xEE) << "wrote before the range, byte " << i;
   for (std::size_t i = 0; i < n; ++i) {
     ASSERT_EQ(dst[pad + dst_off + i], src[src_off + i]) << "byte " << i << " of " << n << ", dst_off " << dst_off
@@ -35,6 +38,18 @@ TEST(BulkCopy, StreamingCopyMatchesMemcpyAtEveryAlignment) {
 
 TEST(BulkCopy, LargeCopiesAreExact) {
   check_copy(7, 5, (std::size_t(3) << 20) + 11);  // streamed bulk with unaligned ends
+}
+
+TEST(BulkCopy, BulkCopyIsExactAroundTheRepMovsbSize) {
+  // From 64 KiB bulk_copy takes `rep movsb` (x86-64 with ERMS), below it memcpy.
+  const std::size_t at = std::size_t(64) << 10;
+  for (std::size_t dst_off : {0, 1, 63}) {
+    for (std::size_t src_off : {0, 5}) {
+      for (std::size_t n : {at - 1, at, at + 1, (std::size_t(1) << 20) + 3}) {
+        check_copy(dst_off, src_off, n, tensorwire::detail::bulk_copy);
+      }
+    }
+  }
 }
 
 TEST(BulkCopy, ThresholdIsAboveTheSmallSizes) {
