@@ -1,9 +1,13 @@
 // Copyright tensorwire authors. The extension module tensorwire._core.
 #include "bindings.h"
 
+#include <cstddef>
+#include <cstdint>
+
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "core/bulk_copy.h"
 #include "tensorwire/device.h"
 
 NB_MODULE(_core, m) {
@@ -19,6 +23,15 @@ NB_MODULE(_core, m) {
   m.def("ucx_header_version", &tensorwire::ucx_header_version, "UCX API version tensorwire was compiled against.");
   m.def("ucx_limits", &tensorwire::ucx_limits,
         "What the UCX tensorwire was compiled against cannot do that a newer UCX can (empty from 1.14 on).");
+  m.def(
+      "copy",
+      [](std::uintptr_t dst, std::uintptr_t src, std::size_t nbytes) {
+        nb::gil_scoped_release released;
+        tensorwire::detail::bulk_copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+      },
+      nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"),
+      "Copies nbytes from address src to address dst, without the GIL, as the direct path copies "
+      "(`rep movsb` from 64 KiB, streaming stores for the largest copies). The ranges must not overlap.");
   m.def("protocol_version", &tensorwire::protocol_version, "tensorwire control-protocol version.");
   m.attr("ucx_source") = TW_UCX_SOURCE;
 }

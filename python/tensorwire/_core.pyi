@@ -555,6 +555,11 @@ def ucx_limits() -> list[str]:
     What the UCX tensorwire was compiled against cannot do that a newer UCX can (empty from 1.14 on).
     """
 
+def copy(dst: int, src: int, nbytes: int) -> None:
+    """
+    Copies nbytes from address src to address dst, without the GIL, as the direct path copies (`rep movsb` from 64 KiB, streaming stores for the largest copies). The ranges must not overlap.
+    """
+
 def protocol_version() -> int:
     """tensorwire control-protocol version."""
 

@@ -11,8 +11,9 @@ namespace detail {
 // Copies n bytes. From 64 KiB, on x86-64 CPUs with ERMS, by `rep movsb`:
 // glibc's memcpy uses it only below the L2's size on AMD and vector loops
 // above, and the microcode's copy is much quicker into lines another core
-// holds, a static slot's case (bench/results/rep_movsb.txt, Zen 5 VM: 1 MiB
-// pushed in 14 against 21-25 us, 64 MiB in 2.3-2.5 against 3.2-3.3 ms).
+// holds, a static slot's case (bench/results/static_slot_breakdown.txt, Zen 5
+// VM: a 1 MiB push and its reduction 24.0 against 32.8 us, 64 MiB 3.90 against
+// 4.91 ms; streaming stores 50 us and 3.96 ms).
 // Copies larger than half the last-level cache use
 // non-temporal (streaming) stores on x86-64: the destination would not stay
 // cached anyway, and streaming stores skip the read-for-ownership of every

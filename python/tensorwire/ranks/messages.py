@@ -836,7 +836,7 @@ class Messenger:
             self._refuse(p, f"a ready-to-receive record this device cannot write to ({e})")
             return
         if mapped:  # the rest of our half: a copy into the receiver's tensor, mapped here
-            ctypes.memmove(mapped[2], op.ptr + mapped[0], mapped[1] - mapped[0])
+            _core.copy(mapped[2], op.ptr + mapped[0], mapped[1] - mapped[0])  # the direct path's copy
             self.mapped_copies += 1
         if self.landed_on_completion[p]:
             op.done_due = True  # posted by progress() once the write completed (it landed then)
@@ -878,7 +878,7 @@ class Messenger:
             self._refuse(p, f"a split send this device cannot read from ({e})")
             return
         if mapped:
-            ctypes.memmove(op.ptr + mapped[0], mapped[2], mapped[1] - mapped[0])
+            _core.copy(op.ptr + mapped[0], mapped[2], mapped[1] - mapped[0])
             self.mapped_copies += 1
         self.reading.append(op)
 
