@@ -131,7 +131,7 @@ fuzz-merge: fuzz-build
 bench-compare: build
 	bash bench/compare_ucx_perftest.sh
 
-# The README's headline numbers re-measured (best of 3: about 26 minutes on the 2-vCPU VM; --repeat 1:
+# The README's headline numbers re-measured (best of 3: about 28 minutes on the 2-vCPU VM; --repeat 1:
 # about 11): `tensorwire bench report` reruns their benchmarks, rewrites their files in bench/results/
 # and the README's blocks.
 # Options through BENCH_ARGS: make bench BENCH_ARGS="--dry-run" (or "--only tensor-tcp,train-tcp").

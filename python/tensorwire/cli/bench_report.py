@@ -11,7 +11,7 @@ from .args import arg_positive
 
 def register(commands) -> None:
     p = commands.bench.add_parser(
-        "report", help="re-measure the README's headline numbers (best of 3, about 26 min) and regenerate its blocks",
+        "report", help="re-measure the README's headline numbers (best of 3, about 28 min) and regenerate its blocks",
         description=report.__doc__ + "\nsteps (--only NAME[,NAME]):\n" + report.steps_table()
         + "\n\nexamples:\n  tensorwire bench report --dry-run\n  tensorwire bench report            # or: make bench\n"
         "  tensorwire bench report --only tensor-tcp,train-tcp\n  tensorwire bench report --readme-only",
