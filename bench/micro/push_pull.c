@@ -9,7 +9,9 @@
 // run:   ./push_pull BYTES MODE ITERS [REFRESH]
 //   MODE 0 push memcpy, 1 push streaming (AVX2), 2 pull memcpy,
 //        3 pull streaming (SSE2), 4 push streaming (SSE2),
-//        5 push rep movsb, 6 pull rep movsb (bulk_copy's copy from 64 KiB)
+//        5 push rep movsb, 6 pull rep movsb (bulk_copy's copy from 64 KiB),
+//        7 both (rep movsb): the sender copies the first half into the slot while
+//          the waiting receiver copies the second half out of the sender's tensor
 //   REFRESH 1: the sender rewrites its whole tensor before each transfer
 #define _GNU_SOURCE
 #include <immintrin.h>
@@ -24,7 +26,7 @@
 #include <unistd.h>
 
 static const char* const kModes[] = {"push", "push-nt", "pull", "pull-nt", "push-nt-sse", "push-movsb",
-                                     "pull-movsb"};
+                                     "pull-movsb", "both-movsb"};
 
 static double now_us(void) {
   struct timespec t;
@@ -83,8 +85,8 @@ int main(int argc, char** argv) {
   }
   size_t n = strtoull(argv[1], 0, 0);
   int mode = atoi(argv[2]), iters = atoi(argv[3]), refresh = argc > 4 ? atoi(argv[4]) : 0;
-  if (n < 64 || n % 64 || mode < 0 || mode > 6 || iters < 1) {
-    fprintf(stderr, "BYTES: a multiple of 64; MODE 0..6; ITERS >= 1\n");
+  if (n < 64 || n % 64 || mode < 0 || mode > 7 || iters < 1) {
+    fprintf(stderr, "BYTES: a multiple of 64; MODE 0..7; ITERS >= 1\n");
     return 2;
   }
   // One shared mapping: flag and ack words, the sender's tensor (shared so a
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   char* shared = mmap(0, 2 * n + 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   _Atomic long* flag = (_Atomic long*)shared;
   _Atomic long* ack = (_Atomic long*)(shared + 64);
+  _Atomic long* half = (_Atomic long*)(shared + 128);  // mode 7: the sender's half is in the slot
   char* src = shared + 4096;
   char* slot = src + n;
   memset(src, 0, 2 * n);
@@ -106,6 +109,11 @@ int main(int argc, char** argv) {
       while (atomic_load(flag) != k) {
       }
       const float* view = (const float*)slot;
+      if (mode == 7) {
+        rep_movsb(slot + n / 2, src + n / 2, n - n / 2);
+        while (atomic_load(half) != k) {
+        }
+      }
       if (mode == 2 || mode == 3 || mode == 6) {
         if (mode == 2) memcpy(own, src, n);
         else if (mode == 6) rep_movsb(own, src, n);
@@ -131,6 +139,10 @@ int main(int argc, char** argv) {
     if (mode == 4) stream_sse2(slot, src, n);
     if (mode == 5) rep_movsb(slot, src, n);
     atomic_store(flag, k);
+    if (mode == 7) {
+      rep_movsb(slot, src, n / 2);
+      atomic_store(half, k);
+    }
     while (atomic_load(ack) != k) {
     }
     t[k - 1] = now_us() - t0;
