@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "core/bulk_copy.h"
+#include "tensorwire/error.h"
 
 namespace {
 
@@ -49,6 +52,24 @@ TEST(BulkCopy, BulkCopyIsExactAroundTheRepMovsbSize) {
         check_copy(dst_off, src_off, n, tensorwire::detail::bulk_copy);
       }
     }
+  }
+}
+
+TEST(BulkCopy, RepMovsbSizeComesFromTheEnvironment) {
+  const char* had = std::getenv("TENSORWIRE_REP_MOVSB_MIN");
+  const std::string saved = had ? had : "";
+  ::unsetenv("TENSORWIRE_REP_MOVSB_MIN");
+  EXPECT_EQ(tensorwire::detail::rep_movsb_min_from_env(), std::size_t(64) << 10);
+  ::setenv("TENSORWIRE_REP_MOVSB_MIN", "4096", 1);
+  EXPECT_EQ(tensorwire::detail::rep_movsb_min_from_env(), std::size_t(4096));
+  ::setenv("TENSORWIRE_REP_MOVSB_MIN", "0", 1);  // never
+  EXPECT_EQ(tensorwire::detail::rep_movsb_min_from_env(), SIZE_MAX);
+  ::setenv("TENSORWIRE_REP_MOVSB_MIN", "64K", 1);
+  EXPECT_THROW(tensorwire::detail::rep_movsb_min_from_env(), tensorwire::InvalidArgument);
+  if (had) {
+    ::setenv("TENSORWIRE_REP_MOVSB_MIN", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TENSORWIRE_REP_MOVSB_MIN");
   }
 }
 
