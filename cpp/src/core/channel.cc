@@ -172,6 +172,9 @@ ChannelImpl::~ChannelImpl() {
 
 void ChannelImpl::check_usable() const {
   if (failed()) ops_->throw_failure();
+  // Peer::fail marks the peer failed (peers() drops it) before it fails its
+  // channels one by one: an op posted in between fails as it would after.
+  if (peer->failed()) throw PeerFailed(peer->describe() + " has failed");
   if (sock ? sock->closed() : (!ep || !ep->get())) throw ConnectionError("channel is closed");
 }
 
