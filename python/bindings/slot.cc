@@ -41,6 +41,7 @@ nb::dict stats_dict(const SlotStats& s) {
   d["registrations"] = s.registrations;
   d["zero_copy"] = s.zero_copy;
   d["waits_for_ack"] = s.waits_for_ack;
+  d["shared"] = s.shared;
   d["rejected"] = s.rejected;
   d["doorbells"] = s.doorbells;
   d["placed"] = s.placed;

@@ -764,6 +764,7 @@ def test_progress_from_the_environment_overrides_the_arguments(monkeypatch):
                                         ("TENSORWIRE_STREAMING_COPY_MIN", ""),
                                         ("TENSORWIRE_STREAMING_COPY_MIN", "-1"),
                                         ("TENSORWIRE_REP_MOVSB_MIN", "64K"),
+                                        ("TENSORWIRE_SHARED_COPY_MIN", "256K"),
                                         ("TENSORWIRE_PLACE", "256K-4M"), ("TENSORWIRE_PLACE", "4096"),
                                         ("TENSORWIRE_PLACE", "9-8"), ("TENSORWIRE_PLACE", "-1-8"),
                                         ("TENSORWIRE_PLACE", "")])

@@ -72,6 +72,7 @@ struct SlotStats {
   std::uint64_t rejected = 0;       // dynamic records refused by the receiver
   std::uint64_t doorbells = 0;      // wake messages sent to a napping peer (one-sided form, contracts §10.3)
   std::uint64_t placed = 0;         // message-form sends whose payload was put into its buffer (contracts §12)
+  std::uint64_t shared = 0;         // static slot tensors whose copy both sides shared (contracts §10.3)
 };
 
 // A tensor outside the pool, as the caller hands it to a sender: contiguous

@@ -24,6 +24,8 @@ constexpr std::size_t kLine = 64;
 constexpr std::size_t kDefaultLastLevelCache = 32u << 20;
 // Copies from 64 KiB go by `rep movsb` where the CPU has ERMS: see bulk_copy.h.
 constexpr std::size_t kRepMovsbMin = 64u << 10;
+// A smaller tensor's chunk would not pay for the receiver's start (static_slot.cc).
+constexpr std::size_t kSharedCopyMin = 256u << 10;
 
 std::size_t last_level_cache() {
   long l3 = -1;
@@ -55,6 +57,15 @@ std::size_t streaming_copy_min_from_env() {
 
 std::size_t rep_movsb_min_from_env() {
   return size_from_env("TENSORWIRE_REP_MOVSB_MIN", std::getenv("TENSORWIRE_REP_MOVSB_MIN"), kRepMovsbMin);
+}
+
+std::size_t shared_copy_min_from_env() {
+  return size_from_env("TENSORWIRE_SHARED_COPY_MIN", std::getenv("TENSORWIRE_SHARED_COPY_MIN"), kSharedCopyMin);
+}
+
+std::size_t shared_copy_min() {
+  static const std::size_t min = shared_copy_min_from_env();
+  return min;
 }
 
 namespace {

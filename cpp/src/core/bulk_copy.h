@@ -42,5 +42,12 @@ std::size_t streaming_copy_min_from_env();
 std::size_t rep_movsb_min();
 std::size_t rep_movsb_min_from_env();
 
+// The smallest static-slot tensor whose copy a waiting receiver shares
+// (protocol/static_slot.cc, SharedCopy): TENSORWIRE_SHARED_COPY_MIN (bytes,
+// 0 = never) if set, else 256 KiB. Read once; the _from_env form reads it
+// now and throws InvalidArgument when it is malformed.
+std::size_t shared_copy_min();
+std::size_t shared_copy_min_from_env();
+
 }  // namespace detail
 }  // namespace tensorwire

@@ -551,12 +551,17 @@ RemoteRegionImpl::Access ChannelImpl::access_to(const RemoteRegion& remote) cons
 }
 
 char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& local) const {
-  if (!remote || !map_shared_memory_ || !local.memh || !host_memory(local)) return nullptr;
+  if (!local.memh || !host_memory(local)) return nullptr;
+  if (!self_ && uses_messages()) return nullptr;  // writes and reads go as messages, never a copy here
+  return mapping_of(remote);
+}
+
+char* ChannelImpl::mapping_of(const RemoteRegion& remote) const {
+  if (!remote || !map_shared_memory_) return nullptr;
   if (remote.descriptor().memory_type != MemoryType::kHost) return nullptr;
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);
-  if (uses_messages()) return nullptr;  // writes and reads go as messages, never a copy here
   return access_to(remote).mapped;
 }
 

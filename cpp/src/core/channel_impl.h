@@ -129,11 +129,19 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   void check_usable() const;
   // The local address of remote's first byte when copies to it go direct, else nullptr.
   char* direct_target(const RemoteRegion& remote, const LocalRegion& local) const;
+  // The local address of remote's first byte where this process maps it
+  // (shared memory, host memory), whatever this lane's form; else nullptr.
+  char* mapping_of(const RemoteRegion& remote) const;
   // A write into a mapped peer region with streaming stores, whatever its size (InvalidArgument
   // when not mapped): the peer's core holds the destination's lines, whose read-for-ownership
   // halved a plain copy's rate (an all_reduce's landing area, re-read by the peer every round).
   Request write_streaming(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
                           std::size_t remote_offset, std::size_t length);
+  // The direct path: a memcpy to/from a region mapped by a shared-memory
+  // transport, or one of this device's own (a channel to itself); `mapped`
+  // from direct_target, the range checked by the caller (check_rma).
+  Request direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
+                 std::size_t remote_offset, std::size_t length, bool streaming = false);
   ChannelStats stats() const;
   // Whether a write from the peer over this channel's transports lands only
   // when this side progresses its worker (tcp and UCX's other emulated RMA);
@@ -211,10 +219,6 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   Request post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                             std::size_t length);
 
-  // The direct path: a memcpy to/from a region mapped by a shared-memory
-  // transport, or one of this device's own (a channel to itself).
-  Request direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
-                 std::size_t remote_offset, std::size_t length, bool streaming = false);
   bool host_memory(const LocalRegion& local) const;
   // A pool block of this very device (self_): its first byte, pinned; else nullptr.
   char* own_memory(const RemoteRegion& remote) const;

@@ -177,6 +177,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   }
   streaming_copy_min_from_env();  // a bad TENSORWIRE_STREAMING_COPY_MIN fails here, not at a copy
   rep_movsb_min_from_env();       // and TENSORWIRE_REP_MOVSB_MIN
+  shared_copy_min_from_env();     // and TENSORWIRE_SHARED_COPY_MIN
   if (const char* forms = std::getenv("TENSORWIRE_LANE_FORM")) {
     // auto (default), rma or messages; a comma list gives lane i the form i % n.
     std::string f(forms);

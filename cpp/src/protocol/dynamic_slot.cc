@@ -5,8 +5,6 @@
 // (0 accepted, else a RecordStatus); the receiver writes status, fences, then
 // the sequence.
 #include <cstring>
-#include <map>
-#include <tuple>
 
 #include "protocol/dynamic_record.h"
 #include "protocol/slot_common.h"
@@ -370,8 +368,7 @@ class DynamicSenderImpl : public MessageSink {
   std::uint64_t next_seq = 1;
   Block ack, record_src, seq_src;  // record_src: the record is built here, then written
   SlotStats stats;
-  // Local regions exported to the receiver -> the key it was given.
-  std::map<std::tuple<std::uintptr_t, std::size_t, std::string>, std::string> exported;
+  ExportCache exported;  // the local regions the receiver may read
   std::uint64_t acked() const { return load_acquire(ack.data()); }
   std::uint64_t status() const { return load_acquire(static_cast<const char*>(ack.data()) + 8); }
   // The ack's doorbell (contracts §10.4): the sender's napping flag, the u64
@@ -530,13 +527,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
     if (!local.rkey || local.rkey->size() > detail::kRecordMaxRkey) {
       throw InvalidArgument("local memory has no usable rkey");
     }
-    auto key = std::make_tuple(reinterpret_cast<std::uintptr_t>(local.address), local.length, *local.rkey);
-    auto it = s.exported.find(key);
-    if (it == s.exported.end()) {
-      if (s.exported.size() >= 1024) s.exported.clear();
-      it = s.exported.emplace(std::move(key), s.channel.export_region(local, timeout_s).rkey).first;
-    }
-    export_key = &it->second;
+    export_key = &s.exported.key_for(s.channel, local, timeout_s);
   }
   const std::uint64_t seq = s.next_seq;
   // One record in flight: the previous send must have been acknowledged.

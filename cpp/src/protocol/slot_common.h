@@ -10,6 +10,9 @@
 #include <chrono>
 #include <cstring>
 #include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
 
 #include "common/bytes.h"
 #include "core/channel_impl.h"
@@ -207,6 +210,26 @@ inline RemoteRegion exported_by_peer(Channel& channel, const std::string& descri
   return RemoteRegion(channel.impl()->peer->accept_export(
       RegionDescriptor::from_bytes(descriptor.data(), descriptor.size())));
 }
+
+// The local regions a sender exported to its receiver (the tw.export call,
+// once per region; contracts §10.4): the receiver reads a sender's memory
+// only inside them. Remembers at most 1024, then starts over.
+class ExportCache {
+ public:
+  // The key the receiver was given for `local`, exporting it first if needed.
+  const std::string& key_for(Channel& channel, const LocalRegion& local, double timeout_s) {
+    auto key = std::make_tuple(reinterpret_cast<std::uintptr_t>(local.address), local.length, *local.rkey);
+    auto it = keys_.find(key);
+    if (it == keys_.end()) {
+      if (keys_.size() >= 1024) keys_.clear();
+      it = keys_.emplace(std::move(key), channel.export_region(local, timeout_s).rkey).first;
+    }
+    return it->second;
+  }
+
+ private:
+  std::map<std::tuple<std::uintptr_t, std::size_t, std::string>, std::string> keys_;
+};
 
 // Answers a slot's attach call. The slot's memory is not published: only
 // the sender that attached receives its descriptor (in the attach reply).

@@ -9,8 +9,12 @@
 // one u64 sequence source word per buffer.
 // Attach: the sender calls "tw.static/<name>" with its device id and the ack
 // word's descriptor; the reply describes the slot (see encode_static_meta).
+// A host slot has one more page after its buffers: the shared copy's area
+// (SharedCopy below).
 #include <cstring>
 
+#include "core/bulk_copy.h"
+#include "protocol/dynamic_record.h"
 #include "protocol/slot_common.h"
 #include "protocol/staging.h"
 #include "tensorwire/wait.h"
@@ -74,6 +78,44 @@ struct StaticLayout {
   std::size_t seq_stride() const { return separate ? 64 : stride; }
 };
 
+// The shared copy (contracts §10.3): where the slot's buffers are mapped at
+// the sender (shared memory), a tensor of 256 KiB to 8 MiB is copied by both
+// sides at once. The sender offers it in the slot's help area and copies
+// chunks into the buffer; a receiver waiting for it in recv() copies other
+// chunks out of the sender's memory (exported to it, as a dynamic slot's
+// records are), the chunks taken one at a time from a shared counter. The
+// sender sets the sequence word once every chunk is in, and its send returns
+// only then: no copy reads the tensor afterwards.
+// The sender offers only when the receiver has released every earlier tensor:
+// a receiver still consuming one overlaps this copy already (a stream), and
+// taking chunks only delayed its consumption (4 MiB streams lost 5-16%).
+// Above 8 MiB a serial transfer gained little and the stream after it lost a
+// quarter (bench/results/shared_copy.txt).
+//
+// Help area, the page after the buffers (host slots), written by both sides:
+//   0   u64 claim: sequence << 24 | the next chunk to take
+//   8   u64 done:  sequence << 24 | chunks copied
+//   64  u64 the tensor's address in the sender's memory
+//   72  u32 its key's length, then the key (a packed rkey, <= 2048 bytes)
+struct SharedCopy {
+  static constexpr std::size_t kAreaBytes = 4096;
+  static constexpr std::size_t kClaimAt = 0, kDoneAt = 8, kAddressAt = 64, kKeyLengthAt = 72, kKeyAt = 76;
+  static constexpr int kCountBits = 24;
+  static constexpr std::uint64_t kCountMask = (std::uint64_t(1) << kCountBits) - 1;
+  static constexpr std::uint64_t kTagMask = ~kCountMask;
+  static constexpr std::size_t kMaxBytes = std::size_t(8) << 20;
+  static std::uint64_t tag(std::uint64_t seq) { return seq << kCountBits; }
+  // Chunks of 64 KiB, at most 64 of them (then larger, in whole pages).
+  static std::size_t chunk_bytes(std::size_t n) {
+    constexpr std::size_t kMinChunk = std::size_t(64) << 10, kMaxChunks = 64, kPage = 4096;
+    return std::max(kMinChunk, ((n + kMaxChunks - 1) / kMaxChunks + kPage - 1) / kPage * kPage);
+  }
+  static std::uint64_t chunks(std::size_t n) { return (n + chunk_bytes(n) - 1) / chunk_bytes(n); }
+  static std::atomic_ref<std::uint64_t> word(char* area, std::size_t at) {
+    return std::atomic_ref<std::uint64_t>(*reinterpret_cast<std::uint64_t*>(area + at));
+  }
+};
+
 class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<StaticSlotImpl> {
  public:
   StaticSlotImpl(const DevicePort& dev, std::string name, TensorSpec spec, int depth, std::uint64_t first,
@@ -85,7 +127,8 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
       words = allocate_exported(dev, 64 * static_cast<std::size_t>(depth));
       std::memset(words.data(), 0, words.size());
     } else {
-      block = allocate_exported(dev, layout.stride * depth);
+      help_at = layout.stride * depth;
+      block = allocate_exported(dev, help_at + SharedCopy::kAreaBytes);
       std::memset(block.data(), 0, block.size());
     }
     ack_src = dev.pool().allocate(8 * kAckRing, 64);
@@ -101,6 +144,10 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     // without attaching) left in buffers not yet received; held ones stay.
     for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
     store_release(sender_napping(), 0);  // and a failed sender's napping flag
+    if (help_at) {                       // and its offer of a shared copy
+      SharedCopy::word(help_area(), SharedCopy::kClaimAt).store(0, std::memory_order_release);
+      SharedCopy::word(help_area(), SharedCopy::kDoneAt).store(0, std::memory_order_release);
+    }
     arrived = got;  // the message form continues from the next tensor too
     ByteWriter w;
     w.put_raw(encode_spec(spec));
@@ -115,6 +162,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     const auto [place_from, place_to] = place_window(dev);  // the sizes its sender places (§12)
     w.put<std::uint64_t>(place_from);
     w.put<std::uint64_t>(place_to);
+    w.put<std::uint64_t>(help_at);  // the shared copy's area in the block (0: none)
     if (layout.separate) {  // appended: where the sequence words are (§10.3)
       w.put<std::uint64_t>(layout.seq_stride());
       w.put_bytes32(dev.export_for(words.descriptor(), *caller).to_bytes());
@@ -181,6 +229,23 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
   }
 
   ChannelImpl* channel() const { return link.channel_impl(); }
+
+  char* help_area() const { return static_cast<char*>(block.data()) + help_at; }
+  // The receiving end of the shared copy (SharedCopy): chunks of the next
+  // tensor, if its sender offered it, copied out of the sender's memory into
+  // its buffer. From recv()'s wait; bounded; tried once per tensor.
+  void help_copy();
+  // The offered tensor's first byte, mapped here; nullptr unless it lies in
+  // memory the attached sender exported to this device and is mapped.
+  const char* offered_source(const char* area);
+  std::size_t help_at = 0;  // the help area's offset in `block` (0: none, a slot in GPU memory)
+  std::uint64_t helped_seq = 0;
+  struct {  // the last offered source, mapped (senders send from the same memory again)
+    RemoteRegion region;
+    std::uint64_t address = 0;
+    std::string key;
+    const char* mapped = nullptr;
+  } offered;
 
   // The doorbell (contracts §10.3): its flag is word 1 of the sender's ack block.
   static constexpr std::size_t kNappingAt = 8;
@@ -256,6 +321,14 @@ class StaticSenderImpl : public MessageSink {
   // sequence word 0, which it reaches as mapped memory (nullptr: messages
   // form, or not mapped here).
   std::uint64_t* napping_at_receiver = nullptr;
+  std::size_t help_at = 0;  // the slot's help area (SharedCopy; 0: none)
+  ExportCache exported;     // the regions the receiver may copy from
+  std::string broken;       // why this sender sends nothing more (a shared copy left unfinished)
+  // The sending end of the shared copy: tensor `seq` from local[offset..+n)
+  // into buffer `idx`, offered to the receiver, copied together. False where
+  // it does not apply (the caller copies the usual way).
+  bool copy_shared(const LocalRegion& local, std::size_t offset, std::size_t n, std::size_t idx, std::uint64_t seq,
+                   double timeout_s);
   void check_spec(const TensorSpec& given) const;  // InvalidArgument unless it is the slot's
   // One tensor from local[offset..]: StaticSender::send without its accounting of the source.
   Request send(const LocalRegion& local, std::size_t offset, const TensorSpec& given, double timeout_s);
@@ -293,7 +366,13 @@ int StaticSlot::recv(double timeout_s) {
   }
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
-  if (!detail::wait_until(s.channel(), worker, [&] { return s.ready_next(); }, timeout_s, dev, s.inbox,
+  // While it waits, it copies its part of a tensor its sender offers (the shared copy).
+  auto ready = [&] {
+    if (s.ready_next()) return true;
+    s.help_copy();
+    return false;
+  };
+  if (!detail::wait_until(s.channel(), worker, ready, timeout_s, dev, s.inbox,
                           &detail::announce_nap<detail::StaticSlotImpl>, &s)) {
     if (s.channel() && s.channel()->failed()) s.channel()->check_usable();
     throw Timeout("static slot '" + s.name + "': no tensor (sequence " + std::to_string(s.first_seq + s.received) +
@@ -402,6 +481,7 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   s.slot = detail::exported_by_peer(channel, desc);
   s.place_from = r.get<std::uint64_t>();
   s.place_to = r.get<std::uint64_t>();
+  s.help_at = r.get<std::uint64_t>();
   const bool separate = r.left() > 0;  // a slot in GPU memory: its sequence words come next
   bool words_ok = true;
   if (separate) {
@@ -419,7 +499,9 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
       released >= s.next_seq || s.payload < s.spec.nbytes() || s.stride < 8 ||
       s.payload > (separate ? s.stride : s.stride - 8) || !words_ok ||
       s.stride > (std::uint64_t(1) << 62) / static_cast<std::uint64_t>(s.depth) ||
-      s.slot.length() < s.stride * s.depth) {
+      s.slot.length() < s.stride * s.depth ||
+      (s.help_at && (separate || s.help_at % 64 || s.help_at < s.stride * s.depth ||
+                     s.help_at > s.slot.length() || s.slot.length() - s.help_at < detail::SharedCopy::kAreaBytes))) {
     throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), released);
@@ -461,6 +543,7 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
                                double timeout_s) {
   auto& s = *this;
   check_spec(given);
+  if (!s.broken.empty()) throw ConnectionError(s.broken);
   const std::size_t n = s.spec.nbytes();
   const std::uint64_t seq = s.next_seq;
   const std::size_t idx = (seq - s.first_seq) % s.depth;
@@ -502,7 +585,10 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
     s.stats.bytes += n;
     return sent;
   }
-  Request payload = s.channel.write(local, offset, s.slot, idx * s.stride, n);
+  Request payload;  // complete (none) when the shared copy moved it
+  if (!s.copy_shared(local, offset, n, idx, seq, timeout_s)) {
+    payload = s.channel.write(local, offset, s.slot, idx * s.stride, n);
+  }
   auto* word = static_cast<std::uint64_t*>(s.seq_src.data()) + idx;
   *word = seq;
   // The payload lands before the sequence word.
@@ -525,6 +611,120 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
   both.push_back(std::move(payload));
   both.push_back(std::move(flag));
   return s.channel.impl()->join(std::move(both));
+}
+
+bool StaticSenderImpl::copy_shared(const LocalRegion& local, std::size_t offset, std::size_t n, std::size_t idx,
+                                   std::uint64_t seq, double timeout_s) {
+  using SC = SharedCopy;
+  // Offered only to a receiver that released every earlier tensor (SharedCopy).
+  if (!help_at || n < shared_copy_min() || n > SC::kMaxBytes || acked() + 1 < seq || !local.rkey ||
+      local.rkey->size() > kRecordMaxRkey) {
+    return false;
+  }
+  ChannelImpl* ch = channel.impl();
+  const std::size_t at = idx * stride;
+  if (!ch->check_rma("send", local, offset, slot, at, n)) return false;
+  char* mapped = ch->direct_target(slot, local);
+  if (!mapped) return false;
+  const std::string& key = exported.key_for(channel, local, timeout_s);  // a call, the first time only
+  char* area = mapped + help_at;
+  const std::uint64_t tag = SC::tag(seq), address = reinterpret_cast<std::uint64_t>(local.address) + offset;
+  const auto key_length = static_cast<std::uint32_t>(key.size());
+  std::memcpy(area + SC::kAddressAt, &address, 8);
+  std::memcpy(area + SC::kKeyLengthAt, &key_length, 4);
+  std::memcpy(area + SC::kKeyAt, key.data(), key.size());
+  auto claim = SC::word(area, SC::kClaimAt), done = SC::word(area, SC::kDoneAt);
+  done.store(tag, std::memory_order_relaxed);
+  claim.store(tag, std::memory_order_release);  // the offer: what it names is written
+  const std::size_t chunk = SC::chunk_bytes(n);
+  const std::uint64_t count = SC::chunks(n);
+  std::uint64_t own = 0;
+  for (;;) {
+    const std::uint64_t c = claim.fetch_add(1, std::memory_order_acq_rel);
+    const std::uint64_t k = c & SC::kCountMask;
+    if ((c & SC::kTagMask) != tag || k >= count) break;
+    ch->direct(true, local, offset + k * chunk, mapped, at + k * chunk, std::min<std::size_t>(chunk, n - k * chunk));
+    done.fetch_add(1, std::memory_order_release);
+    ++own;
+  }
+  if (own == count) return true;
+  ++stats.shared;
+  // The receiver's chunks: each is one copy under way (a few microseconds).
+  auto all_in = [&] {
+    const std::uint64_t d = done.load(std::memory_order_acquire);
+    return (d & SC::kTagMask) == tag && (d & SC::kCountMask) >= count;
+  };
+  if (!all_in()) {
+    DevicePort dev(*ch->peer);
+    if (!wait_until(ch, nullptr, all_in, timeout_s, dev, inbox)) {
+      ch->check_usable();  // the receiver failed: its error
+      broken = "static slot: the receiver did not finish copying its part of tensor " + std::to_string(seq) +
+               " within " + std::to_string(timeout_s) +
+               " s (shared copy, contracts §10.3); it may still read that tensor's memory, so this sender sends "
+               "nothing more";
+      throw Timeout(broken);
+    }
+  }
+  return true;
+}
+
+const char* StaticSlotImpl::offered_source(const char* area) {
+  using SC = SharedCopy;
+  const std::uint64_t address = std::atomic_ref<const std::uint64_t>(
+      *reinterpret_cast<const std::uint64_t*>(area + SC::kAddressAt)).load(std::memory_order_relaxed);
+  std::uint32_t key_length = 0;
+  std::memcpy(&key_length, area + SC::kKeyLengthAt, 4);
+  if (key_length == 0 || key_length > kRecordMaxRkey) return nullptr;
+  const char* key = area + SC::kKeyAt;
+  if (offered.mapped && offered.address == address && offered.key.size() == key_length &&
+      std::memcmp(offered.key.data(), key, key_length) == 0) {
+    return offered.mapped;
+  }
+  RegionDescriptor d;
+  d.device_id = link.sender_id;
+  d.address = address;
+  d.length = layout.nbytes;
+  d.rkey.assign(key, key_length);
+  try {
+    RemoteRegion region = link.channel.remote_region(d);  // only what the sender exported to this device
+    // Read through the mapping whatever the lane back's form (an inline
+    // receiver's may have chosen messages before its endpoint was wired up).
+    const char* mapped = link.channel.impl()->mapping_of(region);
+    if (!mapped) return nullptr;
+    offered = {std::move(region), address, std::move(d.rkey), mapped};
+    return mapped;
+  } catch (const Error&) {  // not exported, not mapped, a failed sender: it copies alone
+    return nullptr;
+  }
+}
+
+void StaticSlotImpl::help_copy() {
+  using SC = SharedCopy;
+  const std::uint64_t seq = first_seq + received;
+  if (!help_at || helped_seq == seq || !link.attached) return;
+  char* area = help_area();
+  auto claim = SC::word(area, SC::kClaimAt), done = SC::word(area, SC::kDoneAt);
+  const std::uint64_t tag = SC::tag(seq);
+  std::uint64_t c = claim.load(std::memory_order_acquire);
+  if ((c & SC::kTagMask) != tag) return;  // not offered (yet)
+  helped_seq = seq;
+  const std::size_t n = layout.nbytes, chunk = SC::chunk_bytes(n);
+  const std::uint64_t count = SC::chunks(n);
+  const char* from = offered_source(area);
+  if (!from) return;
+  char* to = static_cast<char*>(block.data()) + layout.payload_offset(received % depth);
+  bool helped = false;
+  // Bounded whatever the sender writes: each round takes a chunk or sees another side take one.
+  for (std::uint64_t round = 0; round < 4 * count + 4; ++round) {
+    if ((c & SC::kTagMask) != tag || (c & SC::kCountMask) >= count) break;
+    if (!claim.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    const std::size_t at = (c & SC::kCountMask) * chunk;
+    bulk_copy(to + at, from + at, std::min(chunk, n - at));
+    done.fetch_add(1, std::memory_order_release);
+    helped = true;
+    c = claim.load(std::memory_order_acquire);
+  }
+  if (helped) ++stats.shared;
 }
 
 }  // namespace detail

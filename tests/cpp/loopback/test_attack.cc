@@ -15,6 +15,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -29,6 +31,7 @@
 #include "tensorwire/device.h"
 #include "tensorwire/error.h"
 #include "tensorwire/memory.h"
+#include "tensorwire/slot.h"
 
 namespace tw = tensorwire;
 namespace td = tensorwire::detail;
@@ -295,4 +298,56 @@ TEST(ModifiedPeer, OverSharedMemoryAPeerReachesTheSlabItWasHandedAKeyFor) {
   const std::ptrdiff_t to_neighbour = static_cast<char*>(neighbour.data()) - static_cast<char*>(published.data());
   access.mapped[to_neighbour] = 0x77;  // what a modified peer does with the mapping
   EXPECT_FALSE(secret.intact()) << "a same-host peer reaches the slab of a key it holds";
+}
+
+// The shared copy (contracts §10.3, static_slot.cc): a static slot's
+// receiver copies out of its sender's memory only what that sender exported
+// to it. A modified sender that offers another block of its own pool (the
+// same slab key, never exported) gets nothing copied; the same offer once
+// the block is exported is copied, so the export check is what refused it.
+TEST(ModifiedPeer, OverSharedMemoryAnOfferReadsOnlyExportedMemory) {
+  tw::Device victim(config("shm"));
+  tw::Device attacker(config("shm"));
+  constexpr std::size_t kN = std::size_t(1) << 20;
+  const tw::TensorSpec spec{{static_cast<std::int64_t>(kN / 4)}, tw::DType{2, 32}};
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::Block block = attacker.allocate(kN);
+  Secret secret("a block of the sender's pool", block.data(), kN);
+  const std::string key = block.descriptor().rkey;
+  // Offers `block` as tensor 1 in the help area of the slot `sender` is attached to.
+  auto offer = [&](tw::StaticSender& sender) {
+    char* slot = ch.impl()->access_to(sender.region()).mapped;
+    ASSERT_NE(slot, nullptr);
+    char* area = slot + (kN + 64);  // after one buffer of align64(kN) + its 64-byte tail
+    const std::uint64_t address = reinterpret_cast<std::uint64_t>(block.data());
+    const auto length = static_cast<std::uint32_t>(key.size());
+    std::memcpy(area + 64, &address, 8);
+    std::memcpy(area + 72, &length, 4);
+    std::memcpy(area + 76, key.data(), key.size());
+    std::uint64_t tag = std::uint64_t(1) << 24;  // sequence 1, no chunk taken
+    std::memcpy(area + 8, &tag, 8);
+    std::atomic_thread_fence(std::memory_order_release);
+    std::memcpy(area, &tag, 8);
+  };
+  auto zero = [](const void* p, std::size_t n) {
+    const auto* c = static_cast<const unsigned char*>(p);
+    return std::all_of(c, c + n, [](unsigned char v) { return v == 0; });
+  };
+  {
+    tw::StaticSlot slot(victim, "unexported", spec, 1);
+    tw::StaticSender sender(ch, "unexported", kWait);
+    offer(sender);
+    EXPECT_THROW(slot.recv(0.2), tw::Timeout);  // no sequence word: no tensor
+    EXPECT_TRUE(zero(slot.buffer(0), kN)) << "the receiver copied memory that was never exported to it";
+    EXPECT_EQ(slot.stats().shared, 0u);
+  }
+  {
+    tw::StaticSlot slot(victim, "exported", spec, 1);
+    tw::StaticSender sender(ch, "exported", kWait);
+    ch.export_region(block.region(), kWait);
+    offer(sender);
+    EXPECT_THROW(slot.recv(0.2), tw::Timeout);
+    EXPECT_EQ(std::memcmp(slot.buffer(0), secret.was.data(), kN), 0) << "an exported block's offer is copied";
+    EXPECT_EQ(slot.stats().shared, 1u);
+  }
 }

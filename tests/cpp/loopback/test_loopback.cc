@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -981,16 +982,19 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   tw::Channel ch = client->connect(server->address());
   ASSERT_TRUE(ch.impl()->uses_messages());
   // Attach by hand (ack block, no sink of ours): a host slot's reply ends with
-  // its message id and the sizes it asks to be placed (§10.3).
+  // its message id, the sizes it asks to be placed and its help area (§10.3).
   tw::Block ack = client->allocate(4096);
   auto attach = [&](const std::string& name) {
     td::ByteWriter w;
     w.put_bytes32(client->impl()->export_for(ack.descriptor(), *ch.impl()->peer).to_bytes());
     w.put<std::uint64_t>(0);
     const std::string reply = ch.call("tw.static/" + name, w.str(), kWait);
-    std::uint64_t sink = 0, window[2] = {0, 0};
-    std::memcpy(&sink, reply.data() + reply.size() - 24, 8);
-    std::memcpy(window, reply.data() + reply.size() - 16, 16);
+    std::uint64_t sink = 0, window[2] = {0, 0}, help_at = 0;
+    std::memcpy(&sink, reply.data() + reply.size() - 32, 8);
+    std::memcpy(window, reply.data() + reply.size() - 24, 16);
+    std::memcpy(&help_at, reply.data() + reply.size() - 8, 8);
+    const std::size_t n = (name == "placed" ? spec : large).nbytes();
+    EXPECT_EQ(help_at, 2 * ((n + 63) / 64 * 64 + 64)) << name;  // after its two buffers
     EXPECT_EQ(window[0], 0u) << name;  // TENSORWIRE_PLACE, as the server read it
     EXPECT_EQ(window[1], 8192u) << name;
     return sink;
@@ -1252,6 +1256,73 @@ TEST_P(Loopback, SendersStageOutsideTensors) {
   EXPECT_EQ(static_cast<float*>(blk.data())[0], 5.5f);
   EXPECT_EQ(dsender.stats().copies, 2u);
   EXPECT_EQ(dsender.stats().sent, 2u);
+}
+
+// The shared copy (static_slot.cc, SharedCopy): a receiver waiting in
+// recv() copies part of each 1 MiB tensor out of the sender's memory while
+// the sender copies the rest. Every byte arrives, tensors alternating between
+// two patterns (a chunk of the previous one would show); over the mapped path
+// (shm) the two sides shared copies, elsewhere none.
+TEST_P(Loopback, SharedCopyMovesEveryByte) {
+  const auto& [transport, mode] = GetParam();
+  tw::DeviceConfig cfg = make_config(transport, mode);
+  cfg.spin_us = 5'000'000;  // the receiver polls throughout (bounded by kWait): it sees every offer
+  tw::Device rx(cfg), tx(cfg);  // no Pump: each side's waits drive its own worker
+  constexpr std::size_t kN = std::size_t(1) << 20;
+  constexpr int kTensors = 24;
+  const tw::TensorSpec spec{{static_cast<std::int64_t>(kN / 4)}, tw::DType{2, 32}};
+  tw::StaticSlot slot(rx, "shared", spec, 1);
+  tw::Channel ch = tx.connect(rx.address());
+  tw::StaticSender sender(ch, "shared", kWait);
+  tw::Block src = tx.allocate(kN);
+  std::vector<unsigned char> patterns[2] = {std::vector<unsigned char>(kN), std::vector<unsigned char>(kN)};
+  fill_pattern(patterns[0].data(), kN, 1);
+  fill_pattern(patterns[1].data(), kN, 2);
+  // Sender and receiver on CPUs of their own where there are two: on one, a
+  // spinning receiver runs only between the sender's time slices.
+  cpu_set_t allowed, sender_cpu, receiver_cpu;
+  CPU_ZERO(&sender_cpu);
+  CPU_ZERO(&receiver_cpu);
+  ASSERT_EQ(sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  for (int cpu = 0, found = 0; cpu < CPU_SETSIZE && found < 2; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) CPU_SET(cpu, found++ == 0 ? &sender_cpu : &receiver_cpu);
+  }
+  const bool two_cpus = CPU_COUNT(&receiver_cpu) == 1;
+  if (two_cpus) ASSERT_EQ(sched_setaffinity(0, sizeof sender_cpu, &sender_cpu), 0);
+  std::string failure;
+  std::thread receiver([&] {
+    if (two_cpus) sched_setaffinity(0, sizeof receiver_cpu, &receiver_cpu);
+    try {
+      for (int i = 0; i < kTensors && failure.empty(); ++i) {
+        const int idx = slot.recv(kWait);
+        const long at = first_diff(slot.buffer(idx), patterns[i % 2].data(), kN);
+        if (at >= 0) failure = "tensor " + std::to_string(i) + " differs at byte " + std::to_string(at);
+        slot.release();
+      }
+    } catch (const tw::Error& e) {
+      failure = e.what();
+    }
+  });
+  for (int i = 0; i < kTensors; ++i) {
+    std::memcpy(src.data(), patterns[i % 2].data(), kN);
+    sender.send(src.region(), 0, spec, kWait).wait(kWait);
+    sender.wait_consumed(sender.last_sent(), kWait);  // so the receiver waits for the next one
+  }
+  receiver.join();
+  sched_setaffinity(0, sizeof allowed, &allowed);
+  EXPECT_EQ(failure, "");
+  EXPECT_EQ(sender.stats().shared, slot.stats().shared);
+  // Shared only where the slot is mapped at the sender: not over tcp (either
+  // form), nor over shm in the message form (inline mode, when the
+  // endpoint was not wired up at first use).
+  if (!ch.impl()->direct_target(sender.region(), src.region())) {
+    EXPECT_EQ(slot.stats().shared, 0u);
+  } else if (two_cpus && mode != tw::ProgressMode::kPolling) {
+    // Not necessarily every one: a descheduled receiver misses an offer,
+    // which the sender then copies alone. (In polling mode each device's
+    // progress thread spins too; on two CPUs the receiver rarely runs then.)
+    EXPECT_GT(slot.stats().shared, 0u);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Loopback,

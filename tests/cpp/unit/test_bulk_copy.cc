@@ -73,6 +73,24 @@ TEST(BulkCopy, RepMovsbSizeComesFromTheEnvironment) {
   }
 }
 
+TEST(BulkCopy, SharedCopySizeComesFromTheEnvironment) {
+  const char* had = std::getenv("TENSORWIRE_SHARED_COPY_MIN");
+  const std::string saved = had ? had : "";
+  ::unsetenv("TENSORWIRE_SHARED_COPY_MIN");
+  EXPECT_EQ(tensorwire::detail::shared_copy_min_from_env(), std::size_t(256) << 10);
+  ::setenv("TENSORWIRE_SHARED_COPY_MIN", "1048576", 1);
+  EXPECT_EQ(tensorwire::detail::shared_copy_min_from_env(), std::size_t(1) << 20);
+  ::setenv("TENSORWIRE_SHARED_COPY_MIN", "0", 1);  // never
+  EXPECT_EQ(tensorwire::detail::shared_copy_min_from_env(), SIZE_MAX);
+  ::setenv("TENSORWIRE_SHARED_COPY_MIN", "1M", 1);
+  EXPECT_THROW(tensorwire::detail::shared_copy_min_from_env(), tensorwire::InvalidArgument);
+  if (had) {
+    ::setenv("TENSORWIRE_SHARED_COPY_MIN", saved.c_str(), 1);
+  } else {
+    ::unsetenv("TENSORWIRE_SHARED_COPY_MIN");
+  }
+}
+
 TEST(BulkCopy, ThresholdIsAboveTheSmallSizes) {
   // Latency-sized copies must stay plain memcpys (streaming is slower there).
   EXPECT_GE(tensorwire::detail::streaming_copy_min(), std::size_t(1) << 20);
