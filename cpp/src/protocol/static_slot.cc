@@ -105,9 +105,9 @@ struct SharedCopy {
   static constexpr std::uint64_t kTagMask = ~kCountMask;
   static constexpr std::size_t kMaxBytes = std::size_t(8) << 20;
   static std::uint64_t tag(std::uint64_t seq) { return seq << kCountBits; }
-  // Chunks of 64 KiB, at most 64 of them (then larger, in whole pages).
+  // Chunks of 64 KiB, at most 16 of them (then larger, in whole pages).
   static std::size_t chunk_bytes(std::size_t n) {
-    constexpr std::size_t kMinChunk = std::size_t(64) << 10, kMaxChunks = 64, kPage = 4096;
+    constexpr std::size_t kMinChunk = std::size_t(64) << 10, kMaxChunks = 16, kPage = 4096;
     return std::max(kMinChunk, ((n + kMaxChunks - 1) / kMaxChunks + kPage - 1) / kPage * kPage);
   }
   static std::uint64_t chunks(std::size_t n) { return (n + chunk_bytes(n) - 1) / chunk_bytes(n); }
