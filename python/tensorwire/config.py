@@ -63,7 +63,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_REP_MOVSB_MIN", "smallest copy below the streaming size that uses `rep movsb` "
              "(x86-64 CPUs with ERMS; glibc's memcpy uses vector loops from the L2's size on AMD)",
              "bytes; 0 = never", "65536", CORE),
-    Variable("TENSORWIRE_SHARED_COPY_MIN", "smallest static-slot tensor (up to 8 MiB) whose copy a receiver "
+    Variable("TENSORWIRE_SHARED_COPY_MIN", "smallest static-slot tensor (up to 2 MiB) whose copy a receiver "
              "waiting in recv() shares with its sender over shared memory (contracts §10.3)",
              "bytes; 0 = never", "262144", CORE),
     Variable("TENSORWIRE_LOG", "level of the core's log lines on stderr", "error, warn, info, debug", "warn",

@@ -79,7 +79,7 @@ struct StaticLayout {
 };
 
 // The shared copy (contracts §10.3): where the slot's buffers are mapped at
-// the sender (shared memory), a tensor of 256 KiB to 8 MiB is copied by both
+// the sender (shared memory), a tensor of 256 KiB to 2 MiB is copied by both
 // sides at once. The sender offers it in the slot's help area and copies
 // chunks into the buffer; a receiver waiting for it in recv() copies other
 // chunks out of the sender's memory (exported to it, as a dynamic slot's
@@ -88,9 +88,9 @@ struct StaticLayout {
 // only then: no copy reads the tensor afterwards.
 // The sender offers only when the receiver has released every earlier tensor:
 // a receiver still consuming one overlaps this copy already (a stream), and
-// taking chunks only delayed its consumption (4 MiB streams lost 5-16%).
-// Above 8 MiB a serial transfer gained little and the stream after it lost a
-// quarter (bench/results/shared_copy.txt).
+// taking chunks only delayed its consumption. Above 2 MiB a tensor the sender
+// had just written (its lines dirty in the sender's cache) went erratic,
+// 4 MiB often slower than the sender alone (bench/results/shared_copy.txt).
 //
 // Help area, the page after the buffers (host slots), written by both sides:
 //   0   u64 claim: sequence << 24 | the next chunk to take
@@ -103,7 +103,7 @@ struct SharedCopy {
   static constexpr int kCountBits = 24;
   static constexpr std::uint64_t kCountMask = (std::uint64_t(1) << kCountBits) - 1;
   static constexpr std::uint64_t kTagMask = ~kCountMask;
-  static constexpr std::size_t kMaxBytes = std::size_t(8) << 20;
+  static constexpr std::size_t kMaxBytes = std::size_t(2) << 20;
   static std::uint64_t tag(std::uint64_t seq) { return seq << kCountBits; }
   // Chunks of 64 KiB, at most 16 of them (then larger, in whole pages).
   static std::size_t chunk_bytes(std::size_t n) {
