@@ -55,40 +55,35 @@ TEST(BulkCopy, BulkCopyIsExactAroundTheRepMovsbSize) {
   }
 }
 
-TEST(BulkCopy, RepMovsbSizeComesFromTheEnvironment) {
-  const char* had = std::getenv("TENSORWIRE_REP_MOVSB_MIN");
+// A byte count read from the environment variable `name` by `read`:
+// `fallback` when unset, the bytes given, SIZE_MAX for 0 (never), a malformed
+// value refused. The variable is restored afterwards.
+void expect_size_from_env(const char* name, std::size_t (*read)(), std::size_t fallback) {
+  const char* had = std::getenv(name);
   const std::string saved = had ? had : "";
-  ::unsetenv("TENSORWIRE_REP_MOVSB_MIN");
-  EXPECT_EQ(tensorwire::detail::rep_movsb_min_from_env(), std::size_t(64) << 10);
-  ::setenv("TENSORWIRE_REP_MOVSB_MIN", "4096", 1);
-  EXPECT_EQ(tensorwire::detail::rep_movsb_min_from_env(), std::size_t(4096));
-  ::setenv("TENSORWIRE_REP_MOVSB_MIN", "0", 1);  // never
-  EXPECT_EQ(tensorwire::detail::rep_movsb_min_from_env(), SIZE_MAX);
-  ::setenv("TENSORWIRE_REP_MOVSB_MIN", "64K", 1);
-  EXPECT_THROW(tensorwire::detail::rep_movsb_min_from_env(), tensorwire::InvalidArgument);
+  ::unsetenv(name);
+  EXPECT_EQ(read(), fallback) << name;
+  ::setenv(name, "4096", 1);
+  EXPECT_EQ(read(), std::size_t(4096)) << name;
+  ::setenv(name, "0", 1);  // never
+  EXPECT_EQ(read(), SIZE_MAX) << name;
+  ::setenv(name, "64K", 1);
+  EXPECT_THROW(read(), tensorwire::InvalidArgument) << name;
   if (had) {
-    ::setenv("TENSORWIRE_REP_MOVSB_MIN", saved.c_str(), 1);
+    ::setenv(name, saved.c_str(), 1);
   } else {
-    ::unsetenv("TENSORWIRE_REP_MOVSB_MIN");
+    ::unsetenv(name);
   }
 }
 
+TEST(BulkCopy, RepMovsbSizeComesFromTheEnvironment) {
+  expect_size_from_env("TENSORWIRE_REP_MOVSB_MIN", tensorwire::detail::rep_movsb_min_from_env,
+                       std::size_t(64) << 10);
+}
+
 TEST(BulkCopy, SharedCopySizeComesFromTheEnvironment) {
-  const char* had = std::getenv("TENSORWIRE_SHARED_COPY_MIN");
-  const std::string saved = had ? had : "";
-  ::unsetenv("TENSORWIRE_SHARED_COPY_MIN");
-  EXPECT_EQ(tensorwire::detail::shared_copy_min_from_env(), std::size_t(256) << 10);
-  ::setenv("TENSORWIRE_SHARED_COPY_MIN", "1048576", 1);
-  EXPECT_EQ(tensorwire::detail::shared_copy_min_from_env(), std::size_t(1) << 20);
-  ::setenv("TENSORWIRE_SHARED_COPY_MIN", "0", 1);  // never
-  EXPECT_EQ(tensorwire::detail::shared_copy_min_from_env(), SIZE_MAX);
-  ::setenv("TENSORWIRE_SHARED_COPY_MIN", "1M", 1);
-  EXPECT_THROW(tensorwire::detail::shared_copy_min_from_env(), tensorwire::InvalidArgument);
-  if (had) {
-    ::setenv("TENSORWIRE_SHARED_COPY_MIN", saved.c_str(), 1);
-  } else {
-    ::unsetenv("TENSORWIRE_SHARED_COPY_MIN");
-  }
+  expect_size_from_env("TENSORWIRE_SHARED_COPY_MIN", tensorwire::detail::shared_copy_min_from_env,
+                       std::size_t(256) << 10);
 }
 
 TEST(BulkCopy, ThresholdIsAboveTheSmallSizes) {
