@@ -144,6 +144,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     // without attaching) left in buffers not yet received; held ones stay.
     for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
     store_release(sender_napping(), 0);  // and a failed sender's napping flag
+    attaches.fetch_add(1, std::memory_order_release);
     if (help_at) {                       // and its offer of a shared copy
       SharedCopy::word(help_area(), SharedCopy::kClaimAt).store(0, std::memory_order_release);
       SharedCopy::word(help_area(), SharedCopy::kDoneAt).store(0, std::memory_order_release);
@@ -245,7 +246,9 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     std::uint64_t address = 0;
     std::string key;
     const char* mapped = nullptr;
+    std::uint64_t attach = 0;  // the attach it was checked for: a new sender's offers are checked anew
   } offered;
+  std::atomic<std::uint64_t> attaches{0};  // attach() calls so far
 
   // The doorbell (contracts §10.3): its flag is word 1 of the sender's ack block.
   static constexpr std::size_t kNappingAt = 8;
@@ -676,7 +679,8 @@ const char* StaticSlotImpl::offered_source(const char* area) {
   std::memcpy(&key_length, area + SC::kKeyLengthAt, 4);
   if (key_length == 0 || key_length > kRecordMaxRkey) return nullptr;
   const char* key = area + SC::kKeyAt;
-  if (offered.mapped && offered.address == address && offered.key.size() == key_length &&
+  const std::uint64_t attach = attaches.load(std::memory_order_acquire);
+  if (offered.mapped && offered.attach == attach && offered.address == address && offered.key.size() == key_length &&
       std::memcmp(offered.key.data(), key, key_length) == 0) {
     return offered.mapped;
   }
@@ -691,7 +695,7 @@ const char* StaticSlotImpl::offered_source(const char* area) {
     // receiver's may have chosen messages before its endpoint was wired up).
     const char* mapped = link.channel.impl()->mapping_of(region);
     if (!mapped) return nullptr;
-    offered = {std::move(region), address, std::move(d.rkey), mapped};
+    offered = {std::move(region), address, std::move(d.rkey), mapped, attach};
     return mapped;
   } catch (const Error&) {  // not exported, not mapped, a failed sender: it copies alone
     return nullptr;
