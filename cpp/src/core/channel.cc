@@ -551,17 +551,20 @@ RemoteRegionImpl::Access ChannelImpl::access_to(const RemoteRegion& remote) cons
 }
 
 char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& local) const {
-  if (!local.memh || !host_memory(local)) return nullptr;
-  if (!self_ && uses_messages()) return nullptr;  // writes and reads go as messages, never a copy here
-  return mapping_of(remote);
+  if (!remote || !local.memh || !host_memory(local)) return nullptr;
+  return mapped(remote, /*rma_form_only=*/true);
 }
 
-char* ChannelImpl::mapping_of(const RemoteRegion& remote) const {
+char* ChannelImpl::mapping_of(const RemoteRegion& remote) const { return mapped(remote, /*rma_form_only=*/false); }
+
+char* ChannelImpl::mapped(const RemoteRegion& remote, bool rma_form_only) const {
   if (!remote || !map_shared_memory_) return nullptr;
   if (remote.descriptor().memory_type != MemoryType::kHost) return nullptr;
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
   if (self_) return own_memory(remote);
+  if (rma_form_only && uses_messages()) return nullptr;  // writes and reads go as messages, never a copy here
+  if (sock || !ep) return nullptr;  // a tcp lane: no key, no mapping
   return access_to(remote).mapped;
 }
 

@@ -197,6 +197,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   bool borrowed_sock = false;  // sock is the peer's own lane (Peer::inbound_lane): not ours to close
 
  private:
+  // direct_target and mapping_of: remote's first byte where this process maps it;
+  // `rma_form_only`: nullptr on a lane that carries writes and reads as messages.
+  char* mapped(const RemoteRegion& remote, bool rma_form_only) const;
   Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
                       const RemoteRegion* remote = nullptr);
   // UCX's own put or get (or the direct copy where the region is mapped),

@@ -642,7 +642,7 @@ bool StaticSenderImpl::copy_shared(const LocalRegion& local, std::size_t offset,
   const std::size_t chunk = SC::chunk_bytes(n);
   const std::uint64_t count = SC::chunks(n);
   std::uint64_t own = 0;
-  for (;;) {
+  for (std::uint64_t round = 0; round < count; ++round) {  // at most every chunk, whatever the receiver writes
     const std::uint64_t c = claim.fetch_add(1, std::memory_order_acq_rel);
     const std::uint64_t k = c & SC::kCountMask;
     if ((c & SC::kTagMask) != tag || k >= count) break;
@@ -705,7 +705,7 @@ const char* StaticSlotImpl::offered_source(const char* area) {
 void StaticSlotImpl::help_copy() {
   using SC = SharedCopy;
   const std::uint64_t seq = first_seq + received;
-  if (!help_at || helped_seq == seq || !link.attached) return;
+  if (!help_at || layout.nbytes > SC::kMaxBytes || helped_seq == seq || !link.attached) return;  // never offered
   char* area = help_area();
   auto claim = SC::word(area, SC::kClaimAt), done = SC::word(area, SC::kDoneAt);
   const std::uint64_t tag = SC::tag(seq);

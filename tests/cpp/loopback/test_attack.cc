@@ -351,3 +351,36 @@ TEST(ModifiedPeer, OverSharedMemoryAnOfferReadsOnlyExportedMemory) {
     EXPECT_EQ(slot.stats().shared, 1u);
   }
 }
+
+// The same offer over tcp, written into the slot's help area by a message-form
+// write (the block is exported to the sender, so the target lands it), of a
+// block the sender did export: a tcp lane maps nothing, so the receiver copies
+// nothing and stays alive (its lane back has no UCX endpoint to unpack a key on).
+TEST(ModifiedPeer, OverTcpAnOfferMapsNothing) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  constexpr std::size_t kN = std::size_t(1) << 20;
+  const tw::TensorSpec spec{{static_cast<std::int64_t>(kN / 4)}, tw::DType{2, 32}};
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::Block block = attacker.allocate(kN);
+  Secret secret("a block the sender exported", block.data(), kN);
+  ch.export_region(block.region(), kWait);
+  tw::StaticSlot slot(victim, "offered", spec, 1);
+  tw::StaticSender sender(ch, "offered", kWait);
+  const std::string key = block.descriptor().rkey;
+  tw::Block offer = attacker.allocate(4096);
+  char* area = static_cast<char*>(offer.data());
+  std::memset(area, 0, 4096);
+  const std::uint64_t done = std::uint64_t(1) << 24, address = reinterpret_cast<std::uint64_t>(block.data());
+  const auto length = static_cast<std::uint32_t>(key.size());
+  std::memcpy(area, &done, 8);  // claim: sequence 1, no chunk taken
+  std::memcpy(area + 8, &done, 8);
+  std::memcpy(area + 64, &address, 8);
+  std::memcpy(area + 72, &length, 4);
+  std::memcpy(area + 76, key.data(), key.size());
+  ch.write(offer.region(), 0, sender.region(), kN + 64, 76 + key.size()).wait(kWait);
+  EXPECT_THROW(slot.recv(0.3), tw::Timeout);
+  EXPECT_EQ(slot.stats().shared, 0u);
+  const auto* c = static_cast<const unsigned char*>(slot.buffer(0));
+  EXPECT_TRUE(std::all_of(c, c + kN, [](unsigned char v) { return v == 0; }));
+}
