@@ -60,6 +60,9 @@ class Request {
   std::string error_message() const;
   // The error kind of a failed request (kGeneric otherwise).
   ErrorKind error_kind() const;
+  // The rank (in its group) of the peer whose failure failed this request,
+  // where a group's engine knows it (tensorwire/messenger.h); -1 otherwise.
+  int failed_rank() const;
 
  private:
   friend class Awaitable;

@@ -223,6 +223,11 @@ ErrorKind Request::error_kind() const {
   return state_->status() == detail::RequestState::kFailed ? state_->error_kind() : ErrorKind::kGeneric;
 }
 
+int Request::failed_rank() const {
+  if (!state_ || state_->status() != detail::RequestState::kFailed) return -1;
+  return state_->failed_rank;
+}
+
 std::string Request::error_message() const {
   if (!state_) return inline_error_;
   return state_->status() == detail::RequestState::kFailed ? state_->error_message() : std::string();

@@ -59,6 +59,9 @@ class RequestState {
   const std::string& error_message() const { return message_; }
   [[noreturn]] void throw_error() const;
 
+  // The group rank of the peer whose failure failed the request (Messenger);
+  // set before complete_error, -1: not a group's request or not a peer's fault.
+  int failed_rank = -1;
   // Reply payload of a control-plane call (set before completion).
   std::string payload;
   // For requests that complete when a word in local memory changes (a slot's
