@@ -104,6 +104,11 @@ class Collectives {
 
   void allreduce_doubling(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, Call& call);
   void allreduce_ring(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, Call& call);
+  void reduce_large(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, int root, bool premul,
+                    double factor, Call& call);
+  // Ring reduce-scatter of src's blocks; returns the offset of this rank's result in kRecv.
+  std::size_t ring_reduce_scatter(const Buffer& src, const std::vector<std::size_t>& offsets,
+                                  const std::vector<std::size_t>& bytes, DType dtype, ReduceOp op, Call& call);
   void broadcast_tree(const Buffer& data, int root, Call& call);
   void broadcast_scatter_allgather(const Buffer& data, int root, Call& call);
   // Ring all-gather of the blocks [offsets[i], +bytes[i]) of `data`, rank i's block its own.

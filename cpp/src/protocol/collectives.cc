@@ -320,9 +320,10 @@ void Collectives::ring_allgather(const Buffer& data, const std::vector<std::size
 
 // ---- reduce ----
 
-// A binomial tree towards the root: a rank adds its children's partials (in
-// scratch) to its own (a copy in scratch, so that non-root data is left as
-// it was; the root reduces into its data) and sends the sum to its parent.
+// Up to kSmallAllreduceBytes (or fewer elements than ranks), a binomial tree
+// towards the root: a rank adds its children's partials (in scratch) to its
+// own (a copy in scratch, so that non-root data is left as it was; the root
+// reduces into its data) and sends the sum to its parent. Larger: reduce_large.
 void Collectives::reduce(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, int root, double factor,
                          double timeout_s) {
   detail::check_reduce(dtype, op);
@@ -334,6 +335,11 @@ void Collectives::reduce(const Buffer& data, std::size_t count, DType dtype, Red
   const int p = size(), r = rank();
   const bool premul = op == ReduceOp::kPremulSum;
   const ReduceOp rop = (op == ReduceOp::kAvg || premul) ? ReduceOp::kSum : op;
+  if (p > 1 && bytes > kSmallAllreduceBytes && count >= static_cast<std::size_t>(p)) {
+    reduce_large(data, count, dtype, rop, root, premul, factor, call);
+    if (r == root && op == ReduceOp::kAvg) detail::divide_in_place(data.data, count, dtype, p);
+    return;
+  }
   const int vr = mod(r - root, p);
   const bool has_children = vr % 2 == 0 && vr + 1 < p;
   Buffer acc = data;  // a leaf sends its data as it is
@@ -362,6 +368,40 @@ void Collectives::reduce(const Buffer& data, std::size_t count, DType dtype, Red
     }
   }
   if (r == root && op == ReduceOp::kAvg) detail::divide_in_place(data.data, count, dtype, p);
+}
+
+// A large reduce: a ring reduce-scatter (each rank ends with one block of the
+// result, having moved n(p-1)/p bytes), then every block straight to the
+// root. The tree moves n per level instead, and the root reduces log2 p whole
+// vectors. The root's data is only read until its ring is done; the blocks
+// land in it after.
+void Collectives::reduce_large(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, int root,
+                               bool premul, double factor, Call& call) {
+  const int p = size(), r = rank();
+  const std::size_t item = dtype.itemsize(), bytes = count * item;
+  std::vector<std::size_t> off(p), len(p);
+  for (int i = 0; i < p; ++i) {
+    len[i] = (count / p + (static_cast<std::size_t>(i) < count % p ? 1 : 0)) * item;
+    off[i] = i ? off[i - 1] + len[i - 1] : 0;
+  }
+  Buffer src = data;
+  if (premul) {
+    reserve(kWork, bytes);
+    src = scratch(kWork, 0, bytes);
+    detail::scale_into(src.data, data.data, count, dtype, factor);
+  }
+  reserve(kRecv, 2 * len[0]);
+  const std::size_t result = ring_reduce_scatter(src, off, len, dtype, op, call);
+  if (r != root) {
+    call.send(scratch(kRecv, result, len[r]), root);
+    call.wait_all();
+    return;
+  }
+  for (int i = 0; i < p; ++i) {
+    if (i != root) call.recv(sub(data, off[i], len[i]), i);
+  }
+  std::memcpy(at(data, off[r]), scratch_data(kRecv, result), len[r]);
+  call.wait_all();
 }
 
 // ---- broadcast ----
@@ -449,14 +489,34 @@ void Collectives::allgather(const Buffer& in, const Buffer& out, double timeout_
   ring_allgather(out, off, len, call);
 }
 
-// A ring: at step s a rank sends the partial of block r-s-1 and receives that
-// of block r-s-2, adding its own contribution to it, so that block r is its
-// result after p-1 steps. Step 0 sends straight from `in`; the partials
-// alternate between two halves of scratch.
+// A ring reduce-scatter of `src` (blocks [off[i], +len[i]) bytes, block 0 the
+// largest): at step s a rank sends the partial of block r-s-1 and receives
+// that of block r-s-2, adding its own contribution to it, so that block r is
+// its result after p-1 steps. Step 0 sends straight from `src`, which is only
+// read; the partials alternate between two halves of kRecv (reserved by the
+// caller: 2 * len[0]). Returns the offset in kRecv of block r's result.
+std::size_t Collectives::ring_reduce_scatter(const Buffer& src, const std::vector<std::size_t>& off,
+                                             const std::vector<std::size_t>& len, DType dtype, ReduceOp op,
+                                             Call& call) {
+  const int p = size(), r = rank();
+  const std::size_t half = len[0], item = dtype.itemsize();
+  const int right = mod(r + 1, p), left = mod(r - 1, p);
+  for (int s = 0; s + 1 < p; ++s) {
+    const int sb = mod(r - s - 1, p), rb = mod(r - s - 2, p);
+    const std::size_t mine = static_cast<std::size_t>(s % 2) * half, prev = half - mine;
+    if (len[rb]) call.recv(scratch(kRecv, mine, len[rb]), left);
+    if (len[sb]) call.send(s == 0 ? sub(src, off[sb], len[sb]) : scratch(kRecv, prev, len[sb]), right);
+    call.wait_all();
+    reduce_into(scratch_data(kRecv, mine), at(src, off[rb]), len[rb] / item, dtype, op);
+  }
+  return static_cast<std::size_t>((p - 2) % 2) * half;
+}
+
+// reduce_scatter: ring_reduce_scatter on blocks of `count` elements.
 void Collectives::reduce_scatter(const Buffer& in, const Buffer& out, std::size_t count, DType dtype, ReduceOp op,
                                  double factor, double timeout_s) {
   detail::check_reduce(dtype, op);
-  const int p = size(), r = rank();
+  const int p = size();
   const std::size_t bytes = checked_bytes(count, dtype.itemsize(), "reduce_scatter");
   const std::size_t total = checked_bytes(bytes, static_cast<std::size_t>(p), "reduce_scatter");
   need(in, total, "reduce_scatter", "in");
@@ -474,18 +534,12 @@ void Collectives::reduce_scatter(const Buffer& in, const Buffer& out, std::size_
   if (p == 1) {
     std::memmove(out.data, src.data, bytes);
   } else {
+    std::vector<std::size_t> off(p), len(p, bytes);
+    for (int i = 0; i < p; ++i) off[i] = i * bytes;
     reserve(kRecv, 2 * bytes);
-    const int right = mod(r + 1, p), left = mod(r - 1, p);
-    for (int s = 0; s + 1 < p; ++s) {
-      const int sb = mod(r - s - 1, p), rb = mod(r - s - 2, p);
-      const std::size_t mine = static_cast<std::size_t>(s % 2) * bytes, prev = bytes - mine;
-      call.recv(scratch(kRecv, mine, bytes), left);
-      call.send(s == 0 ? sub(src, sb * bytes, bytes) : scratch(kRecv, prev, bytes), right);
-      call.wait_all();
-      reduce_into(scratch_data(kRecv, mine), at(src, rb * bytes), count, dtype, rop);
-    }
+    const std::size_t result = ring_reduce_scatter(src, off, len, dtype, rop, call);
     // (out may be in's own block r: only now is it written.)
-    std::memcpy(out.data, scratch_data(kRecv, static_cast<std::size_t>((p - 2) % 2) * bytes), bytes);
+    std::memcpy(out.data, scratch_data(kRecv, result), bytes);
   }
   if (op == ReduceOp::kAvg) detail::divide_in_place(out.data, count, dtype, p);
 }
