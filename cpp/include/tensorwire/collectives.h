@@ -11,6 +11,10 @@
 // small all_reduce, reduce-scatter + all-gather on a ring for large ones, a
 // ring all-gather, a binomial tree broadcast, pairwise all-to-all.
 //
+// One Collectives per Messenger, used by one thread at a time: the tags are
+// counted per object, so two objects on one Messenger would take each other's
+// messages.
+//
 // Failure: a call fails with the first error of its messages (a failed peer:
 // PeerFailed, and Messenger requests name the rank), or Timeout after
 // `timeout_s` (< 0: the Messenger's). After a failure the group's calls are

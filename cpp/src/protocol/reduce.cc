@@ -6,11 +6,16 @@
 #include "protocol/reduce.h"
 
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
 
 #include "tensorwire/error.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 namespace tensorwire {
 
@@ -95,31 +100,74 @@ void reduce_float(void* d, const void* s, std::size_t n, ReduceOp op) {
 
 // float16/bfloat16: each element through float, rounded once on the way
 // back. In blocks, one simple loop per stage (widen, combine, narrow): the
-// vectoriser takes each of them, where it gave up on the fused loop.
-template <float (*Widen)(std::uint16_t), std::uint16_t (*Narrow)(float), typename F>
-void each_narrow(void* dst, const void* src, std::size_t n, F f) {
+// vectoriser takes each of them, where it gave up on the fused loop; and the
+// float16 stages can be the CPU's own conversions (F16C).
+using WidenBlock = void (*)(const std::uint16_t*, float*, std::size_t);
+using NarrowBlock = void (*)(const float*, std::uint16_t*, std::size_t);
+
+template <typename F>
+void each_narrow(void* dst, const void* src, std::size_t n, WidenBlock widen, NarrowBlock narrow, F f) {
   constexpr std::size_t kBlock = 512;
   alignas(64) float a[kBlock], b[kBlock];
-  std::uint16_t* __restrict d = static_cast<std::uint16_t*>(dst);
-  const std::uint16_t* __restrict s = static_cast<const std::uint16_t*>(src);
+  std::uint16_t* d = static_cast<std::uint16_t*>(dst);
+  const std::uint16_t* s = static_cast<const std::uint16_t*>(src);
   for (std::size_t i0 = 0; i0 < n; i0 += kBlock) {
     const std::size_t m = n - i0 < kBlock ? n - i0 : kBlock;
-    for (std::size_t j = 0; j < m; ++j) a[j] = Widen(d[i0 + j]);
-    for (std::size_t j = 0; j < m; ++j) b[j] = Widen(s[i0 + j]);
+    widen(d + i0, a, m);
+    widen(s + i0, b, m);
     for (std::size_t j = 0; j < m; ++j) a[j] = f(a[j], b[j]);
-    for (std::size_t j = 0; j < m; ++j) d[i0 + j] = Narrow(a[j]);
+    narrow(a, d + i0, m);
   }
 }
 
-template <float (*Widen)(std::uint16_t), std::uint16_t (*Narrow)(float)>
-void reduce_narrow(void* d, const void* s, std::size_t n, ReduceOp op) {
+void reduce_narrow(void* d, const void* s, std::size_t n, ReduceOp op, WidenBlock w, NarrowBlock r) {
   switch (op) {
-    case ReduceOp::kProduct: each_narrow<Widen, Narrow>(d, s, n, [](float a, float b) { return a * b; }); break;
-    case ReduceOp::kMin: each_narrow<Widen, Narrow>(d, s, n, [](float a, float b) { return nan_min(a, b); }); break;
-    case ReduceOp::kMax: each_narrow<Widen, Narrow>(d, s, n, [](float a, float b) { return nan_max(a, b); }); break;
-    default: each_narrow<Widen, Narrow>(d, s, n, [](float a, float b) { return a + b; }); break;
+    case ReduceOp::kProduct: each_narrow(d, s, n, w, r, [](float a, float b) { return a * b; }); break;
+    case ReduceOp::kMin: each_narrow(d, s, n, w, r, [](float a, float b) { return nan_min(a, b); }); break;
+    case ReduceOp::kMax: each_narrow(d, s, n, w, r, [](float a, float b) { return nan_max(a, b); }); break;
+    default: each_narrow(d, s, n, w, r, [](float a, float b) { return a + b; }); break;
   }
 }
+
+void widen_bfloat16(const std::uint16_t* s, float* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = bfloat16_to_float(s[i]);
+}
+void narrow_bfloat16(const float* s, std::uint16_t* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = float_to_bfloat16(s[i]);
+}
+void widen_half_portable(const std::uint16_t* s, float* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = half_to_float(s[i]);
+}
+void narrow_half_portable(const float* s, std::uint16_t* d, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) d[i] = float_to_half(s[i]);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+// vcvtph2ps is exact; vcvtps2ph with imm 0 rounds to nearest even whatever
+// MXCSR says, overflows to infinity and keeps NaNs NaN: the portable rules.
+__attribute__((target("avx,f16c"))) void widen_half_f16c(const std::uint16_t* s, float* d, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  }
+  for (; i < n; ++i) d[i] = half_to_float(s[i]);
+}
+__attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* s, std::uint16_t* d, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < n; ++i) d[i] = float_to_half(s[i]);
+}
+bool cpu_has_f16c() {
+  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  return yes;
+}
+#else
+void widen_half_f16c(const std::uint16_t* s, float* d, std::size_t n) { widen_half_portable(s, d, n); }
+void narrow_half_f16c(const float* s, std::uint16_t* d, std::size_t n) { narrow_half_portable(s, d, n); }
+bool cpu_has_f16c() { return false; }
+#endif
 
 template <typename T>
 void reduce_int(void* d, const void* s, std::size_t n, ReduceOp op) {
@@ -180,6 +228,20 @@ void map(void* dst, const void* src, std::size_t n, F f) {
 
 }  // namespace
 
+bool f16c_enabled() {
+  // TENSORWIRE_NO_F16C=1: the portable conversions (a check of one against the other).
+  static const bool on = cpu_has_f16c() && !std::getenv("TENSORWIRE_NO_F16C");
+  return on;
+}
+void widen_halves(const std::uint16_t* s, float* d, std::size_t n) {
+  (f16c_enabled() ? widen_half_f16c : widen_half_portable)(s, d, n);
+}
+void narrow_halves(const float* s, std::uint16_t* d, std::size_t n) {
+  (f16c_enabled() ? narrow_half_f16c : narrow_half_portable)(s, d, n);
+}
+void widen_halves_portable(const std::uint16_t* s, float* d, std::size_t n) { widen_half_portable(s, d, n); }
+void narrow_halves_portable(const float* s, std::uint16_t* d, std::size_t n) { narrow_half_portable(s, d, n); }
+
 void check_reduce(DType dtype, ReduceOp op) {
   const Kind k = dtype.valid() ? kind_of(dtype) : Kind::kNone;
   if (k == Kind::kNone) throw InvalidArgument("reduce: unsupported dtype " + dtype.name());
@@ -236,8 +298,8 @@ void reduce_into(void* dst, const void* src, std::size_t count, DType dtype, Red
   if (count == 0) return;
   using namespace detail;
   switch (kind_of(dtype)) {
-    case Kind::kHalf: reduce_narrow<half_to_float, float_to_half>(dst, src, count, op); return;
-    case Kind::kBfloat: reduce_narrow<bfloat16_to_float, float_to_bfloat16>(dst, src, count, op); return;
+    case Kind::kHalf: reduce_narrow(dst, src, count, op, widen_halves, narrow_halves); return;
+    case Kind::kBfloat: reduce_narrow(dst, src, count, op, widen_bfloat16, narrow_bfloat16); return;
     case Kind::kF32: reduce_float<float>(dst, src, count, op); return;
     case Kind::kF64: reduce_float<double>(dst, src, count, op); return;
     case Kind::kI8: reduce_int<std::int8_t>(dst, src, count, op); return;

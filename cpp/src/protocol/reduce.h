@@ -74,4 +74,14 @@ inline std::uint16_t float_to_bfloat16(float f) {
   return static_cast<std::uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
 }
 
+// Blocks of float16 to and from float: the CPU's F16C conversions where it has
+// them (x86-64), the ones above otherwise; the same results either way
+// (test_collectives checks every float16 and every tie). *_portable: always
+// the ones above. f16c_enabled(): which reduce_into uses.
+void widen_halves(const std::uint16_t* src, float* dst, std::size_t n);
+void narrow_halves(const float* src, std::uint16_t* dst, std::size_t n);
+void widen_halves_portable(const std::uint16_t* src, float* dst, std::size_t n);
+void narrow_halves_portable(const float* src, std::uint16_t* dst, std::size_t n);
+bool f16c_enabled();
+
 }  // namespace tensorwire::detail

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <complex>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -557,6 +558,45 @@ TEST(ReduceInto, Float16ConversionsAgreeWithTheDefinition) {
     ASSERT_EQ(tw::detail::float_to_half(std::nextafter(mid, float(up))), next) << h;
     ASSERT_EQ(tw::detail::float_to_half(std::nextafter(mid, float(want))), h) << h;
   }
+}
+
+TEST(ReduceInto, Float16BlockConversionsMatchThePortableOnes) {
+  // reduce_into's float16 blocks (F16C where the CPU has it) against the
+  // portable conversions: every float16, and every midpoint and its neighbours.
+  std::vector<std::uint16_t> halves(0x10000);
+  for (std::uint32_t h = 0; h < 0x10000; ++h) halves[h] = static_cast<std::uint16_t>(h);
+  std::vector<float> wide(halves.size()), wide_ref(halves.size());
+  tw::detail::widen_halves(halves.data(), wide.data(), halves.size());
+  tw::detail::widen_halves_portable(halves.data(), wide_ref.data(), halves.size());
+  for (std::size_t i = 0; i < halves.size(); ++i) {
+    if (std::isnan(wide_ref[i])) {
+      ASSERT_TRUE(std::isnan(wide[i])) << i;
+    } else {
+      ASSERT_EQ(std::memcmp(&wide[i], &wide_ref[i], 4), 0) << i;
+    }
+  }
+  std::vector<float> probes;
+  for (std::uint32_t h = 0; h < 0x7c00; ++h) {  // positive finite halves; negatives by symmetry below
+    const float a = tw::detail::half_to_float(static_cast<std::uint16_t>(h));
+    const float b = tw::detail::half_to_float(static_cast<std::uint16_t>(h + 1));
+    const float mid = (a + b) / 2;
+    for (float f : {a, mid, std::nextafter(mid, a), std::nextafter(mid, b)}) {
+      probes.push_back(f);
+      probes.push_back(-f);
+    }
+  }
+  for (float f : {65519.0f, 65520.0f, 1e6f, INFINITY, -INFINITY, NAN, 1e-30f, -1e-30f}) probes.push_back(f);
+  std::vector<std::uint16_t> got(probes.size()), want(probes.size());
+  tw::detail::narrow_halves(probes.data(), got.data(), probes.size());
+  tw::detail::narrow_halves_portable(probes.data(), want.data(), probes.size());
+  for (std::size_t i = 0; i < probes.size(); ++i) {
+    if ((want[i] & 0x7fff) > 0x7c00) {
+      ASSERT_GT(got[i] & 0x7fff, 0x7c00) << probes[i];  // NaN, payload aside
+    } else {
+      ASSERT_EQ(got[i], want[i]) << probes[i];
+    }
+  }
+  std::printf("float16 blocks: %s\n", tw::detail::f16c_enabled() ? "F16C" : "portable");
 }
 
 TEST(ReduceInto, Bfloat16RoundsToNearestEven) {
