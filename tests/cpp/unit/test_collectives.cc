@@ -684,6 +684,36 @@ TEST(ReduceInto, RefusesUnsupportedCombinationsNamingThem) {
   }
 }
 
+// Not a test: the kernels' throughput (bytes of dst per second, 4 MiB, best
+// of 7). ./tw_unit_tests --gtest_also_run_disabled_tests --gtest_filter='*Throughput'
+TEST(ReduceInto, DISABLED_Throughput) {
+  const std::size_t bytes = std::size_t(4) << 20;
+  std::vector<std::uint16_t> a(bytes / 2), b(bytes / 2);
+  for (std::size_t i = 0; i < a.size(); ++i) {  // as 16-bit floats: normal numbers in [1, 2)
+    a[i] = static_cast<std::uint16_t>(0x3c00 | (i & 0x3ff));
+    b[i] = static_cast<std::uint16_t>(0x3c00 | ((i * 7) & 0x3ff));
+  }
+  const std::vector<std::uint16_t> a0 = a;
+  const std::pair<const char*, std::pair<DType, ReduceOp>> cases[] = {
+      {"float32 sum", {DType{2, 32}, ReduceOp::kSum}},     {"float32 max", {DType{2, 32}, ReduceOp::kMax}},
+      {"float64 sum", {DType{2, 64}, ReduceOp::kSum}},     {"float16 sum", {DType{2, 16}, ReduceOp::kSum}},
+      {"bfloat16 sum", {DType{4, 16}, ReduceOp::kSum}},    {"int32 sum", {DType{0, 32}, ReduceOp::kSum}},
+      {"int64 sum", {DType{0, 64}, ReduceOp::kSum}},       {"int8 min", {DType{0, 8}, ReduceOp::kMin}},
+      {"bool max", {DType{6, 8}, ReduceOp::kMax}},         {"complex64 sum", {DType{5, 64}, ReduceOp::kSum}},
+      {"complex64 product", {DType{5, 64}, ReduceOp::kProduct}}};
+  for (const auto& [name, c] : cases) {
+    double best = 1e9;
+    for (int rep = 0; rep < 7; ++rep) {
+      a = a0;
+      const auto t0 = std::chrono::steady_clock::now();
+      tw::reduce_into(a.data(), b.data(), bytes / c.first.itemsize(), c.first, c.second);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::printf("%-18s %6.2f GB/s\n", name, bytes / best / 1e9);
+  }
+  std::printf("(float16: %s)\n", tw::detail::f16c_enabled() ? "F16C" : "portable");
+}
+
 // ---------------------------------------------------------------- reductions, every dtype and op
 
 // allreduce, reduce (a root per op) and reduce_scatter of every supported op
