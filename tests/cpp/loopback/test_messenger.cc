@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "tensorwire/collectives.h"
 #include "tensorwire/device.h"
 #include "tensorwire/error.h"
 #include "tensorwire/messenger.h"
@@ -245,6 +246,47 @@ TEST_P(Messages, CloseFailsWhatIsPending) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, Messages, ::testing::Values(std::string("tcp"), std::string("shm")),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+
+// ---- the collectives layer on the real engine ----
+
+namespace {
+
+class CollectivesOnTheEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CollectivesOnTheEngine, EveryOpAgreesWithItsDefinition) {
+  constexpr int kRanks = 3;
+  const tw::DType f32{2, 32};
+  for (std::size_t count : {std::size_t(5), std::size_t(300) << 10}) {  // recursive doubling, ring
+    run_ranks(kRanks, GetParam(), [&](int r, tw::Messenger& m) {
+      tw::Collectives c(m);
+      std::vector<float> v(count);
+      for (std::size_t i = 0; i < count; ++i) v[i] = float(r + 1) * float(i % 97);
+      c.allreduce(tw::Buffer{v.data(), v.size() * 4}, count, f32, tw::ReduceOp::kSum);
+      for (std::size_t i = 0; i < count; i += 997) ASSERT_EQ(v[i], 6.0f * float(i % 97)) << i;
+
+      std::vector<std::uint8_t> mine(count, std::uint8_t(r + 1)), all(count * kRanks);
+      c.allgather(tw::Buffer{mine.data(), mine.size()}, tw::Buffer{all.data(), all.size()});
+      for (int p = 0; p < kRanks; ++p) ASSERT_EQ(all[p * count + count / 2], p + 1);
+
+      std::vector<std::uint8_t> b(count, r == 1 ? 42 : 0);
+      c.broadcast(tw::Buffer{b.data(), b.size()}, 1);
+      ASSERT_EQ(b[count - 1], 42);
+
+      std::vector<std::size_t> off(kRanks), len(kRanks, count);
+      for (int p = 0; p < kRanks; ++p) off[p] = p * count;
+      std::vector<std::uint8_t> in(count * kRanks), out(count * kRanks);
+      for (int p = 0; p < kRanks; ++p) std::fill(in.begin() + p * count, in.begin() + (p + 1) * count, r * 10 + p);
+      c.alltoall(tw::Buffer{in.data(), in.size()}, off, len, tw::Buffer{out.data(), out.size()}, off, len);
+      for (int p = 0; p < kRanks; ++p) ASSERT_EQ(out[p * count], p * 10 + r);
+      c.barrier();
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CollectivesOnTheEngine, ::testing::Values(std::string("tcp"), std::string("shm")),
                          [](const auto& info) { return info.param; });
 
 }  // namespace
