@@ -286,6 +286,97 @@ TEST_P(CollectivesOnTheEngine, EveryOpAgreesWithItsDefinition) {
   }
 }
 
+// The rooted ops and the scaled reductions, small (tree, recursive doubling)
+// and large (ring reduce-scatter: reduce, reduce_scatter, all_reduce), three
+// times on one Collectives (its scratch reused, registered once): non-root
+// data of reduce and the input of reduce_scatter are left as they were.
+TEST_P(CollectivesOnTheEngine, RootedAndScaledOpsLeaveInputsAlone) {
+  constexpr int kRanks = 3;
+  const tw::DType f32{2, 32};
+  for (std::size_t count : {std::size_t(7), std::size_t(100) << 10}) {
+    run_ranks(kRanks, GetParam(), [&](int r, tw::Messenger& m) {
+      tw::Collectives c(m);
+      auto x = [](std::size_t i) { return float(i % 89); };
+      for (int round = 0; round < 3; ++round) {
+        std::vector<float> v(count);
+        for (std::size_t i = 0; i < count; ++i) v[i] = float(r + 1) * x(i);
+        const std::vector<float> before = v;
+        c.reduce(tw::Buffer{v.data(), count * 4}, count, f32, tw::ReduceOp::kSum, 2);
+        if (r == 2) {
+          for (std::size_t i = 0; i < count; i += 331) ASSERT_EQ(v[i], 6.0f * x(i)) << i;
+        } else {
+          ASSERT_EQ(v, before) << "reduce changed rank " << r << "'s data";
+        }
+
+        std::vector<float> in(kRanks * count), out(count);
+        for (std::size_t i = 0; i < in.size(); ++i) in[i] = float(r + 1) * x(i);
+        const std::vector<float> in_before = in;
+        c.reduce_scatter(tw::Buffer{in.data(), in.size() * 4}, tw::Buffer{out.data(), count * 4}, count, f32,
+                         tw::ReduceOp::kAvg);
+        ASSERT_EQ(in, in_before);
+        for (std::size_t i = 0; i < count; i += 331) ASSERT_EQ(out[i], 2.0f * x(r * count + i)) << i;
+
+        for (std::size_t i = 0; i < count; ++i) v[i] = float(r + 1) * x(i);
+        c.allreduce(tw::Buffer{v.data(), count * 4}, count, f32, tw::ReduceOp::kPremulSum, 0.5);
+        for (std::size_t i = 0; i < count; i += 331) ASSERT_EQ(v[i], 3.0f * x(i)) << i;
+
+        std::vector<std::uint8_t> mine(count, std::uint8_t(r + 7)), all(kRanks * count);
+        c.gather(tw::Buffer{mine.data(), count}, tw::Buffer{all.data(), all.size()}, 0);
+        if (r == 0) {
+          for (int p = 0; p < kRanks; ++p) ASSERT_EQ(all[p * count + count - 1], p + 7);
+        }
+        std::vector<std::uint8_t> part(count);
+        if (r == 1) {
+          for (int p = 0; p < kRanks; ++p) std::fill(all.begin() + p * count, all.begin() + (p + 1) * count, 50 + p);
+        }
+        c.scatter(tw::Buffer{all.data(), all.size()}, tw::Buffer{part.data(), count}, 1);
+        ASSERT_EQ(part[count / 2], 50 + r);
+      }
+    });
+  }
+}
+
+// A rank whose device goes away mid-call: the ranks that exchange with it in
+// a ring all_reduce (both, on 3 ranks) fail with PeerFailed naming it, within
+// the liveness bound (2 s here), not at the call's 20 s deadline.
+TEST_P(CollectivesOnTheEngine, ARankThatDiesFailsTheCallNamingIt) {
+  using Clock = std::chrono::steady_clock;
+  MemoryRendezvous rv;
+  std::vector<std::string> error(3);
+  std::vector<bool> peer_failed(3, false);
+  std::vector<double> took(3, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      tw::Device device(config(GetParam()));
+      auto m = tw::make_messenger(device, r, 3, rv);
+      if (r == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        device.close();  // without a word, never joining the call
+        return;
+      }
+      tw::Collectives c(*m);
+      std::vector<float> v(std::size_t(256) << 10, 1.0f);
+      const auto t0 = Clock::now();
+      try {
+        c.allreduce(tw::Buffer{v.data(), v.size() * 4}, v.size(), tw::DType{2, 32}, tw::ReduceOp::kSum, 1.0, 20);
+      } catch (const tw::PeerFailed& e) {
+        peer_failed[r] = true;
+        error[r] = e.what();
+      } catch (const std::exception& e) {
+        error[r] = e.what();
+      }
+      took[r] = std::chrono::duration<double>(Clock::now() - t0).count();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(peer_failed[r]) << "rank " << r << ": " << error[r];
+    EXPECT_NE(error[r].find("rank 2"), std::string::npos) << error[r];
+    EXPECT_LT(took[r], 10.0) << error[r];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, CollectivesOnTheEngine, ::testing::Values(std::string("tcp"), std::string("shm")),
                          [](const auto& info) { return info.param; });
 
