@@ -119,8 +119,12 @@ class Collectives {
   void ring_allgather(const Buffer& data, const std::vector<std::size_t>& offsets,
                       const std::vector<std::size_t>& bytes, Call& call);
 
+  // all_reduce up to this many bytes takes recursive doubling, larger the
+  // ring: 64 KiB, or TENSORWIRE_COLL_SMALL_BYTES when set (measurements).
+  static std::size_t small_allreduce_bytes();
   Messenger& m_;
   std::uint64_t calls_ = 0;
+  std::size_t small_bytes_ = small_allreduce_bytes();
   Scratch scratch_[kAreas];
 };
 

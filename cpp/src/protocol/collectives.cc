@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <new>
@@ -175,6 +176,15 @@ class Collectives::Call {
   std::vector<Posted> posted_;
 };
 
+std::size_t Collectives::small_allreduce_bytes() {
+  if (const char* v = std::getenv("TENSORWIRE_COLL_SMALL_BYTES")) {
+    char* end = nullptr;
+    const unsigned long long n = std::strtoull(v, &end, 10);
+    if (end && *end == '\0' && end != v) return static_cast<std::size_t>(n);
+  }
+  return kSmallAllreduceBytes;
+}
+
 std::int64_t Collectives::next_tag() {
   // Negative, fresh per call: the engine matches per (peer, tag) in order, so
   // a late message of one call can never be taken by the next.
@@ -222,7 +232,7 @@ void Collectives::allreduce(const Buffer& data, std::size_t count, DType dtype, 
   if (op == ReduceOp::kPremulSum) detail::scale_into(data.data, data.data, count, dtype, factor);
   const ReduceOp rop = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
   if (size() > 1) {
-    if (bytes <= kSmallAllreduceBytes || count < static_cast<std::size_t>(size())) {
+    if (bytes <= small_bytes_ || count < static_cast<std::size_t>(size())) {
       allreduce_doubling(data, count, dtype, rop, call);
     } else {
       allreduce_ring(data, count, dtype, rop, call);
@@ -335,7 +345,7 @@ void Collectives::reduce(const Buffer& data, std::size_t count, DType dtype, Red
   const int p = size(), r = rank();
   const bool premul = op == ReduceOp::kPremulSum;
   const ReduceOp rop = (op == ReduceOp::kAvg || premul) ? ReduceOp::kSum : op;
-  if (p > 1 && bytes > kSmallAllreduceBytes && count >= static_cast<std::size_t>(p)) {
+  if (p > 1 && bytes > small_bytes_ && count >= static_cast<std::size_t>(p)) {
     reduce_large(data, count, dtype, rop, root, premul, factor, call);
     if (r == root && op == ReduceOp::kAvg) detail::divide_in_place(data.data, count, dtype, p);
     return;

@@ -6,7 +6,10 @@
 // credits, sizes that differ, a failed peer named by rank.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -374,6 +377,39 @@ TEST_P(CollectivesOnTheEngine, ARankThatDiesFailsTheCallNamingIt) {
     EXPECT_TRUE(peer_failed[r]) << "rank " << r << ": " << error[r];
     EXPECT_NE(error[r].find("rank 2"), std::string::npos) << error[r];
     EXPECT_LT(took[r], 10.0) << error[r];
+  }
+}
+
+// Not a test: all_reduce (float32 sum) per call, recursive doubling against
+// the ring at each size, for choosing the threshold (docs/collectives.md).
+// TW_COLL_RANKS=3 ./tw_loopback_tests --gtest_also_run_disabled_tests --gtest_filter='*AllreduceAlgorithmTimes*'
+TEST_P(CollectivesOnTheEngine, DISABLED_AllreduceAlgorithmTimes) {
+  const int ranks = std::getenv("TW_COLL_RANKS") ? std::atoi(std::getenv("TW_COLL_RANKS")) : 2;
+  std::printf("# %s, %d ranks (threads of one process, a Device each), float32 sum, median of 30 calls (rank 0)\n",
+              GetParam().c_str(), ranks);
+  std::printf("%10s %12s %12s\n", "bytes", "doubling_us", "ring_us");
+  for (std::size_t bytes : {std::size_t(1) << 10, std::size_t(16) << 10, std::size_t(64) << 10,
+                            std::size_t(128) << 10, std::size_t(256) << 10, std::size_t(512) << 10,
+                            std::size_t(1) << 20, std::size_t(4) << 20}) {
+    double us[2] = {0, 0};
+    for (int alg = 0; alg < 2; ++alg) {
+      // The threshold is read when a Collectives is made: all of doubling or all of the ring.
+      setenv("TENSORWIRE_COLL_SMALL_BYTES", alg == 0 ? "1000000000000" : "0", 1);
+      run_ranks(ranks, GetParam(), [&](int r, tw::Messenger& m) {
+        tw::Collectives c(m);
+        std::vector<float> v(bytes / 4, 1.0f);
+        std::vector<double> t;
+        for (int i = 0; i < 35; ++i) {
+          const auto t0 = std::chrono::steady_clock::now();
+          c.allreduce(tw::Buffer{v.data(), bytes}, v.size(), tw::DType{2, 32}, tw::ReduceOp::kSum);
+          if (i >= 5) t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(t.begin(), t.end());
+        if (r == 0) us[alg] = t[t.size() / 2] * 1e6;
+      });
+    }
+    unsetenv("TENSORWIRE_COLL_SMALL_BYTES");
+    std::printf("%10zu %12.1f %12.1f\n", bytes, us[0], us[1]);
   }
 }
 
