@@ -290,7 +290,8 @@ TEST_P(CollectivesOnTheEngine, EveryOpAgreesWithItsDefinition) {
 }
 
 // The rooted ops and the scaled reductions, small (tree, recursive doubling)
-// and large (ring reduce-scatter: reduce, reduce_scatter, all_reduce), three
+// and large (ring reduce-scatter: reduce, reduce_scatter, all_reduce), a
+// broadcast by scatter + all-gather, three
 // times on one Collectives (its scratch reused, registered once): non-root
 // data of reduce and the input of reduce_scatter are left as they were.
 TEST_P(CollectivesOnTheEngine, RootedAndScaledOpsLeaveInputsAlone) {
@@ -334,6 +335,15 @@ TEST_P(CollectivesOnTheEngine, RootedAndScaledOpsLeaveInputsAlone) {
         }
         c.scatter(tw::Buffer{all.data(), all.size()}, tw::Buffer{part.data(), count}, 1);
         ASSERT_EQ(part[count / 2], 50 + r);
+
+        // 1 MiB + 3: the root scatters, the ring all-gathers (uneven blocks).
+        std::vector<std::uint8_t> big((std::size_t(1) << 20) + 3);
+        for (std::size_t i = 0; i < big.size(); ++i) big[i] = r == 2 ? std::uint8_t(i * 13 + round) : 0;
+        const std::vector<std::uint8_t> root_before = big;
+        c.broadcast(tw::Buffer{big.data(), big.size()}, 2);
+        for (std::size_t i = 0; i < big.size(); i += 4093) ASSERT_EQ(big[i], std::uint8_t(i * 13 + round)) << i;
+        ASSERT_EQ(big.back(), std::uint8_t((big.size() - 1) * 13 + round));
+        if (r == 2) ASSERT_EQ(big, root_before);
       }
     });
   }
