@@ -7,9 +7,19 @@
 // in MPI); a call's messages carry negative tags counted per call, so a call
 // never takes another call's messages and users' tags (>= 0) never meet them.
 //
-// Algorithms are chosen by size (docs/collectives.md): recursive doubling for
-// small all_reduce, reduce-scatter + all-gather on a ring for large ones, a
-// ring all-gather, a binomial tree broadcast, pairwise all-to-all.
+// Algorithms are chosen by size (docs/collectives.md, "The C++ collectives
+// layer"): recursive doubling for all_reduce up to 64 KiB, reduce-scatter +
+// all-gather on a ring above; reduce by a binomial tree, or above 64 KiB a
+// ring reduce-scatter and the blocks to the root; broadcast by a binomial
+// tree, or from 512 KiB on 3+ ranks a scatter + ring all-gather; ring
+// all-gather and reduce-scatter; gather/scatter direct; pairwise all-to-all;
+// a dissemination barrier.
+//
+// Buffers: the caller's memory is sent from and received into directly (as
+// sub-ranges keeping Buffer::base/keep); inputs that must stay unchanged
+// (reduce's non-roots, reduce_scatter's `in`) are only read. `out` may be
+// `in`'s own block in allgather, gather, scatter and reduce_scatter; all_to_all
+// refuses overlapping in and out.
 //
 // One Collectives per Messenger, used by one thread at a time: the tags are
 // counted per object, so two objects on one Messenger would take each other's
