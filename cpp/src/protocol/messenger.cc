@@ -216,7 +216,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::list<Cached> regs_;  // least recently used last
   std::int64_t next_id_ = 0;
   bool closed_ = false;
-  std::atomic<bool> stop_{false};
+  std::condition_variable wake_;            // ends the progress thread's nap (close)
+  std::atomic<Clock::rep> user_polled_{0};  // when a waiting thread last polled
   std::thread thread_;
   std::string name_;
 };
@@ -440,6 +441,7 @@ void Engine::post_now(int p, const Header& h0, const void* payload, std::size_t 
 // ---- progress -----------------------------------------------------------------
 
 void Engine::poll() {
+  user_polled_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   if (!closed_) progress_locked();
@@ -792,34 +794,23 @@ bool Engine::busy_locked() const {
   return false;
 }
 
-// The progress thread: moves posted messages while nobody waits; sleeps in
-// the waiter on the next sequence word of every live peer.
+// The progress thread: moves posted messages while nobody waits. It never
+// drives a worker (the Device's progress threads do that) and never spins:
+// it reads the rings every kBusyNap while something is pending, every
+// kIdleNap otherwise, and stays out while a waiting thread polls (that thread
+// progresses itself, with no wake-up on its latency path).
 void Engine::background() {
-  while (!stop_.load(std::memory_order_acquire)) {
-    std::vector<Awaitable> items;
-    bool busy = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (closed_) break;
+  using std::chrono::microseconds;
+  constexpr microseconds kBusyNap{50}, kIdleNap{2000}, kUserPolled{300};
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!closed_) {
+    const auto polled = Clock::time_point(Clock::duration(user_polled_.load(std::memory_order_relaxed)));
+    if (Clock::now() - polled > kUserPolled) {
       progress_locked();
-      busy = busy_locked();
       deliver(lock);
-      for (int p = 0; p < size; ++p) {
-        const PeerState& ps = peers_[p];
-        if (p == rank || !ps.failed.empty()) continue;
-        const std::uint64_t next = ps.got + 1;
-        items.push_back(Awaitable::word(local_, lay_.flags + (p * kSlots + next % kSlots) * 8, next, &ps.ch));
-      }
+      if (closed_) break;
     }
-    if (items.empty()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      continue;
-    }
-    try {
-      wait_any(items, busy ? 0.001 : 0.01);
-    } catch (const Error&) {
-      // a watched peer failed or the wait timed out: the next progress finds which
-    }
+    wake_.wait_for(lock, busy_locked() ? kBusyNap : kIdleNap);
   }
 }
 
@@ -865,7 +856,7 @@ void Engine::close() {
     unexpected_.clear();
     deliver(lock);
   }
-  stop_.store(true, std::memory_order_release);
+  wake_.notify_all();
   if (thread_.joinable()) {
     if (thread_.get_id() != std::this_thread::get_id()) {
       thread_.join();
