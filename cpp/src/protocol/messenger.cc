@@ -32,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -338,6 +339,7 @@ Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
     h.kind = kEager;
     if (ps.outq.empty() && ps.sent + 1 - ps.acked <= kSlots) {
       post_now(peer, h, b.data, b.nbytes);  // copied into staging: done
+      if (!ps.failed.empty()) throw_error(ps.failed_kind, ps.failed);
       progress_locked();
       return Request();
     }
@@ -434,8 +436,12 @@ void Engine::post_now(int p, const Header& h0, const void* payload, std::size_t 
   std::memcpy(base_ + flagsrc, &m, 8);
   const std::size_t inbox = lay_.inbox + (rank * kSlots + j) * lay_.slot;
   const std::size_t flag = lay_.flags + (rank * kSlots + j) * 8;
-  // unanswered on a tcp lane: the reader's credits say the slot was read
-  ps.post_req[j] = ps.ch.write_flagged(local_, staging, ps.arena, inbox, kHeader + plen, flagsrc, flag, false);
+  try {  // unanswered on a tcp lane: the reader's credits say the slot was read
+    ps.post_req[j] = ps.ch.write_flagged(local_, staging, ps.arena, inbox, kHeader + plen, flagsrc, flag, false);
+  } catch (const Error& e) {  // the channel failed: so did the peer, for every op with it
+    fail_peer(p, e.kind() == ErrorKind::kGeneric ? ErrorKind::kPeerFailed : e.kind(),
+              "rank " + std::to_string(p) + " cannot be written to: " + e.what());
+  }
 }
 
 // ---- progress -----------------------------------------------------------------
@@ -488,7 +494,11 @@ void Engine::progress_locked() {
       post_now(p, q.h, q.payload.data(), q.payload.size());
       if (q.op) {
         q.op->records_left = false;
-        complete(q.op);
+        if (ps.failed.empty()) {
+          complete(q.op);
+        } else {
+          fail(q.op, ps.failed_kind, ps.failed, p);
+        }
       }
     }
     if (dead) {
@@ -551,7 +561,11 @@ void Engine::consume(int p, std::uint64_t m) {
   if (m % (kSlots / 2) == 0) {  // credit back
     const std::size_t src = lay_.acksrc + p * 8;
     std::memcpy(base_ + src, &m, 8);
-    ps.ch.write(local_, src, ps.arena, lay_.acks + rank * 8, 8);
+    try {
+      ps.ch.write(local_, src, ps.arena, lay_.acks + rank * 8, 8);
+    } catch (const Error&) {
+      // a sender that is gone needs no credit; what it sent before it went is still read
+    }
   }
   // The peer wrote every field: check them before any is used (contracts §11).
   const std::size_t room = lay_.slot - kHeader;
@@ -694,13 +708,23 @@ void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
     op->write = ps.ch.write(src, off, remote, rtr.offset, op->buf.nbytes);
     op->writing = true;
   } catch (const Error& e) {
-    fail_peer(p, ErrorKind::kProtocolMismatch,
-              "rank " + std::to_string(p) + " sent a ready-to-receive record this rank cannot write to (" + e.what() + ")");
+    const bool gone = ps.ch.impl() && ps.ch.impl()->failed();
+    fail_peer(p, gone ? ErrorKind::kPeerFailed : ErrorKind::kProtocolMismatch,
+              gone ? "rank " + std::to_string(p) + " failed: " + e.what()
+                   : "rank " + std::to_string(p) + " sent a ready-to-receive record this rank cannot write to (" +
+                         e.what() + ")");
+    fail(op, ps.failed_kind, ps.failed, p);
     return;
   }
   op->id = rtr.id;  // from now on: the receiver's id (DONE names it)
   if (!ps.messages_form) {  // data, fence, DONE: the flag outside the payload
-    ps.ch.fence();
+    try {
+      ps.ch.fence();
+    } catch (const Error& e) {
+      fail_peer(p, ErrorKind::kPeerFailed, std::string("rank ") + std::to_string(p) + " failed: " + e.what());
+      fail(op, ps.failed_kind, ps.failed, p);
+      return;
+    }
     Header h;
     h.kind = kDone;
     h.tag = op->tag;
@@ -806,7 +830,11 @@ void Engine::background() {
   while (!closed_) {
     const auto polled = Clock::time_point(Clock::duration(user_polled_.load(std::memory_order_relaxed)));
     if (Clock::now() - polled > kUserPolled) {
-      progress_locked();
+      try {
+        progress_locked();
+      } catch (const std::exception& e) {  // never: every peer's error fails that peer's ops
+        fprintf(stderr, "tensorwire messenger: rank %d: progress failed: %s\n", rank, e.what());
+      }
       deliver(lock);
       if (closed_) break;
     }
