@@ -32,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -216,7 +217,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::list<Cached> regs_;  // least recently used last
   std::int64_t next_id_ = 0;
   bool closed_ = false;
-  std::atomic<bool> stop_{false};
+  std::condition_variable wake_;            // ends the progress thread's nap (close)
+  std::atomic<Clock::rep> user_polled_{0};  // when a waiting thread last polled
   std::thread thread_;
   std::string name_;
 };
@@ -337,6 +339,7 @@ Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
     h.kind = kEager;
     if (ps.outq.empty() && ps.sent + 1 - ps.acked <= kSlots) {
       post_now(peer, h, b.data, b.nbytes);  // copied into staging: done
+      if (!ps.failed.empty()) throw_error(ps.failed_kind, ps.failed);
       progress_locked();
       return Request();
     }
@@ -433,13 +436,18 @@ void Engine::post_now(int p, const Header& h0, const void* payload, std::size_t 
   std::memcpy(base_ + flagsrc, &m, 8);
   const std::size_t inbox = lay_.inbox + (rank * kSlots + j) * lay_.slot;
   const std::size_t flag = lay_.flags + (rank * kSlots + j) * 8;
-  // unanswered on a tcp lane: the reader's credits say the slot was read
-  ps.post_req[j] = ps.ch.write_flagged(local_, staging, ps.arena, inbox, kHeader + plen, flagsrc, flag, false);
+  try {  // unanswered on a tcp lane: the reader's credits say the slot was read
+    ps.post_req[j] = ps.ch.write_flagged(local_, staging, ps.arena, inbox, kHeader + plen, flagsrc, flag, false);
+  } catch (const Error& e) {  // the channel failed: so did the peer, for every op with it
+    fail_peer(p, e.kind() == ErrorKind::kGeneric ? ErrorKind::kPeerFailed : e.kind(),
+              "rank " + std::to_string(p) + " cannot be written to: " + e.what());
+  }
 }
 
 // ---- progress -----------------------------------------------------------------
 
 void Engine::poll() {
+  user_polled_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   if (!closed_) progress_locked();
@@ -486,7 +494,11 @@ void Engine::progress_locked() {
       post_now(p, q.h, q.payload.data(), q.payload.size());
       if (q.op) {
         q.op->records_left = false;
-        complete(q.op);
+        if (ps.failed.empty()) {
+          complete(q.op);
+        } else {
+          fail(q.op, ps.failed_kind, ps.failed, p);
+        }
       }
     }
     if (dead) {
@@ -549,7 +561,11 @@ void Engine::consume(int p, std::uint64_t m) {
   if (m % (kSlots / 2) == 0) {  // credit back
     const std::size_t src = lay_.acksrc + p * 8;
     std::memcpy(base_ + src, &m, 8);
-    ps.ch.write(local_, src, ps.arena, lay_.acks + rank * 8, 8);
+    try {
+      ps.ch.write(local_, src, ps.arena, lay_.acks + rank * 8, 8);
+    } catch (const Error&) {
+      // a sender that is gone needs no credit; what it sent before it went is still read
+    }
   }
   // The peer wrote every field: check them before any is used (contracts §11).
   const std::size_t room = lay_.slot - kHeader;
@@ -692,13 +708,23 @@ void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
     op->write = ps.ch.write(src, off, remote, rtr.offset, op->buf.nbytes);
     op->writing = true;
   } catch (const Error& e) {
-    fail_peer(p, ErrorKind::kProtocolMismatch,
-              "rank " + std::to_string(p) + " sent a ready-to-receive record this rank cannot write to (" + e.what() + ")");
+    const bool gone = ps.ch.impl() && ps.ch.impl()->failed();
+    fail_peer(p, gone ? ErrorKind::kPeerFailed : ErrorKind::kProtocolMismatch,
+              gone ? "rank " + std::to_string(p) + " failed: " + e.what()
+                   : "rank " + std::to_string(p) + " sent a ready-to-receive record this rank cannot write to (" +
+                         e.what() + ")");
+    fail(op, ps.failed_kind, ps.failed, p);
     return;
   }
   op->id = rtr.id;  // from now on: the receiver's id (DONE names it)
   if (!ps.messages_form) {  // data, fence, DONE: the flag outside the payload
-    ps.ch.fence();
+    try {
+      ps.ch.fence();
+    } catch (const Error& e) {
+      fail_peer(p, ErrorKind::kPeerFailed, std::string("rank ") + std::to_string(p) + " failed: " + e.what());
+      fail(op, ps.failed_kind, ps.failed, p);
+      return;
+    }
     Header h;
     h.kind = kDone;
     h.tag = op->tag;
@@ -792,34 +818,27 @@ bool Engine::busy_locked() const {
   return false;
 }
 
-// The progress thread: moves posted messages while nobody waits; sleeps in
-// the waiter on the next sequence word of every live peer.
+// The progress thread: moves posted messages while nobody waits. It never
+// drives a worker (the Device's progress threads do that) and never spins:
+// it reads the rings every kBusyNap while something is pending, every
+// kIdleNap otherwise, and stays out while a waiting thread polls (that thread
+// progresses itself, with no wake-up on its latency path).
 void Engine::background() {
-  while (!stop_.load(std::memory_order_acquire)) {
-    std::vector<Awaitable> items;
-    bool busy = false;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (closed_) break;
-      progress_locked();
-      busy = busy_locked();
-      deliver(lock);
-      for (int p = 0; p < size; ++p) {
-        const PeerState& ps = peers_[p];
-        if (p == rank || !ps.failed.empty()) continue;
-        const std::uint64_t next = ps.got + 1;
-        items.push_back(Awaitable::word(local_, lay_.flags + (p * kSlots + next % kSlots) * 8, next, &ps.ch));
+  using std::chrono::microseconds;
+  constexpr microseconds kBusyNap{50}, kIdleNap{2000}, kUserPolled{300};
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!closed_) {
+    const auto polled = Clock::time_point(Clock::duration(user_polled_.load(std::memory_order_relaxed)));
+    if (Clock::now() - polled > kUserPolled) {
+      try {
+        progress_locked();
+      } catch (const std::exception& e) {  // never: every peer's error fails that peer's ops
+        fprintf(stderr, "tensorwire messenger: rank %d: progress failed: %s\n", rank, e.what());
       }
+      deliver(lock);
+      if (closed_) break;
     }
-    if (items.empty()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      continue;
-    }
-    try {
-      wait_any(items, busy ? 0.001 : 0.01);
-    } catch (const Error&) {
-      // a watched peer failed or the wait timed out: the next progress finds which
-    }
+    wake_.wait_for(lock, busy_locked() ? kBusyNap : kIdleNap);
   }
 }
 
@@ -865,7 +884,7 @@ void Engine::close() {
     unexpected_.clear();
     deliver(lock);
   }
-  stop_.store(true, std::memory_order_release);
+  wake_.notify_all();
   if (thread_.joinable()) {
     if (thread_.get_id() != std::this_thread::get_id()) {
       thread_.join();

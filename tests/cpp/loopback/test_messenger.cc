@@ -235,6 +235,43 @@ TEST_P(Messages, AFailedPeerIsNamedByRank) {
   EXPECT_EQ(failed_rank, 1) << error;
 }
 
+// A sender that sent and left: what arrived whole is still received (consuming the 32nd
+// record hands credit back to a peer that is gone, which must not fail anything).
+TEST_P(Messages, MessagesOfASenderThatLeftAreReceived) {
+  MemoryRendezvous rv;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool left = false;
+  std::thread sender([&] {
+    tw::Device device(config(GetParam()));
+    auto m = tw::make_messenger(device, 1, 2, rv);
+    for (int k = 0; k < 60; ++k) {
+      auto v = pattern(16, k);
+      m->isend(buf(v), 0, 0).wait(10);
+    }
+    m->close();
+    device.close();
+    std::lock_guard<std::mutex> lock(mu);
+    left = true;
+    cv.notify_all();
+  });
+  tw::Device device(config(GetParam()));
+  auto m = tw::make_messenger(device, 0, 2, rv);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(30), [&] { return left; });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its failure is seen by now
+  for (int k = 0; k < 60; ++k) {
+    std::vector<std::uint8_t> v(16);
+    ASSERT_NO_THROW(m->irecv(buf(v), 1, 0).wait(10)) << "message " << k;
+    ASSERT_EQ(v, pattern(16, k)) << "message " << k;
+  }
+  std::vector<std::uint8_t> v(16);
+  EXPECT_THROW(m->irecv(buf(v), 1, 0).wait(10), tw::Error);  // nothing more will come
+  sender.join();
+}
+
 TEST_P(Messages, CloseFailsWhatIsPending) {
   run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
     std::vector<std::uint8_t> v(64);
