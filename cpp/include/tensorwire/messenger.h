@@ -25,8 +25,10 @@
 //
 // Completion: a send's request completes when its buffer may be reused; a
 // receive's when the data is in its buffer. A failed peer fails every request
-// that involves it within the Device's liveness bound; Request::failed_rank()
-// names it. close() fails everything still pending.
+// that involves it within the Device's liveness bound, and every request of a
+// collective (negative tags: a collective cannot finish without every rank),
+// also those posted later; Request::failed_rank() names it. close() fails
+// everything still pending.
 #pragma once
 
 #include <cstddef>

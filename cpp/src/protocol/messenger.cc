@@ -60,7 +60,7 @@ constexpr std::size_t kMaxUnexpected = 16384;   // arrivals a peer may leave unm
 constexpr std::size_t kRegistrationsKept = 256;  // allocations registered for the placed path
 constexpr double kCloseFlushS = 5.0;
 
-enum Kind : std::int64_t { kEager = 1, kRts = 2, kRtr = 3, kDone = 4, kErr = 5 };
+enum Kind : std::int64_t { kEager = 1, kRts = 2, kRtr = 3, kDone = 4, kErr = 5, kBye = 6 };
 
 struct Header {
   std::int64_t kind = 0, tag = 0;
@@ -184,7 +184,8 @@ class Engine : public std::enable_shared_from_this<Engine> {
   void place(const OpPtr& send, const Header& rtr, const char* payload);
   void complete(const OpPtr& op);
   void fail(const OpPtr& op, ErrorKind kind, const std::string& why, int rank_at_fault = -1);
-  void fail_peer(int p, ErrorKind kind, const std::string& why);
+  // `died`: the peer failed rather than left (its BYE): a collective's ops fail with it too.
+  void fail_peer(int p, ErrorKind kind, const std::string& why, bool died = true);
   const RegionDescriptor& export_to(int p, const Registration& reg);
   Registration registration_of(const Buffer& b);
   void background();
@@ -216,6 +217,9 @@ class Engine : public std::enable_shared_from_this<Engine> {
   };
   std::list<Cached> regs_;  // least recently used last
   std::int64_t next_id_ = 0;
+  std::string group_failed_;  // the first peer failure: a collective's op posted later fails at once
+  ErrorKind group_failed_kind_ = ErrorKind::kGeneric;
+  int group_failed_rank_ = -1;
   bool closed_ = false;
   std::condition_variable wake_;            // ends the progress thread's nap (close)
   std::atomic<Clock::rep> user_polled_{0};  // when a waiting thread last polled
@@ -324,6 +328,7 @@ Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
   check_args(b, peer, false);
   PeerState& ps = peers_[peer];
   if (!ps.failed.empty()) throw_error(ps.failed_kind, ps.failed);
+  if (tag < 0 && !group_failed_.empty()) throw_error(group_failed_kind_, group_failed_);
   auto op = std::make_shared<Op>();
   op->send = true;
   op->peer = peer;
@@ -396,6 +401,8 @@ Request Engine::irecv(const Buffer& b, int peer, std::int64_t tag, int* source) 
   }
   if (peer != kAnySource && !peers_[peer].failed.empty()) {
     fail(op, peers_[peer].failed_kind, peers_[peer].failed, peer);
+  } else if (tag < 0 && !group_failed_.empty()) {
+    fail(op, group_failed_kind_, group_failed_, group_failed_rank_);
   } else if (peer == kAnySource) {
     bool alive = false;
     for (int p = 0; p < size; ++p) alive |= p != rank && peers_[p].failed.empty();
@@ -439,8 +446,7 @@ void Engine::post_now(int p, const Header& h0, const void* payload, std::size_t 
   try {  // unanswered on a tcp lane: the reader's credits say the slot was read
     ps.post_req[j] = ps.ch.write_flagged(local_, staging, ps.arena, inbox, kHeader + plen, flagsrc, flag, false);
   } catch (const Error& e) {  // the channel failed: so did the peer, for every op with it
-    fail_peer(p, e.kind() == ErrorKind::kGeneric ? ErrorKind::kPeerFailed : e.kind(),
-              "rank " + std::to_string(p) + " cannot be written to: " + e.what());
+    fail_peer(p, ErrorKind::kPeerFailed, "rank " + std::to_string(p) + " cannot be written to: " + e.what());
   }
 }
 
@@ -505,8 +511,7 @@ void Engine::progress_locked() {
       try {
         ps.ch.impl()->check_usable();
       } catch (const Error& e) {
-        fail_peer(p, e.kind() == ErrorKind::kGeneric ? ErrorKind::kPeerFailed : e.kind(),
-                  std::string("rank ") + std::to_string(p) + " failed: " + e.what());
+        fail_peer(p, ErrorKind::kPeerFailed, std::string("rank ") + std::to_string(p) + " failed: " + e.what());
       }
     }
   }
@@ -569,7 +574,7 @@ void Engine::consume(int p, std::uint64_t m) {
   }
   // The peer wrote every field: check them before any is used (contracts §11).
   const std::size_t room = lay_.slot - kHeader;
-  if (h.kind < kEager || h.kind > kErr || h.nbytes < 0 || h.plen < 0 || std::size_t(h.plen) > room ||
+  if (h.kind < kEager || h.kind > kBye || h.nbytes < 0 || h.plen < 0 || std::size_t(h.plen) > room ||
       (h.kind == kEager && h.plen != h.nbytes) || (h.kind != kEager && h.kind != kRtr && h.plen)) {
     fail_peer(p, ErrorKind::kProtocolMismatch,
               "rank " + std::to_string(p) + " sent a malformed record (kind " + std::to_string(h.kind) + ", " +
@@ -633,6 +638,9 @@ void Engine::consume(int p, std::uint64_t m) {
       complete(op);
       return;
     }
+    case kBye:  // the peer closed its end: what it sent before is read; nothing more comes
+      fail_peer(p, ErrorKind::kConnection, "rank " + std::to_string(p) + " left the group (closed)", false);
+      return;
     case kErr: {
       auto it = sends_.find(h.aux);
       if (it != sends_.end() && it->second->peer == p) {
@@ -773,14 +781,17 @@ void Engine::fail(const OpPtr& op, ErrorKind kind, const std::string& why, int a
   if (op->state) outcomes_.push_back(Outcome{op, false, kind, why, at_fault});
 }
 
-void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0) {
+void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0, bool died) {
   PeerState& ps = peers_[p];
   if (!ps.failed.empty()) return;
   const std::string why = "messenger: at rank " + std::to_string(rank) + ": " + why0;
   ps.failed = why;
   ps.failed_kind = kind;
   ps.outq.clear();
-  auto hit = [&](const OpPtr& op) { return op->peer == p; };
+  // A collective's messages (negative tags) fail with any rank of the group: the call cannot
+  // finish without it, and a rank waiting on a healthy but stuck neighbour would otherwise wait
+  // out its deadline instead of naming the rank that failed.
+  auto hit = [&](const OpPtr& op) { return op->peer == p || (died && op->tag < 0); };
   for (auto& op : recvs_) {
     if (hit(op)) fail(op, kind, why, p);
   }
@@ -799,6 +810,15 @@ void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0) {
     if (hit(op)) fail(op, kind, why, p);
   }
   writing_.remove_if(hit);
+  if (!died) return;
+  for (auto& op : deadlined_) {  // (queued eager sends of a collective)
+    if (op->tag < 0) fail(op, kind, why, p);
+  }
+  if (group_failed_.empty()) {
+    group_failed_ = why;
+    group_failed_kind_ = kind;
+    group_failed_rank_ = p;
+  }
   // (an eager message that arrived whole stays receivable; a rendezvous cannot finish)
   unexpected_.remove_if([&](const Arrival& a) { return a.src == p && a.kind != kEager; });
   // an any-source receive fails only when no live peer is left to send it
@@ -854,6 +874,11 @@ void Engine::close() {
       PeerState& ps = peers_[p];
       if (p == rank || !ps.failed.empty() || !ps.sent || !ps.ch.impl()) continue;
       try {
+        if (ps.outq.empty() && ps.sent + 1 - ps.acked <= kSlots) {  // goodbye: we left, we did not fail
+          Header bye;
+          bye.kind = kBye;
+          post_now(p, bye, nullptr, 0);
+        }
         for (Request& r : ps.post_req) {
           if (r.state() == 0) r.wait(left());
         }
