@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -138,6 +139,22 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   void refuse_message_v(const char* fmt, va_list ap) __attribute__((format(printf, 2, 0)));
   std::uint64_t message_refusals() const { return message_refusals_.load(); }
 
+  // ---- no data op outlives its grant (contracts §11) ----
+  // Shared: a message-form put's or get's grant check and what it does with
+  // the memory at once (an eager put's copy, a get reply's first write);
+  // exclusive: revoke_grants. What goes on after the handler returns is
+  // registered: a streamed put's landing (its guard, which revoke_grants
+  // sets to discard) and a get reply the socket queued (its payload, which
+  // revoke_grants has the socket copy). So once a pool's free has revoked a
+  // range, no message-form op reads or writes it again.
+  std::shared_lock<std::shared_mutex> hold_grants() { return std::shared_lock<std::shared_mutex>(access_mu_); }
+  std::uint64_t add_landing(std::uint64_t start, std::uint64_t end, std::uint64_t flag_at,
+                            std::shared_ptr<net::LandingGuard> guard);
+  void end_landing(std::uint64_t id);
+  // A get's reply of [payload, +length) of our memory (grant checked, hold_grants held).
+  void send_memory_reply(const ReplyPath& to, const DataHeader& h, const void* payload, std::size_t length);
+  std::size_t live_landings() const;  // streamed puts and queued get replies being tracked (tests)
+
  private:
   // ---- control plane ----
   // The listening socket and the control thread's poller; sets `address` (start()).
@@ -221,6 +238,19 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::condition_variable liveness_cv_;
   std::string self_proof_;  // see control::Hello::self_proof
   std::function<void(std::uintptr_t, std::uintptr_t)> grant_revoker();  // for this device's pools
+  std::shared_mutex access_mu_;  // see hold_grants
+  struct Landing {
+    std::uint64_t start, end, flag_at;  // the payload's range, and a flag word's address (or ~0)
+    std::shared_ptr<net::LandingGuard> guard;
+  };
+  struct QueuedReply {
+    std::uint64_t start, end;
+    std::weak_ptr<net::Conn> conn;
+  };
+  mutable std::mutex landings_mu_;  // a leaf lock (taken under a socket's send lock)
+  std::map<std::uint64_t, Landing> landings_;
+  std::map<std::uint64_t, QueuedReply> queued_replies_;
+  std::uint64_t next_landing_ = 1;
   std::mutex grantees_mu_;                     // a leaf lock
   std::vector<std::weak_ptr<Peer>> grantees_;  // the peers export_for granted anything
   bool exact_export_ = false;  // export_for gives exact keys (hardware keys, or TENSORWIRE_EXACT_EXPORT=1)

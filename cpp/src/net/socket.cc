@@ -134,16 +134,24 @@ void tune(int fd, double keepalive_s) {
 
 // ---- Payload ----
 
-void Payload::land(void* dst, std::function<void(bool)> done) {
+void Payload::land(void* dst, std::function<void(bool)> done, std::shared_ptr<LandingGuard> guard) {
   if (taken_) throw InvalidArgument("a frame's payload was landed twice");
   taken_ = true;
-  if (eager_) {
-    if (length_) std::memcpy(dst, eager_, length_);
-    if (done) done(true);
+  if (eager_ || length_ == 0) {
+    bool ok = true;
+    if (guard) {
+      std::lock_guard<std::mutex> lock(guard->mu);
+      ok = !guard->discard;
+      if (ok && length_) std::memcpy(dst, eager_, length_);
+    } else if (length_) {
+      std::memcpy(dst, eager_, length_);
+    }
+    if (done) done(ok);
     return;
   }
   conn_->land_at_ = static_cast<char*>(dst);
   conn_->land_done_ = std::move(done);
+  conn_->land_guard_ = std::move(guard);
 }
 
 // ---- Conn ----
@@ -196,6 +204,16 @@ Conn::~Conn() { ::close(fd_); }
 std::size_t Conn::queued() const {
   std::lock_guard<std::mutex> lock(tx_mu_);
   return tx_bytes_;
+}
+
+void Conn::own_payloads(std::uintptr_t start, std::uintptr_t end) {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  for (TxOp& op : txq_) {
+    const auto at = reinterpret_cast<std::uintptr_t>(op.payload);
+    if (!op.length || !op.owned.empty() || at >= end || at + op.length <= start) continue;
+    op.owned.assign(op.payload, op.length);  // the whole payload: write_some indexes it by op.sent
+    op.payload = op.owned.data();
+  }
 }
 
 // A send buffer set once stays set (the kernel stops sizing it) and is capped
@@ -495,23 +513,40 @@ bool Conn::on_readable(unsigned* frames) {
   while (!finished_ && !moving_) {
     if (land_left_ > 0) {
       // A streamed payload: first what the buffer holds, then straight from the socket.
+      // A guarded landing holds its guard's lock around every copy into the
+      // destination, and turns into a discard once its owner called it off.
+      std::unique_lock<std::mutex> guarded;
+      auto hold = [&] {
+        if (!land_guard_ || discarding_) return;
+        guarded = std::unique_lock<std::mutex>(land_guard_->mu);
+        if (land_guard_->discard) {
+          guarded.unlock();
+          discarding_ = true;
+          land_failed_ = true;
+          land_at_ = nullptr;
+        }
+      };
       const std::size_t have = rx_end_ - rx_begin_;
       if (have) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(have, land_left_));
+        hold();
         if (!discarding_) {
           std::memcpy(land_at_, rx_.data() + rx_begin_, n);
           land_at_ += n;
         }
+        if (guarded.owns_lock()) guarded.unlock();
         rx_begin_ += n;
         land_left_ -= n;
       }
       while (land_left_ > 0) {
         if (rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
+        hold();
         if (discarding_ && rx_.size() < kRxChunk) rx_.resize(kRxChunk);  // before taking its address
         char* into = discarding_ ? rx_.data() : land_at_;
         const std::size_t room = discarding_ ? rx_.size() : std::size_t(1) << 30;
         const std::size_t ask = static_cast<std::size_t>(std::min<std::uint64_t>(land_left_, room));
         ssize_t r = ::recv(fd_, into, ask, MSG_DONTWAIT);
+        if (guarded.owns_lock()) guarded.unlock();
         if (r > 0) {
           if (!discarding_) land_at_ += r;
           land_left_ -= static_cast<std::uint64_t>(r);
@@ -528,9 +563,12 @@ bool Conn::on_readable(unsigned* frames) {
       }
       land_at_ = nullptr;
       discarding_ = false;
+      land_guard_.reset();
+      const bool ok = !land_failed_;
+      land_failed_ = false;
       auto done = std::move(land_done_);
       land_done_ = nullptr;
-      if (done) done(true);
+      if (done) done(ok);
       continue;
     }
     if (!dispatch_buffered(frames)) return false;
@@ -569,6 +607,7 @@ void Conn::finish(const std::string& why) {
     land_done_ = nullptr;
     done(false);
   }
+  land_guard_.reset();
   land_left_ = 0;
   if (on_close_) {
     auto self = shared_from_this();

@@ -55,6 +55,17 @@ void append_prefix(std::string* out, std::size_t header_length, std::uint64_t pa
 class Conn;
 class Poller;
 
+// A landing its destination's owner can call off (the memory is being
+// freed): the socket holds mu around every copy into the destination, and
+// once discard is set it reads the rest of the payload into a sink and calls
+// done(false). So after the owner set discard under mu, no byte of the frame
+// reaches the destination again (a recv in progress finishes first: bounded
+// by what the socket holds).
+struct LandingGuard {
+  std::mutex mu;
+  bool discard = false;
+};
+
 // The payload of the frame being dispatched, as its handler sees it.
 class Payload {
  public:
@@ -64,8 +75,10 @@ class Payload {
   // Lands the payload at dst (length() bytes) and calls done(ok) once it is
   // all there: at once for an eager payload, else as the socket delivers it
   // (done(false) if the connection closes first). At most once, during the
-  // handler; a payload nobody lands is read and dropped.
-  void land(void* dst, std::function<void(bool ok)> done);
+  // handler; a payload nobody lands is read and dropped. With a guard, the
+  // landing stops when guard->discard is set (see LandingGuard).
+  void land(void* dst, std::function<void(bool ok)> done, std::shared_ptr<LandingGuard> guard = nullptr);
+  bool eager() const { return eager_ != nullptr || length_ == 0; }
 
  private:
   friend class Conn;
@@ -119,6 +132,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   const std::string& name() const { return name_; }
   // Bytes in flight in send() calls not yet written (the sender's backlog).
   std::size_t queued() const;
+  // Copies the payload of every queued frame whose payload overlaps
+  // [start, end) into memory the frame owns: that memory is about to be freed
+  // (a get's reply must not read it after its grant ended).
+  void own_payloads(std::uintptr_t start, std::uintptr_t end);
   // From this connection's frame handler: once the handler returns, its
   // poller hands the connection to `to`, whose handlers get every later frame
   // (bytes already received included); with `to` null it only leaves the
@@ -149,6 +166,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
     std::uint64_t length = 0;
     std::uint64_t sent = 0;  // of head + payload
     SendDone done;
+    std::string owned;  // the payload, when own_payloads copied it
   };
   // Writes what it can of `op` (tx_mu_ held); false on an error (errno_ set).
   bool write_some(TxOp& op);
@@ -194,7 +212,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   char* land_at_ = nullptr;      // a streamed payload being landed
   std::uint64_t land_left_ = 0;  // its bytes still to come (also a discard's, with land_at_ null)
   std::function<void(bool)> land_done_;
+  std::shared_ptr<LandingGuard> land_guard_;  // the landing's, when its owner may call it off
   bool discarding_ = false;
+  bool land_failed_ = false;  // called off: done(false) once the rest was read
 };
 
 class Poller {

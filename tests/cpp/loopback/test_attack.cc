@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -383,4 +384,174 @@ TEST(ModifiedPeer, OverTcpAnOfferMapsNothing) {
   EXPECT_EQ(slot.stats().shared, 0u);
   const auto* c = static_cast<const unsigned char*>(slot.buffer(0));
   EXPECT_TRUE(std::all_of(c, c + kN, [](unsigned char v) { return v == 0; }));
+}
+
+// ---- No data op outlives its grant (issue 49 item 1) ----
+
+namespace {
+
+// A lane of the attacker's own on the victim, introduced with its valid token.
+int raw_lane(const tw::Channel& ch, const std::string& victim_address) {
+  int fd = raw_connect(victim_address);
+  if (fd < 0) return -1;
+  td::LaneIntro intro;
+  intro.version = tw::protocol_version();
+  intro.token = ch.impl()->peer->hello.data_token;
+  if (!send_all(fd, tw::net::encode_prefix(td::LaneIntro::kSize, 0) + intro.encode())) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool recv_all(int fd, char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// One frame from a raw socket (its SO_RCVTIMEO bounds the wait): false when none came.
+bool recv_frame(int fd, td::DataHeader* h, std::string* payload) {
+  char prefix[tw::net::kPrefixSize];
+  if (!recv_all(fd, prefix, sizeof(prefix))) return false;
+  tw::net::Prefix p;
+  if (!tw::net::decode_prefix(prefix, &p).empty()) return false;
+  std::string header(p.header_length, '\0');
+  payload->assign(p.payload_length, '\0');
+  if (!recv_all(fd, header.data(), header.size()) || !recv_all(fd, payload->data(), payload->size())) return false;
+  td::ByteReader r(header.data(), header.size(), "reply");
+  *h = td::DataHeader::decode(r);
+  return true;
+}
+
+std::string put_frame(const tw::Channel& ch, std::uint64_t address, std::uint64_t length) {
+  td::DataHeader h;
+  h.kind = td::MsgKind::kPut;
+  h.token = ch.impl()->peer->hello.data_token;
+  h.target = 1;
+  h.a = address;
+  const std::string header = h.encode();
+  return tw::net::encode_prefix(header.size(), length) + header;
+}
+
+bool wait_until(const std::function<bool()>& ready, double seconds = kWait) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
+// A put whose header and first part arrive, then the block is freed and
+// leased again, then the rest arrives: the rest lands nowhere (the victim's
+// socket discards it), the put is answered "failed", and the block's next
+// owner keeps its bytes.
+TEST(ModifiedPeer, OverTcpAPutLandingAcrossAFreeMissesTheNextOwner) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  constexpr std::size_t kN = std::size_t(256) << 10;  // streamed (past the eager size)
+  constexpr std::size_t kFirst = std::size_t(96) << 10;
+  auto published = std::make_unique<tw::Block>(victim.allocate(kN));
+  std::memset(published->data(), 0, kN);
+  auto* const at = static_cast<unsigned char*>(published->data());
+  victim.publish("pub", published->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+
+  ASSERT_TRUE(send_all(lane, put_frame(ch, pub.descriptor().address, kN) + std::string(kFirst, '\xee')));
+  ASSERT_TRUE(wait_until([&] { return at[kFirst - 1] == 0xee; })) << "the first part never landed";
+  victim.unpublish("pub");
+  published.reset();  // the pool's free: the grant ends
+  tw::Block next = victim.allocate(kN);
+  ASSERT_EQ(next.data(), at) << "the pool leased other bytes: the test proves nothing";
+  Secret owner("the block's next owner", next.data(), kN);
+  ASSERT_TRUE(send_all(lane, std::string(kN - kFirst, '\xee')));
+
+  td::DataHeader reply;
+  std::string payload;
+  ASSERT_TRUE(recv_frame(lane, &reply, &payload)) << "the put was not answered";
+  EXPECT_EQ(reply.kind, td::MsgKind::kPutDone);
+  EXPECT_EQ(reply.b, static_cast<std::uint64_t>(td::AccessStatus::kFailed));
+  EXPECT_TRUE(owner.intact()) << "the rest of a put landed in memory leased again";
+  EXPECT_EQ(victim.impl()->live_landings(), 0u);
+  // The victim carries on: a fresh export is served (before the lane closes:
+  // a lane's end is its peer's).
+  victim.publish("next", next.descriptor());
+  tw::RemoteRegion r = ch.lookup("next", kWait);
+  tw::Block src = attacker.allocate(kN);
+  std::memset(src.data(), 0x42, kN);
+  ch.write(src.region(), 0, r, 0, kN).wait(kWait);
+  EXPECT_EQ(at[kN - 1], 0x42);
+  ::close(lane);
+}
+
+// 8,000 gets of a 4 KiB block whose replies the peer does not read, the
+// block freed and leased again, then every reply read: none carries the next
+// owner's bytes (a queued reply's payload was copied at the free).
+TEST(ModifiedPeer, OverTcpUnreadGetsAcrossAFreeCarryNoneOfTheNextOwner) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  constexpr std::size_t kN = 4096;
+  constexpr int kGets = 8000;
+  auto published = std::make_unique<tw::Block>(victim.allocate(kN));
+  std::memset(published->data(), 0x11, kN);
+  void* const at = published->data();
+  victim.publish("pub", published->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+
+  std::string gets;
+  for (int i = 0; i < kGets; ++i) {
+    td::DataHeader h;
+    h.kind = td::MsgKind::kGet;
+    h.token = ch.impl()->peer->hello.data_token;
+    h.target = static_cast<std::uint64_t>(i) + 1;
+    h.a = pub.descriptor().address;
+    h.b = kN;
+    const std::string header = h.encode();
+    gets += tw::net::encode_prefix(header.size(), 0) + header;
+  }
+  timeval tv{10, 0};
+  setsockopt(lane, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  // A thread sends them: a victim that stops reading while its replies are unread may leave this send waiting.
+  std::thread sender([&] { send_all(lane, gets); });
+  // Replies pile up unread (the sockets' buffers hold a few MiB of the 32).
+  EXPECT_TRUE(wait_until([&] { return victim.impl()->live_landings() > 0; })) << "no reply was ever queued";
+  victim.unpublish("pub");
+  published.reset();
+  tw::Block next = victim.allocate(kN);
+  ASSERT_EQ(next.data(), at) << "the pool leased other bytes: the test proves nothing";
+  Secret owner("the block's next owner", next.data(), kN);
+
+  int ok = 0, refused = 0, leaked = 0;
+  for (int i = 0; i < kGets; ++i) {
+    td::DataHeader reply;
+    std::string payload;
+    if (!recv_frame(lane, &reply, &payload)) break;
+    ASSERT_EQ(reply.kind, td::MsgKind::kGetData);
+    if (reply.b != static_cast<std::uint64_t>(td::AccessStatus::kOk)) {
+      ++refused;
+      continue;
+    }
+    ++ok;
+    ASSERT_EQ(payload.size(), kN);
+    if (payload != std::string(kN, '\x11')) ++leaked;
+  }
+  sender.join();
+  ::close(lane);
+  EXPECT_EQ(ok + refused, kGets);
+  EXPECT_GT(ok, 0);
+  EXPECT_EQ(leaked, 0) << leaked << " replies carried bytes other than the freed block's";
+  EXPECT_TRUE(owner.intact());
 }
