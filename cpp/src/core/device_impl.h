@@ -202,6 +202,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   control::Hello my_hello() const;
 
   void register_token(std::uint64_t token, const std::shared_ptr<Peer>& peer);
+  void forget_token(std::uint64_t token);
   std::mutex msg_mu_;
   std::unordered_map<std::uint64_t, MessageOp> message_ops_;
   std::uint64_t next_op_id_ = 1;

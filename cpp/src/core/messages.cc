@@ -293,6 +293,11 @@ void DeviceImpl::register_token(std::uint64_t token, const std::shared_ptr<Peer>
   by_token_[token] = peer;
 }
 
+void DeviceImpl::forget_token(std::uint64_t token) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  by_token_.erase(token);
+}
+
 std::shared_ptr<Peer> DeviceImpl::peer_by_token(std::uint64_t token) {
   std::lock_guard<std::mutex> lock(msg_mu_);
   auto it = by_token_.find(token);

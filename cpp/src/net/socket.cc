@@ -30,7 +30,8 @@ constexpr std::size_t kRxChunk = std::size_t(256) << 10;  // the most one read a
 // header, so that a 16 KiB tensor's frame comes in one read, not two (bench tensor over tcp,
 // bench/results/net_one_socket_riders.txt, last section).
 constexpr std::size_t kFirstLook = (std::size_t(16) << 10) + 512;
-constexpr unsigned kFramesPerTurn = 256;                   // then other connections get their turn
+constexpr unsigned kFramesPerTurn = 256;
+constexpr int kAcceptPauseMs = 50;  // a listener out of descriptors waits this long before it accepts again                   // then other connections get their turn
 // A frame larger than twice this goes out in two writes at least: this much
 // first, then the rest. One sendmsg of a whole megabyte left the receiver
 // idle while the sender copied it in (loopback, sender and receiver on two
@@ -609,6 +610,8 @@ void Conn::finish(const std::string& why) {
   }
   land_guard_.reset();
   land_left_ = 0;
+  std::vector<char>().swap(rx_);  // a closed connection a peer object still holds keeps no buffer
+  rx_begin_ = rx_end_ = 0;
   if (on_close_) {
     auto self = shared_from_this();
     try {
@@ -772,6 +775,20 @@ unsigned Poller::progress(int timeout_ms) {
       return handled;
     }
   }
+  if (listen_paused_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= listen_paused_until_) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = &listen_marker;
+      ::epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+      listen_paused_ = false;
+    } else {
+      const int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(listen_paused_until_ - now).count()) + 1;
+      if (timeout_ms < 0 || timeout_ms > left) timeout_ms = left;
+    }
+  }
   epoll_event events[64];
   int n;
   do {
@@ -788,7 +805,19 @@ unsigned Poller::progress(int timeout_ms) {
     if (p == &listen_marker) {
       for (;;) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            // Out of descriptors: the pending connection stays pending and
+            // the listener readable, which would spin this thread. It rests
+            // out of the poll for a while; connections that end meanwhile give descriptors back.
+            TW_LOG_WARN("cannot accept a connection: %s (retrying in %d ms)", std::strerror(errno),
+                        kAcceptPauseMs);
+            ::epoll_ctl(epfd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+            listen_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAcceptPauseMs);
+            listen_paused_ = true;
+          }
+          break;
+        }
         ++handled;
         on_accept_(fd);
       }

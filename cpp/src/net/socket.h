@@ -255,6 +255,8 @@ class Poller {
   std::atomic<std::size_t> count_{0};
   std::atomic<bool> has_ready_{false};
   std::atomic<bool> busy_{false};  // a thread is inside progress()
+  bool listen_paused_ = false;  // out of descriptors: the listener is out of the poll until listen_paused_until_
+  std::chrono::steady_clock::time_point listen_paused_until_{};
 };
 
 // Whether tcp connections size their send buffer per frame (Conn: a small

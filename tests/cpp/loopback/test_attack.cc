@@ -9,11 +9,18 @@
 // after the published block, an unmapped address. The victim's bytes must
 // not change, the victim must stay alive, and every attempt must be refused.
 // Over shared memory the same test documents what a same-host peer reaches.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <atomic>
@@ -25,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/control_wire.h"
 #include "core/device_impl.h"
 #include "core/messages.h"
 #include "net/socket.h"
@@ -554,4 +562,153 @@ TEST(ModifiedPeer, OverTcpUnreadGetsAcrossAFreeCarryNoneOfTheNextOwner) {
   EXPECT_GT(ok, 0);
   EXPECT_EQ(leaked, 0) << leaked << " replies carried bytes other than the freed block's";
   EXPECT_TRUE(owner.intact());
+}
+
+// ---- Nothing leaks per connection (issue 49 item 5) ----
+
+namespace {
+
+std::size_t count_entries(const char* dir) {
+  std::size_t n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (::readdir(d)) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+std::size_t resident_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  std::size_t kib = 0;
+  while (std::fgets(line, sizeof(line), f)) {
+    if (std::sscanf(line, "VmRSS: %zu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
+// One short-lived peer on a connected socket: HELLO (as a device of its own), the reply, close.
+bool hello_on(int fd, std::uint64_t device_id) {
+  tw::control::Hello hello;
+  hello.device_id = device_id;
+  hello.pid = 1;
+  hello.hostname = "short-lived";
+  hello.address = "127.0.0.1:1";
+  hello.data_token = device_id;
+  hello.workers = {"a worker address nobody reaches"};
+  tw::control::Header h;
+  h.type = tw::control::MsgType::kHello;
+  h.request_id = 1;
+  const std::string msg = tw::control::encode(h, tw::control::encode_hello(hello));
+  bool ok = send_all(fd, tw::net::encode_prefix(msg.size(), 0) + msg);
+  char prefix[tw::net::kPrefixSize];
+  tw::net::Prefix p;
+  ok = ok && recv_all(fd, prefix, sizeof(prefix)) && tw::net::decode_prefix(prefix, &p).empty();
+  std::string reply(p.header_length, '\0');
+  ok = ok && recv_all(fd, reply.data(), reply.size());
+  if (ok) {
+    td::ByteReader r(reply.data(), reply.size(), "HELLO reply");
+    const tw::control::Header rh = tw::control::decode_header(r);
+    ok = rh.type == tw::control::MsgType::kHelloReply && rh.status == tw::control::Status::kOk;
+    if (!ok) std::fprintf(stderr, "HELLO refused: %s\n", r.get_n(r.left()).c_str());
+  }
+  ::close(fd);
+  return ok;
+}
+
+bool hello_and_close(const std::string& address, std::uint64_t device_id) {
+  int fd = raw_connect(address);
+  return fd >= 0 && hello_on(fd, device_id);
+}
+
+}  // namespace
+
+// Run by ConnectionsLeakNothing in a process of its own (TW_LEAK_CHILD=1),
+// whose descriptor limit it lowers: a server must live through more short
+// connections than the limit, with descriptors, threads and memory flat.
+TEST(ShortConnections, Child) {
+  if (!std::getenv("TW_LEAK_CHILD")) GTEST_SKIP() << "run by ShortConnections.LeakNothing";
+  tw::Device server(config("tcp"));
+  const std::size_t base_fds = count_entries("/proc/self/fd");
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  lim.rlim_cur = base_fds + 64;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+  constexpr int kWarm = 100, kCycles = 2000;
+  std::size_t fds = 0, threads = 0, rss = 0;
+  for (int i = 0; i < kWarm + kCycles; ++i) {
+    ASSERT_TRUE(hello_and_close(server.address(), 0x1000 + static_cast<std::uint64_t>(i)))
+        << "connection " << i << " failed (descriptor limit " << lim.rlim_cur << ")";
+    if (i == kWarm - 1) {
+      // The server sees each close a moment later.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      fds = count_entries("/proc/self/fd");
+      threads = count_entries("/proc/self/task");
+      rss = resident_kib();
+    }
+  }
+  ASSERT_TRUE(wait_until([&] { return count_entries("/proc/self/fd") <= fds + 2; }))
+      << count_entries("/proc/self/fd") - fds << " more descriptors after " << kCycles << " connections";
+  EXPECT_LE(count_entries("/proc/self/task"), threads);
+  EXPECT_TRUE(server.peers().empty());
+  const std::size_t grown = resident_kib() - std::min(rss, resident_kib());
+  EXPECT_LT(grown, std::size_t(4) << 10) << grown << " KiB more after " << kCycles << " connections";
+  // Out of descriptors: a connection waits (the listener rests instead of
+  // spinning), and is served once descriptors are back.
+  {
+    std::vector<int> filler;
+    for (int f; (f = ::dup(0)) >= 0;) filler.push_back(f);
+    ::close(filler.back());  // one for the client's socket: none for the server's accept
+    filler.pop_back();
+    int fd = raw_connect(server.address());
+    ASSERT_GE(fd, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the server fails to accept meanwhile
+    for (int f : filler) ::close(f);
+    EXPECT_TRUE(hello_on(fd, 0x900000)) << "a connection made while the server had no descriptor left";
+  }
+  // Devices of their own, with a data lane each (the server accepts it on a worker), dropped.
+  tw::Block block = server.allocate(4096);
+  server.publish("pub", block.descriptor());
+  for (int i = 0; i < 30; ++i) {  // ~0.1 s each
+    tw::Device client(config("tcp"));
+    tw::Channel ch = client.connect(server.address());
+    tw::Block src = client.allocate(4096);
+    ch.write(src.region(), 0, ch.lookup("pub", kWait), 0, 4096).wait(kWait);
+  }
+  ASSERT_TRUE(wait_until([&] { return count_entries("/proc/self/fd") <= fds + 2; }))
+      << count_entries("/proc/self/fd") - fds << " more descriptors after 30 devices came and went";
+  EXPECT_TRUE(wait_until([&] { return server.peers().empty(); })) << server.peers().size() << " peers left";
+  EXPECT_LE(count_entries("/proc/self/task"), threads);
+}
+
+TEST(ShortConnections, LeakNothing) {
+  // A process of its own: the lowered limit, and a count of its descriptors, are its alone.
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  ASSERT_GT(n, 0);
+  self.resize(static_cast<std::size_t>(n));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("TW_LEAK_CHILD", "1", 1);
+    ::unsetenv("GTEST_TOTAL_SHARDS");
+    ::unsetenv("GTEST_SHARD_INDEX");
+    ::execl(self.c_str(), self.c_str(), "--gtest_filter=ShortConnections.Child", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  pid_t done = 0;
+  while ((done = ::waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child did not finish within 120 s";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "ShortConnections.Child failed (its output is above)";
 }
