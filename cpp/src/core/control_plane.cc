@@ -68,7 +68,9 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
   std::uint64_t rid;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    rid = next_request_id_++;
+    do {
+      rid = request_ids_();
+    } while (rid == 0 || pending_.count(rid));
     pending_[rid] = PendingCall{state, peer->control_conn.get()};
   }
   auto cleanup = [&] {
@@ -163,6 +165,12 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
         std::lock_guard<std::mutex> lock(mu_);
         auto it = pending_.find(h.request_id);
         if (it == pending_.end()) return;  // the caller gave up (timeout)
+        if (it->second.conn != conn.get()) {
+          // An answer to a call that went to another connection: another peer's to give.
+          refusals_.fetch_add(1);
+          TW_LOG_WARN("dropped a reply from %s to a call it was not sent", conn->name().c_str());
+          return;
+        }
         state = it->second.state;
         state->retain();
       }
@@ -254,6 +262,21 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
           out = e.what();
         }
         reply(conn, h, control::MsgType::kCallReply, status, out);
+        return;
+      }
+      if (name == control::kClaimCall) {
+        // Built in: a device we are connected to asks whether a connection
+        // claiming our id is ours (handle_hello). Ours: a connect of ours
+        // waiting for its HELLO reply, whose HELLO carried this token.
+        bool ours = false;
+        if (payload.size() == 8) {
+          ByteReader cr(payload.data(), payload.size(), "claim call");
+          const std::uint64_t token = cr.get<std::uint64_t>();
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const auto& [c, pending] : connecting_) ours = ours || (pending.token == token && !pending.peer);
+        }
+        reply(conn, h, control::MsgType::kCallReply, ours ? control::Status::kOk : control::Status::kInvalidArgument,
+              ours ? "" : "no connection of this device carries that token");
         return;
       }
       if (name == control::kExportCall) {

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -85,6 +86,12 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // are revoked when that memory returns (host pool: also registrations).
   PoolImpl& pool_holding(const RegionDescriptor& d);
   std::uint64_t refusal_count() const { return refusals_.load(); }
+  std::vector<std::uint64_t> pending_call_ids() const {  // tests
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::uint64_t> ids;
+    for (const auto& [rid, call] : pending_) ids.push_back(rid);
+    return ids;
+  }
 
   // ---- data messages (core/messages.cc) ----
   enum class LaneForm { kAuto, kRma, kMessages };
@@ -179,6 +186,10 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::shared_ptr<Peer> peer_on(const net::Conn* conn);
   // Why a HELLO claiming `claimed` must be refused ("" when it may stand).
   std::string identity_conflict(const control::Hello& claimed);
+  // Admits the peer of an accepted HELLO (checked) and replies.
+  void admit_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, control::Hello hello);
+  void refuse_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, control::Status status,
+                    const std::string& who, const std::string& why);
   // An outgoing connection waiting for its HELLO reply.
   struct Connecting {
     std::string address;
@@ -233,7 +244,10 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
     const net::Conn* conn;
   };
   std::map<std::uint64_t, PendingCall> pending_;
-  std::uint64_t next_request_id_ = 1;
+  // Request ids are random (under mu_), and a reply counts only on the
+  // connection its call went out on (PendingCall::conn): a peer can neither
+  // guess another connection's ids nor answer for another peer.
+  std::mt19937_64 request_ids_{random_id()};
   std::thread dispatcher_;
   std::thread liveness_;
   std::condition_variable liveness_cv_;

@@ -712,3 +712,114 @@ TEST(ShortConnections, LeakNothing) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "ShortConnections.Child failed (its output is above)";
 }
+
+// ---- Replies bound to their connection; claimed identities (issue 49 items 2-3) ----
+
+namespace {
+
+// A raw control connection that said HELLO as device `device_id` (status of the reply in *status).
+int raw_hello(const std::string& address, std::uint64_t device_id, tw::control::Status* status,
+              std::string* body = nullptr) {
+  int fd = raw_connect(address);
+  if (fd < 0) return -1;
+  tw::control::Hello hello;
+  hello.device_id = device_id;
+  hello.pid = 1;
+  hello.hostname = "attacker";
+  hello.address = "127.0.0.1:1";
+  hello.data_token = 0x5eed;
+  hello.workers = {"a worker address nobody reaches"};
+  tw::control::Header h;
+  h.type = tw::control::MsgType::kHello;
+  h.request_id = 1;
+  const std::string msg = tw::control::encode(h, tw::control::encode_hello(hello));
+  char prefix[tw::net::kPrefixSize];
+  tw::net::Prefix p;
+  if (!send_all(fd, tw::net::encode_prefix(msg.size(), 0) + msg) || !recv_all(fd, prefix, sizeof(prefix)) ||
+      !tw::net::decode_prefix(prefix, &p).empty()) {
+    ::close(fd);
+    return -1;
+  }
+  std::string reply(p.header_length, '\0');
+  if (!recv_all(fd, reply.data(), reply.size())) {
+    ::close(fd);
+    return -1;
+  }
+  td::ByteReader r(reply.data(), reply.size(), "HELLO reply");
+  *status = tw::control::decode_header(r).status;
+  if (body) *body = r.get_n(r.left());
+  return fd;
+}
+
+}  // namespace
+
+// While the victim waits on a call to its legitimate peer, a third peer
+// answers every pending request id (read from the victim: better than any
+// guess) on its own connection: the victim's call returns the real answer.
+TEST(ModifiedPeer, ARepliesOnlyCountOnTheirOwnConnection) {
+  tw::Device victim(config("tcp"));
+  tw::Device legit(config("tcp"));
+  std::atomic<bool> answer{false};
+  legit.on_call("slow", [&](const std::string&) {
+    wait_until([&] { return answer.load(); });
+    return std::string("the real answer");
+  });
+  tw::Channel to_victim = legit.connect(victim.address());
+  tw::Channel to_legit = victim.channel_to(legit.id());
+  tw::control::Status status;
+  int third = raw_hello(victim.address(), 0x7777, &status);
+  ASSERT_GE(third, 0);
+  ASSERT_EQ(status, tw::control::Status::kOk);
+  std::string got;
+  std::thread caller([&] { got = to_legit.call("slow", "", kWait); });
+  std::vector<std::uint64_t> ids;
+  ASSERT_TRUE(wait_until([&] { return !(ids = victim.impl()->pending_call_ids()).empty(); }));
+  const auto refused_before = victim.impl()->refusal_count();
+  std::string forged;
+  for (std::uint64_t rid = 1; rid <= 256; ++rid) ids.push_back(rid);  // and the ids the old counter gave
+  for (std::uint64_t rid : ids) {
+    tw::control::Header h;
+    h.type = tw::control::MsgType::kCallReply;
+    h.request_id = rid;
+    const std::string msg = tw::control::encode(h, "the attacker's answer");
+    forged += tw::net::encode_prefix(msg.size(), 0) + msg;
+  }
+  ASSERT_TRUE(send_all(third, forged));
+  EXPECT_TRUE(wait_until([&] { return victim.impl()->refusal_count() > refused_before; }))
+      << "the forged reply to the pending call was not refused";
+  answer = true;
+  caller.join();
+  EXPECT_EQ(got, "the real answer");
+  ::close(third);
+}
+
+// A peer that learned another peer's device id (from its HELLO reply) claims
+// it in a HELLO of its own: refused, since the live holder of the id does not
+// vouch for it; the same device connecting again (another address for the
+// victim) is vouched for and admitted; with_caller handlers see true ids.
+TEST(ModifiedPeer, AClaimedIdAnotherLiveConnectionHoldsIsRefused) {
+  tw::Device victim(config("tcp"));
+  tw::Device legit(config("tcp"));
+  std::vector<std::uint64_t> callers;
+  std::mutex callers_mu;
+  victim.on_peer_call("who", [&](std::uint64_t caller, const std::string&) {
+    std::lock_guard<std::mutex> lock(callers_mu);
+    callers.push_back(caller);
+    return std::string();
+  });
+  tw::Channel ch = legit.connect(victim.address());
+  ch.call("who", "", kWait);
+  tw::control::Status status;
+  int impostor = raw_hello(victim.address(), legit.id(), &status);
+  ASSERT_GE(impostor, 0);
+  EXPECT_EQ(status, tw::control::Status::kIdentityRefused);
+  ::close(impostor);
+  // The legitimate device again, through another spelling of the victim's address: its own claim.
+  auto [host, port] = tw::net::split_address(victim.address());
+  ASSERT_EQ(host, "127.0.0.1");
+  tw::Channel again = legit.connect("localhost:" + std::to_string(port));
+  again.call("who", "", kWait);
+  std::lock_guard<std::mutex> lock(callers_mu);
+  EXPECT_EQ(callers, (std::vector<std::uint64_t>{legit.id(), legit.id()}));
+  EXPECT_GE(victim.impl()->refusal_count(), 1u);
+}
