@@ -37,13 +37,14 @@ ErrorKind kind_of(control::Status s) {
 
 }  // namespace
 
-void DeviceImpl::send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body) {
+void DeviceImpl::send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body,
+                      bool is_reply) {
   if (!conn) throw ConnectionError("control connection is closed");
   std::string msg = control::encode(h, body);
   if (msg.size() > control::kMaxMessage) {
     throw InvalidArgument("control message of " + std::to_string(msg.size()) + " bytes exceeds the 1 MiB limit");
   }
-  conn->send(msg);  // the header of a frame without payload; queued when the socket is full
+  conn->send(msg, nullptr, 0, nullptr, is_reply);  // a header-only frame; queued when the socket is full
 }
 
 void DeviceImpl::reply(const std::shared_ptr<net::Conn>& conn, const control::Header& request, control::MsgType type,
@@ -54,7 +55,7 @@ void DeviceImpl::reply(const std::shared_ptr<net::Conn>& conn, const control::He
   h.status = status;
   if (config.protocol_version) h.version = config.protocol_version;
   try {
-    send(conn, h, body);
+    send(conn, h, body, /*is_reply=*/true);
   } catch (const Error& e) {
     TW_LOG_DEBUG("cannot reply to a control message: %s", e.what());
   }
@@ -331,7 +332,7 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
         rh.status = status;
         if (config.protocol_version) rh.version = config.protocol_version;
         try {
-          send(conn, rh, out);
+          send(conn, rh, out, /*is_reply=*/true);
         } catch (const std::exception& e) {
           TW_LOG_WARN("cannot send a call reply: %s", e.what());
         }

@@ -174,7 +174,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // The first frame on an accepted connection: a control message, or a data lane's introduction.
   void on_first_frame(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length,
                       net::Payload& payload);
-  void send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body);
+  // is_reply: an answer to a frame the peer sent (counts toward its backpressure, net::Conn::send).
+  void send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body,
+            bool is_reply = false);
   void reply(const std::shared_ptr<net::Conn>& conn, const control::Header& request, control::MsgType type,
              control::Status status, const std::string& body);
   void handle_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, detail::ByteReader& r);

@@ -78,7 +78,7 @@ void on_owned_reply_sent(void* request, ucs_status_t status, void* user_data) {
 void send_reply(const ReplyPath& to, const DataHeader& h, const void* payload, std::size_t length) {
   if (to.conn) {
     try {
-      to.conn->send(h.encode(), payload, length);
+      to.conn->send(h.encode(), payload, length, nullptr, /*reply=*/true);
     } catch (const Error& e) {
       TW_LOG_DEBUG("data reply not sent: %s", e.what());
     }
@@ -351,7 +351,8 @@ void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, con
     if (to.conn) {
       std::shared_ptr<std::string> owned(copy);
       try {
-        to.conn->send(h.encode(), owned->data(), length, [owned]() -> net::SendDone { return [owned](bool) {}; });
+        to.conn->send(
+            h.encode(), owned->data(), length, [owned]() -> net::SendDone { return [owned](bool) {}; }, true);
       } catch (const Error& e) {
         TW_LOG_DEBUG("data reply not sent: %s", e.what());
       }
@@ -389,7 +390,7 @@ void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, con
             defer_release(std::move(dev));
           }
         };
-      });
+      }, /*reply=*/true);
     } catch (const Error& e) {
       TW_LOG_DEBUG("data reply not sent: %s", e.what());
     }

@@ -280,7 +280,7 @@ bool Conn::write_some(TxOp& op) {
 }
 
 bool Conn::send(std::string_view header, const void* payload, std::uint64_t length,
-                const std::function<SendDone()>& when_queued) {
+                const std::function<SendDone()>& when_queued, bool reply) {
   if (header.size() > kMaxHeader) {
     throw InvalidArgument("a frame header of " + std::to_string(header.size()) + " bytes exceeds the limit");
   }
@@ -308,9 +308,22 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
   }
   tx_bytes_ += op.head.size() + op.length - op.sent;
   if (when_queued) op.done = when_queued();
+  if (reply) {
+    op.charge = op.head.size() + op.length - op.sent + kReplyOverhead;
+    reply_backlog_ += op.charge;
+  }
   txq_.push_back(std::move(op));
-  want_writable(true);
+  want_out_ = true;
+  queued_out_.store(true, std::memory_order_release);
+  if (reply_backlog_ > kPauseReadingAt && !read_paused_.load(std::memory_order_relaxed)) {
+    read_paused_.store(true, std::memory_order_release);
+  }
+  sync_events();
   return false;
+}
+
+void Conn::sync_events() {
+  if (poller_) poller_->update(this, want_out_, !read_paused_.load(std::memory_order_relaxed));
 }
 
 bool Conn::take_riders(TxOp& op) {
@@ -368,7 +381,7 @@ void Conn::want_writable(bool on) {
   if (on == want_out_) return;
   want_out_ = on;
   queued_out_.store(on, std::memory_order_release);
-  if (poller_) poller_->update(this, on);
+  sync_events();
 }
 
 void Conn::close(const std::string& why) {
@@ -384,6 +397,7 @@ void Conn::close(const std::string& why) {
 unsigned Conn::on_writable() {
   std::vector<SendDone> dones;
   bool failed = false;
+  bool resumed = false;
   {
     std::lock_guard<std::mutex> lock(tx_mu_);
     Writing writing(*this);
@@ -396,11 +410,22 @@ unsigned Conn::on_writable() {
       }
       tx_bytes_ -= op.sent - before;
       if (op.sent < op.head.size() + op.length) break;
+      reply_backlog_ -= op.charge;
       dones.push_back(std::move(op.done));
       txq_.pop_front();
     }
-    if (txq_.empty()) want_writable(false);
+    if (read_paused_.load(std::memory_order_relaxed) && reply_backlog_ <= kResumeReadingAt) {
+      read_paused_.store(false, std::memory_order_release);
+      resumed = true;
+    }
+    if (txq_.empty()) {
+      want_out_ = false;
+      queued_out_.store(false, std::memory_order_release);
+    }
+    sync_events();
   }
+  // Frames already buffered raise no event: dispatched at the next progress.
+  if (resumed && poller_) poller_->schedule(this);
   for (auto& d : dones) {
     if (d) d(true);
   }
@@ -471,7 +496,7 @@ Conn::Read Conn::read_more() {
 }
 
 bool Conn::dispatch_buffered(unsigned* frames) {
-  while (!finished_ && !moving_) {
+  while (!finished_ && !moving_ && !read_paused_.load(std::memory_order_acquire)) {
     const std::size_t have = rx_end_ - rx_begin_;
     if (have < kPrefixSize) return true;
     Prefix p;
@@ -572,6 +597,9 @@ bool Conn::on_readable(unsigned* frames) {
       if (done) done(ok);
       continue;
     }
+    // Paused (the peer leaves our replies unread): its frames wait, in the
+    // buffer and in the socket, until on_writable resumes reading.
+    if (read_paused_.load(std::memory_order_acquire)) return true;
     if (!dispatch_buffered(frames)) return false;
     if (land_left_ > 0 || moving_) continue;
     if (drained) return true;
@@ -598,6 +626,7 @@ void Conn::finish(const std::string& why) {
     closing_.store(true, std::memory_order_release);
     pending.swap(txq_);
     tx_bytes_ = 0;
+    reply_backlog_ = 0;
   }
   ::shutdown(fd_, SHUT_RDWR);
   for (auto& op : pending) {
@@ -658,11 +687,12 @@ void Poller::add(const std::shared_ptr<Conn>& conn, FrameHandler on_frame, Close
   conn->on_frame_ = std::move(on_frame);
   conn->on_close_ = std::move(on_close);
   conn->moving_ = false;
-  bool out;
+  bool out, in;
   {
     std::lock_guard<std::mutex> lock(conn->tx_mu_);
     conn->poller_ = this;
     out = conn->want_out_;
+    in = !conn->read_paused_.load(std::memory_order_relaxed);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -670,7 +700,7 @@ void Poller::add(const std::shared_ptr<Conn>& conn, FrameHandler on_frame, Close
     count_.store(conns_.size(), std::memory_order_relaxed);
   }
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (out ? std::uint32_t(EPOLLOUT) : 0u);
+  ev.events = (in ? std::uint32_t(EPOLLIN | EPOLLRDHUP) : 0u) | (out ? std::uint32_t(EPOLLOUT) : 0u);
   ev.data.ptr = conn.get();
   if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, conn->fd_, &ev) != 0) {
     TW_LOG_ERROR("epoll_ctl(ADD) for %s: %s", conn->name_.c_str(), std::strerror(errno));
@@ -699,9 +729,9 @@ void Poller::listen(int fd, std::function<void(int)> on_accept) {
   ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
-void Poller::update(Conn* conn, bool want_out) {
+void Poller::update(Conn* conn, bool want_out, bool want_in) {
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (want_out ? std::uint32_t(EPOLLOUT) : 0u);
+  ev.events = (want_in ? std::uint32_t(EPOLLIN | EPOLLRDHUP) : 0u) | (want_out ? std::uint32_t(EPOLLOUT) : 0u);
   ev.data.ptr = conn;
   ::epoll_ctl(epfd_, EPOLL_CTL_MOD, conn->fd_, &ev);
 }
@@ -734,6 +764,12 @@ unsigned Poller::progress(int timeout_ms) {
   unsigned handled = 0;
   auto serve = [&](const std::shared_ptr<Conn>& c, std::uint32_t events) {
     if (events & EPOLLOUT) handled += c->on_writable();
+    if (c->reading_paused() && (events & (EPOLLHUP | EPOLLERR))) {
+      // Nothing will read its frames nor take our replies: a paused connection that hangs up ends.
+      c->finish("closed by the peer with " + std::to_string(c->queued()) + " bytes of replies unread");
+      remove(c);
+      return;
+    }
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
       if (!c->on_readable(&handled)) {
         remove(c);

@@ -115,8 +115,19 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // the rest left, or with false when the connection closes first. So a
   // frame that leaves at once costs its sender no tracking. Throws
   // ConnectionError on a closed connection.
+  //
+  // A reply (an answer to a frame this side read: `reply`) that is queued
+  // counts against the peer: once more than kPauseReadingAt bytes of replies
+  // wait unsent (the peer does not read them), this connection stops reading
+  // the peer's frames until they are down to kResumeReadingAt (backpressure:
+  // a peer that asks and never reads cannot grow its target's memory). Only
+  // replies count: two sides writing to each other at once each keep reading.
   bool send(std::string_view header, const void* payload = nullptr, std::uint64_t length = 0,
-            const std::function<SendDone()>& when_queued = nullptr);
+            const std::function<SendDone()>& when_queued = nullptr, bool reply = false);
+  static constexpr std::size_t kPauseReadingAt = std::size_t(16) << 20;
+  static constexpr std::size_t kResumeReadingAt = std::size_t(4) << 20;
+  static constexpr std::size_t kReplyOverhead = 256;  // what a queued frame costs beyond its bytes
+  bool reading_paused() const { return read_paused_.load(std::memory_order_acquire); }
   // A header-only frame that waits for this connection's next send() and
   // leaves in the same write, ahead of that send's frame (no syscall and no
   // segment of its own: a slot's release rides on the reply it precedes). A
@@ -167,7 +178,11 @@ class Conn : public std::enable_shared_from_this<Conn> {
     std::uint64_t sent = 0;  // of head + payload
     SendDone done;
     std::string owned;  // the payload, when own_payloads copied it
+    std::size_t charge = 0;  // what it adds to reply_backlog_ (replies only)
   };
+  std::size_t reply_backlog_ = 0;  // under tx_mu_: queued replies' bytes and kReplyOverhead each
+  std::atomic<bool> read_paused_{false};  // set and cleared under tx_mu_
+  void sync_events();  // tx_mu_ held: tells the poller what to wait for (EPOLLIN unless paused, EPOLLOUT)
   // Writes what it can of `op` (tx_mu_ held); false on an error (errno_ set).
   bool write_some(TxOp& op);
   void size_send_buffer(std::uint64_t frame);  // tx_mu_ held, as a frame starts
@@ -243,7 +258,7 @@ class Poller {
 
  private:
   friend class Conn;
-  void update(Conn* conn, bool want_out);  // EPOLLOUT on or off
+  void update(Conn* conn, bool want_out, bool want_in);  // EPOLLOUT, EPOLLIN on or off
   void schedule(Conn* conn);               // dispatch buffered bytes at the next progress
   int epfd_ = -1;
   int wake_fd_ = -1;

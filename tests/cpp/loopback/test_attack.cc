@@ -823,3 +823,59 @@ TEST(ModifiedPeer, AClaimedIdAnotherLiveConnectionHoldsIsRefused) {
   EXPECT_EQ(callers, (std::vector<std::uint64_t>{legit.id(), legit.id()}));
   EXPECT_GE(victim.impl()->refusal_count(), 1u);
 }
+
+// ---- Bounded per-connection memory (issue 49 item 4) ----
+
+// 200,000 gets whose replies the peer does not read: the victim stops reading
+// the peer's frames once kPauseReadingAt of replies wait, so its backlog stays
+// bounded; once the peer reads, every get is answered.
+TEST(ModifiedPeer, OverTcpUnreadRepliesStopTheVictimReading) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  tw::Block published = victim.allocate(4096);
+  victim.publish("pub", published.descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+  constexpr int kGets = 200000;
+  std::string gets;
+  for (int i = 0; i < kGets; ++i) {
+    td::DataHeader h;
+    h.kind = td::MsgKind::kGet;
+    h.token = ch.impl()->peer->hello.data_token;
+    h.target = static_cast<std::uint64_t>(i) + 1;
+    h.a = pub.descriptor().address;
+    h.b = 8;
+    const std::string header = h.encode();
+    gets += tw::net::encode_prefix(header.size(), 0) + header;
+  }
+  timeval tv{20, 0};
+  setsockopt(lane, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::atomic<bool> sent{false};
+  std::thread sender([&] { sent = send_all(lane, gets); });
+  std::shared_ptr<tw::net::Conn> served;
+  ASSERT_TRUE(wait_until([&] {
+    auto peer = victim.impl()->peer_by_id(attacker.id());
+    served = peer ? peer->inbound_lane(0, 0) : nullptr;
+    return served && served->reading_paused();
+  })) << "the victim never stopped reading a peer that leaves its replies unread";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // At most one frame past the mark (the pause is checked after each).
+  const std::size_t backlog = served->queued();
+  EXPECT_LE(backlog, tw::net::Conn::kPauseReadingAt) << backlog << " bytes of replies queued";
+  EXPECT_TRUE(served->reading_paused());
+  EXPECT_FALSE(sent.load()) << "the victim read every request while its replies were unread";
+  int answered = 0;
+  for (; answered < kGets; ++answered) {
+    td::DataHeader reply;
+    std::string payload;
+    if (!recv_frame(lane, &reply, &payload)) break;
+    if (reply.kind != td::MsgKind::kGetData || reply.b != 0 || payload.size() != 8) break;
+  }
+  sender.join();
+  EXPECT_TRUE(sent.load());
+  EXPECT_EQ(answered, kGets);
+  EXPECT_FALSE(served->reading_paused());
+  ::close(lane);
+}
