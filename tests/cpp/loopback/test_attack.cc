@@ -879,3 +879,27 @@ TEST(ModifiedPeer, OverTcpUnreadRepliesStopTheVictimReading) {
   EXPECT_FALSE(served->reading_paused());
   ::close(lane);
 }
+
+// Over shared memory the revocation binds only the target's own acts: a
+// same-host peer that mapped the slab keeps reaching it after the free,
+// the next owner's bytes included, until the slab goes (docs/contracts.md
+// §11 says so; a device that must not be reached so maps nothing: transport
+// tcp, or map_shared_memory off).
+TEST(ModifiedPeer, OverSharedMemoryAMappingOutlivesAFree) {
+  tw::Device victim(config("shm"));
+  tw::Device attacker(config("shm"));
+  auto published = std::make_unique<tw::Block>(victim.allocate(4096));
+  void* const at = published->data();
+  victim.publish("pub", published->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  const td::RemoteRegionImpl::Access access = ch.impl()->access_to(pub);
+  ASSERT_NE(access.mapped, nullptr);
+  victim.unpublish("pub");
+  published.reset();
+  tw::Block next = victim.allocate(4096);
+  ASSERT_EQ(next.data(), at);
+  Secret owner("the block's next owner", next.data(), 4096);
+  access.mapped[0] = static_cast<char>(~owner.was[0]);  // what a modified peer does with its mapping
+  EXPECT_FALSE(owner.intact()) << "the contract says a mapping outlives a free: update §11 if this changed";
+}
