@@ -30,8 +30,8 @@ constexpr std::size_t kRxChunk = std::size_t(256) << 10;  // the most one read a
 // header, so that a 16 KiB tensor's frame comes in one read, not two (bench tensor over tcp,
 // bench/results/net_one_socket_riders.txt, last section).
 constexpr std::size_t kFirstLook = (std::size_t(16) << 10) + 512;
-constexpr unsigned kFramesPerTurn = 256;
-constexpr int kAcceptPauseMs = 50;  // a listener out of descriptors waits this long before it accepts again                   // then other connections get their turn
+constexpr unsigned kFramesPerTurn = 256;  // then other connections get their turn
+constexpr int kAcceptPauseMs = 50;         // a listener out of descriptors waits this long before it accepts again
 // A frame larger than twice this goes out in two writes at least: this much
 // first, then the rest. One sendmsg of a whole megabyte left the receiver
 // idle while the sender copied it in (loopback, sender and receiver on two
@@ -313,12 +313,14 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
     reply_backlog_ += op.charge;
   }
   txq_.push_back(std::move(op));
-  want_out_ = true;
-  queued_out_.store(true, std::memory_order_release);
   if (reply_backlog_ > kPauseReadingAt && !read_paused_.load(std::memory_order_relaxed)) {
     read_paused_.store(true, std::memory_order_release);
+    want_out_ = true;
+    queued_out_.store(true, std::memory_order_release);
+    sync_events();
+    return false;
   }
-  sync_events();
+  want_writable(true);  // an epoll_ctl only when that changes
   return false;
 }
 
@@ -418,11 +420,13 @@ unsigned Conn::on_writable() {
       read_paused_.store(false, std::memory_order_release);
       resumed = true;
     }
-    if (txq_.empty()) {
-      want_out_ = false;
-      queued_out_.store(false, std::memory_order_release);
+    if (resumed) {
+      want_out_ = !txq_.empty();
+      queued_out_.store(want_out_, std::memory_order_release);
+      sync_events();
+    } else if (txq_.empty()) {
+      want_writable(false);  // an epoll_ctl only when that changes
     }
-    sync_events();
   }
   // Frames already buffered raise no event: dispatched at the next progress.
   if (resumed && poller_) poller_->schedule(this);
