@@ -903,3 +903,37 @@ TEST(ModifiedPeer, OverSharedMemoryAMappingOutlivesAFree) {
   access.mapped[0] = static_cast<char>(~owner.was[0]);  // what a modified peer does with its mapping
   EXPECT_FALSE(owner.intact()) << "the contract says a mapping outlives a free: update §11 if this changed";
 }
+
+// The same over a registered heap array: the registration dropped and the
+// array freed while a put lands, the rest goes nowhere (before: into the
+// next heap allocation, or a crash once the pages were gone).
+TEST(ModifiedPeer, OverTcpAPutLandingAcrossADroppedRegistrationMissesTheHeap) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  constexpr std::size_t kN = std::size_t(96) << 10;  // streamed, and under malloc's mmap threshold
+  constexpr std::size_t kFirst = std::size_t(32) << 10;
+  auto array = std::make_unique<std::vector<unsigned char>>(kN, 0);
+  auto* const at = array->data();
+  auto reg = std::make_unique<tw::Registration>(victim.pool().register_memory(array->data(), kN));
+  victim.publish("pub", reg->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+  ASSERT_TRUE(send_all(lane, put_frame(ch, pub.descriptor().address, kN) + std::string(kFirst, '\xee')));
+  ASSERT_TRUE(wait_until([&] { return at[kFirst - 1] == 0xee; })) << "the first part never landed";
+  victim.unpublish("pub");
+  reg.reset();  // the grant ends with the registration
+  array.reset();
+  auto next = std::make_unique<std::vector<unsigned char>>(kN);
+  Secret owner("the next heap allocation", next->data(), kN);
+  ASSERT_TRUE(send_all(lane, std::string(kN - kFirst, '\xee')));
+  td::DataHeader reply;
+  std::string payload;
+  ASSERT_TRUE(recv_frame(lane, &reply, &payload)) << "the put was not answered";
+  EXPECT_EQ(reply.kind, td::MsgKind::kPutDone);
+  EXPECT_EQ(reply.b, static_cast<std::uint64_t>(td::AccessStatus::kFailed));
+  EXPECT_TRUE(owner.intact()) << "the rest of a put landed in the heap"
+                              << (next->data() == at ? " (the next allocation took the array's bytes)" : "");
+  ::close(lane);
+}
