@@ -355,6 +355,11 @@ void DeviceImpl::handle_hello(const std::shared_ptr<net::Conn>& conn, const cont
     try {
       control_call(holder, control::MsgType::kCall, body.str(), config.connect_timeout_s);
     } catch (const std::exception& e) {
+      // A holder that failed meanwhile (its connection ended) holds the id no more.
+      if (holder->failed()) {
+        admit_hello(conn, h, std::move(hello));
+        return;
+      }
       char id_hex[24];
       std::snprintf(id_hex, sizeof(id_hex), "0x%llx", static_cast<unsigned long long>(hello.device_id));
       why = std::string("device id ") + id_hex + " is held by a live connection (" + holder->describe() +
