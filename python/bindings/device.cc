@@ -538,7 +538,7 @@ void bind_device(nb::module_& m) {
           return;
         }
         auto holder = std::make_shared<PyCallable>(std::move(fn));
-        if (with_caller) {  // handler(caller device id, bytes): the id the caller proved in its HELLO
+        if (with_caller) {  // handler(caller device id, bytes): the id the caller claimed in its HELLO (contracts §11)
           dev(d).on_peer_call(name, [holder](std::uint64_t caller, const std::string& payload) -> std::string {
             nb::gil_scoped_acquire gil;
             try {
@@ -567,7 +567,9 @@ void bind_device(nb::module_& m) {
       // so on_call(name, None) (removal, the branch above) raised TypeError.
       }, nb::arg("name"), nb::arg("handler").none(), nb::arg("with_caller") = false,
          "Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread. "
-         "with_caller: handler(caller_device_id, bytes), the id the caller proved when it connected.")
+         "with_caller: handler(caller_device_id, bytes), the id the caller claimed in its HELLO on the connection the "
+         "call came on: no other live connection holds it unless that device vouched for this one; an id nobody "
+         "held is not otherwise proven (docs/contracts.md section 11).")
       .def("connect", [](PyDevice& d, const std::string& address, int lane) {
         Device& device = dev(d);
         gil_scoped_release r;

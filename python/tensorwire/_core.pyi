@@ -257,7 +257,7 @@ class Device:
 
     def on_call(self, name: str, handler: object | None, with_caller: bool = False) -> None:
         """
-        Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread. with_caller: handler(caller_device_id, bytes), the id the caller proved when it connected.
+        Registers handler(bytes) -> bytes for channel.call(name, ...); it runs on a dispatcher thread. with_caller: handler(caller_device_id, bytes), the id the caller claimed in its HELLO on the connection the call came on: no other live connection holds it unless that device vouched for this one; an id nobody held is not otherwise proven (docs/contracts.md section 11).
         """
 
     def connect(self, address: str, lane: int = 0) -> Channel:

@@ -61,8 +61,10 @@ class DeviceImpl;
 }
 
 using CallHandler = std::function<std::string(const std::string& payload)>;
-// A call handler that learns who called: the device id the caller proved in
+// A call handler that learns who called: the device id the caller claimed in
 // its HELLO on the connection the call arrived on (never a payload field).
+// No two live connections hold one id unless the first one's device vouched
+// for the second (docs/contracts.md §11); an id nobody holds is not proven.
 using PeerCallHandler = std::function<std::string(std::uint64_t caller, const std::string& payload)>;
 
 class Device {

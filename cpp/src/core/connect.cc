@@ -269,9 +269,22 @@ void DeviceImpl::on_control_closed(const std::shared_ptr<net::Conn>& conn, const
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = peers_by_conn_.find(conn.get());
-    if (it != peers_by_conn_.end()) peer = it->second;
+    if (it != peers_by_conn_.end()) {
+      peer = it->second;
+      // The tables forget the connection and its peer (which holds the
+      // socket): kept, they held a descriptor and ~20 KiB per closed
+      // connection, and a server stopped accepting at `ulimit -n`. A channel
+      // or request of the user's still holds its peer, failed below.
+      peers_by_conn_.erase(it);
+      auto by_id = peers_.find(peer->hello.device_id);
+      if (by_id != peers_.end() && by_id->second == peer) {
+        peers_.erase(by_id);
+        std::erase(new_peers_, peer->hello.device_id);
+      }
+    }
     conns_.erase(conn.get());
   }
+  if (peer) forget_token(peer->inbound_token);
   if (peer) {
     std::string what = peer->describe() + " disconnected or died (" + why + ")";
     peer->fail(ErrorKind::kPeerFailed, what);
@@ -279,6 +292,13 @@ void DeviceImpl::on_control_closed(const std::shared_ptr<net::Conn>& conn, const
   } else {
     fail_pending_control(conn.get(), ErrorKind::kConnection, "connection to " + conn->name() + " closed: " + why);
   }
+}
+
+void DeviceImpl::refuse_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h,
+                              control::Status status, const std::string& who, const std::string& why) {
+  TW_LOG_WARN("refused connection from %s: %s", who.c_str(), why.c_str());
+  refusals_.fetch_add(1);
+  reply(conn, h, control::MsgType::kHelloReply, status, why);
 }
 
 void DeviceImpl::handle_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, ByteReader& r) {
@@ -296,19 +316,66 @@ void DeviceImpl::handle_hello(const std::shared_ptr<net::Conn>& conn, const cont
   control::Hello hello = control::decode_hello(r);
   std::string who = hello.hostname + " (pid " + std::to_string(hello.pid) + ", " + hello.address + ")";
   if (hello.token != config.token) {
-    std::string why = "token mismatch: peer " + who + " presented a wrong token";
-    TW_LOG_WARN("refused connection: %s", why.c_str());
-    refusals_.fetch_add(1);
-    reply(conn, h, control::MsgType::kHelloReply, control::Status::kTokenMismatch, why);
+    refuse_hello(conn, h, control::Status::kTokenMismatch, who, "token mismatch: peer " + who + " presented a wrong token");
     return;
   }
   std::string conflict = identity_conflict(hello);
   if (!conflict.empty()) {
-    TW_LOG_WARN("refused connection from %s: %s", who.c_str(), conflict.c_str());
-    refusals_.fetch_add(1);
-    reply(conn, h, control::MsgType::kHelloReply, control::Status::kIdentityRefused, conflict);
+    refuse_hello(conn, h, control::Status::kIdentityRefused, who, conflict);
     return;
   }
+  // A device id that a live connection holds is that device's: a second
+  // connection claiming it (the same device dialling again, under another
+  // address, or an impostor that learned the id from the device's own HELLO)
+  // is admitted only if the holder vouches for it: asked over its own
+  // connection, it confirms the data token of this HELLO as one of its own
+  // pending connects (kClaimCall). Asked from the dispatcher: the answer
+  // comes through the control thread.
+  std::shared_ptr<Peer> holder;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = peers_.find(hello.device_id);
+    if (it != peers_.end() && !it->second->failed() && it->second->control_conn != conn &&
+        !(hello.device_id == id && hello.self_proof == self_proof_)) {
+      holder = it->second;
+    }
+  }
+  if (!holder) {
+    admit_hello(conn, h, std::move(hello));
+    return;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  jobs_.push_back([this, conn, h, hello = std::move(hello), holder, who]() mutable {
+    ByteWriter arg;
+    arg.put<std::uint64_t>(hello.data_token);
+    ByteWriter body;
+    body.put_bytes16(control::kClaimCall);
+    body.put_bytes32(arg.str());
+    std::string why;
+    try {
+      control_call(holder, control::MsgType::kCall, body.str(), config.connect_timeout_s);
+    } catch (const std::exception& e) {
+      // A holder that failed meanwhile (its connection ended) holds the id no more.
+      if (holder->failed()) {
+        admit_hello(conn, h, std::move(hello));
+        return;
+      }
+      char id_hex[24];
+      std::snprintf(id_hex, sizeof(id_hex), "0x%llx", static_cast<unsigned long long>(hello.device_id));
+      why = std::string("device id ") + id_hex + " is held by a live connection (" + holder->describe() +
+            "), which did not vouch for this one: " + e.what();
+    }
+    if (!why.empty()) {
+      refuse_hello(conn, h, control::Status::kIdentityRefused, who, why);
+      return;
+    }
+    admit_hello(conn, h, std::move(hello));
+  });
+  jobs_cv_.notify_one();
+}
+
+void DeviceImpl::admit_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, control::Hello hello) {
+  if (conn->closed()) return;
   bool same_host = hello.boot_id == boot_id_ && hello.hostname == hostname_;
   auto peer = std::make_shared<Peer>(weak_from_this(), std::move(hello), conn, same_host);
   peer->accepted = true;
@@ -319,8 +386,7 @@ void DeviceImpl::handle_hello(const std::shared_ptr<net::Conn>& conn, const cont
   {
     std::lock_guard<std::mutex> lock(mu_);
     // Identity is per connection (peers_by_conn_): a second connection that
-    // claims a live peer's id (the same device dialling back, or an
-    // impostor) never takes over the first one's entry.
+    // claims a live peer's id (vouched for by it) never takes over the first one's entry.
     auto& by_id = peers_[peer->hello.device_id];
     if (!by_id || by_id->failed()) by_id = peer;
     peers_by_conn_[conn.get()] = peer;

@@ -37,13 +37,14 @@ ErrorKind kind_of(control::Status s) {
 
 }  // namespace
 
-void DeviceImpl::send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body) {
+void DeviceImpl::send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body,
+                      bool is_reply) {
   if (!conn) throw ConnectionError("control connection is closed");
   std::string msg = control::encode(h, body);
   if (msg.size() > control::kMaxMessage) {
     throw InvalidArgument("control message of " + std::to_string(msg.size()) + " bytes exceeds the 1 MiB limit");
   }
-  conn->send(msg);  // the header of a frame without payload; queued when the socket is full
+  conn->send(msg, nullptr, 0, nullptr, is_reply);  // a header-only frame; queued when the socket is full
 }
 
 void DeviceImpl::reply(const std::shared_ptr<net::Conn>& conn, const control::Header& request, control::MsgType type,
@@ -54,7 +55,7 @@ void DeviceImpl::reply(const std::shared_ptr<net::Conn>& conn, const control::He
   h.status = status;
   if (config.protocol_version) h.version = config.protocol_version;
   try {
-    send(conn, h, body);
+    send(conn, h, body, /*is_reply=*/true);
   } catch (const Error& e) {
     TW_LOG_DEBUG("cannot reply to a control message: %s", e.what());
   }
@@ -68,7 +69,9 @@ std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control:
   std::uint64_t rid;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    rid = next_request_id_++;
+    do {
+      rid = request_ids_();
+    } while (rid == 0 || pending_.count(rid));
     pending_[rid] = PendingCall{state, peer->control_conn.get()};
   }
   auto cleanup = [&] {
@@ -163,6 +166,12 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
         std::lock_guard<std::mutex> lock(mu_);
         auto it = pending_.find(h.request_id);
         if (it == pending_.end()) return;  // the caller gave up (timeout)
+        if (it->second.conn != conn.get()) {
+          // An answer to a call that went to another connection: another peer's to give.
+          refusals_.fetch_add(1);
+          TW_LOG_WARN("dropped a reply from %s to a call it was not sent", conn->name().c_str());
+          return;
+        }
         state = it->second.state;
         state->retain();
       }
@@ -256,6 +265,21 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
         reply(conn, h, control::MsgType::kCallReply, status, out);
         return;
       }
+      if (name == control::kClaimCall) {
+        // Built in: a device we are connected to asks whether a connection
+        // claiming our id is ours (handle_hello). Ours: a connect of ours
+        // waiting for its HELLO reply, whose HELLO carried this token.
+        bool ours = false;
+        if (payload.size() == 8) {
+          ByteReader cr(payload.data(), payload.size(), "claim call");
+          const std::uint64_t token = cr.get<std::uint64_t>();
+          std::lock_guard<std::mutex> lock(mu_);
+          for (const auto& [c, pending] : connecting_) ours = ours || (pending.token == token && !pending.peer);
+        }
+        reply(conn, h, control::MsgType::kCallReply, ours ? control::Status::kOk : control::Status::kInvalidArgument,
+              ours ? "" : "no connection of this device carries that token");
+        return;
+      }
       if (name == control::kExportCall) {
         // Built in and never blocks: answered here, without the dispatcher's thread hop.
         control::Status status = control::Status::kOk;
@@ -308,7 +332,7 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
         rh.status = status;
         if (config.protocol_version) rh.version = config.protocol_version;
         try {
-          send(conn, rh, out);
+          send(conn, rh, out, /*is_reply=*/true);
         } catch (const std::exception& e) {
           TW_LOG_WARN("cannot send a call reply: %s", e.what());
         }

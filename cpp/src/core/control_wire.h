@@ -26,6 +26,11 @@ inline constexpr const char* kExportCall = "tw.export";
 // its dialer, for a tcp lane (payload: the lane, u32): we dial it, and both
 // directions of that lane share the socket (Peer::lane_from_dialer).
 inline constexpr const char* kLaneCall = "tw.lane";
+// The built-in call by which a device asks a connected peer whether a new
+// connection that claims that peer's device id is its own (payload: the data
+// token of the new connection's HELLO, u64): OK when it is one of the peer's
+// pending connects, refused otherwise (DeviceImpl::handle_hello).
+inline constexpr const char* kClaimCall = "tw.claim";
 
 enum class MsgType : std::uint8_t {
   kHello = 1, kHelloReply = 2, kLookup = 3, kLookupReply = 4, kCall = 5, kCallReply = 6,

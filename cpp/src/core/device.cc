@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cctype>
@@ -326,10 +327,35 @@ std::function<void(std::uintptr_t, std::uintptr_t)> DeviceImpl::grant_revoker() 
 }
 
 void DeviceImpl::revoke_grants(std::uint64_t start, std::uint64_t end) {
-  std::lock_guard<std::mutex> lock(grantees_mu_);
-  for (const auto& weak : grantees_) {
-    if (auto peer = weak.lock()) peer->revoke(start, end);
+  // Exclusive: a put or get that passed its grant check has done what it
+  // does at once, and registered what goes on (hold_grants).
+  std::unique_lock<std::shared_mutex> access(access_mu_);
+  {
+    std::lock_guard<std::mutex> lock(grantees_mu_);
+    for (const auto& weak : grantees_) {
+      if (auto peer = weak.lock()) peer->revoke(start, end);
+    }
   }
+  std::vector<std::shared_ptr<net::LandingGuard>> guards;
+  std::vector<std::shared_ptr<net::Conn>> conns;
+  {
+    std::lock_guard<std::mutex> lock(landings_mu_);
+    for (const auto& [id, l] : landings_) {
+      if ((l.start < end && start < l.end) || (l.flag_at >= start && l.flag_at < end)) guards.push_back(l.guard);
+    }
+    for (const auto& [id, q] : queued_replies_) {
+      if (q.start < end && start < q.end) {
+        auto c = q.conn.lock();
+        if (c && std::find(conns.begin(), conns.end(), c) == conns.end()) conns.push_back(std::move(c));
+      }
+    }
+  }
+  // A copy into the range in progress finishes first (one recv); then the rest is discarded.
+  for (auto& g : guards) {
+    std::lock_guard<std::mutex> lock(g->mu);
+    g->discard = true;
+  }
+  for (auto& c : conns) c->own_payloads(start, end);
 }
 
 MemoryPool& DeviceImpl::cuda_pool(int gpu) {

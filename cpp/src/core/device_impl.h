@@ -14,6 +14,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -84,6 +86,12 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // are revoked when that memory returns (host pool: also registrations).
   PoolImpl& pool_holding(const RegionDescriptor& d);
   std::uint64_t refusal_count() const { return refusals_.load(); }
+  std::vector<std::uint64_t> pending_call_ids() const {  // tests
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::uint64_t> ids;
+    for (const auto& [rid, call] : pending_) ids.push_back(rid);
+    return ids;
+  }
 
   // ---- data messages (core/messages.cc) ----
   enum class LaneForm { kAuto, kRma, kMessages };
@@ -138,6 +146,22 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   void refuse_message_v(const char* fmt, va_list ap) __attribute__((format(printf, 2, 0)));
   std::uint64_t message_refusals() const { return message_refusals_.load(); }
 
+  // ---- no data op outlives its grant (contracts §11) ----
+  // Shared: a message-form put's or get's grant check and what it does with
+  // the memory at once (an eager put's copy, a get reply's first write);
+  // exclusive: revoke_grants. What goes on after the handler returns is
+  // registered: a streamed put's landing (its guard, which revoke_grants
+  // sets to discard) and a get reply the socket queued (its payload, which
+  // revoke_grants has the socket copy). So once a pool's free has revoked a
+  // range, no message-form op reads or writes it again.
+  std::shared_lock<std::shared_mutex> hold_grants() { return std::shared_lock<std::shared_mutex>(access_mu_); }
+  std::uint64_t add_landing(std::uint64_t start, std::uint64_t end, std::uint64_t flag_at,
+                            std::shared_ptr<net::LandingGuard> guard);
+  void end_landing(std::uint64_t id);
+  // A get's reply of [payload, +length) of our memory (grant checked, hold_grants held).
+  void send_memory_reply(const ReplyPath& to, const DataHeader& h, const void* payload, std::size_t length);
+  std::size_t live_landings() const;  // streamed puts and queued get replies being tracked (tests)
+
  private:
   // ---- control plane ----
   // The listening socket and the control thread's poller; sets `address` (start()).
@@ -150,7 +174,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // The first frame on an accepted connection: a control message, or a data lane's introduction.
   void on_first_frame(const std::shared_ptr<net::Conn>& conn, const char* header, std::size_t length,
                       net::Payload& payload);
-  void send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body);
+  // is_reply: an answer to a frame the peer sent (counts toward its backpressure, net::Conn::send).
+  void send(const std::shared_ptr<net::Conn>& conn, const control::Header& h, const std::string& body,
+            bool is_reply = false);
   void reply(const std::shared_ptr<net::Conn>& conn, const control::Header& request, control::MsgType type,
              control::Status status, const std::string& body);
   void handle_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, detail::ByteReader& r);
@@ -162,6 +188,10 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::shared_ptr<Peer> peer_on(const net::Conn* conn);
   // Why a HELLO claiming `claimed` must be refused ("" when it may stand).
   std::string identity_conflict(const control::Hello& claimed);
+  // Admits the peer of an accepted HELLO (checked) and replies.
+  void admit_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, control::Hello hello);
+  void refuse_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, control::Status status,
+                    const std::string& who, const std::string& why);
   // An outgoing connection waiting for its HELLO reply.
   struct Connecting {
     std::string address;
@@ -185,6 +215,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   control::Hello my_hello() const;
 
   void register_token(std::uint64_t token, const std::shared_ptr<Peer>& peer);
+  void forget_token(std::uint64_t token);
   std::mutex msg_mu_;
   std::unordered_map<std::uint64_t, MessageOp> message_ops_;
   std::uint64_t next_op_id_ = 1;
@@ -215,12 +246,28 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
     const net::Conn* conn;
   };
   std::map<std::uint64_t, PendingCall> pending_;
-  std::uint64_t next_request_id_ = 1;
+  // Request ids are random (under mu_), and a reply counts only on the
+  // connection its call went out on (PendingCall::conn): a peer can neither
+  // guess another connection's ids nor answer for another peer.
+  std::mt19937_64 request_ids_{random_id()};
   std::thread dispatcher_;
   std::thread liveness_;
   std::condition_variable liveness_cv_;
   std::string self_proof_;  // see control::Hello::self_proof
   std::function<void(std::uintptr_t, std::uintptr_t)> grant_revoker();  // for this device's pools
+  std::shared_mutex access_mu_;  // see hold_grants
+  struct Landing {
+    std::uint64_t start, end, flag_at;  // the payload's range, and a flag word's address (or ~0)
+    std::shared_ptr<net::LandingGuard> guard;
+  };
+  struct QueuedReply {
+    std::uint64_t start, end;
+    std::weak_ptr<net::Conn> conn;
+  };
+  mutable std::mutex landings_mu_;  // a leaf lock (taken under a socket's send lock)
+  std::map<std::uint64_t, Landing> landings_;
+  std::map<std::uint64_t, QueuedReply> queued_replies_;
+  std::uint64_t next_landing_ = 1;
   std::mutex grantees_mu_;                     // a leaf lock
   std::vector<std::weak_ptr<Peer>> grantees_;  // the peers export_for granted anything
   bool exact_export_ = false;  // export_for gives exact keys (hardware keys, or TENSORWIRE_EXACT_EXPORT=1)

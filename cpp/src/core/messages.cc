@@ -69,10 +69,16 @@ void on_reply_sent(void* request, ucs_status_t status, void*) {
   ucp_request_free(request);
 }
 
+// A reply whose payload the send owns (a get's over UCX, which may read it after the send returns).
+void on_owned_reply_sent(void* request, ucs_status_t status, void* user_data) {
+  delete static_cast<std::string*>(user_data);
+  on_reply_sent(request, status, nullptr);
+}
+
 void send_reply(const ReplyPath& to, const DataHeader& h, const void* payload, std::size_t length) {
   if (to.conn) {
     try {
-      to.conn->send(h.encode(), payload, length);
+      to.conn->send(h.encode(), payload, length, nullptr, /*reply=*/true);
     } catch (const Error& e) {
       TW_LOG_DEBUG("data reply not sent: %s", e.what());
     }
@@ -109,23 +115,50 @@ bool LaneIntro::decode(const char* header, std::size_t length, LaneIntro* out) {
 Incoming::~Incoming() = default;  // an untaken payload is dropped (by UCX, or read and discarded by the socket)
 
 void Incoming::receive_into(void* dst, ucp_mem_h memh, std::function<void(bool)> done,
-                            std::shared_ptr<const void> keep) {
+                            std::shared_ptr<const void> keep, std::shared_ptr<net::LandingGuard> guard) {
   taken_ = true;
+  const bool gpu = length_ && cuda::in_use() && cuda::query(dst).device;
   if (frame_) {
-    if (length_ && cuda::in_use() && cuda::query(dst).device) {
+    if (gpu) {
       // A socket reads into host memory: GPU memory takes it from a bounce buffer.
       auto bounce = std::make_shared<std::string>(length_, '\0');
-      frame_->land(bounce->data(), [dst, bounce, done = std::move(done), keep = std::move(keep)](bool ok) mutable {
-        if (ok) cuda::copy(dst, bounce->data(), bounce->size());
+      frame_->land(bounce->data(), [dst, bounce, guard, done = std::move(done), keep = std::move(keep)](bool ok) mutable {
+        if (ok) {
+          std::unique_lock<std::mutex> lock;
+          if (guard) lock = std::unique_lock<std::mutex>(guard->mu);
+          ok = !guard || !guard->discard;
+          if (ok) cuda::copy(dst, bounce->data(), bounce->size());
+        }
         done(ok);
         defer_release(std::move(keep));
       });
       return;
     }
-    frame_->land(dst, [done = std::move(done), keep = std::move(keep)](bool ok) mutable {
-      done(ok);
-      defer_release(std::move(keep));
-    });
+    frame_->land(
+        dst,
+        [done = std::move(done), keep = std::move(keep)](bool ok) mutable {
+          done(ok);
+          defer_release(std::move(keep));
+        },
+        std::move(guard));
+    return;
+  }
+  if (rendezvous_ && guard) {
+    // UCX lands a rendezvous when it likes, past any guard: it lands in a
+    // bounce buffer, copied out under the guard.
+    auto bounce = std::make_shared<std::string>(length_, '\0');
+    receive_into(
+        bounce->data(), nullptr,
+        [dst, gpu, bounce, guard, done = std::move(done)](bool ok) {
+          if (ok) {
+            std::lock_guard<std::mutex> lock(guard->mu);
+            ok = !guard->discard;
+            if (ok && gpu) cuda::copy(dst, bounce->data(), bounce->size());
+            if (ok && !gpu) std::memcpy(dst, bounce->data(), bounce->size());
+          }
+          done(ok);
+        },
+        std::move(keep));
     return;
   }
   if (!rendezvous_) {
@@ -260,6 +293,11 @@ void DeviceImpl::register_token(std::uint64_t token, const std::shared_ptr<Peer>
   by_token_[token] = peer;
 }
 
+void DeviceImpl::forget_token(std::uint64_t token) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  by_token_.erase(token);
+}
+
 std::shared_ptr<Peer> DeviceImpl::peer_by_token(std::uint64_t token) {
   std::lock_guard<std::mutex> lock(msg_mu_);
   auto it = by_token_.find(token);
@@ -282,6 +320,87 @@ void DeviceImpl::refuse_message_v(const char* fmt, va_list ap) {
   char buf[512];
   std::vsnprintf(buf, sizeof(buf), fmt, ap);
   TW_LOG_WARN("refused a data message (%llu so far): %s", static_cast<unsigned long long>(n), buf);
+}
+
+// ---- DeviceImpl: what outlives a data message's handler ----
+
+std::uint64_t DeviceImpl::add_landing(std::uint64_t start, std::uint64_t end, std::uint64_t flag_at,
+                                      std::shared_ptr<net::LandingGuard> guard) {
+  std::lock_guard<std::mutex> lock(landings_mu_);
+  const std::uint64_t id = next_landing_++;
+  landings_.emplace(id, Landing{start, end, flag_at, std::move(guard)});
+  return id;
+}
+
+void DeviceImpl::end_landing(std::uint64_t id) {
+  std::lock_guard<std::mutex> lock(landings_mu_);
+  landings_.erase(id);
+}
+
+std::size_t DeviceImpl::live_landings() const {
+  std::lock_guard<std::mutex> lock(landings_mu_);
+  return landings_.size() + queued_replies_.size();
+}
+
+void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, const void* payload,
+                                   std::size_t length) {
+  if (length && cuda::in_use() && cuda::query(payload).device) {
+    // A socket or an unregistered UCX send reads host memory: a copy, owned by the send.
+    auto* copy = new std::string(length, '\0');
+    cuda::copy(copy->data(), payload, length);
+    if (to.conn) {
+      std::shared_ptr<std::string> owned(copy);
+      try {
+        to.conn->send(
+            h.encode(), owned->data(), length, [owned]() -> net::SendDone { return [owned](bool) {}; }, true);
+      } catch (const Error& e) {
+        TW_LOG_DEBUG("data reply not sent: %s", e.what());
+      }
+      return;
+    }
+    if (!to.ep) {
+      delete copy;
+      return;
+    }
+    ucs_status_ptr_t p = post_message(to.ep, h.encode(), copy->data(), length, nullptr, on_owned_reply_sent, copy);
+    if (!UCS_PTR_IS_PTR(p)) delete copy;
+    return;
+  }
+  if (to.conn) {
+    // What the socket takes now is read under hold_grants; what it queues
+    // is registered, and copied out by revoke_grants if the memory goes
+    // before the socket sent it.
+    const auto start = reinterpret_cast<std::uint64_t>(payload);
+    std::weak_ptr<DeviceImpl> weak_dev = weak_from_this();
+    std::weak_ptr<net::Conn> weak_conn = to.conn;
+    try {
+      to.conn->send(h.encode(), payload, length, [&]() -> net::SendDone {
+        std::uint64_t id;
+        {
+          std::lock_guard<std::mutex> lock(landings_mu_);
+          id = next_landing_++;
+          queued_replies_.emplace(id, QueuedReply{start, start + length, weak_conn});
+        }
+        return [weak_dev, id](bool) {
+          if (auto dev = weak_dev.lock()) {
+            {
+              std::lock_guard<std::mutex> lock(dev->landings_mu_);
+              dev->queued_replies_.erase(id);
+            }
+            defer_release(std::move(dev));
+          }
+        };
+      }, /*reply=*/true);
+    } catch (const Error& e) {
+      TW_LOG_DEBUG("data reply not sent: %s", e.what());
+    }
+    return;
+  }
+  if (!to.ep) return;
+  // UCX may read a payload after the send returned (a rendezvous): a copy, owned by the send.
+  auto* copy = new std::string(static_cast<const char*>(payload), length);
+  ucs_status_ptr_t p = post_message(to.ep, h.encode(), copy->data(), length, nullptr, on_owned_reply_sent, copy);
+  if (!UCS_PTR_IS_PTR(p)) delete copy;
 }
 
 // ---- DeviceImpl: the receiving side of data messages ----
@@ -333,14 +452,25 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
         flag_ok = flag_ok && h.b % 8 == 0 && from->granted(h.b, 8);
       }
       // The target checks the ranges against what it exported to this peer
-      // before any byte lands (contracts §11).
+      // before any byte lands (contracts §11), and no byte lands once that
+      // grant ended (hold_grants): an eager payload lands under the lock, a
+      // streamed one under a guard that revoke_grants calls off.
+      auto access = hold_grants();
       if (!from->granted(h.a, length) || !flag_ok) {
+        access.unlock();
         refuse_message("%s wrote %zu bytes at 0x%llx%s, outside what was exported to it", from->describe().c_str(),
                        length, static_cast<unsigned long long>(h.a), flagged ? " and a flag" : "");
         done.b = static_cast<std::uint64_t>(AccessStatus::kNotExported);
         if (answered) send_reply(reply_ep, done, nullptr, 0);
         return;
       }
+      std::shared_ptr<net::LandingGuard> guard;
+      std::uint64_t landing = 0;
+      if (!payload.immediate()) {
+        guard = std::make_shared<net::LandingGuard>();
+        landing = add_landing(h.a, h.a + length, flagged ? h.b : ~std::uint64_t(0), guard);
+      }
+      std::weak_ptr<DeviceImpl> weak_dev = weak_from_this();
       // The reply of a put that landed in place waits for the worker's next
       // flush point (WorkerCtl::defer): a waiter that drove this handler
       // returns to its caller first, and the caller's next message (a
@@ -351,10 +481,23 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
       std::weak_ptr<Peer> peer = from;
       payload.receive_into(
           reinterpret_cast<void*>(h.a), nullptr,
-          [reply_ep, done, flagged, answered, at = h.b, flag, worker, peer](bool ok) mutable {
+          [reply_ep, done, flagged, answered, at = h.b, flag, worker, peer, guard, landing, weak_dev](bool ok) mutable {
+            // After the payload: a waiter that sees the flag sees every byte
+            // before it. Under the guard: its grant may have ended meanwhile
+            // (an immediate landing runs inside hold_grants).
+            if (ok && flagged) {
+              std::unique_lock<std::mutex> lock;
+              if (guard) lock = std::unique_lock<std::mutex>(guard->mu);
+              ok = !guard || !guard->discard;
+              if (ok) __atomic_store_n(reinterpret_cast<std::uint64_t*>(at), flag, __ATOMIC_RELEASE);
+            }
+            if (landing) {
+              if (auto dev = weak_dev.lock()) {
+                dev->end_landing(landing);
+                defer_release(std::move(dev));
+              }
+            }
             if (!ok) done.b = static_cast<std::uint64_t>(AccessStatus::kFailed);
-            // After the payload: a waiter that sees the flag sees every byte before it.
-            if (ok && flagged) __atomic_store_n(reinterpret_cast<std::uint64_t*>(at), flag, __ATOMIC_RELEASE);
             if (!answered) return;
             if (!ok || worker->mode() == ProgressMode::kInline) {
               send_reply(reply_ep, done, nullptr, 0);
@@ -365,20 +508,22 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
               if (p && !p->failed()) send_reply(reply_ep, done, nullptr, 0);
             });
           },
-          nullptr);
+          nullptr, std::move(guard));
       return;
     }
     case MsgKind::kGet: {
       DataHeader reply{MsgKind::kGetData, from->hello.data_token, h.target, 0,
                        static_cast<std::uint64_t>(AccessStatus::kOk)};
+      auto access = hold_grants();
       if (!from->granted(h.a, h.b)) {
+        access.unlock();
         refuse_message("%s read %llu bytes at 0x%llx, outside what was exported to it", from->describe().c_str(),
                        static_cast<unsigned long long>(h.b), static_cast<unsigned long long>(h.a));
         reply.b = static_cast<std::uint64_t>(AccessStatus::kNotExported);
         send_reply(reply_ep, reply, nullptr, 0);
         return;
       }
-      send_reply(reply_ep, reply, reinterpret_cast<const void*>(h.a), h.b);
+      send_memory_reply(reply_ep, reply, reinterpret_cast<const void*>(h.a), h.b);
       return;
     }
     case MsgKind::kPutDone:

@@ -85,7 +85,13 @@ class Incoming {
   // Places the payload at dst (registered as memh, or nullptr) and calls
   // done(ok) once it is there: at once when eager, from a UCX callback when
   // by rendezvous. `keep` stays alive until then and is released outside UCX.
-  void receive_into(void* dst, ucp_mem_h memh, std::function<void(bool ok)> done, std::shared_ptr<const void> keep);
+  // With a guard, what lands after the handler returns is copied under its
+  // lock and stops once guard->discard is set (done(false)): a put into
+  // memory whose grant may end meanwhile (net::LandingGuard).
+  void receive_into(void* dst, ucp_mem_h memh, std::function<void(bool ok)> done, std::shared_ptr<const void> keep,
+                    std::shared_ptr<net::LandingGuard> guard = nullptr);
+  // Whether receive_into completes before it returns (an eager payload).
+  bool immediate() const { return frame_ ? frame_->eager() : !rendezvous_; }
 
  private:
   ucp_worker_h worker_;

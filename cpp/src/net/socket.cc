@@ -30,7 +30,8 @@ constexpr std::size_t kRxChunk = std::size_t(256) << 10;  // the most one read a
 // header, so that a 16 KiB tensor's frame comes in one read, not two (bench tensor over tcp,
 // bench/results/net_one_socket_riders.txt, last section).
 constexpr std::size_t kFirstLook = (std::size_t(16) << 10) + 512;
-constexpr unsigned kFramesPerTurn = 256;                   // then other connections get their turn
+constexpr unsigned kFramesPerTurn = 256;  // then other connections get their turn
+constexpr int kAcceptPauseMs = 50;         // a listener out of descriptors waits this long before it accepts again
 // A frame larger than twice this goes out in two writes at least: this much
 // first, then the rest. One sendmsg of a whole megabyte left the receiver
 // idle while the sender copied it in (loopback, sender and receiver on two
@@ -134,16 +135,24 @@ void tune(int fd, double keepalive_s) {
 
 // ---- Payload ----
 
-void Payload::land(void* dst, std::function<void(bool)> done) {
+void Payload::land(void* dst, std::function<void(bool)> done, std::shared_ptr<LandingGuard> guard) {
   if (taken_) throw InvalidArgument("a frame's payload was landed twice");
   taken_ = true;
-  if (eager_) {
-    if (length_) std::memcpy(dst, eager_, length_);
-    if (done) done(true);
+  if (eager_ || length_ == 0) {
+    bool ok = true;
+    if (guard) {
+      std::lock_guard<std::mutex> lock(guard->mu);
+      ok = !guard->discard;
+      if (ok && length_) std::memcpy(dst, eager_, length_);
+    } else if (length_) {
+      std::memcpy(dst, eager_, length_);
+    }
+    if (done) done(ok);
     return;
   }
   conn_->land_at_ = static_cast<char*>(dst);
   conn_->land_done_ = std::move(done);
+  conn_->land_guard_ = std::move(guard);
 }
 
 // ---- Conn ----
@@ -196,6 +205,16 @@ Conn::~Conn() { ::close(fd_); }
 std::size_t Conn::queued() const {
   std::lock_guard<std::mutex> lock(tx_mu_);
   return tx_bytes_;
+}
+
+void Conn::own_payloads(std::uintptr_t start, std::uintptr_t end) {
+  std::lock_guard<std::mutex> lock(tx_mu_);
+  for (TxOp& op : txq_) {
+    const auto at = reinterpret_cast<std::uintptr_t>(op.payload);
+    if (!op.length || !op.owned.empty() || at >= end || at + op.length <= start) continue;
+    op.owned.assign(op.payload, op.length);  // the whole payload: write_some indexes it by op.sent
+    op.payload = op.owned.data();
+  }
 }
 
 // A send buffer set once stays set (the kernel stops sizing it) and is capped
@@ -261,7 +280,7 @@ bool Conn::write_some(TxOp& op) {
 }
 
 bool Conn::send(std::string_view header, const void* payload, std::uint64_t length,
-                const std::function<SendDone()>& when_queued) {
+                const std::function<SendDone()>& when_queued, bool reply) {
   if (header.size() > kMaxHeader) {
     throw InvalidArgument("a frame header of " + std::to_string(header.size()) + " bytes exceeds the limit");
   }
@@ -289,9 +308,24 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
   }
   tx_bytes_ += op.head.size() + op.length - op.sent;
   if (when_queued) op.done = when_queued();
+  if (reply) {
+    op.charge = op.head.size() + op.length - op.sent + kReplyOverhead;
+    reply_backlog_ += op.charge;
+  }
   txq_.push_back(std::move(op));
-  want_writable(true);
+  if (reply_backlog_ > kPauseReadingAt && !read_paused_.load(std::memory_order_relaxed)) {
+    read_paused_.store(true, std::memory_order_release);
+    want_out_ = true;
+    queued_out_.store(true, std::memory_order_release);
+    sync_events();
+    return false;
+  }
+  want_writable(true);  // an epoll_ctl only when that changes
   return false;
+}
+
+void Conn::sync_events() {
+  if (poller_) poller_->update(this, want_out_, !read_paused_.load(std::memory_order_relaxed));
 }
 
 bool Conn::take_riders(TxOp& op) {
@@ -349,7 +383,7 @@ void Conn::want_writable(bool on) {
   if (on == want_out_) return;
   want_out_ = on;
   queued_out_.store(on, std::memory_order_release);
-  if (poller_) poller_->update(this, on);
+  sync_events();
 }
 
 void Conn::close(const std::string& why) {
@@ -365,6 +399,7 @@ void Conn::close(const std::string& why) {
 unsigned Conn::on_writable() {
   std::vector<SendDone> dones;
   bool failed = false;
+  bool resumed = false;
   {
     std::lock_guard<std::mutex> lock(tx_mu_);
     Writing writing(*this);
@@ -377,11 +412,24 @@ unsigned Conn::on_writable() {
       }
       tx_bytes_ -= op.sent - before;
       if (op.sent < op.head.size() + op.length) break;
+      reply_backlog_ -= op.charge;
       dones.push_back(std::move(op.done));
       txq_.pop_front();
     }
-    if (txq_.empty()) want_writable(false);
+    if (read_paused_.load(std::memory_order_relaxed) && reply_backlog_ <= kResumeReadingAt) {
+      read_paused_.store(false, std::memory_order_release);
+      resumed = true;
+    }
+    if (resumed) {
+      want_out_ = !txq_.empty();
+      queued_out_.store(want_out_, std::memory_order_release);
+      sync_events();
+    } else if (txq_.empty()) {
+      want_writable(false);  // an epoll_ctl only when that changes
+    }
   }
+  // Frames already buffered raise no event: dispatched at the next progress.
+  if (resumed && poller_) poller_->schedule(this);
   for (auto& d : dones) {
     if (d) d(true);
   }
@@ -452,7 +500,7 @@ Conn::Read Conn::read_more() {
 }
 
 bool Conn::dispatch_buffered(unsigned* frames) {
-  while (!finished_ && !moving_) {
+  while (!finished_ && !moving_ && !read_paused_.load(std::memory_order_acquire)) {
     const std::size_t have = rx_end_ - rx_begin_;
     if (have < kPrefixSize) return true;
     Prefix p;
@@ -495,23 +543,40 @@ bool Conn::on_readable(unsigned* frames) {
   while (!finished_ && !moving_) {
     if (land_left_ > 0) {
       // A streamed payload: first what the buffer holds, then straight from the socket.
+      // A guarded landing holds its guard's lock around every copy into the
+      // destination, and turns into a discard once its owner called it off.
+      std::unique_lock<std::mutex> guarded;
+      auto hold = [&] {
+        if (!land_guard_ || discarding_) return;
+        guarded = std::unique_lock<std::mutex>(land_guard_->mu);
+        if (land_guard_->discard) {
+          guarded.unlock();
+          discarding_ = true;
+          land_failed_ = true;
+          land_at_ = nullptr;
+        }
+      };
       const std::size_t have = rx_end_ - rx_begin_;
       if (have) {
         const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(have, land_left_));
+        hold();
         if (!discarding_) {
           std::memcpy(land_at_, rx_.data() + rx_begin_, n);
           land_at_ += n;
         }
+        if (guarded.owns_lock()) guarded.unlock();
         rx_begin_ += n;
         land_left_ -= n;
       }
       while (land_left_ > 0) {
         if (rx_begin_ == rx_end_) rx_begin_ = rx_end_ = 0;
+        hold();
         if (discarding_ && rx_.size() < kRxChunk) rx_.resize(kRxChunk);  // before taking its address
         char* into = discarding_ ? rx_.data() : land_at_;
         const std::size_t room = discarding_ ? rx_.size() : std::size_t(1) << 30;
         const std::size_t ask = static_cast<std::size_t>(std::min<std::uint64_t>(land_left_, room));
         ssize_t r = ::recv(fd_, into, ask, MSG_DONTWAIT);
+        if (guarded.owns_lock()) guarded.unlock();
         if (r > 0) {
           if (!discarding_) land_at_ += r;
           land_left_ -= static_cast<std::uint64_t>(r);
@@ -528,11 +593,17 @@ bool Conn::on_readable(unsigned* frames) {
       }
       land_at_ = nullptr;
       discarding_ = false;
+      land_guard_.reset();
+      const bool ok = !land_failed_;
+      land_failed_ = false;
       auto done = std::move(land_done_);
       land_done_ = nullptr;
-      if (done) done(true);
+      if (done) done(ok);
       continue;
     }
+    // Paused (the peer leaves our replies unread): its frames wait, in the
+    // buffer and in the socket, until on_writable resumes reading.
+    if (read_paused_.load(std::memory_order_acquire)) return true;
     if (!dispatch_buffered(frames)) return false;
     if (land_left_ > 0 || moving_) continue;
     if (drained) return true;
@@ -559,6 +630,7 @@ void Conn::finish(const std::string& why) {
     closing_.store(true, std::memory_order_release);
     pending.swap(txq_);
     tx_bytes_ = 0;
+    reply_backlog_ = 0;
   }
   ::shutdown(fd_, SHUT_RDWR);
   for (auto& op : pending) {
@@ -569,7 +641,10 @@ void Conn::finish(const std::string& why) {
     land_done_ = nullptr;
     done(false);
   }
+  land_guard_.reset();
   land_left_ = 0;
+  std::vector<char>().swap(rx_);  // a closed connection a peer object still holds keeps no buffer
+  rx_begin_ = rx_end_ = 0;
   if (on_close_) {
     auto self = shared_from_this();
     try {
@@ -616,11 +691,12 @@ void Poller::add(const std::shared_ptr<Conn>& conn, FrameHandler on_frame, Close
   conn->on_frame_ = std::move(on_frame);
   conn->on_close_ = std::move(on_close);
   conn->moving_ = false;
-  bool out;
+  bool out, in;
   {
     std::lock_guard<std::mutex> lock(conn->tx_mu_);
     conn->poller_ = this;
     out = conn->want_out_;
+    in = !conn->read_paused_.load(std::memory_order_relaxed);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -628,7 +704,7 @@ void Poller::add(const std::shared_ptr<Conn>& conn, FrameHandler on_frame, Close
     count_.store(conns_.size(), std::memory_order_relaxed);
   }
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (out ? std::uint32_t(EPOLLOUT) : 0u);
+  ev.events = (in ? std::uint32_t(EPOLLIN | EPOLLRDHUP) : 0u) | (out ? std::uint32_t(EPOLLOUT) : 0u);
   ev.data.ptr = conn.get();
   if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, conn->fd_, &ev) != 0) {
     TW_LOG_ERROR("epoll_ctl(ADD) for %s: %s", conn->name_.c_str(), std::strerror(errno));
@@ -657,9 +733,9 @@ void Poller::listen(int fd, std::function<void(int)> on_accept) {
   ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
-void Poller::update(Conn* conn, bool want_out) {
+void Poller::update(Conn* conn, bool want_out, bool want_in) {
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | (want_out ? std::uint32_t(EPOLLOUT) : 0u);
+  ev.events = (want_in ? std::uint32_t(EPOLLIN | EPOLLRDHUP) : 0u) | (want_out ? std::uint32_t(EPOLLOUT) : 0u);
   ev.data.ptr = conn;
   ::epoll_ctl(epfd_, EPOLL_CTL_MOD, conn->fd_, &ev);
 }
@@ -692,6 +768,12 @@ unsigned Poller::progress(int timeout_ms) {
   unsigned handled = 0;
   auto serve = [&](const std::shared_ptr<Conn>& c, std::uint32_t events) {
     if (events & EPOLLOUT) handled += c->on_writable();
+    if (c->reading_paused() && (events & (EPOLLHUP | EPOLLERR))) {
+      // Nothing will read its frames nor take our replies: a paused connection that hangs up ends.
+      c->finish("closed by the peer with " + std::to_string(c->queued()) + " bytes of replies unread");
+      remove(c);
+      return;
+    }
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
       if (!c->on_readable(&handled)) {
         remove(c);
@@ -733,6 +815,20 @@ unsigned Poller::progress(int timeout_ms) {
       return handled;
     }
   }
+  if (listen_paused_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= listen_paused_until_) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.ptr = &listen_marker;
+      ::epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+      listen_paused_ = false;
+    } else {
+      const int left = static_cast<int>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(listen_paused_until_ - now).count()) + 1;
+      if (timeout_ms < 0 || timeout_ms > left) timeout_ms = left;
+    }
+  }
   epoll_event events[64];
   int n;
   do {
@@ -749,7 +845,19 @@ unsigned Poller::progress(int timeout_ms) {
     if (p == &listen_marker) {
       for (;;) {
         int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            // Out of descriptors: the pending connection stays pending and
+            // the listener readable, which would spin this thread. It rests
+            // out of the poll for a while; connections that end meanwhile give descriptors back.
+            TW_LOG_WARN("cannot accept a connection: %s (retrying in %d ms)", std::strerror(errno),
+                        kAcceptPauseMs);
+            ::epoll_ctl(epfd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+            listen_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAcceptPauseMs);
+            listen_paused_ = true;
+          }
+          break;
+        }
         ++handled;
         on_accept_(fd);
       }

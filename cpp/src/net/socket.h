@@ -55,6 +55,17 @@ void append_prefix(std::string* out, std::size_t header_length, std::uint64_t pa
 class Conn;
 class Poller;
 
+// A landing its destination's owner can call off (the memory is being
+// freed): the socket holds mu around every copy into the destination, and
+// once discard is set it reads the rest of the payload into a sink and calls
+// done(false). So after the owner set discard under mu, no byte of the frame
+// reaches the destination again (a recv in progress finishes first: bounded
+// by what the socket holds).
+struct LandingGuard {
+  std::mutex mu;
+  bool discard = false;
+};
+
 // The payload of the frame being dispatched, as its handler sees it.
 class Payload {
  public:
@@ -64,8 +75,10 @@ class Payload {
   // Lands the payload at dst (length() bytes) and calls done(ok) once it is
   // all there: at once for an eager payload, else as the socket delivers it
   // (done(false) if the connection closes first). At most once, during the
-  // handler; a payload nobody lands is read and dropped.
-  void land(void* dst, std::function<void(bool ok)> done);
+  // handler; a payload nobody lands is read and dropped. With a guard, the
+  // landing stops when guard->discard is set (see LandingGuard).
+  void land(void* dst, std::function<void(bool ok)> done, std::shared_ptr<LandingGuard> guard = nullptr);
+  bool eager() const { return eager_ != nullptr || length_ == 0; }
 
  private:
   friend class Conn;
@@ -102,8 +115,19 @@ class Conn : public std::enable_shared_from_this<Conn> {
   // the rest left, or with false when the connection closes first. So a
   // frame that leaves at once costs its sender no tracking. Throws
   // ConnectionError on a closed connection.
+  //
+  // A reply (an answer to a frame this side read: `reply`) that is queued
+  // counts against the peer: once more than kPauseReadingAt bytes of replies
+  // wait unsent (the peer does not read them), this connection stops reading
+  // the peer's frames until they are down to kResumeReadingAt (backpressure:
+  // a peer that asks and never reads cannot grow its target's memory). Only
+  // replies count: two sides writing to each other at once each keep reading.
   bool send(std::string_view header, const void* payload = nullptr, std::uint64_t length = 0,
-            const std::function<SendDone()>& when_queued = nullptr);
+            const std::function<SendDone()>& when_queued = nullptr, bool reply = false);
+  static constexpr std::size_t kPauseReadingAt = std::size_t(16) << 20;
+  static constexpr std::size_t kResumeReadingAt = std::size_t(4) << 20;
+  static constexpr std::size_t kReplyOverhead = 256;  // what a queued frame costs beyond its bytes
+  bool reading_paused() const { return read_paused_.load(std::memory_order_acquire); }
   // A header-only frame that waits for this connection's next send() and
   // leaves in the same write, ahead of that send's frame (no syscall and no
   // segment of its own: a slot's release rides on the reply it precedes). A
@@ -119,6 +143,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
   const std::string& name() const { return name_; }
   // Bytes in flight in send() calls not yet written (the sender's backlog).
   std::size_t queued() const;
+  // Copies the payload of every queued frame whose payload overlaps
+  // [start, end) into memory the frame owns: that memory is about to be freed
+  // (a get's reply must not read it after its grant ended).
+  void own_payloads(std::uintptr_t start, std::uintptr_t end);
   // From this connection's frame handler: once the handler returns, its
   // poller hands the connection to `to`, whose handlers get every later frame
   // (bytes already received included); with `to` null it only leaves the
@@ -149,7 +177,12 @@ class Conn : public std::enable_shared_from_this<Conn> {
     std::uint64_t length = 0;
     std::uint64_t sent = 0;  // of head + payload
     SendDone done;
+    std::string owned;  // the payload, when own_payloads copied it
+    std::size_t charge = 0;  // what it adds to reply_backlog_ (replies only)
   };
+  std::size_t reply_backlog_ = 0;  // under tx_mu_: queued replies' bytes and kReplyOverhead each
+  std::atomic<bool> read_paused_{false};  // set and cleared under tx_mu_
+  void sync_events();  // tx_mu_ held: tells the poller what to wait for (EPOLLIN unless paused, EPOLLOUT)
   // Writes what it can of `op` (tx_mu_ held); false on an error (errno_ set).
   bool write_some(TxOp& op);
   void size_send_buffer(std::uint64_t frame);  // tx_mu_ held, as a frame starts
@@ -194,7 +227,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   char* land_at_ = nullptr;      // a streamed payload being landed
   std::uint64_t land_left_ = 0;  // its bytes still to come (also a discard's, with land_at_ null)
   std::function<void(bool)> land_done_;
+  std::shared_ptr<LandingGuard> land_guard_;  // the landing's, when its owner may call it off
   bool discarding_ = false;
+  bool land_failed_ = false;  // called off: done(false) once the rest was read
 };
 
 class Poller {
@@ -223,7 +258,7 @@ class Poller {
 
  private:
   friend class Conn;
-  void update(Conn* conn, bool want_out);  // EPOLLOUT on or off
+  void update(Conn* conn, bool want_out, bool want_in);  // EPOLLOUT, EPOLLIN on or off
   void schedule(Conn* conn);               // dispatch buffered bytes at the next progress
   int epfd_ = -1;
   int wake_fd_ = -1;
@@ -235,6 +270,8 @@ class Poller {
   std::atomic<std::size_t> count_{0};
   std::atomic<bool> has_ready_{false};
   std::atomic<bool> busy_{false};  // a thread is inside progress()
+  bool listen_paused_ = false;  // out of descriptors: the listener is out of the poll until listen_paused_until_
+  std::chrono::steady_clock::time_point listen_paused_until_{};
 };
 
 // Whether tcp connections size their send buffer per frame (Conn: a small

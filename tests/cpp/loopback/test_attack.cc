@@ -9,21 +9,30 @@
 // after the published block, an unmapped address. The victim's bytes must
 // not change, the victim must stay alive, and every attempt must be refused.
 // Over shared memory the same test documents what a same-host peer reaches.
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/control_wire.h"
 #include "core/device_impl.h"
 #include "core/messages.h"
 #include "net/socket.h"
@@ -383,4 +392,547 @@ TEST(ModifiedPeer, OverTcpAnOfferMapsNothing) {
   EXPECT_EQ(slot.stats().shared, 0u);
   const auto* c = static_cast<const unsigned char*>(slot.buffer(0));
   EXPECT_TRUE(std::all_of(c, c + kN, [](unsigned char v) { return v == 0; }));
+}
+
+// ---- No data op outlives its grant (issue 49 item 1) ----
+
+namespace {
+
+// A lane of the attacker's own on the victim, introduced with its valid token.
+int raw_lane(const tw::Channel& ch, const std::string& victim_address) {
+  int fd = raw_connect(victim_address);
+  if (fd < 0) return -1;
+  td::LaneIntro intro;
+  intro.version = tw::protocol_version();
+  intro.token = ch.impl()->peer->hello.data_token;
+  if (!send_all(fd, tw::net::encode_prefix(td::LaneIntro::kSize, 0) + intro.encode())) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool recv_all(int fd, char* p, std::size_t n) {
+  while (n > 0) {
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// One frame from a raw socket (its SO_RCVTIMEO bounds the wait): false when none came.
+bool recv_frame(int fd, td::DataHeader* h, std::string* payload) {
+  char prefix[tw::net::kPrefixSize];
+  if (!recv_all(fd, prefix, sizeof(prefix))) return false;
+  tw::net::Prefix p;
+  if (!tw::net::decode_prefix(prefix, &p).empty()) return false;
+  std::string header(p.header_length, '\0');
+  payload->assign(p.payload_length, '\0');
+  if (!recv_all(fd, header.data(), header.size()) || !recv_all(fd, payload->data(), payload->size())) return false;
+  td::ByteReader r(header.data(), header.size(), "reply");
+  *h = td::DataHeader::decode(r);
+  return true;
+}
+
+std::string put_frame(const tw::Channel& ch, std::uint64_t address, std::uint64_t length) {
+  td::DataHeader h;
+  h.kind = td::MsgKind::kPut;
+  h.token = ch.impl()->peer->hello.data_token;
+  h.target = 1;
+  h.a = address;
+  const std::string header = h.encode();
+  return tw::net::encode_prefix(header.size(), length) + header;
+}
+
+bool wait_until(const std::function<bool()>& ready, double seconds = kWait) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+}  // namespace
+
+// A put whose header and first part arrive, then the block is freed and
+// leased again, then the rest arrives: the rest lands nowhere (the victim's
+// socket discards it), the put is answered "failed", and the block's next
+// owner keeps its bytes.
+TEST(ModifiedPeer, OverTcpAPutLandingAcrossAFreeMissesTheNextOwner) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  constexpr std::size_t kN = std::size_t(256) << 10;  // streamed (past the eager size)
+  constexpr std::size_t kFirst = std::size_t(96) << 10;
+  auto published = std::make_unique<tw::Block>(victim.allocate(kN));
+  std::memset(published->data(), 0, kN);
+  auto* const at = static_cast<unsigned char*>(published->data());
+  victim.publish("pub", published->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+
+  ASSERT_TRUE(send_all(lane, put_frame(ch, pub.descriptor().address, kN) + std::string(kFirst, '\xee')));
+  ASSERT_TRUE(wait_until([&] { return at[kFirst - 1] == 0xee; })) << "the first part never landed";
+  victim.unpublish("pub");
+  published.reset();  // the pool's free: the grant ends
+  tw::Block next = victim.allocate(kN);
+  ASSERT_EQ(next.data(), at) << "the pool leased other bytes: the test proves nothing";
+  Secret owner("the block's next owner", next.data(), kN);
+  ASSERT_TRUE(send_all(lane, std::string(kN - kFirst, '\xee')));
+
+  td::DataHeader reply;
+  std::string payload;
+  ASSERT_TRUE(recv_frame(lane, &reply, &payload)) << "the put was not answered";
+  EXPECT_EQ(reply.kind, td::MsgKind::kPutDone);
+  EXPECT_EQ(reply.b, static_cast<std::uint64_t>(td::AccessStatus::kFailed));
+  EXPECT_TRUE(owner.intact()) << "the rest of a put landed in memory leased again";
+  EXPECT_EQ(victim.impl()->live_landings(), 0u);
+  // The victim carries on: a fresh export is served (before the lane closes:
+  // a lane's end is its peer's).
+  victim.publish("next", next.descriptor());
+  tw::RemoteRegion r = ch.lookup("next", kWait);
+  tw::Block src = attacker.allocate(kN);
+  std::memset(src.data(), 0x42, kN);
+  ch.write(src.region(), 0, r, 0, kN).wait(kWait);
+  EXPECT_EQ(at[kN - 1], 0x42);
+  ::close(lane);
+}
+
+// 8,000 gets of a 4 KiB block whose replies the peer does not read, the
+// block freed and leased again, then every reply read: none carries the next
+// owner's bytes (a queued reply's payload was copied at the free).
+TEST(ModifiedPeer, OverTcpUnreadGetsAcrossAFreeCarryNoneOfTheNextOwner) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  constexpr std::size_t kN = 4096;
+  constexpr int kGets = 8000;
+  auto published = std::make_unique<tw::Block>(victim.allocate(kN));
+  std::memset(published->data(), 0x11, kN);
+  void* const at = published->data();
+  victim.publish("pub", published->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+
+  std::string gets;
+  for (int i = 0; i < kGets; ++i) {
+    td::DataHeader h;
+    h.kind = td::MsgKind::kGet;
+    h.token = ch.impl()->peer->hello.data_token;
+    h.target = static_cast<std::uint64_t>(i) + 1;
+    h.a = pub.descriptor().address;
+    h.b = kN;
+    const std::string header = h.encode();
+    gets += tw::net::encode_prefix(header.size(), 0) + header;
+  }
+  timeval tv{10, 0};
+  setsockopt(lane, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  // A thread sends them: a victim that stops reading while its replies are unread may leave this send waiting.
+  std::thread sender([&] { send_all(lane, gets); });
+  // Replies pile up unread (the sockets' buffers hold a few MiB of the 32).
+  EXPECT_TRUE(wait_until([&] { return victim.impl()->live_landings() > 0; })) << "no reply was ever queued";
+  victim.unpublish("pub");
+  published.reset();
+  tw::Block next = victim.allocate(kN);
+  ASSERT_EQ(next.data(), at) << "the pool leased other bytes: the test proves nothing";
+  Secret owner("the block's next owner", next.data(), kN);
+
+  int ok = 0, refused = 0, leaked = 0;
+  for (int i = 0; i < kGets; ++i) {
+    td::DataHeader reply;
+    std::string payload;
+    if (!recv_frame(lane, &reply, &payload)) break;
+    ASSERT_EQ(reply.kind, td::MsgKind::kGetData);
+    if (reply.b != static_cast<std::uint64_t>(td::AccessStatus::kOk)) {
+      ++refused;
+      continue;
+    }
+    ++ok;
+    ASSERT_EQ(payload.size(), kN);
+    if (payload != std::string(kN, '\x11')) ++leaked;
+  }
+  sender.join();
+  ::close(lane);
+  EXPECT_EQ(ok + refused, kGets);
+  EXPECT_GT(ok, 0);
+  EXPECT_EQ(leaked, 0) << leaked << " replies carried bytes other than the freed block's";
+  EXPECT_TRUE(owner.intact());
+}
+
+// ---- Nothing leaks per connection (issue 49 item 5) ----
+
+namespace {
+
+std::size_t count_entries(const char* dir) {
+  std::size_t n = 0;
+  if (DIR* d = ::opendir(dir)) {
+    while (::readdir(d)) ++n;
+    ::closedir(d);
+  }
+  return n;
+}
+
+std::size_t resident_kib() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  std::size_t kib = 0;
+  while (std::fgets(line, sizeof(line), f)) {
+    if (std::sscanf(line, "VmRSS: %zu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib;
+}
+
+// One short-lived peer on a connected socket: HELLO (as a device of its own), the reply, close.
+bool hello_on(int fd, std::uint64_t device_id) {
+  tw::control::Hello hello;
+  hello.device_id = device_id;
+  hello.pid = 1;
+  hello.hostname = "short-lived";
+  hello.address = "127.0.0.1:1";
+  hello.data_token = device_id;
+  hello.workers = {"a worker address nobody reaches"};
+  tw::control::Header h;
+  h.type = tw::control::MsgType::kHello;
+  h.request_id = 1;
+  const std::string msg = tw::control::encode(h, tw::control::encode_hello(hello));
+  bool ok = send_all(fd, tw::net::encode_prefix(msg.size(), 0) + msg);
+  char prefix[tw::net::kPrefixSize];
+  tw::net::Prefix p;
+  ok = ok && recv_all(fd, prefix, sizeof(prefix)) && tw::net::decode_prefix(prefix, &p).empty();
+  std::string reply(p.header_length, '\0');
+  ok = ok && recv_all(fd, reply.data(), reply.size());
+  if (ok) {
+    td::ByteReader r(reply.data(), reply.size(), "HELLO reply");
+    const tw::control::Header rh = tw::control::decode_header(r);
+    ok = rh.type == tw::control::MsgType::kHelloReply && rh.status == tw::control::Status::kOk;
+    if (!ok) std::fprintf(stderr, "HELLO refused: %s\n", r.get_n(r.left()).c_str());
+  }
+  ::close(fd);
+  return ok;
+}
+
+bool hello_and_close(const std::string& address, std::uint64_t device_id) {
+  int fd = raw_connect(address);
+  return fd >= 0 && hello_on(fd, device_id);
+}
+
+}  // namespace
+
+// Run by ConnectionsLeakNothing in a process of its own (TW_LEAK_CHILD=1),
+// whose descriptor limit it lowers: a server must live through more short
+// connections than the limit, with descriptors, threads and memory flat.
+TEST(ShortConnections, Child) {
+  if (!std::getenv("TW_LEAK_CHILD")) GTEST_SKIP() << "run by ShortConnections.LeakNothing";
+  tw::Device server(config("tcp"));
+  const std::size_t base_fds = count_entries("/proc/self/fd");
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  lim.rlim_cur = base_fds + 64;
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+  constexpr int kWarm = 100, kCycles = 2000;
+  std::size_t fds = 0, threads = 0, rss = 0;
+  for (int i = 0; i < kWarm + kCycles; ++i) {
+    ASSERT_TRUE(hello_and_close(server.address(), 0x1000 + static_cast<std::uint64_t>(i)))
+        << "connection " << i << " failed (descriptor limit " << lim.rlim_cur << ")";
+    if (i == kWarm - 1) {
+      // The server sees each close a moment later.
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      fds = count_entries("/proc/self/fd");
+      threads = count_entries("/proc/self/task");
+      rss = resident_kib();
+    }
+  }
+  ASSERT_TRUE(wait_until([&] { return count_entries("/proc/self/fd") <= fds + 2; }))
+      << count_entries("/proc/self/fd") - fds << " more descriptors after " << kCycles << " connections";
+  EXPECT_LE(count_entries("/proc/self/task"), threads);
+  EXPECT_TRUE(wait_until([&] { return server.peers().empty(); })) << "the last peers' closes were never seen";
+  const std::size_t grown = resident_kib() - std::min(rss, resident_kib());
+  EXPECT_LT(grown, std::size_t(8) << 10) << grown << " KiB more after " << kCycles << " connections";
+  // Out of descriptors: a connection waits (the listener rests instead of
+  // spinning), and is served once descriptors are back.
+  {
+    std::vector<int> filler;
+    for (int f; (f = ::dup(0)) >= 0;) filler.push_back(f);
+    ::close(filler.back());  // one for the client's socket: none for the server's accept
+    filler.pop_back();
+    int fd = raw_connect(server.address());
+    ASSERT_GE(fd, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the server fails to accept meanwhile
+    for (int f : filler) ::close(f);
+    EXPECT_TRUE(hello_on(fd, 0x900000)) << "a connection made while the server had no descriptor left";
+  }
+  // Devices of their own, with a data lane each (the server accepts it on a worker), dropped.
+  tw::Block block = server.allocate(4096);
+  server.publish("pub", block.descriptor());
+  for (int i = 0; i < 30; ++i) {  // ~0.1 s each
+    tw::Device client(config("tcp"));
+    tw::Channel ch = client.connect(server.address());
+    tw::Block src = client.allocate(4096);
+    ch.write(src.region(), 0, ch.lookup("pub", kWait), 0, 4096).wait(kWait);
+  }
+  ASSERT_TRUE(wait_until([&] { return count_entries("/proc/self/fd") <= fds + 2; }))
+      << count_entries("/proc/self/fd") - fds << " more descriptors after 30 devices came and went";
+  EXPECT_TRUE(wait_until([&] { return server.peers().empty(); })) << server.peers().size() << " peers left";
+  EXPECT_LE(count_entries("/proc/self/task"), threads);
+}
+
+TEST(ShortConnections, LeakNothing) {
+  // A process of its own: the lowered limit, and a count of its descriptors, are its alone.
+  std::string self(4096, '\0');
+  const ssize_t n = ::readlink("/proc/self/exe", self.data(), self.size() - 1);
+  ASSERT_GT(n, 0);
+  self.resize(static_cast<std::size_t>(n));
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setenv("TW_LEAK_CHILD", "1", 1);
+    ::unsetenv("GTEST_TOTAL_SHARDS");
+    ::unsetenv("GTEST_SHARD_INDEX");
+    ::execl(self.c_str(), self.c_str(), "--gtest_filter=ShortConnections.Child", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  pid_t done = 0;
+  while ((done = ::waitpid(child, &status, WNOHANG)) == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (done == 0) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, &status, 0);
+    FAIL() << "the child did not finish within 120 s";
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "ShortConnections.Child failed (its output is above)";
+}
+
+// ---- Replies bound to their connection; claimed identities (issue 49 items 2-3) ----
+
+namespace {
+
+// A raw control connection that said HELLO as device `device_id` (status of the reply in *status).
+int raw_hello(const std::string& address, std::uint64_t device_id, tw::control::Status* status,
+              std::string* body = nullptr) {
+  int fd = raw_connect(address);
+  if (fd < 0) return -1;
+  tw::control::Hello hello;
+  hello.device_id = device_id;
+  hello.pid = 1;
+  hello.hostname = "attacker";
+  hello.address = "127.0.0.1:1";
+  hello.data_token = 0x5eed;
+  hello.workers = {"a worker address nobody reaches"};
+  tw::control::Header h;
+  h.type = tw::control::MsgType::kHello;
+  h.request_id = 1;
+  const std::string msg = tw::control::encode(h, tw::control::encode_hello(hello));
+  char prefix[tw::net::kPrefixSize];
+  tw::net::Prefix p;
+  if (!send_all(fd, tw::net::encode_prefix(msg.size(), 0) + msg) || !recv_all(fd, prefix, sizeof(prefix)) ||
+      !tw::net::decode_prefix(prefix, &p).empty()) {
+    ::close(fd);
+    return -1;
+  }
+  std::string reply(p.header_length, '\0');
+  if (!recv_all(fd, reply.data(), reply.size())) {
+    ::close(fd);
+    return -1;
+  }
+  td::ByteReader r(reply.data(), reply.size(), "HELLO reply");
+  *status = tw::control::decode_header(r).status;
+  if (body) *body = r.get_n(r.left());
+  return fd;
+}
+
+}  // namespace
+
+// While the victim waits on a call to its legitimate peer, a third peer
+// answers every pending request id (read from the victim: better than any
+// guess) on its own connection: the victim's call returns the real answer.
+TEST(ModifiedPeer, ARepliesOnlyCountOnTheirOwnConnection) {
+  tw::Device victim(config("tcp"));
+  tw::Device legit(config("tcp"));
+  std::atomic<bool> answer{false};
+  legit.on_call("slow", [&](const std::string&) {
+    wait_until([&] { return answer.load(); });
+    return std::string("the real answer");
+  });
+  tw::Channel to_victim = legit.connect(victim.address());
+  tw::Channel to_legit = victim.channel_to(legit.id());
+  tw::control::Status status;
+  int third = raw_hello(victim.address(), 0x7777, &status);
+  ASSERT_GE(third, 0);
+  ASSERT_EQ(status, tw::control::Status::kOk);
+  std::string got;
+  std::thread caller([&] { got = to_legit.call("slow", "", kWait); });
+  std::vector<std::uint64_t> ids;
+  ASSERT_TRUE(wait_until([&] { return !(ids = victim.impl()->pending_call_ids()).empty(); }));
+  const auto refused_before = victim.impl()->refusal_count();
+  std::string forged;
+  for (std::uint64_t rid = 1; rid <= 256; ++rid) ids.push_back(rid);  // and the ids the old counter gave
+  for (std::uint64_t rid : ids) {
+    tw::control::Header h;
+    h.type = tw::control::MsgType::kCallReply;
+    h.request_id = rid;
+    const std::string msg = tw::control::encode(h, "the attacker's answer");
+    forged += tw::net::encode_prefix(msg.size(), 0) + msg;
+  }
+  ASSERT_TRUE(send_all(third, forged));
+  EXPECT_TRUE(wait_until([&] { return victim.impl()->refusal_count() > refused_before; }))
+      << "the forged reply to the pending call was not refused";
+  answer = true;
+  caller.join();
+  EXPECT_EQ(got, "the real answer");
+  ::close(third);
+}
+
+// A peer that learned another peer's device id (from its HELLO reply) claims
+// it in a HELLO of its own: refused, since the live holder of the id does not
+// vouch for it; the same device connecting again (another address for the
+// victim) is vouched for and admitted; with_caller handlers see true ids.
+TEST(ModifiedPeer, AClaimedIdAnotherLiveConnectionHoldsIsRefused) {
+  tw::Device victim(config("tcp"));
+  tw::Device legit(config("tcp"));
+  std::vector<std::uint64_t> callers;
+  std::mutex callers_mu;
+  victim.on_peer_call("who", [&](std::uint64_t caller, const std::string&) {
+    std::lock_guard<std::mutex> lock(callers_mu);
+    callers.push_back(caller);
+    return std::string();
+  });
+  tw::Channel ch = legit.connect(victim.address());
+  ch.call("who", "", kWait);
+  tw::control::Status status;
+  int impostor = raw_hello(victim.address(), legit.id(), &status);
+  ASSERT_GE(impostor, 0);
+  EXPECT_EQ(status, tw::control::Status::kIdentityRefused);
+  ::close(impostor);
+  // The legitimate device again, through another spelling of the victim's address: its own claim.
+  auto [host, port] = tw::net::split_address(victim.address());
+  ASSERT_EQ(host, "127.0.0.1");
+  tw::Channel again = legit.connect("localhost:" + std::to_string(port));
+  again.call("who", "", kWait);
+  std::lock_guard<std::mutex> lock(callers_mu);
+  EXPECT_EQ(callers, (std::vector<std::uint64_t>{legit.id(), legit.id()}));
+  EXPECT_GE(victim.impl()->refusal_count(), 1u);
+}
+
+// ---- Bounded per-connection memory (issue 49 item 4) ----
+
+// 200,000 gets of 1 KiB whose replies the peer does not read: the victim stops reading
+// the peer's frames once kPauseReadingAt of replies wait, so its backlog stays
+// bounded; once the peer reads, every get is answered.
+TEST(ModifiedPeer, OverTcpUnreadRepliesStopTheVictimReading) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  tw::Block published = victim.allocate(4096);
+  victim.publish("pub", published.descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+  constexpr int kGets = 200000;
+  std::string gets;
+  for (int i = 0; i < kGets; ++i) {
+    td::DataHeader h;
+    h.kind = td::MsgKind::kGet;
+    h.token = ch.impl()->peer->hello.data_token;
+    h.target = static_cast<std::uint64_t>(i) + 1;
+    h.a = pub.descriptor().address;
+    h.b = 1024;  // 200 MB of replies in all
+    const std::string header = h.encode();
+    gets += tw::net::encode_prefix(header.size(), 0) + header;
+  }
+  timeval tv{20, 0};
+  setsockopt(lane, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::atomic<bool> sent{false};
+  std::thread sender([&] { sent = send_all(lane, gets); });
+  std::shared_ptr<tw::net::Conn> served;
+  ASSERT_TRUE(wait_until([&] {
+    auto peer = victim.impl()->peer_by_id(attacker.id());
+    served = peer ? peer->inbound_lane(0, 0) : nullptr;
+    return served && served->reading_paused();
+  })) << "the victim never stopped reading a peer that leaves its replies unread";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // At most one frame past the mark (the pause is checked after each).
+  const std::size_t backlog = served->queued();
+  EXPECT_LE(backlog, tw::net::Conn::kPauseReadingAt) << backlog << " bytes of replies queued";
+  EXPECT_TRUE(served->reading_paused());
+  int answered = 0;
+  for (; answered < kGets; ++answered) {
+    td::DataHeader reply;
+    std::string payload;
+    if (!recv_frame(lane, &reply, &payload)) break;
+    if (reply.kind != td::MsgKind::kGetData || reply.b != 0 || payload.size() != 1024) break;
+  }
+  sender.join();
+  EXPECT_TRUE(sent.load());
+  EXPECT_EQ(answered, kGets);
+  EXPECT_FALSE(served->reading_paused());
+  ::close(lane);
+}
+
+// Over shared memory the revocation binds only the target's own acts: a
+// same-host peer that mapped the slab keeps reaching it after the free,
+// the next owner's bytes included, until the slab goes (docs/contracts.md
+// §11 says so; a device that must not be reached so maps nothing: transport
+// tcp, or map_shared_memory off).
+TEST(ModifiedPeer, OverSharedMemoryAMappingOutlivesAFree) {
+  tw::Device victim(config("shm"));
+  tw::Device attacker(config("shm"));
+  auto published = std::make_unique<tw::Block>(victim.allocate(4096));
+  void* const at = published->data();
+  victim.publish("pub", published->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  const td::RemoteRegionImpl::Access access = ch.impl()->access_to(pub);
+  ASSERT_NE(access.mapped, nullptr);
+  victim.unpublish("pub");
+  published.reset();
+  tw::Block next = victim.allocate(4096);
+  ASSERT_EQ(next.data(), at);
+  Secret owner("the block's next owner", next.data(), 4096);
+  access.mapped[0] = static_cast<char>(~owner.was[0]);  // what a modified peer does with its mapping
+  EXPECT_FALSE(owner.intact()) << "the contract says a mapping outlives a free: update §11 if this changed";
+}
+
+// The same over a registered heap array: the registration dropped and the
+// array freed while a put lands, the rest goes nowhere (before: into the
+// next heap allocation, or a crash once the pages were gone).
+TEST(ModifiedPeer, OverTcpAPutLandingAcrossADroppedRegistrationMissesTheHeap) {
+  tw::Device victim(config("tcp"));
+  tw::Device attacker(config("tcp"));
+  constexpr std::size_t kN = std::size_t(96) << 10;  // streamed, and under malloc's mmap threshold
+  constexpr std::size_t kFirst = std::size_t(32) << 10;
+  auto array = std::make_unique<std::vector<unsigned char>>(kN, 0);
+  auto* const at = array->data();
+  auto reg = std::make_unique<tw::Registration>(victim.pool().register_memory(array->data(), kN));
+  victim.publish("pub", reg->descriptor());
+  tw::Channel ch = attacker.connect(victim.address());
+  tw::RemoteRegion pub = ch.lookup("pub", kWait);
+  int lane = raw_lane(ch, victim.address());
+  ASSERT_GE(lane, 0);
+  ASSERT_TRUE(send_all(lane, put_frame(ch, pub.descriptor().address, kN) + std::string(kFirst, '\xee')));
+  ASSERT_TRUE(wait_until([&] { return at[kFirst - 1] == 0xee; })) << "the first part never landed";
+  victim.unpublish("pub");
+  reg.reset();  // the grant ends with the registration
+  array.reset();
+  auto next = std::make_unique<std::vector<unsigned char>>(kN);
+  Secret owner("the next heap allocation", next->data(), kN);
+  ASSERT_TRUE(send_all(lane, std::string(kN - kFirst, '\xee')));
+  td::DataHeader reply;
+  std::string payload;
+  ASSERT_TRUE(recv_frame(lane, &reply, &payload)) << "the put was not answered";
+  EXPECT_EQ(reply.kind, td::MsgKind::kPutDone);
+  EXPECT_EQ(reply.b, static_cast<std::uint64_t>(td::AccessStatus::kFailed));
+  EXPECT_TRUE(owner.intact()) << "the rest of a put landed in the heap"
+                              << (next->data() == at ? " (the next allocation took the array's bytes)" : "");
+  ::close(lane);
 }

@@ -1,7 +1,8 @@
 // Copyright tensorwire authors.
 // net::Conn over a loopback tcp connection: how frames are handed to the
 // kernel (the first write of a large frame, the send buffer of large frames),
-// the delayed acks a reading connection asks for, and riders.
+// the delayed acks a reading connection asks for, riders, and what the owner of
+// landed or sent memory can call off (a guarded landing, own_payloads).
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -10,7 +11,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <functional>
+#include <mutex>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -179,4 +183,87 @@ TEST(Socket, RidersGoAheadOfTheNextFrame) {
 
   p.tx->close("test");
   EXPECT_THROW(p.tx->ride(&a, "late"), tensorwire::ConnectionError);
+}
+
+// ---- what the owner of landed or sent memory can call off (issue 49 item 1) ----
+
+namespace {
+
+bool drive_until(net::Poller& a, net::Poller& b, const std::function<bool()>& ready) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!ready()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    a.progress(0);
+    b.progress(1);
+  }
+  return true;
+}
+
+}  // namespace
+
+// A guarded landing called off midway: what arrived before stays, nothing
+// after lands, done(false), and the next frame is read whole.
+TEST(Socket, AGuardedLandingCalledOffDiscardsTheRest) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  auto rx = std::make_shared<net::Conn>(fds[1], "rx");
+  net::Poller poller, none;
+  constexpr std::size_t kN = std::size_t(256) << 10, kFirst = std::size_t(64) << 10;
+  std::vector<char> dst(kN, 0);
+  auto guard = std::make_shared<net::LandingGuard>();
+  int done = -1, frames = 0;
+  poller.add(
+      rx,
+      [&](const std::shared_ptr<net::Conn>&, const char*, std::size_t, net::Payload& payload) {
+        if (frames++ == 0) payload.land(dst.data(), [&](bool ok) { done = ok; }, guard);
+      },
+      [](const std::shared_ptr<net::Conn>&, const std::string&) {});
+  const std::string head = net::encode_prefix(1, kN) + "h";
+  const std::string first = head + std::string(kFirst, 'a');
+  ASSERT_EQ(::write(fds[0], first.data(), first.size()), static_cast<ssize_t>(first.size()));
+  ASSERT_TRUE(drive_until(poller, none, [&] { return dst[kFirst - 1] == 'a'; }));
+  {
+    std::lock_guard<std::mutex> lock(guard->mu);
+    guard->discard = true;
+  }
+  const std::string rest = std::string(kN - kFirst, 'b') + net::encode_prefix(1, 0) + "n";
+  std::size_t off = 0;
+  while (off < rest.size()) {  // the socket pair's buffer is smaller than the rest: drive between writes
+    const ssize_t w = ::send(fds[0], rest.data() + off, rest.size() - off, MSG_DONTWAIT);
+    if (w > 0) off += static_cast<std::size_t>(w);
+    poller.progress(0);
+  }
+  ASSERT_TRUE(drive_until(poller, none, [&] { return frames == 2; })) << "the frame after the discarded one";
+  EXPECT_EQ(done, 0);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 'b'), 0) << "bytes landed after the landing was called off";
+  EXPECT_EQ(std::count(dst.begin(), dst.begin() + kFirst, 'a'), static_cast<std::ptrdiff_t>(kFirst));
+  ::close(fds[0]);
+}
+
+// A queued frame's payload copied by own_payloads: the peer reads the bytes
+// as they were, whatever the memory holds afterwards.
+TEST(Socket, OwnPayloadsCopiesWhatIsQueued) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds), 0);
+  auto tx = std::make_shared<net::Conn>(fds[0], "tx");
+  auto rx = std::make_shared<net::Conn>(fds[1], "rx");
+  net::Poller tx_poller, rx_poller;
+  tx_poller.add(tx, [](const std::shared_ptr<net::Conn>&, const char*, std::size_t, net::Payload&) {},
+                [](const std::shared_ptr<net::Conn>&, const std::string&) {});
+  constexpr std::size_t kN = std::size_t(4) << 20;  // more than the socket takes at once
+  std::vector<char> memory(kN, 'o');
+  std::vector<char> got(kN, 0);
+  bool landed = false;
+  ASSERT_FALSE(tx->send("h", memory.data(), kN)) << "the frame left at once: nothing to test";
+  tx->own_payloads(reinterpret_cast<std::uintptr_t>(memory.data()),
+                   reinterpret_cast<std::uintptr_t>(memory.data()) + kN);
+  std::fill(memory.begin(), memory.end(), 'x');  // the memory's next owner
+  rx_poller.add(
+      rx,
+      [&](const std::shared_ptr<net::Conn>&, const char*, std::size_t, net::Payload& payload) {
+        payload.land(got.data(), [&](bool ok) { landed = ok; });
+      },
+      [](const std::shared_ptr<net::Conn>&, const std::string&) {});
+  ASSERT_TRUE(drive_until(tx_poller, rx_poller, [&] { return landed; }));
+  EXPECT_EQ(std::count(got.begin(), got.end(), 'x'), 0) << "the queued frame read the memory after it was owned";
 }
