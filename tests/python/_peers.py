@@ -161,6 +161,7 @@ SLOT_NUMPY_DTYPES = {
     "float16": "float16", "float32": "float32", "float64": "float64", "bfloat16": "uint16",
     "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
     "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
+    "complex64": "complex64", "complex128": "complex128",
 }
 
 

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tensorwire/messenger.h"
@@ -82,9 +83,36 @@ class Collectives {
   std::uint64_t calls() const { return calls_; }
 
  private:
+  class Call;  // one call's tag, deadline and posted requests (collectives.cc)
   std::int64_t next_tag();  // a fresh negative tag for this call
+  // Scratch memory kept across calls and grown when a call needs more, so
+  // that the engine registers it once (Buffer::base/keep name the whole
+  // allocation). kWork holds a working copy (reduce, reduce_scatter,
+  // premul_sum), kRecv what arrives before it is reduced.
+  enum Area : int { kWork = 0, kRecv = 1, kAreas = 2 };
+  struct Scratch {
+    std::shared_ptr<std::byte> memory;
+    std::size_t bytes = 0;
+  };
+  // Makes area `a` at least `bytes` long; call before posting anything.
+  void reserve(Area a, std::size_t bytes);
+  // [offset, +nbytes) of area `a` as the engine's Buffer.
+  Buffer scratch(Area a, std::size_t offset, std::size_t nbytes) const;
+  void* scratch_data(Area a, std::size_t offset) const;
+  // After a failed call, requests may still write the scratch: the next call gets fresh areas.
+  void drop_scratch();
+
+  void allreduce_doubling(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, Call& call);
+  void allreduce_ring(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, Call& call);
+  void broadcast_tree(const Buffer& data, int root, Call& call);
+  void broadcast_scatter_allgather(const Buffer& data, int root, Call& call);
+  // Ring all-gather of the blocks [offsets[i], +bytes[i]) of `data`, rank i's block its own.
+  void ring_allgather(const Buffer& data, const std::vector<std::size_t>& offsets,
+                      const std::vector<std::size_t>& bytes, Call& call);
+
   Messenger& m_;
   std::uint64_t calls_ = 0;
+  Scratch scratch_[kAreas];
 };
 
 }  // namespace tensorwire

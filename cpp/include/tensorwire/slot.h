@@ -32,7 +32,7 @@ namespace tensorwire {
 
 class Awaitable;
 
-// Element type in DLPack terms (code: 0 int, 1 uint, 2 float, 4 bfloat, 6 bool).
+// Element type in DLPack terms (code: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool).
 struct DType {
   std::uint8_t code = 2;
   std::uint8_t bits = 32;
