@@ -53,6 +53,10 @@ def test_every_op_and_dtype_matches_gloo(n: int, transport: str, tmp_path: Path)
                 continue
             same(tw[key], want, f"rank {r} {key}")
             checked += 1
+        for key, have in tw.items():
+            if key.startswith("reduce_kept/") and r != n - 1:  # a non-root's tensor: left as it was
+                assert have is not None and not isinstance(have, str) and bool(have), f"rank {r} {key}: {have}"
+                checked += 1
         for key, have in tw.items():  # AVG: gloo has none; it is the sum over n
             if key.startswith("all_reduce/avg/"):
                 total = gl[key.replace("/avg/", "/sum/")]
