@@ -136,6 +136,8 @@ void check_tensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.defined(), "tensorwire backend: ", what, " got an undefined tensor");
   TORCH_CHECK_VALUE(t.device().is_cpu(), "tensorwire backend: ", what, " takes CPU tensors, got one on ", t.device(),
                     " (give other devices to another backend: 'cpu:tensorwire,cuda:nccl')");
+  TORCH_CHECK_VALUE(!t.is_sparse(), "tensorwire backend: ", what, " of sparse tensors is not supported (",
+                    what, " t.to_dense(), or give sparse tensors to a gloo group)");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "tensorwire backend: ", what, " takes dense tensors, got layout ",
                     t.layout());
 }
