@@ -26,6 +26,8 @@ PYBIND11_MODULE(_c10d, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_id") = "",
            py::call_guard<py::gil_scoped_release>(),
            "Meets the group's other ranks through `store` (every rank passes the same store and group id).")
+      .def("_set_default_timeout", &ProcessGroupTensorwire::setTimeout, py::arg("timeout"),
+           "The group timeout (every op without its own), as ProcessGroupGloo's.")
       .def_property_readonly("timeout_s", &ProcessGroupTensorwire::timeout_s, "The group timeout in seconds.")
       .def("describe", &ProcessGroupTensorwire::describe, "Transport, progress mode and address of this group.")
       .def("stats", [](ProcessGroupTensorwire& pg) {
