@@ -11,4 +11,5 @@ void bind_memory(nb::module_& m);
 void bind_device(nb::module_& m);
 void bind_bench(nb::module_& m);  // bench_* kernels and UcxBaseline
 void bind_slots(nb::module_& m);
+void bind_messenger(nb::module_& m);  // the tagged-message engine
 }  // namespace tensorwire::py

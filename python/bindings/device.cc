@@ -215,6 +215,8 @@ void bind_device(nb::module_& m) {
       // completes on the receiver's ack, which only a check notices).
       .def("done", [](Request& r) { return r.state() != 0 || r.test(); }, "True once complete; never blocks.")
       .def_prop_ro("failed", [](Request& r) { return r.state() < 0; })
+      .def_prop_ro("failed_rank", &Request::failed_rank,
+                   "The group rank of the peer whose failure failed it (a Messenger's requests), else -1.")
       .def_prop_ro("error", [](Request& r) { return r.error_message(); })
       .def("__await__", [](nb::handle self) {
         return nb::module_::import_("tensorwire._aio").attr("await_request")(self).attr("__await__")();

@@ -244,9 +244,11 @@ class TestMessenger : public tw::Messenger {
 };
 
 // Runs fn(collectives, rank) on `size` threads, one rank each; returns each
-// rank's exception (nullptr where it returned).
+// rank's exception (nullptr where it returned). abort_on_error: a rank that
+// throws fails the group (so that a broken algorithm fails the test at once
+// rather than every other rank at its deadline).
 std::vector<std::exception_ptr> run_group(Fabric& fabric, const std::function<void(tw::Collectives&, int)>& fn,
-                                          double messenger_timeout_s = 20.0) {
+                                          double messenger_timeout_s = 20.0, bool abort_on_error = false) {
   const int p = fabric.size();
   std::vector<std::exception_ptr> errors(p);
   std::vector<std::thread> threads;
@@ -258,6 +260,7 @@ std::vector<std::exception_ptr> run_group(Fabric& fabric, const std::function<vo
         fn(c, r);
       } catch (...) {
         errors[r] = std::current_exception();
+        if (abort_on_error) fabric.fail(r, /*group_wide=*/true);
       }
     });
   }
@@ -267,7 +270,7 @@ std::vector<std::exception_ptr> run_group(Fabric& fabric, const std::function<vo
 
 void run_ok(int p, const std::function<void(tw::Collectives&, int)>& fn, std::size_t eager = 256) {
   Fabric fabric(p, eager);
-  auto errors = run_group(fabric, fn);
+  auto errors = run_group(fabric, fn, 10.0, /*abort_on_error=*/true);
   for (int r = 0; r < p; ++r) {
     if (!errors[r]) continue;
     try {

@@ -1,0 +1,912 @@
+// Copyright tensorwire authors.
+//
+// The tagged-message engine (tensorwire/messenger.h). One arena per rank,
+// published and looked up by every peer, holds the inbox rings the peers
+// write into, their sequence words, the credit words and this rank's own
+// staging:
+//
+//   inbox     n senders x kSlots records of `slot` bytes (64 B header + payload)
+//   flags     n senders x kSlots sequence words: record m of sender s lands in
+//             slot m % kSlots, then its word becomes m (data, fence, flag)
+//   acks      n words: receiver r writes how many of our records it consumed
+//   staging   n peers x kSlots records: what we write into peer p's ring
+//   flagsrc   n x kSlots words: the sources of our sequence words
+//   acksrc    n words: the sources of our credit words
+//
+// Matching is the receiver's (MPI's rule, any source included): records of
+// one sender are consumed in ring order, each arrival (an eager payload or a
+// large message's RTS) is matched against the posted receives in posting
+// order, and what matches nothing waits in the unexpected queue, which a
+// receive looks at first. A large message is a receiver-driven rendezvous:
+// RTS (size, the sender's op id), RTR (the receiver's buffer as an exported
+// descriptor, offset, op ids), the sender's write straight into that buffer,
+// then DONE (the flag outside the payload: after a fence, or after the
+// write's completion where a completed write has landed: message-form lanes).
+//
+// Everything runs under one mutex. Whoever holds it progresses: a thread
+// waiting on a request (its poller), a poster, or the progress thread, which
+// sleeps in wait_any on the next sequence word of every peer meanwhile.
+#include "tensorwire/messenger.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/channel_impl.h"
+#include "core/request_state.h"
+#include "tensorwire/error.h"
+#include "tensorwire/wait.h"
+
+namespace tensorwire {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+Clock::time_point after(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+
+constexpr std::size_t kSlots = 64;  // records in flight per direction and peer (a power of two)
+constexpr std::size_t kHeader = 64;
+constexpr std::size_t kMaxUnexpected = 16384;   // arrivals a peer may leave unmatched (then refused)
+constexpr std::size_t kRegistrationsKept = 256;  // allocations registered for the placed path
+constexpr double kCloseFlushS = 5.0;
+
+enum Kind : std::int64_t { kEager = 1, kRts = 2, kRtr = 3, kDone = 4, kErr = 5 };
+
+struct Header {
+  std::int64_t kind = 0, tag = 0;
+  std::int64_t id = 0;      // EAGER/RTS: the sender's op id; RTR: the receiver's; DONE: the receiver's
+  std::int64_t nbytes = 0;  // the message's size
+  std::int64_t offset = 0;  // RTR: where in the descriptor's region the buffer starts
+  std::int64_t plen = 0;    // payload bytes after the header
+  std::int64_t aux = 0;     // RTR/ERR: the sender's op id
+  std::int64_t spare = 0;
+};
+static_assert(sizeof(Header) == kHeader);
+
+std::size_t page_up(std::size_t n) { return (n + 4095) / 4096 * 4096; }
+
+struct Layout {
+  Layout(int n, std::size_t eager) : slot(kHeader + (eager + 63) / 64 * 64) {
+    std::size_t off = 0;
+    auto take = [&](std::size_t bytes) {
+      std::size_t start = off;
+      off = page_up(off + bytes);
+      return start;
+    };
+    ring = kSlots * slot;
+    inbox = take(n * ring);
+    flags = take(n * kSlots * 8);
+    acks = take(n * 8);
+    staging = take(n * ring);
+    flagsrc = take(n * kSlots * 8);
+    acksrc = take(n * 8);
+    total = off;
+  }
+  std::size_t slot, ring, inbox, flags, acks, staging, flagsrc, acksrc, total;
+};
+
+struct Op {
+  bool send = false;
+  int peer = 0;  // a receive's source as posted (kAnySource)
+  std::int64_t tag = 0;
+  std::int64_t id = 0;
+  Buffer buf;
+  int* source_out = nullptr;
+  detail::RequestState* state = nullptr;  // our reference
+  bool done = false;                      // completed or failed (delivered to state outside the lock)
+  Clock::time_point deadline;
+  // the placed path
+  Registration reg;
+  Request write;          // a send's data write in flight
+  bool writing = false;
+  bool records_left = false;  // a record of this op waits for credit
+  bool rtr_wanted = false;    // a placed send waiting for its RTR
+
+  Op() = default;
+  Op(const Op&) = delete;
+  Op& operator=(const Op&) = delete;
+  ~Op() {
+    if (state) state->release();
+  }
+
+  std::string what(int me) const {
+    return std::string(send ? "send" : "receive") + " of " + std::to_string(buf.nbytes) + " B " +
+           (send ? "to rank " : "from ") + (peer == kAnySource && !send ? "any rank" : "rank " + std::to_string(peer)) +
+           " (tag " + std::to_string(tag) + ") at rank " + std::to_string(me);
+  }
+};
+using OpPtr = std::shared_ptr<Op>;
+
+struct Arrival {  // a message that came before its receive
+  int src = 0;
+  std::int64_t kind = 0, tag = 0, id = 0, nbytes = 0;
+  std::string payload;  // an eager message's bytes
+};
+
+struct Outcome {  // a completion, delivered to its request once the engine's lock is released
+  OpPtr op;
+  bool ok = true;
+  ErrorKind kind = ErrorKind::kGeneric;
+  std::string why;
+  int at_fault = -1;
+};
+
+struct Queued {  // a record waiting for credit
+  Header h;
+  std::string payload;
+  OpPtr op;  // completes (its last record) once posted
+};
+
+struct PeerState {
+  Channel ch;
+  RemoteRegion arena;
+  bool messages_form = false;  // a completed write has landed (DONE after completion, no fence)
+  std::uint64_t sent = 0, got = 0, acked = 0;  // records posted / consumed / credited back
+  std::vector<Request> post_req = std::vector<Request>(kSlots);
+  std::deque<Queued> outq;
+  std::string failed;  // why (empty: alive)
+  ErrorKind failed_kind = ErrorKind::kGeneric;
+  std::map<const void*, RegionDescriptor> exported;  // registration -> descriptor exported to this peer
+};
+
+class Engine : public std::enable_shared_from_this<Engine> {
+ public:
+  Engine(Device& device, int rank, int size, Rendezvous& rv, const MessengerConfig& cfg);
+  ~Engine() { close(); }
+  void start();
+  Request isend(const Buffer& b, int peer, std::int64_t tag);
+  Request irecv(const Buffer& b, int peer, std::int64_t tag, int* source);
+  void close();
+  void poll();  // progress if nobody else is
+  int rank, size;
+  MessengerConfig cfg;
+  MessengerStats stats{};
+
+ private:
+  void check_args(const Buffer& b, int peer, bool recv_any) const;
+  Request handle(const OpPtr& op, const Channel* ch);
+  void progress_locked();
+  void consume(int p, std::uint64_t m);
+  void arrive(int p, Arrival a);
+  void match(const OpPtr& recv, Arrival& a);
+  void post(int p, const Header& h, const void* payload, std::size_t plen, const OpPtr& op);
+  void post_now(int p, const Header& h, const void* payload, std::size_t plen);
+  void place(const OpPtr& send, const Header& rtr, const char* payload);
+  void complete(const OpPtr& op);
+  void fail(const OpPtr& op, ErrorKind kind, const std::string& why, int rank_at_fault = -1);
+  void fail_peer(int p, ErrorKind kind, const std::string& why);
+  const RegionDescriptor& export_to(int p, const Registration& reg);
+  Registration registration_of(const Buffer& b);
+  void background();
+  bool busy_locked() const;
+  // Hands the completions gathered under the lock to their requests: their
+  // callbacks (a torch future's) may post again, so never under the lock.
+  void deliver(std::unique_lock<std::mutex>& lock);
+  std::vector<Outcome> outcomes_;
+
+  Device& device_;
+  Rendezvous& rv_;
+  Layout lay_;
+  Block arena_;
+  LocalRegion local_;
+  char* base_ = nullptr;
+  std::vector<PeerState> peers_;
+  std::mutex mu_;
+  std::list<OpPtr> recvs_;                       // posted, unmatched receives in posting order
+  std::unordered_map<std::int64_t, OpPtr> matched_;  // placed receives waiting for DONE, by id
+  std::unordered_map<std::int64_t, OpPtr> sends_;    // placed sends waiting for RTR, by id
+  std::list<OpPtr> writing_;                      // placed sends whose data write is in flight
+  std::list<Arrival> unexpected_;
+  std::list<OpPtr> deadlined_;                    // every pending op, for its deadline
+  struct Cached {  // a registered allocation, held alive while cached (no stale registration)
+    void* base;
+    std::size_t bytes;
+    Registration reg;
+    std::shared_ptr<const void> keep;
+  };
+  std::list<Cached> regs_;  // least recently used last
+  std::int64_t next_id_ = 0;
+  bool closed_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::string name_;
+};
+
+Engine::Engine(Device& device, int rank_, int size_, Rendezvous& rv, const MessengerConfig& cfg_)
+    : rank(rank_), size(size_), cfg(cfg_), device_(device), rv_(rv), lay_(size_, cfg_.eager_bytes),
+      peers_(size_), name_(cfg_.name) {
+  if (size <= 0 || rank < 0 || rank >= size) {
+    throw InvalidArgument("messenger: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
+  }
+  if (cfg.eager_bytes > (std::size_t(16) << 20)) throw InvalidArgument("messenger: eager_bytes above 16 MiB");
+}
+
+void Engine::start() {
+  arena_ = device_.allocate(lay_.total, 4096);
+  local_ = arena_.region();
+  base_ = static_cast<char*>(arena_.data());
+  std::memset(base_ + lay_.flags, 0, lay_.staging - lay_.flags);
+  std::memset(base_ + lay_.flagsrc, 0, lay_.total - lay_.flagsrc);
+  const double t = std::min(cfg.timeout_s, 600.0);
+  if (size > 1) {
+    device_.publish(name_ + ".arena", arena_.descriptor());
+    rv_.set(name_ + "/addr/" + std::to_string(rank), device_.address() + " " + std::to_string(device_.id()));
+    std::vector<std::string> addr(size);
+    std::vector<std::uint64_t> ids(size);
+    for (int p = 0; p < size; ++p) {
+      std::string v = rv_.get(name_ + "/addr/" + std::to_string(p), t);
+      auto sp = v.find(' ');
+      if (sp == std::string::npos) throw ProtocolMismatch("messenger: rank " + std::to_string(p) + " published '" + v + "'");
+      addr[p] = v.substr(0, sp);
+      ids[p] = std::stoull(v.substr(sp + 1));
+    }
+    // One connection per pair: the lower rank connects, the higher takes the channel back.
+    for (int p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      if (p > rank) {
+        peers_[p].ch = device_.connect(addr[p]);
+      } else {
+        auto deadline = after(t);
+        for (;;) {
+          try {
+            peers_[p].ch = device_.channel_to(ids[p]);
+            break;
+          } catch (const Error&) {
+            if (Clock::now() >= deadline) {
+              throw Timeout("messenger: rank " + std::to_string(p) + " did not connect to rank " +
+                            std::to_string(rank) + " within " + std::to_string(t) + " s");
+            }
+            try {
+              device_.wait_for_peer(0.05);
+            } catch (const Error&) {
+            }
+          }
+        }
+      }
+      peers_[p].arena = peers_[p].ch.lookup(name_ + ".arena", t);
+      peers_[p].messages_form = peers_[p].ch.uses_messages();
+    }
+    // Every rank has looked up every arena before any may leave (a lookup of a closed device fails).
+    rv_.set(name_ + "/ready/" + std::to_string(rank), "1");
+    for (int p = 0; p < size; ++p) rv_.get(name_ + "/ready/" + std::to_string(p), t);
+  }
+  // An inline device's workers are driven by whoever waits, one thread at a time: no thread of ours then.
+  if (cfg.progress_thread && size > 1 && device_.config().progress != ProgressMode::kInline) thread_ = std::thread([self = shared_from_this()] { self->background(); });
+}
+
+void Engine::check_args(const Buffer& b, int peer, bool recv) const {
+  if (closed_) throw ConnectionError("messenger: closed");
+  if (!(peer >= 0 && peer < size && peer != rank) && !(recv && peer == kAnySource)) {
+    throw InvalidArgument("messenger: peer must be another rank in 0.." + std::to_string(size - 1) +
+                          (recv ? " or any source" : "") + ", got " + std::to_string(peer) + " at rank " +
+                          std::to_string(rank));
+  }
+  if (b.nbytes && !b.data) throw InvalidArgument("messenger: a buffer of " + std::to_string(b.nbytes) + " B at address 0");
+  if (b.base && (static_cast<char*>(b.data) < static_cast<char*>(b.base) ||
+                 static_cast<char*>(b.data) + b.nbytes > static_cast<char*>(b.base) + b.base_bytes)) {
+    throw InvalidArgument("messenger: the buffer lies outside the allocation named as its base");
+  }
+}
+
+Request Engine::handle(const OpPtr& op, const Channel* ch) {
+  auto worker = ch && ch->impl() ? ch->impl()->worker : nullptr;
+  auto* state = new detail::RequestState(worker, 2);  // the Request and the op
+  op->state = state;
+  op->deadline = after(std::min(cfg.timeout_s, 1e7));
+  std::weak_ptr<Engine> weak = weak_from_this();
+  state->poller = [weak, state]() {
+    if (state->finished()) return true;
+    if (auto self = weak.lock()) self->poll();
+    return state->finished();
+  };
+  state->inbound = !op->send;
+  return Request(state);
+}
+
+Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
+  std::unique_lock<std::mutex> lock(mu_);
+  struct Deliver {
+    Engine* e;
+    std::unique_lock<std::mutex>& l;
+    ~Deliver() { e->deliver(l); }
+  } deliver_at_exit{this, lock};
+  check_args(b, peer, false);
+  PeerState& ps = peers_[peer];
+  if (!ps.failed.empty()) throw_error(ps.failed_kind, ps.failed);
+  auto op = std::make_shared<Op>();
+  op->send = true;
+  op->peer = peer;
+  op->tag = tag;
+  op->buf = b;
+  op->id = ++next_id_;
+  Header h;
+  h.tag = tag;
+  h.id = op->id;
+  h.nbytes = static_cast<std::int64_t>(b.nbytes);
+  if (b.nbytes <= cfg.eager_bytes) {
+    ++stats.eager_sends;
+    h.kind = kEager;
+    if (ps.outq.empty() && ps.sent + 1 - ps.acked <= kSlots) {
+      post_now(peer, h, b.data, b.nbytes);  // copied into staging: done
+      progress_locked();
+      return Request();
+    }
+    Request r = handle(op, &ps.ch);
+    deadlined_.push_back(op);
+    post(peer, h, b.data, b.nbytes, op);
+    return r;
+  }
+  ++stats.placed_sends;
+  op->reg = registration_of(b);
+  Request r = handle(op, &ps.ch);
+  h.kind = kRts;
+  op->rtr_wanted = true;
+  sends_[op->id] = op;
+  deadlined_.push_back(op);
+  post(peer, h, nullptr, 0, nullptr);
+  progress_locked();
+  return r;
+}
+
+Request Engine::irecv(const Buffer& b, int peer, std::int64_t tag, int* source) {
+  std::unique_lock<std::mutex> lock(mu_);
+  struct Deliver {
+    Engine* e;
+    std::unique_lock<std::mutex>& l;
+    ~Deliver() { e->deliver(l); }
+  } deliver_at_exit{this, lock};
+  check_args(b, peer, true);
+  auto op = std::make_shared<Op>();
+  op->peer = peer;
+  op->tag = tag;
+  op->buf = b;
+  op->source_out = source;
+  op->id = ++next_id_;
+  const Channel* ch = peer != kAnySource ? &peers_[peer].ch : nullptr;
+  if (!ch) {
+    for (auto& ps : peers_) {
+      if (ps.ch.impl()) {
+        ch = &ps.ch;
+        break;
+      }
+    }
+  }
+  Request r = handle(op, ch);
+  deadlined_.push_back(op);
+  progress_locked();  // what arrived meanwhile goes to the unexpected queue first (MPI order)
+  for (auto it = unexpected_.begin(); it != unexpected_.end(); ++it) {
+    if ((peer == kAnySource || it->src == peer) && it->tag == tag) {
+      Arrival a = std::move(*it);
+      unexpected_.erase(it);
+      match(op, a);
+      return r;
+    }
+  }
+  if (peer != kAnySource && !peers_[peer].failed.empty()) {
+    fail(op, peers_[peer].failed_kind, peers_[peer].failed, peer);
+  } else if (peer == kAnySource) {
+    bool alive = false;
+    for (int p = 0; p < size; ++p) alive |= p != rank && peers_[p].failed.empty();
+    if (!alive) fail(op, ErrorKind::kPeerFailed, "messenger: every peer failed; " + op->what(rank));
+  }
+  if (!op->done) recvs_.push_back(op);
+  return r;
+}
+
+// ---- records ----------------------------------------------------------------
+
+void Engine::post(int p, const Header& h, const void* payload, std::size_t plen, const OpPtr& op) {
+  PeerState& ps = peers_[p];
+  if (ps.outq.empty() && ps.sent + 1 - ps.acked <= kSlots) {
+    post_now(p, h, payload, plen);
+    return;
+  }
+  Queued q;
+  q.h = h;
+  q.payload.assign(static_cast<const char*>(payload), plen);
+  q.op = op;
+  if (op) op->records_left = true;
+  ps.outq.push_back(std::move(q));
+}
+
+void Engine::post_now(int p, const Header& h0, const void* payload, std::size_t plen) {
+  PeerState& ps = peers_[p];
+  const std::uint64_t m = ++ps.sent;
+  const std::size_t j = m % kSlots;
+  Request& prev = ps.post_req[j];
+  if (prev.state() == 0) prev.wait(cfg.timeout_s);  // long done in practice: the record was consumed
+  const std::size_t staging = lay_.staging + (p * kSlots + j) * lay_.slot;
+  const std::size_t flagsrc = lay_.flagsrc + (p * kSlots + j) * 8;
+  Header h = h0;
+  h.plen = static_cast<std::int64_t>(plen);
+  std::memcpy(base_ + staging, &h, kHeader);
+  if (plen) std::memcpy(base_ + staging + kHeader, payload, plen);
+  std::memcpy(base_ + flagsrc, &m, 8);
+  const std::size_t inbox = lay_.inbox + (rank * kSlots + j) * lay_.slot;
+  const std::size_t flag = lay_.flags + (rank * kSlots + j) * 8;
+  // unanswered on a tcp lane: the reader's credits say the slot was read
+  ps.post_req[j] = ps.ch.write_flagged(local_, staging, ps.arena, inbox, kHeader + plen, flagsrc, flag, false);
+}
+
+// ---- progress -----------------------------------------------------------------
+
+void Engine::poll() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  if (!closed_) progress_locked();
+  deliver(lock);
+}
+
+void Engine::deliver(std::unique_lock<std::mutex>& lock) {
+  if (outcomes_.empty()) return;
+  std::vector<Outcome> out;
+  out.swap(outcomes_);
+  lock.unlock();
+  for (Outcome& o : out) {
+    detail::RequestState* st = o.op->state;
+    if (o.ok) {
+      st->complete_ok();
+    } else {
+      st->failed_rank = o.at_fault;
+      st->complete_error(o.kind, o.why);
+    }
+  }
+  out.clear();  // (ops may go with the last reference: outside the lock too)
+  lock.lock();
+}
+
+void Engine::progress_locked() {
+  auto* words = reinterpret_cast<std::uint64_t*>(base_ + lay_.flags);
+  auto* acks = reinterpret_cast<std::uint64_t*>(base_ + lay_.acks);
+  for (int p = 0; p < size; ++p) {
+    PeerState& ps = peers_[p];
+    if (p == rank || !ps.failed.empty()) continue;
+    // (read before the ring: what a peer wrote before it went is consumed first, and then it fails)
+    const bool dead = ps.ch.impl() && ps.ch.impl()->failed();
+    for (;;) {
+      const std::uint64_t next = ps.got + 1;
+      if (__atomic_load_n(&words[p * kSlots + next % kSlots], __ATOMIC_ACQUIRE) != next) break;
+      consume(p, next);
+      if (!ps.failed.empty()) break;
+    }
+    if (!ps.failed.empty()) continue;
+    ps.acked = std::max(ps.acked, __atomic_load_n(&acks[p], __ATOMIC_ACQUIRE));
+    while (!ps.outq.empty() && ps.sent + 1 - ps.acked <= kSlots) {
+      Queued q = std::move(ps.outq.front());
+      ps.outq.pop_front();
+      post_now(p, q.h, q.payload.data(), q.payload.size());
+      if (q.op) {
+        q.op->records_left = false;
+        complete(q.op);
+      }
+    }
+    if (dead) {
+      try {
+        ps.ch.impl()->check_usable();
+      } catch (const Error& e) {
+        fail_peer(p, e.kind() == ErrorKind::kGeneric ? ErrorKind::kPeerFailed : e.kind(),
+                  std::string("rank ") + std::to_string(p) + " failed: " + e.what());
+      }
+    }
+  }
+  for (auto it = writing_.begin(); it != writing_.end();) {
+    const OpPtr& op = *it;
+    const int st = op->write.state();
+    if (st == 0) {
+      ++it;
+      continue;
+    }
+    op->writing = false;
+    if (st < 0) {
+      fail(op, op->write.error_kind(), "messenger: the data write of a " + op->what(rank) + " failed: " +
+                                            op->write.error_message(), op->peer);
+    } else if (peers_[op->peer].messages_form) {
+      Header h;
+      h.kind = kDone;
+      h.tag = op->tag;
+      h.id = op->id;  // (the receiver's id, set by place)
+      post(op->peer, h, nullptr, 0, op);
+      if (!op->records_left) complete(op);
+    } else if (!op->records_left) {
+      complete(op);
+    }
+    it = writing_.erase(it);
+  }
+  if (!deadlined_.empty()) {
+    const auto now = Clock::now();
+    for (auto it = deadlined_.begin(); it != deadlined_.end();) {
+      if ((*it)->done) {
+        it = deadlined_.erase(it);
+      } else if (now >= (*it)->deadline) {
+        OpPtr op = *it;
+        it = deadlined_.erase(it);
+        recvs_.remove(op);  // never matched: nothing will write into it
+        fail(op, ErrorKind::kTimeout,
+             "messenger: " + op->what(rank) + " did not complete within " + std::to_string(cfg.timeout_s) + " s",
+             op->peer);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void Engine::consume(int p, std::uint64_t m) {
+  PeerState& ps = peers_[p];
+  const char* slot = base_ + lay_.inbox + (p * kSlots + m % kSlots) * lay_.slot;
+  Header h;
+  std::memcpy(&h, slot, kHeader);
+  ps.got = m;
+  if (m % (kSlots / 2) == 0) {  // credit back
+    const std::size_t src = lay_.acksrc + p * 8;
+    std::memcpy(base_ + src, &m, 8);
+    ps.ch.write(local_, src, ps.arena, lay_.acks + rank * 8, 8);
+  }
+  // The peer wrote every field: check them before any is used (contracts §11).
+  const std::size_t room = lay_.slot - kHeader;
+  if (h.kind < kEager || h.kind > kErr || h.nbytes < 0 || h.plen < 0 || std::size_t(h.plen) > room ||
+      (h.kind == kEager && h.plen != h.nbytes) || (h.kind != kEager && h.kind != kRtr && h.plen)) {
+    fail_peer(p, ErrorKind::kProtocolMismatch,
+              "rank " + std::to_string(p) + " sent a malformed record (kind " + std::to_string(h.kind) + ", " +
+                  std::to_string(h.nbytes) + " B, payload " + std::to_string(h.plen) + " B); its messages are refused");
+    return;
+  }
+  switch (h.kind) {
+    case kEager:
+    case kRts: {
+      Arrival a;
+      a.src = p;
+      a.kind = h.kind;
+      a.tag = h.tag;
+      a.id = h.id;
+      a.nbytes = h.nbytes;
+      for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
+        const OpPtr& op = *it;
+        if ((op->peer == kAnySource || op->peer == p) && op->tag == h.tag) {
+          OpPtr r = op;
+          recvs_.erase(it);
+          if (h.kind == kEager && std::size_t(h.nbytes) == r->buf.nbytes) {  // the common case: no copy out
+            if (h.nbytes) std::memcpy(r->buf.data, slot + kHeader, h.nbytes);
+            if (r->source_out) *r->source_out = p;
+            complete(r);
+            return;
+          }
+          if (h.kind == kEager) a.payload.assign(slot + kHeader, h.plen);
+          match(r, a);
+          return;
+        }
+      }
+      if (unexpected_.size() >= kMaxUnexpected) {
+        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " sent more than " +
+                                                       std::to_string(kMaxUnexpected) + " messages nobody receives");
+        return;
+      }
+      if (h.kind == kEager) a.payload.assign(slot + kHeader, h.plen);
+      ++stats.unexpected;
+      unexpected_.push_back(std::move(a));
+      return;
+    }
+    case kRtr: {
+      auto it = sends_.find(h.aux);
+      if (it == sends_.end() || it->second->peer != p) {
+        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " answered a send it was not sent");
+        return;
+      }
+      OpPtr op = it->second;
+      sends_.erase(it);
+      if (!op->done) place(op, h, slot + kHeader);  // (one that timed out writes nothing)
+      return;
+    }
+    case kDone: {
+      auto it = matched_.find(h.id);
+      if (it == matched_.end() || it->second->peer != p) {
+        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " completed a receive it was not given");
+        return;
+      }
+      OpPtr op = it->second;
+      matched_.erase(it);
+      complete(op);
+      return;
+    }
+    case kErr: {
+      auto it = sends_.find(h.aux);
+      if (it != sends_.end() && it->second->peer == p) {
+        OpPtr op = it->second;
+        sends_.erase(it);
+        fail(op, ErrorKind::kInvalidArgument,
+             "messenger: rank " + std::to_string(rank) + " sends " + std::to_string(op->buf.nbytes) + " B (tag " +
+                 std::to_string(op->tag) + ") but rank " + std::to_string(p) + " receives into " +
+                 std::to_string(h.nbytes) + " B: send and receive sizes must match");
+      }
+      return;
+    }
+  }
+}
+
+// A receive meets its message (an arrival read out of the ring or the unexpected queue).
+void Engine::match(const OpPtr& r, Arrival& a) {
+  r->peer = a.src;  // an any-source receive now waits on this sender alone
+  if (r->source_out) *r->source_out = a.src;
+  if (std::size_t(a.nbytes) != r->buf.nbytes) {
+    const std::string why = "messenger: rank " + std::to_string(a.src) + " sends " + std::to_string(a.nbytes) +
+                            " B (tag " + std::to_string(a.tag) + ") but rank " + std::to_string(rank) +
+                            " receives into " + std::to_string(r->buf.nbytes) + " B: send and receive sizes must match";
+    if (a.kind == kRts) {
+      Header e;
+      e.kind = kErr;
+      e.tag = a.tag;
+      e.aux = a.id;
+      e.nbytes = static_cast<std::int64_t>(r->buf.nbytes);
+      post(a.src, e, nullptr, 0, nullptr);
+    }
+    fail(r, ErrorKind::kInvalidArgument, why);
+    return;
+  }
+  if (a.kind == kEager) {
+    if (a.nbytes) std::memcpy(r->buf.data, a.payload.data(), a.nbytes);
+    complete(r);
+    return;
+  }
+  try {  // placed: register our buffer, export it to the sender (once per allocation), RTR
+    r->reg = registration_of(r->buf);
+    const RegionDescriptor& d = export_to(a.src, r->reg);
+    std::string bytes = d.to_bytes();
+    Header h;
+    h.kind = kRtr;
+    h.tag = a.tag;
+    h.id = r->id;
+    h.aux = a.id;
+    h.nbytes = a.nbytes;
+    h.offset = static_cast<std::int64_t>(static_cast<char*>(r->buf.data) - reinterpret_cast<char*>(d.address));
+    matched_[r->id] = r;
+    post(a.src, h, bytes.data(), bytes.size(), nullptr);
+  } catch (const Error& e) {
+    fail(r, e.kind(), std::string("messenger: cannot receive into this buffer: ") + e.what());
+  }
+}
+
+// The receiver's RTR for our placed send: write the data straight into its buffer.
+void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
+  const int p = op->peer;
+  PeerState& ps = peers_[p];
+  op->rtr_wanted = false;
+  if (std::size_t(rtr.nbytes) != op->buf.nbytes) {
+    fail(op, ErrorKind::kInvalidArgument, "messenger: rank " + std::to_string(p) + " receives " +
+                                              std::to_string(rtr.nbytes) + " B for a " + op->what(rank));
+    return;
+  }
+  try {  // the descriptor and offset are the peer's: the core checks them against its exports
+    RemoteRegion remote = ps.ch.remote_region(RegionDescriptor::from_bytes(payload, rtr.plen));
+    if (rtr.offset < 0) throw InvalidArgument("a negative offset");
+    LocalRegion src = op->reg.region();
+    const std::size_t off = static_cast<char*>(op->buf.data) - static_cast<char*>(src.address);
+    op->write = ps.ch.write(src, off, remote, rtr.offset, op->buf.nbytes);
+    op->writing = true;
+  } catch (const Error& e) {
+    fail_peer(p, ErrorKind::kProtocolMismatch,
+              "rank " + std::to_string(p) + " sent a ready-to-receive record this rank cannot write to (" + e.what() + ")");
+    return;
+  }
+  op->id = rtr.id;  // from now on: the receiver's id (DONE names it)
+  if (!ps.messages_form) {  // data, fence, DONE: the flag outside the payload
+    ps.ch.fence();
+    Header h;
+    h.kind = kDone;
+    h.tag = op->tag;
+    h.id = rtr.id;
+    post(p, h, nullptr, 0, op);
+  }
+  writing_.push_back(op);
+}
+
+Registration Engine::registration_of(const Buffer& b) {
+  void* base = b.base ? b.base : b.data;
+  std::size_t bytes = b.base ? b.base_bytes : b.nbytes;
+  for (auto it = regs_.begin(); it != regs_.end(); ++it) {
+    if (it->base == base && it->bytes == bytes) {
+      regs_.splice(regs_.begin(), regs_, it);
+      if (b.keep) it->keep = b.keep;
+      return it->reg;
+    }
+  }
+  Registration reg = device_.pool().register_memory(base, bytes);
+  regs_.push_front(Cached{base, bytes, reg, b.keep});
+  if (regs_.size() > kRegistrationsKept) {
+    const void* gone = regs_.back().reg.region().owner.get();
+    for (auto& ps : peers_) ps.exported.erase(gone);
+    regs_.pop_back();
+  }
+  return reg;
+}
+
+const RegionDescriptor& Engine::export_to(int p, const Registration& reg) {
+  const void* key = reg.region().owner.get();
+  auto it = peers_[p].exported.find(key);
+  if (it != peers_[p].exported.end()) return it->second;
+  return peers_[p].exported[key] = peers_[p].ch.export_region(reg.region(), std::min(cfg.timeout_s, 60.0));
+}
+
+void Engine::complete(const OpPtr& op) {
+  if (op->done || op->records_left || op->writing) return;
+  op->done = true;
+  if (op->state) outcomes_.push_back(Outcome{op, true, ErrorKind::kGeneric, {}, -1});
+}
+
+void Engine::fail(const OpPtr& op, ErrorKind kind, const std::string& why, int at_fault) {
+  if (op->done) return;
+  op->done = true;
+  if (op->state) outcomes_.push_back(Outcome{op, false, kind, why, at_fault});
+}
+
+void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0) {
+  PeerState& ps = peers_[p];
+  if (!ps.failed.empty()) return;
+  const std::string why = "messenger: at rank " + std::to_string(rank) + ": " + why0;
+  ps.failed = why;
+  ps.failed_kind = kind;
+  ps.outq.clear();
+  auto hit = [&](const OpPtr& op) { return op->peer == p; };
+  for (auto& op : recvs_) {
+    if (hit(op)) fail(op, kind, why, p);
+  }
+  recvs_.remove_if(hit);
+  for (auto* table : {&matched_, &sends_}) {
+    for (auto it = table->begin(); it != table->end();) {
+      if (hit(it->second)) {
+        fail(it->second, kind, why, p);
+        it = table->erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& op : writing_) {
+    if (hit(op)) fail(op, kind, why, p);
+  }
+  writing_.remove_if(hit);
+  // (an eager message that arrived whole stays receivable; a rendezvous cannot finish)
+  unexpected_.remove_if([&](const Arrival& a) { return a.src == p && a.kind != kEager; });
+  // an any-source receive fails only when no live peer is left to send it
+  bool alive = false;
+  for (int q = 0; q < size; ++q) alive |= q != rank && peers_[q].failed.empty();
+  if (!alive) {
+    for (auto& op : recvs_) fail(op, kind, why, p);
+    recvs_.clear();
+  }
+}
+
+bool Engine::busy_locked() const {
+  if (!recvs_.empty() || !matched_.empty() || !sends_.empty() || !writing_.empty()) return true;
+  for (const auto& ps : peers_) {
+    if (!ps.outq.empty()) return true;
+  }
+  return false;
+}
+
+// The progress thread: moves posted messages while nobody waits; sleeps in
+// the waiter on the next sequence word of every live peer.
+void Engine::background() {
+  while (!stop_.load(std::memory_order_acquire)) {
+    std::vector<Awaitable> items;
+    bool busy = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (closed_) break;
+      progress_locked();
+      busy = busy_locked();
+      deliver(lock);
+      for (int p = 0; p < size; ++p) {
+        const PeerState& ps = peers_[p];
+        if (p == rank || !ps.failed.empty()) continue;
+        const std::uint64_t next = ps.got + 1;
+        items.push_back(Awaitable::word(local_, lay_.flags + (p * kSlots + next % kSlots) * 8, next, &ps.ch));
+      }
+    }
+    if (items.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      continue;
+    }
+    try {
+      wait_any(items, busy ? 0.001 : 0.01);
+    } catch (const Error&) {
+      // a watched peer failed or the wait timed out: the next progress finds which
+    }
+  }
+}
+
+void Engine::close() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (closed_) return;
+    // Records posted but not landed yet (tcp: in a socket; a large one UCX still copies) are
+    // lost if the device closes under them: their requests, then an answered write after them.
+    const auto deadline = after(kCloseFlushS);
+    auto left = [&] { return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()); };
+    for (int p = 0; p < size; ++p) {
+      PeerState& ps = peers_[p];
+      if (p == rank || !ps.failed.empty() || !ps.sent || !ps.ch.impl()) continue;
+      try {
+        for (Request& r : ps.post_req) {
+          if (r.state() == 0) r.wait(left());
+        }
+        // an answered write behind them (our credit word again; the peer keeps the largest)
+        ps.ch.write(local_, lay_.acksrc + p * 8, ps.arena, lay_.acks + rank * 8, 8).wait(left());
+      } catch (const Error&) {
+      }
+    }
+    closed_ = true;
+    const std::string why = "messenger: closed at rank " + std::to_string(rank);
+    auto fail_all = [&](const OpPtr& op) { fail(op, ErrorKind::kConnection, why); };
+    for (auto& op : recvs_) fail_all(op);
+    for (auto& kv : matched_) fail_all(kv.second);
+    for (auto& kv : sends_) fail_all(kv.second);
+    for (auto& op : writing_) fail_all(op);
+    for (auto& op : deadlined_) fail_all(op);
+    for (auto& ps : peers_) {
+      for (auto& q : ps.outq) {
+        if (q.op) fail_all(q.op);
+      }
+      ps.outq.clear();
+    }
+    recvs_.clear();
+    matched_.clear();
+    sends_.clear();
+    writing_.clear();
+    deadlined_.clear();
+    unexpected_.clear();
+    deliver(lock);
+  }
+  stop_.store(true, std::memory_order_release);
+  if (thread_.joinable()) {
+    if (thread_.get_id() != std::this_thread::get_id()) {
+      thread_.join();
+    } else {
+      thread_.detach();  // (the thread held the last reference)
+    }
+  }
+  if (size > 1) {
+    try {
+      device_.unpublish(name_ + ".arena");
+    } catch (const Error&) {
+    }
+  }
+}
+
+// The public face: owns the engine, which requests reach through weak references.
+class MessengerImpl : public Messenger {
+ public:
+  explicit MessengerImpl(std::shared_ptr<Engine> e) : e_(std::move(e)) {}
+  ~MessengerImpl() override { close(); }
+  int rank() const override { return e_->rank; }
+  int size() const override { return e_->size; }
+  Request isend(const Buffer& b, int peer, std::int64_t tag) override { return e_->isend(b, peer, tag); }
+  Request irecv(const Buffer& b, int peer, std::int64_t tag, int* source) override {
+    return e_->irecv(b, peer, tag, source);
+  }
+  double timeout() const override { return e_->cfg.timeout_s; }
+  MessengerStats stats() const override { return e_->stats; }
+  void close() override { e_->close(); }
+
+ private:
+  std::shared_ptr<Engine> e_;
+};
+
+}  // namespace
+
+std::unique_ptr<Messenger> make_messenger(Device& device, int rank, int size, Rendezvous& rendezvous,
+                                          const MessengerConfig& config) {
+  auto engine = std::make_shared<Engine>(device, rank, size, rendezvous, config);
+  engine->start();
+  return std::make_unique<MessengerImpl>(std::move(engine));
+}
+
+}  // namespace tensorwire

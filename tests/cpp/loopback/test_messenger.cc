@@ -1,0 +1,292 @@
+// Copyright tensorwire authors.
+//
+// The tagged-message engine (tensorwire/messenger.h) between ranks that are
+// threads of this process, each with its own Device, over tcp and shared
+// memory: eager and placed messages, MPI matching (tags, order, any source),
+// credits, sizes that differ, a failed peer named by rank.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "tensorwire/collectives.h"
+#include "tensorwire/device.h"
+#include "tensorwire/error.h"
+#include "tensorwire/messenger.h"
+
+namespace tw = tensorwire;
+
+namespace {
+
+// An in-memory key-value store the rank threads share (the c10d store's role).
+class MemoryRendezvous : public tw::Rendezvous {
+ public:
+  void set(const std::string& key, const std::string& value) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_[key] = value;
+    cv_.notify_all();
+  }
+  std::string get(const std::string& key, double timeout_s) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), [&] { return kv_.count(key) > 0; })) {
+      throw tw::Timeout("no key " + key);
+    }
+    return kv_[key];
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+tw::DeviceConfig config(const std::string& transport) {
+  tw::DeviceConfig c;
+  c.host = "127.0.0.1";
+  c.net_devices = "lo";
+  c.transport = transport;
+  c.progress = tw::ProgressMode::kBlocking;
+  c.slab_size = std::size_t(8) << 20;
+  c.liveness_s = 2.0;
+  return c;
+}
+
+tw::Buffer buf(std::vector<std::uint8_t>& v) { return tw::Buffer{v.data(), v.size()}; }
+
+// Runs fn(rank, messenger) on `n` ranks, each a thread with its own Device.
+void run_ranks(int n, const std::string& transport, const std::function<void(int, tw::Messenger&)>& fn,
+               tw::MessengerConfig mc = {}) {
+  MemoryRendezvous rv;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(n);
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        tw::Device device(config(transport));
+        auto m = tw::make_messenger(device, r, n, rv, mc);
+        fn(r, *m);
+        m->close();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+}
+
+std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::uint8_t>(i * 7 + seed);
+  return v;
+}
+
+class Messages : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Messages, EagerAndPlacedArriveWhole) {
+  for (std::size_t n : {std::size_t(0), std::size_t(8), std::size_t(4096), std::size_t(128) << 10,
+                        (std::size_t(1) << 20) + 3}) {
+    run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
+      if (r == 0) {
+        auto v = pattern(n, 3);
+        m.isend(buf(v), 1, 5).wait(10);
+      } else {
+        std::vector<std::uint8_t> v(n, 0xEE);
+        int src = -2;
+        m.irecv(buf(v), 0, 5, &src).wait(10);
+        EXPECT_EQ(v, pattern(n, 3)) << n << " B";
+        EXPECT_EQ(src, 0);
+      }
+    });
+  }
+}
+
+TEST_P(Messages, TagsMatchInPostingOrderAndAnySourceTakesEveryone) {
+  run_ranks(3, GetParam(), [&](int r, tw::Messenger& m) {
+    if (r > 0) {
+      // tag 2 first, then tag 1: the receiver posts tag 1 first and must still get the right ones
+      for (std::size_t n : {std::size_t(64), std::size_t(300) << 10}) {
+        auto a = pattern(n, 10 * r + 2), b = pattern(n, 10 * r + 1);
+        auto s1 = m.isend(buf(a), 0, 2);
+        auto s2 = m.isend(buf(b), 0, 1);
+        s1.wait(10);
+        s2.wait(10);
+      }
+      return;
+    }
+    for (std::size_t n : {std::size_t(64), std::size_t(300) << 10}) {
+      for (int peer = 1; peer <= 2; ++peer) {
+        std::vector<std::uint8_t> one(n), two(n);
+        auto r1 = m.irecv(buf(one), peer, 1);
+        auto r2 = m.irecv(buf(two), peer, 2);
+        r1.wait(10);
+        r2.wait(10);
+        EXPECT_EQ(one, pattern(n, 10 * peer + 1));
+        EXPECT_EQ(two, pattern(n, 10 * peer + 2));
+      }
+    }
+  });
+  run_ranks(3, GetParam(), [&](int r, tw::Messenger& m) {
+    if (r > 0) {
+      auto v = pattern(1000, r);
+      m.isend(buf(v), 0, 9).wait(10);
+      return;
+    }
+    std::vector<int> seen;
+    for (int i = 0; i < 2; ++i) {
+      std::vector<std::uint8_t> v(1000);
+      int src = -2;
+      m.irecv(buf(v), tw::kAnySource, 9, &src).wait(10);
+      ASSERT_TRUE(src == 1 || src == 2) << src;
+      EXPECT_EQ(v, pattern(1000, src));
+      seen.push_back(src);
+    }
+    EXPECT_NE(seen[0], seen[1]);
+  });
+}
+
+// Far more messages than the ring holds, sent before any receive is posted:
+// credits hold the sender back, the unexpected queue keeps order.
+TEST_P(Messages, ManyOutstandingKeepTheirOrder) {
+  constexpr int kCount = 300;
+  run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
+    if (r == 0) {
+      std::vector<std::vector<std::uint8_t>> data;
+      std::vector<tw::Request> reqs;
+      for (int i = 0; i < kCount; ++i) data.push_back(pattern(i % 3 == 0 ? (200 << 10) : 100, i));
+      for (int i = 0; i < kCount; ++i) reqs.push_back(m.isend(buf(data[i]), 1, 4));
+      for (auto& q : reqs) q.wait(20);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      for (int i = 0; i < kCount; ++i) {
+        std::vector<std::uint8_t> v(i % 3 == 0 ? (200 << 10) : 100);
+        m.irecv(buf(v), 0, 4).wait(20);
+        ASSERT_EQ(v, pattern(v.size(), i)) << "message " << i;
+      }
+    }
+  });
+}
+
+TEST_P(Messages, SizesThatDifferFailBothSides) {
+  run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
+    std::vector<std::uint8_t> v(r == 0 ? (1 << 20) : (1 << 19));
+    if (r == 0) {
+      try {
+        m.isend(buf(v), 1, 0).wait(10);
+        ADD_FAILURE() << "a placed send into a smaller receive completed";
+      } catch (const tw::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("524288"), std::string::npos) << e.what();
+      }
+    } else {
+      try {
+        m.irecv(buf(v), 0, 0).wait(10);
+        ADD_FAILURE() << "a receive of the wrong size completed";
+      } catch (const tw::InvalidArgument& e) {
+        EXPECT_NE(std::string(e.what()).find("1048576"), std::string::npos) << e.what();
+      }
+    }
+  });
+}
+
+TEST_P(Messages, BadArgumentsAreRefusedAtOnce) {
+  run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
+    std::vector<std::uint8_t> v(8);
+    EXPECT_THROW(m.isend(buf(v), r, 0), tw::InvalidArgument);
+    EXPECT_THROW(m.isend(buf(v), 2, 0), tw::InvalidArgument);
+    EXPECT_THROW(m.isend(buf(v), tw::kAnySource, 0), tw::InvalidArgument);
+    EXPECT_THROW(m.irecv(tw::Buffer{nullptr, 8}, 1 - r, 0), tw::InvalidArgument);
+  });
+}
+
+// A peer that goes away fails what waits for it, naming its rank, within the liveness bound.
+TEST_P(Messages, AFailedPeerIsNamedByRank) {
+  MemoryRendezvous rv;
+  std::string error;
+  int failed_rank = -2;
+  std::thread quitter([&] {
+    tw::Device device(config(GetParam()));
+    auto m = tw::make_messenger(device, 1, 2, rv);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    device.close();  // without a word
+  });
+  {
+    tw::Device device(config(GetParam()));
+    auto m = tw::make_messenger(device, 0, 2, rv);
+    std::vector<std::uint8_t> v(64);
+    auto req = m->irecv(buf(v), 1, 0);
+    try {
+      req.wait(15);
+    } catch (const tw::Error& e) {
+      error = e.what();
+    }
+    failed_rank = req.failed_rank();
+  }
+  quitter.join();
+  EXPECT_NE(error, "");
+  EXPECT_EQ(failed_rank, 1) << error;
+}
+
+TEST_P(Messages, CloseFailsWhatIsPending) {
+  run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
+    std::vector<std::uint8_t> v(64);
+    if (r != 0) {  // stays until rank 0 has gone: this receive fails then
+      EXPECT_THROW(m.irecv(buf(v), 0, 78).wait(15), tw::Error);
+      return;
+    }
+    auto req = m.irecv(buf(v), 1, 77);  // never sent
+    m.close();
+    EXPECT_THROW(req.wait(5), tw::ConnectionError);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, Messages, ::testing::Values(std::string("tcp"), std::string("shm")),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+
+// ---- the collectives layer on the real engine ----
+
+namespace {
+
+class CollectivesOnTheEngine : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CollectivesOnTheEngine, EveryOpAgreesWithItsDefinition) {
+  constexpr int kRanks = 3;
+  const tw::DType f32{2, 32};
+  for (std::size_t count : {std::size_t(5), std::size_t(300) << 10}) {  // recursive doubling, ring
+    run_ranks(kRanks, GetParam(), [&](int r, tw::Messenger& m) {
+      tw::Collectives c(m);
+      std::vector<float> v(count);
+      for (std::size_t i = 0; i < count; ++i) v[i] = float(r + 1) * float(i % 97);
+      c.allreduce(tw::Buffer{v.data(), v.size() * 4}, count, f32, tw::ReduceOp::kSum);
+      for (std::size_t i = 0; i < count; i += 997) ASSERT_EQ(v[i], 6.0f * float(i % 97)) << i;
+
+      std::vector<std::uint8_t> mine(count, std::uint8_t(r + 1)), all(count * kRanks);
+      c.allgather(tw::Buffer{mine.data(), mine.size()}, tw::Buffer{all.data(), all.size()});
+      for (int p = 0; p < kRanks; ++p) ASSERT_EQ(all[p * count + count / 2], p + 1);
+
+      std::vector<std::uint8_t> b(count, r == 1 ? 42 : 0);
+      c.broadcast(tw::Buffer{b.data(), b.size()}, 1);
+      ASSERT_EQ(b[count - 1], 42);
+
+      std::vector<std::size_t> off(kRanks), len(kRanks, count);
+      for (int p = 0; p < kRanks; ++p) off[p] = p * count;
+      std::vector<std::uint8_t> in(count * kRanks), out(count * kRanks);
+      for (int p = 0; p < kRanks; ++p) std::fill(in.begin() + p * count, in.begin() + (p + 1) * count, r * 10 + p);
+      c.alltoall(tw::Buffer{in.data(), in.size()}, off, len, tw::Buffer{out.data(), out.size()}, off, len);
+      for (int p = 0; p < kRanks; ++p) ASSERT_EQ(out[p * count], p * 10 + r);
+      c.barrier();
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, CollectivesOnTheEngine, ::testing::Values(std::string("tcp"), std::string("shm")),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
