@@ -36,9 +36,5 @@ PYBIND11_MODULE(_c10d, m) {
         return d;
       }, "The engine's counters (eager and placed sends, unexpected messages, collective calls).");
   m.attr("torch_version") = TW_TORCH_VERSION;
-#ifdef TW_ENGINE_PENDING
-  m.attr("has_engine") = false;  // built before the message engine landed: groups of one rank only
-#else
-  m.attr("has_engine") = true;
-#endif
+
 }

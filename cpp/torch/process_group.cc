@@ -23,10 +23,6 @@
 #include "tensorwire/slot.h"
 
 namespace tensorwire::torch_backend {
-#ifdef TW_ENGINE_PENDING
-std::unique_ptr<Messenger> make_store_messenger(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                                double timeout_s, const std::string& name);
-#endif
 namespace {
 
 using c10d::OpType;
@@ -506,11 +502,7 @@ ProcessGroupTensorwire::ProcessGroupTensorwire(const c10::intrusive_ptr<c10d::St
       MessengerConfig mc;
       mc.timeout_s = timeout_s_.load();
       mc.name = "tensorwire/" + (group_id.empty() ? std::string("pg") : group_id);
-#ifdef TW_ENGINE_PENDING
-      messenger_ = make_store_messenger(store, rank, size, mc.timeout_s, mc.name);  // TEMPORARY
-#else
       messenger_ = make_messenger(*device_, rank, size, rendezvous, mc);
-#endif
       coll_ = std::make_unique<Collectives>(*messenger_);
     } catch (const c10::Error&) {
       throw;

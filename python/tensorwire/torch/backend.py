@@ -75,11 +75,6 @@ def _seconds(timeout: Any) -> float:
 def create(dist_opts: Any, pg_options: Any = None) -> Any:
     """torch.distributed's creator (extended API): one C++ backend for the group's CPU tensors."""
     c10d = load()
-    if not c10d.has_engine and dist_opts.group_size > 1 and os.environ.get("TENSORWIRE_C10D_STANDIN") != "1":
-        # TEMPORARY: until the C++ engine lands (issue 48); TENSORWIRE_C10D_STANDIN=1 tests the C++
-        # backend on a stand-in engine that moves messages through the store
-        from . import _py_backend
-        return _py_backend.create(dist_opts.store, dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout)
     return c10d.ProcessGroupTensorwire(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
                                        datetime.timedelta(seconds=_seconds(dist_opts.timeout)),
                                        str(dist_opts.group_id or ""))
