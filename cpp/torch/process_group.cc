@@ -699,6 +699,20 @@ void ProcessGroupTensorwire::close(bool graceful) {
 
 void ProcessGroupTensorwire::shutdown() { close(true); }
 
+at::Tensor ProcessGroupTensorwire::allocateTensor(long size, at::TensorOptions options) {
+  TORCH_CHECK_VALUE(device_ != nullptr, "tensorwire backend: allocateTensor needs a group of 2 or more ranks");
+  TORCH_CHECK_VALUE(!options.has_device() || options.device().is_cpu(),
+                    "tensorwire backend: allocateTensor makes CPU tensors, not ", options.device());
+  TORCH_CHECK_VALUE(size >= 0, "tensorwire backend: allocateTensor of ", size, " elements");
+  const auto dtype = options.has_dtype() ? c10::typeMetaToScalarType(options.dtype()) : at::kFloat;
+  const std::size_t nbytes = std::max<std::size_t>(1, static_cast<std::size_t>(size) * c10::elementSize(dtype));
+  auto block = std::make_shared<Block>(device_->allocate(nbytes, 64));
+  void* data = block->data();
+  // The Block (and its registered slab) lives as long as the tensor's storage.
+  return at::from_blob(data, {static_cast<int64_t>(size)}, [block](void*) mutable { block.reset(); },
+                       options.dtype(dtype).device(at::kCPU));
+}
+
 void ProcessGroupTensorwire::abort() { close(false); }
 
 // ---------------------------- collectives --------------------------------

@@ -159,6 +159,11 @@ class ProcessGroupTensorwire : public c10d::Backend {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
+  // FSDP2's set_allocate_memory_from_process_group: buffers from the Device's
+  // registered pool (groups of 2+ ranks), freed back to it when torch drops them.
+  bool supportsTensorAlloc(c10::DeviceIndex device_index) override { return device_ != nullptr; }
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+
   void setSequenceNumberForGroup() override {}  // every rank starts at 0 (gloo's)
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void setTimeout(std::chrono::milliseconds timeout) override;

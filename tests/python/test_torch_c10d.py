@@ -251,3 +251,44 @@ def test_an_extension_built_for_another_torch_is_refused(monkeypatch: pytest.Mon
     monkeypatch.setattr(_c10d, "torch_version", "0.0.1")
     with pytest.raises(ImportError, match=r"built for torch 0\.0\.1.*rebuild"):
         backend.load()
+
+
+@pytest.mark.timeout(150)
+def test_tensors_from_the_registered_pool_and_fsdp2_on_them(tmp_path: Path) -> None:
+    """supports_tensor_alloc/allocate_tensor give CPU tensors of the Device's registered pool that
+    the ops move; FSDP2 with set_allocate_memory_from_process_group_for_comm takes its
+    communication buffers from there and trains to the same parameters as without."""
+    prog = script(tmp_path, """
+        from torch.distributed.fsdp import fully_shard
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
+        r, n = dist.get_rank(), dist.get_world_size()
+        be = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
+        assert be.supports_tensor_alloc(torch.device("cpu"))
+        t = be.allocate_tensor(1000, dtype=torch.bfloat16, device=torch.device("cpu"))
+        assert t.shape == (1000,) and t.dtype == torch.bfloat16 and t.device.type == "cpu"
+        t.fill_(r + 1)
+        dist.all_reduce(t)
+        out = be.allocate_tensor(n * 1000, dtype=torch.bfloat16, device=torch.device("cpu"))
+        dist.all_gather_into_tensor(out, t)
+        assert float(t[0]) == n * (n + 1) / 2 and bool((out == t[0]).all())
+        def train(from_pg):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+            for layer in (model[0], model[2]):
+                fully_shard(layer)
+            fully_shard(model)
+            model.set_allocate_memory_from_process_group_for_comm(from_pg)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            torch.manual_seed(1 + r)
+            for _ in range(3):
+                loss = model(torch.randn(16, 64)).pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            return torch.cat([p.full_tensor().reshape(-1) for p in model.parameters()])
+        a, b = train(False), train(True)
+        say("FSDP2", r, torch.equal(a, b))
+        dist.destroy_process_group()
+    """)
+    run = torchrun(2, prog, timeout=140)
+    assert "FSDP2 0 True" in run.stdout and "FSDP2 1 True" in run.stdout, run.stdout + run.stderr[-3000:]
