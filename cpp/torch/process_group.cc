@@ -470,9 +470,12 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkTensorwire::getFuture() {
       fut->markCompleted(c10::IValue(outputs_));
     }
   }
-  if (hook) {
+  if (hook && request_.state() != 0) {
+    complete_from_request();  // done already: no callback (the group may be gone by now)
+  } else if (hook) {
     // The engine's callback must not block: the group's completion thread
-    // finishes the Work (copy-back, future callbacks).
+    // finishes the Work (copy-back, future callbacks). The group outlives
+    // it: closing the engine fails what is pending before the thread stops.
     auto self = c10::intrusive_ptr<WorkTensorwire>::reclaim_copy(this);
     ProcessGroupTensorwire* pg = pg_;
     request_.then([self, pg](bool, const std::string&) { pg->defer_completion(self); });

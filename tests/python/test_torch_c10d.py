@@ -292,3 +292,48 @@ def test_tensors_from_the_registered_pool_and_fsdp2_on_them(tmp_path: Path) -> N
     """)
     run = torchrun(2, prog, timeout=140)
     assert "FSDP2 0 True" in run.stdout and "FSDP2 1 True" in run.stdout, run.stdout + run.stderr[-3000:]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("op", ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+                                "broadcast", "barrier"])
+def test_a_killed_rank_fails_each_op_naming_it(op: str, tmp_path: Path) -> None:
+    """Rank 2 of 3 dies; the others' next collective fails with a DistBackendError naming rank 2
+    within the Device's liveness bound, not the 90 s op timeout."""
+    prog = script(tmp_path, f"""
+        dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=90))
+        r, n = dist.get_rank(), dist.get_world_size()
+        dist.barrier()
+        if r == 2:
+            os.kill(os.getpid(), 9)
+        t = torch.ones(3 * (1 << 18))
+        out = torch.empty(n * t.numel())
+        t0 = time.monotonic()
+        try:
+            op = {op!r}
+            if op == "all_reduce":
+                dist.all_reduce(t)
+            elif op == "all_gather_into_tensor":
+                dist.all_gather_into_tensor(out, t)
+            elif op == "reduce_scatter_tensor":
+                dist.reduce_scatter_tensor(t, out)
+            elif op == "all_to_all_single":
+                dist.all_to_all_single(out, torch.ones(out.numel()))
+            elif op == "broadcast":
+                dist.broadcast(t, src=0)
+            else:
+                dist.barrier()
+            say("NO ERROR")
+        except dist.DistBackendError as e:
+            say(f"RAISED {{r}} after {{time.monotonic() - t0:.1f}} s:", str(e).replace(chr(10), " "))
+        os._exit(0)
+    """)
+    run = torchrun(3, prog, timeout=140)
+    lines = [x for x in run.stdout.splitlines() if x.startswith("RAISED")]
+    assert len(lines) == 2, run.stdout + run.stderr[-2000:]
+    for line in lines:
+        # a broadcast from rank 0 (a tree): rank 1 hears only from rank 0, which leaves once its own
+        # broadcast failed (the engine fails the requests that involve a dead rank, not the group's)
+        if op != "broadcast" or line.startswith("RAISED 0"):
+            assert "rank 2" in line, line
+        assert float(line.split()[3]) < 30, line
