@@ -326,6 +326,8 @@ def test_a_killed_rank_fails_each_op_naming_it(op: str, tmp_path: Path) -> None:
             say("NO ERROR")
         except dist.DistBackendError as e:
             say(f"RAISED {{r}} after {{time.monotonic() - t0:.1f}} s:", str(e).replace(chr(10), " "))
+            if op != "broadcast":  # stay until the other survivor saw rank 2 go (not this rank leaving)
+                time.sleep(10)
         os._exit(0)
     """)
     run = torchrun(3, prog, timeout=140)
