@@ -429,7 +429,7 @@ bool WorkTensorwire::wait(std::chrono::milliseconds timeout) {
       throw_backend_error("tensorwire backend, rank " + std::to_string(pg_rank_) + ": " + what_ +
                           (opType_ == OpType::SEND ? " to rank " : " from rank ") +
                           (peer_ >= 0 ? std::to_string(peer_) : std::string("any")) + " did not complete within " +
-                          c10::str(seconds) + " s");
+                          c10::str(seconds) + " s: Timed out waiting for it (it stays posted)");
     }
     complete_from_request();
   }
@@ -440,7 +440,8 @@ bool WorkTensorwire::wait(std::chrono::milliseconds timeout) {
     if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
       lock.unlock();
       throw_backend_error("tensorwire backend, rank " + std::to_string(pg_rank_) + ": " + what_ +
-                          " did not complete within " + c10::str(seconds) + " s (it runs on in the background)");
+                          " did not complete within " + c10::str(seconds) +
+                          " s: Timed out waiting for it (it runs on in the background)");
     }
   } else {
     cv_.wait(lock, [&] { return completed_; });
@@ -574,6 +575,10 @@ std::exception_ptr ProcessGroupTensorwire::as_backend_error(const char* what, st
     std::rethrow_exception(e);
   } catch (const c10::Error&) {
     return e;  // torch's own (a copy's error) or one of ours, already worded
+  } catch (const tensorwire::Timeout& err) {
+    // " Timed out " as gloo words it (PyTorch's suite matches it)
+    return backend_error("tensorwire backend, rank " + std::to_string(rank_) + ": " + what +
+                         " failed: Timed out (" + err.what() + ")");
   } catch (const std::exception& err) {
     return backend_error("tensorwire backend, rank " + std::to_string(rank_) + ": " + what + " failed: " + err.what());
   } catch (...) {
