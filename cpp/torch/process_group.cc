@@ -1206,7 +1206,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::barrier(const c10d::Barri
 
 void ProcessGroupTensorwire::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   check_open("monitored_barrier");
-  const double to = op_timeout(opts.timeout);
+  // An explicit timeout of 0 means none left (gloo's), not the group's.
+  const double to = opts.timeout.count() >= 0 ? opts.timeout.count() / 1000.0 : timeout_s_.load();
   auto work = make_work(OpType::BARRIER, "monitored_barrier", {}, opts.timeout, false);
   enqueue(work, [this, to, wait_all_ranks] {
     if (size_ == 1) return;
@@ -1216,6 +1217,10 @@ void ProcessGroupTensorwire::monitoredBarrier(const c10d::BarrierOptions& opts, 
       return std::max(0.0, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
     };
     const std::string ms = std::to_string(static_cast<int64_t>(to * 1000));
+    if (to <= 0) {
+      throw_backend_error("tensorwire backend: Rank " + std::to_string(rank_) + " timed out in monitoredBarrier after " +
+                          ms + " ms");
+    }
     if (rank_ == 0) {
       // Rank 0 hears from every rank within the timeout, then lets them go.
       std::vector<at::Tensor> bufs;
@@ -1252,8 +1257,9 @@ void ProcessGroupTensorwire::monitoredBarrier(const c10d::BarrierOptions& opts, 
         got.wait(left());
         if (got.state() != 1) throw tensorwire::Timeout("no answer");
       } catch (const std::exception& e) {
-        throw_backend_error("tensorwire backend: rank " + std::to_string(rank_) +
-                            " got no answer from rank 0 in monitoredBarrier within " + ms + " ms: " + e.what());
+        throw_backend_error("tensorwire backend: Rank " + std::to_string(rank_) +
+                            " successfully reached monitoredBarrier, but received errors while waiting for "
+                            "send/recv from rank 0 (within " + ms + " ms: " + e.what() + ")");
       }
     }
   });
