@@ -39,7 +39,7 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_PROGRESS", "progress mode of every Device's data workers (overrides Device(progress=))",
              "blocking, polling, inline", "Device(progress=...), blocking", CORE),
     Variable("TENSORWIRE_TRANSPORT", "transport of the torch.distributed backend's Devices "
-             "(`Device(transport=...)`)", "auto, tcp, shm, rdma", "auto (UCX_TLS as set)", "tensorwire.torch.backend"),
+             "(`Device(transport=...)`)", "auto, tcp, shm, rdma", "auto (UCX_TLS as set)", "the torch backend (tensorwire._c10d)"),
     Variable("TENSORWIRE_SHARE_IN_PLACE", "whether the torch.distributed backend shares a tensor it moves again "
              "with same-host peers in place (tensorwire.sharing; 0: never, the copies go through UCX and "
              "the landing areas)", "0, 1", "1", "tensorwire.ranks.messages"),
@@ -80,9 +80,10 @@ VARIABLES: tuple[Variable, ...] = (
              RUN),
     Variable("TENSORWIRE_HOST", "address this process's device listens on", "host or IP",
              "127.0.0.1 when the root is loopback, else the local address that routes to it",
-             "tensorwire.ranks.world, tensorwire train (PS roles); set by `tensorwire run --testbed`"),
+             "tensorwire.ranks.world, the torch backend, tensorwire train (PS roles); set by "
+             "`tensorwire run --testbed`"),
     Variable("TENSORWIRE_TOKEN", "shared secret of a World's devices: peers with another token are refused",
-             "any string", "empty (no token)", WORLD),
+             "any string", "empty (no token)", WORLD + ", the torch backend"),
     # -- benches --
     Variable("TENSORWIRE_PROGRESS_BAR", "draw the benches' progress bar on stderr (how ranks and spawned "
              "processes learn --progress/--no-progress)", "0, 1", "1 when stderr is a terminal",
@@ -105,6 +106,9 @@ VARIABLES: tuple[Variable, ...] = (
     # -- build --
     Variable("TENSORWIRE_UCX", "which UCX the build links (Makefile, pip via pyproject.toml, CMake)",
              "wheel, system", "wheel", "build time only"),
+    Variable("TENSORWIRE_BUILD_TORCH", "whether the build makes the torch.distributed backend (tensorwire._c10d) "
+             "against the building Python's torch (pip via pyproject.toml, CMake)", "AUTO, ON, OFF",
+             "AUTO (when torch imports)", "build time only"),
 )
 
 _BY_NAME = {v.name: v for v in VARIABLES}

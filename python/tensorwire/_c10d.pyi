@@ -1,0 +1,16 @@
+# The torch.distributed backend's extension module (cpp/torch/module.cc), built only where torch
+# is installed; tensorwire.torch.backend imports it (after torch) and checks torch_version.
+from datetime import timedelta
+
+import torch
+
+torch_version: str
+
+class ProcessGroupTensorwire(torch._C._distributed_c10d.Backend):
+    def __init__(self, store: torch._C._distributed_c10d.Store, rank: int, size: int, timeout: timedelta,
+                 group_id: str = "") -> None: ...
+    def _set_default_timeout(self, timeout: timedelta) -> None: ...
+    @property
+    def timeout_s(self) -> float: ...
+    def describe(self) -> str: ...
+    def stats(self) -> dict[str, int]: ...
