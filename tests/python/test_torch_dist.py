@@ -353,10 +353,7 @@ def test_a_send_moves_while_its_sender_waits_in_a_collective(transport: str, tmp
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("transport", [pytest.param("shm", marks=pytest.mark.xfail(strict=True, reason=(
-    "the C++ message engine (cpp/src/protocol/messenger.cc), over shm, fails a receive once its peer closed, even "
-    "for a message that had arrived (or it has no close that first delivers the sends still waiting for credit): "
-    "with 60 messages rank 1 receives none, with 10 all; over tcp all 60 arrive"))), "tcp"])
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp_path: Path) -> None:
     """Rank 0 sends 60 eager messages and leaves; rank 1 receives them after it left. Consuming
     the 32nd hands credit back to the sender, a write to a peer that is gone: it failed the
