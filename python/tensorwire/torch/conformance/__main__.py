@@ -1,0 +1,15 @@
+"""python -m tensorwire.torch.conformance: the same command as `tensorwire conformance`."""
+
+import argparse
+import sys
+
+import shlex
+
+from . import __doc__ as DOC, add_arguments, run
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m tensorwire.torch.conformance", description=DOC,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    sys.exit(run(parser.parse_args(), prog=parser.prog,
+                 command=shlex.join(["python", "-m", "tensorwire.torch.conformance"] + sys.argv[1:])))

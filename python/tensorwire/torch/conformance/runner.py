@@ -1,0 +1,122 @@
+"""The process that runs the suite's tests (``python -m tensorwire.torch.conformance.runner
+EVENTS JOB``): one after another, in unittest's way, each spawning its ranks.
+It appends a JSON line to EVENTS when a test starts and when it ends, so that the
+conformance command can show progress and, when a test outlives its limit, kill
+this process's group and start another runner on the tests left. JOB (JSON) names
+the tests ({"tests": [...]}), or selects them ({"patterns": [...], "exact": bool}):
+then it first writes a line per test of the suite, whether it is selected and the
+gate that skips it without spawning a rank, if any.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+import time
+import traceback
+import unittest
+
+# The message of MultiProcessTestCase when a rank outlived its limit and was killed.
+HUNG_MARKS = ("terminated or timed out", "Timing out after")
+
+
+def _error_line(text: str) -> str:
+    """The exception line of the first failed rank's traceback in a test's error text
+    ("Process 0 exited with error code 10 and exception:", then the rank's traceback),
+    else the text's last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    marks = [i for i, ln in enumerate(lines) if "exited with error code" in ln] + [len(lines)]
+    if len(marks) > 1 and marks[1] > marks[0] + 1:
+        return lines[marks[1] - 1][:500]
+    return (lines[-1] if lines else "")[:500]
+
+
+class _Events(unittest.TestResult):
+    """A TestResult that writes each test's start and outcome as a JSON line."""
+
+    def __init__(self, out) -> None:
+        super().__init__()
+        self.out, self.t0, self.outcome = out, 0.0, None
+
+    def _write(self, record: dict) -> None:
+        self.out.write(json.dumps(record) + "\n")
+        self.out.flush()
+
+    def startTest(self, test) -> None:
+        super().startTest(test)
+        self.t0, self.outcome = time.monotonic(), ("passed", "")
+        self._write({"event": "start", "test": test._testMethodName})
+
+    def _set(self, outcome: str, message: str) -> None:
+        self.outcome = (outcome, message)
+
+    def addError(self, test, err) -> None:
+        text = "".join(traceback.format_exception(*err))
+        self._set("hung" if any(m in text for m in HUNG_MARKS) else "failed", text)
+
+    addFailure = addError
+
+    def addSkip(self, test, reason) -> None:
+        self._set("skipped", str(reason))
+
+    def addExpectedFailure(self, test, err) -> None:
+        self._set("passed", "expected failure")
+
+    def addUnexpectedSuccess(self, test) -> None:
+        self._set("failed", "unexpected success")
+
+    def stopTest(self, test) -> None:
+        super().stopTest(test)
+        outcome, message = self.outcome
+        record = {"event": "end", "test": test._testMethodName, "outcome": outcome,
+                  "seconds": round(time.monotonic() - self.t0, 2), "message": message[-8000:]}
+        if outcome in ("failed", "hung"):
+            record["error"] = _error_line(message)
+        self._write(record)
+
+
+def selected(name: str, patterns: list[str], exact: bool) -> bool:
+    """Whether a test is picked by --tests: an exact name (exact), a glob on the whole
+    name (a pattern with * ? or [), else a substring; no pattern picks every test."""
+    if not patterns:
+        return True
+    if exact:
+        return name in patterns
+    return any(fnmatch.fnmatchcase(name, p) if any(c in p for c in "*?[") else p in name for p in patterns)
+
+
+def main(argv: list[str]) -> int:
+    events, job = argv[0], json.loads(argv[1])
+    with open(events, "a") as out:
+        def write(record: dict) -> None:
+            out.write(json.dumps(record) + "\n")
+            out.flush()
+        try:
+            from . import suite  # after the environment is set: BACKEND, the claims, the modules
+            import torch.distributed as dist
+            dist.Backend(suite.BACKEND)  # ValueError for a name no import registered
+        except Exception as e:  # noqa: BLE001 - reported to the command, which stops with it
+            write({"event": "error", "message": f"{type(e).__name__}: {e}"})
+            return 1
+        tests = job.get("tests")
+        if tests is None:  # the first runner: the whole suite, then the selected tests
+            tests = []
+            for name in suite.test_names():
+                pick = selected(name, job["patterns"], job["exact"])
+                write({"event": "list", "test": name, "selected": pick, "skip": suite.static_skip(name)})
+                tests += [name] if pick else []
+            write({"event": "listed"})
+        if job.get("list_only"):
+            return 0
+        cls = suite.TestDistBackendWithSpawn
+        cls.setUpClass()
+        result = _Events(out)
+        for name in tests:
+            cls(name).run(result)
+        cls.tearDownClass()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
