@@ -12,7 +12,8 @@ comm hooks, sparse all_reduce: gloo's name only), ``DistTestCases.skip_collectiv
 and ``DistTestCases.backend_feature``. A backend outside PyTorch claims features by
 adding its name to ``backend_feature[...]`` before the suite is imported; for a
 backend that is not built in this claims ``ddp``, ``subgroup`` and ``plugin``
-(``--claim``), in the test processes only.
+(``--claim``), in the test processes only. ``--gates gloo`` lets the gates see
+gloo's name while the tests run on the backend: gloo's whole CPU selection.
 
 Every test has a time limit (``--timeout``, PyTorch's own mechanism kills its ranks);
 a runner that outlives it by a minute is killed with its ranks and the rest run in a
@@ -34,7 +35,7 @@ import tempfile
 import time
 
 from . import report
-from .runner import selected  # noqa: F401 - re-exported: what --tests picks
+from .runner import CURRENT_OUTPUT, selected  # noqa: F401 - selected: what --tests picks
 
 BUILTIN = ("gloo", "nccl", "ucc", "mpi")
 DEFAULT_CLAIM = "ddp,subgroup,plugin"
@@ -59,9 +60,16 @@ def add_arguments(p) -> None:
     p.add_argument("--claim", default=None, metavar="FEATURES",
                    help=f"DistTestCases.backend_feature keys claimed for the backend (default {DEFAULT_CLAIM} "
                         "for a backend that is not built into torch, none for gloo; '' for none)")
+    p.add_argument("--gates", default=None, metavar="NAME",
+                   help="decide which tests run by the suite's gates for backend NAME (default: --backend's "
+                        "own); --gates gloo also runs the tests PyTorch gates to gloo's name (timeouts, "
+                        "futures, batched p2p, coalesced all_reduce, comm hooks) on --backend")
     p.add_argument("--import", dest="imports", default="tensorwire.torch", metavar="MODULES",
                    help="comma list of modules imported first in every test process, to register the "
                         "backend (default tensorwire.torch)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set KEY in the test processes' environment (repeatable; recorded in the summary), "
+                        "e.g. MASTER_PORT=29500, which PyTorch's runner does not set")
     p.add_argument("--out", metavar="PREFIX", help="write the summary to PREFIX.txt and PREFIX.json")
     p.add_argument("--baseline", metavar="FILE.json",
                    help="an earlier run's JSON (gloo's): list the tests it passed that were gated off or "
@@ -131,8 +139,14 @@ class _Run:
         if current is not None:
             why = (f"hung: the runner was killed {limit:.0f} s after the test started" if late
                    else f"the runner exited (status {rc}) during the test")
+            try:
+                with open(os.path.join(self.tmp, CURRENT_OUTPUT), errors="replace") as out:
+                    tail = out.read()[-4000:]
+            except OSError:
+                tail = ""
             self._record({"test": current[0], "outcome": "hung" if late else "failed",
-                          "seconds": round(now - current[1], 2), "message": why, "error": why})
+                          "seconds": round(now - current[1], 2), "message": why, "error": why,
+                          "output_tail": tail})
         elif late and not self.error:
             self.error = f"listing the suite took more than {LIST_TIMEOUT_S:.0f} s"
         elif rc and not self.error and not self.order:
@@ -157,7 +171,8 @@ class _Run:
 
     def _record(self, rec: dict) -> None:
         name = rec["test"]
-        self.results[name] = {k: rec.get(k) for k in ("outcome", "seconds", "error", "message") if rec.get(k)}
+        self.results[name] = {k: rec.get(k) for k in ("outcome", "seconds", "error", "message", "output_tail")
+                               if rec.get(k)}
         if self.args.quiet:
             return
         counts = report.totals(self.results)
@@ -167,13 +182,25 @@ class _Run:
               f"{counts['skipped']} skipped)", file=sys.stderr, flush=True)
 
 
+def _pairs(items: list[str]) -> dict:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"tensorwire conformance: --env {item!r}: expected KEY=VALUE")
+        pairs[key] = value
+    return pairs
+
+
 def _environment(args, tmp: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
+    env.update(_pairs(args.env))
     os.makedirs(os.path.join(tmp, "barrier"), exist_ok=True)
     claim = args.claim if args.claim is not None else ("" if args.backend in BUILTIN else DEFAULT_CLAIM)
     env.update(BACKEND=args.backend, WORLD_SIZE=str(args.world_size), TEMP_DIR=tmp, TMPDIR=tmp,
                TW_CONFORMANCE_CLAIM=claim, TW_CONFORMANCE_IMPORT=args.imports,
-               TW_CONFORMANCE_TIMEOUT=str(int(args.timeout)), PYTHONUNBUFFERED="1")
+               TW_CONFORMANCE_TIMEOUT=str(int(args.timeout)), TW_CONFORMANCE_GATES=args.gates or "",
+               PYTHONUNBUFFERED="1")
     return env
 
 
@@ -185,6 +212,7 @@ def run(args, prog: str = "tensorwire conformance", command: str | None = None) 
     if args.timeout <= 0:
         raise SystemExit(f"{prog}: --timeout must be positive")
     patterns = [p for item in args.tests for p in item.split(",") if p]
+    _pairs(args.env)  # a malformed --env stops here, not after listing the suite
     for opt, path in (("--out", args.out and args.out + ".txt"), ("--log", args.log)):
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):

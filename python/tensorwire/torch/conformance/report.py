@@ -23,7 +23,7 @@ def _code() -> str:
     try:
         head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "../../.."],
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "../../..", "../../../../cpp"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -48,7 +48,8 @@ def summary(args, order: list[str], results: dict, seconds: float, command: str,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "code": _code(), "torch": torch.__version__, "python": platform.python_version(),
            "host_cpus": os.cpu_count(), "claimed": [c for c in claim.split(",") if c],
-           "timeout_s": args.timeout, "seconds": round(seconds, 1), "selection": args.tests,
+           "timeout_s": args.timeout, "gates": args.gates or args.backend,
+           "env": args.env, "seconds": round(seconds, 1), "selection": args.tests,
            "totals": totals(tests), "tests": tests}
     if baseline is not None:
         theirs = baseline["tests"]
@@ -70,7 +71,8 @@ def text(s: dict) -> str:
         f"# command: {s['command']}",
         f"# date: {s['date']}; code: {s['code']}; torch {s['torch']}, Python {s['python']}, "
         f"{s['host_cpus']} CPUs; per-test limit {s['timeout_s']:.0f} s",
-        f"# claimed for the backend (DistTestCases.backend_feature): {', '.join(s['claimed']) or 'nothing'}",
+        f"# claimed for the backend (DistTestCases.backend_feature): {', '.join(s['claimed']) or 'nothing'}; "
+        f"the gates decided as for {s['gates']!r}; environment set: {' '.join(s['env']) or 'nothing'}",
         "",
         f"totals: {t['passed']} passed, {t['failed']} failed, {t['hung']} hung, {t['skipped']} skipped "
         f"({len(tests)} tests, {s['seconds'] / 60:.1f} min)",

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
+import re
 import sys
+import tempfile
 import time
 import traceback
 import unittest
 
 # The message of MultiProcessTestCase when a rank outlived its limit and was killed.
 HUNG_MARKS = ("terminated or timed out", "Timing out after")
+# Where the test now running writes (in the run's temporary directory): what the command
+# reads of a runner it had to kill.
+CURRENT_OUTPUT = "current_test.out"
+# A traceback's last line: "RuntimeError: ...", "tensorwire.errors.InvalidArgument: ..."
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*: \S")
 
 
 def _error_line(text: str) -> str:
@@ -69,11 +77,46 @@ class _Events(unittest.TestResult):
     def stopTest(self, test) -> None:
         super().stopTest(test)
         outcome, message = self.outcome
-        record = {"event": "end", "test": test._testMethodName, "outcome": outcome,
-                  "seconds": round(time.monotonic() - self.t0, 2), "message": message[-8000:]}
+        self.record = {"event": "end", "test": test._testMethodName, "outcome": outcome,
+                       "seconds": round(time.monotonic() - self.t0, 2), "message": message[-8000:]}
         if outcome in ("failed", "hung"):
-            record["error"] = _error_line(message)
-        self._write(record)
+            self.record["error"] = _error_line(message)
+
+
+def _first_exception(output: str) -> str | None:
+    """The exception line ("Type: message", unindented) ending the first traceback in the ranks' output."""
+    in_traceback = False
+    for line in output.splitlines():
+        if line.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+        elif in_traceback and EXCEPTION_LINE.match(line):
+            return line.strip()[:500]
+    return None
+
+
+def _run_captured(test: unittest.TestCase, result: _Events) -> str:
+    """Runs one test with this process's stdout and stderr, which its ranks inherit, in a file of its
+    own; copies that to the runner's own output (the log) and returns it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(os.path.join(tempfile.gettempdir(), CURRENT_OUTPUT), "w+b") as cap:
+        os.dup2(cap.fileno(), 1)
+        os.dup2(cap.fileno(), 2)
+        try:
+            test.run(result)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        cap.seek(0)
+        data = cap.read()
+    sys.stdout.buffer.write(data)
+    sys.stdout.flush()
+    return data.decode(errors="replace")
 
 
 def selected(name: str, patterns: list[str], exact: bool) -> bool:
@@ -113,7 +156,15 @@ def main(argv: list[str]) -> int:
         cls.setUpClass()
         result = _Events(out)
         for name in tests:
-            cls(name).run(result)
+            output = _run_captured(cls(name), result)
+            record = result.record
+            # a rank that raised before the test ran (init_process_group) exits 1: its traceback is
+            # only in its output
+            if "error" in record and record["error"].startswith("Expected exit code"):
+                record["error"] = _first_exception(output) or record["error"]
+            if record["outcome"] in ("failed", "hung"):
+                record["output_tail"] = output[-4000:]
+            write(record)
         cls.tearDownClass()
     return 0
 

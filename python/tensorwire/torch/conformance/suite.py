@@ -8,6 +8,8 @@ The environment the conformance command sets before importing this:
                           BACKEND (a plugin backend's ``ddp``, ``subgroup``, ``plugin``)
   TW_CONFORMANCE_IMPORT   comma list of modules that register the backend
   TW_CONFORMANCE_TIMEOUT  seconds a test's ranks may run (MultiProcessTestCase's own limit)
+  TW_CONFORMANCE_GATES    the backend name the suite's gates see (default BACKEND): "gloo" runs
+                          the tests PyTorch gates to gloo's name on BACKEND too
 
 The claims go into common_distributed's DistTestCases before distributed_test is
 imported: its skip decorators read them once, at import. They are made in this
@@ -38,7 +40,17 @@ if _timeout > 0:
     common_distributed.TIMEOUT_OVERRIDE.clear()
 
 import torch  # noqa: E402
-from torch.testing._internal.distributed.distributed_test import DistributedTest, TestDistBackend  # noqa: E402
+
+# The gates (skip decorators) read distributed_test.BACKEND at import; the tests and their ranks
+# read it when they run (init_process_group(backend=BACKEND)): that one is always the real backend.
+GATES = os.environ.get("TW_CONFORMANCE_GATES") or BACKEND
+os.environ["BACKEND"] = GATES
+try:
+    from torch.testing._internal.distributed import distributed_test  # noqa: E402
+finally:
+    os.environ["BACKEND"] = BACKEND
+distributed_test.BACKEND = BACKEND
+DistributedTest, TestDistBackend = distributed_test.DistributedTest, distributed_test.TestDistBackend
 
 torch.backends.cuda.matmul.allow_tf32 = False
 
