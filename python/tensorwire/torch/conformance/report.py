@@ -41,13 +41,11 @@ def load_baseline(path: str, prog: str) -> dict:
 
 def summary(args, order: list[str], results: dict, seconds: float, command: str, baseline: dict | None) -> dict:
     import torch
-    from . import BUILTIN, DEFAULT_CLAIM
-    claim = args.claim if args.claim is not None else ("" if args.backend in BUILTIN else DEFAULT_CLAIM)
     tests = {t: results.get(t, {"outcome": "hung", "error": "never reported"}) for t in order}
     out = {"backend": args.backend, "world_size": args.world_size, "command": command,
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "code": _code(), "torch": torch.__version__, "python": platform.python_version(),
-           "host_cpus": os.cpu_count(), "claimed": [c for c in claim.split(",") if c],
+           "host_cpus": os.cpu_count(), "claimed": [c for c in args.claim.split(",") if c],
            "timeout_s": args.timeout, "gates": args.gates or args.backend,
            "env": args.env, "seconds": round(seconds, 1), "selection": args.tests,
            "totals": totals(tests), "tests": tests}

@@ -32,12 +32,11 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*: \S")
 def _error_line(text: str) -> str:
     """The exception line of the first failed rank's traceback in a test's error text
     ("Process 0 exited with error code 10 and exception:", then the rank's traceback),
-    else the text's last line."""
+    else of the text's own traceback, else the text's last line."""
+    mark = text.find("exited with error code")
+    found = _first_exception(text[mark:]) if mark >= 0 else None
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    marks = [i for i, ln in enumerate(lines) if "exited with error code" in ln] + [len(lines)]
-    if len(marks) > 1 and marks[1] > marks[0] + 1:
-        return lines[marks[1] - 1][:500]
-    return (lines[-1] if lines else "")[:500]
+    return found or _first_exception(text) or (lines[-1] if lines else "")[:500]
 
 
 class _Events(unittest.TestResult):
@@ -136,9 +135,10 @@ def main(argv: list[str]) -> int:
             out.write(json.dumps(record) + "\n")
             out.flush()
         try:
-            from . import suite  # after the environment is set: BACKEND, the claims, the modules
+            from . import suite
+            cls = suite.TestDistBackendWithSpawn  # the claims, the backend's modules, the suite
             import torch.distributed as dist
-            dist.Backend(suite.BACKEND)  # ValueError for a name no import registered
+            dist.Backend(os.environ["BACKEND"])  # ValueError for a name no import registered
         except Exception as e:  # noqa: BLE001 - reported to the command, which stops with it
             write({"event": "error", "message": f"{type(e).__name__}: {e}"})
             return 1
@@ -152,7 +152,6 @@ def main(argv: list[str]) -> int:
             write({"event": "listed"})
         if job.get("list_only"):
             return 0
-        cls = suite.TestDistBackendWithSpawn
         cls.setUpClass()
         result = _Events(out)
         for name in tests:
