@@ -77,7 +77,17 @@ def conformance(tmp: Path, *args: str, timeout: float) -> tuple[subprocess.Compl
     out = tmp / "conformance"
     cmd = [sys.executable, "-m", "tensorwire.torch.conformance", "--backend", "tensorwire", "--quiet",
            "--out", str(out), "--log", str(tmp / "conformance.log"), *args]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # SIGTERM: the harness ends its runner and ranks (a SIGKILL would orphan them)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+    run = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
     summary = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else None
     return run, summary
 

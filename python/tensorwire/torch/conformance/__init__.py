@@ -114,7 +114,15 @@ class _Run:
         """Runs one runner until it ends or a test outlives its limit; returns the tests it left."""
         events = os.path.join(self.tmp, f"events{len(self.results)}.jsonl")
         open(events, "w").close()
-        proc, current = self._start(job, events), None
+        proc = self._start(job, events)
+        try:
+            return self._watch(proc, job, events)
+        finally:  # this command interrupted (Ctrl-C, a signal): its runner and ranks go with it
+            if proc.poll() is None:
+                _kill_group(proc)
+
+    def _watch(self, proc: subprocess.Popen, job: dict, events: str) -> list[str]:
+        current = None
         t_list = time.monotonic()
         limit = self.args.timeout + GRACE_S
         with open(events) as f:
@@ -221,6 +229,10 @@ def run(args, prog: str = "tensorwire conformance", command: str | None = None) 
         if folder and not (os.path.isdir(folder) and os.access(folder, os.W_OK)):
             raise SystemExit(f"{prog}: {opt}: the directory {folder} does not exist or is not writable")
     baseline = report.load_baseline(args.baseline, prog) if args.baseline else None
+    try:  # a SIGTERM (timeout, pytest's subprocess timeout) ends the runner's group too (drive's finally)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    except ValueError:  # not the main thread: the caller's signals
+        pass
     tmp = tempfile.mkdtemp(prefix="tw-conformance-")
     log = open(args.log, "w") if args.log else subprocess.DEVNULL
     t0 = time.monotonic()
@@ -240,23 +252,32 @@ def run(args, prog: str = "tensorwire conformance", command: str | None = None) 
                 gate = r.listed[name]["skip"]
                 print(f"{name}{'   [skipped: ' + gate + ']' if gate else ''}")
             return 0
-        while left:
-            before = len(r.results)
-            left = r.drive({"tests": left})
-            if left and len(r.results) == before:  # a runner that ends before its first test: no loop
-                for name in left:
-                    r._record({"test": name, "outcome": "failed", "error": "the runner ended before the test "
-                               f"started: {r.error or 'see --log'}", "seconds": 0})
-                break
+        interrupted = ""
+        try:
+            while left:
+                before = len(r.results)
+                left = r.drive({"tests": left})
+                if left and len(r.results) == before:  # a runner that ends before its first test: no loop
+                    for name in left:
+                        r._record({"test": name, "outcome": "failed", "error": "the runner ended before the "
+                                   f"test started: {r.error or 'see --log'}", "seconds": 0})
+                    break
+        except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM: the summary of what ran
+            interrupted = f"interrupted ({type(e).__name__}) after {len(r.results)} of {len(r.order)} tests"
+            r.order = [t for t in r.order if t in r.results]
     finally:
         if log is not subprocess.DEVNULL:
             log.close()
         shutil.rmtree(tmp, ignore_errors=True)
     command = command or shlex.join([os.path.basename(sys.argv[0])] + sys.argv[1:])
     summary = report.summary(args, r.order, r.results, time.monotonic() - t0, command, baseline)
+    if interrupted:
+        summary["interrupted"] = interrupted
     text = report.text(summary)
     print(text)
     if args.out:
         report.write(args.out, summary, text, prog)
     totals = summary["totals"]
+    if interrupted:
+        return 130
     return 0 if totals["failed"] == 0 and totals["hung"] == 0 else 1

@@ -71,6 +71,7 @@ def text(s: dict) -> str:
         f"{s['host_cpus']} CPUs; per-test limit {s['timeout_s']:.0f} s",
         f"# claimed for the backend (DistTestCases.backend_feature): {', '.join(s['claimed']) or 'nothing'}; "
         f"the gates decided as for {s['gates']!r}; environment set: {' '.join(s['env']) or 'nothing'}",
+        *([f"# {s['interrupted'].upper()}: the other selected tests did not run"] if "interrupted" in s else []),
         "",
         f"totals: {t['passed']} passed, {t['failed']} failed, {t['hung']} hung, {t['skipped']} skipped "
         f"({len(tests)} tests, {s['seconds'] / 60:.1f} min)",
