@@ -138,7 +138,11 @@ def main(argv: list[str]) -> int:
             from . import suite
             cls = suite.TestDistBackendWithSpawn  # the claims, the backend's modules, the suite
             import torch.distributed as dist
-            dist.Backend(os.environ["BACKEND"])  # ValueError for a name no import registered
+            backend = os.environ["BACKEND"].lower()
+            if backend not in dist.Backend.backend_list:  # (dist.Backend(name) accepts any name)
+                raise ValueError(f"no torch.distributed backend {backend!r} is registered (registered: "
+                                 f"{', '.join(dist.Backend.backend_list[1:])}; --import names the modules "
+                                 "that register one)")
         except Exception as e:  # noqa: BLE001 - reported to the command, which stops with it
             write({"event": "error", "message": f"{type(e).__name__}: {e}"})
             return 1
