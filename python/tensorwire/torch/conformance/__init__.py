@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 from . import report
 from .runner import CURRENT_OUTPUT, selected  # noqa: F401 - selected: what --tests picks
@@ -234,7 +235,7 @@ def run(args, prog: str = "tensorwire conformance", command: str | None = None) 
     except ValueError:  # not the main thread: the caller's signals
         pass
     tmp = tempfile.mkdtemp(prefix="tw-conformance-")
-    log = open(args.log, "w") if args.log else subprocess.DEVNULL
+    log: Any = open(args.log, "w") if args.log else subprocess.DEVNULL
     t0 = time.monotonic()
     try:
         r = _Run(args, _environment(args, tmp), tmp, log)

@@ -44,7 +44,9 @@ class _Events(unittest.TestResult):
 
     def __init__(self, out) -> None:
         super().__init__()
-        self.out, self.t0, self.outcome = out, 0.0, None
+        self.out, self.t0 = out, 0.0
+        self.outcome: tuple[str, str] = ("passed", "")
+        self.record: dict = {}  # the last test's end record (written by main, with its ranks' output)
 
     def _write(self, record: dict) -> None:
         self.out.write(json.dumps(record) + "\n")
