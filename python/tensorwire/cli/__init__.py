@@ -49,6 +49,7 @@ COMMAND_MODULES = (
     "tensorwire.cli.bench_report",  # bench report
     "tensorwire.testbed.cli",       # tensorwire testbed
     "tensorwire.cli.train",         # tensorwire train, bench train, partition
+    "tensorwire.cli.conformance",   # tensorwire conformance
 )
 
 # The extra of pyproject.toml that installs an optional dependency, for one that

@@ -1,0 +1,86 @@
+"""PyTorch's distributed suite as test_distributed_spawn.py builds it, for the
+backend named in the environment (imported by the runner and by every rank it
+spawns: a rank unpickles the test class by this module's name).
+
+The environment the conformance command sets before importing this:
+  BACKEND, WORLD_SIZE, TEMP_DIR (with barrier/)  what test_distributed_spawn.py requires
+  TW_CONFORMANCE_CLAIM    comma list of DistTestCases.backend_feature keys to claim for
+                          BACKEND (a plugin backend's ``ddp``, ``subgroup``, ``plugin``)
+  TW_CONFORMANCE_IMPORT   comma list of modules that register the backend
+  TW_CONFORMANCE_TIMEOUT  seconds a test's ranks may run (MultiProcessTestCase's own limit)
+  TW_CONFORMANCE_GATES    the backend name the suite's gates see (default BACKEND): "gloo" runs
+                          the tests PyTorch gates to gloo's name on BACKEND too
+
+The claims go into common_distributed's DistTestCases before distributed_test is
+imported: its skip decorators read them once, at import. They are made in this
+process only (the runner and its ranks), never in the caller's, and only when the
+class is first asked for: importing this module does nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import unittest
+from typing import Any
+
+
+@functools.cache
+def _load() -> type:
+    """Makes the claims, imports the suite, builds the class (once per process)."""
+    backend = os.environ["BACKEND"]
+    for module in filter(None, os.environ.get("TW_CONFORMANCE_IMPORT", "").split(",")):
+        importlib.import_module(module)
+
+    from torch.testing._internal import common_distributed
+    for feature in filter(None, os.environ.get("TW_CONFORMANCE_CLAIM", "").split(",")):
+        common_distributed.DistTestCases.backend_feature.setdefault(feature, set()).add(backend)
+    # One limit for every test (PyTorch's default is 300 s, with longer overrides for two DDP tests).
+    timeout = int(os.environ.get("TW_CONFORMANCE_TIMEOUT", "0") or 0)
+    if timeout > 0:
+        common_distributed.TIMEOUT_DEFAULT = timeout
+        common_distributed.TIMEOUT_OVERRIDE.clear()
+
+    import torch
+    # The gates (skip decorators) read distributed_test.BACKEND at import; the tests and their ranks
+    # read it when they run (init_process_group(backend=BACKEND)): that one is always the real backend.
+    os.environ["BACKEND"] = os.environ.get("TW_CONFORMANCE_GATES") or backend
+    try:
+        from torch.testing._internal.distributed import distributed_test
+    finally:
+        os.environ["BACKEND"] = backend
+    distributed_test.BACKEND = backend
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    class TestDistBackendWithSpawn(distributed_test.TestDistBackend, distributed_test.DistributedTest._DistTestBase):
+        """test_distributed_spawn.py's class: every test spawns WORLD_SIZE ranks."""
+
+        def setUp(self) -> None:
+            super().setUp()
+            self._spawn_processes()
+            torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
+
+    # ranks unpickle it by this module's name (module __getattr__ below)
+    TestDistBackendWithSpawn.__module__ = __name__
+    TestDistBackendWithSpawn.__qualname__ = TestDistBackendWithSpawn.__name__
+    return TestDistBackendWithSpawn
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: importing this module (the package's import checks) needs no BACKEND; the runner and
+    # every rank (unpickling the class) build it on first use.
+    if name == "TestDistBackendWithSpawn":
+        return _load()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def test_names() -> list[str]:
+    """Every test of the suite, in unittest's order."""
+    return list(unittest.TestLoader().getTestCaseNames(_load()))
+
+
+def static_skip(name: str) -> str | None:
+    """The reason a test is skipped without spawning a rank (a decorator's gate), or None."""
+    fn = getattr(_load(), name)
+    return getattr(fn, "__unittest_skip_why__", "skipped") if getattr(fn, "__unittest_skip__", False) else None
