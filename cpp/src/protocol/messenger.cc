@@ -810,14 +810,15 @@ void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0, bool died
     if (hit(op)) fail(op, kind, why, p);
   }
   writing_.remove_if(hit);
-  if (!died) return;
-  for (auto& op : deadlined_) {  // (queued eager sends of a collective)
-    if (op->tag < 0) fail(op, kind, why, p);
-  }
-  if (group_failed_.empty()) {
-    group_failed_ = why;
-    group_failed_kind_ = kind;
-    group_failed_rank_ = p;
+  if (died) {
+    for (auto& op : deadlined_) {  // (queued eager sends of a collective)
+      if (op->tag < 0) fail(op, kind, why, p);
+    }
+    if (group_failed_.empty()) {
+      group_failed_ = why;
+      group_failed_kind_ = kind;
+      group_failed_rank_ = p;
+    }
   }
   // (an eager message that arrived whole stays receivable; a rendezvous cannot finish)
   unexpected_.remove_if([&](const Arrival& a) { return a.src == p && a.kind != kEager; });
@@ -872,7 +873,8 @@ void Engine::close() {
     auto left = [&] { return std::max(0.0, std::chrono::duration<double>(deadline - Clock::now()).count()); };
     for (int p = 0; p < size; ++p) {
       PeerState& ps = peers_[p];
-      if (p == rank || !ps.failed.empty() || !ps.sent || !ps.ch.impl()) continue;
+      // (every live peer hears BYE, also one we never sent to: it must not take our going for a death)
+      if (p == rank || !ps.failed.empty() || !ps.ch.impl()) continue;
       try {
         if (ps.outq.empty() && ps.sent + 1 - ps.acked <= kSlots) {  // goodbye: we left, we did not fail
           Header bye;

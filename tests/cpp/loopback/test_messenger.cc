@@ -272,6 +272,21 @@ TEST_P(Messages, MessagesOfASenderThatLeftAreReceived) {
   sender.join();
 }
 
+// A rank that closes says so (BYE) to every peer, also one it never sent to: the
+// others' collective messages among themselves go on; a death would fail them.
+TEST_P(Messages, ARankThatLeftIsNoDeath) {
+  run_ranks(3, GetParam(), [&](int r, tw::Messenger& m) {
+    if (r == 2) return;  // closes at once, having sent nothing
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its going is seen by now
+    auto v = pattern(1000, r);
+    std::vector<std::uint8_t> got(1000);
+    auto s = m.isend(buf(v), 1 - r, -5);
+    m.irecv(buf(got), 1 - r, -5).wait(10);
+    s.wait(10);
+    EXPECT_EQ(got, pattern(1000, 1 - r));
+  });
+}
+
 TEST_P(Messages, CloseFailsWhatIsPending) {
   run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
     std::vector<std::uint8_t> v(64);
