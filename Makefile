@@ -136,11 +136,10 @@ bench-compare: build
 # 2 ranks, for each of CONFORMANCE_BACKENDS in turn (gloo first: the others list what gloo passed that
 # they gated off or failed): bench/results/conformance_<backend>.txt and .json. Not part of `make test`
 # (each of about 210 tests spawns 2 ranks: the files' totals give the time here). Exit status 1 when a
-# test failed or hung. CONFORMANCE_ENV: today's Python backend needs MASTER_PORT even with the suite's
-# file:// init (issue 48, second bullet), which PyTorch's runner does not set; CONFORMANCE_ENV= runs
-# exactly as PyTorch does. More options through CONFORMANCE_ARGS, e.g. CONFORMANCE_ARGS="-k all_gather".
+# test failed or hung. CONFORMANCE_ENV: KEY=VALUE settings for the test processes (none: exactly as
+# PyTorch's runner). More options through CONFORMANCE_ARGS, e.g. CONFORMANCE_ARGS="-k all_gather".
 CONFORMANCE_BACKENDS ?= gloo tensorwire
-CONFORMANCE_ENV ?= MASTER_PORT=29500
+CONFORMANCE_ENV ?=
 conformance: build
 	@status=0; for b in $(CONFORMANCE_BACKENDS); do \
 	  args="--backend $$b --out bench/results/conformance_$$b"; \
