@@ -103,16 +103,6 @@ Range resolve_range(const LocalRegion& local, nb::handle local_offset, const Rem
   return {lo, ro, n};
 }
 
-// Compare-and-swap of the 8-byte word at `offset` of `length` bytes at `base` (the messages
-// engine's claim words, which two processes may swap at once); returns the old value.
-std::uint64_t compare_swap_word(char* base, std::size_t length, std::uint64_t offset, std::uint64_t expected,
-                                std::uint64_t desired) {
-  if (offset % 8 || length < 8 || offset > length - 8) throw InvalidArgument("_compare_swap: a word outside the region");
-  __atomic_compare_exchange_n(reinterpret_cast<std::uint64_t*>(base + offset), &expected, desired, false,
-                              __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-  return expected;
-}
-
 }  // namespace
 
 PyDevice::~PyDevice() {
@@ -303,52 +293,6 @@ void bind_device(nb::module_& m) {
       .def("read", one_sided<&Channel::read, true>(), nb::arg("local"), nb::arg("remote"), nb::arg("local_offset") = 0,
            nb::arg("remote_offset") = 0, nb::arg("nbytes").none() = nb::none(),
            "One-sided read remote -> local; the data is there when it completes.")
-      // tensorwire.ranks.messages' record post in one call (its hot path: a Python
-      // sequence of stores, two writes and a fence cost 3.7 us an 8-byte send):
-      // the 64-byte header (7 int64 fields) and `plen` payload bytes from
-      // `payload_ptr` go into the arena at `staging` and are written to the
-      // peer's ring at `inbox`, flagged by the sequence word `seq` (from
-      // `flag_src`) at `flag_dst` (Channel::write_flagged). Returns the write's
-      // Request, or None when it completed (a mapped peer).
-      .def("_post_record", [](Channel& c, nb::handle arena, const RemoteRegion& remote, std::uint64_t staging,
-                              std::uint64_t inbox, std::uint64_t flag_src, std::uint64_t flag_dst, std::int64_t seq,
-                              std::array<std::int64_t, 7> header, std::uintptr_t payload_ptr,
-                              std::uint64_t plen) -> nb::object {
-        constexpr std::uint64_t kHeader = 64;
-        LocalRegion lr = local_region_of(arena);
-        if (staging + kHeader + plen > lr.length || staging + kHeader + plen < staging ||
-            flag_src + 8 > lr.length || flag_src % 8 || staging % 8) {
-          throw InvalidArgument("_post_record: staging or flag source outside the arena");
-        }
-        if (plen && !payload_ptr) throw InvalidArgument("_post_record: a payload without an address");
-        char* base = static_cast<char*>(lr.address);
-        std::memcpy(base + staging, header.data(), sizeof(header));
-        std::memset(base + staging + sizeof(header), 0, kHeader - sizeof(header));
-        if (plen) std::memcpy(base + staging + kHeader, reinterpret_cast<const void*>(payload_ptr), plen);
-        std::memcpy(base + flag_src, &seq, sizeof(seq));
-        Request posted;
-        {
-          gil_scoped_release release;
-          // unanswered on a tcp lane: the reader's credits say the slot was read
-          posted = c.write_flagged(lr, staging, remote, inbox, kHeader + plen, flag_src, flag_dst, /*landed=*/false);
-        }
-        if (posted.state() > 0) return nb::none();  // done, not failed
-        return nb::cast(std::move(posted));
-      }, nb::arg("arena"), nb::arg("remote"), nb::arg("staging"), nb::arg("inbox"), nb::arg("flag_src"),
-         nb::arg("flag_dst"), nb::arg("seq"), nb::arg("header"), nb::arg("payload_ptr"), nb::arg("plen"),
-         "Internal (tensorwire.ranks.messages): posts one record of the messages ring.")
-      // tensorwire.ranks.messages' claim of a split message's first half: a
-      // compare-and-swap of the 8-byte word at `offset` of the peer's region,
-      // which shared memory maps here (the peer swaps the same word in its own
-      // memory: whoever swaps first copies that half). Returns the old value.
-      .def("_compare_swap", [](Channel& c, nb::handle local, const RemoteRegion& remote, std::uint64_t offset,
-                               std::uint64_t expected, std::uint64_t desired) {
-        LocalRegion lr = local_region_of(local);
-        char* mapped = c.impl()->direct_target(remote, lr);
-        if (!mapped) throw InvalidArgument("_compare_swap: the peer's region is not mapped here");
-        return compare_swap_word(mapped, remote.length(), offset, expected, desired);
-      }, nb::arg("local"), nb::arg("remote"), nb::arg("offset"), nb::arg("expected"), nb::arg("desired"),
-         "Internal (tensorwire.ranks.messages): compare-and-swap of a word in the peer's mapped region.")
       .def("_write_streaming", [](Channel& c, nb::handle local, const RemoteRegion& remote, nb::handle local_offset,
                                   nb::handle remote_offset, nb::handle nbytes) {
         LocalRegion lr = local_region_of(local);
@@ -642,12 +586,6 @@ void bind_device(nb::module_& m) {
       }, nb::arg("timeout").none() = nb::none(),
          "At least one notification (Timeout after `timeout` s; use device.next_notification()).");
 
-  m.def("_compare_swap", [](nb::handle local, std::uint64_t offset, std::uint64_t expected, std::uint64_t desired) {
-    LocalRegion lr = local_region_of(local);
-    return compare_swap_word(static_cast<char*>(lr.address), lr.length, offset, expected, desired);
-  }, nb::arg("local"), nb::arg("offset"), nb::arg("expected"), nb::arg("desired"),
-        "Internal (tensorwire.ranks.messages): compare-and-swap of a word of local memory (a peer may swap it "
-        "through shared memory at the same time). Returns the old value.");
   m.def("transport_family", &detail::transport_family, nb::arg("ucx_transport"),
         "The family of a UCX transport name: tcp, shm, rdma, cuda, self, or '' (the core's one table).");
   m.def("unusable_reason", &detail::unusable_reason, nb::arg("resources"), nb::arg("family"),

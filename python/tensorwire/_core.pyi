@@ -122,6 +122,12 @@ class Request:
     def failed(self) -> bool: ...
 
     @property
+    def failed_rank(self) -> int:
+        """
+        The group rank of the peer whose failure failed it (a Messenger's requests), else -1.
+        """
+
+    @property
     def error(self) -> str: ...
 
     def __await__(self) -> object: ...
@@ -540,6 +546,52 @@ def wait_any(items: object, timeout: object | None = None) -> int:
 
     A slot is ready once its next tensor arrived (recv() returns at once), a request once it completed (wait() returns or raises at once), a Word once it holds its value. A channel in `items` is never ready: it is watched, and its peer's failure fails the wait. Raises PeerFailed (or ConnectionError) when the sender of a slot, or a watched channel's peer, fails; Timeout after `timeout` seconds (None: no bound). The GIL is released meanwhile.
     """
+
+class Receive:
+    """A posted receive: its request, and the sender's rank once complete."""
+
+    @property
+    def request(self) -> Request: ...
+
+    @property
+    def source(self) -> int:
+        """The sender's rank once the request completed (-1 before)."""
+
+class Messenger:
+    """
+    Tagged messages between the ranks of a group (the C++ engine, tensorwire/messenger.h).
+    """
+
+    def __init__(self, device: Device, rank: int, size: int, store_set: object, store_get: object, name: str = 'msg', timeout: float = 300.0, eager_bytes: int = 131072, progress_thread: bool = True) -> None:
+        """
+        Connects to every rank of the group, meeting them through store_set(key, value) and store_get(key, timeout) -> bytes (e.g. a torch.distributed store's set and get).
+        """
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def isend(self, ptr: int, nbytes: int, peer: int, tag: int = 0, keep: object | None = None, base: int = 0, base_bytes: int = 0) -> Request:
+        """
+        Posts a send of the nbytes at address ptr (held alive by `keep`, inside the allocation [base, base + base_bytes) if given) to rank `peer`; the bytes may change once the Request completes.
+        """
+
+    def irecv(self, ptr: int, nbytes: int, peer: int, tag: int = 0, keep: object | None = None, base: int = 0, base_bytes: int = 0) -> Receive:
+        """
+        Posts a receive into the nbytes at ptr from rank `peer` (-1: any rank); returns a Receive.
+        """
+
+    @property
+    def timeout(self) -> float: ...
+
+    def stats(self) -> dict: ...
+
+    def close(self) -> None:
+        """Fails what is pending (ConnectionError) and stops. Idempotent."""
+
+ANY_SOURCE: int = -1
 
 def ucx_version() -> str:
     """Version of the UCX library loaded at run time."""

@@ -40,9 +40,6 @@ VARIABLES: tuple[Variable, ...] = (
              "blocking, polling, inline", "Device(progress=...), blocking", CORE),
     Variable("TENSORWIRE_TRANSPORT", "transport of the torch.distributed backend's Devices "
              "(`Device(transport=...)`)", "auto, tcp, shm, rdma", "auto (UCX_TLS as set)", "the torch backend (tensorwire._c10d)"),
-    Variable("TENSORWIRE_SHARE_IN_PLACE", "whether the torch.distributed backend shares a tensor it moves again "
-             "with same-host peers in place (tensorwire.sharing; 0: never, the copies go through UCX and "
-             "the landing areas)", "0, 1", "1", "tensorwire.ranks.messages"),
     Variable("TENSORWIRE_SPIN_US", "how long a waiter polls before it sleeps on the event fd (overrides "
              "Device(spin_us=))", "0..1000000 (microseconds)", "Device(spin_us=...), 100", CORE),
     Variable("TENSORWIRE_LANE_FORM", "how lanes move data: one-sided RMA or active messages (a comma list: "
@@ -68,6 +65,10 @@ VARIABLES: tuple[Variable, ...] = (
              "bytes; 0 = never", "262144", CORE),
     Variable("TENSORWIRE_LOG", "level of the core's log lines on stderr", "error, warn, info, debug", "warn",
              CORE),
+    Variable("TENSORWIRE_COLL_SMALL_BYTES", "largest all_reduce of the C++ collectives layer that takes "
+             "recursive doubling (above: the ring; docs/collectives.md)", "bytes", "65536", CORE),
+    Variable("TENSORWIRE_NO_F16C", "set: the reductions convert float16 without the CPU's F16C instructions "
+             "(a check of one against the other)", "set or unset", "unset", CORE),
     # -- the world of ranks (tensorwire run, World) --
     Variable("TENSORWIRE_RANK", "this process's rank", "0..SIZE-1", "unset: OMPI/PMI/Slurm/torchrun variables, "
              "else a single rank", RUN),
@@ -85,6 +86,16 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_TOKEN", "shared secret of a World's devices: peers with another token are refused",
              "any string", "empty (no token)", WORLD + ", the torch backend"),
     # -- benches --
+    Variable("TENSORWIRE_COLL_TEST_RANKS", "ranks of the C++ loopback test that times the two all_reduce "
+             "algorithms (docs/collectives.md)", "2..", "2", "tests/cpp (a disabled test)"),
+    Variable("TENSORWIRE_CONFORMANCE_CLAIM", "features the plugin backend claims in PyTorch's suite",
+             "comma list", "set by `tensorwire conformance`", "its test processes"),
+    Variable("TENSORWIRE_CONFORMANCE_IMPORT", "modules imported first (the one that registers the backend)",
+             "comma list", "set by `tensorwire conformance`", "its test processes"),
+    Variable("TENSORWIRE_CONFORMANCE_TIMEOUT", "seconds a test of the suite may take", "seconds",
+             "set by `tensorwire conformance`", "its test processes"),
+    Variable("TENSORWIRE_CONFORMANCE_GATES", "backend name the suite's gates see (--gates)", "a name or empty",
+             "set by `tensorwire conformance`", "its test processes"),
     Variable("TENSORWIRE_PROGRESS_BAR", "draw the benches' progress bar on stderr (how ranks and spawned "
              "processes learn --progress/--no-progress)", "0, 1", "1 when stderr is a terminal",
              BENCH + ", tensorwire train; set by --progress/--no-progress and by `tensorwire run`"),

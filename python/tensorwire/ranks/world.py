@@ -290,8 +290,8 @@ class World:
 
     @property
     def beside(self) -> Any:
-        """Another engine of this rank (a torch group's messages engine, tensorwire.ranks.messages)
-        whose pending work only this rank's progress moves: every wait of this World (the
+        """Another engine of this rank whose pending work only this rank's progress moves (none
+        since the torch backend's engine is the C++ one, which progresses itself): every wait of this World (the
         collectives engine's, the store's) drives it too, so a send posted before a collective
         goes on while its sender waits in the collective (its receiver may wait for it first)."""
         return self._beside

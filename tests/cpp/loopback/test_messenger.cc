@@ -444,9 +444,9 @@ TEST_P(CollectivesOnTheEngine, ARankThatDiesFailsTheCallNamingIt) {
 
 // Not a test: all_reduce (float32 sum) per call, recursive doubling against
 // the ring at each size, for choosing the threshold (docs/collectives.md).
-// TW_COLL_RANKS=3 ./tw_loopback_tests --gtest_also_run_disabled_tests --gtest_filter='*AllreduceAlgorithmTimes*'
+// TENSORWIRE_COLL_TEST_RANKS=3 ./tw_loopback_tests --gtest_also_run_disabled_tests --gtest_filter='*AllreduceAlgorithmTimes*'
 TEST_P(CollectivesOnTheEngine, DISABLED_AllreduceAlgorithmTimes) {
-  const int ranks = std::getenv("TW_COLL_RANKS") ? std::atoi(std::getenv("TW_COLL_RANKS")) : 2;
+  const int ranks = std::getenv("TENSORWIRE_COLL_TEST_RANKS") ? std::atoi(std::getenv("TENSORWIRE_COLL_TEST_RANKS")) : 2;
   std::printf("# %s, %d ranks (threads of one process, a Device each), float32 sum, median of 30 calls (rank 0)\n",
               GetParam().c_str(), ranks);
   std::printf("%10s %12s %12s\n", "bytes", "doubling_us", "ring_us");

@@ -208,8 +208,8 @@ def _environment(args, tmp: str) -> dict:
     env.update(_pairs(args.env))
     os.makedirs(os.path.join(tmp, "barrier"), exist_ok=True)
     env.update(BACKEND=args.backend, WORLD_SIZE=str(args.world_size), TEMP_DIR=tmp, TMPDIR=tmp,
-               TW_CONFORMANCE_CLAIM=args.claim, TW_CONFORMANCE_IMPORT=args.imports,
-               TW_CONFORMANCE_TIMEOUT=str(max(1, round(args.timeout))), TW_CONFORMANCE_GATES=args.gates or "",
+               TENSORWIRE_CONFORMANCE_CLAIM=args.claim, TENSORWIRE_CONFORMANCE_IMPORT=args.imports,
+               TENSORWIRE_CONFORMANCE_TIMEOUT=str(max(1, round(args.timeout))), TENSORWIRE_CONFORMANCE_GATES=args.gates or "",
                PYTHONUNBUFFERED="1")
     return env
 

@@ -4,11 +4,11 @@ spawns: a rank unpickles the test class by this module's name).
 
 The environment the conformance command sets before importing this:
   BACKEND, WORLD_SIZE, TEMP_DIR (with barrier/)  what test_distributed_spawn.py requires
-  TW_CONFORMANCE_CLAIM    comma list of DistTestCases.backend_feature keys to claim for
+  TENSORWIRE_CONFORMANCE_CLAIM    comma list of DistTestCases.backend_feature keys to claim for
                           BACKEND (a plugin backend's ``ddp``, ``subgroup``, ``plugin``)
-  TW_CONFORMANCE_IMPORT   comma list of modules that register the backend
-  TW_CONFORMANCE_TIMEOUT  seconds a test's ranks may run (MultiProcessTestCase's own limit)
-  TW_CONFORMANCE_GATES    the backend name the suite's gates see (default BACKEND): "gloo" runs
+  TENSORWIRE_CONFORMANCE_IMPORT   comma list of modules that register the backend
+  TENSORWIRE_CONFORMANCE_TIMEOUT  seconds a test's ranks may run (MultiProcessTestCase's own limit)
+  TENSORWIRE_CONFORMANCE_GATES    the backend name the suite's gates see (default BACKEND): "gloo" runs
                           the tests PyTorch gates to gloo's name on BACKEND too
 
 The claims go into common_distributed's DistTestCases before distributed_test is
@@ -30,14 +30,14 @@ from typing import Any
 def _load() -> type:
     """Makes the claims, imports the suite, builds the class (once per process)."""
     backend = os.environ["BACKEND"]
-    for module in filter(None, os.environ.get("TW_CONFORMANCE_IMPORT", "").split(",")):
+    for module in filter(None, os.environ.get("TENSORWIRE_CONFORMANCE_IMPORT", "").split(",")):
         importlib.import_module(module)
 
     from torch.testing._internal import common_distributed
-    for feature in filter(None, os.environ.get("TW_CONFORMANCE_CLAIM", "").split(",")):
+    for feature in filter(None, os.environ.get("TENSORWIRE_CONFORMANCE_CLAIM", "").split(",")):
         common_distributed.DistTestCases.backend_feature.setdefault(feature, set()).add(backend)
     # One limit for every test (PyTorch's default is 300 s, with longer overrides for two DDP tests).
-    timeout = int(os.environ.get("TW_CONFORMANCE_TIMEOUT", "0") or 0)
+    timeout = int(os.environ.get("TENSORWIRE_CONFORMANCE_TIMEOUT", "0") or 0)
     if timeout > 0:
         common_distributed.TIMEOUT_DEFAULT = timeout
         common_distributed.TIMEOUT_OVERRIDE.clear()
@@ -45,7 +45,7 @@ def _load() -> type:
     import torch
     # The gates (skip decorators) read distributed_test.BACKEND at import; the tests and their ranks
     # read it when they run (init_process_group(backend=BACKEND)): that one is always the real backend.
-    os.environ["BACKEND"] = os.environ.get("TW_CONFORMANCE_GATES") or backend
+    os.environ["BACKEND"] = os.environ.get("TENSORWIRE_CONFORMANCE_GATES") or backend
     try:
         from torch.testing._internal.distributed import distributed_test
     finally:
