@@ -616,26 +616,21 @@ void Engine::consume(int p, std::uint64_t m) {
       unexpected_.push_back(std::move(a));
       return;
     }
-    case kRtr: {
-      auto it = sends_.find(h.aux);
-      if (it == sends_.end() || it->second->peer != p) {
-        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " answered a send it was not sent");
+    case kRtr:
+    case kDone: {  // names one of our ops that this very peer was given, or the peer lies
+      auto& table = h.kind == kRtr ? sends_ : matched_;
+      auto it = table.find(h.kind == kRtr ? h.aux : h.id);
+      if (it == table.end() || it->second->peer != p) {
+        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " named an operation it was not given");
         return;
       }
       OpPtr op = it->second;
-      sends_.erase(it);
-      if (!op->done) place(op, h, slot + kHeader);  // (one that timed out writes nothing)
-      return;
-    }
-    case kDone: {
-      auto it = matched_.find(h.id);
-      if (it == matched_.end() || it->second->peer != p) {
-        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " completed a receive it was not given");
-        return;
+      table.erase(it);
+      if (h.kind == kDone) {
+        complete(op);
+      } else if (!op->done) {
+        place(op, h, slot + kHeader);  // (a send that timed out writes nothing)
       }
-      OpPtr op = it->second;
-      matched_.erase(it);
-      complete(op);
       return;
     }
     case kBye:  // the peer closed its end: what it sent before is read; nothing more comes
