@@ -491,6 +491,16 @@ void Engine::progress_locked() {
       if (__atomic_load_n(&words[p * kSlots + next % kSlots], __ATOMIC_ACQUIRE) != next) break;
       consume(p, next);
       if (!ps.failed.empty()) break;
+      // Credit back, once the record is read whole (its slot may be written again at once).
+      if (next % (kSlots / 2) == 0) {
+        const std::size_t src = lay_.acksrc + p * 8;
+        std::memcpy(base_ + src, &next, 8);
+        try {
+          ps.ch.write(local_, src, ps.arena, lay_.acks + rank * 8, 8);
+        } catch (const Error&) {
+          // a sender that is gone needs no credit; what it sent before it went is still read
+        }
+      }
     }
     if (!ps.failed.empty()) continue;
     ps.acked = std::max(ps.acked, __atomic_load_n(&acks[p], __ATOMIC_ACQUIRE));
@@ -563,15 +573,6 @@ void Engine::consume(int p, std::uint64_t m) {
   Header h;
   std::memcpy(&h, slot, kHeader);
   ps.got = m;
-  if (m % (kSlots / 2) == 0) {  // credit back
-    const std::size_t src = lay_.acksrc + p * 8;
-    std::memcpy(base_ + src, &m, 8);
-    try {
-      ps.ch.write(local_, src, ps.arena, lay_.acks + rank * 8, 8);
-    } catch (const Error&) {
-      // a sender that is gone needs no credit; what it sent before it went is still read
-    }
-  }
   // The peer wrote every field: check them before any is used (contracts §11).
   const std::size_t room = lay_.slot - kHeader;
   if (h.kind < kEager || h.kind > kBye || h.nbytes < 0 || h.plen < 0 || std::size_t(h.plen) > room ||
