@@ -193,6 +193,11 @@ class Engine : public std::enable_shared_from_this<Engine> {
   // Hands the completions gathered under the lock to their requests: their
   // callbacks (a torch future's) may post again, so never under the lock.
   void deliver(std::unique_lock<std::mutex>& lock);
+  struct DeliverAtExit {  // deliver() when a public call returns, also by an exception
+    Engine* e;
+    std::unique_lock<std::mutex>& l;
+    ~DeliverAtExit() { e->deliver(l); }
+  };
   std::vector<Outcome> outcomes_;
 
   Device& device_;
@@ -320,11 +325,7 @@ Request Engine::handle(const OpPtr& op, const Channel* ch) {
 
 Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
   std::unique_lock<std::mutex> lock(mu_);
-  struct Deliver {
-    Engine* e;
-    std::unique_lock<std::mutex>& l;
-    ~Deliver() { e->deliver(l); }
-  } deliver_at_exit{this, lock};
+  DeliverAtExit deliver_at_exit{this, lock};
   check_args(b, peer, false);
   PeerState& ps = peers_[peer];
   if (!ps.failed.empty()) throw_error(ps.failed_kind, ps.failed);
@@ -367,11 +368,7 @@ Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
 
 Request Engine::irecv(const Buffer& b, int peer, std::int64_t tag, int* source) {
   std::unique_lock<std::mutex> lock(mu_);
-  struct Deliver {
-    Engine* e;
-    std::unique_lock<std::mutex>& l;
-    ~Deliver() { e->deliver(l); }
-  } deliver_at_exit{this, lock};
+  DeliverAtExit deliver_at_exit{this, lock};
   check_args(b, peer, true);
   auto op = std::make_shared<Op>();
   op->peer = peer;
