@@ -128,7 +128,8 @@ class Collectives::Call {
           p.request.wait(std::min(left, kWaitSliceS));
           break;
         } catch (const Timeout&) {
-          if (p.request.state() < 0) throw;  // the request's own error, not our slice
+          // It may have failed just as the slice ended: its own error, not the slice's.
+          rethrow_failed();
           if (p.request.state() > 0) break;  // completed just as the slice ended
         }
       }
