@@ -290,8 +290,7 @@ void Engine::start() {
     rv_.set(name_ + "/ready/" + std::to_string(rank), "1");
     for (int p = 0; p < size; ++p) rv_.get(name_ + "/ready/" + std::to_string(p), t);
   }
-  // An inline device's workers are driven by whoever waits, one thread at a time: no thread of ours then.
-  if (cfg.progress_thread && size > 1 && device_.config().progress != ProgressMode::kInline) thread_ = std::thread([self = shared_from_this()] { self->background(); });
+  if (cfg.progress_thread && size > 1) thread_ = std::thread([self = shared_from_this()] { self->background(); });
 }
 
 void Engine::check_args(const Buffer& b, int peer, bool recv) const {

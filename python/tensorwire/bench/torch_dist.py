@@ -57,7 +57,7 @@ def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
             return json.load(f)
 
 
-LOWER_IS_BETTER = ("latency/", "all_reduce/", "all_gather_into_tensor/", "reduce_scatter_tensor/", "dispatch/")
+LOWER_IS_BETTER = ("latency/", "background/", "all_reduce/", "all_gather_into_tensor/", "reduce_scatter_tensor/", "dispatch/")
 
 
 def _best(rounds: list[dict]) -> dict:
@@ -147,6 +147,10 @@ def _tables(args: argparse.Namespace, tw: dict, gl: dict) -> None:
                 f"{human_size(s)} {v:.0f} MB/s" for s, v in limits if v))
         if "dispatch/isend" in tw:
             print(f"# python dispatch: dist.isend of 8 B returns after {tw['dispatch/isend']:.2f} us (tensorwire)")
+        if "background/16777216" in tw:
+            print("# background progress: a 16 MiB isend whose sender then computes for 1000 ms without waiting "
+                  "is received after " + ", ".join(f"{d['background/16777216']:.1f} ms ({name})" for name, d in
+                                                  (("tensorwire", tw), ("gloo", gl)) if d.get("background/16777216")))
     for op in COLL_OPS:
         if any(k.startswith(f"{op}/") for k in tw):
             print(f"# {op}, {args.ranks} ranks: Avg Latency(us)")

@@ -280,6 +280,33 @@ def dispatch_us(iters: int, batch: int = 16) -> float:
     return total / max(1, count) * 1e6
 
 
+def background_ms(nbytes: int = 16 << 20, compute_s: float = 1.0) -> float:
+    """Milliseconds from rank 0's dist.isend of `nbytes` to rank 1's recv returning, while rank 0
+    computes for `compute_s` (one thread of matmuls) without waiting on the send: a backend that
+    moves a message only while its sender waits needs the whole `compute_s` (issue 48)."""
+    r = dist.get_rank()
+    x = torch.ones(nbytes // 4) if r == 0 else torch.zeros(nbytes // 4)
+    a = torch.rand(256, 256)
+    _sync()
+    t0 = time.perf_counter()
+    if r == 0:
+        work = dist.isend(x, 1)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # the other CPU is the receiver's
+        while time.perf_counter() - t0 < compute_s:
+            a = a @ a
+            a /= a.norm()
+        torch.set_num_threads(threads)
+        work.wait()
+        took = torch.zeros(1)
+    else:
+        dist.recv(x, 0)
+        took = torch.tensor([(time.perf_counter() - t0) * 1e3])
+        assert float(x[0]) == 1.0 and float(x[-1]) == 1.0, "the message did not land whole"
+    dist.all_reduce(took)  # rank 1's time, on rank 0 too
+    return float(took)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--backend", required=True)
@@ -306,6 +333,7 @@ def main() -> None:
                 res[f"cma-limit/{s}"] = cma_limit(s, max(4 * LAT_WINDOW, min(a.iters, BW_BYTES // s)))
         if a.backend == "tensorwire":
             res["dispatch/isend"] = dispatch_us(min(a.iters, 500))
+        res["background/16777216"] = background_ms()
     if "coll" in suite:
         for op in ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor"):
             for s in sizes["coll"]:
