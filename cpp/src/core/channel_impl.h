@@ -3,17 +3,21 @@
 // Internals of Channel and of the peer it goes to: what the protocols talk
 // through (their view of the device itself is core/device_port.h).
 //
-// Ownership: a Peer owns its control endpoint and its channels (until it
-// fails) and knows its device weakly; a ChannelImpl owns its data endpoint
-// and keeps its Peer alive. Endpoints keep workers alive, workers keep
-// contexts alive, so Python may drop objects in any order.
+// Ownership: a Peer owns its control connection (a net::Conn, tensorwire's
+// own socket: net/socket.h) and its channels (until it fails) and knows its
+// device weakly; a ChannelImpl holds its lane (a UCX data endpoint, or for a
+// tcp lane a net::Conn: its own, or the one the peer dialled) and keeps its
+// Peer alive. Endpoints keep workers alive, workers keep contexts alive, so
+// Python may drop objects in any order.
 //
-// Liveness: data endpoints are created without UCX peer error handling
+// Liveness: UCX data endpoints are created without UCX peer error handling
 // (shared-memory transports refuse it, and tcp puts run ~3x slower with it):
-// UCX may still report a transport error on them (a tcp reset), but nothing
-// for shared memory. The control endpoint to the same peer uses peer error
-// handling (over tcp, with keepalive). When either reports a failure,
-// Peer::fail() fails every pending request and control call on that peer.
+// UCX may still report a transport error on them, but nothing for shared
+// memory. The control connection to the same peer has TCP keepalive, its
+// close fails the peer (DeviceImpl::on_control_closed), and a peer that
+// answers no PING for liveness_s is failed by the device's liveness thread.
+// When any of these reports a failure, Peer::fail() fails every pending
+// request and control call on that peer.
 #pragma once
 
 #include <atomic>
