@@ -22,6 +22,11 @@
 // descriptor, offset, op ids), the sender's write straight into that buffer,
 // then DONE (the flag outside the payload: after a fence, or after the
 // write's completion where a completed write has landed: message-form lanes).
+// Where each side's CPU does its own transfers (shared memory: UCX's cma
+// copies in the calling process) the two share the copy: the RTS also offers
+// the sender's buffer, the RTR says how much of it the sender writes, and the
+// receiver reads the rest meanwhile, then tells the sender (FIN) that its
+// buffer is free; the receive completes on DONE and its own read.
 //
 // Everything runs under one mutex. Whoever holds it progresses: a thread
 // waiting on a request (its poller), a poster, or the progress thread, which
@@ -60,16 +65,20 @@ constexpr std::size_t kMaxUnexpected = 16384;   // arrivals a peer may leave unm
 constexpr std::size_t kRegistrationsKept = 256;  // allocations registered for the placed path
 constexpr double kCloseFlushS = 5.0;
 
-enum Kind : std::int64_t { kEager = 1, kRts = 2, kRtr = 3, kDone = 4, kErr = 5, kBye = 6 };
+enum Kind : std::int64_t { kEager = 1, kRts = 2, kRtr = 3, kDone = 4, kErr = 5, kBye = 6, kFin = 7 };
+
+// Placed messages from this size up share their copy between the two sides
+// (where each side's CPU moves its own part): half each, at a 4 KiB boundary.
+constexpr std::size_t kShareFrom = std::size_t(256) << 10;
 
 struct Header {
   std::int64_t kind = 0, tag = 0;
   std::int64_t id = 0;      // EAGER/RTS: the sender's op id; RTR: the receiver's; DONE: the receiver's
   std::int64_t nbytes = 0;  // the message's size
-  std::int64_t offset = 0;  // RTR: where in the descriptor's region the buffer starts
-  std::int64_t plen = 0;    // payload bytes after the header
-  std::int64_t aux = 0;     // RTR/ERR: the sender's op id
-  std::int64_t spare = 0;
+  std::int64_t offset = 0;  // RTS (offered)/RTR: where in the descriptor's region the buffer starts
+  std::int64_t plen = 0;    // payload bytes after the header (RTS, RTR: a region descriptor)
+  std::int64_t aux = 0;     // RTR/ERR/FIN: the sender's op id
+  std::int64_t split = 0;   // RTR: the bytes the sender writes (0: all; the receiver reads the rest)
 };
 static_assert(sizeof(Header) == kHeader);
 
@@ -107,10 +116,14 @@ struct Op {
   Clock::time_point deadline;
   // the placed path
   Registration reg;
-  Request write;          // a send's data write in flight
+  Request write;          // a send's data write (a shared receive's read) in flight
   bool writing = false;
   bool records_left = false;  // a record of this op waits for credit
   bool rtr_wanted = false;    // a placed send waiting for its RTR
+  bool offered = false;       // a placed send that offered its buffer for a shared copy
+  bool fin_wanted = false;    // ... whose receiver reads part of it: complete on its FIN
+  bool done_wanted = false;   // a placed receive waiting for the sender's DONE
+  std::int64_t own_id = 0;    // a send's id as its RTS named it (FIN and ERR name it)
 
   Op() = default;
   Op(const Op&) = delete;
@@ -129,8 +142,8 @@ using OpPtr = std::shared_ptr<Op>;
 
 struct Arrival {  // a message that came before its receive
   int src = 0;
-  std::int64_t kind = 0, tag = 0, id = 0, nbytes = 0;
-  std::string payload;  // an eager message's bytes
+  std::int64_t kind = 0, tag = 0, id = 0, nbytes = 0, offset = 0;
+  std::string payload;  // an eager message's bytes; an RTS's offered region descriptor
 };
 
 struct Outcome {  // a completion, delivered to its request once the engine's lock is released
@@ -151,6 +164,7 @@ struct PeerState {
   Channel ch;
   RemoteRegion arena;
   bool messages_form = false;  // a completed write has landed (DONE after completion, no fence)
+  bool shares_copies = false;  // each side moves its own transfers (shared memory): split large copies
   std::uint64_t sent = 0, got = 0, acked = 0;  // records posted / consumed / credited back
   std::vector<Request> post_req = std::vector<Request>(kSlots);
   std::deque<Queued> outq;
@@ -211,6 +225,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   std::list<OpPtr> recvs_;                       // posted, unmatched receives in posting order
   std::unordered_map<std::int64_t, OpPtr> matched_;  // placed receives waiting for DONE, by id
   std::unordered_map<std::int64_t, OpPtr> sends_;    // placed sends waiting for RTR, by id
+  std::unordered_map<std::int64_t, OpPtr> fins_;     // shared placed sends waiting for FIN, by own id
   std::list<OpPtr> writing_;                      // placed sends whose data write is in flight
   std::list<Arrival> unexpected_;
   std::list<OpPtr> deadlined_;                    // every pending op, for its deadline
@@ -285,6 +300,7 @@ void Engine::start() {
       }
       peers_[p].arena = peers_[p].ch.lookup(name_ + ".arena", t);
       peers_[p].messages_form = peers_[p].ch.uses_messages();
+      peers_[p].shares_copies = !peers_[p].messages_form && !peers_[p].ch.impl()->needs_target_progress();
     }
     // Every rank has looked up every arena before any may leave (a lookup of a closed device fails).
     rv_.set(name_ + "/ready/" + std::to_string(rank), "1");
@@ -355,12 +371,20 @@ Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
   }
   ++stats.placed_sends;
   op->reg = registration_of(b);
+  op->own_id = op->id;
+  std::string offer;  // our buffer, for the receiver to read its part of
+  if (ps.shares_copies && b.nbytes >= kShareFrom) {
+    const RegionDescriptor& d = export_to(peer, op->reg);
+    offer = d.to_bytes();
+    h.offset = static_cast<std::int64_t>(static_cast<char*>(b.data) - reinterpret_cast<char*>(d.address));
+    op->offered = true;
+  }
   Request r = handle(op, &ps.ch);
   h.kind = kRts;
   op->rtr_wanted = true;
   sends_[op->id] = op;
   deadlined_.push_back(op);
-  post(peer, h, nullptr, 0, nullptr);
+  post(peer, h, offer.data(), offer.size(), nullptr);
   progress_locked();
   return r;
 }
@@ -529,7 +553,19 @@ void Engine::progress_locked() {
       continue;
     }
     op->writing = false;
-    if (st < 0) {
+    if (!op->send) {  // a shared receive's read of its part: the sender's buffer is free now
+      Header h;
+      h.kind = st < 0 ? kErr : kFin;
+      h.tag = op->tag;
+      h.aux = op->own_id;
+      post(op->peer, h, nullptr, 0, nullptr);
+      if (st < 0) {
+        fail(op, op->write.error_kind(), "messenger: the read of a " + op->what(rank) + " failed: " +
+                                              op->write.error_message(), op->peer);
+      } else {
+        complete(op);
+      }
+    } else if (st < 0) {
       fail(op, op->write.error_kind(), "messenger: the data write of a " + op->what(rank) + " failed: " +
                                             op->write.error_message(), op->peer);
     } else if (peers_[op->peer].messages_form) {
@@ -571,8 +607,8 @@ void Engine::consume(int p, std::uint64_t m) {
   ps.got = m;
   // The peer wrote every field: check them before any is used (contracts §11).
   const std::size_t room = lay_.slot - kHeader;
-  if (h.kind < kEager || h.kind > kBye || h.nbytes < 0 || h.plen < 0 || std::size_t(h.plen) > room ||
-      (h.kind == kEager && h.plen != h.nbytes) || (h.kind != kEager && h.kind != kRtr && h.plen)) {
+  if (h.kind < kEager || h.kind > kFin || h.nbytes < 0 || h.plen < 0 || std::size_t(h.plen) > room ||
+      (h.kind == kEager && h.plen != h.nbytes) || (h.kind != kEager && h.kind != kRtr && h.kind != kRts && h.plen)) {
     fail_peer(p, ErrorKind::kProtocolMismatch,
               "rank " + std::to_string(p) + " sent a malformed record (kind " + std::to_string(h.kind) + ", " +
                   std::to_string(h.nbytes) + " B, payload " + std::to_string(h.plen) + " B); its messages are refused");
@@ -587,6 +623,8 @@ void Engine::consume(int p, std::uint64_t m) {
       a.tag = h.tag;
       a.id = h.id;
       a.nbytes = h.nbytes;
+      a.offset = h.offset;
+      if (h.kind == kRts) a.payload.assign(slot + kHeader, h.plen);  // an offer, if any
       for (auto it = recvs_.begin(); it != recvs_.end(); ++it) {
         const OpPtr& op = *it;
         if ((op->peer == kAnySource || op->peer == p) && op->tag == h.tag) {
@@ -624,16 +662,37 @@ void Engine::consume(int p, std::uint64_t m) {
       OpPtr op = it->second;
       table.erase(it);
       if (h.kind == kDone) {
+        op->done_wanted = false;
         complete(op);
       } else if (!op->done) {
         place(op, h, slot + kHeader);  // (a send that timed out writes nothing)
       }
       return;
     }
+    case kFin: {  // the receiver read its part of our buffer: the send may complete
+      auto it = fins_.find(h.aux);
+      if (it == fins_.end() || it->second->peer != p) {
+        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " named an operation it was not given");
+        return;
+      }
+      OpPtr op = it->second;
+      fins_.erase(it);
+      op->fin_wanted = false;
+      complete(op);
+      return;
+    }
     case kBye:  // the peer closed its end: what it sent before is read; nothing more comes
       fail_peer(p, ErrorKind::kConnection, "rank " + std::to_string(p) + " left the group (closed)", false);
       return;
     case kErr: {
+      auto fin = fins_.find(h.aux);  // a shared send: the receiver could not read its part
+      if (fin != fins_.end() && fin->second->peer == p) {
+        OpPtr op = fin->second;
+        fins_.erase(fin);
+        fail(op, ErrorKind::kConnection,
+             "messenger: rank " + std::to_string(p) + " could not read its part of a " + op->what(rank));
+        return;
+      }
       auto it = sends_.find(h.aux);
       if (it != sends_.end() && it->second->peer == p) {
         OpPtr op = it->second;
@@ -672,6 +731,9 @@ void Engine::match(const OpPtr& r, Arrival& a) {
     complete(r);
     return;
   }
+  PeerState& ps = peers_[a.src];
+  std::size_t split = 0;  // the bytes the sender writes (0: all)
+  if (!a.payload.empty() && ps.shares_copies) split = std::size_t(a.nbytes) / 2 / 4096 * 4096;
   try {  // placed: register our buffer, export it to the sender (once per allocation), RTR
     r->reg = registration_of(r->buf);
     const RegionDescriptor& d = export_to(a.src, r->reg);
@@ -683,10 +745,31 @@ void Engine::match(const OpPtr& r, Arrival& a) {
     h.aux = a.id;
     h.nbytes = a.nbytes;
     h.offset = static_cast<std::int64_t>(static_cast<char*>(r->buf.data) - reinterpret_cast<char*>(d.address));
+    h.split = static_cast<std::int64_t>(split);
+    r->done_wanted = true;
+    r->own_id = a.id;  // (the sender's: our FIN names it)
     matched_[r->id] = r;
     post(a.src, h, bytes.data(), bytes.size(), nullptr);
   } catch (const Error& e) {
     fail(r, e.kind(), std::string("messenger: cannot receive into this buffer: ") + e.what());
+    return;
+  }
+  if (!split) return;
+  try {  // our part, [split, n), read from the sender's buffer while it writes the rest
+    RemoteRegion remote = ps.ch.remote_region(RegionDescriptor::from_bytes(a.payload.data(), a.payload.size()));
+    if (a.offset < 0) throw InvalidArgument("a negative offset");
+    LocalRegion dst = r->reg.region();
+    const std::size_t off = static_cast<char*>(r->buf.data) - static_cast<char*>(dst.address);
+    r->write = ps.ch.read(dst, off + split, remote, std::size_t(a.offset) + split, r->buf.nbytes - split);
+    r->writing = true;
+    ++stats.shared_receives;
+    writing_.push_back(r);
+  } catch (const Error& e) {  // the offer was the peer's: the core checked it against its exports
+    const bool gone = ps.ch.impl() && ps.ch.impl()->failed();
+    fail_peer(a.src, gone ? ErrorKind::kPeerFailed : ErrorKind::kProtocolMismatch,
+              gone ? "rank " + std::to_string(a.src) + " failed: " + e.what()
+                   : "rank " + std::to_string(a.src) + " offered a buffer this rank cannot read (" + e.what() + ")");
+    fail(r, ps.failed_kind, ps.failed, a.src);
   }
 }
 
@@ -700,12 +783,20 @@ void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
                                               std::to_string(rtr.nbytes) + " B for a " + op->what(rank));
     return;
   }
+  // A split only of a buffer we offered, inside it: the receiver reads the rest.
+  if (rtr.split < 0 || std::size_t(rtr.split) >= op->buf.nbytes || (rtr.split && !op->offered)) {
+    fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " asked for a write of " +
+                                                   std::to_string(rtr.split) + " B of a " + op->what(rank));
+    fail(op, ps.failed_kind, ps.failed, p);
+    return;
+  }
+  const std::size_t length = rtr.split ? std::size_t(rtr.split) : op->buf.nbytes;
   try {  // the descriptor and offset are the peer's: the core checks them against its exports
     RemoteRegion remote = ps.ch.remote_region(RegionDescriptor::from_bytes(payload, rtr.plen));
     if (rtr.offset < 0) throw InvalidArgument("a negative offset");
     LocalRegion src = op->reg.region();
     const std::size_t off = static_cast<char*>(op->buf.data) - static_cast<char*>(src.address);
-    op->write = ps.ch.write(src, off, remote, rtr.offset, op->buf.nbytes);
+    op->write = ps.ch.write(src, off, remote, rtr.offset, length);
     op->writing = true;
   } catch (const Error& e) {
     const bool gone = ps.ch.impl() && ps.ch.impl()->failed();
@@ -717,6 +808,10 @@ void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
     return;
   }
   op->id = rtr.id;  // from now on: the receiver's id (DONE names it)
+  if (rtr.split) {
+    op->fin_wanted = true;
+    fins_[op->own_id] = op;
+  }
   if (!ps.messages_form) {  // data, fence, DONE: the flag outside the payload
     try {
       ps.ch.fence();
@@ -762,7 +857,7 @@ const RegionDescriptor& Engine::export_to(int p, const Registration& reg) {
 }
 
 void Engine::complete(const OpPtr& op) {
-  if (op->done || op->records_left || op->writing) return;
+  if (op->done || op->records_left || op->writing || op->fin_wanted || op->done_wanted) return;
   op->done = true;
   if (op->state) outcomes_.push_back(Outcome{op, true, ErrorKind::kGeneric, {}, -1});
 }
@@ -788,7 +883,7 @@ void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0, bool died
     if (hit(op)) fail(op, kind, why, p);
   }
   recvs_.remove_if(hit);
-  for (auto* table : {&matched_, &sends_}) {
+  for (auto* table : {&matched_, &sends_, &fins_}) {
     for (auto it = table->begin(); it != table->end();) {
       if (hit(it->second)) {
         fail(it->second, kind, why, p);
@@ -824,7 +919,7 @@ void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0, bool died
 }
 
 bool Engine::busy_locked() const {
-  if (!recvs_.empty() || !matched_.empty() || !sends_.empty() || !writing_.empty()) return true;
+  if (!recvs_.empty() || !matched_.empty() || !sends_.empty() || !fins_.empty() || !writing_.empty()) return true;
   for (const auto& ps : peers_) {
     if (!ps.outq.empty()) return true;
   }
@@ -887,6 +982,7 @@ void Engine::close() {
     for (auto& op : recvs_) fail_all(op);
     for (auto& kv : matched_) fail_all(kv.second);
     for (auto& kv : sends_) fail_all(kv.second);
+    for (auto& kv : fins_) fail_all(kv.second);
     for (auto& op : writing_) fail_all(op);
     for (auto& op : deadlined_) fail_all(op);
     for (auto& ps : peers_) {
@@ -898,6 +994,7 @@ void Engine::close() {
     recvs_.clear();
     matched_.clear();
     sends_.clear();
+    fins_.clear();
     writing_.clear();
     deadlined_.clear();
     unexpected_.clear();
