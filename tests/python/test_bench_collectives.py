@@ -143,6 +143,11 @@ def test_api_path_beside_gloo(tmp_path, op, sizes):
     assert "gloo/tw" in proc.stdout and all("gloo_over_tw" in r for r in report["rows"] if r["series"] == "tensorwire")
 
 
+def test_one_rank_is_refused_saying_why():
+    proc = bench("allreduce", "--ranks", "1", check=False)
+    assert proc.returncode == 2 and "needs 2 or more ranks" in proc.stderr, proc.stderr
+
+
 def test_api_refuses_an_algorithm():
     proc = bench("allreduce", "--api", "--algorithm", "ring", check=False)
     assert proc.returncode == 2 and "chooses its algorithm itself" in proc.stderr

@@ -228,6 +228,10 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"tensorwire bench allreduce: sizes must be multiples of 4 B (32-bit elements), not {bad}",
                   file=sys.stderr)
             return 2
+    if args.ranks == 1:
+        print(f"tensorwire bench {args.coll_op}: needs 2 or more ranks (one rank has no collectives layer: "
+              f"nothing moves)", file=sys.stderr)
+        return 2
     if args.api and args.coll_op == "allreduce" and (args.algorithm != "auto" or args.threshold):
         print("tensorwire bench allreduce: --api times world.allreduce, which chooses its algorithm itself "
               "(auto); leave out --algorithm/--threshold", file=sys.stderr)

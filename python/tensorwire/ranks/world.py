@@ -289,7 +289,8 @@ class World:
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank has entered this barrier. One meaning, two paths: the
         collectives layer's dissemination barrier (one-byte messages, microseconds) once it
-        exists, an allgather in the store before (and after a collective failed)."""
+        exists, an allgather in the store before (and after a collective failed). On the
+        layer a wait is also bounded by its engine's own bound, twice the World's timeout."""
         if self._coll is None or self._coll_failed:
             self.allgather(None, timeout)
             return
