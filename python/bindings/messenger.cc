@@ -15,6 +15,7 @@
 
 #include "bindings.h"
 #include "checked.h"
+#include "py_messenger.h"
 #include "py_types.h"
 #include "tensorwire/messenger.h"
 
@@ -48,9 +49,15 @@ class CallableRendezvous : public Rendezvous {
   nb::object set_, get_;
 };
 
-// A Python object held by the engine: released with the GIL, from whichever thread lets go.
-// `also`: what else must live as long (a receive's source word).
-std::shared_ptr<const void> hold(nb::handle obj, std::shared_ptr<int> also = nullptr) {
+// An irecv: its request, and the sender's rank once it completed.
+struct PyReceive {
+  Request request;
+  std::shared_ptr<int> source = std::make_shared<int>(-1);
+};
+
+}  // namespace
+
+std::shared_ptr<const void> hold(nb::handle obj, std::shared_ptr<int> also) {
   if ((!obj.is_valid() || obj.is_none()) && !also) return nullptr;
   auto* held = new nb::object(obj.is_valid() ? nb::borrow(obj) : nb::none());
   return std::shared_ptr<const void>(held, [also](const void* p) {
@@ -59,30 +66,8 @@ std::shared_ptr<const void> hold(nb::handle obj, std::shared_ptr<int> also = nul
   });
 }
 
-struct PyMessenger {
-  std::unique_ptr<Messenger> m;
-  Messenger& get() {
-    if (!m) throw ConnectionError("messenger: closed");
-    return *m;
-  }
-  void close() {
-    std::unique_ptr<Messenger> gone;
-    gone.swap(m);
-    nb::gil_scoped_release release;
-    if (gone) gone->close();
-    gone.reset();
-  }
-  ~PyMessenger() { close(); }
-};
-
-// An irecv: its request, and the sender's rank once it completed.
-struct PyReceive {
-  Request request;
-  std::shared_ptr<int> source = std::make_shared<int>(-1);
-};
-
 Buffer buffer_of(std::uintptr_t ptr, std::size_t nbytes, nb::handle keep, std::uintptr_t base, std::size_t base_bytes,
-                 std::shared_ptr<int> source = nullptr) {
+                 std::shared_ptr<int> source) {
   Buffer b;
   b.data = reinterpret_cast<void*>(ptr);
   b.nbytes = nbytes;
@@ -91,8 +76,6 @@ Buffer buffer_of(std::uintptr_t ptr, std::size_t nbytes, nb::handle keep, std::u
   b.keep = hold(keep, std::move(source));
   return b;
 }
-
-}  // namespace
 
 void bind_messenger(nb::module_& m) {
   nb::class_<PyReceive>(m, "Receive", "A posted receive: its request, and the sender's rank once complete.")
@@ -112,7 +95,7 @@ void bind_messenger(nb::module_& m) {
         cfg.eager_bytes = eager_bytes;
         cfg.progress_thread = progress_thread;
         auto rv = std::make_unique<CallableRendezvous>(std::move(store_set), std::move(store_get));
-        std::unique_ptr<Messenger> made;
+        std::shared_ptr<Messenger> made;
         {
           nb::gil_scoped_release release;
           made = make_messenger(*device.device, rank, size, *rv, cfg);

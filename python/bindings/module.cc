@@ -19,6 +19,7 @@ NB_MODULE(_core, m) {
   tensorwire::py::bind_bench(m);
   tensorwire::py::bind_slots(m);
   tensorwire::py::bind_messenger(m);
+  tensorwire::py::bind_collectives(m);
   m.def("ucx_version", &tensorwire::ucx_version, "Version of the UCX library loaded at run time.");
   m.def("ucx_library_path", &tensorwire::ucx_library_path, "File the UCX library was loaded from.");
   m.def("ucx_header_version", &tensorwire::ucx_header_version, "UCX API version tensorwire was compiled against.");

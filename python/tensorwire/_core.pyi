@@ -593,6 +593,53 @@ class Messenger:
 
 ANY_SOURCE: int = -1
 
+class Collectives:
+    """
+    Collective operations on a Messenger (the C++ layer, tensorwire/collectives.h): blocking calls every rank makes in the same order with matching sizes.
+    """
+
+    def __init__(self, messenger: Messenger) -> None:
+        """
+        The collectives of the messenger's group. One per Messenger: two would take each other's messages.
+        """
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def calls(self) -> int:
+        """Calls made so far."""
+
+    @property
+    def small_allreduce_limit(self) -> int:
+        """
+        allreduce up to this many bytes takes recursive doubling, larger the ring (64 KiB, or TENSORWIRE_COLL_SMALL_BYTES when this object was made).
+        """
+
+    def allreduce_algorithm(self, count: int, dtype: str) -> str:
+        """
+        What allreduce's 'auto' takes for count elements: 'doubling' or 'ring'.
+        """
+
+    def allreduce(self, ptr: int, count: int, dtype: str, op: str = 'sum', keep: object | None = None, base: int = 0, base_bytes: int = 0, timeout: float = -1.0, algorithm: str = 'auto', factor: float = 1.0) -> None:
+        """
+        In place: the count elements of `dtype` at ptr become op over every rank's (op: sum, product, min, max, band, bor, bxor, avg, premul_sum; what a dtype supports: docs/collectives.md). algorithm: 'auto' (by size), 'doubling' or 'ring', the same on every rank. timeout < 0: the messenger's.
+        """
+
+    def alltoall(self, in_ptr: int, out_ptr: int, block_bytes: int, in_keep: object | None = None, out_keep: object | None = None, timeout: float = -1.0) -> None:
+        """
+        Block r (block_bytes at in_ptr + r * block_bytes) goes to rank r; block s of out comes from rank s. in and out must not overlap.
+        """
+
+    def broadcast(self, ptr: int, nbytes: int, root: int, keep: object | None = None, base: int = 0, base_bytes: int = 0, timeout: float = -1.0) -> None:
+        """In place: root's nbytes at ptr on every rank."""
+
+    def barrier(self, timeout: float = -1.0) -> None:
+        """Returns once every rank has entered it (a dissemination barrier)."""
+
 def ucx_version() -> str:
     """Version of the UCX library loaded at run time."""
 

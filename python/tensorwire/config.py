@@ -66,7 +66,8 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("TENSORWIRE_LOG", "level of the core's log lines on stderr", "error, warn, info, debug", "warn",
              CORE),
     Variable("TENSORWIRE_COLL_SMALL_BYTES", "largest all_reduce of the C++ collectives layer that takes "
-             "recursive doubling (above: the ring; docs/collectives.md)", "bytes", "65536", CORE),
+             "recursive doubling (above: the ring; docs/collectives.md); read when a Collectives is made "
+             "(`bench allreduce --threshold` sets it)", "bytes", "65536", CORE),
     Variable("TENSORWIRE_NO_F16C", "set: the reductions convert float16 without the CPU's F16C instructions "
              "(a check of one against the other)", "set or unset", "unset", CORE),
     # -- the world of ranks (tensorwire run, World) --
@@ -101,11 +102,6 @@ VARIABLES: tuple[Variable, ...] = (
              BENCH + ", tensorwire train; set by --progress/--no-progress and by `tensorwire run`"),
     Variable("TENSORWIRE_BENCH_SPIN_US", "spin of the bandwidth benches' devices (Device(spin_us=)); a "
              "client hands its own to the `bench serve` it spawns", "microseconds", "100", BENCH),
-    Variable("TENSORWIRE_COLL_ORDER", "how the collectives order a payload before its flag (overrides the "
-             "engine's choice)", "fence, flush", "flush over tcp, else fence",
-             "tensorwire.ranks.collectives (World collectives, bench alltoall/allreduce)"),
-    Variable("TENSORWIRE_COLL_DEBUG", "SIGUSR1 dumps every thread's stack (faulthandler) in each rank",
-             "non-empty = on", "off", "bench alltoall/allreduce"),
     Variable("TENSORWIRE_TERASORT_DEBUG", "print each shuffle piece's arrival time", "non-empty = on", "off",
              "bench terasort"),
     # -- testbed --

@@ -1,9 +1,10 @@
-"""`tensorwire bench alltoall|allreduce`: collectives on one-sided writes.
+"""`tensorwire bench alltoall|allreduce`: the World's C++ collectives layer.
 
-Smoke tests at tiny sizes with validation on 2 and 3 ranks (3: recursive
-doubling with a folded-in extra rank, ring chunks of unequal and empty
-length), the seed-004 profile and OSU format, a rank killed mid-run, and the
-comparison with MPI where mpirun + mpi4py are installed (skipped otherwise)."""
+Smoke tests at tiny sizes with validation on 2, 3 and 4 ranks (3: recursive
+doubling with a folded-in extra rank, ring blocks of unequal and empty
+length), --threshold, the seed-004 profile and OSU format, a rank killed
+mid-run, and the comparison with MPI where mpirun + mpi4py are installed
+(skipped otherwise)."""
 
 import importlib.util
 import json
@@ -15,8 +16,9 @@ import time
 
 import pytest
 
+import tensorwire as tw
+
 from tensorwire.cli import bench_collectives as coll
-from tensorwire.ranks.collectives import RD_RING_THRESHOLD, Layout, choose_allreduce, rd_geometry, ring_chunks
 
 FAST = ["--iters", "20", "--warmup", "2"]
 
@@ -55,7 +57,7 @@ def test_alltoall_two_ranks_validated(tmp_path):
 
 @pytest.mark.parametrize("algorithm", ["ring", "rd"])
 def test_allreduce_three_ranks_odd_counts(tmp_path, algorithm):
-    # 3 ranks: rd folds rank 0 into rank 1; 4 B and 8 B leave ring chunks empty, 12 B gives one each
+    # 3 ranks: rd folds rank 0 into rank 1; 4 B and 8 B leave ring blocks empty, 12 B gives one each
     out = tmp_path / "ar.json"
     proc = bench("allreduce", "--ranks", "3", "--transport", "shm", "--algorithm", algorithm, "--type", "int",
                  "--sizes", "4,8,12,4K,100K", "--validate", "--json", str(out), *FAST)
@@ -65,19 +67,21 @@ def test_allreduce_three_ranks_odd_counts(tmp_path, algorithm):
     assert "FAIL" not in proc.stdout
 
 
-def test_allreduce_recursive_halving_four_ranks(tmp_path):
-    # 4 B and 12 B leave halving ranges empty on some ranks; 100 K splits unevenly
-    out = tmp_path / "rh.json"
-    proc = bench("allreduce", "--ranks", "4", "--transport", "shm", "--algorithm", "rh", "--type", "int",
-                 "--sizes", "4,12,4K,100K", "--validate", "--json", str(out), *FAST)
+def test_allreduce_auto_four_ranks_moves_at_the_threshold(tmp_path):
+    # --threshold 4K: auto takes recursive doubling up to 4 KiB and below one element per rank, then the ring
+    out = tmp_path / "auto.json"
+    proc = bench("allreduce", "--ranks", "4", "--transport", "shm", "--type", "int", "--threshold", "4K",
+                 "--sizes", "12,4K,100K", "--validate", "--json", str(out), *FAST)
     report = json.loads(out.read_text())
     assert report["verdict"] in ("PASS", "WARN"), proc.stdout
-    assert all(r["validation"] == "Pass" and r["algorithm"] == "rh" for r in report["rows"])
+    assert report["config"]["rd_ring_threshold"] == 4096
+    assert [(r["size"], r["algorithm"]) for r in report["rows"]] == [(12, "rd"), (4096, "rd"), (102400, "ring")]
+    assert all(r["validation"] == "Pass" for r in report["rows"])
 
 
-def test_recursive_halving_refuses_odd_rank_counts():
-    proc = bench("allreduce", "--ranks", "3", "--algorithm", "rh", "--sizes", "4K", *FAST, check=False)
-    assert proc.returncode != 0 and "power-of-two" in proc.stdout + proc.stderr
+def test_recursive_halving_is_gone_and_says_so():
+    proc = bench("allreduce", "--ranks", "4", "--algorithm", "rh", "--sizes", "4K", *FAST, check=False)
+    assert proc.returncode == 2 and "went with the Python collectives engine" in proc.stderr, proc.stderr
 
 
 def test_allreduce_auto_float_osu_format():
@@ -139,24 +143,32 @@ def test_api_path_beside_gloo(tmp_path, op, sizes):
     assert "gloo/tw" in proc.stdout and all("gloo_over_tw" in r for r in report["rows"] if r["series"] == "tensorwire")
 
 
+def test_one_rank_is_refused_saying_why():
+    proc = bench("allreduce", "--ranks", "1", check=False)
+    assert proc.returncode == 2 and "needs 2 or more ranks" in proc.stderr, proc.stderr
+
+
 def test_api_refuses_an_algorithm():
     proc = bench("allreduce", "--api", "--algorithm", "ring", check=False)
     assert proc.returncode == 2 and "chooses its algorithm itself" in proc.stderr
 
 
-def test_helpers():
-    assert rd_geometry(3) == (2, 1, 1) and rd_geometry(4) == (4, 0, 2) and rd_geometry(7) == (4, 3, 2)
-    assert ring_chunks(10, 4) == [(0, 3), (3, 3), (6, 3), (9, 1)]
-    assert ring_chunks(1, 3) == [(0, 1), (1, 0), (1, 0)]
-    assert choose_allreduce(64, 4, 1024) == "rd" and choose_allreduce(4096, 4, 1024) == "rh"
-    assert choose_allreduce(4096, 3, 1024) == "ring" and choose_allreduce(4096, 2, 1024) == "ring"
-    lay = Layout(3, 1 << 20, 1 << 20)
-    assert lay.slots >= 2 * (2 * 2 + 1 + 2) and lay.total >= 2 * 3 * (1 << 20)
-    # recursive doubling's landing slots only up to rd_bytes; rh's halves fit in about one vector
-    small = Layout(4, 0, 8 << 20, rd_bytes=512 << 10)
-    assert small.land < 2 * (8 << 20) < Layout(4, 0, 8 << 20).land
-    assert small.rh_offsets[-1] <= (8 << 20) + 4 * 128
-    assert coll.RD_RING_THRESHOLD == RD_RING_THRESHOLD  # the bench's mirror of the engine's
+def test_the_stated_threshold_is_the_layers(monkeypatch):
+    """The command's help states the C++ layer's default switch from rd to the ring;
+    a one-rank layer says what it takes on either side of it."""
+    from tensorwire import Device, _core
+    monkeypatch.delenv("TENSORWIRE_COLL_SMALL_BYTES", raising=False)
+    store = {}
+    with Device() as dev:
+        m = _core.Messenger(dev, 0, 1, store.__setitem__, lambda key, timeout: store[key])
+        c = _core.Collectives(m)
+        limit = c.small_allreduce_limit
+        assert limit == coll.SMALL_ALLREDUCE_BYTES
+        assert c.allreduce_algorithm(limit // 4, "float32") == "doubling"
+        assert c.allreduce_algorithm(limit // 4 + 1, "float32") == "ring"
+        m.close()
+        with pytest.raises(tw.ConnectionError):
+            c.barrier(1)  # the engine is closed: refused, not a dangling engine
 
 
 def test_argv_round_trip():

@@ -55,6 +55,16 @@ enum class ReduceOp {
 
 const char* reduce_op_name(ReduceOp op);
 
+// How allreduce combines: kAuto chooses by size (allreduce_algorithm); the
+// others force one (measurements: `tensorwire bench allreduce --algorithm`).
+enum class AllreduceAlgorithm {
+  kAuto,
+  kDoubling,  // recursive doubling: ceil(log2 p) rounds of the whole vector
+  kRing,      // reduce-scatter + all-gather on a ring: 2(p-1) rounds of 1/p
+};
+
+const char* allreduce_algorithm_name(AllreduceAlgorithm a);  // "auto", "doubling", "ring"
+
 // Reduces `count` elements of `src` into `dst` in place (dst = dst op src).
 // Every dtype of the one dtype table, complex64/128 for kSum/kProduct; an op
 // a dtype does not support (kBand on floats, kMin on complex) throws
@@ -69,8 +79,13 @@ class Collectives {
 
   // data (count elements) = op over every rank's data, on every rank.
   // kPremulSum multiplies by `factor` first; kAvg divides by size().
+  // `algorithm` must be the same on every rank.
   void allreduce(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, double factor = 1.0,
-                 double timeout_s = -1);
+                 double timeout_s = -1, AllreduceAlgorithm algorithm = AllreduceAlgorithm::kAuto);
+  // What kAuto takes for `count` elements of `dtype` in this group: kDoubling
+  // up to small_allreduce_limit() bytes or below one element per rank, else kRing.
+  AllreduceAlgorithm allreduce_algorithm(std::size_t count, DType dtype) const;
+  std::size_t small_allreduce_limit() const { return small_bytes_; }
   // data at `root` = op over every rank's data; other ranks' data unchanged.
   void reduce(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, int root, double factor = 1.0,
               double timeout_s = -1);

@@ -222,8 +222,23 @@ void Collectives::drop_scratch() {
 
 // ---- all_reduce ----
 
+const char* allreduce_algorithm_name(AllreduceAlgorithm a) {
+  switch (a) {
+    case AllreduceAlgorithm::kAuto: return "auto";
+    case AllreduceAlgorithm::kDoubling: return "doubling";
+    case AllreduceAlgorithm::kRing: return "ring";
+  }
+  return "?";
+}
+
+AllreduceAlgorithm Collectives::allreduce_algorithm(std::size_t count, DType dtype) const {
+  const std::size_t bytes = checked_bytes(count, dtype.itemsize(), "allreduce");
+  return bytes <= small_bytes_ || count < static_cast<std::size_t>(size()) ? AllreduceAlgorithm::kDoubling
+                                                                           : AllreduceAlgorithm::kRing;
+}
+
 void Collectives::allreduce(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, double factor,
-                            double timeout_s) {
+                            double timeout_s, AllreduceAlgorithm algorithm) {
   detail::check_reduce(dtype, op);
   const std::size_t bytes = checked_bytes(count, dtype.itemsize(), "allreduce");
   need(data, bytes, "allreduce", "data");
@@ -232,8 +247,9 @@ void Collectives::allreduce(const Buffer& data, std::size_t count, DType dtype, 
   // The result replaces `data`, so its own scaled input may too.
   if (op == ReduceOp::kPremulSum) detail::scale_into(data.data, data.data, count, dtype, factor);
   const ReduceOp rop = (op == ReduceOp::kAvg || op == ReduceOp::kPremulSum) ? ReduceOp::kSum : op;
+  if (algorithm == AllreduceAlgorithm::kAuto) algorithm = allreduce_algorithm(count, dtype);
   if (size() > 1) {
-    if (bytes <= small_bytes_ || count < static_cast<std::size_t>(size())) {
+    if (algorithm == AllreduceAlgorithm::kDoubling) {
       allreduce_doubling(data, count, dtype, rop, call);
     } else {
       allreduce_ring(data, count, dtype, rop, call);

@@ -1,6 +1,6 @@
 """The rank side of `tensorwire bench alltoall|allreduce` (see collectives.py):
-timed loops for the one-sided collectives (the engine on its own buffers, or with
---api the library path world.allreduce/alltoall) and, with --compare mpi|gloo, for
+timed loops for the World's C++ collectives layer (called directly, or with --api
+through world.allreduce/alltoall) and, with --compare mpi|gloo, for
 the same operation through mpi4py or torch.distributed gloo (the series are in
 _coll_series.py), OSU statistics, tables, checks, JSON, plot."""
 
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ranks.collectives import RD_RING_THRESHOLD, CollectiveError, OneSidedCollectives
+from ..errors import Error
 from . import _coll_osu as osu
 from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, Patterns
 from .common import Progress, Report, check_lane_transports, human_size, print_line
@@ -88,9 +88,8 @@ def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validat
 
 def run_rank(args: argparse.Namespace) -> int:
     from ..ranks.world import World
-    if os.environ.get("TENSORWIRE_COLL_DEBUG"):
-        import faulthandler
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    if getattr(args, "threshold", None):  # read when the World makes its collectives layer
+        os.environ["TENSORWIRE_COLL_SMALL_BYTES"] = str(args.threshold[0])
     if args.compare == "mpi" and os.environ.get("OMPI_COMM_WORLD_SIZE"):
         # MPI_Init first: it waits for every rank holding the GIL, which would stall rank 0's
         # control-plane handlers (the World's bootstrap) if the World came first.
@@ -98,7 +97,7 @@ def run_rank(args: argparse.Namespace) -> int:
     world = World(transport=args.transport, progress=args.progress_mode, timeout=max(30.0, args.timeout))
     try:
         return _run(world, args)
-    except CollectiveError as e:
+    except Error as e:  # a peer failed or timed out (named), or bad input
         print(f"tensorwire bench {args.coll_op}: {e}", file=sys.stderr, flush=True)
         return 3
     finally:
@@ -134,7 +133,6 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     dtype = None
     if op == "allreduce":
         dtype = np.dtype("int32" if args.type == "int" or args.profile == "1mi-int32" else "float32")
-    threshold = (args.threshold[0] if getattr(args, "threshold", None) else RD_RING_THRESHOLD)
     comm, mpi_version = (None, None)
     if args.compare == "mpi":
         comm, mpi_version = _mpi_comm(world, args)
@@ -142,16 +140,13 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         import importlib.util
         if importlib.util.find_spec("matplotlib") is None:
             raise SystemExit("--plot needs matplotlib: pip install matplotlib")
-    if args.api:  # the library path: the World makes (and grows) its engine on first use
-        world.allreduce(np.zeros(1, np.float32))
-        eng, series = world._coll, [ApiSeries(world, op, dtype)]
-        quiesce = world.barrier  # the engine's barrier, now that it exists
+    coll = world.collectives  # made here, on every rank: the World's one collectives layer
+    threshold = coll.small_allreduce_limit
+    if args.api:
+        series: list[Series] = [ApiSeries(world, op, dtype)]
     else:
-        # order None: flush over tcp, fence elsewhere (the engine looks at the channels)
-        eng = OneSidedCollectives(world, max(sizes) if op == "alltoall" else 0,
-                                  max(sizes) if op == "allreduce" else 0, timeout=args.timeout)
-        series = [TensorwireSeries(eng, op, dtype, getattr(args, "algorithm", ""), threshold)]
-        quiesce = eng.barrier
+        series = [TensorwireSeries(world, op, dtype, getattr(args, "algorithm", ""), args.timeout)]
+    quiesce = world.barrier  # the layer's barrier, now that it exists
     if comm is not None:
         series.append(MpiSeries(comm, op, dtype))
     elif args.compare == "gloo":
@@ -167,11 +162,10 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         "algorithm": getattr(args, "algorithm", "pairwise"), "rd_ring_threshold": threshold if op == "allreduce"
         else None, "compare": args.compare, "mpi": mpi_version,
         "gloo": series[1].version if args.compare == "gloo" else None,
-        "path": ("api: world.allreduce/alltoall on numpy arrays (copies in and out timed)" if args.api
-                 else "engine: inputs and outputs in its registered buffers"),
+        "path": ("api: world.allreduce/alltoall on numpy arrays (their checks timed)" if args.api
+                 else "layer: world.collectives (C++) on numpy arrays, the algorithm as asked"),
         "mpi_env": _mpi_env() if comm else None,
-        "wait_policy": {"wait": "tw.wait_any", "spin_us": world.device.spin_us,
-                        "oversubscribed": eng.oversubscribed, "payload_order": eng.order},
+        "engine": {"layer": "C++ Collectives on the Messenger (tagged messages)", "spin_us": world.device.spin_us},
         "launcher": world.placement.launcher,
         "hosts": sorted(set(world.hosts)), "cpus": os.cpu_count(), "python": platform.python_version(),
         "unit": "usec (OSU: per-rank average over the timed iterations; Avg over ranks, Min/Max rank)",
@@ -201,7 +195,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
             s.setup(size, pat)
         got = run_size(series, iters, warm, rounds, args.validate, barrier=not seed, kill=kill_at)
         results = {}
-        for s in series:  # control-plane calls only here, between two engine barriers
+        for s in series:
             samples, errors = got[s.name]
             mine = {"avg": float(np.mean(samples) * 1e6) if samples else float("nan"), "errors": errors,
                     "n": len(samples), "samples": [round(x * 1e6, 3) for x in samples]}
@@ -250,9 +244,9 @@ class _Printer:
         a = self.args
         what = ("pairwise exchange" if self.op == "alltoall" else
                 f"allreduce SUM {self.report.config['dtype']}, algorithm {a.algorithm}"
-                + (f" (rd below {self.report.config['rd_ring_threshold']} B, then rh on 4, 8, ... ranks, "
-                   f"else the ring)" if a.algorithm == "auto" else ""))
-        print(f"# tensorwire bench {self.op}: {self.n} ranks, transport {a.transport}, {what}, one-sided writes"
+                + (f" (rd up to {self.report.config['rd_ring_threshold']} B, then the ring)"
+                   if a.algorithm == "auto" else ""))
+        print(f"# tensorwire bench {self.op}: {self.n} ranks, transport {a.transport}, {what}, C++ collectives"
               f"{', validation on' if a.validate else ''}", flush=True)
         print(f"# tensorwire path: {self.report.config['path']}", flush=True)
         if self.other is not None:
@@ -287,7 +281,7 @@ class _Printer:
 
     def _osu_header(self, name: str) -> None:
         print(osu.OSU_TITLES[self.op] + {"mpi": "", "gloo": " (torch.distributed gloo)"}.get(
-            name, " (tensorwire one-sided)"))
+            name, " (tensorwire)"))
         dt = "MPI_CHAR" if self.op == "alltoall" else ("MPI_INT" if self.report.config["dtype"] == "int32"
                                                        else "MPI_FLOAT")
         print(f"# Datatype: {dt}.")
@@ -431,7 +425,7 @@ def plot(report: Report, path: str) -> None:
         if not rows:
             continue
         xs = [r["size"] for r in rows]
-        label = "tensorwire (one-sided)" if name == "tensorwire" else (cfg.get(name) or name).split(",")[0]
+        label = "tensorwire" if name == "tensorwire" else (cfg.get(name) or name).split(",")[0]
         ax.plot(xs, [r["avg_us"] for r in rows], marker="o", markersize=3, color=color, label=f"{label}: Avg")
         ax.fill_between(xs, [r["min_us"] for r in rows], [r["max_us"] for r in rows], color=color, alpha=0.2,
                         label=f"{label}: Min-Max rank")

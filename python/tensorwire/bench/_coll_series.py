@@ -1,7 +1,8 @@
 """The series `tensorwire bench alltoall|allreduce` times (see collectives.py): the
-engine on its own buffers, the library path (world.allreduce / world.alltoall,
---api), MPI (--compare mpi) and torch.distributed gloo (--compare gloo), all
-filled and checked with the same iteration-dependent patterns."""
+World's C++ collectives layer called directly (the algorithm as asked), the library
+path (world.allreduce / world.alltoall, --api), MPI (--compare mpi) and
+torch.distributed gloo (--compare gloo), all filled and checked with the same
+iteration-dependent patterns."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..ranks.collectives import OneSidedCollectives, choose_allreduce
+# the C++ layer's algorithm names -> the bench's (its --algorithm and table column)
+ALGORITHM_LABEL = {"doubling": "rd", "ring": "ring"}
 
 
 class Series:
@@ -75,38 +77,39 @@ class Patterns:
 
 
 class TensorwireSeries(Series):
-    """The engine itself: inputs and outputs are views of its registered buffers (OSU-like)."""
+    """The World's C++ collectives layer (world.collectives) on numpy arrays, the allreduce
+    algorithm as asked: no Python checks, no copies (the layer works in the arrays)."""
     name, label = "tensorwire", "tw"
 
-    def __init__(self, eng: OneSidedCollectives, op: str, dtype: np.dtype | None, algorithm: str,
-                 threshold: int) -> None:
-        self.eng, self.op, self.dtype = eng, op, dtype
-        self.algorithm, self.threshold = algorithm, threshold
+    def __init__(self, world: Any, op: str, dtype: np.dtype | None, algorithm: str, timeout: float) -> None:
+        self.coll, self.n, self.op, self.dtype = world.collectives, world.size, op, dtype
+        self.algorithm, self.timeout = algorithm, timeout
         self.algo_used = ""
 
     def setup(self, size: int, pat: Patterns) -> None:
-        self.size, self.pat = size, pat
+        self.pat, coll, timeout = pat, self.coll, self.timeout
         if self.op == "alltoall":
-            self.inp = self.eng.a2a_send_view(size)
-            self.call = lambda: self.eng.alltoall(size)
+            self.inp, out = np.zeros((self.n, size), np.uint8), np.zeros((self.n, size), np.uint8)
+            inp = self.inp
+            self.call = lambda: (coll.alltoall(inp.ctypes.data, out.ctypes.data, size, in_keep=inp, out_keep=out,
+                                               timeout=timeout), out)[1]
             self.algo_used = "pairwise"
         else:
-            count = size // self.dtype.itemsize
-            self.inp = self.eng.ar_view("src", count, self.dtype)
-            algo = self.algorithm
-            if algo == "auto":
-                algo = choose_allreduce(size, self.eng.n, self.threshold)
-            self.algo_used = algo
-            self.call = lambda: self.eng.allreduce(count, self.dtype, algo)
+            count, dt = size // self.dtype.itemsize, self.dtype.name
+            self.inp = inp = np.zeros(count, self.dtype)
+            algo = {"auto": "auto", "rd": "doubling", "ring": "ring"}[self.algorithm]
+            self.algo_used = ALGORITHM_LABEL[coll.allreduce_algorithm(count, dt) if algo == "auto" else algo]
+            self.call = lambda: (coll.allreduce(inp.ctypes.data, count, dt, keep=inp, timeout=timeout,
+                                                algorithm=algo), inp)[1]
 
     def sync(self) -> None:
-        self.eng.barrier()
+        self.coll.barrier(self.timeout)
 
 
 class ApiSeries(Series):
     """The library path: world.alltoall(out, inp) / world.allreduce(array) on plain numpy
-    arrays (the engine inside the World, made and grown on first use; the copies into
-    and out of its registered buffers are inside the timer)."""
+    arrays (the World's checks of its arguments inside the timer; the layer works in
+    the arrays themselves)."""
     name, label = "tensorwire", "tw"
 
     def __init__(self, world: Any, op: str, dtype: np.dtype | None) -> None:
@@ -119,9 +122,11 @@ class ApiSeries(Series):
             self.call = lambda: self.world.alltoall(out, self.inp)
             self.algo_used = "pairwise"
         else:
-            self.inp = np.zeros(size // self.dtype.itemsize, self.dtype)
+            count = size // self.dtype.itemsize
+            self.inp = np.zeros(count, self.dtype)
             self.call = lambda: self.world.allreduce(self.inp)  # in place, as torch's all_reduce
-            self.algo_used = choose_allreduce(size, n) if n > 1 else "-"
+            self.algo_used = (ALGORITHM_LABEL[self.world.collectives.allreduce_algorithm(count, self.dtype.name)]
+                              if n > 1 else "-")
 
     def sync(self) -> None:
         self.world.barrier()

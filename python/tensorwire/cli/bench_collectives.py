@@ -1,11 +1,11 @@
-"""`tensorwire bench alltoall` and `tensorwire bench allreduce`: collectives
-built on one-sided writes into pre-registered per-peer buffers
-(tensorwire.ranks.collectives), measured the way the OSU micro-benchmarks measure MPI
+"""`tensorwire bench alltoall` and `tensorwire bench allreduce`: the World's
+collectives (the C++ collectives layer over the tagged-message engine, the torch
+backend's too), measured the way the OSU micro-benchmarks measure MPI
 collectives, optionally beside MPI or torch.distributed gloo in the same run.
 
 Method (osu_alltoall / osu_allreduce): per size, `warm-up` untimed calls, then
 `iterations` timed calls; each call is timed alone on every rank and followed
-by a barrier outside the timer (a one-sided dissemination barrier here,
+by a barrier outside the timer (the layer's dissemination barrier here,
 MPI_Barrier for MPI). A rank's latency is its average over the timed calls;
 the table gives the average over ranks (Avg) and the smallest and largest rank
 (Min, Max), in microseconds. Sizes are bytes per peer (alltoall) or bytes of
@@ -15,9 +15,9 @@ the reduced vector (allreduce, float32 or int32 SUM).
 element and iteration before every call and checks every output after it
 (both outside the timer); any mismatch is a FAIL.
 
---api times the library path instead of the engine on its own buffers:
-world.allreduce(array) / world.alltoall(out, inp) on plain numpy arrays, the
-copies into and out of the registered buffers included.
+--api times the library path, world.allreduce(array) / world.alltoall(out,
+inp) with its checks, instead of the layer called directly (both work in the
+arrays themselves: no copies).
 
 Importing this module is cheap (no UCX, no MPI): the work is imported inside
 the command functions.
@@ -37,10 +37,10 @@ from .args import deprecated_alias
 
 OPS = ("alltoall", "allreduce")
 DEFAULT_SIZES = {"alltoall": "1:1M", "allreduce": "4:1M"}
-# allreduce --algorithm auto: recursive doubling below this many bytes. The engine's
-# tensorwire.ranks.collectives.RD_RING_THRESHOLD (mirrored: importing the engine loads numpy;
-# a test checks the two agree).
-RD_RING_THRESHOLD = 512 << 10
+# allreduce --algorithm auto: recursive doubling up to this many bytes. The C++ layer's
+# default (kSmallAllreduceBytes; Collectives.small_allreduce_limit, which a test compares).
+SMALL_ALLREDUCE_BYTES = 64 << 10
+ALGORITHMS = ("auto", "ring", "rd")
 RANK_ENV = ("TENSORWIRE_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
 
 EXAMPLES = {
@@ -56,7 +56,7 @@ examples:
     "allreduce": """\
 examples:
   tensorwire bench allreduce --ranks 4 --validate --type int
-  tensorwire bench allreduce --ranks 3 --algorithm rd --sizes 4:64K     (non-power-of-two recursive doubling)
+  tensorwire bench allreduce --ranks 3 --algorithm rd --sizes 4:1M      (non-power-of-two recursive doubling)
   tensorwire bench allreduce --ranks 4 --sizes 1M --compare mpi --json ar.json
   tensorwire bench allreduce --ranks 4 --transport shm --sizes 1M --api --compare gloo --validate
   tensorwire bench allreduce --ranks 4 --profile 1mi-int32               (1 Mi int32, repeated)
@@ -64,15 +64,14 @@ examples:
 }
 
 DESCRIPTION = {
-    "alltoall": "Alltoall by pairwise exchange on one-sided writes: in step k (1..N-1) rank r writes its block "
-                "for rank (r+k) % N into that rank's pre-registered receive slot for r (fenced, then a "
-                "sequence flag) and waits for the block of rank (r-k) % N. Sizes are bytes per peer (OSU).",
-    "allreduce": "Allreduce (SUM) on one-sided writes: ring (reduce-scatter + allgather, 2(N-1) steps of "
-                 "1/N of the vector) or recursive doubling (log2 N full-vector exchanges; ranks beyond the "
-                 "largest power of two fold in first and get the result back) or recursive halving (Rabenseifner: "
-                 "reduce-scatter by halving, allgather by doubling, 2 log2 N steps; power-of-two N). "
-                 "--algorithm auto takes recursive doubling below %d KiB, then recursive halving on 4, 8, ... "
-                 "ranks and the ring otherwise." % (RD_RING_THRESHOLD >> 10),
+    "alltoall": "Alltoall of the World's C++ collectives layer: every receive posted first, then the sends "
+                "to ranks r+1, r+2, ... (tagged messages: eager through the peer's inbox ring, larger ones "
+                "placed straight into the receiver's buffer). Sizes are bytes per peer (OSU).",
+    "allreduce": "Allreduce (SUM) of the World's C++ collectives layer: ring (reduce-scatter + all-gather, "
+                 "2(N-1) steps of 1/N of the vector) or recursive doubling (ceil(log2 N) full-vector exchanges; "
+                 "ranks beyond the largest power of two fold in first and get the result back). --algorithm "
+                 "auto takes recursive doubling up to %d KiB (TENSORWIRE_COLL_SMALL_BYTES, or --threshold) "
+                 "or below one element per rank, then the ring." % (SMALL_ALLREDUCE_BYTES >> 10),
 }
 
 
@@ -81,7 +80,7 @@ DESCRIPTION = {
 def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p = bench_sub.add_parser(
         op, help=("alltoall on one-sided writes (osu_alltoall), optionally vs MPI" if op == "alltoall" else
-                  "allreduce on one-sided writes: ring / recursive doubling (osu_allreduce), optionally vs MPI"),
+                  "allreduce: ring / recursive doubling (osu_allreduce), optionally vs MPI"),
         description=textwrap.fill(DESCRIPTION[op], 79) + "\n\n" + __doc__.split("\n\n")[1] + "\n\n"
         + __doc__.split("\n\n")[2],
         epilog=EXAMPLES[op], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,21 +100,20 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     if op == "allreduce":
         p.add_argument("--type", choices=("float", "int"), default="float",
                        help="element type: float (float32, default) or int (int32); the operation is SUM")
-        p.add_argument("--algorithm", choices=("auto", "ring", "rd", "rh"), default="auto",
-                       help="ring, rd (recursive doubling), rh (recursive halving + doubling, Rabenseifner; "
-                            "power-of-two ranks) or auto: rd below --threshold, then rh on 4, 8, ... ranks "
-                            "and the ring otherwise")
+        p.add_argument("--algorithm", type=_algorithm, choices=ALGORITHMS, default="auto",
+                       help="ring, rd (recursive doubling) or auto: rd up to --threshold, then the ring")
         p.add_argument("--threshold", type=_sizes, default=None, metavar="BYTES",
-                       help=f"auto's switch from rd to ring (default {RD_RING_THRESHOLD >> 10}K)")
+                       help=f"auto's switch from rd to ring (default {SMALL_ALLREDUCE_BYTES >> 10}K; sets "
+                            f"TENSORWIRE_COLL_SMALL_BYTES in the ranks)")
     p.add_argument("--validate", "-c", action="store_true",
                    help="iteration-dependent pattern in, every output checked (adds a Validation column)")
     p.add_argument("--compare", choices=("mpi", "gloo"), default=None,
                    help="also measure the same operation in the same run through mpi4py (ranks are started "
                         "by mpirun; needs mpirun and mpi4py) or torch.distributed's gloo backend (needs torch)")
     p.add_argument("--api", action="store_true",
-                   help="time the library path, world.%s on numpy arrays (copies in and out included), "
-                        "instead of the engine on its own buffers" % ("alltoall(out, inp)" if op == "alltoall"
-                                                                      else "allreduce(array)"))
+                   help="time the library path, world.%s on numpy arrays (its checks included), "
+                        "instead of the collectives layer called directly" % ("alltoall(out, inp)" if op == "alltoall"
+                                                                              else "allreduce(array)"))
     p.add_argument("--profile", choices=("1mi-int32",), default=None,
                    help="1mi-int32: the RoCE study's MPI_Alltoall experiment, 1 Mi int32 per peer (or an int32 "
                         "vector of 1 Mi for allreduce), called back to back; adds algbw/busbw")
@@ -138,6 +136,13 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     deprecated_alias(p, "-n", replacement="--ranks", why="-n is perftest's iteration count in bench write_bw etc.")
     p.set_defaults(func=run_command, coll_op=op, needs=(PLOT_NEEDS,))
     return p
+
+
+def _algorithm(name: str) -> str:
+    if name == "rh":
+        raise argparse.ArgumentTypeError("rh (recursive halving) went with the Python collectives engine; the C++ "
+                                         "layer has ring and rd (recursive doubling)")
+    return name
 
 
 def register(commands) -> None:
@@ -223,6 +228,10 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"tensorwire bench allreduce: sizes must be multiples of 4 B (32-bit elements), not {bad}",
                   file=sys.stderr)
             return 2
+    if args.ranks == 1:
+        print(f"tensorwire bench {args.coll_op}: needs 2 or more ranks (one rank has no collectives layer: "
+              f"nothing moves)", file=sys.stderr)
+        return 2
     if args.api and args.coll_op == "allreduce" and (args.algorithm != "auto" or args.threshold):
         print("tensorwire bench allreduce: --api times world.allreduce, which chooses its algorithm itself "
               "(auto); leave out --algorithm/--threshold", file=sys.stderr)

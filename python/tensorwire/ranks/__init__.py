@@ -1,8 +1,7 @@
 """Ranks: processes that work together, above the device API.
 
-* ``world``: a World, one Device per rank, meeting in one store; its collectives.
-* ``collectives``: the one-sided collectives engine the World (and the torch backend) run on.
-* ``messages``: tagged send/recv between a World's ranks (the torch backend's point to point).
+* ``world``: a World, one Device per rank, meeting in one store; its collectives (on the C++
+  collectives layer, ``_core.Collectives``, which the torch backend runs on too).
 * ``rendezvous``: the stores ranks meet in (their own, torchrun's TCPStore, a c10d store).
 * ``roles``: the one launcher of local processes (each with a role, a dead one named, the others stopped).
 * ``launch``: ``tensorwire run``, N ranks of a command on this machine or in testbed hosts.

@@ -74,9 +74,6 @@ class Store:
     ``delete_key``."""
 
     address = ""  # host:port where it is served ("" for a store passed in)
-    # how a wait spends its back-off: a World whose ranks also run a messages engine naps in
-    # it, so sends posted before a store wait go on (World.beside)
-    nap: Callable[[float], None] = staticmethod(time.sleep)
 
     def set(self, key: str, value: bytes | str) -> None:
         self._set(key, _bytes(value))
@@ -109,7 +106,7 @@ class Store:
             if left <= 0:
                 raise Timeout(describe(missing) if describe else
                               f"{', '.join(map(repr, missing))} not set in {self} within {timeout:g} s")
-            self.nap(min(delay, left))
+            time.sleep(min(delay, left))
             delay = min(delay * 2, LAST_NAP_S)
 
     # -- the backend's part --

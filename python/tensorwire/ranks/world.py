@@ -8,10 +8,11 @@ the store only carries `allgather` and the object form of `broadcast`, which
 are tiny (the paper's "RPC only for addresses").
 
 Tensors: `allreduce`, `alltoall` and `broadcast` of a numpy array or CPU torch
-tensor run on the one-sided collectives engine (tensorwire.ranks.collectives), made
-on first use and grown when a call needs more; `barrier` runs on it once it
-exists. Every rank must make the same collective calls, with the same shapes,
-dtypes, ops and roots, in the same order (docs/collectives.md, "As a library").
+tensor run on the C++ collectives layer (``_core.Collectives``, the torch backend's
+too) over a tagged-message engine (``_core.Messenger``) made on first use, in the
+caller's memory; `barrier` runs on it once it exists. Every rank must make the same
+collective calls, with the same shapes, dtypes, ops and roots, in the same order
+(docs/collectives.md, "As a library").
 
 Who am I, and where do we meet? ``detect()`` reads, in this order:
 
@@ -48,7 +49,7 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -59,6 +60,11 @@ from .rendezvous import (Aborted, ControlStore, Store, TorchStore, gather, publi
 
 DEFAULT_ROOT_PORT = 29600
 CLOSE_LINGER_S = 5.0  # how long rank 0, the store's host, waits at close for the others to read the last round
+# allreduce's ops: World's names -> the C++ layer's
+_OPS = {"sum": "sum", "prod": "product", "min": "min", "max": "max"}
+# the dtypes it reduces (numpy's names, the core's too); not float128 or numpy's bool
+_REDUCIBLE = frozenset(f"{k}{b}" for k, bits in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),
+                                                 ("float", (16, 32, 64)), ("complex", (64, 128))) for b in bits)
 # Worlds of more than one rank made in this process, by rank: the k-th World of every rank meets
 # under the k-th prefix (a torchrun store outlives Worlds)
 _worlds: dict[int, int] = {}
@@ -163,15 +169,9 @@ class World:
         self._channels: dict[tuple[int, int], Any] = {}
         self.store: Store | None = None
         self._serving = False        # this rank's device serves the store (rank 0, ControlStore)
-        self._coll: Any = None       # the collectives engine (OneSidedCollectives), made on first use
-        self._beside: Any = None     # another engine whose work our waits move (see beside)
-        self._coll_gen = 0           # engines made so far (each publishes under its own names)
-        self._coll_dims: tuple[int, ...] = (0, 0, 0)  # what it holds: alltoall block, allreduce vector, broadcast (bytes)
-        # The engine's rule (tensorwire.ranks.collectives): control-plane calls sit between engine
-        # barriers. _coll_data: a data-path call since the last engine barrier (a control-plane
-        # call must barrier first); _coll_control: a control-plane call since then (the next
-        # data-path call must barrier first). Every rank makes the same calls, so all agree.
-        self._coll_data = self._coll_control = False
+        self._messenger: Any = None  # _core.Messenger and _core.Collectives on it, made on first use
+        self._coll: Any = None
+        self._coll_failed = ""       # why a collective failed: the ranks' calls are no longer aligned
         self.store_prefix = ""       # where this World's keys live in the store (none for a single rank)
         if self.size == 1:
             self.device = Device(host=os.environ.get("TENSORWIRE_HOST", root_host), port=0, **device_options)
@@ -262,11 +262,6 @@ class World:
     def allgather(self, value: Any, timeout: float | None = None) -> list[Any]:
         """Every rank's `value` (JSON-serialisable), in rank order, on every rank."""
         timeout = self.timeout if timeout is None else timeout
-        if self._coll is not None and not self._coll.broken:
-            if self._coll_data:
-                self._coll.barrier()
-                self._coll_data = False
-            self._coll_control = True
         self._round += 1
         if self.size == 1:
             return [value]
@@ -288,32 +283,18 @@ class World:
             pass
         return [json.loads(v) for v in got]
 
-    @property
-    def beside(self) -> Any:
-        """Another engine of this rank whose pending work only this rank's progress moves (none
-        since the torch backend's engine is the C++ one, which progresses itself): every wait of this World (the
-        collectives engine's, the store's) drives it too, so a send posted before a collective
-        goes on while its sender waits in the collective (its receiver may wait for it first)."""
-        return self._beside
-
-    @beside.setter
-    def beside(self, engine: Any) -> None:
-        self._beside = engine
-        if self.store is not None:
-            self.store.nap = engine.nap if engine is not None else time.sleep
-
     def _round_prefix(self, rnd: int) -> str:
         return f"{self.store_prefix}/round/{rnd}"
 
     def barrier(self, timeout: float | None = None) -> None:
         """Returns once every rank has entered this barrier. One meaning, two paths: the
-        collectives engine's dissemination barrier (flags only, microseconds) once the
-        engine exists, an allgather in the store before (and after a collective failed)."""
-        if self._coll is None or self._coll.broken:
+        collectives layer's dissemination barrier (one-byte messages, microseconds) once it
+        exists, an allgather in the store before (and after a collective failed). On the
+        layer a wait is also bounded by its engine's own bound, twice the World's timeout."""
+        if self._coll is None or self._coll_failed:
             self.allgather(None, timeout)
             return
-        self._coll.barrier(timeout)
-        self._coll_data = self._coll_control = False
+        self._call("barrier", lambda c: c.barrier(self.timeout if timeout is None else timeout))
 
     def broadcast(self, value: Any = None, root: int = 0, timeout: float | None = None) -> Any:
         """Rank `root`'s `value` on every rank.
@@ -330,37 +311,32 @@ class World:
         arr = _array(value, "broadcast", writable=self.rank != root, any_dtype=True)
         if self.size == 1 or arr.nbytes == 0:
             return value
-        eng = self._engine(bc=arr.nbytes)
-        flat = arr.reshape(-1).view(np.uint8)
-        if self.rank == root:
-            eng.bc_view(flat.size)[:] = flat
-        got = eng.broadcast(flat.size, root)
-        if self.rank != root:
-            flat[:] = got
+        self._call("broadcast", lambda c: c.broadcast(arr.ctypes.data, arr.nbytes, root, keep=arr,
+                                                      timeout=self.timeout))
         return value
 
-    # -- collectives on tensors (the one-sided engine, tensorwire.ranks.collectives) --
+    # -- collectives on tensors (the C++ layer, _core.Collectives) --
 
     def allreduce(self, tensor: Any, op: str = "sum") -> Any:
         """Reduces `tensor` over all ranks in place and returns it: op "sum" (default),
         "prod", "min" or "max", on integer, float and complex dtypes (min/max: not
         complex). Every rank passes the same shape and dtype. The algorithm is chosen
-        by size (recursive doubling below 512 KiB, then recursive halving or the ring):
-        each rank ends with the same bytes."""
-        from .collectives import OPS, choose_allreduce
+        by size (recursive doubling up to 64 KiB, then the ring): each rank ends with
+        the same bytes."""
         name = op.lower() if isinstance(op, str) else None
-        if name not in OPS:
-            raise InvalidArgument(f"allreduce op {op!r} is not supported; supported: {', '.join(OPS)}")
+        if name not in _OPS:
+            raise InvalidArgument(f"allreduce op {op!r} is not supported; supported: {', '.join(_OPS)}")
         arr = _array(tensor, "allreduce", writable=True)
-        if arr.dtype.kind not in "iufc" or (arr.dtype.kind == "c" and name in ("min", "max")):
+        if arr.dtype.name not in _REDUCIBLE or (arr.dtype.kind == "c" and name in ("min", "max")):
             raise InvalidArgument(f"allreduce {name} of {arr.dtype} is not supported: integer, float or complex "
                                   f"dtypes (min and max: not complex)")
+        if not arr.dtype.isnative:
+            raise InvalidArgument(f"allreduce needs the machine's byte order, got {arr.dtype.str} "
+                                  f"(arr.astype(arr.dtype.newbyteorder('=')) makes a copy in it)")
         if self.size == 1 or arr.size == 0:
             return tensor
-        eng = self._engine(ar=arr.nbytes)
-        flat = arr.reshape(-1)
-        eng.ar_view("src", flat.size, arr.dtype)[:] = flat
-        flat[:] = eng.allreduce(flat.size, arr.dtype, choose_allreduce(arr.nbytes, self.size), name)
+        self._call("allreduce", lambda c: c.allreduce(arr.ctypes.data, arr.size, arr.dtype.name, _OPS[name],
+                                                      keep=arr, timeout=self.timeout))
         return tensor
 
     def alltoall(self, out: Any, inp: Any) -> Any:
@@ -381,43 +357,50 @@ class World:
         if n == 1 or i.nbytes == 0:
             np.copyto(o.reshape(-1), i.reshape(-1))
             return out
-        b = i.nbytes // n
-        eng = self._engine(a2a=b)
-        eng.a2a_send_view(b)[:] = i.reshape(-1).view(np.uint8).reshape(n, b)
-        o.reshape(-1).view(np.uint8).reshape(n, b)[:] = eng.alltoall(b)
+        if np.may_share_memory(o, i):  # the layer writes out while it still reads inp
+            i = i.copy()
+        self._call("alltoall", lambda c: c.alltoall(i.ctypes.data, o.ctypes.data, i.nbytes // n, in_keep=i,
+                                                    out_keep=o, timeout=self.timeout))
         return out
 
-    def _engine(self, a2a: int = 0, ar: int = 0, bc: int = 0) -> Any:
-        """The engine for a data-path call needing these sizes: made on first use, grown
-        (to the next power of two) when too small. Every rank makes the same calls, so all
-        grow together; the old engine's barrier, the control plane, the new one's barrier."""
-        self._coll_data = True  # the caller is about to use the data path
-        need = (a2a, ar, bc)
-        eng = self._coll
-        if eng is not None and all(x <= have for x, have in zip(need, self._coll_dims)):
-            if self._coll_control:
-                eng.barrier()
-                self._coll_control = False
-            return eng
-        from .collectives import RD_RING_THRESHOLD, OneSidedCollectives
-        # the next power of two (at least 4 KiB): a growing series of calls grows the engine O(log) times
-        dims = tuple(max(have, max(4096, 1 << (x - 1).bit_length()) if x else 0)
-                     for x, have in zip(need, self._coll_dims))
-        if eng is not None:
-            eng.barrier()  # nobody fences while anybody is on the control plane
-        self._coll = None
-        every = self.allgather(list(need))  # a cheap check of the caller's contract
-        if any(e != every[0] for e in every):
-            raise InvalidArgument(f"rank {self.rank}: the ranks disagree about a collective call (buffer sizes "
-                                  f"[alltoall block, allreduce, broadcast] by rank: {every})")
-        new = OneSidedCollectives(self, dims[0], dims[1], timeout=self.timeout, bc_bytes=dims[2],
-                                  rd_bytes=min(dims[1], RD_RING_THRESHOLD), name=f"coll.{self._coll_gen}")
-        self._coll_gen += 1
-        new.barrier()
-        if eng is not None:
-            eng.close()
-        self._coll, self._coll_dims, self._coll_control = new, dims, False
-        return new
+    @property
+    def collectives(self) -> Any:
+        """The C++ collectives layer (``_core.Collectives``) this World's tensor collectives run
+        on, made on first use (every rank at the same call: it meets the others through the
+        World's store). A bench uses it to force an allreduce algorithm; a second one on the
+        same ranks would take its messages, so there is only this one."""
+        if self._coll is None:
+            if self.size == 1:
+                raise InvalidArgument("a World of one rank has no collectives layer (its collectives copy locally)")
+            if self._coll_failed:
+                raise Error(f"rank {self.rank}: this World's collectives cannot be used any more: "
+                            f"{self._coll_failed}")
+            from .. import _core
+            try:  # a collective set-up: every rank meets the others in the World's store
+                # each call's deadline is the World's timeout (its Timeout names the call and the
+                # ranks it waits for); the engine's own, longer, only ends what a failed call left
+                self._messenger = _core.Messenger(self.device, self.rank, self.size, self.store.set,
+                                                  self.store.get, name=f"{self.store_prefix}/msg",
+                                                  timeout=2 * self.timeout)
+            except Error as e:
+                self._coll_failed = f"setting up the collectives failed: {e}"
+                raise
+            self._coll = _core.Collectives(self._messenger)
+        return self._coll
+
+    def _call(self, what: str, fn: Callable[[Any], None]) -> None:
+        """Runs one collective on the layer. After a failure inside a call the ranks' calls
+        are no longer aligned (a message of this call may still arrive): later tensor
+        collectives are refused, and barrier/allgather use the store."""
+        if self._coll_failed:
+            raise Error(f"rank {self.rank}: {what}: this World's collectives cannot be used any more: an earlier "
+                        f"collective failed ({self._coll_failed})")
+        coll = self.collectives
+        try:
+            fn(coll)
+        except Error as e:
+            self._coll_failed = str(e)
+            raise
 
     # -- data paths --
 
@@ -460,14 +443,15 @@ class World:
         self._close(sync=True)
 
     def _close(self, sync: bool) -> None:
-        eng, self._coll = self._coll, None
-        if eng is not None and not self.device.closed:
-            try:  # no peer may still write into our buffers when the device goes
-                if sync and self._coll_data and not eng.broken:
-                    eng.barrier(min(self.timeout, 10.0))
-                eng.close()
+        coll, messenger, self._coll, self._messenger = self._coll, self._messenger, None, None
+        if messenger is not None and not self.device.closed:
+            try:  # every rank is past its last collective (no message still on its way to us) before we go
+                if sync and not self._coll_failed:
+                    coll.barrier(min(self.timeout, 10.0))
             except Error:
                 pass
+            del coll
+            messenger.close()
         if (self.rank == 0 and self.size > 1 and self.store is not None and (self._serving or sync) and self._round
                 and not self.device.closed):
             # the others may still read the last round from the store, which rank 0 hosts (ours,

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/request_state.h"
@@ -793,6 +794,35 @@ TEST(Collectives, AllreduceResultsAreTheSameBitsOnEveryRank) {
       results[r].assign(m.data(), m.data() + m.size());
     });
     for (int r = 1; r < p; ++r) EXPECT_EQ(results[r], results[0]) << "p=" << p << " rank " << r;
+  }
+}
+
+TEST(Collectives, AllreduceTakesTheAlgorithmAskedFor) {
+  // 4 ranks: recursive doubling sends 2 messages per rank, the ring 2(p-1) = 6;
+  // forced either way at sizes where auto takes the other, the sum is the same.
+  const int p = 4;
+  const DType i32{0, 32};
+  for (auto [count, algorithm, sends] : {std::tuple<std::size_t, tw::AllreduceAlgorithm, std::size_t>{
+                                             40000, tw::AllreduceAlgorithm::kDoubling, 2 * p},
+                                         {40000, tw::AllreduceAlgorithm::kAuto, 6 * p},
+                                         {7, tw::AllreduceAlgorithm::kRing, 6 * p},
+                                         {2, tw::AllreduceAlgorithm::kRing, 3 * p + 6},  // all-gather skips the 2 empty blocks
+                                         {7, tw::AllreduceAlgorithm::kAuto, 2 * p}}) {
+    Fabric fabric(p);
+    auto errors = run_group(fabric, [&](tw::Collectives& c, int r) {
+      EXPECT_EQ(c.allreduce_algorithm(7, i32), tw::AllreduceAlgorithm::kDoubling);
+      EXPECT_EQ(c.allreduce_algorithm(3, i32), tw::AllreduceAlgorithm::kDoubling);  // fewer elements than ranks
+      EXPECT_EQ(c.allreduce_algorithm((c.small_allreduce_limit() >> 2) + 1, i32), tw::AllreduceAlgorithm::kRing);
+      Mem m(count * sizeof(std::int32_t));
+      for (std::size_t k = 0; k < count; ++k) store<std::int32_t>(m.data(), k, static_cast<std::int32_t>(k) * (r + 1));
+      c.allreduce(m.buffer(), count, i32, ReduceOp::kSum, 1.0, -1, algorithm);
+      for (std::size_t k = 0; k < count; ++k) {
+        ASSERT_EQ(load<std::int32_t>(m.data(), k), static_cast<std::int32_t>(k) * 10) << k;
+      }
+    });
+    for (auto& e : errors) EXPECT_FALSE(e);
+    EXPECT_EQ(fabric.collective_tags().size(), sends)
+        << count << " elements, " << tw::allreduce_algorithm_name(algorithm);
   }
 }
 
