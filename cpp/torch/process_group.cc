@@ -539,6 +539,8 @@ std::vector<std::pair<std::string, uint64_t>> ProcessGroupTensorwire::stats() co
     out.emplace_back("eager_sends", m.eager_sends);
     out.emplace_back("placed_sends", m.placed_sends);
     out.emplace_back("unexpected", m.unexpected);
+    out.emplace_back("shared_receives", m.shared_receives);
+    out.emplace_back("stale_registrations", m.stale_registrations);
   }
   if (coll_) out.emplace_back("collective_calls", coll_->calls());
   return out;

@@ -46,6 +46,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include <ucm/api/ucm.h>
+
 #include "core/channel_impl.h"
 #include "core/request_state.h"
 #include "tensorwire/error.h"
@@ -173,6 +175,68 @@ struct PeerState {
   std::map<const void*, RegionDescriptor> exported;  // registration -> descriptor exported to this peer
 };
 
+// Memory the process gives back to the kernel (munmap, a brk that shrinks,
+// madvise DONTNEED) while the engine has a registration of it cached: UCX's
+// memory hooks (libucm) report it, as they do for UCX's own registration
+// cache. A later allocation at the same address is other memory (on RDMA a
+// registration pins the old pages), so the engine drops what overlaps.
+// The callback runs inside whichever thread unmaps, maybe under the engine's
+// lock: it takes only its own spin lock and never allocates.
+class UnmapWatch {
+ public:
+  UnmapWatch() {
+    watching_ = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, &UnmapWatch::on_event, this) == UCS_OK;
+  }
+  ~UnmapWatch() {
+    if (watching_) ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, &UnmapWatch::on_event, this);
+  }
+  UnmapWatch(const UnmapWatch&) = delete;
+  UnmapWatch& operator=(const UnmapWatch&) = delete;
+  // Whether anything was unmapped since the last take; the ranges, or [0, max) after an overflow.
+  bool take(std::vector<std::pair<std::uintptr_t, std::uintptr_t>>& out) {
+    if (!pending_.load(std::memory_order_acquire)) return false;
+    lock();
+    if (overflow_) {
+      out.assign(1, {0, UINTPTR_MAX});
+    } else {
+      out.assign(ranges_, ranges_ + n_);
+    }
+    n_ = 0;
+    overflow_ = false;
+    pending_.store(false, std::memory_order_release);
+    unlock();
+    return true;
+  }
+  bool watching() const { return watching_; }
+
+ private:
+  static void on_event(ucm_event_type_t, ucm_event_t* event, void* arg) {
+    auto* self = static_cast<UnmapWatch*>(arg);
+    const auto lo = reinterpret_cast<std::uintptr_t>(event->vm_unmapped.address);
+    self->lock();
+    if (self->n_ < kRanges) {
+      self->ranges_[self->n_++] = {lo, lo + event->vm_unmapped.size};
+    } else {
+      self->overflow_ = true;
+    }
+    self->pending_.store(true, std::memory_order_release);
+    self->unlock();
+  }
+  void lock() {
+    while (busy_.test_and_set(std::memory_order_acquire)) {
+    }
+  }
+  void unlock() { busy_.clear(std::memory_order_release); }
+
+  static constexpr std::size_t kRanges = 256;  // then every cached registration goes
+  std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+  std::atomic<bool> pending_{false};
+  std::pair<std::uintptr_t, std::uintptr_t> ranges_[kRanges];
+  std::size_t n_ = 0;
+  bool overflow_ = false;
+  bool watching_ = false;
+};
+
 class Engine : public std::enable_shared_from_this<Engine> {
  public:
   Engine(Device& device, int rank, int size, Rendezvous& rv, const MessengerConfig& cfg);
@@ -235,7 +299,10 @@ class Engine : public std::enable_shared_from_this<Engine> {
     Registration reg;
     std::shared_ptr<const void> keep;
   };
+  void drop_cached(std::list<Cached>::iterator it);
+  void drop_unmapped();  // cached registrations of memory the process unmapped since
   std::list<Cached> regs_;  // least recently used last
+  UnmapWatch unmaps_;
   std::int64_t next_id_ = 0;
   std::string group_failed_;  // the first peer failure: a collective's op posted later fails at once
   ErrorKind group_failed_kind_ = ErrorKind::kGeneric;
@@ -830,6 +897,11 @@ void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
 }
 
 Registration Engine::registration_of(const Buffer& b) {
+  // Without UCX's memory events (UCX_MEM_EVENTS=no) no registration is kept past its message.
+  if (!unmaps_.watching()) {
+    while (!regs_.empty()) drop_cached(regs_.begin());
+  }
+  drop_unmapped();
   void* base = b.base ? b.base : b.data;
   std::size_t bytes = b.base ? b.base_bytes : b.nbytes;
   for (auto it = regs_.begin(); it != regs_.end(); ++it) {
@@ -841,12 +913,29 @@ Registration Engine::registration_of(const Buffer& b) {
   }
   Registration reg = device_.pool().register_memory(base, bytes);
   regs_.push_front(Cached{base, bytes, reg, b.keep});
-  if (regs_.size() > kRegistrationsKept) {
-    const void* gone = regs_.back().reg.region().owner.get();
-    for (auto& ps : peers_) ps.exported.erase(gone);
-    regs_.pop_back();
-  }
+  if (regs_.size() > kRegistrationsKept) drop_cached(std::prev(regs_.end()));
   return reg;
+}
+
+void Engine::drop_unmapped() {
+  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> gone;
+  if (!unmaps_.take(gone)) return;
+  for (auto it = regs_.begin(); it != regs_.end();) {
+    const auto lo = reinterpret_cast<std::uintptr_t>(it->base), hi = lo + it->bytes;
+    const bool hit = std::any_of(gone.begin(), gone.end(), [&](const auto& g) { return g.first < hi && lo < g.second; });
+    if (hit) {
+      ++stats.stale_registrations;
+      drop_cached(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::drop_cached(std::list<Cached>::iterator it) {
+  const void* gone = it->reg.region().owner.get();
+  for (auto& ps : peers_) ps.exported.erase(gone);
+  regs_.erase(it);
 }
 
 const RegionDescriptor& Engine::export_to(int p, const Registration& reg) {

@@ -11,6 +11,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include <sys/mman.h>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -137,6 +140,30 @@ TEST_P(Messages, LargeMessagesShareTheirCopyWhereEachSideMovesItsOwn) {
       });
     }
   }
+}
+
+TEST_P(Messages, ARegistrationOfUnmappedMemoryIsNotReused) {
+  // The engine caches the registration of a placed message's allocation. Once
+  // the process unmaps that memory (UCX's memory hooks report it), a new
+  // mapping at the same address is other memory: registered anew, and what
+  // it holds arrives.
+  const std::size_t n = std::size_t(4) << 20;
+  run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
+    for (int round = 0; round < 3; ++round) {
+      if (r == 0) {
+        void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        ASSERT_NE(p, MAP_FAILED);
+        std::memset(p, 0x30 + round, n);
+        m.isend(tw::Buffer{p, n}, 1, 20 + round).wait(10);
+        ::munmap(p, n);
+      } else {
+        std::vector<std::uint8_t> v(n, 0);
+        m.irecv(buf(v), 0, 20 + round).wait(10);
+        EXPECT_EQ(v, std::vector<std::uint8_t>(n, 0x30 + round)) << "round " << round;
+      }
+    }
+    if (r == 0) EXPECT_GE(m.stats().stale_registrations, 2u);
+  });
 }
 
 TEST_P(Messages, TagsMatchInPostingOrderAndAnySourceTakesEveryone) {
