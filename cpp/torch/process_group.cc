@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -31,6 +32,10 @@ using TwOp = tensorwire::ReduceOp;
 // Tags above every user tag (c10d's are ints) and apart from the collectives'
 // (negative): the backend's own exchanges (monitoredBarrier).
 constexpr std::int64_t kMonitorTag = std::int64_t(1) << 40;
+
+// A sparse all_reduce's tensors have at most this many dimensions (its layout
+// exchange has a fixed width).
+constexpr int64_t kSparseMaxDims = 64;
 
 std::exception_ptr backend_error(const std::string& msg) {
   return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
@@ -133,7 +138,7 @@ void check_tensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), "tensorwire backend: ", what, " takes CPU tensors, got one on ", t.device(),
                     " (give other devices to another backend: 'cpu:tensorwire,cuda:nccl')");
   TORCH_CHECK_VALUE(!t.is_sparse(), "tensorwire backend: ", what, " of sparse tensors is not supported (",
-                    what, " t.to_dense(), or give sparse tensors to a gloo group)");
+                    what, " t.to_dense(); all_reduce takes sparse COO tensors)");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "tensorwire backend: ", what, " takes dense tensors, got layout ",
                     t.layout());
 }
@@ -746,6 +751,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::broadcast(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
+  // torch routes a sparse all_reduce on CPU here (its SparseCPU kernel is the CPU one), as to gloo
+  for (const auto& t : tensors) {
+    if (t.defined() && t.is_sparse()) return allreduce_sparse(tensors, opts);
+  }
   check_open("all_reduce");
   check_tensors(tensors, "all_reduce");
   std::vector<Reduction> reds;
@@ -767,10 +776,133 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce(std::vector<at:
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce_sparse(std::vector<at::Tensor>&,
-                                                                        const c10d::AllreduceOptions&) {
-  TORCH_CHECK_VALUE(false, "tensorwire backend: all_reduce of sparse tensors is not supported "
-                           "(all_reduce t.to_dense(), or give sparse tensors to a gloo group)");
+c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                        const c10d::AllreduceOptions& opts) {
+  const char* what = "all_reduce (sparse)";
+  check_open(what);
+  TORCH_CHECK_VALUE(!tensors.empty(), "tensorwire backend: ", what, " needs a tensor");
+  const at::Tensor& first = tensors[0];
+  for (const auto& t : tensors) {
+    TORCH_CHECK_VALUE(t.defined(), "tensorwire backend: ", what, " got an undefined tensor");
+    TORCH_CHECK_VALUE(t.device().is_cpu(), "tensorwire backend: ", what, " takes CPU tensors, got one on ", t.device());
+    TORCH_CHECK_VALUE(t.layout() == at::kSparse, "tensorwire backend: ", what,
+                      " takes sparse COO tensors (all of one layout), got layout ", t.layout());
+    TORCH_CHECK_VALUE(t.scalar_type() == first.scalar_type() && t.sizes() == first.sizes(), "tensorwire backend: ",
+                      what, " needs its tensors of one size and dtype, got ", first.scalar_type(), first.sizes(),
+                      " and ", t.scalar_type(), t.sizes());
+  }
+  TORCH_CHECK_VALUE(dtype_of(first.scalar_type()).has_value(), "tensorwire backend: ", what, " does not reduce ",
+                    first.scalar_type());
+  TORCH_CHECK_VALUE(opts.reduceOp.op_ == c10d::ReduceOp::SUM, "tensorwire backend: ", what,
+                    " takes ReduceOp.SUM only (as gloo), got ReduceOp.", op_name(opts.reduceOp.op_));
+  TORCH_CHECK_VALUE(first.dim() <= kSparseMaxDims, "tensorwire backend: ", what, " takes up to ", kSparseMaxDims,
+                    " dimensions, got ", first.dim());
+  auto work = make_work(OpType::_ALLREDUCE_SPARSE, "all_reduce (sparse)", tensors, opts.timeout, true);
+  const double to = op_timeout(opts.timeout);
+  return enqueue(work, [this, tensors, to] {
+    at::AutoDispatchBelowAutograd no_autograd;  // results land in the callers' tensors as plain data
+    at::Tensor out = sparse_sum(tensors, to);
+    for (const auto& t : tensors) t.copy_(out);
+  });
+}
+
+// Every rank's sparse tensors summed, coalesced (gloo's result): each rank's
+// layout (shape, dtype, nnz) gathered first, then its indices and values in
+// one block (padded to the largest rank's), then summed here with ATen.
+at::Tensor ProcessGroupTensorwire::sparse_sum(const std::vector<at::Tensor>& tensors, double to) {
+  at::Tensor input = tensors[0];
+  for (std::size_t i = 1; i < tensors.size(); ++i) input = input + tensors[i];
+  input = input.coalesce();
+  const int64_t sparse_dim = input.sparse_dim(), nnz = input._nnz();
+  const at::ScalarType st = input.scalar_type();
+  const auto sizes = input.sizes().vec();
+  const auto value_shape = input.sizes().slice(sparse_dim);
+  int64_t row = 1;  // elements of one value (a dense block of dense_dim dimensions)
+  for (int64_t d : value_shape) row *= d;
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(st));
+
+  // 1. layouts: [sparse_dim, nnz, dtype, dim, sizes...], one row per rank
+  constexpr int64_t kHead = 4;
+  const int64_t width = kHead + kSparseMaxDims;
+  at::Tensor mine = at::zeros({width}, at::kLong);
+  int64_t* m = mine.data_ptr<int64_t>();
+  m[0] = sparse_dim;
+  m[1] = nnz;
+  m[2] = static_cast<int64_t>(st);
+  m[3] = static_cast<int64_t>(sizes.size());
+  for (std::size_t d = 0; d < sizes.size(); ++d) m[kHead + d] = sizes[d];
+  at::Tensor layouts = at::empty({size_, width}, at::kLong);
+  if (size_ == 1) {
+    layouts[0].copy_(mine);
+  } else {
+    coll_->allgather(buffer_of(mine), buffer_of(layouts), to);
+  }
+  auto describe = [&](int p) {
+    const int64_t* q = layouts[p].data_ptr<int64_t>();
+    std::ostringstream s;
+    s << "rank " << p << ": ";
+    if (q[2] >= 0 && q[2] < static_cast<int64_t>(at::ScalarType::NumOptions)) {
+      s << "torch." << c10::getDtypeNames(static_cast<at::ScalarType>(q[2])).first;
+    } else {
+      s << "dtype " << q[2];
+    }
+    s << "[";
+    for (int64_t d = 0; d < std::min<int64_t>(q[3], kSparseMaxDims); ++d) s << (d ? ", " : "") << q[kHead + d];
+    s << "] with " << q[0] << " sparse dimension" << (q[0] == 1 ? "" : "s");
+    return s.str();
+  };
+  std::vector<int64_t> block_of(size_);  // bytes of each rank's indices + values (indices aligned)
+  int64_t block = 0;
+  for (int p = 0; p < size_; ++p) {
+    const int64_t* q = layouts[p].data_ptr<int64_t>();
+    bool same = q[0] == m[0] && q[2] == m[2] && q[3] == m[3];
+    for (int64_t d = 0; same && d < m[3]; ++d) same = q[kHead + d] == m[kHead + d];
+    // Every rank reads the same table, so every rank refuses alike (and none gathers further).
+    TORCH_CHECK_VALUE(same, "tensorwire backend: all_reduce (sparse) needs one shape, dtype and sparse dimensions on "
+                      "every rank; ", describe(rank_), ", ", describe(p));
+    TORCH_CHECK_VALUE(q[1] >= 0 && q[1] <= (int64_t(1) << 40), "tensorwire backend: all_reduce (sparse): rank ", p,
+                      " reports ", q[1], " non-zero entries");
+    block_of[p] = static_cast<int64_t>(aligned(q[1] * sparse_dim * 8)) + q[1] * row * elem;
+    block = std::max(block, block_of[p]);
+  }
+  block = static_cast<int64_t>(aligned(block));
+
+  // 2. indices and values, every rank's in one gather
+  std::vector<at::Tensor> indices(size_), values(size_);
+  auto value_sizes = [&](int64_t n) {
+    std::vector<int64_t> v{n};
+    v.insert(v.end(), value_shape.begin(), value_shape.end());
+    return v;
+  };
+  if (block == 0) {  // nothing anywhere
+    for (int p = 0; p < size_; ++p) {
+      indices[p] = at::empty({sparse_dim, 0}, at::kLong);
+      values[p] = at::empty(value_sizes(0), input.options().layout(at::kStrided));
+    }
+  } else {
+    at::Tensor packed = at::zeros({block}, at::kByte);
+    const int64_t ibytes = nnz * sparse_dim * 8, ioff = static_cast<int64_t>(aligned(ibytes));
+    if (ibytes) packed.narrow(0, 0, ibytes).copy_(input._indices().contiguous().view(-1).view(at::kByte));
+    if (nnz * row) packed.narrow(0, ioff, nnz * row * elem).copy_(input._values().contiguous().view(-1).view(at::kByte));
+    at::Tensor gathered = at::empty({size_ * block}, at::kByte);
+    if (size_ == 1) {
+      gathered.copy_(packed);
+    } else {
+      coll_->allgather(buffer_of(packed), buffer_of(gathered), to);
+    }
+    for (int p = 0; p < size_; ++p) {
+      const int64_t n = layouts[p].data_ptr<int64_t>()[1];
+      const int64_t ib = n * sparse_dim * 8, off = p * block;
+      indices[p] = gathered.narrow(0, off, ib).view(at::kLong).view({sparse_dim, n});
+      values[p] = gathered.narrow(0, off + static_cast<int64_t>(aligned(ib)), n * row * elem).view(st)
+                      .view(value_sizes(n));
+    }
+  }
+
+  // 3. the sum, in rank order, coalesced (as gloo computes it)
+  at::Tensor out = at::sparse_coo_tensor(indices[0], values[0], sizes, input.options());
+  for (int p = 1; p < size_; ++p) out = out + at::sparse_coo_tensor(indices[p], values[p], sizes, input.options());
+  return out.coalesce();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce_coalesced(

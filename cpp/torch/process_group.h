@@ -109,6 +109,7 @@ class ProcessGroupTensorwire : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  // Sparse COO tensors, SUM (gloo's): torch sends a sparse all_reduce to allreduce(), which hands it here.
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -191,6 +192,8 @@ class ProcessGroupTensorwire : public c10d::Backend {
   void run_completer();
   void close(bool graceful);
   void defer_completion(c10::intrusive_ptr<WorkTensorwire> work);  // from an engine callback: never blocks
+  // allreduce_sparse's job (worker thread): every rank's tensors summed, coalesced.
+  at::Tensor sparse_sum(const std::vector<at::Tensor>& tensors, double timeout_s);
   std::exception_ptr as_backend_error(const char* what, std::exception_ptr e) const;
 
   std::atomic<double> timeout_s_;
