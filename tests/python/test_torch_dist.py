@@ -50,6 +50,11 @@ def test_every_op_and_dtype_matches_gloo(n: int, transport: str, tmp_path: Path)
         tw, gl = got["tensorwire"][r], got["gloo"][r]
         for key, want in gl.items():
             if isinstance(want, str):  # gloo does not do it: tensorwire either does it or says why
+                # int16, which gloo moves not at all: against gloo's int32 result (the values are small)
+                wide = gl.get(key.replace("/int16/", "/int32/"))
+                if "/int16/" in key and wide is not None and not isinstance(wide, str):
+                    same(tw[key], wide.to(torch.int16), f"rank {r} {key} (gloo's int32)")
+                    checked += 1
                 continue
             same(tw[key], want, f"rank {r} {key}")
             checked += 1
