@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "tensorwire/collectives.h"
@@ -491,6 +492,28 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkTensorwire::getFuture() {
 
 // ============================ the group ==================================
 
+namespace {
+// Every live group, for quiesce_all() (interpreter exit).
+std::mutex& groups_mu() {
+  static auto* mu = new std::mutex;  // never destroyed: static destructors run after exit's last use
+  return *mu;
+}
+std::set<ProcessGroupTensorwire*>& groups() {
+  static auto* all = new std::set<ProcessGroupTensorwire*>;
+  return *all;
+}
+}  // namespace
+
+bool ProcessGroupTensorwire::quiesce_all(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
+  std::lock_guard<std::mutex> lock(groups_mu());  // a group's destructor waits here: none goes meanwhile
+  bool idle = true;
+  for (ProcessGroupTensorwire* g : groups()) {
+    idle = g->quiesce(std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count()) && idle;
+  }
+  return idle;
+}
+
 ProcessGroupTensorwire::ProcessGroupTensorwire(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                std::chrono::milliseconds timeout, const std::string& group_id)
     : c10d::Backend(rank, size), timeout_s_(timeout.count() > 0 ? timeout.count() / 1000.0 : 1800.0),
@@ -525,10 +548,20 @@ ProcessGroupTensorwire::ProcessGroupTensorwire(const c10::intrusive_ptr<c10d::St
   }
   worker_ = std::thread([this] { run_worker(); });
   completer_ = std::thread([this] { run_completer(); });
+  {
+    std::lock_guard<std::mutex> lock(groups_mu());
+    groups().insert(this);
+  }
   init();
 }
 
-ProcessGroupTensorwire::~ProcessGroupTensorwire() { close(false); }
+ProcessGroupTensorwire::~ProcessGroupTensorwire() {
+  {
+    std::lock_guard<std::mutex> lock(groups_mu());
+    groups().erase(this);
+  }
+  close(false);
+}
 
 std::string ProcessGroupTensorwire::describe() const {
   std::ostringstream s;
@@ -629,6 +662,7 @@ void ProcessGroupTensorwire::run_worker() {
     }
     item.second = nullptr;  // drop the job's tensors before the Work completes
     item.first->complete(error);
+    item.first.reset();  // idle holds nothing: quiesce() relies on it
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = false;
@@ -654,8 +688,15 @@ void ProcessGroupTensorwire::run_completer() {
       if (completions_.empty()) return;
       work = std::move(completions_.front());
       completions_.pop_front();
+      completing_ = true;
     }
     work->complete_from_request();
+    work.reset();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completing_ = false;
+    }
+    idle_cv_.notify_all();
   }
 }
 
@@ -711,6 +752,13 @@ void ProcessGroupTensorwire::close(bool graceful) {
 }
 
 void ProcessGroupTensorwire::shutdown() { close(true); }
+
+bool ProcessGroupTensorwire::quiesce(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] {
+    return (queue_.empty() && !running_ && completions_.empty() && !completing_) || stopping_;
+  });
+}
 
 at::Tensor ProcessGroupTensorwire::allocateTensor(long size, at::TensorOptions options) {
   TORCH_CHECK_VALUE(device_ != nullptr, "tensorwire backend: allocateTensor needs a group of 2 or more ranks");
