@@ -12,9 +12,9 @@ import time
 
 import numpy as np
 
-from . import Device
-from .bench import p2p
-from .ranks.roles import RoleError, Roles
+from .. import Device
+from .fabric import p2p
+from ..ranks.roles import RoleError, Roles
 
 
 def _child(conn, transport: str, n: int) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
-from ..bench.common import parse_size, parse_sizes
+from ..fabric.common import parse_size, parse_sizes
 
 # A `needs` entry of a command with --plot (tensorwire.cli): without matplotlib it stops
 # before measuring, "... --plot needs matplotlib: pip install tensorwire[bench]", exit 2.

@@ -30,8 +30,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from .. import TRANSPORTS
-from ..bench._coll_osu import OSU_ITERS, OSU_LARGE, OSU_SKIP, PROFILE_1MI_INT32, mpi_unavailable
+from ... import TRANSPORTS
+from ..fabric._coll_osu import OSU_ITERS, OSU_LARGE, OSU_SKIP, PROFILE_1MI_INT32, mpi_unavailable
 from .args import PLOT_NEEDS, add_progress_switch, arg_nonneg, arg_positive as _positive, arg_sizes as _sizes
 from .args import deprecated_alias
 
@@ -146,7 +146,7 @@ def _algorithm(name: str) -> str:
 
 
 def register(commands) -> None:
-    """Adds `bench alltoall` and `bench allreduce` (tensorwire.cli's COMMAND_MODULES)."""
+    """Adds `bench alltoall` and `bench allreduce` (tensorwire.lab.commands's COMMAND_MODULES)."""
     for op in OPS:
         _add_parser(commands.bench, op)
 
@@ -184,8 +184,8 @@ def _launch(args: argparse.Namespace) -> int:
     rank_cmd = [sys.executable, "-m", "tensorwire", "bench", *_argv_of(args)]  # the same command, as a rank
     env_path = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if args.compare == "mpi":
-        from ..config import PROGRESS_BAR
-        from ..ranks.launch import free_port
+        from ...config import PROGRESS_BAR
+        from ...ranks.launch import free_port
         why = mpi_unavailable()
         if why:
             print(f"tensorwire bench {args.coll_op}: --compare mpi is not possible here: {why}", file=sys.stderr)
@@ -213,7 +213,7 @@ def _launch(args: argparse.Namespace) -> int:
             print(f"tensorwire bench {args.coll_op}: --compare gloo needs torch: pip install tensorwire[torch]",
                   file=sys.stderr)
             return 2
-    from ..ranks import launch
+    from ...ranks import launch
     return launch.run(rank_cmd, launch.plan(n))
 
 
@@ -236,9 +236,9 @@ def run_command(args: argparse.Namespace) -> int:
         print("tensorwire bench allreduce: --api times world.allreduce, which chooses its algorithm itself "
               "(auto); leave out --algorithm/--threshold", file=sys.stderr)
         return 2
-    from ..config import export_progress_bar
+    from ...config import export_progress_bar
     export_progress_bar(args.progress)  # the ranks started below inherit the choice
     if not _as_rank():
         return _launch(args)
-    from ..bench._coll_bench import run_rank
+    from ..fabric._coll_bench import run_rank
     return run_rank(args)

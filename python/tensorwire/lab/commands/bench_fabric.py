@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from .. import TRANSPORTS
-from ..bench.common import parse_sizes
-from ..bench.fabric.measure import measure_bw, measure_lat
-from ..bench.fabric.peer import serve_main, with_client
+from ... import TRANSPORTS
+from ..fabric.common import parse_sizes
+from ..fabric.perftest.measure import measure_bw, measure_lat
+from ..fabric.perftest.peer import serve_main, with_client
 from .args import PLOT_NEEDS, add_progress_switch, arg_rate, arg_seconds
 from .args import arg_positive as _positive, arg_sizes as _sizes
 
@@ -199,7 +199,7 @@ def _sizes_of(args, default: str) -> list[int]:
 def _run(args, kind: str, measure: Callable) -> int:
     """Runs the family member `args.op`_`kind` (an alias names it by --op) and reports."""
     args.test = args.test or f"{args.op}_{kind}"
-    from ..config import export_progress_bar
+    from ...config import export_progress_bar
     export_progress_bar(args.progress)
     if args.server:
         return serve_main(args)

@@ -1,13 +1,13 @@
-"""`tensorwire bench fullmesh` (tensorwire.bench.fullmesh): its options and
+"""`tensorwire bench fullmesh` (tensorwire.lab.fabric.fullmesh): its options and
 help; the run and the sweep are the bench module's."""
 
 from __future__ import annotations
 
 import argparse
 
-from .. import TRANSPORTS
-from ..bench import fullmesh
-from ..bench.fabric.peer import in_world
+from ... import TRANSPORTS
+from ..fabric import fullmesh
+from ..fabric.perftest.peer import in_world
 from .args import PLOT_NEEDS, add_progress_switch, arg_counts, arg_positive as _positive, arg_rate, arg_seconds
 from .args import arg_sizes as _sizes, deprecated_alias
 
@@ -61,7 +61,7 @@ def _main(args) -> int:
     if margin < 0 or 2 * margin >= args.duration:
         raise SystemExit(f"--margin {margin:g} leaves no sample window in --duration {args.duration:g}")
     args.margin = margin
-    from ..config import export_progress_bar
+    from ...config import export_progress_bar
     export_progress_bar(args.progress)
     if in_world():
         return fullmesh.run_rank(args)

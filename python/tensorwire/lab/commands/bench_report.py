@@ -1,11 +1,11 @@
-"""`tensorwire bench report` (tensorwire.bench.report): its options and help; the
+"""`tensorwire bench report` (tensorwire.lab.fabric.report): its options and help; the
 steps, the runs and the README's blocks are the bench module's."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..bench import report
+from ..fabric import report
 from .args import arg_positive
 
 

@@ -1,17 +1,17 @@
 """`tensorwire bench tensor`: tensor transfer + consume, tensorwire's slots beside
-RPC over UCX, gRPC, UCX tag and gloo (tensorwire.bench.tensor; the paper's Figure 7);
-with --memory cuda from GPU memory to GPU memory (tensorwire.bench.tensor.cuda)."""
+RPC over UCX, gRPC, UCX tag and gloo (tensorwire.lab.fabric.tensor; the paper's Figure 7);
+with --memory cuda from GPU memory to GPU memory (tensorwire.lab.fabric.tensor.cuda)."""
 
 from __future__ import annotations
 
 import argparse
 
-from .. import TRANSPORTS
+from ... import TRANSPORTS
 from .args import PLOT_NEEDS, add_progress_switch, arg_nonneg, arg_positive as _positive, arg_sizes as _sizes
 
 
 def _series(text: str) -> str:
-    from ..bench.tensor import select_series
+    from ..fabric.tensor import select_series
     try:  # a name of either memory here; _main checks it against --memory
         return ",".join(select_series(text, None))
     except ValueError as e:
@@ -116,9 +116,9 @@ def register(commands) -> None:
 def _main(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from ..bench.common import pick_cpus
-    from ..bench.tensor import cuda_unavailable, run_tensor, select_series
-    from ..config import export_progress_bar
+    from ..fabric.common import pick_cpus
+    from ..fabric.tensor import cuda_unavailable, run_tensor, select_series
+    from ...config import export_progress_bar
     bad = [s for s in args.sizes if s % 4]
     if bad:  # the check of every --sizes is the parser's; this one is the command's
         raise SystemExit(f"tensorwire bench tensor: sizes must be multiples of 4 B (float32 tensors), not {bad}")

@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 import time
-from .. import TRANSPORTS
+from ... import TRANSPORTS
 from .args import PLOT_NEEDS, add_progress_switch, arg_positive as _positive, arg_size as _size
 
 HELP = """\
@@ -67,7 +67,7 @@ def parse_rows(text: str) -> int:
 
 
 def register(commands) -> None:
-    """Adds `bench terasort` (tensorwire.cli's COMMAND_MODULES)."""
+    """Adds `bench terasort` (tensorwire.lab.commands's COMMAND_MODULES)."""
     _add_parser(commands.bench)
 
 
@@ -113,7 +113,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.repeat is None:
         args.repeat = 5 if args.baseline == "tcp" else 1
     if args.gen_only:
-        from ..bench import teragen
+        from ..fabric import teragen
         t0 = time.perf_counter()
         total = teragen.write_file(args.gen_only, args.rows, args.start)
         dt = time.perf_counter() - t0
@@ -121,18 +121,18 @@ def _main(args: argparse.Namespace) -> int:
               f"{args.gen_only} in {dt:.2f} s", file=sys.stderr)
         print(f"{total:x}")
         return 0
-    from ..config import export_progress_bar
-    from ..ranks.world import detect
+    from ...config import export_progress_bar
+    from ...ranks.world import detect
     export_progress_bar(args.progress)  # the ranks started below inherit the choice
     placement = detect()
     if placement.launcher == "single" and args.ranks > 1:
         return _launch(args)
-    from ..bench._terasort_job import run_rank
+    from ..fabric._terasort_job import run_rank
     return run_rank(args)
 
 
 def _launch(args: argparse.Namespace) -> int:
-    from ..ranks.launch import plan, run
+    from ...ranks.launch import plan, run
     cmd = [sys.executable, "-m", "tensorwire", "bench", "terasort", "--rows", str(args.rows),  # the same, as a rank
            "--ranks", str(args.ranks), "--transport", args.transport, "--baseline", args.baseline,
            "--chunk", str(args.chunk), "--samples", str(args.samples), "--repeat", str(args.repeat),

@@ -1,11 +1,11 @@
-"""`tensorwire bench torch-dist` (tensorwire.bench.torch_dist): its options
+"""`tensorwire bench torch-dist` (tensorwire.lab.torch_dist): its options
 and help; the rounds are the bench module's."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..bench import torch_dist
+from .. import torch_dist
 from .args import PLOT_NEEDS, add_progress_switch, arg_positive, arg_sizes
 
 

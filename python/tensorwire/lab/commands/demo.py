@@ -1,10 +1,10 @@
-"""`tensorwire demo`: a two-process tensor write on loopback (tensorwire.demo)."""
+"""`tensorwire demo`: a two-process tensor write on loopback (tensorwire.lab.demo)."""
 
 from __future__ import annotations
 
 import argparse
 
-from .. import TRANSPORTS
+from ... import TRANSPORTS
 from .args import arg_positive as _positive
 
 

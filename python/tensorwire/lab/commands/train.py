@@ -1,5 +1,5 @@
 """`tensorwire train`, `tensorwire bench train` and `tensorwire partition` (listed in
-tensorwire.cli's COMMAND_MODULES; importing this module must stay cheap: torch is
+tensorwire.lab.commands's COMMAND_MODULES; importing this module must stay cheap: torch is
 imported inside the commands, which declare it in `needs`)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import os
 import sys
 
-from .. import TRANSPORTS
-from ..torch.runs import MODES, mean_step_times, device_error, render_result, time_to_target, train_once
+from ... import TRANSPORTS
+from ..paper.runs import MODES, mean_step_times, device_error, render_result, time_to_target, train_once
 from .args import PLOT_NEEDS, add_progress_switch, arg_counts, arg_nonneg, arg_positive as _positive
 
 MODEL_NAMES = ("alexnet", "inception3", "vgg16", "lstm", "gru", "fcn5", "widedeep", "mlp")
@@ -299,13 +299,14 @@ def run_partition(args) -> int:
 
     import torch
 
-    from ..torch import models, partition
+    from ...torch import partition
+    from ..paper import data, models
 
     if args.warmup < 0 or args.warmup >= args.steps:
         print(f"tensorwire partition: error: --warmup must be in 0..{args.steps - 1}", file=sys.stderr)
         return 2
     info = models.get(args.model)
-    inputs = partition.ModelInputs(args.model, tuple(args.batch), args.seed, args.image_size)
+    inputs = data.ModelInputs(args.model, tuple(args.batch), args.seed, args.image_size)
     probe = tuple(range(1, len(args.batch)))
     micro = args.micro_batches if args.train else 1
     if args.micro_batches > 1 and not args.train:
@@ -326,7 +327,7 @@ def run_partition(args) -> int:
                   transport=args.transport, seed=args.seed, probe_steps=probe, check=not args.no_check,
                   timeout=args.timeout, threads=args.threads)
     if args.train:
-        data_fn = partition.ModelData(args.model, tuple(args.batch), args.seed, args.image_size)
+        data_fn = data.ModelData(args.model, tuple(args.batch), args.seed, args.image_size)
         r = partition.train(info.factory, data_fn, optimizer=args.optimizer, lr=args.lr,
                             micro_batches=args.micro_batches, **common)
     else:
@@ -337,7 +338,7 @@ def run_partition(args) -> int:
     model = info.factory()
     xs = [inputs(i) for i in range(args.steps)]
     if args.train:
-        from ..torch import ps
+        from ...torch import ps
         opt = ps.make_optimizer(args.optimizer, list(model.parameters()), lr=args.lr)
         ys = [data_fn(i)[1] for i in range(args.steps)]
 
@@ -382,14 +383,14 @@ def run_partition(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if args.plot:
-        from ..torch.plots import plot_partition
+        from ..paper.plots import plot_partition
         plot_partition(out, args.plot)
     return 0
 
 
 def run_train(args) -> int:
-    from ..config import export_progress_bar
-    from ..torch import models
+    from ...config import export_progress_bar
+    from ..paper import models
     _exit_on_sigterm()
     args.progress = export_progress_bar(args.progress)  # resolved once: what every role is told
     if args.list:
@@ -404,7 +405,7 @@ def run_train(args) -> int:
         if args.colocate:
             raise SystemExit("tensorwire train: --colocate runs with the local launcher (--launch local); "
                              "under torchrun/mpirun every process runs one role")
-        from ..torch.launch_env import run_role
+        from ..paper.launch_env import run_role
         return run_role(args, *env)
     if args.colocate and args.workers != args.servers:
         raise SystemExit(f"tensorwire train: --colocate runs worker r and server r in process r: needs --servers "
@@ -424,12 +425,12 @@ def run_train(args) -> int:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     if args.plot:
-        from ..torch.plots import plot_run
+        from ..paper.plots import plot_run
         plot_run(r, args, args.plot)
     return 0
 
 
 def run_bench(args) -> int:
     _exit_on_sigterm()
-    from ..torch.bench_train import run_sweep
+    from ..paper.bench_train import run_sweep
     return run_sweep(args)

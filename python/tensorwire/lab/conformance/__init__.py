@@ -1,6 +1,6 @@
 """PyTorch's own distributed test suite against a torch.distributed backend.
 
-``tensorwire conformance`` (or ``python -m tensorwire.torch.conformance``) runs
+``tensorwire conformance`` (or ``python -m tensorwire.lab.conformance``) runs
 ``torch.testing._internal.distributed.distributed_test`` for one backend as
 PyTorch's ``test/distributed/test_distributed_spawn.py`` does: BACKEND, WORLD_SIZE
 (default 2) and TEMP_DIR set, the class ``TestDistBackend + _DistTestBase``, each test
@@ -50,7 +50,7 @@ SCRUBBED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "L
 
 
 def add_arguments(p) -> None:
-    """The options of `tensorwire conformance` and of `python -m tensorwire.torch.conformance`."""
+    """The options of `tensorwire conformance` and of `python -m tensorwire.lab.conformance`."""
     p.add_argument("--backend", default="tensorwire",
                    help="the torch.distributed backend's name (default tensorwire; gloo for the reference)")
     p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks per test (default 2)")
@@ -107,7 +107,7 @@ class _Run:
         self.error = ""
 
     def _start(self, job: dict, events: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "tensorwire.torch.conformance.runner", events, json.dumps(job)]
+        cmd = [sys.executable, "-m", "tensorwire.lab.conformance.runner", events, json.dumps(job)]
         return subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stdin=subprocess.DEVNULL, stdout=self.log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -1,4 +1,4 @@
-"""The process that runs the suite's tests (``python -m tensorwire.torch.conformance.runner
+"""The process that runs the suite's tests (``python -m tensorwire.lab.conformance.runner
 EVENTS JOB``): one after another, in unittest's way, each spawning its ranks.
 It appends a JSON line to EVENTS when a test starts and when it ends, so that the
 conformance command can show progress and, when a test outlives its limit, kill

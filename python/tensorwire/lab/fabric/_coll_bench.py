@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import Error
+from ...errors import Error
 from . import _coll_osu as osu
 from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, Patterns
 from .common import Progress, Report, check_lane_transports, human_size, print_line
@@ -87,7 +87,7 @@ def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validat
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    from ..ranks.world import World
+    from ...ranks.world import World
     if getattr(args, "threshold", None):  # read when the World makes its collectives layer
         os.environ["TENSORWIRE_COLL_SMALL_BYTES"] = str(args.threshold[0])
     if args.compare == "mpi" and os.environ.get("OMPI_COMM_WORLD_SIZE"):

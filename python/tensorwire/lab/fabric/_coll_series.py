@@ -170,7 +170,7 @@ class GlooSeries(Series):
         self.dist, self.torch, self.op, self.dtype = dist, torch, op, dtype
         self.algo_used = "gloo's choice"
         self.version = f"torch {torch.__version__} gloo"
-        from ..ranks.rendezvous import TorchStore
+        from ...ranks.rendezvous import TorchStore
         if isinstance(world.store, TorchStore):  # the World met in torch's store (torchrun): gloo meets there too
             store, prefix = world.store, f"{world.store_prefix}/gloo"
         else:  # rank 0 hosts one on a free port; its address through the World's store

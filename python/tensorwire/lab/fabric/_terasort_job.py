@@ -155,13 +155,13 @@ def _maybe_die(args: argparse.Namespace, rank: int, phase: str, state: dict | No
 
 
 def run_rank(args: argparse.Namespace) -> int:
-    from ..ranks.world import World
+    from ...ranks.world import World
     world = World(transport=args.transport, timeout=args.timeout)
     state = {"phase": "setup"}
     try:
         return _job(world, args, state)
     except Exception as e:
-        from ..errors import PeerFailed
+        from ...errors import PeerFailed
         if isinstance(e, PeerFailed):
             # the peer that died is the run's cause: give the launcher a moment to see its
             # exit first, so that it names that rank rather than this one

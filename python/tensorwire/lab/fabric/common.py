@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from ..errors import Error
+from ...errors import Error
+from ...progress import Progress  # noqa: F401 - the benches' bar, the product's (PS training draws it too)
 
 class BenchError(Error):
     """A benchmark could not measure what it was asked: a process or peer it
@@ -164,7 +165,7 @@ def check_transports(report: Report, requested: str, channels: Sequence[Any]) ->
 
 def check_lane_transports(report: Report, requested: str, used: Iterable[str]) -> list[str]:
     """check_transports for names gathered elsewhere (other ranks' channels)."""
-    from .. import _core
+    from ... import _core
     names = sorted(set(used) | set(report.config.get("lane_transports", [])))
     report.config["lane_transports"] = names
     families = {_core.transport_family(t) for t in names}
@@ -188,50 +189,6 @@ def check_latency_row(report: Report, size: int, st: dict[str, float]) -> None:
         report.fail(f"t_min > t_avg at {size} B")
     if st["avg"] > 0 and st["stdev"] / st["avg"] > 0.5:
         report.warn(f"relative stdev {st['stdev'] / st['avg']:.0%} at {size} B")
-
-
-class Progress:
-    """The benches' progress bar on stderr: one line redrawn in place on a terminal,
-    whole lines elsewhere (a rank's stderr reaches the terminal through `tensorwire
-    run`, whose relay passes complete lines only). Drawn when the command's
-    --progress/--no-progress says so, or (not given) TENSORWIRE_PROGRESS_BAR, or
-    (not set) when stderr is a terminal: tensorwire.config.progress_bar."""
-
-    def __init__(self, total: int, label: str, enabled: bool | None = None) -> None:
-        from ..config import progress_bar
-        self.total, self.label, self.done = total, label, 0
-        self.enabled = progress_bar(enabled)
-        self.start = time.monotonic()
-        self._drawn = ""  # the unfinished bar now on the terminal's last line (redrawn in place)
-
-    def step(self, what: str) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        width = 24
-        filled = int(width * self.done / max(1, self.total))
-        bar = f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total}"
-        elapsed = time.monotonic() - self.start
-        if sys.stderr.isatty():  # padded: a shorter step must cover the longer one it redraws
-            line = f"{bar} {what:<12} {elapsed:6.1f}s"
-            done = self.done >= self.total
-            self._drawn = "" if done else line
-            sys.stderr.write(f"\r{line}" + ("\n" if done else ""))
-        else:
-            sys.stderr.write(f"{bar} {what} {elapsed:.1f}s\n")
-        sys.stderr.flush()
-
-    def clear(self) -> None:
-        """Blanks the bar's line on the terminal, so that a line printed next (a table row
-        on stdout, the same terminal) starts clean; redraw() puts the bar back."""
-        if self._drawn:
-            sys.stderr.write("\r" + " " * len(self._drawn) + "\r")
-            sys.stderr.flush()
-
-    def redraw(self) -> None:
-        if self._drawn:
-            sys.stderr.write("\r" + self._drawn)
-            sys.stderr.flush()
 
 
 def iterations_for(size: int, iters: int, budget_bytes: int, minimum: int = 10) -> int:

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from .. import _core
+from ... import _core
 from . import tcp_stream
 from .common import MIB, BenchError
 

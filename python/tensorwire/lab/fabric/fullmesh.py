@@ -38,8 +38,8 @@ from .common import BenchError
 def run_rank(args) -> int:
     import numpy as np
 
-    from .. import _core
-    from ..ranks.world import World
+    from ... import _core
+    from ...ranks.world import World
     from .common import check_pattern, fill_pattern
     from .p2p import BENCH_SPIN_US, window_for
 

@@ -1,5 +1,5 @@
 """The two sides of the point-to-point benchmarks (the family `bench
-write_lat|read_lat|write_bw|read_bw`, measured and reported by bench/fabric/):
+write_lat|read_lat|write_bw|read_bw`, measured and reported by perftest/):
 the passive server and the client that drives it. Also the fullmesh's window.
 
 The server side is passive: it serves whatever the client asks for through
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import Device, _core
+from ... import Device, _core
 from .common import BenchError, check_pattern, fill_pattern
 
 ADDRESS_TAG = "TENSORWIRE_ADDRESS"

@@ -15,7 +15,7 @@ the notification arrives after the data). Target: notify <= 1.2x slot.
 --memory cuda keeps both sides' tensors and slot buffers in GPU memory (the
 sequence words stay in host memory): the GPU one-way latency of issue 20.
 
-  python -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K [--series both] [--memory cuda] [--json FILE]
+  python -m tensorwire.lab.fabric.slot_latency --transport shm --sizes 8,4K [--series both] [--memory cuda] [--json FILE]
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import argparse
 import sys
 import time
 
-from ..ranks.roles import Roles
-from .. import TRANSPORTS
+from ...ranks.roles import Roles
+from ... import TRANSPORTS
 from .common import Report, check_latency_row, latency_stats, parse_sizes, print_table
 
 

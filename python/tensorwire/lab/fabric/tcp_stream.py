@@ -1,7 +1,7 @@
 """Plain TCP socket streaming between two processes: the floor any user has
 without tensorwire (sendall from a buffer, recv_into a preallocated buffer).
 
-  python -m tensorwire.bench.tcp_stream --sizes 1M,16M [--iters N] [--json FILE]
+  python -m tensorwire.lab.fabric.tcp_stream --sizes 1M,16M [--iters N] [--json FILE]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 import socket
 import time
 
-from ..ranks.roles import Roles
+from ...ranks.roles import Roles
 from .common import BenchError, iterations_for, parse_sizes
 
 

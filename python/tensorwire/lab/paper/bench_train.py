@@ -14,13 +14,13 @@ import os
 import sys
 import time
 
-from ..bench.common import print_line
+from ..fabric.common import print_line
 from .runs import MODES, train_once
 from .table2 import PAPER_TABLE2, PAPER_TABLE2_SOURCE, safe_ratio, table2_pairs
 
 # The issue's targets (zerocopy samples/s over the others, communication-bound models at small batch)
 TARGETS = {"shm": {"gloo": 2.0, "copy": 1.15}, "tcp": {"gloo": 1.2, "copy": 1.1}}
-# the floor beside Figure 8 (tensorwire.torch.floor), per transport
+# the floor beside Figure 8 (tensorwire.lab.paper.floor), per transport
 _FLOOR_NAMES = {"tcp": "TCP floor (plain sockets, no compute)",
                 "shm": "shm floor (one memcpy per byte, no compute)"}
 
@@ -72,8 +72,8 @@ def _tag(mode: str, over: dict) -> str:
 def _local(args, model: str, batch: int) -> dict:
     """Single-process training, no communication (Figure 10's "Local"), in a
     spawned process with the same malloc settings as the training roles."""
-    from ..ranks.roles import Roles
-    from .ps import MALLOC_ENV
+    from ...ranks.roles import Roles
+    from ...torch.ps import MALLOC_ENV
     with Roles() as roles:
         child = roles.spawn(f"local {model}", _local_child, args.threads, args.seed, args.lr, args.image_size,
                             args.seq_len, args.steps, args.warmup, model, batch, getattr(args, "device", "cpu"),
@@ -94,8 +94,8 @@ def _local_child(conn, threads, seed, lr, image_size, seq_len, steps, warmup, mo
 def _local_step(args, model: str, batch: int) -> float:
     import torch
     from . import data, models
-    from .ps.common import to_device
-    from .ps.memory import Memory
+    from ...torch.ps.common import to_device
+    from ...torch.ps.memory import Memory
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     mem = Memory(getattr(args, "device", "cpu"))
@@ -120,7 +120,8 @@ def _local_step(args, model: str, batch: int) -> float:
 def convergence(args) -> list[dict]:
     """The mlp on digits: 2x2 in every mode and a single process, same global batches."""
     import torch
-    from . import data, models, ps
+    from ...torch import ps
+    from . import data, models
     from .runs import time_to_target
     _progress("Convergence: mlp on digits")
     d = data.Digits(args.conv_batch, workers=2, seed=args.seed)
@@ -169,7 +170,7 @@ def table2(args) -> list[dict]:
 
 def run_sweep(args) -> int:
     from .runs import device_error
-    from .ps import cuda_problem
+    from ...torch.ps import cuda_problem
     if "table2" in args.figures and (problem := cuda_problem("cuda")) is not None:
         print(f"tensorwire bench train: --figures table2 {problem}", file=sys.stderr)
         return 2
@@ -293,7 +294,7 @@ def render_rest(out: dict, args, verdicts: list[str]) -> str:
             lines += ["", f"targets ({tr}, smallest batch per model):"] + verdicts
     if out.get("floor"):
         target = TARGETS.get(tr, {}).get("gloo", 1.0)
-        lines += ["", f"{_FLOOR_NAMES[tr]} (tensorwire.torch.floor): a step's bytes moved in the same",
+        lines += ["", f"{_FLOOR_NAMES[tr]} (tensorwire.lab.paper.floor): a step's bytes moved in the same",
                   "pattern with nothing else; with each worker's compute and each server's aggregation measured",
                   f"alone that bounds samples/s over {tr} here (sequential: compute, communication, aggregation",
                   "one after the other; overlapped: limited by the CPU all of them need);",

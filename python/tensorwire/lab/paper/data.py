@@ -1,5 +1,6 @@
 """Training data: synthetic batches generated on the fly (as in the paper's
-benchmarks) and the scikit-learn digits dataset (the convergence runs).
+benchmarks), the scikit-learn digits dataset (the convergence runs), and the
+inputs of the models split by tensorwire.torch.partition (ModelInputs, ModelData).
 
 Batches are deterministic functions of (seed, worker rank, step), so a run can
 be replayed in one process on the concatenated batches (ps.reference_sgd).
@@ -107,3 +108,33 @@ class Digits:
 
     def full(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self._load()
+
+
+# ------------------------------------------------- inputs of a partitioned model
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """``inputs_fn`` of tensorwire.torch.partition.run for the models of
+    tensorwire.lab.paper.models: step -> (x,), synthetic as in training; the
+    batch cycles through ``batches`` (more than one size: the edges' shapes
+    change from step to step)."""
+    model: str
+    batches: tuple[int, ...] = (8,)
+    seed: int = 0
+    image_size: int = 0   # CNNs: 0 is the model's default for CPU runs (as tensorwire train)
+
+    def batch(self, step: int) -> tuple:
+        return Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
+                         image_size=self.image_size)(0, step)
+
+    def __call__(self, step: int) -> tuple:
+        x = self.batch(step)[0]
+        return x if isinstance(x, tuple) else (x,)
+
+
+@dataclass(frozen=True)
+class ModelData(ModelInputs):
+    """``data_fn`` of tensorwire.torch.partition.train: step -> (inputs, target), synthetic."""
+
+    def __call__(self, step: int) -> tuple:
+        return self.batch(step)

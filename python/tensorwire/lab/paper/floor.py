@@ -34,7 +34,7 @@ implementation that moves these bytes over that transport on this machine:
               all of it needs: (floor CPU + W x compute + every server's
               aggregation) / CPUs, or the longest single part
 
-    python3 -m tensorwire.torch.floor --model fcn5 [--transport shm] [--batch 1] [--colocate] [--steps 20]
+    python3 -m tensorwire.lab.paper.floor --model fcn5 [--transport shm] [--batch 1] [--colocate] [--steps 20]
     (also bench/micro/ps_floor.py; results: bench/results/ps_tcp_floor.txt, ps_shm_floor.txt)
 
 `tensorwire bench train` measures it beside Figure 8 (bound()) over tcp and shm.
@@ -49,8 +49,8 @@ import threading
 import time
 from multiprocessing import shared_memory
 
-from ..bench.common import BenchError
-from ..ranks.roles import RoleError, Roles
+from ..fabric.common import BenchError
+from ...ranks.roles import RoleError, Roles
 
 SOCK_BUF = 4 << 20
 TRANSPORTS = ("tcp", "shm")
@@ -212,7 +212,8 @@ def compute_s(model_name: str, batch: int, reps: int = 12) -> float:
     layers' gradients written in place into buffers allocated once
     (tensorwire.torch.alloc_sites), so no step page-faults fresh gradients."""
     import torch
-    from tensorwire.torch import alloc_sites, data, models
+    from tensorwire.lab.paper import data, models
+    from tensorwire.torch import alloc_sites
     torch.set_num_threads(1)
     model = models.get(model_name).factory()
     bufs = {id(p): torch.empty(p.numel(), dtype=p.dtype) for p in model.parameters()}
@@ -234,8 +235,8 @@ def aggregate_s(shapes: list[tuple[int, ...]], workers: int, reps: int = 6) -> f
     of `workers` gradients in place (the first becomes the accumulator) and a
     torch.optim.SGD step."""
     import torch
-    from . import ps
-    from .ps.common import mean_into
+    from ...torch import ps
+    from ...torch.ps.common import mean_into
     torch.set_num_threads(1)
     if not shapes:
         return 0.0
@@ -258,7 +259,8 @@ def bounds(model: str, batches: list[int], workers: int, servers: int, colocate:
            transport: str = "tcp") -> list[dict]:
     """The floor and the two samples/s bounds of each batch size (see the
     module's doc): the floor and the aggregation measured once, the compute per batch."""
-    from . import models, ps
+    from ...torch import ps
+    from . import models
     specs = [v for v, _ in ps.variables(models.get(model).factory())]
     owner = ps.place([v.nbytes for v in specs], servers, "balanced")
     push = [sum(v.nbytes for v, o in zip(specs, owner) if o == s and not v.sparse) for s in range(servers)]

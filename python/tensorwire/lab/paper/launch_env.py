@@ -10,14 +10,15 @@ import json
 import os
 import sys
 
-from ..ranks.rendezvous import torchrun_store
+from ...ranks.rendezvous import torchrun_store
 
 
 def run_role(args, rank: int, world: int) -> int:
     import torch
-    from . import models, ps
+    from ...torch import ps
+    from . import models
     from .runs import data_fn_of, gdr_of, opt_kwargs
-    from .ps.launch import worker_loop, abort_setup, publish_server, server_addresses
+    from ...torch.ps.launch import worker_loop, abort_setup, publish_server, server_addresses
     S, W = args.servers, args.workers
     if world != S + W:
         print(f"tensorwire train: WORLD_SIZE is {world}, but --servers {S} + --workers {W} = {S + W}",

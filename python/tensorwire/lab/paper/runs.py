@@ -20,7 +20,7 @@ def data_fn_of(args):
 
 def device_error(args, prog: str) -> str | None:
     """The usage error of --device/--gdr (exit 2), or None. Checked before any work."""
-    from .ps import cuda_problem
+    from ...torch.ps import cuda_problem
     dev = getattr(args, "device", "cpu")
     if getattr(args, "gdr", None) is not None and not dev.startswith("cuda"):
         return f"{prog}: --gdr selects how GPU memory moves: it needs --device cuda"
@@ -47,7 +47,8 @@ def train_once(args, model: str | None = None, batch: int | None = None, mode: s
                workers: int | None = None, servers: int | None = None, progress: bool = False,
                device: str | None = None, gdr: str | None = None):
     """One local run with the options of `args` (overridable); returns a ps.TrainResult."""
-    from . import models, ps
+    from ...torch import ps
+    from . import models
     a = argparse.Namespace(**vars(args))
     for k, v in (("model", model), ("batch", batch), ("mode", mode), ("workers", workers), ("servers", servers),
                  ("device", device), ("gdr", gdr)):

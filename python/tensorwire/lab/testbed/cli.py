@@ -1,6 +1,6 @@
 """`tensorwire testbed up|down|run|status|check`: the emulated fabric from the command line.
 
-Listed in tensorwire.cli's COMMAND_MODULES (register adds the commands); the work is imported inside each func.
+Listed in tensorwire.lab.commands's COMMAND_MODULES (register adds the commands); the work is imported inside each func.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import Error
+from ...errors import Error
 
 
 class TestbedError(Error):

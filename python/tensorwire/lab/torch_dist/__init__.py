@@ -20,7 +20,7 @@ import os
 import sys
 import tempfile
 
-from .common import human_size
+from ..fabric.common import human_size
 
 SUITES = ("p2p", "coll", "ddp", "pipe")
 BACKENDS = ("tensorwire", "gloo")
@@ -33,11 +33,11 @@ WARMUP = 3
 
 def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
     """One set of rank processes with one backend; rank 0's results."""
-    from ..ranks.launch import free_port, plan
-    from ..ranks.launch import run as launch
+    from ...ranks.launch import free_port, plan
+    from ...ranks.launch import run as launch
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.json")
-        cmd = [sys.executable, "-m", "tensorwire.torch.bench_dist", "--backend", backend,
+        cmd = [sys.executable, "-m", "tensorwire.lab.torch_dist.rank", "--backend", backend,
                "--suite", ",".join(suite), "--lat-sizes", ",".join(map(str, args.lat_sizes)),
                "--bw-sizes", ",".join(map(str, args.sizes)), "--coll-sizes", ",".join(map(str, args.coll_sizes)),
                "--iters", str(args.iters), "--steps", str(args.steps), "--out", out]
@@ -129,7 +129,7 @@ def _ceiling(tw: dict, gl: dict, kind: str, model: str) -> float | None:
 
 
 def _tables(args: argparse.Namespace, tw: dict, gl: dict) -> None:
-    from .common import print_table
+    from ..fabric.common import print_table
 
     def row(key: str, size: str, lower: bool, fmt: str = "{:>14.2f}") -> str:
         a, b = tw.get(key), gl.get(key)
@@ -170,8 +170,8 @@ def _tables(args: argparse.Namespace, tw: dict, gl: dict) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import export_progress_bar
-    from .common import Progress
+    from ...config import export_progress_bar
+    from ..fabric.common import Progress
     suite = [s.strip() for s in args.suite.split(",") if s.strip()]
     bad = [s for s in suite if s not in SUITES]
     if bad or not suite:

@@ -1,4 +1,4 @@
-"""Rank side of `tensorwire bench torch-dist` (bench/torch_dist.py): one backend, one process group,
+"""Rank side of `tensorwire bench torch-dist` (__init__.py): one backend, one process group,
 every measurement of the chosen suites; rank 0 writes the results as JSON."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 import tensorwire.torch  # noqa: F401 - registers "tensorwire"
-from tensorwire.bench.torch_dist import WARMUP
+from tensorwire.lab.torch_dist import WARMUP
 
 LAT_WINDOW = 16       # osu_bw's window: sends in flight before the receiver's ack
 BW_BYTES = 1 << 30    # bytes a bandwidth size moves (at least 4 windows: osu_bw repeats its window 20 times)
@@ -163,7 +163,7 @@ def small_resnet() -> torch.nn.Module:
 
 def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     if name == "fcn5":
-        from tensorwire.torch.models import FCN5
+        from tensorwire.lab.paper.models import FCN5
         return FCN5(), (784,)
     return small_resnet(), (3, 32, 32)
 

@@ -1,4 +1,4 @@
-"""`python -m tensorwire.bench.fabric compare-ucx-perftest|transport-comparison`."""
+"""`python -m tensorwire.lab.fabric.perftest compare-ucx-perftest|transport-comparison`."""
 
 import sys
 
@@ -9,4 +9,4 @@ if __name__ == "__main__":
         sys.exit(compare_ucx_perftest(sys.argv[2:]))
     if sys.argv[1:2] == ["transport-comparison"]:
         sys.exit(transport_comparison(sys.argv[2:]))
-    sys.exit("usage: python -m tensorwire.bench.fabric compare-ucx-perftest|transport-comparison [--help]")
+    sys.exit("usage: python -m tensorwire.lab.fabric.perftest compare-ucx-perftest|transport-comparison [--help]")

@@ -1,6 +1,6 @@
 """Comparisons that run the fabric benches many times: write_bw vs
 ucx_perftest, and seed 003's tcp vs shared memory table
-(``python -m tensorwire.bench.fabric compare-ucx-perftest|transport-comparison``)."""
+(``python -m tensorwire.lab.fabric.perftest compare-ucx-perftest|transport-comparison``)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def compare_ucx_perftest(argv: list[str] | None = None) -> int:
     import subprocess
     import tempfile
 
-    from ... import _core
+    from .... import _core
     from ..compare import perftest
-    ap = argparse.ArgumentParser(prog="python -m tensorwire.bench.fabric compare-ucx-perftest",
+    ap = argparse.ArgumentParser(prog="python -m tensorwire.lab.fabric.perftest compare-ucx-perftest",
                                  description=compare_ucx_perftest.__doc__)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--transports", default="tcp,shm")
@@ -84,7 +84,7 @@ def transport_comparison(argv: list[str] | None = None) -> int:
     import statistics
     import subprocess
     import tempfile
-    ap = argparse.ArgumentParser(prog="python -m tensorwire.bench.fabric transport-comparison",
+    ap = argparse.ArgumentParser(prog="python -m tensorwire.lab.fabric.perftest transport-comparison",
                                  description=transport_comparison.__doc__)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--transports", default="tcp,shm")

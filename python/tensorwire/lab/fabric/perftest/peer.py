@@ -12,14 +12,14 @@ from ..common import BenchError
 
 def in_world() -> bool:
     """Whether this process is a rank of a launched world of two or more."""
-    from ...ranks.world import detect
+    from ....ranks.world import detect
     p = detect()
     return p.launcher != "single" and p.size > 1
 
 
 def serve_main(args) -> int:
     """`bench serve` and --server: the passive side, until the client says stop."""
-    from ... import Device
+    from .... import Device
     from .. import p2p
     with Device(host=args.host, port=args.port, transport=args.transport, progress="inline",
                 workers=args.workers, spin_us=_spin_us(args), net_devices=args.net_devices) as dev:
@@ -39,7 +39,7 @@ def _server_role(conn, transport: str, workers: int, spin_us: int, net_devices: 
     """The spawned peer (a role of roles.py): the passive side on loopback,
     its address sent to the client once its handlers are in place."""
     try:
-        from ... import Device
+        from .... import Device
         from .. import p2p
         with Device(host="127.0.0.1", port=0, transport=transport, progress="inline", workers=workers,
                     spin_us=spin_us, net_devices=net_devices) as dev:
@@ -52,7 +52,7 @@ def _server_role(conn, transport: str, workers: int, spin_us: int, net_devices: 
 def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None, net_devices: str = "auto"):
     """Starts the passive side on loopback in a process of its own (roles.py's
     launcher); returns (its Roles, its address). Roles.stop() ends it."""
-    from ...ranks.roles import RoleError, Roles
+    from ....ranks.roles import RoleError, Roles
     from .. import p2p
     roles = Roles()
     roles.spawn("benchmark server", _server_role, transport, workers, spin_us or p2p.BENCH_SPIN_US, net_devices)
@@ -72,7 +72,7 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
     if in_world():
         if args.connect:
             raise SystemExit("--connect makes no sense under a launcher: rank 0 measures against rank 1")
-        from ...ranks.world import World
+        from ....ranks.world import World
         world = World(transport=args.transport, progress="inline", workers=args.workers,
                       spin_us=_spin_us(args), timeout=60, net_devices=args.net_devices)
         out = None
@@ -91,7 +91,7 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
         finally:
             world.close()
         return out
-    from ... import Device
+    from .... import Device
     spin_us = _spin_us(args)
     # Our device first: a transport this machine lacks fails here, once, before a server is spawned.
     with Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,

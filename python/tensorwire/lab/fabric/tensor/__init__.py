@@ -105,7 +105,7 @@ __all__ = [
 
 
 def run_tensor(args) -> Report:
-    """Runs the sweep described by the CLI arguments (see tensorwire/cli/bench_tensor.py)."""
+    """Runs the sweep described by the CLI arguments (see tensorwire/lab/commands/bench_tensor.py)."""
     sizes = args.sizes
     bad = [s for s in sizes if s % ITEM]
     if bad:
@@ -121,9 +121,9 @@ def run_tensor(args) -> Report:
            "spin_us": bench_spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us),
            "cpus": pick_cpus(getattr(args, "cpus", "auto"), 2)}
     method = ("median over iterations of t(send) -> t(ack after the receiver's max-reduction), best of "
-              "--repeat passes; see tensorwire.bench.tensor")
+              "--repeat passes; see tensorwire.lab.fabric.tensor")
     if memory == "cuda":
-        method += (" and tensorwire.bench.tensor.cuda; one-way: t(send) -> t(recv returned the GPU tensor), "
+        method += (" and tensorwire.lab.fabric.tensor.cuda; one-way: t(send) -> t(recv returned the GPU tensor), "
                    "the host's monotonic clock on both sides (cuda_ipc: its timed copy + synchronize)")
     report = Report("tensor", {"transport": args.transport, "memory": memory, "sizes": sizes, "iters": args.iters,
                                "budget": args.budget, "warmup": args.warmup, "verify": bool(args.verify),

@@ -31,7 +31,7 @@ class Gloo(Series):
         self.dist = dist
 
     def s_open(self, info: dict[str, Any]) -> dict[str, Any]:
-        from ...ranks.launch import free_port
+        from ....ranks.launch import free_port
         self.port = free_port(HOST)  # gloo's store binds it in s_connect
         return {"port": self.port}
 

@@ -11,7 +11,7 @@ import numpy as np
 from ..common import BenchError
 from .base import DTYPE, HOST, ITEM, Series, decode_meta, encode_meta
 
-GRPC_METHOD = "/tensorwire.bench.Tensor/Send"
+GRPC_METHOD = "/tensorwire.lab.fabric.Tensor/Send"
 GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
                 ("grpc.enable_http_proxy", 0)]  # loopback only: never through a proxy
 
@@ -32,7 +32,7 @@ class Grpc(Series):
         self._left = 0
         self._error: str | None = None
         handler = grpc.method_handlers_generic_handler(
-            "tensorwire.bench.Tensor", {"Send": grpc.unary_unary_rpc_method_handler(self._handle)})
+            "tensorwire.lab.fabric.Tensor", {"Send": grpc.unary_unary_rpc_method_handler(self._handle)})
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1), handlers=[handler],
                                   options=GRPC_OPTIONS)
         port = self.server.add_insecure_port(f"{HOST}:0")

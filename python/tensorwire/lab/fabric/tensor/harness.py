@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...ranks.roles import RoleError, Roles
+from ....ranks.roles import RoleError, Roles
 from ..common import (BenchError, Progress, Report, bind_cpu, check_number, check_transports, human_size,
                       iterations_for)
 from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern

@@ -14,7 +14,7 @@ from .ucx import RpcUcx, UcxTag
 
 SERIES: dict[str, type[Series]] = {c.name: c for c in (ZeroCopy, Dynamic, Copy, RpcUcx, Grpc, Socket, UcxTag, Gloo)}
 SERIES_ORDER = tuple(SERIES)  # ("zerocopy", "dynamic", "copy", "rpc-ucx", "grpc", "socket", "ucx-tag", "gloo")
-# --memory cuda: the tensor starts and ends in GPU memory (tensorwire.bench.tensor.cuda)
+# --memory cuda: the tensor starts and ends in GPU memory (tensorwire.lab.fabric.tensor.cuda)
 CUDA_SERIES: dict[str, type[Series]] = {c.name: c for c in (CudaZeroCopy, CudaDynamic, Staged, CudaGloo, CudaIpc)}
 MEMORIES = {"host": SERIES, "cuda": CUDA_SERIES}
 

@@ -17,12 +17,12 @@ class _UcxSeries(Series):
     """Raw UCX on its own context/worker (tensorwire._core.UcxBaseline)."""
 
     def _baseline(self):
-        from ... import _core
+        from .... import _core
         return _core.UcxBaseline(self.cfg["transport"], int(self.cfg["spin_us"]), True)
 
     @classmethod
     def unavailable(cls) -> str | None:
-        from ... import _core
+        from .... import _core
         return None if hasattr(_core, "UcxBaseline") else "this build has no UcxBaseline (rebuild tensorwire)"
 
     def r_open(self) -> dict[str, Any]:
