@@ -18,7 +18,7 @@ import pytest
 
 import tensorwire as tw
 
-from tensorwire.cli import bench_collectives as coll
+from tensorwire.lab.commands import bench_collectives as coll
 
 FAST = ["--iters", "20", "--warmup", "2"]
 
