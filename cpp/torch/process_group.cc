@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <set>
 #include <sstream>
 
 #include "tensorwire/collectives.h"
@@ -31,6 +33,10 @@ using TwOp = tensorwire::ReduceOp;
 // Tags above every user tag (c10d's are ints) and apart from the collectives'
 // (negative): the backend's own exchanges (monitoredBarrier).
 constexpr std::int64_t kMonitorTag = std::int64_t(1) << 40;
+
+// A sparse all_reduce's tensors have at most this many dimensions (its layout
+// exchange has a fixed width).
+constexpr int64_t kSparseMaxDims = 64;
 
 std::exception_ptr backend_error(const std::string& msg) {
   return std::make_exception_ptr(c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
@@ -133,7 +139,7 @@ void check_tensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.device().is_cpu(), "tensorwire backend: ", what, " takes CPU tensors, got one on ", t.device(),
                     " (give other devices to another backend: 'cpu:tensorwire,cuda:nccl')");
   TORCH_CHECK_VALUE(!t.is_sparse(), "tensorwire backend: ", what, " of sparse tensors is not supported (",
-                    what, " t.to_dense(), or give sparse tensors to a gloo group)");
+                    what, " t.to_dense(); all_reduce takes sparse COO tensors)");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "tensorwire backend: ", what, " takes dense tensors, got layout ",
                     t.layout());
 }
@@ -486,6 +492,28 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkTensorwire::getFuture() {
 
 // ============================ the group ==================================
 
+namespace {
+// Every live group, for quiesce_all() (interpreter exit).
+std::mutex& groups_mu() {
+  static auto* mu = new std::mutex;  // never destroyed: static destructors run after exit's last use
+  return *mu;
+}
+std::set<ProcessGroupTensorwire*>& groups() {
+  static auto* all = new std::set<ProcessGroupTensorwire*>;
+  return *all;
+}
+}  // namespace
+
+bool ProcessGroupTensorwire::quiesce_all(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(0.0, timeout_s));
+  std::lock_guard<std::mutex> lock(groups_mu());  // a group's destructor waits here: none goes meanwhile
+  bool idle = true;
+  for (ProcessGroupTensorwire* g : groups()) {
+    idle = g->quiesce(std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count()) && idle;
+  }
+  return idle;
+}
+
 ProcessGroupTensorwire::ProcessGroupTensorwire(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                std::chrono::milliseconds timeout, const std::string& group_id)
     : c10d::Backend(rank, size), timeout_s_(timeout.count() > 0 ? timeout.count() / 1000.0 : 1800.0),
@@ -520,10 +548,20 @@ ProcessGroupTensorwire::ProcessGroupTensorwire(const c10::intrusive_ptr<c10d::St
   }
   worker_ = std::thread([this] { run_worker(); });
   completer_ = std::thread([this] { run_completer(); });
+  {
+    std::lock_guard<std::mutex> lock(groups_mu());
+    groups().insert(this);
+  }
   init();
 }
 
-ProcessGroupTensorwire::~ProcessGroupTensorwire() { close(false); }
+ProcessGroupTensorwire::~ProcessGroupTensorwire() {
+  {
+    std::lock_guard<std::mutex> lock(groups_mu());
+    groups().erase(this);
+  }
+  close(false);
+}
 
 std::string ProcessGroupTensorwire::describe() const {
   std::ostringstream s;
@@ -626,6 +664,7 @@ void ProcessGroupTensorwire::run_worker() {
     }
     item.second = nullptr;  // drop the job's tensors before the Work completes
     item.first->complete(error);
+    item.first.reset();  // idle holds nothing: quiesce() relies on it
     {
       std::lock_guard<std::mutex> lock(mu_);
       running_ = false;
@@ -651,8 +690,15 @@ void ProcessGroupTensorwire::run_completer() {
       if (completions_.empty()) return;
       work = std::move(completions_.front());
       completions_.pop_front();
+      completing_ = true;
     }
     work->complete_from_request();
+    work.reset();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      completing_ = false;
+    }
+    idle_cv_.notify_all();
   }
 }
 
@@ -709,6 +755,13 @@ void ProcessGroupTensorwire::close(bool graceful) {
 
 void ProcessGroupTensorwire::shutdown() { close(true); }
 
+bool ProcessGroupTensorwire::quiesce(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, std::chrono::duration<double>(std::max(0.0, timeout_s)), [&] {
+    return (queue_.empty() && !running_ && completions_.empty() && !completing_) || stopping_;
+  });
+}
+
 at::Tensor ProcessGroupTensorwire::allocateTensor(long size, at::TensorOptions options) {
   TORCH_CHECK_VALUE(device_ != nullptr, "tensorwire backend: allocateTensor needs a group of 2 or more ranks");
   TORCH_CHECK_VALUE(!options.has_device() || options.device().is_cpu(),
@@ -748,6 +801,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::broadcast(std::vector<at:
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceOptions& opts) {
+  // torch routes a sparse all_reduce on CPU here (its SparseCPU kernel is the CPU one), as to gloo
+  for (const auto& t : tensors) {
+    if (t.defined() && t.is_sparse()) return allreduce_sparse(tensors, opts);
+  }
   check_open("all_reduce");
   check_tensors(tensors, "all_reduce");
   std::vector<Reduction> reds;
@@ -769,10 +826,133 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce(std::vector<at:
   });
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce_sparse(std::vector<at::Tensor>&,
-                                                                        const c10d::AllreduceOptions&) {
-  TORCH_CHECK_VALUE(false, "tensorwire backend: all_reduce of sparse tensors is not supported "
-                           "(all_reduce t.to_dense(), or give sparse tensors to a gloo group)");
+c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                                        const c10d::AllreduceOptions& opts) {
+  const char* what = "all_reduce (sparse)";
+  check_open(what);
+  TORCH_CHECK_VALUE(!tensors.empty(), "tensorwire backend: ", what, " needs a tensor");
+  const at::Tensor& first = tensors[0];
+  for (const auto& t : tensors) {
+    TORCH_CHECK_VALUE(t.defined(), "tensorwire backend: ", what, " got an undefined tensor");
+    TORCH_CHECK_VALUE(t.device().is_cpu(), "tensorwire backend: ", what, " takes CPU tensors, got one on ", t.device());
+    TORCH_CHECK_VALUE(t.layout() == at::kSparse, "tensorwire backend: ", what,
+                      " takes sparse COO tensors (all of one layout), got layout ", t.layout());
+    TORCH_CHECK_VALUE(t.scalar_type() == first.scalar_type() && t.sizes() == first.sizes(), "tensorwire backend: ",
+                      what, " needs its tensors of one size and dtype, got ", first.scalar_type(), first.sizes(),
+                      " and ", t.scalar_type(), t.sizes());
+  }
+  TORCH_CHECK_VALUE(dtype_of(first.scalar_type()).has_value(), "tensorwire backend: ", what, " does not reduce ",
+                    first.scalar_type());
+  TORCH_CHECK_VALUE(opts.reduceOp.op_ == c10d::ReduceOp::SUM, "tensorwire backend: ", what,
+                    " takes ReduceOp.SUM only (as gloo), got ReduceOp.", op_name(opts.reduceOp.op_));
+  TORCH_CHECK_VALUE(first.dim() <= kSparseMaxDims, "tensorwire backend: ", what, " takes up to ", kSparseMaxDims,
+                    " dimensions, got ", first.dim());
+  auto work = make_work(OpType::_ALLREDUCE_SPARSE, "all_reduce (sparse)", tensors, opts.timeout, true);
+  const double to = op_timeout(opts.timeout);
+  return enqueue(work, [this, tensors, to] {
+    at::AutoDispatchBelowAutograd no_autograd;  // results land in the callers' tensors as plain data
+    at::Tensor out = sparse_sum(tensors, to);
+    for (const auto& t : tensors) t.copy_(out);
+  });
+}
+
+// Every rank's sparse tensors summed, coalesced (gloo's result): each rank's
+// layout (shape, dtype, nnz) gathered first, then its indices and values in
+// one block (padded to the largest rank's), then summed here with ATen.
+at::Tensor ProcessGroupTensorwire::sparse_sum(const std::vector<at::Tensor>& tensors, double to) {
+  at::Tensor input = tensors[0];
+  for (std::size_t i = 1; i < tensors.size(); ++i) input = input + tensors[i];
+  input = input.coalesce();
+  const int64_t sparse_dim = input.sparse_dim(), nnz = input._nnz();
+  const at::ScalarType st = input.scalar_type();
+  const auto sizes = input.sizes().vec();
+  const auto value_shape = input.sizes().slice(sparse_dim);
+  int64_t row = 1;  // elements of one value (a dense block of dense_dim dimensions)
+  for (int64_t d : value_shape) row *= d;
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(st));
+
+  // 1. layouts: [sparse_dim, nnz, dtype, dim, sizes...], one row per rank
+  constexpr int64_t kHead = 4;
+  const int64_t width = kHead + kSparseMaxDims;
+  at::Tensor mine = at::zeros({width}, at::kLong);
+  int64_t* m = mine.data_ptr<int64_t>();
+  m[0] = sparse_dim;
+  m[1] = nnz;
+  m[2] = static_cast<int64_t>(st);
+  m[3] = static_cast<int64_t>(sizes.size());
+  for (std::size_t d = 0; d < sizes.size(); ++d) m[kHead + d] = sizes[d];
+  at::Tensor layouts = at::empty({size_, width}, at::kLong);
+  if (size_ == 1) {
+    layouts[0].copy_(mine);
+  } else {
+    coll_->allgather(buffer_of(mine), buffer_of(layouts), to);
+  }
+  auto describe = [&](int p) {
+    const int64_t* q = layouts[p].data_ptr<int64_t>();
+    std::ostringstream s;
+    s << "rank " << p << ": ";
+    if (q[2] >= 0 && q[2] < static_cast<int64_t>(at::ScalarType::NumOptions)) {
+      s << "torch." << c10::getDtypeNames(static_cast<at::ScalarType>(q[2])).first;
+    } else {
+      s << "dtype " << q[2];
+    }
+    s << "[";
+    for (int64_t d = 0; d < std::min<int64_t>(q[3], kSparseMaxDims); ++d) s << (d ? ", " : "") << q[kHead + d];
+    s << "] with " << q[0] << " sparse dimension" << (q[0] == 1 ? "" : "s");
+    return s.str();
+  };
+  std::vector<int64_t> block_of(size_);  // bytes of each rank's indices + values (indices aligned)
+  int64_t block = 0;
+  for (int p = 0; p < size_; ++p) {
+    const int64_t* q = layouts[p].data_ptr<int64_t>();
+    bool same = q[0] == m[0] && q[2] == m[2] && q[3] == m[3];
+    for (int64_t d = 0; same && d < m[3]; ++d) same = q[kHead + d] == m[kHead + d];
+    // Every rank reads the same table, so every rank refuses alike (and none gathers further).
+    TORCH_CHECK_VALUE(same, "tensorwire backend: all_reduce (sparse) needs one shape, dtype and sparse dimensions on "
+                      "every rank; ", describe(rank_), ", ", describe(p));
+    TORCH_CHECK_VALUE(q[1] >= 0 && q[1] <= (int64_t(1) << 40), "tensorwire backend: all_reduce (sparse): rank ", p,
+                      " reports ", q[1], " non-zero entries");
+    block_of[p] = static_cast<int64_t>(aligned(q[1] * sparse_dim * 8)) + q[1] * row * elem;
+    block = std::max(block, block_of[p]);
+  }
+  block = static_cast<int64_t>(aligned(block));
+
+  // 2. indices and values, every rank's in one gather
+  std::vector<at::Tensor> indices(size_), values(size_);
+  auto value_sizes = [&](int64_t n) {
+    std::vector<int64_t> v{n};
+    v.insert(v.end(), value_shape.begin(), value_shape.end());
+    return v;
+  };
+  if (block == 0) {  // nothing anywhere
+    for (int p = 0; p < size_; ++p) {
+      indices[p] = at::empty({sparse_dim, 0}, at::kLong);
+      values[p] = at::empty(value_sizes(0), input.options().layout(at::kStrided));
+    }
+  } else {
+    at::Tensor packed = at::zeros({block}, at::kByte);
+    const int64_t ibytes = nnz * sparse_dim * 8, ioff = static_cast<int64_t>(aligned(ibytes));
+    if (ibytes) packed.narrow(0, 0, ibytes).copy_(input._indices().contiguous().view(-1).view(at::kByte));
+    if (nnz * row) packed.narrow(0, ioff, nnz * row * elem).copy_(input._values().contiguous().view(-1).view(at::kByte));
+    at::Tensor gathered = at::empty({size_ * block}, at::kByte);
+    if (size_ == 1) {
+      gathered.copy_(packed);
+    } else {
+      coll_->allgather(buffer_of(packed), buffer_of(gathered), to);
+    }
+    for (int p = 0; p < size_; ++p) {
+      const int64_t n = layouts[p].data_ptr<int64_t>()[1];
+      const int64_t ib = n * sparse_dim * 8, off = p * block;
+      indices[p] = gathered.narrow(0, off, ib).view(at::kLong).view({sparse_dim, n});
+      values[p] = gathered.narrow(0, off + static_cast<int64_t>(aligned(ib)), n * row * elem).view(st)
+                      .view(value_sizes(n));
+    }
+  }
+
+  // 3. the sum, in rank order, coalesced (as gloo computes it)
+  at::Tensor out = at::sparse_coo_tensor(indices[0], values[0], sizes, input.options());
+  for (int p = 1; p < size_; ++p) out = out + at::sparse_coo_tensor(indices[p], values[p], sizes, input.options());
+  return out.coalesce();
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce_coalesced(

@@ -109,6 +109,7 @@ class ProcessGroupTensorwire : public c10d::Backend {
                                            const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  // Sparse COO tensors, SUM (gloo's): torch sends a sparse all_reduce to allreduce(), which hands it here.
   c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
@@ -170,6 +171,14 @@ class ProcessGroupTensorwire : public c10d::Backend {
   void shutdown() override;
   void abort() override;
 
+  // Waits (at most timeout_s) until the group's threads are idle and hold no Work, tensor or
+  // future: what was queued has run. Called at interpreter exit (tensorwire.torch.backend), so that
+  // no thread of the group drops a tensor (a decref that needs the GIL) while Python finalizes.
+  // True once idle (or shut down).
+  bool quiesce(double timeout_s);
+  // quiesce() of every live group, within timeout_s in all.
+  static bool quiesce_all(double timeout_s);
+
   double timeout_s() const { return timeout_s_.load(); }
   // What the group runs on, for tests and `tensorwire info`: transport, progress mode, address.
   std::string describe() const;
@@ -191,6 +200,8 @@ class ProcessGroupTensorwire : public c10d::Backend {
   void run_completer();
   void close(bool graceful);
   void defer_completion(c10::intrusive_ptr<WorkTensorwire> work);  // from an engine callback: never blocks
+  // allreduce_sparse's job (worker thread): every rank's tensors summed, coalesced.
+  at::Tensor sparse_sum(const std::vector<at::Tensor>& tensors, double timeout_s);
   std::exception_ptr as_backend_error(const char* what, std::exception_ptr e) const;
 
   std::atomic<double> timeout_s_;
@@ -209,6 +220,7 @@ class ProcessGroupTensorwire : public c10d::Backend {
   std::deque<c10::intrusive_ptr<WorkTensorwire>> completions_;
   std::condition_variable idle_cv_;  // the worker finished a job
   bool running_ = false;              // the worker is running a job
+  bool completing_ = false;           // the completion thread is completing a Work
   bool stopping_ = false;             // no more jobs: the worker ends once the queue is empty
   bool completer_stop_ = false;
   std::atomic<bool> closed_{false};   // shut down: queued jobs fail instead of running

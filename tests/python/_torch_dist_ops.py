@@ -160,7 +160,7 @@ for dt in (torch.float64, torch.int8, torch.int16, torch.int32, torch.bool, torc
         record(f"all_gather/{d}/{count}", ag2)
 
 # Non-contiguous inputs and outputs (copied in and out), tensors reduced again, zero-size tensors
-for dt in (torch.float32, torch.int64):
+for dt in (torch.float32, torch.int64, torch.bfloat16, torch.int8):
     d = str(dt).split(".")[1]
     count = 1000
 

@@ -52,8 +52,10 @@ SELECTION: dict[str, str | None] = {
     "test_barrier_timeout_full_group": None,
     # DDP
     "test_DistributedDataParallelCPU": None,
-    "test_ddp_logging_data_cpu": "DDP's logging data names the backend 'custom': torch's ProcessGroup names "
-                                 "every backend registered from outside torch so (getBackendName of its type)",
+    "test_ddp_logging_data_cpu": "DDP's logging data names the backend 'custom': DDP's logger asks torch's "
+                                 "ProcessGroup, not the backend, and ProcessGroup::getBackendName() is "
+                                 "backendTypeToString(CUSTOM) == \"custom\" for every plugin (ProcessGroup.hpp; "
+                                 "docs/torch.md)",
     # futures
     "test_all_reduce_sum_async": None,
     "test_get_future": None,

@@ -441,10 +441,16 @@ Request Engine::isend(const Buffer& b, int peer, std::int64_t tag) {
   op->own_id = op->id;
   std::string offer;  // our buffer, for the receiver to read its part of
   if (ps.shares_copies && b.nbytes >= kShareFrom) {
-    const RegionDescriptor& d = export_to(peer, op->reg);
-    offer = d.to_bytes();
-    h.offset = static_cast<std::int64_t>(static_cast<char*>(b.data) - reinterpret_cast<char*>(d.address));
-    op->offered = true;
+    try {
+      const RegionDescriptor& d = export_to(peer, op->reg);
+      offer = d.to_bytes();
+      h.offset = static_cast<std::int64_t>(static_cast<char*>(b.data) - reinterpret_cast<char*>(d.address));
+      op->offered = true;
+    } catch (const Error& e) {  // the control call to the peer failed: if the peer did, say which rank
+      if (!(ps.ch.impl() && ps.ch.impl()->failed())) throw;
+      fail_peer(peer, ErrorKind::kPeerFailed, "rank " + std::to_string(peer) + " failed: " + e.what());
+      throw_error(ps.failed_kind, ps.failed);
+    }
   }
   Request r = handle(op, &ps.ch);
   h.kind = kRts;
@@ -818,7 +824,12 @@ void Engine::match(const OpPtr& r, Arrival& a) {
     matched_[r->id] = r;
     post(a.src, h, bytes.data(), bytes.size(), nullptr);
   } catch (const Error& e) {
-    fail(r, e.kind(), std::string("messenger: cannot receive into this buffer: ") + e.what());
+    if (ps.ch.impl() && ps.ch.impl()->failed()) {  // the peer failed: name it
+      fail_peer(a.src, ErrorKind::kPeerFailed, "rank " + std::to_string(a.src) + " failed: " + e.what());
+      fail(r, ps.failed_kind, ps.failed, a.src);
+    } else {
+      fail(r, e.kind(), std::string("messenger: cannot receive into this buffer: ") + e.what());
+    }
     return;
   }
   if (!split) return;

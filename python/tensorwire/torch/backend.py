@@ -19,6 +19,7 @@ another torch raises ImportError naming both and how to rebuild.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from typing import Any
@@ -72,9 +73,27 @@ def _seconds(timeout: Any) -> float:
     return s if s > 0 else 1800.0
 
 
+# At interpreter exit every live group finishes what it queued (bounded), so that its threads drop
+# no tensor while Python finalizes: a program that ended without destroy_process_group() had its
+# last Work dropped by the group's worker thread, whose decref then waited for the GIL of a
+# finalizing interpreter, which ends such a thread: std::terminate, SIGABRT (1 exit in 3 or 4 here,
+# dense ops alike).
+QUIESCE_AT_EXIT_S = 10.0
+
+
+def _quiesce_at_exit() -> None:
+    try:
+        from .. import _c10d
+        _c10d._quiesce_all(QUIESCE_AT_EXIT_S)
+    except Exception:  # noqa: BLE001 - exit goes on whatever the groups say
+        pass
+
+
 def create(dist_opts: Any, pg_options: Any = None) -> Any:
     """torch.distributed's creator (extended API): one C++ backend for the group's CPU tensors."""
     c10d = load()
+    atexit.unregister(_quiesce_at_exit)  # once, and last: it runs before the exit hooks registered earlier
+    atexit.register(_quiesce_at_exit)
     return c10d.ProcessGroupTensorwire(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
                                        datetime.timedelta(seconds=_seconds(dist_opts.timeout)),
                                        str(dist_opts.group_id or ""))
