@@ -79,7 +79,7 @@ def fmt_bytes(n: float) -> str:
 def time_to_target(losses: list[float], step_s: list[float], target: float, window: int = 10):
     """(step, seconds) at which the running mean of `window` losses first fell below target; None if never."""
     t = 0.0
-    for i, (l, dt) in enumerate(zip(losses, step_s)):
+    for i, dt in enumerate(step_s[:len(losses)]):
         t += dt
         lo = max(0, i + 1 - window)
         if i + 1 >= min(window, len(losses)) and sum(losses[lo:i + 1]) / (i + 1 - lo) < target:

@@ -21,7 +21,7 @@ def plot_bw(report, path: str, unit: str) -> None:
             raw = r["raw"]
             lanes = [raw["per_lane_bins"]] + ([raw["peer_per_lane_bins"]] if raw.get("peer_per_lane_bins") else [])
             nb = len(raw["per_lane_bins"][0]) if raw["per_lane_bins"] else 0
-            counts = [sum(side[l][b] for side in lanes for l in range(len(side))) for b in range(nb)]
+            counts = [sum(side[lane][b] for side in lanes for lane in range(len(side))) for b in range(nb)]
             ax2.plot([(b + 0.5) * raw["bin_s"] for b in range(nb)],
                      [to_unit_plot(c * r["size"] / raw["bin_s"], unit) for c in counts], lw=1,
                      label=f"{r['size']} B")
