@@ -21,11 +21,11 @@ APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
 PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
 	"cmake>=3.20" ninja numpy
 # expecttest: torch.testing's test suite needs it (tests/python/test_torch_conformance.py, make conformance).
-PIP_TEST_DEPS := pytest pytest-timeout pytest-xdist grpcio matplotlib mypy "torch==2.13.0" expecttest
+PIP_TEST_DEPS := pytest pytest-timeout pytest-xdist grpcio matplotlib mypy "torch==2.13.0" expecttest "ruff==0.17.6"
 STAMP := build/.stamp
 
 .PHONY: all deps deps-mpi build demo test test-cpp test-python test-fuzz test-system-ucx fuzz fuzz-build fuzz-seeds \
-	fuzz-merge bench-compare conformance stubs clean help
+	fuzz-merge bench-compare conformance stubs clean help lint
 
 all: build
 
@@ -76,7 +76,11 @@ PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -lt 2 ] && n=
 test-python: build
 	$(PYTHON) -m pytest tests/python -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
-test: test-cpp test-python test-fuzz test-system-ucx
+# The lint lane: seconds, so it goes first (a lint error fails CI before the long tests start).
+lint: deps
+	$(PYTHON) -m ruff check python tests
+
+test: lint test-cpp test-python test-fuzz test-system-ucx
 
 # The build against the system's UCX (issue 19 §6): Debian's libucx-dev (UCX 1.13,
 # the oldest supported) or UCX_ROOT's, in its own tree: the C++ tests, then a Python

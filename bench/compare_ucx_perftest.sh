@@ -11,5 +11,5 @@ mkdir -p bench/results
   echo "# command: bench/compare_ucx_perftest.sh $*"
   echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ) host: $(hostname) cpus: $(nproc)"
   python3 -m tensorwire info | sed 's/^/# /'
-  python3 -m tensorwire.bench.compare --json "$out.json" "$@"
+  python3 -m tensorwire.lab.fabric.compare --json "$out.json" "$@"
 } 2>&1 | tee "$out.txt"

@@ -10,5 +10,5 @@ mkdir -p bench/results
 {
   echo "# command: bench/compare_write_bw.sh $*"
   echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ) host: $(hostname) cpus: $(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
-  python3 -m tensorwire.bench.fabric compare-ucx-perftest --json "$out.json" "$@"
+  python3 -m tensorwire.lab.fabric.perftest compare-ucx-perftest --json "$out.json" "$@"
 } 2>&1 | tee "$out.txt"

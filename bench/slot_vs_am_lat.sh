@@ -7,9 +7,9 @@ set -uo pipefail
 UCXBIN=$(python3 -c "import libucx,os;print(os.path.dirname(libucx.__file__))")/bin
 for round in 1 2 3; do
   echo "## round $round: tensorwire slot_latency --transport tcp"
-  python3 -m tensorwire.bench.slot_latency --transport tcp --sizes 8,4K 2>&1 | grep -v "^$"
+  python3 -m tensorwire.lab.fabric.slot_latency --transport tcp --sizes 8,4K 2>&1 | grep -v "^$"
   echo "## round $round: tensorwire slot_latency --transport shm (the Python API alone)"
-  python3 -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K 2>&1 | grep "^ slot"
+  python3 -m tensorwire.lab.fabric.slot_latency --transport shm --sizes 8,4K 2>&1 | grep "^ slot"
   echo "## round $round: ucp_am_lat over tcp (UCX_TLS=tcp UCX_NET_DEVICES=lo), 8 B and 4 KiB"
   for s in 8 4096; do
     UCX_TLS=tcp UCX_NET_DEVICES=lo timeout 60 "$UCXBIN/ucx_perftest" -t ucp_am_lat -s $s -n 20000 -p 13377 >/dev/null 2>&1 &

@@ -11,5 +11,5 @@ mkdir -p bench/results
   echo "# command: bench/transport_comparison.sh $*"
   echo "# date: $(date -u +%Y-%m-%dT%H:%M:%SZ) host: $(hostname) cpus: $(nproc) load: $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 -m tensorwire info | sed 's/^/# /'
-  python3 -m tensorwire.bench.fabric transport-comparison --json "$out.json" "$@"
+  python3 -m tensorwire.lab.fabric.perftest transport-comparison --json "$out.json" "$@"
 } 2>&1 | tee "$out.txt"

@@ -17,7 +17,7 @@ for what in ${@:-latency tensor tests table2}; do
     latency)
       for args in "--memory cuda --series both" "--memory host --series both" "--memory cuda --progress-mode inline"; do
         step "slot_latency --transport shm --sizes 8,4K --iters 5000 $args"
-        timeout 60 python3 -m tensorwire.bench.slot_latency --transport shm --sizes 8,4K --iters 5000 $args >> "$log" 2>&1
+        timeout 60 python3 -m tensorwire.lab.fabric.slot_latency --transport shm --sizes 8,4K --iters 5000 $args >> "$log" 2>&1
       done
       for kind in static dynamic; do for gap in 300e-6 3e-3; do
         step "idle receiver $kind $gap"

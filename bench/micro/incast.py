@@ -19,8 +19,8 @@ import time
 
 import numpy as np
 
-from tensorwire.bench.common import parse_sizes
-from tensorwire.torch.floor import _recv_exact  # (the floor's plain-socket receive; no torch)
+from tensorwire.lab.fabric.common import parse_sizes
+from tensorwire.lab.paper.floor import _recv_exact  # (the floor's plain-socket receive; no torch)
 
 TIMEOUT_S = 60.0
 

@@ -18,7 +18,7 @@ import pytest
 
 import tensorwire as tw
 
-from tensorwire.cli import bench_collectives as coll
+from tensorwire.lab.commands import bench_collectives as coll
 
 FAST = ["--iters", "20", "--warmup", "2"]
 
@@ -35,7 +35,7 @@ def bench(*args, timeout=60, check=True):
 
 
 def verdict_line(stdout):
-    lines = [l for l in stdout.splitlines() if l.split(" ", 1)[0] in ("PASS", "WARN", "FAIL")]
+    lines = [line for line in stdout.splitlines() if line.split(" ", 1)[0] in ("PASS", "WARN", "FAIL")]
     assert len(lines) == 1, stdout
     return lines[0]
 
@@ -87,7 +87,7 @@ def test_recursive_halving_is_gone_and_says_so():
 def test_allreduce_auto_float_osu_format():
     proc = bench("allreduce", "--ranks", "2", "--sizes", "4,128K", "--format", "osu", "--validate", *FAST)
     assert "# OSU MPI Allreduce Latency Test" in proc.stdout and "# Datatype: MPI_FLOAT." in proc.stdout
-    rows = [l.split() for l in proc.stdout.splitlines() if l[:1].isdigit()]
+    rows = [line.split() for line in proc.stdout.splitlines() if line[:1].isdigit()]
     assert [r[0] for r in rows] == ["4", "131072"] and all(r[-1] == "Pass" for r in rows)
 
 

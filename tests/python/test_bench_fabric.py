@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from tensorwire.bench.common import (Report, check_bw_row, check_fairness, check_latency_row, check_latency_trend,
+from tensorwire.lab.fabric.common import (Report, check_bw_row, check_fairness, check_latency_row, check_latency_trend,
                                      jain_index, peak_bandwidth_posted)
 
 TRANSPORTS = ["tcp", "shm"]
@@ -201,7 +201,7 @@ def test_each_row_prints_when_its_size_is_measured(argv):
     before the first size is measured and row 1 before size 2 is; the JSON rows
     are the ones the table shows."""
     from tensorwire.cli import build_parser
-    from tensorwire.bench.fabric import measure
+    from tensorwire.lab.fabric.perftest import measure
     args = build_parser().parse_args(["bench", *argv])
     kind = argv[0].split("_")[1]
     if kind == "bw":
@@ -224,7 +224,7 @@ def test_each_row_prints_when_its_size_is_measured(argv):
 def test_fullmesh_sweep_prints_each_world_size_when_it_finishes(tmp_path, monkeypatch, capsys):
     """The scaling table's row of N is out before the run of the next N starts."""
     from tensorwire import cli
-    from tensorwire.bench import fullmesh
+    from tensorwire.lab.fabric import fullmesh
     shown = []
 
     def run(cmd, **_):  # stands in for `tensorwire run -n N -- ... bench fullmesh --json OUT`

@@ -117,7 +117,7 @@ def test_info_names_the_loaded_ucx():
 @pytest.mark.parametrize("progress", ["inline", "blocking"])
 def test_slot_latency_bench(tmp_path, transport, progress):
     out = tmp_path / "slot.json"
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.slot_latency", "--transport", transport,
+    proc = subprocess.run([sys.executable, "-m", "tensorwire.lab.fabric.slot_latency", "--transport", transport,
                            "--sizes", "8,4K", "--iters", "200", "--progress-mode", progress, "--json", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -138,7 +138,7 @@ def _gpu_missing() -> str | None:
 @pytest.mark.skipif(_gpu_missing() is not None, reason=f"no GPU for tensorwire ({_gpu_missing()})")
 def test_slot_latency_bench_in_gpu_memory(tmp_path):
     out = tmp_path / "slot.json"
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.slot_latency", "--transport", "shm",
+    proc = subprocess.run([sys.executable, "-m", "tensorwire.lab.fabric.slot_latency", "--transport", "shm",
                            "--sizes", "8,4K", "--iters", "200", "--memory", "cuda", "--series", "both",
                            "--json", str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -153,6 +153,6 @@ def test_slot_latency_bench_in_gpu_memory(tmp_path):
 
 @pytest.mark.skipif(_gpu_missing() is None, reason="this machine has a GPU")
 def test_slot_latency_in_gpu_memory_without_a_gpu_exits_2_saying_why():
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.bench.slot_latency", "--memory", "cuda"],
+    proc = subprocess.run([sys.executable, "-m", "tensorwire.lab.fabric.slot_latency", "--memory", "cuda"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--memory cuda: tensorwire sees no GPU" in proc.stderr, proc.stderr

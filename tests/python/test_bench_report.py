@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tensorwire import cli
-from tensorwire.bench import report
+from tensorwire.lab.fabric import report
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

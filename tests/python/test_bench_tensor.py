@@ -1,4 +1,4 @@
-"""`tensorwire bench tensor` (the package tensorwire/bench/tensor/) and the raw UCX
+"""`tensorwire bench tensor` (the package tensorwire/lab/fabric/tensor/) and the raw UCX
 baselines under it (tensorwire._core.UcxBaseline).
 
 Each series runs at two tiny sizes with --verify through the CLI entry point,
@@ -19,8 +19,8 @@ import pytest
 
 import tensorwire as tw
 from tensorwire import _core, cli
-from tensorwire.bench import tensor as bt
-from tensorwire.bench.tensor.harness import _Checker, _stream_pass
+from tensorwire.lab.fabric import tensor as bt
+from tensorwire.lab.fabric.tensor.harness import _Checker, _stream_pass
 
 SIZES = [1024, 64 << 10]
 HAS_GRPC = importlib.util.find_spec("grpc") is not None
@@ -192,7 +192,7 @@ def test_cli_rejects_bad_arguments(capsys):
 
 
 def test_cpus_pick_one_cpu_per_process():
-    from tensorwire.bench.common import pick_cpus
+    from tensorwire.lab.fabric.common import pick_cpus
     mine = sorted(os.sched_getaffinity(0))
     assert pick_cpus("none", 2) is None
     assert pick_cpus("auto", 2) == (mine[:2] if len(mine) >= 2 else None)

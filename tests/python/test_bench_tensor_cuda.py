@@ -1,4 +1,4 @@
-"""`tensorwire bench tensor --memory cuda` (tensorwire/bench/tensor/cuda.py).
+"""`tensorwire bench tensor --memory cuda` (tensorwire/lab/fabric/tensor/cuda.py).
 
 On a machine without a CUDA GPU: the command refuses with exit 2 and says
 why, the series are checked against --memory, the host bench keeps its
@@ -21,9 +21,9 @@ from contextlib import redirect_stdout
 import pytest
 
 from tensorwire import cli
-from tensorwire.bench import tensor as bt
-from tensorwire.bench.common import BenchError, Report
-from tensorwire.bench.tensor import cuda, harness, registry
+from tensorwire.lab.fabric import tensor as bt
+from tensorwire.lab.fabric.common import BenchError, Report
+from tensorwire.lab.fabric.tensor import cuda, harness, registry
 from tensorwire.ranks.roles import Roles
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None

@@ -13,8 +13,8 @@ import zlib
 import numpy as np
 import pytest
 
-from tensorwire.bench import teragen
-from tensorwire.bench._terasort_core import (partition_of, pick_splitters, sample_keys, sort_records, summarize,
+from tensorwire.lab.fabric import teragen
+from tensorwire.lab.fabric._terasort_core import (partition_of, pick_splitters, sample_keys, sort_records, summarize,
                                              validate)
 
 # -- an independent, straightforward gensort: Python ints, one LCG step per row --
@@ -143,7 +143,7 @@ def test_sort_with_equal_prefixes_and_duplicate_keys():
     recs[:600, :8] = 7          # equal first 8 bytes: the last 2 decide
     recs[600:900, :10] = 3      # fully equal keys: kept in input order (stable)
     got = sort_records(recs)
-    from tensorwire.bench.teragen import keys_of
+    from tensorwire.lab.fabric.teragen import keys_of
     hi, lo = keys_of(recs)
     assert np.array_equal(got, recs[np.lexsort((lo, hi))])
 

@@ -51,7 +51,7 @@ def test_a_training_target_names_its_compute_ceiling() -> None:
     stage), the better of the two backends' measurements, over gloo's samples/s."""
     import argparse
 
-    from tensorwire.bench import torch_dist
+    from tensorwire.lab import torch_dist
     args = argparse.Namespace(transport="shm", ranks=2, lat_sizes=[], sizes=[], coll_sizes=[])
     tw = {"ddp/fcn5": 50.0, "ddp-ceiling/fcn5": 90.0, "pipe/fcn5": 60.0}
     gl = {"ddp/fcn5": 40.0, "ddp-ceiling/fcn5": 100.0, "pipe/fcn5": 60.0, "pipe-ceiling/fcn5": 57.0}
@@ -66,7 +66,7 @@ def test_a_failed_round_fails_the_run(monkeypatch: pytest.MonkeyPatch, capsys: p
     run says which rounds it kept and fails, whatever the ratios."""
     import argparse
 
-    from tensorwire.bench import torch_dist
+    from tensorwire.lab import torch_dist
     calls = {"gloo": 0}
 
     def fake_round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
@@ -89,7 +89,7 @@ def test_a_shm_bandwidth_target_names_the_cma_limit() -> None:
     ranks copying moved in the same run (the better backend round), over gloo's bandwidth."""
     import argparse
 
-    from tensorwire.bench import torch_dist
+    from tensorwire.lab import torch_dist
     args = argparse.Namespace(transport="shm", ranks=2, lat_sizes=[], sizes=[1 << 24], coll_sizes=[])
     tw = {"bandwidth/16777216": 12000.0, "cma-limit/16777216": 12500.0}
     gl = {"bandwidth/16777216": 5000.0, "cma-limit/16777216": 13000.0}

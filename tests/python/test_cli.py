@@ -14,6 +14,7 @@ import pytest
 
 import tensorwire
 from tensorwire import cli
+from tensorwire.lab import commands as lab_commands
 
 OPTIONAL = ("torch", "grpc", "matplotlib", "sklearn", "mpi4py")
 
@@ -48,7 +49,7 @@ def test_every_command_module_is_in_help():
     top_help = tw("--help")
     bench_help = tw("bench", "--help")
     assert top_help.returncode == 0 and bench_help.returncode == 0
-    for module in cli.COMMAND_MODULES:
+    for module in cli.COMMAND_MODULES + lab_commands.COMMAND_MODULES:  # the product's, then the lab's
         top, bench = _commands_of(module)
         assert top or bench, f"{module} registers no command"
         for name in top:
@@ -123,8 +124,8 @@ def test_every_error_type_is_a_tensorwire_error():
     import pkgutil
     found = {}
     for m in pkgutil.walk_packages(tensorwire.__path__, "tensorwire."):
-        if m.name.endswith("__main__") or (m.name.startswith("tensorwire.torch") and
-                                           importlib.util.find_spec("torch") is None):
+        needs_torch = m.name.startswith(("tensorwire.torch", "tensorwire.lab.paper", "tensorwire.lab.torch_dist."))
+        if m.name.endswith("__main__") or (needs_torch and importlib.util.find_spec("torch") is None):
             continue
         mod = importlib.import_module(m.name)
         for obj in vars(mod).values():
@@ -135,6 +136,19 @@ def test_every_error_type_is_a_tensorwire_error():
     if importlib.util.find_spec("torch") is not None:
         expected |= {"PSError", "PartitionError"}
     assert expected <= {name.rsplit(".", 1)[1] for name in found}
+
+
+def test_the_product_command_runs_without_the_lab():
+    """The product's commands (info, run) need nothing of the lab, which registers the
+    rest through tensorwire.cli's one hook: without it they are listed and run, and
+    `run --testbed` (a testbed is the lab's) says what it needs."""
+    r = tw("--help", block=("tensorwire.lab",))
+    assert r.returncode == 0, r.stderr
+    assert "{info,run}" in r.stdout  # the product's commands, none of the lab's
+    r = tw("run", "-n", "1", "--", sys.executable, "-c", "print('ran')", block=("tensorwire.lab",))
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
+    r = tw("run", "-n", "1", "--testbed", "tw", "--", "true", block=("tensorwire.lab",))
+    assert r.returncode == 2 and "--testbed needs the lab" in r.stderr, r.stderr
 
 
 def test_demo_writes_and_verifies():
@@ -235,7 +249,7 @@ def _meaning(action: argparse.Action) -> tuple:
 
 def _clashes(parsers) -> dict:
     """{flag: {meaning: [commands]}} for every flag with more than one meaning."""
-    from tensorwire.cli.args import DeprecatedAlias
+    from tensorwire.lab.commands.args import DeprecatedAlias
     seen: dict = {}
     types: dict = {}  # (flag, type name) -> the type objects: one name, two functions is a clash too
     for name, parser in parsers:
@@ -287,7 +301,7 @@ def test_anchor_flags_follow_their_anchor():
 
 
 def test_deprecated_spellings_are_hidden_warn_and_mean_the_new_flag(capsys):
-    from tensorwire.cli.args import DeprecatedAlias
+    from tensorwire.lab.commands.args import DeprecatedAlias
     found = {}
     for name, parser in _bench_parsers():
         for action in parser._actions:

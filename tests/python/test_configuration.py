@@ -19,7 +19,7 @@ import pytest
 
 from tensorwire import cli, config
 from tensorwire.ranks import world
-from tensorwire.bench.common import Progress, Table
+from tensorwire.lab.fabric.common import Progress, Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "python", "tensorwire")

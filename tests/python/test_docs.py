@@ -43,9 +43,9 @@ OUTPUT_FLAG = re.compile(r"(?:--json|--plot|--out|-o|>|tee)\s+$")
 MAX_RESULTS = 89
 
 # Short forms the docs use for files of the C++ core and the package (`core/channel.cc`,
-# `tensorwire/config.py`, `torch/floor.py`): each must be a file under one of SHORT_BASES.
-SHORT_DIRS = ("core", "protocol", "net", "ucx", "common", "cuda", "tensorwire", "cli", "ranks", "torch",
-              "testbed", "bindings", "unit", "loopback", "micro", "gpu")
+# `tensorwire/config.py`, `lab/paper/floor.py`): each must be a file under one of SHORT_BASES.
+SHORT_DIRS = ("core", "protocol", "net", "ucx", "common", "cuda", "tensorwire", "cli", "ranks", "torch", "lab",
+              "bindings", "unit", "loopback", "micro", "gpu")
 SHORT_BASES = ("cpp/src/", "cpp/include/", "cpp/", "python/", "python/tensorwire/", "tests/cpp/", "bench/")
 
 PATH = re.compile(r"(?<![\w/.~$-])((?:" + "|".join(re.escape(d) for d in TOP_DIRS) + r")/[\w./{},*+<>-]*"

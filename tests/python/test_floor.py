@@ -1,4 +1,4 @@
-"""The transport floor of a PS step (tensorwire.torch.floor): which flows it
+"""The transport floor of a PS step (tensorwire.lab.paper.floor): which flows it
 moves, and that it moves them, over tcp and over shared memory."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tensorwire.torch import floor  # noqa: E402
+from tensorwire.lab.paper import floor  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

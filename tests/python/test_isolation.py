@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import os
 import signal
-import struct
 import threading
 import time
 import zlib

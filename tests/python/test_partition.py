@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from tensorwire.torch import models, partition  # noqa: E402
+from tensorwire.lab.paper import data, models  # noqa: E402
+from tensorwire.torch import partition  # noqa: E402
 from tensorwire.torch.partition import PartitionError  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -112,7 +113,7 @@ def test_pipeline_reproduces_the_model(transport):
 
 
 def test_pipeline_with_dynamic_edges_follows_the_batch_size():
-    inputs = partition.ModelInputs("mlp", batches=(3, 7))
+    inputs = data.ModelInputs("mlp", batches=(3, 7))
     r = partition.run(models.get("mlp").factory, inputs, stages=3, steps=6, probe_steps=(1,), transport="shm",
                       check=True)
     assert [e["kind"] for e in r.edges] == ["dynamic", "dynamic"]
@@ -122,7 +123,7 @@ def test_pipeline_with_dynamic_edges_follows_the_batch_size():
 
 
 def test_a_static_plan_refuses_inputs_of_another_shape():
-    inputs = partition.ModelInputs("mlp", batches=(3, 7))
+    inputs = data.ModelInputs("mlp", batches=(3, 7))
     with pytest.raises(PartitionError, match="probe|other_inputs"):
         partition.run(models.get("mlp").factory, inputs, stages=2, steps=4, transport="shm", timeout=20)
 
@@ -200,7 +201,7 @@ def test_training_in_stages_matches_single_process_sgd(transport):
 
 
 def test_training_with_dynamic_edges_and_three_stages():
-    r = partition.train(models.get("mlp").factory, partition.ModelData("mlp", batches=(3, 5)), stages=3, steps=6,
+    r = partition.train(models.get("mlp").factory, data.ModelData("mlp", batches=(3, 5)), stages=3, steps=6,
                         probe_steps=(1,), transport="shm", check=True, optimizer="adam", lr=1e-3)
     assert [e["kind"] for e in r.edges] == ["dynamic", "dynamic"]
     assert r.max_abs_error < 1e-5

@@ -1,4 +1,4 @@
-"""The emulated-fabric testbed (tensorwire.testbed): namespaces, shaping, run, down, cleanup.
+"""The emulated-fabric testbed (tensorwire.lab.testbed): namespaces, shaping, run, down, cleanup.
 
 Needs root and `ip netns` (marker netns); skipped with the reason from available() otherwise.
 Testbed names carry this process id, so a run never meets a user's testbed or another run's.
@@ -18,9 +18,9 @@ import time
 
 import pytest
 
-from tensorwire import testbed
-from tensorwire.testbed import NotRoot, Testbed, TestbedError, parse_rate, state, system
-from tensorwire.testbed.check import stream
+from tensorwire.lab import testbed
+from tensorwire.lab.testbed import NotRoot, Testbed, TestbedError, parse_rate, state, system
+from tensorwire.lab.testbed.check import stream
 
 OK, WHY = testbed.available()
 needs_netns = pytest.mark.skipif(not OK, reason=WHY or "ip netns unusable")
@@ -117,8 +117,8 @@ def test_run_ends_a_command_interrupted_while_it_starts(monkeypatch):
     """A SIGINT that reaches `testbed run` while Popen is starting the command (made here by the
     stand-in testbed, which signals the CLI from inside popen) is held until the command runs, then
     ends it: exit 130 and nothing left running (raised inside Popen, it left the command behind)."""
-    import tensorwire.testbed as tb_pkg
-    from tensorwire.testbed import cli as tb_cli
+    import tensorwire.lab.testbed as tb_pkg
+    from tensorwire.lab.testbed import cli as tb_cli
     started = []
 
     class StandIn:
@@ -254,6 +254,19 @@ def test_status_and_check_cli(tb2):
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("host uplink"))
     assert line.split()[-1] in ("PASS", "WARN") or "WARN" in line
+
+
+@pytest.mark.netns
+@needs_netns
+def test_tensorwire_run_places_ranks_in_the_testbed_hosts(tb2):
+    """`tensorwire run --testbed` (a product command; the lab's commands give it the testbed
+    through tensorwire.cli's hook): rank i runs in host i, with that host's address."""
+    show = "import os; print(os.environ['TENSORWIRE_RANK'], os.environ['TENSORWIRE_HOST'])"
+    r = subprocess.run([sys.executable, "-m", "tensorwire", "run", "-n", "2", "--testbed", tb2.name, "--",
+                        sys.executable, "-c", show], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r.stdout.replace("[rank 1] ", "").split("\n")[:2]) == \
+        [f"0 {tb2.address('h1')}", f"1 {tb2.address('h2')}"], r.stdout
 
 
 @pytest.mark.netns

@@ -64,7 +64,7 @@ SELECTION: dict[str, str | None] = {
 
 def conformance(tmp: Path, *args: str, timeout: float) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp / "conformance"
-    cmd = [sys.executable, "-m", "tensorwire.torch.conformance", "--backend", "tensorwire", "--quiet",
+    cmd = [sys.executable, "-m", "tensorwire.lab.conformance", "--backend", "tensorwire", "--quiet",
            "--out", str(out), "--log", str(tmp / "conformance.log"), *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -123,7 +123,7 @@ def test_a_test_past_its_limit_is_hung_not_passed(tmp_path: Path) -> None:
 def test_listing_and_bad_input(tmp_path: Path) -> None:
     """--list selects by pattern without running; an unknown --exact name, a bad --env and a backend no
     module registered are usage errors."""
-    base = [sys.executable, "-m", "tensorwire.torch.conformance", "--backend", "gloo"]
+    base = [sys.executable, "-m", "tensorwire.lab.conformance", "--backend", "gloo"]
     listed = subprocess.run(base + ["--list", "-k", "test_all_reduce_coalesced_*sum"], capture_output=True,
                             text=True, timeout=180)
     assert listed.returncode == 0, listed.stderr[-2000:]
@@ -135,6 +135,6 @@ def test_listing_and_bad_input(tmp_path: Path) -> None:
     assert unknown.returncode == 2 and "no such test in the suite: test_no_such_test" in unknown.stderr
     bad = subprocess.run(base + ["--env", "NOEQUALS"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
-    nosuch = subprocess.run([sys.executable, "-m", "tensorwire.torch.conformance", "--backend", "nosuch", "--list"],
+    nosuch = subprocess.run([sys.executable, "-m", "tensorwire.lab.conformance", "--backend", "nosuch", "--list"],
                             capture_output=True, text=True, timeout=180)
     assert nosuch.returncode == 2 and "no torch.distributed backend 'nosuch' is registered" in nosuch.stderr

@@ -15,7 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tensorwire.torch import data, models, ps  # noqa: E402
+from tensorwire.lab.paper import data, models  # noqa: E402
+from tensorwire.torch import ps  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -360,7 +361,7 @@ def test_bench_train_plot_has_a_panel_per_figure(tmp_path):
     """--plot draws every figure that ran into one PNG (made-up results of all five)."""
     pytest.importorskip("matplotlib")
     from tensorwire.cli import build_parser
-    from tensorwire.torch.plots import SWEEP_PANELS, plot_sweep
+    from tensorwire.lab.paper.plots import SWEEP_PANELS, plot_sweep
     args = build_parser().parse_args(["bench", "train", "--models", "fcn5,alexnet", "--batches", "1,8"])
 
     def run(model, batch, mode, n=2, **kw):
@@ -392,7 +393,7 @@ def test_bench_train_repeats_go_round_the_modes(monkeypatch):
     import types
 
     from tensorwire.cli import build_parser
-    from tensorwire.torch import bench_train
+    from tensorwire.lab.paper import bench_train
     args = build_parser().parse_args(["bench", "train", "--repeat", "3"])
     order, speed = [], iter([5.0, 1.0, 7.0, 4.0, 2.0, 3.0])  # zerocopy, gloo, zerocopy, ...: the copy runs fail
 
@@ -416,7 +417,7 @@ def test_bench_train_says_when_the_target_is_above_the_floor():
     """The floor table names the (model, batch) whose target (2x gloo over shm)
     exceeds both bounds, and only those (made-up results)."""
     from tensorwire.cli import build_parser
-    from tensorwire.torch.bench_train import render_rest
+    from tensorwire.lab.paper.bench_train import render_rest
     args = build_parser().parse_args(["bench", "train", "--transport", "shm", "--models", "fcn5",
                                       "--batches", "1,8"])
     gloo = {1: 10.0, 8: 60.0}  # 2x: 20 (under the bounds below) and 120 (above both)

@@ -18,8 +18,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tensorwire import testbed  # noqa: E402
-from tensorwire.testbed import Testbed, system  # noqa: E402
+from tensorwire.lab import testbed  # noqa: E402
+from tensorwire.lab.testbed import Testbed, system  # noqa: E402
 
 OK, WHY = testbed.available()
 pytestmark = [pytest.mark.torch, pytest.mark.netns,

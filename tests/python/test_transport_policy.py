@@ -15,7 +15,7 @@ import pytest
 
 import tensorwire as tw
 from tensorwire import _core
-from tensorwire.bench.common import Report, check_transports
+from tensorwire.lab.fabric.common import Report, check_transports
 
 HAS_VERBS = any(_core.transport_family(t) == "rdma" for t in tw.Device(progress="inline").resources())
 

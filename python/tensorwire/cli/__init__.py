@@ -1,7 +1,15 @@
 """The tensorwire command line: one parser, built from the command modules.
 
-Every module in COMMAND_MODULES has one function, ``register(commands)``, that
-adds its parsers to ``commands.top`` (the subcommands of ``tensorwire``) or
+The product and the lab: the product (the device API, tensorwire.ranks,
+tensorwire.torch) never imports tensorwire.lab (the benchmarks, the paper's
+harness, the testbed, the conformance runner), at module level or lazily. The
+one exception is here: build_parser() looks the lab's command module up by
+name (LAB_COMMANDS) and lets it register its commands, so that `tensorwire
+bench ...`, `demo`, `testbed`, `train`, `partition` and `conformance` are
+subcommands of the one `tensorwire` command (docs/architecture.md §4.1).
+
+Every module in COMMAND_MODULES, and tensorwire.lab.commands's, has one
+function, ``register(commands)``, that adds its parsers to ``commands.top`` (the subcommands of ``tensorwire``) or
 ``commands.bench`` (those of ``tensorwire bench``). Each command's parser sets,
 with ``set_defaults``:
 
@@ -28,29 +36,20 @@ import importlib
 import sys
 
 from .. import __version__
-from .args import PLOT_NEEDS  # noqa: F401 - the commands' `needs` entry of --plot
 
-# True while the command modules are imported: tensorwire.torch then skips importing torch
-# (to register its torch.distributed backend), which no command needs at parse time.
-LOADING_COMMANDS = False
-
-# In this order in --help. Each has register(commands).
+# The product's own commands, in this order in --help. Each has register(commands).
 COMMAND_MODULES = (
-    "tensorwire.cli.info",          # tensorwire info
-    "tensorwire.cli.bench_p2p",     # bench latency/bw/serve
-    "tensorwire.cli.bench_tensor",  # bench tensor
-    "tensorwire.cli.demo",          # tensorwire demo
-    "tensorwire.ranks.launch",            # tensorwire run
-    "tensorwire.cli.bench_fabric",  # bench write_bw/read_bw/write_lat/read_lat
-    "tensorwire.cli.bench_fullmesh",  # bench fullmesh
-    "tensorwire.cli.bench_collectives",  # bench alltoall/allreduce
-    "tensorwire.cli.bench_terasort",  # bench terasort
-    "tensorwire.cli.bench_torch_dist",  # bench torch-dist
-    "tensorwire.cli.bench_report",  # bench report
-    "tensorwire.testbed.cli",       # tensorwire testbed
-    "tensorwire.cli.train",         # tensorwire train, bench train, partition
-    "tensorwire.cli.conformance",   # tensorwire conformance
+    "tensorwire.cli.info",      # tensorwire info
+    "tensorwire.ranks.launch",  # tensorwire run
 )
+
+# The lab's commands (tensorwire bench ..., demo, testbed, train, partition,
+# conformance) come after them through this one hook: the only place the product
+# names the lab. The module is looked up by name and its register(commands)
+# adds its parsers as the product's do; the lab imports the product, never the
+# reverse (tests/python/test_layers.py). Without the lab the product's commands
+# still run.
+LAB_COMMANDS = "tensorwire.lab.commands"
 
 # The extra of pyproject.toml that installs an optional dependency, for one that
 # a command imports without having declared it in `needs`.
@@ -89,13 +88,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Zero-copy one-sided tensor transport over UCX, and the tools to measure the fabric under it.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = Commands(parser)
-    global LOADING_COMMANDS
-    LOADING_COMMANDS = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(commands)
     try:
-        for name in COMMAND_MODULES:
-            importlib.import_module(name).register(commands)
-    finally:
-        LOADING_COMMANDS = False
+        lab = importlib.import_module(LAB_COMMANDS)
+    except ModuleNotFoundError as e:
+        if e.name not in (LAB_COMMANDS, LAB_COMMANDS.rpartition(".")[0]):  # the lab itself is absent
+            raise
+    else:
+        lab.register(commands)
     return parser
 
 

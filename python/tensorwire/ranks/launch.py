@@ -19,6 +19,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol, Sequence
 
 from ..config import PROGRESS_BAR
 from .roles import GRACE_S, Role, RoleError, Roles, describe_exit
@@ -59,8 +60,35 @@ def _main(args: argparse.Namespace) -> int:
     if args.ranks < 1:
         print(f"tensorwire run: -n must be >= 1, got {args.ranks}", file=sys.stderr)
         return 2
-    placements = plan(args.ranks, args.testbed, args.hosts, args.port)
+    testbed = None
+    if args.testbed:
+        # The testbed is the lab's (tensorwire.lab.testbed): its commands give this
+        # parser the loader (tensorwire.lab.commands.register); the product names no lab module.
+        load: Callable[[str], Hosts] | None = getattr(args, "load_testbed", None)
+        if load is None:
+            print("tensorwire run: --testbed needs the lab (tensorwire.lab.testbed), which is not installed",
+                  file=sys.stderr)
+            return 2
+        testbed = load(args.testbed)
+    elif args.hosts:
+        raise SystemExit("tensorwire run: --hosts names testbed hosts; give --testbed NAME too")
+    placements = plan(args.ranks, testbed, args.hosts, args.port)
     return run(cmd, placements, timeout=args.timeout, quiet=args.quiet)
+
+
+class Hosts(Protocol):
+    """Hosts that ranks can be placed in, each in its own network namespace: what
+    plan() needs of a testbed (tensorwire.lab.testbed.Testbed is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def hosts(self) -> Sequence[str]: ...
+
+    def address(self, host: str) -> str: ...  # the host's IP address
+    def host_env(self, host: str, env: Mapping[str, str] | None = None) -> dict[str, str]: ...
+    def exec_prefix(self, host: str) -> list[str]: ...  # argv prefix that runs a command in the host
 
 
 @dataclass
@@ -98,17 +126,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise OSError(f"no free port on {host}")
 
 
-def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int = 0) -> list[RankPlacement]:
-    """Where each rank runs and with which environment."""
-    if hosts and not testbed:
+def plan(n: int, testbed: Hosts | None = None, hosts: str | None = None, port: int = 0) -> list[RankPlacement]:
+    """Where each rank runs and with which environment: on this machine, or in
+    the hosts of `testbed` (a loaded one; `hosts`: a comma list of its hosts)."""
+    if hosts and testbed is None:
         raise SystemExit("tensorwire run: --hosts names testbed hosts; give --testbed NAME too")
-    if testbed:
-        from ..testbed import Testbed
-        tb = Testbed.load(testbed)
+    if testbed is not None:
+        tb = testbed
         names = hosts.split(",") if hosts else list(tb.hosts)
         unknown = [h for h in names if h not in tb.hosts]
         if unknown:
-            raise SystemExit(f"tensorwire run: testbed {testbed!r} has no host {', '.join(unknown)} "
+            raise SystemExit(f"tensorwire run: testbed {tb.name!r} has no host {', '.join(unknown)} "
                              f"(it has {', '.join(tb.hosts)})")
         where = [names[i % len(names)] for i in range(n)]
         addr = {h: tb.address(h) for h in set(where)}
@@ -117,7 +145,7 @@ def plan(n: int, testbed: str | None = None, hosts: str | None = None, port: int
         # previous run's socket.
         import random
         root = f"{addr[where[0]]}:{port or random.randint(20000, 29999)}"
-        local_rank = {}
+        local_rank: dict[str, int] = {}
         out = []
         for r, h in enumerate(where):
             local_rank[h] = local_rank.get(h, -1) + 1

@@ -1,17 +1,15 @@
 """PyTorch on tensorwire: the ``"tensorwire"`` torch.distributed backend
 (``tensorwire.torch.backend``: ``import tensorwire.torch`` registers it), a
 parameter-server runtime with zero-copy parameters and gradients
-(``tensorwire.torch.ps``), the paper's benchmark models
-(``tensorwire.torch.models``) and their data (``tensorwire.torch.data``).
+(``tensorwire.torch.ps``) and graph partitioning over slots
+(``tensorwire.torch.partition``).
 
-Importing this package imports torch and registers the backend, except while
-the command line loads its command modules (``tensorwire.cli``: importing a
-command module stays cheap; its commands import torch when they run)."""
+Importing this package imports torch and registers the backend. The paper's
+benchmark models and their data, and the training sweeps, are the lab's
+(``tensorwire.lab.paper``)."""
 
-import sys as _sys
+__all__ = ["backend", "ps", "partition"]
 
-__all__ = ["backend", "ps", "models", "data"]
+from .backend import register as _register
 
-if not getattr(_sys.modules.get("tensorwire.cli"), "LOADING_COMMANDS", False):
-    from .backend import register as _register
-    _register()
+_register()

@@ -38,8 +38,8 @@ their results; ``pipeline.py`` holds :func:`run` and :func:`train`.
 """
 
 from .graph import Edge, PartitionError, Plan, micro_example, plan
-from .pipeline import ModelData, ModelInputs, PipelineResult, run, train
+from .pipeline import PipelineResult, run, train
 from .sites import place_outputs
 from .stage import StageStats
 
-__all__ = ["plan", "run", "train", "ModelInputs", "ModelData", "micro_example", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]
+__all__ = ["plan", "run", "train", "micro_example", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]

@@ -1,6 +1,6 @@
 """Running and training a partitioned model: :func:`run` and :func:`train`
-(plan, launch the stages, compare with one process), the inputs they take for
-the models of tensorwire.torch.models, and their result."""
+(plan, launch the stages, compare with one process) and their result. The
+inputs for the paper's models (tensorwire.lab.paper.data.ModelInputs) are the lab's."""
 
 from __future__ import annotations
 
@@ -13,33 +13,6 @@ from torch import nn
 from .graph import PartitionError, Plan, as_tuple, micro_example, plan
 from .launch import launch_stages
 from .stage import StageStats
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    """``inputs_fn`` for the models of tensorwire.torch.models: step -> (x,),
-    synthetic as in training; the batch cycles through ``batches`` (more than
-    one size: the edges' shapes change from step to step)."""
-    model: str
-    batches: tuple[int, ...] = (8,)
-    seed: int = 0
-    image_size: int = 0   # CNNs: 0 is the model's default for CPU runs (as tensorwire train)
-
-    def batch(self, step: int) -> tuple:
-        from .. import data
-        return data.Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
-                              image_size=self.image_size)(0, step)
-
-    def __call__(self, step: int) -> tuple:
-        return as_tuple(self.batch(step)[0])
-
-
-@dataclass(frozen=True)
-class ModelData(ModelInputs):
-    """``data_fn`` for :func:`train`: step -> (inputs, target), synthetic."""
-
-    def __call__(self, step: int) -> tuple:
-        return self.batch(step)
 
 
 @dataclass

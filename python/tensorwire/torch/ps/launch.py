@@ -21,7 +21,7 @@ from torch import nn
 
 import tensorwire as tw
 
-from ...bench.common import Progress
+from ...progress import Progress
 from ...ranks.launch import free_port
 from ...ranks.rendezvous import Aborted, Store, TorchStore, gather, publish
 from ...ranks.roles import RoleError, Roles
