@@ -5,6 +5,7 @@
 #   usage: bench/slot_vs_am_lat.sh > bench/results/slot_latency_tcp_vs_am_lat.txt
 set -uo pipefail
 UCXBIN=$(python3 -c "import libucx,os;print(os.path.dirname(libucx.__file__))")/bin
+export LD_LIBRARY_PATH="$(dirname "$UCXBIN")/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for round in 1 2 3; do
   echo "## round $round: tensorwire slot_latency --transport tcp"
   python3 -m tensorwire.lab.fabric.slot_latency --transport tcp --sizes 8,4K 2>&1 | grep -v "^$"

@@ -57,6 +57,19 @@ Device& device_of(PyDevice& d) {
 // memory (see numpy_dtype); for GPU memory a DLPack array on that GPU
 // (torch.from_dlpack(view)), with the tensor's true dtype.
 nb::object slot_view(nb::handle slot_obj, const StaticSlot& slot, int index) {
+  // A host buffer's view is the same array every time it comes round: made
+  // once per buffer (a numpy array cost a third of a small tensor's one-way
+  // time through Python). The views own the buffers' memory, not the slot
+  // object that caches them: no reference cycle, and a view outlives its slot
+  // safely.
+  nb::object cached;
+  if (slot.memory_type() != MemoryType::kCuda) {
+    cached = nb::getattr(slot_obj, "_views", nb::none());
+    if (!cached.is_none()) {
+      nb::handle v = PyList_GET_ITEM(cached.ptr(), index);
+      if (!v.is_none()) return nb::borrow(v);
+    }
+  }
   const TensorSpec& spec = slot.spec();
   std::vector<std::size_t> shape(spec.shape.begin(), spec.shape.end());
   void* data = slot.buffer(index);
@@ -66,7 +79,17 @@ nb::object slot_view(nb::handle slot_obj, const StaticSlot& slot, int index) {
                                                nb::device::cuda::value, slot.gpu()));
   }
   const nb::dlpack::dtype dt = numpy_dtype(spec.dtype.code, spec.dtype.bits);
-  return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), slot_obj, nullptr, dt));
+  auto* owner = new std::shared_ptr<const void>(slot.buffers_owner());
+  nb::capsule keep(owner, [](void* p) noexcept { delete static_cast<std::shared_ptr<const void>*>(p); });
+  nb::object view = nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), keep, nullptr, dt));
+  if (cached.is_none()) {
+    nb::list views;
+    for (int i = 0; i < slot.depth(); ++i) views.append(nb::none());
+    nb::setattr(slot_obj, "_views", views);
+    cached = views;
+  }
+  PyList_SetItem(cached.ptr(), index, view.inc_ref().ptr());  // (steals the reference)
+  return view;
 }
 
 
@@ -146,7 +169,8 @@ nb::object recv_async(nb::handle slot, nb::handle timeout) {
 
 void bind_slots(nb::module_& m) {
   nb::class_<StaticSlot>(m, "StaticSlot",
-                         "Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.")
+                         "Receiver side of static placement: depth pre-allocated buffers of one shape and dtype.",
+                         nb::dynamic_attr())
       .def("__init__", [](StaticSlot* self, PyDevice& d, const std::string& name, nb::handle shape_arg,
                           int code, int bits, nb::handle depth_arg, nb::handle first_seq_arg, int gpu) {
         TensorSpec spec = make_spec(to_shape(shape_arg), code, bits);
@@ -175,7 +199,8 @@ void bind_slots(nb::module_& m) {
         return slot_view(self, slot, idx);
       }, nb::arg("timeout").none() = nb::none(),
          nb::sig("def recv(self, timeout: float | None = None) -> numpy.typing.NDArray[typing.Any]"),
-         "Waits for the next tensor; returns a zero-copy view of it (valid until release()): a numpy array, or "
+         "Waits for the next tensor; returns a zero-copy view of it (valid until release()): a numpy array (the "
+         "same array each time its buffer comes round), or "
          "for a slot in GPU memory a DLPack array on the GPU (torch.from_dlpack(view)).")
       .def("recv_async", &recv_async, nb::arg("timeout").none() = nb::none(),
          nb::sig("def recv_async(self, timeout: float | None = None) -> "

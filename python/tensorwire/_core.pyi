@@ -393,7 +393,7 @@ class StaticSlot:
 
     def recv(self, timeout: float | None = None) -> numpy.typing.NDArray[Any]:
         """
-        Waits for the next tensor; returns a zero-copy view of it (valid until release()): a numpy array, or for a slot in GPU memory a DLPack array on the GPU (torch.from_dlpack(view)).
+        Waits for the next tensor; returns a zero-copy view of it (valid until release()): a numpy array (the same array each time its buffer comes round), or for a slot in GPU memory a DLPack array on the GPU (torch.from_dlpack(view)).
         """
 
     def recv_async(self, timeout: float | None = None) -> Coroutine[Any, Any, numpy.typing.NDArray[Any]]:

@@ -126,6 +126,8 @@ class StaticSlot {
   std::uint64_t next_seq() const;  // the sequence number recv() waits for
   SlotStats stats() const;
   bool has_sender() const;
+  // Holds the buffers' memory alive (a view of them may outlive the slot).
+  std::shared_ptr<const void> buffers_owner() const { return impl_; }
 
  private:
   friend class Awaitable;
