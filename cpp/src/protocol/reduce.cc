@@ -14,6 +14,7 @@
 #include "tensorwire/error.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -160,7 +161,11 @@ __attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* s, std::u
   for (; i < n; ++i) d[i] = float_to_half(s[i]);
 }
 bool cpu_has_f16c() {
-  static const bool yes = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // CPUID leaf 1, ECX: AVX is bit 28, F16C bit 29 (clang's __builtin_cpu_supports knows no "f16c").
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 28)) && (c & (1u << 29));
+  }();
   return yes;
 }
 #else
