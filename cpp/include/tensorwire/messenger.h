@@ -100,6 +100,9 @@ class Messenger {
   virtual Request irecv(const Buffer& buffer, int peer, std::int64_t tag, int* source = nullptr) = 0;
   virtual double timeout() const = 0;
   virtual MessengerStats stats() const = 0;
+  // Whether large messages with `peer` share their copy: each side's CPU
+  // moves its own transfers there (shared memory whose RMA needs no target).
+  virtual bool shares_copies(int peer) const = 0;
   // Fails every pending request (ConnectionError), stops the progress thread,
   // unpublishes. Idempotent; the destructor calls it.
   virtual void close() = 0;

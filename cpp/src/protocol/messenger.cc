@@ -246,6 +246,7 @@ class Engine : public std::enable_shared_from_this<Engine> {
   Request irecv(const Buffer& b, int peer, std::int64_t tag, int* source);
   void close();
   void poll();  // progress if nobody else is
+  bool shares_copies(int p) const { return p >= 0 && p < size && p != rank && peers_[p].shares_copies; }
   int rank, size;
   MessengerConfig cfg;
   MessengerStats stats{};
@@ -1129,6 +1130,7 @@ class MessengerImpl : public Messenger {
   }
   double timeout() const override { return e_->cfg.timeout_s; }
   MessengerStats stats() const override { return e_->stats; }
+  bool shares_copies(int peer) const override { return e_->shares_copies(peer); }
   void close() override { e_->close(); }
 
  private:

@@ -237,6 +237,7 @@ class TestMessenger : public tw::Messenger {
   }
   double timeout() const override { return timeout_; }
   tw::MessengerStats stats() const override { return {}; }
+  bool shares_copies(int) const override { return false; }
   void close() override {}
 
  private:
