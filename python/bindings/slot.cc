@@ -65,7 +65,9 @@ nb::object slot_view(nb::handle slot_obj, const StaticSlot& slot, int index) {
   nb::object cached;
   if (slot.memory_type() != MemoryType::kCuda) {
     cached = nb::getattr(slot_obj, "_views", nb::none());
-    if (!cached.is_none()) {
+    if (!PyList_CheckExact(cached.ptr()) || PyList_GET_SIZE(cached.ptr()) != slot.depth()) {
+      cached = nb::none();  // (none yet, or something else was stored under the name: made anew)
+    } else {
       nb::handle v = PyList_GET_ITEM(cached.ptr(), index);
       if (!v.is_none()) return nb::borrow(v);
     }
