@@ -118,14 +118,16 @@ def free_port() -> int:
     return pick(HOST)
 
 
-def torchrun(n: int, script: Any, *args: str, timeout: float = 150, env: dict | None = None):
-    """`python -m torch.distributed.run` of `script` with n processes on a free master port.
+def torchrun(n: int, script: Any, *args: str, timeout: float = 150, env: dict | None = None,
+             launcher: tuple[str, ...] = ()):
+    """`python -m torch.distributed.run` of `script` with n processes on a free master port
+    (`launcher`: more of torchrun's own options).
     When the agent could not bind that port (another process took it after free_port's
     probe: EADDRINUSE, before any rank ran), it runs again on another, at most 3 times."""
     import subprocess
     for attempt in range(3):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-               "--master-port", str(free_port()), str(script), *args]
+               "--master-port", str(free_port()), *launcher, str(script), *args]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                              env=dict(os.environ, **(env or {})))
         lost_port = "failed to listen on any local network address" in run.stderr and "EADDRINUSE" in run.stderr

@@ -222,6 +222,11 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::unordered_map<std::uint64_t, std::weak_ptr<MessageSink>> sinks_;
   std::uint64_t next_sink_id_ = 1;
   std::unordered_map<std::uint64_t, std::weak_ptr<Peer>> by_token_;
+  // Tokens of peers that left, newest last (at most kDepartedTokens): a lane
+  // such a peer dialled just before it left is closed, not counted as refused.
+  std::deque<std::uint64_t> departed_tokens_;
+  static constexpr std::size_t kDepartedTokens = 256;
+  bool departed(std::uint64_t token);
   std::atomic<std::uint64_t> message_refusals_{0};
   std::vector<std::shared_ptr<const void>> data_args_;
 

@@ -5,6 +5,7 @@
 #include "core/messages.h"
 #include "cuda/driver.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -296,6 +297,13 @@ void DeviceImpl::register_token(std::uint64_t token, const std::shared_ptr<Peer>
 void DeviceImpl::forget_token(std::uint64_t token) {
   std::lock_guard<std::mutex> lock(msg_mu_);
   by_token_.erase(token);
+  departed_tokens_.push_back(token);
+  if (departed_tokens_.size() > kDepartedTokens) departed_tokens_.pop_front();
+}
+
+bool DeviceImpl::departed(std::uint64_t token) {
+  std::lock_guard<std::mutex> lock(msg_mu_);
+  return std::find(departed_tokens_.begin(), departed_tokens_.end(), token) != departed_tokens_.end();
 }
 
 std::shared_ptr<Peer> DeviceImpl::peer_by_token(std::uint64_t token) {
@@ -598,7 +606,14 @@ bool DeviceImpl::accept_lane(const std::shared_ptr<net::Conn>& conn, const char*
   } else if (intro.worker >= workers.size()) {
     why = "no worker " + std::to_string(intro.worker) + " here";
   }
-  if (why.empty() && (!peer || peer->failed())) {
+  if (why.empty() && ((peer && peer->failed()) || (!peer && departed(intro.token)))) {
+    // A lane its peer dialled just before it left, read after its control
+    // connection closed: nothing to refuse, nobody to serve.
+    TW_LOG_DEBUG("closed a tcp lane from %s: its peer has left", conn->name().c_str());
+    conn->close("its peer has left");
+    return true;
+  }
+  if (why.empty() && !peer) {
     // A peer may dial a lane right after answering our HELLO, and this
     // thread may read the lane before the reply: a token our pending HELLO
     // gave is parked (out of every poller) until the reply registers it.

@@ -286,6 +286,40 @@ TEST(ModifiedPeer, OverTcpLyingFramesLandNothing) {
   EXPECT_NO_THROW(bystander.connect(victim.address()).lookup("pub", kWait));
 }
 
+// A lane read after its peer left (dialled just before the peer closed, read
+// after its control connection ended) is closed and not counted as refused: a
+// server's refusals count the peers it turned away, not the ones that left.
+// A token that never named a peer is still refused.
+TEST(ModifiedPeer, ALaneOfAPeerThatLeftIsClosedNotRefused) {
+  tw::Device victim(config("tcp"));
+  std::uint64_t token = 0;
+  {
+    tw::Device leaver(config("tcp"));
+    tw::Channel ch = leaver.connect(victim.address());
+    token = ch.impl()->peer->hello.data_token;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!victim.peers().empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(victim.peers().empty());
+  const auto before = victim.refusals();
+  auto lane_with = [&](std::uint64_t t) {
+    int fd = raw_connect(victim.address());
+    td::LaneIntro intro;
+    intro.version = tw::protocol_version();
+    intro.token = t;
+    EXPECT_TRUE(send_all(fd, tw::net::encode_prefix(td::LaneIntro::kSize, 0) + intro.encode()));
+    char c;
+    EXPECT_EQ(::recv(fd, &c, 1, 0), 0) << "the victim kept a lane with token " << t;
+    ::close(fd);
+  };
+  lane_with(token);
+  EXPECT_EQ(victim.refusals(), before);
+  lane_with(token ^ 0x5a5a5a5a5a5a5a5aULL);
+  EXPECT_EQ(victim.refusals(), before + 1);
+}
+
 // Over shared memory a same-host peer maps the slab of a key it was handed
 // (its direct path, and UCX's posix/sysv transports do the same): it reaches
 // the published block's pool neighbours through it. The slab is all it maps;
