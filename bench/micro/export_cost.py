@@ -9,7 +9,10 @@ Per transport, the median over N fresh objects of:
   * attach: creating its sender (the attach call, a channel back, exact keys);
   * export: the export call a dynamic sender makes for a new source region.
 
-    python3 bench/micro/export_cost.py [N]      (results: bench/results/isolation_perf_raw.txt §5)
+    python3 bench/micro/export_cost.py [N]
+
+Results of 2026-11-25: §5 of isolation_perf_raw.txt, in git history
+(git show f381701:bench/results/isolation_perf_raw.txt).
 """
 import statistics
 import sys

@@ -35,7 +35,7 @@ implementation that moves these bytes over that transport on this machine:
               aggregation) / CPUs, or the longest single part
 
     python3 -m tensorwire.lab.paper.floor --model fcn5 [--transport shm] [--batch 1] [--colocate] [--steps 20]
-    (also bench/micro/ps_floor.py; results: bench/results/ps_tcp_floor.txt, ps_shm_floor.txt)
+    (also bench/micro/ps_floor.py; results: bench/results/net_tcp_train_b1.txt, ps_shm_floor.txt)
 
 `tensorwire bench train` measures it beside Figure 8 (bound()) over tcp and shm.
 """
