@@ -27,6 +27,8 @@ def test_short_run_prints_both_backends_and_a_verdict(tmp_path: Path) -> None:
     text = run.stdout
     assert "tw Lat (us)" in text and "gloo Lat (us)" in text and "# all_reduce, 2 ranks" in text, text
     assert "python dispatch: dist.isend of 8 B returns after" in text, text
+    assert "on torch's fake backend, which moves nothing" in text, text  # the floor beside it
+    assert "# target dist.isend 8 B returns in <= 1.5 us" in text, text
     assert "# target send/recv 8 B latency" in text, text
     assert text.strip().splitlines()[-1].startswith(("PASS", "MISS")), text
     data = json.loads(out.read_text())
@@ -34,6 +36,7 @@ def test_short_run_prints_both_backends_and_a_verdict(tmp_path: Path) -> None:
         best = data["best"][backend]
         assert best["latency/8"] > 0 and best["bandwidth/65536"] > 0 and best["all_reduce/1048576"] > 0, best
         assert best["cma-limit/1048576"] > 0 and "cma-limit/65536" not in best, best  # from 1 MiB up
+    assert 0 < data["best"]["tensorwire"]["dispatch-floor/isend"] < 100, data["best"]["tensorwire"]
     assert "# cma limit, both ranks copying at once" in text, text
     assert len(data["rounds"]["tensorwire"]) == 1 and data["targets"], data
 

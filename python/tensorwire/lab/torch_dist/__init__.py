@@ -54,10 +54,25 @@ def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
         if code != 0 or not os.path.exists(out):
             return {"error": f"{backend} round failed (exit {code})"}
         with open(out) as f:
-            return json.load(f)
+            res = json.load(f)
+    if backend == "tensorwire" and "p2p" in suite:
+        res.update(_dispatch_floor())
+    return res
 
 
-LOWER_IS_BETTER = ("latency/", "background/", "all_reduce/", "all_gather_into_tensor/", "reduce_scatter_tensor/", "dispatch/")
+def _dispatch_floor() -> dict:
+    """torch's own per-isend cost (rank.dispatch_floor_us), measured beside each tensorwire round."""
+    import subprocess
+    run = subprocess.run([sys.executable, "-m", "tensorwire.lab.torch_dist.rank", "--dispatch-floor"],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if run.returncode != 0:
+        print(f"# torch's dispatch floor not measured: {(run.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
+        return {}
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+LOWER_IS_BETTER = ("latency/", "background/", "all_reduce/", "all_gather_into_tensor/", "reduce_scatter_tensor/",
+                   "dispatch/", "dispatch-floor/")
 
 
 def _best(rounds: list[dict]) -> dict:
@@ -100,6 +115,10 @@ def _targets(args: argparse.Namespace, tw: dict, gl: dict) -> list[tuple[str, bo
         x = ratio(f"all_reduce/{s}", True)
         if (1 << 20) <= s <= (64 << 20) and x is not None:
             out.append((f"all_reduce {human_size(s)} >= {need:g}x gloo", x >= need, f"{x:.2f}x"))
+    if "dispatch/isend" in tw:
+        floor = tw.get("dispatch-floor/isend")
+        out.append(("dist.isend 8 B returns in <= 1.5 us", tw["dispatch/isend"] <= 1.5,
+                    f"{tw['dispatch/isend']:.2f} us" + (f" (torch's fake backend: {floor:.2f} us)" if floor else "")))
     if shm and args.ranks == 2:
         for key, need, what in (("ddp/fcn5", 1.3, "DDP FCN-5 batch 8"), ("pipe/fcn5", 1.2, "GPipe FCN-5")):
             x = ratio(key, False)
@@ -146,7 +165,10 @@ def _tables(args: argparse.Namespace, tw: dict, gl: dict) -> None:
             print("# cma limit, both ranks copying at once (process_vm_writev/readv, no protocol): " + ", ".join(
                 f"{human_size(s)} {v:.0f} MB/s" for s, v in limits if v))
         if "dispatch/isend" in tw:
-            print(f"# python dispatch: dist.isend of 8 B returns after {tw['dispatch/isend']:.2f} us (tensorwire)")
+            floor = tw.get("dispatch-floor/isend")
+            print(f"# python dispatch: dist.isend of 8 B returns after {tw['dispatch/isend']:.2f} us (tensorwire)" +
+                  (f"; {floor:.2f} us on torch's fake backend, which moves nothing (torch's own floor)"
+                   if floor else ""))
         if "background/16777216" in tw:
             print("# background progress: a 16 MiB isend whose sender then computes for 1000 ms without waiting "
                   "is received after " + ", ".join(f"{d['background/16777216']:.1f} ms ({name})" for name, d in

@@ -280,6 +280,18 @@ def dispatch_us(iters: int, batch: int = 16) -> float:
     return total / max(1, count) * 1e6
 
 
+def dispatch_floor_us(iters: int = 500) -> float:
+    """dispatch_us's loop on torch's own fake backend (torch.testing's FakeProcessGroup, which moves
+    nothing and returns a finished Work), one process as rank 0 of 2: what torch.distributed's
+    Python layer costs per isend before any backend runs, the floor of every backend's dispatch."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        return min(dispatch_us(iters) for _ in range(3))
+    finally:
+        dist.destroy_process_group()
+
+
 def background_ms(nbytes: int = 16 << 20, compute_s: float = 1.0) -> float:
     """Milliseconds from rank 0's dist.isend of `nbytes` to rank 1's recv returning, while rank 0
     computes for `compute_s` (one thread of matmuls) without waiting on the send: a backend that
@@ -309,6 +321,9 @@ def background_ms(nbytes: int = 16 << 20, compute_s: float = 1.0) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    if sys.argv[1:] == ["--dispatch-floor"]:  # one process, no peers: print the floor and leave
+        print(json.dumps({"dispatch-floor/isend": dispatch_floor_us()}))
+        return
     p.add_argument("--backend", required=True)
     p.add_argument("--suite", required=True)
     p.add_argument("--lat-sizes", required=True)
