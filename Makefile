@@ -161,8 +161,10 @@ conformance: build
 bench: build
 	$(PYTHON) -m tensorwire bench report $(BENCH_ARGS)
 
+# python/bindings/stubgen_patterns.txt: what the generator cannot see (Block's buffer protocol).
 stubs: build
-	$(PYTHON) -m nanobind.stubgen -m tensorwire._core -o python/tensorwire/_core.pyi
+	$(PYTHON) -m nanobind.stubgen -m tensorwire._core -p python/bindings/stubgen_patterns.txt \
+	  -o python/tensorwire/_core.pyi
 
 clean:
 	rm -rf build *.egg-info
