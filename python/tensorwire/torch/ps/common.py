@@ -167,7 +167,7 @@ def tensor_of_view(view: Any, spec: VarSpec) -> torch.Tensor:
     return torch.from_numpy(view)
 
 
-def to_device(x: Any, device: str) -> Any:
+def to_device(x: Any, device: str | torch.device) -> Any:
     """x (a tensor, or a tuple/list of them, nested) on `device`."""
     if isinstance(x, (tuple, list)):
         return type(x)(to_device(t, device) for t in x)
