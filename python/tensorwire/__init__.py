@@ -122,7 +122,9 @@ def cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
         except ImportError:
             raise InvalidArgument("register of a DLPack CUDA tensor other than torch/CuPy needs torch to read it") \
                 from None
-        return cuda_pointer_of(torch.from_dlpack(obj))[:2] + (obj,)  # type: ignore[index]
+        found = cuda_pointer_of(torch.from_dlpack(obj))  # a torch CUDA tensor: found
+        assert found is not None
+        return found[:2] + (obj,)
     return None
 
 

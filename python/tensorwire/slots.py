@@ -106,7 +106,9 @@ class _Sender:
             torch.cuda.current_stream(tensor.device).synchronize()
             if self.path == "copy":
                 tensor = tensor.contiguous()
-            address, _, owner = cuda_pointer_of(tensor)  # type: ignore[misc]
+            found = cuda_pointer_of(tensor)
+            assert found is not None  # a tensor in GPU memory (above)
+            address, _, owner = found
             return address, int(gpu.split(":")[1]), owner
         if self.path == "copy":
             if hasattr(tensor, "data_ptr"):  # torch
