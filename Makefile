@@ -21,7 +21,7 @@ APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
 PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
 	"cmake>=3.20" ninja numpy
 # expecttest: torch.testing's test suite needs it (tests/python/test_torch_conformance.py, make conformance).
-PIP_TEST_DEPS := pytest pytest-timeout pytest-xdist grpcio matplotlib mypy "torch==2.13.0" expecttest "ruff==0.17.6"
+PIP_TEST_DEPS := pytest pytest-timeout pytest-xdist grpcio matplotlib "mypy==2.4.1" "torch==2.13.0" expecttest "ruff==0.17.6"
 STAMP := build/.stamp
 
 .PHONY: all deps deps-mpi build demo test test-cpp test-python test-fuzz test-system-ucx fuzz fuzz-build fuzz-seeds \
@@ -77,8 +77,12 @@ test-python: build
 	$(PYTHON) -m pytest tests/python -q -n $(PYTEST_WORKERS) --dist loadgroup --durations=15
 
 # The lint lane: seconds, so it goes first (a lint error fails CI before the long tests start).
+# mypy: the package as pyproject.toml's [tool.mypy] says, then the README's examples as a
+# user's program, `--strict` against the package's stubs (tests/typing/readme_examples.py).
 lint: deps
 	$(PYTHON) -m ruff check python tests
+	$(PYTHON) -m mypy
+	MYPYPATH=python $(PYTHON) -m mypy --strict --follow-imports=silent tests/typing/readme_examples.py
 
 test: lint test-cpp test-python test-fuzz test-system-ucx
 
@@ -161,8 +165,10 @@ conformance: build
 bench: build
 	$(PYTHON) -m tensorwire bench report $(BENCH_ARGS)
 
+# python/bindings/stubgen_patterns.txt: what the generator cannot see (Block's buffer protocol).
 stubs: build
-	$(PYTHON) -m nanobind.stubgen -m tensorwire._core -o python/tensorwire/_core.pyi
+	$(PYTHON) -m nanobind.stubgen -m tensorwire._core -p python/bindings/stubgen_patterns.txt \
+	  -o python/tensorwire/_core.pyi
 
 clean:
 	rm -rf build *.egg-info

@@ -122,7 +122,9 @@ def cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
         except ImportError:
             raise InvalidArgument("register of a DLPack CUDA tensor other than torch/CuPy needs torch to read it") \
                 from None
-        return cuda_pointer_of(torch.from_dlpack(obj))[:2] + (obj,)  # type: ignore[index]
+        found = cuda_pointer_of(torch.from_dlpack(obj))  # a torch CUDA tensor: found
+        assert found is not None
+        return found[:2] + (obj,)
     return None
 
 
@@ -150,6 +152,7 @@ def pointer_of(obj: Any) -> tuple[int, int, Any]:
             raise InvalidArgument(f"register takes CPU and CUDA tensors, not {obj.device.type} ones")
         return obj.data_ptr(), obj.numel() * obj.element_size(), obj
     import numpy as np
+    owner: Any  # what keeps the memory alive: obj, or obj with the view taken of it
     if isinstance(obj, np.ndarray):
         arr, owner = obj, obj
     else:
@@ -267,23 +270,23 @@ class Device(_core.Device):
         if gpu is not None:
             ptr, nbytes, owner = gpu
             reg = self.register_memory(ptr, nbytes, True)
-            reg._keepalive = owner
+            setattr(reg, "_keepalive", owner)  # an instance attribute (nb::dynamic_attr), not in the stub
             return reg
         ptr, nbytes, owner = pointer_of(array)
         reg = self.register_memory(ptr, nbytes)
-        reg._keepalive = owner  # the memory lives as long as the Registration
+        setattr(reg, "_keepalive", owner)  # the memory lives as long as the Registration
         return reg
 
     def connect(self, address: str, lane: int = 0) -> Channel:
         """A channel to the device at ``host:port`` on ``lane``."""
         ch = super().connect(address, lane)
-        ch._device = self
+        setattr(ch, "_device", self)  # an instance attribute (nb::dynamic_attr), not in the stub
         return ch
 
     def channel_to(self, peer_id: int, lane: int = 0) -> Channel:
         """A channel back to a peer that connected to us."""
         ch = super().channel_to(peer_id, lane)
-        ch._device = self
+        setattr(ch, "_device", self)
         return ch
 
     def static_slot(self, name: str, shape: int | Sequence[int], dtype: Any = "float32", depth: int = 2,

@@ -59,6 +59,8 @@ class Block:
 
     def __repr__(self) -> str: ...
 
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
 class Registration:
     """Outside memory registered with a device."""
 

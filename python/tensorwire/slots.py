@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import numbers
-from typing import Any
+from typing import Any, overload
 
 from . import _core
 from .errors import InvalidArgument, Timeout
@@ -41,6 +41,10 @@ def _check_path(path: Any) -> str:
     return path
 
 
+@overload
+def _check_timeout(timeout: None) -> None: ...
+@overload
+def _check_timeout(timeout: float) -> float: ...
 def _check_timeout(timeout: Any) -> float | None:
     """A sender's timeout: seconds >= 0 (inf allowed) or None (no bound)."""
     if timeout is None:
@@ -59,7 +63,7 @@ def _check_timeout(timeout: Any) -> float | None:
 
 def _gpu_memory_of(tensor: Any) -> str | None:
     """"cuda:N" for a torch tensor on GPU N, else None (host memory)."""
-    device = getattr(tensor, "device", None)
+    device: Any = getattr(tensor, "device", None)
     if getattr(device, "type", None) == "cuda":
         return f"cuda:{device.index or 0}"
     return None
@@ -102,7 +106,9 @@ class _Sender:
             torch.cuda.current_stream(tensor.device).synchronize()
             if self.path == "copy":
                 tensor = tensor.contiguous()
-            address, _, owner = cuda_pointer_of(tensor)  # type: ignore[misc]
+            found = cuda_pointer_of(tensor)
+            assert found is not None  # a tensor in GPU memory (above)
+            address, _, owner = found
             return address, int(gpu.split(":")[1]), owner
         if self.path == "copy":
             if hasattr(tensor, "data_ptr"):  # torch

@@ -72,10 +72,10 @@ class Commands:
 
     def __init__(self, parser: argparse.ArgumentParser) -> None:
         self.top = parser.add_subparsers(dest="command", required=True)
-        self._bench = None
+        self._bench: argparse._SubParsersAction[argparse.ArgumentParser] | None = None
 
     @property
-    def bench(self):
+    def bench(self) -> argparse._SubParsersAction[argparse.ArgumentParser]:
         if self._bench is None:
             p = self.top.add_parser("bench", help="benchmarks (perftest-style tables, --json reports)")
             self._bench = p.add_subparsers(dest="bench", required=True)

@@ -175,6 +175,7 @@ def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None =
             slow = [str(rank_of[id(r)]) for r in roles if r.alive]
             what = f"timed out after {timeout:g} s; ranks still running: {', '.join(slow)}"
         else:
+            assert err.first is not None  # neither interrupted nor timed out: a rank failed first
             what = f"{err.first.name} {describe_exit(err.first.exitcode)}; stopping the other ranks"
         print(f"tensorwire run: {what}", file=sys.stderr, flush=True)
 
@@ -194,6 +195,7 @@ def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None =
                 return 130
             if e.timed_out:
                 return 124
+            assert e.first is not None  # neither interrupted nor timed out: a rank failed first
             code = e.first.exitcode or 1
             return code if 0 < code < 256 else 1
         roles.stop()  # the rest of their output

@@ -313,11 +313,11 @@ def _env_defaults(env: dict[str, str] | None) -> Iterator[None]:
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
+        for k, old in saved.items():
+            if old is None:
                 os.environ.pop(k, None)
             else:
-                os.environ[k] = v
+                os.environ[k] = old
 
 
 class _Interrupts:
@@ -462,7 +462,7 @@ class Roles:
         SIGINT/SIGTERM (interruptible: the main thread only). `before_stop`
         gets the error before the others are stopped."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        linger_end = None
+        linger_end: float | None = None
         with _Interrupts() if interruptible else contextlib.nullcontext() as intr:
             while True:
                 failed = [r for r in self.roles if r.failure(need_result) is not None]
@@ -474,7 +474,7 @@ class Roles:
                 if intr is not None and intr.signum is not None:
                     err = RoleError(f"interrupted by {signal.Signals(intr.signum).name}",
                                     interrupted=intr.signum)
-                elif failed and (not pending or now >= linger_end):
+                elif failed and (not pending or (linger_end is not None and now >= linger_end)):
                     err = self._failure(failed, need_result)
                 elif not pending:
                     return
@@ -495,9 +495,9 @@ class Roles:
         ordered = _ordered(failed, self.roles)
         first = ordered[0]
         text = first.describe(need_result)
-        said = [r for r in ordered if r.error is not None]
+        said = [(r.name, r.error) for r in ordered if r.error is not None]
         if first.error is None and said:
-            text += f"; then {_named(said[0].name, said[0].error)}"
+            text += f"; then {_named(*said[0])}"
         return RoleError(text, first, ordered)
 
     def stop(self, why: str = "killed by the launcher", wait: float = 0.0) -> None:
@@ -531,7 +531,7 @@ class Roles:
             if left <= 0 or not self._pump(left):
                 return
 
-    def _pump(self, timeout: float | None, extra: Any = None) -> bool:
+    def _pump(self, timeout: float | None, extra: socket.socket | None = None) -> bool:
         """One wait on every pipe, sentinel and output still open, and what it
         found taken in; False when nothing is left to wait on."""
         owner: dict[Any, Role] = {}

@@ -49,7 +49,7 @@ import socket
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 import numpy as np
 
@@ -222,7 +222,7 @@ class World:
     def _meet(self, deadline: float) -> None:
         """Puts this rank's address and host in the store and takes everybody's;
         checks first that the ranks agree on the size and that no rank is claimed twice."""
-        s, p, me = self.store, self.store_prefix, self.rank
+        s, p, me = self._shared_store(), self.store_prefix, self.rank
         left = lambda: max(0.0, deadline - time.monotonic())  # noqa: E731
         abort = f"{p}/error"
         mine = {"address": self.device.address, "host": _host_name(), "id": str(self.device.id)}
@@ -249,10 +249,15 @@ class World:
         self.hosts = [t["host"] for t in table]
         self.device_ids = [int(t["id"]) for t in table]
 
-    def _abort(self, why: str, kind: type[Error] = Error) -> None:
+    def _shared_store(self) -> Store:
+        """The store the ranks meet in (every World of more than one rank has one)."""
+        assert self.store is not None, "a World of one rank has no store"
+        return self.store
+
+    def _abort(self, why: str, kind: type[Error] = Error) -> NoReturn:
         """Tells every rank why the bootstrap failed here (as far as the store is reachable), and raises."""
         try:
-            self.store.set(f"{self.store_prefix}/error", f"rank {self.rank}: {why}")
+            self._shared_store().set(f"{self.store_prefix}/error", f"rank {self.rank}: {why}")
         except Error:
             pass
         raise kind(f"rank {self.rank}: bootstrap failed: {why}")
@@ -266,17 +271,18 @@ class World:
         if self.size == 1:
             return [value]
         p = self._round_prefix(self._round)
-        publish(self.store, p, self.rank, json.dumps(value))
+        store = self._shared_store()
+        publish(store, p, self.rank, json.dumps(value))
         try:
-            got = gather(self.store, p, self.size, timeout, f"reach collective round {self._round} "
-                                                            f"within {timeout:g} s")
+            got = gather(store, p, self.size, timeout, f"reach collective round {self._round} "
+                                                       f"within {timeout:g} s")
         except Timeout as e:
             raise Timeout(f"rank {self.rank}: {e}") from None
         try:
-            if self.store.add(f"{p}/read", 1) == self.size:  # the last to read it: the round is over for all
+            if store.add(f"{p}/read", 1) == self.size:  # the last to read it: the round is over for all
                 # rank 0's value goes last: once it is gone, rank 0 may close the store (_close)
                 for key in [f"{p}/read"] + [f"{p}/{r}" for r in range(self.size - 1, -1, -1)]:
-                    self.store.delete_key(key)
+                    store.delete_key(key)
         except Error:
             # Housekeeping only: every value is read. A store its host took away as it left
             # (torch's, on rank 0, which read them all first) fails the next call that needs it.
@@ -379,8 +385,9 @@ class World:
             try:  # a collective set-up: every rank meets the others in the World's store
                 # each call's deadline is the World's timeout (its Timeout names the call and the
                 # ranks it waits for); the engine's own, longer, only ends what a failed call left
-                self._messenger = _core.Messenger(self.device, self.rank, self.size, self.store.set,
-                                                  self.store.get, name=f"{self.store_prefix}/msg",
+                store = self._shared_store()
+                self._messenger = _core.Messenger(self.device, self.rank, self.size, store.set,
+                                                  store.get, name=f"{self.store_prefix}/msg",
                                                   timeout=2 * self.timeout)
             except Error as e:
                 self._coll_failed = f"setting up the collectives failed: {e}"

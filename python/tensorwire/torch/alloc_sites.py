@@ -47,17 +47,18 @@ class _SiteState:
 
 class _LinearInto(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, state: _SiteState):  # type: ignore[override]
+    def forward(ctx, x, weight, bias, state: _SiteState):
         ctx.save_for_backward(x, weight)
         ctx.state = state
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx, g):  # type: ignore[override]
+    def backward(ctx, g):
         x, weight = ctx.saved_tensors
         st: _SiteState = ctx.state
         gx = gw = gb = None
         g2, x2 = g.reshape(-1, g.shape[-1]), x.reshape(-1, x.shape[-1])
+        assert _graph_task_id is not None  # install() routes no module here without it
         task = _graph_task_id()
         first = st.task != task
         if first:
@@ -81,23 +82,26 @@ class _LinearInto(torch.autograd.Function):
             else:
                 wb.addmm_(g2.t(), x2)
         if ctx.needs_input_grad[2]:
+            bb = st.bias_block  # set wherever the module had a bias (install)
             if not st.in_place:
                 gb = g2.sum(0)
             elif first:
-                gb = torch.sum(g2, 0, out=st.bias_block.view(-1))
+                assert bb is not None
+                gb = torch.sum(g2, 0, out=bb.view(-1))
             else:
-                st.bias_block.add_(g2.sum(0))
+                assert bb is not None
+                bb.add_(g2.sum(0))
         return gx, gw, gb, None
 
 
-def install(model: nn.Module, block_of: Callable[[nn.Parameter], torch.Tensor | None]) -> list[nn.Parameter]:
+def install(model: nn.Module, block_of: Callable[[torch.Tensor], torch.Tensor | None]) -> list[torch.Tensor]:
     """Routes every plain ``nn.Linear`` whose weight (and bias, if any) have a
     registered block (``block_of(p)``; None: not sent from a block) through
     :class:`_LinearInto`. Returns the parameters whose gradients are now
     produced in place (none where torch lacks the engine hook). A backward
     writes them in place only while their ``.grad`` is unset; with a ``.grad``
     there, autograd accumulates into it as usual."""
-    params: list[nn.Parameter] = []
+    params: list[torch.Tensor] = []  # nn.Parameters (torch types a module's as Tensor)
     if _graph_task_id is None:
         return params
     for mod in model.modules():
@@ -114,6 +118,6 @@ def install(model: nn.Module, block_of: Callable[[nn.Parameter], torch.Tensor | 
                 return F.linear(inp, mod.weight, mod.bias)
             return _LinearInto.apply(inp, mod.weight, mod.bias, st)
 
-        mod.forward = forward  # an instance attribute: nn.Module.__call__ finds it first
+        setattr(mod, "forward", forward)  # an instance attribute: nn.Module.__call__ finds it first
         params += [mod.weight] + ([mod.bias] if mod.bias is not None else [])
     return params

@@ -112,6 +112,7 @@ def deprecated_alias(parser: argparse.ArgumentParser, *old: str, replacement: st
     """Adds `old` as a deprecated spelling of `replacement`, an option `parser`
     already has: same dest, type and nargs, hidden, warning when used."""
     new = parser._option_string_actions[replacement]
-    parser.add_argument(*old, action=DeprecatedAlias, dest=new.dest, type=new.type, nargs=new.nargs,
+    typed: dict[str, Any] = {"type": new.type} if new.type is not None else {}  # (add_argument's default: none)
+    parser.add_argument(*old, action=DeprecatedAlias, dest=new.dest, nargs=new.nargs,
                         metavar=new.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
-                        replacement=replacement, why=why)
+                        replacement=replacement, why=why, **typed)

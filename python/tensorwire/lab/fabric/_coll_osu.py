@@ -6,6 +6,7 @@ comparison can run: shared by the command (collectives.py) and its ranks
 from __future__ import annotations
 
 import shutil
+from typing import Any
 
 # OSU defaults: LARGE_MESSAGE_SIZE 8192; 1000/100 iterations/skip up to it, 100/10 above.
 OSU_LARGE = 8192
@@ -13,7 +14,7 @@ OSU_ITERS = (1000, 100)
 OSU_SKIP = (100, 10)
 OSU_TITLES = {"alltoall": "# OSU MPI All-to-All Personalized Exchange Latency Test v7.4",
               "allreduce": "# OSU MPI Allreduce Latency Test v7.4"}
-PROFILE_1MI_INT32 = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
+PROFILE_1MI_INT32: dict[str, Any] = {"bytes": 4 << 20, "count": 1 << 20, "dtype": "int32", "iters": 50, "warmup": 10}
 
 
 def mpi_unavailable() -> str | None:

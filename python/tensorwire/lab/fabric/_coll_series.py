@@ -22,10 +22,16 @@ class Series:
     label = ""       # in the table's column heads
     algo_used = ""
     op = ""
+    version = ""     # the compared library's (gloo's series)
     inp: Any = None
     pat: Any = None
 
     call: Callable[[], Any]  # set by setup()
+    dtype: np.dtype | None = None  # allreduce's element type (alltoall moves bytes: None)
+
+    def _dtype(self) -> np.dtype:
+        assert self.dtype is not None, "an allreduce series has its element type"
+        return self.dtype
 
     def setup(self, size: int, pat: "Patterns") -> None: ...
     def sync(self) -> None: ...
@@ -51,6 +57,7 @@ class Patterns:
         if op == "alltoall":
             self.seq = (np.arange(size + 256) & 0xFF).astype(np.uint8)
         else:
+            assert dtype is not None  # allreduce's
             self.count = size // dtype.itemsize
             self.base = (np.arange(self.count + 7) % 7 + 1).astype(dtype)
             self.expected_scale = n * (n + 1) // 2
@@ -95,7 +102,7 @@ class TensorwireSeries(Series):
                                                timeout=timeout), out)[1]
             self.algo_used = "pairwise"
         else:
-            count, dt = size // self.dtype.itemsize, self.dtype.name
+            count, dt = size // self._dtype().itemsize, self._dtype().name
             self.inp = inp = np.zeros(count, self.dtype)
             algo = {"auto": "auto", "rd": "doubling", "ring": "ring"}[self.algorithm]
             self.algo_used = ALGORITHM_LABEL[coll.allreduce_algorithm(count, dt) if algo == "auto" else algo]
@@ -122,10 +129,10 @@ class ApiSeries(Series):
             self.call = lambda: self.world.alltoall(out, self.inp)
             self.algo_used = "pairwise"
         else:
-            count = size // self.dtype.itemsize
+            count = size // self._dtype().itemsize
             self.inp = np.zeros(count, self.dtype)
             self.call = lambda: self.world.allreduce(self.inp)  # in place, as torch's all_reduce
-            self.algo_used = (ALGORITHM_LABEL[self.world.collectives.allreduce_algorithm(count, self.dtype.name)]
+            self.algo_used = (ALGORITHM_LABEL[self.world.collectives.allreduce_algorithm(count, self._dtype().name)]
                               if n > 1 else "-")
 
     def sync(self) -> None:
@@ -149,7 +156,7 @@ class MpiSeries(Series):
             s, r = [self.inp, MPI.BYTE], [self.rbuf, MPI.BYTE]
             self.call = lambda: (self.comm.Alltoall(s, r), self.rbuf)[1]
         else:
-            count = size // self.dtype.itemsize
+            count = size // self._dtype().itemsize
             self.inp = np.zeros(count, self.dtype)
             self.rbuf = np.zeros(count, self.dtype)
             self.call = lambda: (self.comm.Allreduce(self.inp, self.rbuf, op=MPI.SUM), self.rbuf)[1]
@@ -175,9 +182,9 @@ class GlooSeries(Series):
             store, prefix = world.store, f"{world.store_prefix}/gloo"
         else:  # rank 0 hosts one on a free port; its address through the World's store
             host = world.placement.root.rpartition(":")[0]
-            store = TorchStore.host(host, 0) if world.rank == 0 else None
-            address = world.broadcast(store.address if store is not None else None, root=0)
-            store, prefix = store or TorchStore.connect(address), "gloo"
+            hosted = TorchStore.host(host, 0) if world.rank == 0 else None
+            address = world.broadcast(hosted.address if hosted is not None else None, root=0)
+            store, prefix = hosted or TorchStore.connect(address), "gloo"
         # gloo's rendezvous may block holding the GIL: nobody may still need rank 0's
         # control-plane handlers then (an engine barrier: every rank is past the broadcast)
         quiesce()
@@ -191,7 +198,7 @@ class GlooSeries(Series):
             ti, to = self.torch.from_numpy(self.inp.reshape(-1)), self.torch.from_numpy(out.reshape(-1))
             self.call = lambda: (dist.all_to_all_single(to, ti), out)[1]
         else:
-            self.inp = np.zeros(size // self.dtype.itemsize, self.dtype)
+            self.inp = np.zeros(size // self._dtype().itemsize, self.dtype)
             t = self.torch.from_numpy(self.inp)
             self.call = lambda: (dist.all_reduce(t), self.inp)[1]
 

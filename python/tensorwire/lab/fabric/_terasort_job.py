@@ -394,7 +394,7 @@ class _TcpShuffle:
             pieces = self.outgoing[j]
             self.outs[j].sendall(struct.pack("<q", sum(b.nbytes for b in pieces)))
             for b in pieces:
-                self.outs[j].sendall(memoryview(np.asarray(b)).cast("B"))
+                self.outs[j].sendall(np.asarray(b).data.cast("B"))
         return run
 
     def _recv(self, src: int) -> Callable[[], None]:
@@ -404,7 +404,7 @@ class _TcpShuffle:
             buf = self.got[src]
             if n != buf.nbytes:
                 raise BenchError(f"rank {src} announced {n} B over TCP, {buf.nbytes} B expected")
-            view = memoryview(buf)
+            view = buf.data
             done = 0
             while done < n:
                 k = c.recv_into(view[done:], n - done)

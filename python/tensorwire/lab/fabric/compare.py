@@ -109,7 +109,7 @@ def main() -> int:
         verdicts.append(ok)
 
     for transport in args.transports.split(","):
-        bw = {s: [] for s in sizes}
+        bw: dict[int, list[float]] = {s: [] for s in sizes}
         lat = []
         for _ in range(args.reps):
             r = tensorwire_bench("write_bw", transport, "1M,16M", 1000)

@@ -58,7 +58,7 @@ def run_rank(args) -> int:
                 fill_pattern(recv[src], size, None)
                 dev.publish(f"fm.recv.{src}", recv[src])
         flags = dev.alloc(8 * n)
-        flag_words = np.frombuffer(flags, dtype=np.uint64, count=n)
+        flag_words = np.frombuffer(memoryview(flags), dtype=np.uint64, count=n)
         flag_words[:] = 0
         dev.publish("fm.flags", flags)
         world.barrier()
@@ -86,7 +86,7 @@ def run_rank(args) -> int:
         seq = 1
         flag_words[me] = seq
         src_word = dev.alloc(8)
-        np.frombuffer(src_word, dtype=np.uint64, count=1)[0] = seq
+        np.frombuffer(memoryview(src_word), dtype=np.uint64, count=1)[0] = seq
         for peer in peers:
             world.channel(peer, 0).write(src_word, remote_flags[peer], remote_offset=8 * me, nbytes=8).wait(timeout)
         if not _core.bench_wait_flags(channels, flags.ptr, n, seq, timeout):
@@ -293,7 +293,7 @@ def sweep(args) -> int:
             row = run["rows"][0]
             extra = {"per_rank_tx_mean_Gbps": sum(h["tx_Gbps"] for h in row["per_rank"]) / k,
                      "verdict": run["verdict"], "hosts": hosts[:k] if hosts else None}
-            if groups:
+            if groups and hosts:  # (groups: the hosts' groups)
                 # What crossed the inter-group link, per direction (rank r runs on hosts[r]).
                 g = [groups[hosts[r]] for r in range(k)]
                 extra["inter_group_Gbps"] = {

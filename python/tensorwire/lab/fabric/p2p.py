@@ -62,8 +62,8 @@ class _Buffers:
             device.publish(f"bench.recv.{cls}", self.recv[cls])
         self.flag = device.alloc(64)
         self.flag_src = device.alloc(64)
-        self.flag_view = np.frombuffer(self.flag, dtype=np.uint64)
-        self.flag_src_view = np.frombuffer(self.flag_src, dtype=np.uint64)
+        self.flag_view = np.frombuffer(memoryview(self.flag), dtype=np.uint64)
+        self.flag_src_view = np.frombuffer(memoryview(self.flag_src), dtype=np.uint64)
         device.publish("bench.flag", self.flag)
 
 

@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from .common import BenchError
 
@@ -322,7 +323,9 @@ def torch_dist_lines(text: str) -> tuple[str, list[str]]:
     lines = [f"  * {m.group(3)} {m.group(1)}: {m.group(2)}"
              for m in map(TORCH_TARGET.match, text.splitlines()) if m]
     # the tables' ratio columns (tensorwire over gloo: > 1 = tensorwire faster), one line for all
-    tables, title, rows = [], None, None
+    tables: list[tuple[str | None, list[tuple[str, str]]]] = []
+    title: str | None = None
+    rows: list[tuple[str, str]] | None = None
     for line in text.splitlines():
         if line.startswith("# ") and not line.startswith(("# target", "# python")) and "Size" not in line \
                 and "Model" not in line:
@@ -371,9 +374,9 @@ def train_lines(text: str) -> tuple[str, list[str]]:
         bars = "; ".join(f"zerocopy/{k} {v[0]}x (target >= {v[1]}x) {v[2]}" for k, v in sorted(t.items(), key=lambda kv: kv[0] != "gloo"))
         lines.append(f"  * {model} batch {batch}: zerocopy {zc}, copy {copy}, gloo {gloo} samples/s"
                      + (f"; {bars}" if bars else f"; zerocopy/gloo {zc_gloo}x, zerocopy/copy {zc_copy}x"))
-    bars = [v for t in targets.values() for v in t.values()]
-    met = sum(v[2] == "met" for v in bars)
-    return (f"{met} of {len(bars)} targets met" if bars else "no targets in the file"), lines
+    every = [v for t in targets.values() for v in t.values()]
+    met = sum(v[2] == "met" for v in every)
+    return (f"{met} of {len(every)} targets met" if every else "no targets in the file"), lines
 
 
 # (title, file, the step that writes it, its lines)
@@ -439,7 +442,8 @@ def headline(text: str, pick: tuple[str, ...]) -> tuple[str, str] | None:
                 bar = re.search(r"(<=|>=) .+$", m.group(1))
                 return m.group(2), f"{bar.group(0) if bar else m.group(1)} {m.group(3)}"
     elif kind == "train":
-        rows = {(r.group(1), r.group(2)): r.groups() for r in map(TRAIN_ROW.match, lines) if r}
+        rows: dict[tuple[str, ...], tuple[Any, ...]] = {(r.group(1), r.group(2)): r.groups()
+                                                       for r in map(TRAIN_ROW.match, lines) if r}
         for m in map(TRAIN_TARGET.match, lines):
             if m and m.group(1, 2) == pick[1:] and m.group(3) == "gloo":
                 row = rows.get(pick[1:])

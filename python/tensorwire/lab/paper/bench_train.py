@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from ..fabric.common import print_line
 from .runs import MODES, train_once
@@ -36,7 +37,7 @@ def _runs(args, model: str, batch: int, n: int, variants: list[tuple[str, dict]]
     best: list[dict | None] = [None] * len(variants)
     for _ in range(args.repeat):
         for i, (mode, over) in enumerate(variants):
-            if best[i] is not None and "error" in best[i]:  # failed once: not run again
+            if (prev := best[i]) is not None and "error" in prev:  # failed once: not run again
                 continue
             t0 = time.perf_counter()
             try:
@@ -53,16 +54,18 @@ def _runs(args, model: str, batch: int, n: int, variants: list[tuple[str, dict]]
                    "bytes_copied_per_step": r.bytes_copied_per_step, "bytes_sent_per_step": r.bytes_sent_per_step,
                    "bytes_staged_per_step": r.bytes_staged_per_step, "device": r.device,
                    "wall_s": time.perf_counter() - t0, **over}
-            if best[i] is None or row["samples_per_s"] > best[i]["samples_per_s"]:
+            if prev is None or row["samples_per_s"] > prev["samples_per_s"]:
                 best[i] = row
-    for b, (mode, over) in zip(best, variants):
+    done = [b for b in best if b is not None]
+    assert len(done) == len(best), "--repeat is at least 1"
+    for b, (mode, over) in zip(done, variants):
         if "error" in b:
             continue
         s = b["split_ms"]
         _progress(f"    {model:<10} batch {batch:<3} {_tag(mode, over):<8} x{n}: {b['samples_per_s']:8.2f} samples/s  "
                   f"step {b['step_ms']:.1f} ms (compute {s['compute']:.1f}, push {s['push']:.1f}, "
                   f"aggregate {s['aggregate']:.1f}, pull {s['pull']:.1f})")
-    return best
+    return done
 
 
 def _tag(mode: str, over: dict) -> str:
@@ -177,9 +180,9 @@ def run_sweep(args) -> int:
     if (err := device_error(args, "tensorwire bench train")) is not None:
         print(err, file=sys.stderr)
         return 2
-    out = {"config": {k: v for k, v in vars(args).items() if k != "func"}, "fig8": [], "fig10": [], "fig11": [],
-           "floor": [], "convergence": None, "table2": [],
-           "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}}
+    out: dict[str, Any] = {"config": {k: v for k, v in vars(args).items() if k != "func"},
+                           "fig8": [], "fig10": [], "fig11": [], "floor": [], "convergence": None, "table2": [],
+                           "host": {"cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}}
     t0 = time.perf_counter()
     W = args.workers
     print_line(render_header(out, args))
@@ -324,12 +327,12 @@ def render_rest(out: dict, args, verdicts: list[str]) -> str:
     if out["fig10"]:
         lines += ["", f"Figure 10: samples/s vs workers (= servers), batch {args.scale_batch}"]
         for model in args.scale_models:
-            rows = [r for r in out["fig10"] if r["model"] == model]
-            local = [r for r in rows if r["mode"] == "local"]
+            scaled = [r for r in out["fig10"] if r["model"] == model]
+            local = [r for r in scaled if r["mode"] == "local"]
             if local:
                 lines.append(f"  {model}: local (1 process, no communication) {local[0]['samples_per_s']:.2f}")
             for mode in ("zerocopy", "gloo"):
-                pts = [(r["workers"], r["samples_per_s"]) for r in rows if r["mode"] == mode]
+                pts = [(r["workers"], r["samples_per_s"]) for r in scaled if r["mode"] == mode]
                 lines.append(f"  {model} {mode:<8}: " + "  ".join(f"{n}w {v:.2f}" for n, v in pts))
     if out["fig11"]:
         lines += ["", f"Figure 11: mean step time (ms), zero copy on/off, batch {args.copy_batch}"]

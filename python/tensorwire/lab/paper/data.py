@@ -72,7 +72,8 @@ class Digits:
 
     def __init__(self, batch: int, workers: int = 1, seed: int = 0) -> None:
         self.batch, self.workers, self.seed = batch, workers, seed
-        self._x = self._y = None
+        self._x: torch.Tensor | None = None
+        self._y: torch.Tensor | None = None
 
     def _load(self):
         if self._x is None:
@@ -90,7 +91,7 @@ class Digits:
         return {"batch": self.batch, "workers": self.workers, "seed": self.seed}
 
     def __setstate__(self, st):
-        self.__init__(**st)
+        type(self).__init__(self, **st)
 
     def global_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self._load()

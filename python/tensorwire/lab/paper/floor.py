@@ -48,12 +48,19 @@ import statistics
 import threading
 import time
 from multiprocessing import shared_memory
+from typing import Any
 
 from ..fabric.common import BenchError
 from ...ranks.roles import RoleError, Roles
 
 SOCK_BUF = 4 << 20
 TRANSPORTS = ("tcp", "shm")
+
+
+def _mapped(m: shared_memory.SharedMemory) -> memoryview:
+    """The segment's memory (None only once it is closed)."""
+    assert m.buf is not None
+    return m.buf
 
 
 def flows(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool) -> tuple[int, list, list]:
@@ -143,13 +150,14 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF)
     # shm: a send's source is this process's own memory, written once (no page faults in the timed steps)
-    bufs = {(a, b): memoryview(bytearray(b"\x01" * n)) for (a, b), n in pair_sizes(push + pull).items()
-            if rank == a or (rank == b and not shm_names)}
+    bufs: dict[tuple[int, int], Any] = {(a, b): memoryview(bytearray(b"\x01" * n))  # (then numpy views, for shm)
+                                        for (a, b), n in pair_sizes(push + pull).items()
+                                        if rank == a or (rank == b and not shm_names)}
     maps = {f: shared_memory.SharedMemory(name) for f, name in shm_names.items() if f[0] == rank}
     segs: dict | None = None  # over tcp
     if shm_names:  # numpy views, made before the timed steps (so is numpy's import)
         import numpy as np
-        segs = {f: np.frombuffer(m.buf, np.uint8) for f, m in maps.items()}
+        segs = {f: np.frombuffer(_mapped(m), np.uint8) for f, m in maps.items()}
         bufs = {f: np.frombuffer(b, np.uint8) for f, b in bufs.items()}
     times, cpu = [], []
     for _ in range(steps):
@@ -190,7 +198,7 @@ def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate
             res = {r: role.result for r, role in enumerate(roles)}
         for (a, b), m in segments.items():  # every flow's bytes arrived (the senders write ones)
             n = sizes[(a, b)]
-            if n and m.buf[:n].tobytes().count(1) != n:
+            if n and _mapped(m)[:n].tobytes().count(1) != n:
                 raise BenchError(f"shm floor: the flow from process {a} to {b} did not arrive whole")
     finally:
         for m in segments.values():

@@ -36,13 +36,13 @@ def run_role(args, rank: int, world: int) -> int:
         port = int(os.environ.get("MASTER_PORT", "29500"))
         init = "env://" if "MASTER_ADDR" in os.environ and "RANK" in os.environ else f"tcp://{host}:{port}"
         if role == "server":
-            srv = ps.GlooServer(r, S, W, init, args.optimizer, args.timeout, args.placement, **opt_kwargs(args))
-            stats = srv.run(args.steps)
+            gsrv = ps.GlooServer(r, S, W, init, args.optimizer, args.timeout, args.placement, **opt_kwargs(args))
+            stats = gsrv.run(args.steps)
             print(json.dumps({"role": role, "rank": r, "stats": stats.to_dict(args.warmup)}))
             return 0
         torch.manual_seed(args.seed)
         model = info.factory()
-        worker = ps.GlooWorker(model, r, S, W, init, args.timeout, args.placement)
+        worker: ps.Worker | ps.GlooWorker = ps.GlooWorker(model, r, S, W, init, args.timeout, args.placement)
     else:
         store = torchrun_store(rank, args.timeout)
         if role == "server":

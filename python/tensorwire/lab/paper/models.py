@@ -222,20 +222,21 @@ class GatedRNN(nn.Module):
         # the input projections of all steps at once (one matmul per gate)
         xw = {k: (x.reshape(b * t, -1) @ getattr(self, f"W_{k}") + getattr(self, f"b_{k}")).view(b, t, -1)
               for k in g}
+        u: dict[str, torch.Tensor] = {k: getattr(self, f"U_{k}") for k in g}  # the recurrent weights
         h = x.new_zeros(b, self.hidden)
         c = x.new_zeros(b, self.hidden)
         outs = []
         for s in range(t):
             if self.cell == "lstm":
-                i = torch.sigmoid(xw["i"][:, s] + h @ self.U_i)
-                f = torch.sigmoid(xw["f"][:, s] + h @ self.U_f)
-                o = torch.sigmoid(xw["o"][:, s] + h @ self.U_o)
-                c = f * c + i * torch.tanh(xw["c"][:, s] + h @ self.U_c)
+                i = torch.sigmoid(xw["i"][:, s] + h @ u["i"])
+                f = torch.sigmoid(xw["f"][:, s] + h @ u["f"])
+                o = torch.sigmoid(xw["o"][:, s] + h @ u["o"])
+                c = f * c + i * torch.tanh(xw["c"][:, s] + h @ u["c"])
                 h = o * torch.tanh(c)
             else:
-                z = torch.sigmoid(xw["z"][:, s] + h @ self.U_z)
-                r = torch.sigmoid(xw["r"][:, s] + h @ self.U_r)
-                hh = torch.tanh(xw["h"][:, s] + (r * h) @ self.U_h)
+                z = torch.sigmoid(xw["z"][:, s] + h @ u["z"])
+                r = torch.sigmoid(xw["r"][:, s] + h @ u["r"])
+                hh = torch.tanh(xw["h"][:, s] + (r * h) @ u["h"])
                 h = (1 - z) * h + z * hh
             outs.append(h)
         return self.out(torch.stack(outs, 1).reshape(b * t, -1))

@@ -118,8 +118,8 @@ def _convergence(ax, out: dict, args) -> None:
 def _table2(ax, out: dict, args) -> None:
     from .table2 import PAPER_TABLE2, safe_ratio, table2_pairs
     pairs = table2_pairs(out)
-    _bars(ax, [p[0] for p in pairs], [(label, [p[key].get("step_ms", 0) for p in pairs])
-                                      for label, key in (("GDR off (staged via host)", 1), ("GDR on", 2))])
+    _bars(ax, [p[0] for p in pairs], [("GDR off (staged via host)", [off.get("step_ms", 0) for _, off, _ in pairs]),
+                                      ("GDR on", [on.get("step_ms", 0) for _, _, on in pairs])])
     for j, (model, off, on) in enumerate(pairs):
         paper = PAPER_TABLE2.get(model)
         gain = (safe_ratio(off.get("step_ms", float("nan")), on.get("step_ms", float("nan"))) - 1) * 100

@@ -20,6 +20,7 @@ import socket
 import sys
 import threading
 import time
+from typing import cast
 
 CHUNK = 256 * 1024
 SAMPLE_EVERY_S = 0.005
@@ -56,14 +57,14 @@ def sink(bind: str, port: int, flows: int, timeout: float) -> int:
                     sel.unregister(ls)
                 continue
             try:
-                n = key.fileobj.recv_into(view)
+                n = cast(socket.socket, key.fileobj).recv_into(view)  # the connections registered above
             except BlockingIOError:
                 continue
             except OSError:
                 n = 0
             if n == 0:
                 sel.unregister(key.fileobj)
-                key.fileobj.close()
+                cast(socket.socket, key.fileobj).close()
                 open_conns -= 1
                 continue
             now = time.monotonic()

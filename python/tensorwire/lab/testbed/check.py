@@ -46,14 +46,16 @@ class Result:
 
     @property
     def verdict(self) -> str:
-        if self.expected is None:
+        ratio = self.ratio
+        if ratio is None:  # no bound (or a zero one, which no measurement is a ratio of)
             return "INFO"
-        return "PASS" if LOW <= self.ratio <= HIGH else "WARN"
+        return "PASS" if LOW <= ratio <= HIGH else "WARN"
 
     def reason(self) -> str:
         if self.verdict != "WARN":
             return self.note
-        if self.ratio > HIGH:
+        ratio = self.ratio
+        if ratio is not None and ratio > HIGH:
             return "above the configured rate: the shaping is not effective"
         busy, drops = self.extra.get("cpu_busy"), self.extra.get("drops")
         why = []
@@ -90,7 +92,7 @@ def stream(tb: Testbed, flows: list[tuple[str, str]], seconds: float = 1.5, warm
         for dst, p in sinks.items():
             line = _readline(p, START_TIMEOUT_S)
             if line.strip() != "READY":
-                err = p.stderr.read() if p.poll() is not None else ""
+                err = p.stderr.read() if p.stderr is not None and p.poll() is not None else ""
                 raise TestbedError(f"probe sink in {dst} did not start: {line!r} {err}")
         for src, targets in by_src.items():
             argv = py + ["source", "--seconds", str(seconds)]
@@ -98,7 +100,7 @@ def stream(tb: Testbed, flows: list[tuple[str, str]], seconds: float = 1.5, warm
                 argv += ["--to", t]
             sources[src] = tb.popen(src, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         wait_s = seconds + START_TIMEOUT_S + 15
-        outputs = {}
+        outputs: dict[str, list[dict]] = {}
         for name, p in list(sources.items()) + list(sinks.items()):
             try:
                 out, err = p.communicate(timeout=wait_s)
@@ -167,6 +169,7 @@ def _readline(p: subprocess.Popen, timeout: float) -> str:
     """The first line of p's stdout, read byte by byte from the pipe itself: a buffered readline
     could swallow later output that communicate() (which reads the raw pipe) would then miss."""
     import selectors
+    assert p.stdout is not None  # started with stdout=PIPE
     fd = p.stdout.fileno()
     sel = selectors.DefaultSelector()
     sel.register(fd, selectors.EVENT_READ)
@@ -201,7 +204,7 @@ def _bound(tb: Testbed, flows: list[tuple[str, str]]) -> int | None:
 def plan(tb: Testbed) -> list[tuple[str, list[tuple[str, str]], int | None, str]]:
     """The checks for tb: (link, flows, configured rate, note)."""
     c = tb.config
-    checks = []
+    checks: list[tuple[str, list[tuple[str, str]], int | None, str]] = []
     hosts = tb.hosts
     if len(hosts) < 2:
         return checks
@@ -215,12 +218,12 @@ def plan(tb: Testbed) -> list[tuple[str, list[tuple[str, str]], int | None, str]
         checks.append(("host downlink (incast)", [(others[0], dst), (others[1], dst)], c.host_rate, ""))
     if c.groups == 2:
         ga, gb = tb.group_hosts(1), tb.group_hosts(2)
-        for name, src, dst in (("inter-group 1->2", ga, gb), ("inter-group 2->1", gb, ga)):
-            flows = [(s, dst[i % len(dst)]) for i, s in enumerate(src) for _ in range(2)]
+        for name, srcs, dsts in (("inter-group 1->2", ga, gb), ("inter-group 2->1", gb, ga)):
+            flows = [(s, dsts[i % len(dsts)]) for i, s in enumerate(srcs) for _ in range(2)]
             note = ""
             b = _bound(tb, flows)
             if c.isl_rate is not None and b is not None and b < c.isl_rate:
-                note = (f"ISL not saturable here: {len(src)} senders x {format_rate(c.host_rate)} < "
+                note = (f"ISL not saturable here: {len(srcs)} senders x {format_rate(c.host_rate)} < "
                         f"{format_rate(c.isl_rate)}; checks the path, not the ISL limit")
             checks.append((name, flows, c.isl_rate, note))
         if c.isl_shared and c.isl_rate is not None:

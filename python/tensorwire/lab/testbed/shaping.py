@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, overload
 
 from .errors import TestbedError
 from .system import run_cmd
@@ -31,6 +31,12 @@ def _tbf(rate_bps: int, queue_ms: float) -> tuple[int, int]:
     return burst, limit
 
 
+@overload
+def shaping_commands(dev: str, rate_bps: int, queue_ms: float,
+                     delay_ms: float | None) -> tuple[list[str], dict[str, Any]]: ...
+@overload
+def shaping_commands(dev: str, rate_bps: int | None, queue_ms: float,
+                     delay_ms: float | None) -> tuple[list[str], dict[str, Any] | None]: ...
 def shaping_commands(dev: str, rate_bps: int | None, queue_ms: float,
                       delay_ms: float | None) -> tuple[list[str], dict[str, Any] | None]:
     """tc batch lines that shape the egress of dev, and the tbf parameters (None if unshaped).

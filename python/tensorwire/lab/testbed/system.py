@@ -49,13 +49,15 @@ def available(refresh: bool = False) -> tuple[bool, str]:
         if find_tool(tool) is None:
             return False, f"'{tool}' (iproute2) is not installed"
     probe = f"tw-probe-{os.getpid()}"
+    ip = find_tool("ip")
+    assert ip is not None  # found above
     try:
-        r = subprocess.run([find_tool("ip"), "netns", "add", probe], capture_output=True, text=True,
+        r = subprocess.run([ip, "netns", "add", probe], capture_output=True, text=True,
                            timeout=CMD_TIMEOUT_S)
         if r.returncode != 0:
             result = (False, f"'ip netns add' fails here: {r.stderr.strip() or r.returncode}")
         else:
-            r = subprocess.run([find_tool("ip"), "-n", probe, "link", "add", "p0", "type", "veth", "peer",
+            r = subprocess.run([ip, "-n", probe, "link", "add", "p0", "type", "veth", "peer",
                                 "name", "p1"], capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
             result = (True, "") if r.returncode == 0 else (
                 False, f"veth links cannot be created in a namespace: {r.stderr.strip()}")

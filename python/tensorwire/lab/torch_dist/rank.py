@@ -105,11 +105,11 @@ def p2p_bandwidth(nbytes: int, iters: int) -> float:
     def window() -> None:
         if r == 0:
             for w in [dist.isend(b, 1) for b in bufs]:
-                w.wait()
+                _started(w).wait()
             dist.recv(ack, 1)
         elif r == 1:
             for w in [dist.irecv(b, 0) for b in bufs]:
-                w.wait()
+                _started(w).wait()
             dist.send(ack, 0)
     for _ in range(WARMUP):
         window()
@@ -161,6 +161,19 @@ def small_resnet() -> torch.nn.Module:
                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
 
 
+def _started(work: dist.Work | None) -> dist.Work:
+    """A point-to-point op's request (None only for a rank outside the group: none here)."""
+    assert work is not None
+    return work
+
+
+def _layers(name: str, model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's Sequential as a list of layers (fcn5's is its .net)."""
+    seq = model.net if name == "fcn5" else model
+    assert isinstance(seq, torch.nn.Sequential)
+    return list(seq)
+
+
 def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     if name == "fcn5":
         from tensorwire.lab.paper.models import FCN5
@@ -207,7 +220,7 @@ def pipe_samples_per_s(name: str, batch: int, steps: int, microbatches: int = 4)
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
     torch.manual_seed(0)
     model, shape = _model(name)
-    layers = list(model.net) if name == "fcn5" else list(model)
+    layers = _layers(name, model)
     r, n = dist.get_rank(), dist.get_world_size()
     per = -(-len(layers) // n)
     stage = PipelineStage(torch.nn.Sequential(*layers[r * per:(r + 1) * per]), r, n, torch.device("cpu"))
@@ -237,7 +250,7 @@ def pipe_ceiling_samples_per_s(name: str, batch: int, microbatches: int = 4) -> 
     (microbatches + ranks - 1) x the slowest stage's time, whatever moves the activations."""
     torch.manual_seed(0)
     model, shape = _model(name)
-    layers = list(model.net) if name == "fcn5" else list(model)
+    layers = _layers(name, model)
     r, n = dist.get_rank(), dist.get_world_size()
     per = -(-len(layers) // n)
     stage = torch.nn.Sequential(*layers[r * per:(r + 1) * per])
@@ -273,7 +286,7 @@ def dispatch_us(iters: int, batch: int = 16) -> float:
             total += time.perf_counter() - t0
             count += batch
             for w in works:
-                w.wait()
+                _started(w).wait()
         elif r == 1:
             for x in t:
                 dist.recv(x, 0)
@@ -309,7 +322,7 @@ def background_ms(nbytes: int = 16 << 20, compute_s: float = 1.0) -> float:
             a = a @ a
             a /= a.norm()
         torch.set_num_threads(threads)
-        work.wait()
+        _started(work).wait()
         took = torch.zeros(1)
     else:
         dist.recv(x, 0)

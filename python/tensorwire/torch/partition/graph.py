@@ -69,7 +69,7 @@ class Plan:
 
 def _param_bytes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> int:
     if node.op == "call_module":
-        mod = gm.get_submodule(node.target)
+        mod = gm.get_submodule(str(node.target))
         return sum(p.numel() * p.element_size() for p in mod.parameters())
     if node.op == "get_attr":
         t = getattr(gm, str(node.target), None) if "." not in str(node.target) else None
@@ -127,7 +127,8 @@ def _producer(node: torch.fx.Node) -> torch.fx.Node | None:
     if node.op == "call_module" and str(node.target).startswith("submod_"):
         return node
     if node.op == "call_function" and node.target is operator.getitem:
-        return _producer(node.args[0])
+        src = node.args[0]
+        return _producer(src) if isinstance(src, torch.fx.Node) else None
     return None
 
 
@@ -161,9 +162,10 @@ def plan(model: nn.Module, example_inputs: tuple, stages: int = 2, *, cuts: Sequ
             with torch.no_grad(), contextlib.redirect_stderr(io.StringIO()):
                 ShapeProp(top).propagate(*inputs)
         except Exception as e:  # noqa: BLE001 - whatever the model raises on these inputs
-            while e.__cause__ is not None:  # ShapeProp wraps the model's own error
-                e = e.__cause__
-            raise PartitionError(f"the model fails on the example inputs: {str(e).splitlines()[0]}") from None
+            err: BaseException = e
+            while err.__cause__ is not None:  # ShapeProp wraps the model's own error
+                err = err.__cause__
+            raise PartitionError(f"the model fails on the example inputs: {str(err).splitlines()[0]}") from None
         finally:
             top.train(training)
         return {n.name: _meta_of(n) for n in top.graph.nodes}

@@ -56,6 +56,7 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
         merged = [{j: o for x in st for j, o in x.outputs[i].items()} for i in range(steps)]
         outputs = [[m[j] for j in sorted(m)] for m in merged]
     if check:
+        assert outputs is not None
         torch.manual_seed(seed)
         ref = model_fn().eval()
         err = 0.0

@@ -41,7 +41,7 @@ class _ReluOut(nn.Module):
 
 def _is_relu(gm: torch.fx.GraphModule, n: torch.fx.Node) -> bool:
     if n.op == "call_module":
-        return isinstance(gm.get_submodule(n.target), nn.ReLU)
+        return isinstance(gm.get_submodule(str(n.target)), nn.ReLU)
     return n.op == "call_function" and n.target in (torch.relu, torch.nn.functional.relu)
 
 
@@ -58,8 +58,8 @@ def place_outputs(sub: torch.fx.GraphModule, outputs: dict[int, torch.Tensor]) -
         n = rets[i]
         if not isinstance(n, torch.fx.Node) or sum(1 for r in rets if r is n) > 1:
             continue  # the same value twice: one buffer cannot serve two positions
-        if n.op == "call_module" and isinstance(sub.get_submodule(n.target), nn.Linear):
-            lin = sub.get_submodule(n.target)
+        lin = sub.get_submodule(str(n.target)) if n.op == "call_module" else None
+        if isinstance(lin, nn.Linear):
             if lin.weight.dtype != buf.dtype or lin.out_features != buf.shape[-1]:
                 continue
             name = f"tw_out_{i}"

@@ -55,6 +55,12 @@ class StageStats:
     params: dict = field(default_factory=dict)   # training with collect: this stage's parameters and buffers
 
 
+def _static_shape(e: Edge) -> tuple[int, ...]:
+    """A static edge's shape (one for every example; only a dynamic edge may have none)."""
+    assert e.shape is not None, e
+    return e.shape
+
+
 def _slot_tensor(v: Any, e: Edge) -> torch.Tensor:
     """A received value as a torch tensor: a static slot's numpy view or a dynamic slot's block."""
     if e.kind != "static":
@@ -138,7 +144,7 @@ class _Stage:
 
     def _slot(self, name: str, e: Edge) -> Any:
         # a stage holds every micro-batch's activations until its backward
-        return (self.dev.static_slot(name, e.shape, e.dtype, depth=max(DEPTH, self.micro)) if e.kind == "static"
+        return (self.dev.static_slot(name, _static_shape(e), e.dtype, depth=max(DEPTH, self.micro)) if e.kind == "static"
                 else self.dev.dynamic_slot(name))
 
     def _sender(self, ch: Any, name: str, e: Edge) -> Any:
@@ -195,7 +201,7 @@ class _Stage:
     def infer(self) -> None:
         """Forward passes; static outputs written in place into registered blocks (allocation sites)."""
         cfg = self.cfg
-        blocks = {e.name: self.dev.empty(e.shape, e.dtype) for e in self.outgoing if e.kind == "static"}
+        blocks = {e.name: self.dev.empty(_static_shape(e), e.dtype) for e in self.outgoing if e.kind == "static"}
         in_place = place_outputs(self.sub, {self.index[n]: torch.from_dlpack(b) for n, b in blocks.items()})
         for step in range(cfg["steps"]):
             self._step_start(step)
@@ -231,6 +237,7 @@ class _Stage:
         """Training steps: forward, the gradients of the activations back, an optimizer step per stage."""
         from .. import ps
         cfg, tr = self.cfg, self.train
+        assert tr is not None  # fit runs the stages of a training plan (stage_main)
         params = list(self.sub.parameters())
         opt = ps.make_optimizer(tr["optimizer"], params, **tr["kwargs"]) if params else None
         loss_fn = tr["loss_fn"]
@@ -268,8 +275,10 @@ class _Stage:
             reqs, step_loss = [], 0.0
             for m in reversed(range(M)):
                 leaves, out, outs = fwd[m]
-                roots, grads = [], []
+                roots: list[torch.Tensor] = []
+                grads: list[torch.Tensor | None] = []
                 if self.loss_stage:
+                    assert targets is not None
                     # mean-reduced losses: each micro-batch weighs its share, so the sum is the batch's loss
                     loss = loss_fn(out if self.single else outs[0], targets[m]) * (len(targets[m]) / total)
                     roots.append(loss)

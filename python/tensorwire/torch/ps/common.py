@@ -134,7 +134,7 @@ def check_specs(reference: Sequence[VarSpec], other: Sequence[VarSpec], rank: in
     return None
 
 
-def make_optimizer(optimizer: Any, params: list[torch.Tensor], **kwargs: Any) -> torch.optim.Optimizer:
+def make_optimizer(optimizer: Any, params: Sequence[torch.Tensor], **kwargs: Any) -> torch.optim.Optimizer:
     """``optimizer`` is a callable(params) -> torch.optim.Optimizer (e.g.
     ``functools.partial(torch.optim.SGD, lr=0.1)``), an optimizer class, or a
     name: sgd, adam, adamw, adagrad, rmsprop (keyword arguments go to it)."""
@@ -167,7 +167,7 @@ def tensor_of_view(view: Any, spec: VarSpec) -> torch.Tensor:
     return torch.from_numpy(view)
 
 
-def to_device(x: Any, device: str) -> Any:
+def to_device(x: Any, device: str | torch.device) -> Any:
     """x (a tensor, or a tuple/list of them, nested) on `device`."""
     if isinstance(x, (tuple, list)):
         return type(x)(to_device(t, device) for t in x)

@@ -87,6 +87,10 @@ class GlooGroup:
                                     world_size=num_workers if colocated else num_servers + num_workers,
                                     timeout=datetime.timedelta(seconds=timeout))
 
+    def _mailbox(self) -> _Mailbox:
+        assert self.mail is not None  # a colocated group's (the only one that messages itself)
+        return self.mail
+
     def server_rank(self, s: int) -> int:
         return s
 
@@ -97,12 +101,12 @@ class GlooGroup:
     # mailbox when the peer is this process's other role
     def isend(self, t: torch.Tensor, dst: int, tag: int, to: str) -> Any:
         if self.colocated and dst == self.global_rank:
-            return self.mail.put((to, tag), t)
+            return self._mailbox().put((to, tag), t)
         return self.dist.isend(t, dst, tag=tag)
 
     def irecv(self, t: torch.Tensor, src: int, tag: int, at: str) -> Any:
         if self.colocated and src == self.global_rank:
-            return _MailRecv(self.mail, (at, tag), t)
+            return _MailRecv(self._mailbox(), (at, tag), t)
         return self.dist.irecv(t, src, tag=tag)
 
     def send(self, t: torch.Tensor, dst: int, tag: int, to: str) -> None:
@@ -115,12 +119,12 @@ class GlooGroup:
         """Every worker's variables. Colocated, the worker role gathers them (one
         collective per process) and hands them to its server."""
         if self.colocated and specs is None:
-            return self.mail.take(("server", "specs"))
+            return self._mailbox().take(("server", "specs"))
         objs: list = [None] * self.dist.get_world_size()
         self.dist.all_gather_object(objs, [v.to_json() for v in specs] if specs is not None else None)
         out = [[VarSpec.from_json(v) for v in o] for o in objs[self.worker_rank(0):]]
         if self.colocated:
-            self.mail.put(("server", "specs"), out)
+            self._mailbox().put(("server", "specs"), out)
         return out
 
     def validate(self, all_specs: list[list[VarSpec]], who: str) -> list[VarSpec]:
@@ -175,8 +179,9 @@ class GlooServer:
         for v, m, tag in zip(self.vars, self.master, self.tags):
             self.g.recv(m.data, self.g.worker_rank(0), tag, "server")  # initial values from worker 0
         self.opt = make_optimizer(optimizer, list(self.master), **optimizer_kwargs)
-        self.bufs = [[torch.empty(v.shape, dtype=torch_dtype(v.dtype)) if not v.sparse else None
-                      for _ in range(num_workers)] for v in self.vars]
+        # a dense variable's receive buffer per worker (a sparse one's arrive in fresh tensors)
+        self.bufs = [[torch.empty(v.shape, dtype=torch_dtype(v.dtype)) for _ in range(num_workers)]
+                     if not v.sparse else [] for v in self.vars]
         remote = num_workers - (1 if self.g.colocated else 0)  # a colocated worker is served by memcpy
         self.stats.bytes_sent_per_step = remote * sum(v.nbytes for v in self.vars)
         self.stats.extra["vars"] = [v.name for v in self.vars]
@@ -206,9 +211,9 @@ class GlooServer:
                 vals = torch.cat([p[1] for p in sparse[i]]) / W
                 m.grad = torch.sparse_coo_tensor(idx, vals, v.shape, check_invariants=False).coalesce()
             else:  # the same in-place mean as Server: the first receive buffer becomes the gradient
-                m.grad = self.bufs[i][0]
+                m.grad = grad = self.bufs[i][0]
                 for w in range(1, W):
-                    mean_into(m.grad, self.bufs[i][w], w)
+                    mean_into(grad, self.bufs[i][w], w)
         t2 = time.perf_counter()
         self.opt.step()
         t3 = time.perf_counter()
@@ -276,12 +281,16 @@ class GlooWorker:
             os._exit(17)
         reqs = []
         for i, ((v, p), s) in enumerate(zip(self.vars, self.owner)):
-            if p.grad is None and not v.sparse:  # the parameter took no part in this loss
-                p.grad = torch.zeros_like(p)
+            grad = p.grad
+            if grad is None and not v.sparse:  # the parameter took no part in this loss
+                p.grad = grad = torch.zeros_like(p)
+            if grad is None:
+                raise PSError(f"the sparse parameter {v.name!r} took no part in this loss, "
+                              f"so it has no gradient to push")
             if v.sparse:
-                reqs += _send_sparse(g, p.grad, g.server_rank(s), i)
+                reqs += _send_sparse(g, grad, g.server_rank(s), i)
             else:
-                reqs.append(g.isend(p.grad, g.server_rank(s), i, "server"))
+                reqs.append(g.isend(grad, g.server_rank(s), i, "server"))
         for r in reqs:
             r.wait()
         t2 = time.perf_counter()

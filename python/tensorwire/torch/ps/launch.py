@@ -138,6 +138,7 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
     its own server exchange never crosses the transport."""
     box: dict = {}
     if cfg.mode == "gloo":
+        assert init_method is not None  # gloo's rendezvous (the launcher's, in gloo mode)
         group = GlooGroup("both", rank, cfg.servers, cfg.workers, init_method, cfg.timeout, colocated=True)
 
         def serve() -> None:
@@ -145,6 +146,7 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
                              cfg.placement, group=group, **cfg.optimizer_kwargs)
             box["stats"] = srv.run(cfg.steps).to_dict(skip=cfg.warmup)
     else:
+        assert store is not None  # where the servers publish their addresses (the launcher's, but for gloo)
         dev = tw.Device(transport=cfg.transport, workers=server_lanes(cfg.workers))
         srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
                      placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr, **cfg.optimizer_kwargs)
@@ -166,6 +168,7 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
     t.start()
     model = _build_model(cfg, rank)
     if cfg.mode == "gloo":
+        assert init_method is not None
         w: Any = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement,
                             group=group)
     else:
@@ -198,17 +201,20 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, store_address:
         if role == "coloc":
             result = _colocated(cfg, rank, store, init_method)
         elif cfg.mode == "gloo":
+            assert init_method is not None  # gloo's rendezvous (the launcher's, in gloo mode)
             if role == "server":
-                srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
-                                 cfg.placement, **cfg.optimizer_kwargs)
-                result = {"stats": srv.run(cfg.steps).to_dict(skip=cfg.warmup)}
+                gsrv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
+                                  cfg.placement, **cfg.optimizer_kwargs)
+                result = {"stats": gsrv.run(cfg.steps).to_dict(skip=cfg.warmup)}
             else:
                 model = _build_model(cfg, rank)
-                w = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement)
+                gw = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement)
                 try:
-                    result = worker_loop(cfg, rank, w, model)
+                    result = worker_loop(cfg, rank, gw, model)
                 finally:
-                    w.close()
+                    gw.close()
+        elif store is None:
+            raise PSError(f"{role} {rank}: no store to meet the servers in (only gloo runs without one)")
         elif role == "server":
             srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
                          timeout=cfg.timeout, placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr,

@@ -173,8 +173,9 @@ class Server:
         reqs = []
         for k, w in enumerate(self._send_order):
             for i, v in enumerate(self.vars):
-                if k == 0 and self._wire[i] is not None:  # staged: into its host block, once for all workers
-                    self._wire[i].copy_(self.master[i].detach().view(-1))
+                wire = self._wire[i]
+                if k == 0 and wire is not None:  # staged: into its host block, once for all workers
+                    wire.copy_(self.master[i].detach().view(-1))
                 src = self.blocks[i] if self.blocks[i] is not None else self.master[i].detach()
                 what = f"sending {v.name!r} to worker {w}"
                 reqs.append((self.watch.send(self.param_senders[i][w], src, what), what, w))
@@ -255,11 +256,13 @@ class Server:
                 ts = time.perf_counter()
                 g = mem.tensor(view, v)
                 if mem.staged:  # a blocking copy to the GPU: the slot's buffer is free again at once
-                    g = (self._land[i] if w == 0 else self._scratch[i]).copy_(g.view(m.shape))
+                    buf = self._land[i] if w == 0 else self._scratch[i]
+                    assert buf is not None  # a staged dense variable has both
+                    g = buf.copy_(g.view(m.shape))
                 if w == 0:  # worker 0's slot buffer (staged: its GPU copy) becomes the gradient: no copy
-                    m.grad = g
+                    m.grad = grad = g
                 else:
-                    mean_into(m.grad, g, w)
+                    mean_into(grad, g, w)
                 if (w == 0 and not mem.staged) or mem.defer:
                     held.append((self.grad_slots[i][w], view))
                 else:

@@ -16,6 +16,7 @@ import tensorwire as tw
 from .. import alloc_sites
 from .common import DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, Watch, place, variables
 from .memory import Memory
+from ...slots import DynamicSender, StaticSender
 
 
 class Worker:
@@ -128,7 +129,7 @@ class Worker:
                     raise PSError(f"{self.who}: servers {sorted(pending)} not ready within {self.timeout:.0f} s")
                 time.sleep(0.01)
         path = "register" if self.mode == "zerocopy" else "copy"
-        self.senders = []
+        self.senders: list[DynamicSender | StaticSender] = []
         for (v, p), s in zip(self.vars, self.owner):
             ch = self.channels[s]
             if v.sparse:
@@ -222,6 +223,9 @@ class Worker:
         for i in self._push_order:
             (v, p), sender = self.vars[i], self.senders[i]
             if v.sparse:
+                if p.grad is None:  # as a dense one's below, but no block holds a zero sparse gradient
+                    raise PSError(f"{self.who}: the sparse parameter {v.name!r} took no part in this loss, "
+                                  f"so it has no gradient to push")
                 g = p.grad.coalesce()
                 idx, vals = mem.outgoing(g.indices()[0].contiguous()), mem.outgoing(g.values().contiguous())
                 staged += (idx.nbytes + vals.nbytes) if mem.staged else 0
@@ -237,8 +241,9 @@ class Worker:
                 home.view(p.shape).copy_(p.grad)
                 copied += v.nbytes
                 p.grad = home.view(p.shape)
-            if self._wire[i] is not None:  # GDR off: a blocking copy into its host block
-                self._wire[i].copy_(p.grad.reshape(-1))
+            wire = self._wire[i]
+            if wire is not None:  # GDR off: a blocking copy into its host block
+                wire.copy_(p.grad.reshape(-1))
             elif fixed:  # on a GPU the kernels just queued finish before the bytes move
                 mem.sync()
             what = f"pushing the gradient of {v.name!r}"

@@ -133,8 +133,8 @@ def transport_comparison(argv: list[str] | None = None) -> int:
     lines = []
     for key in med[transports[0]]:
         vals = [med[t].get(key, float("nan")) for t in transports]
-        name, size, *k = key.split()
-        label = f"{name} {int(size):>8} B" + (f" {k[0]}" if k else "")
+        name, size, *stat = key.split()
+        label = f"{name} {int(size):>8} B" + (f" {stat[0]}" if stat else "")
         ratio = (vals[1] / vals[0]) if len(vals) > 1 and vals[0] else float("nan")
         lines.append(f"{label:<34}" + "".join(f"{v:>14.2f}" for v in vals) + f"{ratio:>9.2f}x")
     print("\n".join(lines))
@@ -147,8 +147,8 @@ def transport_comparison(argv: list[str] | None = None) -> int:
                 max(v for k, v in med[t].items() if k.startswith("write_bw ")),
                 max(v for k, v in med[t].items() if k.startswith("write_bw_bidir "))) for t in transports}
     for i, metric in enumerate(("Latency (us)", "One-way BW (MB/s)", "Two-way BW (MB/s)")):
-        vals = [SEED_003[c][i] for c in SEED_003] + [ours[t][i] for t in transports]
-        print(f"{metric:<22}" + "".join(f"{'-':>16}" if v is None else f"{v:>16.2f}" for v in vals))
+        peaks = [SEED_003[c][i] for c in SEED_003] + [ours[t][i] for t in transports]
+        print(f"{metric:<22}" + "".join(f"{'-':>16}" if v is None else f"{v:>16.2f}" for v in peaks))
     print("# seed 003 columns: 2010 hardware (QDR IB, 10GbE RoCE, rxe, kernel TCP over 10GbE) measured with OSU "
           "osu_latency/osu_bw/osu_bibw; tensorwire columns: this host's loopback, one-sided writes")
     bad = {k: v for k, v in verdicts.items() if "FAIL" in v}

@@ -82,11 +82,11 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
             else:
                 world.barrier()
             if world.rank == 0:
-                client = p2p.Client(world.device, world.addresses[1], args.lanes, max_size)
+                peer = p2p.Client(world.device, world.addresses[1], args.lanes, max_size)
                 try:
-                    out = body(client)
+                    out = body(peer)
                 finally:
-                    client.close()
+                    peer.close()
             world.barrier(timeout=24 * 3600)  # the others wait for the measurement (the launcher watches them)
         finally:
             world.close()

@@ -151,6 +151,16 @@ class Series:
         own protocol lets the sender go on (no bench ack)."""
         self.transfer()
 
+    # the anchors (a series with anchors = True)
+
+    def drive(self, stop: Callable[[], bool]) -> None:
+        """Receiver: progresses the transport until stop() (the one-sided write anchor's target)."""
+        raise NotImplementedError
+
+    def write_bandwidth(self, size: int, count: int) -> float | None:
+        """Sender: MB/s of plain one-sided writes of the tensor to the receiver, or None."""
+        raise NotImplementedError
+
     def s_close(self) -> None:
         pass
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..common import BenchError
-from .base import DTYPE, ITEM, fill_pattern
+from .base import DTYPE, ITEM, Series, fill_pattern
 from .gloo import Gloo
 from .slots import Dynamic, StaticSeries, ZeroCopy
 from .tcp_socket import Socket
@@ -115,9 +115,11 @@ class CudaChecker:
         if not ok:
             self.error(f"transfer {k}: max {m} != {1.0 + k} (stale or corrupted tensor)")
         if self.verify or (self.serial and k == 0):
-            same = bool(torch.equal(flat[1:], self.expected[1:]))
+            expected = self.expected
+            assert expected is not None  # made for verify or serial
+            same = bool(torch.equal(flat[1:], expected[1:]))
             if not same:
-                bad = torch.nonzero(flat[1:] != self.expected[1:]).reshape(-1)
+                bad = torch.nonzero(flat[1:] != expected[1:]).reshape(-1)
                 self.error(f"transfer {k}: {bad.numel()} element(s) differ, the first at index {int(bad[0]) + 1}")
             good = same and ok and float(flat[0]) == 1.0 + k
             if k == 0:
@@ -198,9 +200,9 @@ class Pins:
             cudart.cudaHostUnregister(a)
 
 
-class _Cuda:
-    """What every --memory cuda series shares: torch tensors on `device` where
-    the host series have numpy arrays. `device` "cpu" is the CPU tests' stand-in."""
+class _Cuda(Series):
+    """What every --memory cuda series shares (first among their bases): torch tensors
+    on `device` where the host series have numpy arrays. `device` "cpu" is the CPU tests' stand-in."""
 
     device = "cuda"
     requires = ("torch", "torch")
@@ -278,6 +280,8 @@ class Staged(_Cuda, StaticSeries):
 
     name = "staged"
     registered = True  # the host Block goes with zero copy: only the two GPU copies are extra
+    gpu: Any   # torch tensors (None while a size's are dropped)
+    host: Any
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)
@@ -336,6 +340,10 @@ class CudaGloo(_Cuda, Gloo):
     """gloo send/recv of a GPU tensor through pinned host copies (gloo has no
     send/recv for CUDA tensors)."""
 
+    buf: Any   # torch tensors (None while a size's are dropped)
+    gpu: Any
+    tensor: Any
+
     def r_prepare(self, size: int) -> dict[str, Any]:
         self.buf = self.gpu = None
         self.buf = self._host_tensor(size)  # what gloo receives into, reused
@@ -368,6 +376,9 @@ class CudaIpc(_Cuda, Socket):
     # Stream passes: the receiver still acks, and the sender waits for the
     # previous ack before it overwrites the one buffer (a depth-1 slot).
     stream_ack = "after"
+    buf: Any   # torch tensors (None while a size's are dropped)
+    dst: Any
+    src: Any
 
     def __init__(self, cfg: dict[str, Any]) -> None:
         super().__init__(cfg)

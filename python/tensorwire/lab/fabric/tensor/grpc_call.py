@@ -94,7 +94,7 @@ class Grpc(Series):
 
     def transfer(self) -> None:
         t = self.tensor
-        request = b"".join((encode_meta(t), memoryview(t).cast("B")))  # serialization: one copy
+        request = b"".join((encode_meta(t), t.data.cast("B")))  # serialization: one copy
         self.call(request, timeout=self.timeout)
 
     def s_close(self) -> None:

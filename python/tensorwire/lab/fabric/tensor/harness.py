@@ -63,9 +63,11 @@ class _Checker:
         if not ok:
             self.error(f"transfer {k}: max {float(m)} != {1.0 + k} (stale or corrupted tensor)")
         if self.verify:
+            expected = self.expected
+            assert expected is not None  # made for verify
             flat = arr.reshape(-1)
-            if not np.array_equal(flat[1:], self.expected[1:]):
-                bad = np.flatnonzero(flat[1:] != self.expected[1:]) + 1
+            if not np.array_equal(flat[1:], expected[1:]):
+                bad = np.flatnonzero(flat[1:] != expected[1:]) + 1
                 self.error(f"transfer {k}: {bad.size} element(s) differ, the first at index {bad[0]}")
             elif ok and float(flat[0]) == 1.0 + k:
                 self.verified += 1
@@ -93,7 +95,8 @@ def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
                 if cmd == "open":
                     out: Any = series.r_open()
                 elif cmd == "connect":
-                    out = series.r_connect(msg[1])
+                    series.r_connect(msg[1])
+                    out = None
                 elif cmd == "prepare":
                     out = series.r_prepare(int(msg[1]))
                 elif cmd == "serve":
@@ -104,7 +107,8 @@ def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
                     series.serve(int(count), checker.consume, bool(stream))
                     out = checker.result()
                 elif cmd == "drive":  # progress the worker until the next command (RMA anchors)
-                    out = series.drive(lambda: conn.poll(0))
+                    series.drive(lambda: conn.poll(0))
+                    out = None
                 elif cmd == "stop":
                     out = None
                 elif cmd == "close":
@@ -198,8 +202,9 @@ def run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
         info2 = series.s_open(info)
         rx.post("connect", info2)
         series.s_connect()
-        if getattr(series, "ch", None) is not None and series.fixed_transport is None:
-            check_transports(report, args.transport, [series.ch])  # a tensorwire series: which UCX lanes
+        ch = getattr(series, "ch", None)
+        if ch is not None and series.fixed_transport is None:
+            check_transports(report, args.transport, [ch])  # a tensorwire series: which UCX lanes
         rx.result(START_TIMEOUT_S + cfg["timeout"])
         for size in args.sizes:
             rinfo = rx.call(cfg["timeout"], "prepare", size)

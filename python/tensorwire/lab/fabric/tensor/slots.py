@@ -30,6 +30,17 @@ class _TwSeries(Series):
     """Common part of the tensorwire series: one inline-progress Device per side."""
 
     memory = "host"  # where the slots and the sender's Block live ("cuda": --memory cuda)
+    # Set by the steps, and None between sizes and after a close (numpy arrays or torch
+    # tensors, tensorwire objects): declared, not set, so that an unset one stays unset.
+    dev: Any
+    ch: Any
+    view: Any
+    slot: Any
+    serial_slot: Any
+    stream_slot: Any
+    sender: Any
+    stream_sender: Any
+    tensor: Any
 
     def _where(self) -> dict[str, Any]:
         """The keyword that places a slot or Block in self.memory (none for

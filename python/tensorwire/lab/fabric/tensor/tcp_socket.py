@@ -33,7 +33,7 @@ class Socket(Series):
 
     def r_prepare(self, size: int) -> dict[str, Any]:
         self.buf = np.empty(size // ITEM, DTYPE)  # reused for every transfer
-        self.bytes = memoryview(self.buf).cast("B")
+        self.bytes = self.buf.data.cast("B")
         return {}
 
     def recv(self) -> np.ndarray:
@@ -63,13 +63,14 @@ class Socket(Series):
 
     def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
         self.tensor = np.empty(size // ITEM, DTYPE)
-        self.bytes = memoryview(self.tensor).cast("B")
+        self.bytes = self.tensor.data.cast("B")
         return self.tensor
 
-    def transfer(self) -> None:
+    def transfer(self) -> float | None:
         self.post()
         if self.sock.recv(1) != b"k":
             raise ConnectionError("socket: the receiver closed the connection")
+        return None
 
     def post(self) -> None:
         self.sock.sendall(self.bytes)
