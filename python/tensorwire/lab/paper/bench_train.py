@@ -297,15 +297,17 @@ def render_rest(out: dict, args, verdicts: list[str]) -> str:
             lines += ["", f"targets ({tr}, smallest batch per model):"] + verdicts
     if out.get("floor"):
         target = TARGETS.get(tr, {}).get("gloo", 1.0)
+        ran_gloo = any(r["mode"] == "gloo" for r in out["fig8"])
         lines += ["", f"{_FLOOR_NAMES[tr]} (tensorwire.lab.paper.floor): a step's bytes moved in the same",
                   "pattern with nothing else; with each worker's compute and each server's aggregation measured",
                   f"alone that bounds samples/s over {tr} here (sequential: compute, communication, aggregation",
                   "one after the other; overlapped: limited by the CPU all of them need);",
-                  f"each mode's samples/s, and {target}x gloo's, in percent of the sequential bound",
+                  "each mode's samples/s" + (f", and {target}x gloo's," if ran_gloo else "") +
+                  " in percent of the sequential bound",
                   f"{'model':<11}{'batch':>6}{'MiB/step':>10}{'floor ms':>10}{'agg ms':>8}{'bound seq':>11}"
                   f"{'bound ovl':>11}"
                   + "".join(f"{m + ' %':>12}" for m in MODES if any(r['mode'] == m for r in out['fig8']))
-                  + f"{f'{target}x gloo %':>13}"]
+                  + (f"{f'{target}x gloo %':>13}" if ran_gloo else "")]
         for b in out["floor"]:
             rows = {r["mode"]: r for r in out["fig8"] if r["model"] == b["model"] and r["batch"] == b["batch"]}
             line = (f"{b['model']:<11}{b['batch']:>6}{b['mib_per_step']:>10.1f}{b['floor_ms']:>10.1f}"
@@ -314,8 +316,9 @@ def render_rest(out: dict, args, verdicts: list[str]) -> str:
                 if any(r["mode"] == m for r in out["fig8"]):
                     v = rows.get(m, {}).get("samples_per_s", float("nan"))
                     line += f"{100 * v / b['sequential']:>11.0f}%"
-            g = rows.get("gloo", {}).get("samples_per_s", float("nan"))
-            line += f"{100 * target * g / b['sequential']:>12.0f}%"
+            if ran_gloo:
+                g = rows.get("gloo", {}).get("samples_per_s", float("nan"))
+                line += f"{100 * target * g / b['sequential']:>12.0f}%"
             lines.append(line)
         beyond = [f"{b['model']} batch {b['batch']}" for b in out["floor"]
                   if any(r["mode"] == "gloo" and r["model"] == b["model"] and r["batch"] == b["batch"]
