@@ -269,7 +269,7 @@ void bind_device(nb::module_& m) {
           gil_scoped_release r;
           // The target places message-form data when it arrives: the
           // notification may go only once the data landed (its reply).
-          if (c.uses_messages()) req.wait(kNotifyAfterS);
+          if (c.form() == ChannelForm::kMessages) req.wait(kNotifyAfterS);
           sender->send(message);
         }
         return req;
@@ -364,7 +364,8 @@ void bind_device(nb::module_& m) {
       }, "Counts of this channel's operations by path: posted (to UCX), direct_writes, direct_reads, "
          "direct_bytes, drains (direct copies that first waited for earlier UCX operations after a fence).")
       .def("progress", &Channel::progress)
-      .def_prop_ro("form", [](Channel& c) { return std::string(c.uses_messages() ? "messages" : "rma"); },
+      .def_prop_ro("form",
+                   [](Channel& c) { return std::string(c.form() == ChannelForm::kMessages ? "messages" : "rma"); },
                    "How this channel moves data: 'rma' (one-sided) or 'messages' (the target places them; tcp).")
       .def("transports", &Channel::transports,
            "The UCX transports and devices this channel's endpoint uses, 'transport/device' "

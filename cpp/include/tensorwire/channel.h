@@ -39,6 +39,11 @@ struct ChannelStats {
   std::uint64_t drains = 0;          // direct copies that first waited for earlier UCX operations
 };
 
+// How a channel moves data: one-sided RMA (or a copy where this process maps
+// the peer's memory), or messages the target places (tcp and other
+// transports without one-sided RMA; contracts §12).
+enum class ChannelForm { kRma, kMessages };
+
 // One transfer of a batch (Channel::write_batch / read_batch).
 struct Transfer {
   LocalRegion local;
@@ -121,9 +126,7 @@ class Channel {
   // The UCX transports and devices this channel's endpoint uses
   // ("posix/memory", "rc_mlx5/mlx5_0:1"), from UCX's endpoint query.
   std::vector<std::string> transports() const;
-  // Whether this channel moves data as messages the target places (tcp and
-  // other transports without one-sided RMA; contracts §12) rather than RMA.
-  bool uses_messages() const;
+  ChannelForm form() const;
 
   int lane() const;
   PeerInfo peer() const;
