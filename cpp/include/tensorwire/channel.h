@@ -122,6 +122,11 @@ class Channel {
   // same-host peer's region that a shared-memory transport maps
   // (DeviceConfig::map_shared_memory). Such operations complete on return.
   bool maps(const RemoteRegion& remote, const LocalRegion& local) const;
+  // A write into a region that maps() with streaming stores, whatever its
+  // size (InvalidArgument when not mapped): for a destination the peer's
+  // core keeps re-reading, whose read-for-ownership halves a plain copy's rate.
+  Request write_streaming(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                          std::size_t remote_offset, std::size_t length);
   ChannelStats stats() const;
   // The UCX transports and devices this channel's endpoint uses
   // ("posix/memory", "rc_mlx5/mlx5_0:1"), from UCX's endpoint query.

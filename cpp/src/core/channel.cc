@@ -606,6 +606,10 @@ std::vector<std::string> Channel::transports() const { return impl_of(impl_).lan
 ChannelForm Channel::form() const {
   return impl_of(impl_).lane().rma_is_messages() ? ChannelForm::kMessages : ChannelForm::kRma;
 }
+Request Channel::write_streaming(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                                 std::size_t remote_offset, std::size_t length) {
+  return impl_of(impl_).write_streaming(local, local_offset, remote, remote_offset, length);
+}
 ChannelStats Channel::stats() const { return impl_of(impl_).stats(); }
 PeerInfo Channel::peer() const { return impl_of(impl_).peer->info; }
 unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }
