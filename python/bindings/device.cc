@@ -8,8 +8,6 @@
 #include <nanobind/stl/vector.h>
 
 #include "bindings.h"
-#include "core/channel_impl.h"
-#include "core/transport_policy.h"
 #include "tensorwire/notify.h"
 #include "checked.h"
 #include "py_types.h"
@@ -269,7 +267,7 @@ void bind_device(nb::module_& m) {
           gil_scoped_release r;
           // The target places message-form data when it arrives: the
           // notification may go only once the data landed (its reply).
-          if (c.uses_messages()) req.wait(kNotifyAfterS);
+          if (c.form() == ChannelForm::kMessages) req.wait(kNotifyAfterS);
           sender->send(message);
         }
         return req;
@@ -298,7 +296,7 @@ void bind_device(nb::module_& m) {
         LocalRegion lr = local_region_of(local);
         Range r = resolve_range(lr, local_offset, remote, remote_offset, nbytes, false);
         gil_scoped_release release;
-        return c.impl()->write_streaming(lr, r.local_offset, remote, r.remote_offset, r.length);
+        return c.write_streaming(lr, r.local_offset, remote, r.remote_offset, r.length);
       }, nb::arg("local"), nb::arg("remote"), nb::arg("local_offset"), nb::arg("remote_offset"), nb::arg("nbytes"),
          "Internal (the torch backend's all_reduce through mapped memory): write() into a peer's mapped region "
          "with streaming stores; complete on return; InvalidArgument when the region is not mapped here.")
@@ -364,7 +362,8 @@ void bind_device(nb::module_& m) {
       }, "Counts of this channel's operations by path: posted (to UCX), direct_writes, direct_reads, "
          "direct_bytes, drains (direct copies that first waited for earlier UCX operations after a fence).")
       .def("progress", &Channel::progress)
-      .def_prop_ro("form", [](Channel& c) { return std::string(c.uses_messages() ? "messages" : "rma"); },
+      .def_prop_ro("form",
+                   [](Channel& c) { return std::string(c.form() == ChannelForm::kMessages ? "messages" : "rma"); },
                    "How this channel moves data: 'rma' (one-sided) or 'messages' (the target places them; tcp).")
       .def("transports", &Channel::transports,
            "The UCX transports and devices this channel's endpoint uses, 'transport/device' "
@@ -586,9 +585,9 @@ void bind_device(nb::module_& m) {
       }, nb::arg("timeout").none() = nb::none(),
          "At least one notification (Timeout after `timeout` s; use device.next_notification()).");
 
-  m.def("transport_family", &detail::transport_family, nb::arg("ucx_transport"),
+  m.def("transport_family", &transport_family, nb::arg("ucx_transport"),
         "The family of a UCX transport name: tcp, shm, rdma, cuda, self, or '' (the core's one table).");
-  m.def("unusable_reason", &detail::unusable_reason, nb::arg("resources"), nb::arg("family"),
+  m.def("unusable_reason", &unusable_reason, nb::arg("resources"), nb::arg("family"),
         "Why transport family `family` is not usable with UCX `resources` ('transport/device'), '' if it is.");
 }
 

@@ -7,8 +7,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include "core/bulk_copy.h"
 #include "tensorwire/device.h"
+#include "tensorwire/memory.h"
 
 NB_MODULE(_core, m) {
   m.doc() = "tensorwire core: devices, registered memory, channels and one-sided transfers over UCX";
@@ -29,7 +29,7 @@ NB_MODULE(_core, m) {
       "copy",
       [](std::uintptr_t dst, std::uintptr_t src, std::size_t nbytes) {
         nb::gil_scoped_release released;
-        tensorwire::detail::bulk_copy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
+        tensorwire::copy_memory(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), nbytes);
       },
       nb::arg("dst"), nb::arg("src"), nb::arg("nbytes"),
       "Copies nbytes from address src to address dst, without the GIL, as the direct path copies "

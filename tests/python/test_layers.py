@@ -215,13 +215,15 @@ CPP_MAY_INCLUDE = {
     "core": _BELOW_PROTOCOLS,  # the control plane too (core/connect.cc, control_plane.cc, control_wire.*)
     "protocol": _BELOW_PROTOCOLS | {"protocol"},
     "bench": _BELOW_PROTOCOLS | {"bench"},
-    "bindings": _BELOW_PROTOCOLS | {"protocol"},
+    # The bindings see the core through the public API (cpp/include/tensorwire) only:
+    # no core/, protocol/, net/ or ucx/ header.
+    "bindings": {"cuda"},
 }
 # Files held to less than their directory (a directory, or one exact header):
 # the control wire format stands on common/ alone (the fuzz targets decode it
 # without a device), and only bench.cc binds the benchmark library.
 CPP_FILE_MAY_INCLUDE = {"core/control_wire.h": {"common"}, "core/control_wire.cc": {"common", "core/control_wire.h"},
-                        "bindings/bench.cc": _BELOW_PROTOCOLS | {"protocol", "bench"}}
+                        "bindings/bench.cc": {"cuda", "bench"}}
 # Headers an area must not include although their directory is open to it:
 # the protocols and the bench kernels see a device through core/device_port.h
 # and core/channel_impl.h, never DeviceImpl.
@@ -256,16 +258,23 @@ def test_cpp_includes_point_down():
 
 
 def test_the_cpp_check_catches_an_upward_include(tmp_path):
-    for rel, text in {"ucx/ucx.cc": '#include "core/log.h"\n', "core/control_wire.h": '#include "core/bytes.h"\n',
-                      "core/control_wire.cc": '#include "core/control_wire.h"\n#include "core/device_impl.h"\n',
-                      "core/device.cc": '#include "protocol/slot_common.h"\n',
-                      "protocol/slot_common.h": '#include "core/device_port.h"\n#include "core/device_impl.h"\n',
-                      "bench/kernels.cc": '#include "core/device_impl.h"\n'}.items():
+    """Including a private header of the core, the protocols, the socket layer
+    or UCX from the bindings fails too: they see the public API only."""
+    for rel, text in {"src/ucx/ucx.cc": '#include "core/log.h"\n',
+                      "src/core/control_wire.h": '#include "core/bytes.h"\n',
+                      "src/core/control_wire.cc": '#include "core/control_wire.h"\n#include "core/device_impl.h"\n',
+                      "src/core/device.cc": '#include "protocol/slot_common.h"\n',
+                      "src/protocol/slot_common.h": '#include "core/device_port.h"\n#include "core/device_impl.h"\n',
+                      "src/bench/kernels.cc": '#include "core/device_impl.h"\n',
+                      "bindings/device.cc": '#include "tensorwire/channel.h"\n#include "core/channel_impl.h"\n'
+                                            '#include "protocol/slot_common.h"\n#include "net/socket.h"\n'
+                                            '#include "ucx/ucx.h"\n#include "cuda/driver.h"\n'}.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    found = _cpp_violations({"": tmp_path})
+    found = _cpp_violations({"": tmp_path / "src", "bindings": tmp_path / "bindings"})
     assert [v.split(": ", 1)[1] for v in found] == [
         "bench/kernels.cc includes core/device_impl.h", "core/control_wire.cc includes core/device_impl.h",
         "core/control_wire.h includes core/",
         "core/device.cc includes protocol/", "protocol/slot_common.h includes core/device_impl.h",
-        "ucx/ucx.cc includes core/"], found
+        "ucx/ucx.cc includes core/", "bindings/device.cc includes core/", "bindings/device.cc includes protocol/",
+        "bindings/device.cc includes net/", "bindings/device.cc includes ucx/"], found

@@ -39,6 +39,11 @@ struct ChannelStats {
   std::uint64_t drains = 0;          // direct copies that first waited for earlier UCX operations
 };
 
+// How a channel moves data: one-sided RMA (or a copy where this process maps
+// the peer's memory), or messages the target places (tcp and other
+// transports without one-sided RMA; contracts §12).
+enum class ChannelForm { kRma, kMessages };
+
 // One transfer of a batch (Channel::write_batch / read_batch).
 struct Transfer {
   LocalRegion local;
@@ -117,13 +122,16 @@ class Channel {
   // same-host peer's region that a shared-memory transport maps
   // (DeviceConfig::map_shared_memory). Such operations complete on return.
   bool maps(const RemoteRegion& remote, const LocalRegion& local) const;
+  // A write into a region that maps() with streaming stores, whatever its
+  // size (InvalidArgument when not mapped): for a destination the peer's
+  // core keeps re-reading, whose read-for-ownership halves a plain copy's rate.
+  Request write_streaming(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                          std::size_t remote_offset, std::size_t length);
   ChannelStats stats() const;
   // The UCX transports and devices this channel's endpoint uses
   // ("posix/memory", "rc_mlx5/mlx5_0:1"), from UCX's endpoint query.
   std::vector<std::string> transports() const;
-  // Whether this channel moves data as messages the target places (tcp and
-  // other transports without one-sided RMA; contracts §12) rather than RMA.
-  bool uses_messages() const;
+  ChannelForm form() const;
 
   int lane() const;
   PeerInfo peer() const;

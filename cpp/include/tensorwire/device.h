@@ -132,5 +132,11 @@ std::string ucx_header_version();
 // each (empty from UCX 1.14 on; see ucx/features.h).
 std::vector<std::string> ucx_limits();
 std::uint16_t protocol_version();
+// "tcp", "shm", "rdma", "cuda", "self", or "" for a UCX transport name
+// ("rc_mlx5" -> "rdma", "posix" -> "shm", "cuda_ipc" -> "cuda").
+std::string transport_family(const std::string& ucx_transport);
+// Why transport family `family` is not usable with these UCX resources
+// ("transport/device"), or "" when it is.
+std::string unusable_reason(const std::vector<std::string>& resources, const std::string& family);
 
 }  // namespace tensorwire

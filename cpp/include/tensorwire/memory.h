@@ -113,4 +113,9 @@ class MemoryPool {
   std::shared_ptr<detail::PoolImpl> impl_;
 };
 
+// Copies n bytes as the direct path copies into a mapped peer region
+// (`rep movsb` from 64 KiB, streaming stores for the largest copies). The
+// ranges must not overlap.
+void copy_memory(void* dst, const void* src, std::size_t n);
+
 }  // namespace tensorwire

@@ -26,7 +26,7 @@ void wait_byte(Channel& ch, const volatile std::uint8_t* p, std::uint8_t value, 
   drivers.add(ch.impl()->worker.get());
   detail::WaitPolicy policy;
   policy.spin = std::chrono::microseconds(ch.impl()->worker->spin_us());
-  policy.evented = ch.impl()->waiter_drives();  // over shared memory the byte lands with no event
+  policy.evented = ch.impl()->lane().waiter_drives();  // over shared memory the byte lands with no event
   auto failed = [&] { return ch.impl()->failed(); };
   switch (detail::wait_for(drivers, [&] { return *p == value; }, failed, deadline, policy)) {
     case detail::WaitEnd::kReady: return;
@@ -97,7 +97,7 @@ bool wait_flag(Channel& ch, const volatile std::uint64_t* flag, std::uint64_t ex
   drivers.add(ch.impl()->worker.get());
   detail::WaitPolicy policy;
   policy.spin = std::chrono::microseconds(ch.impl()->worker->spin_us());
-  policy.evented = ch.impl()->waiter_drives();
+  policy.evented = ch.impl()->lane().waiter_drives();
   auto failed = [&] { return ch.impl()->failed(); };
   return detail::wait_for(drivers, [&] { return *flag == expected; }, failed, detail::deadline_after(timeout_s),
                           policy) == detail::WaitEnd::kReady;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "tensorwire/error.h"
+#include "tensorwire/memory.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -156,4 +157,7 @@ void bulk_copy(void* dst, const void* src, std::size_t n) {
 }
 
 }  // namespace detail
+
+void copy_memory(void* dst, const void* src, std::size_t n) { detail::bulk_copy(dst, src, n); }
+
 }  // namespace tensorwire

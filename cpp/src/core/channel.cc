@@ -1,38 +1,20 @@
 // Copyright tensorwire authors.
 //
-// ChannelImpl (core/channel_impl.h) and the public Channel. PendingOps and
-// the deferred releases are in core/pending_ops.cc, Peer in core/peer.cc, the
-// message form's target side in core/messages.cc.
+// ChannelImpl (core/channel_impl.h) and the public Channel. The lanes under
+// channels are in core/lanes.cc, PendingOps and the deferred releases in
+// core/pending_ops.cc, Peer in core/peer.cc, the message form's target side
+// in core/messages.cc.
 #include <atomic>
-#include <cstdio>
-#include <cstdlib>
-#include <algorithm>
 #include <cstring>
 
 #include "core/bulk_copy.h"
 #include "cuda/driver.h"
 #include "core/device_impl.h"
-#include "ucx/features.h"
 
 namespace tensorwire {
 namespace detail {
 
 namespace {
-
-// UCX completion callback for put/get/flush. Runs on whichever thread
-// progresses the worker; settles the race with the poster through the slot
-// that lives in the UCX request (see ChannelImpl::finish_post).
-void on_rma_complete(void* request, ucs_status_t status, void* user_data) {
-  auto* slot = static_cast<ucx::RequestSlot*>(request);
-  slot->status = status;
-  std::uintptr_t prev = slot->state.exchange(ucx::kSlotDone, std::memory_order_acq_rel);
-  if (prev > ucx::kSlotDone) {
-    // The poster attached and left: we own the UCX request now.
-    slot->state.store(0, std::memory_order_relaxed);  // ready for reuse by UCX
-    static_cast<PendingOps*>(user_data)->settle(reinterpret_cast<RequestState*>(prev), status);
-    ucp_request_free(request);
-  }
-}
 
 // The error handler's argument: owned by the worker (see
 // ucx::Worker::keep_until_destroyed), never by the channel.
@@ -49,18 +31,8 @@ void on_data_ep_error(void* arg, ucp_ep_h, ucs_status_t status) {
   }
 }
 
-// A direct copy waits at most this long for UCX operations it must not overtake.
+// A direct copy waits at most this long for one-sided operations it must not overtake.
 constexpr double kDrainTimeoutS = 30.0;
-
-// A socket sends from host memory: a GPU payload is copied to a host buffer
-// first (returned, to keep alive until sent; *payload then points into it).
-std::shared_ptr<std::string> stage_gpu(const void** payload, std::size_t length) {
-  if (!*payload || !length || !cuda::in_use() || !cuda::query(*payload).device) return nullptr;
-  auto staged = std::make_shared<std::string>(length, '\0');
-  cuda::copy(staged->data(), *payload, length);
-  *payload = staged->data();
-  return staged;
-}
 
 bool range_ok(std::size_t offset, std::size_t length, std::uint64_t size) {
   return length <= size && offset <= size - length;
@@ -79,39 +51,33 @@ void settle_chain(RequestState* state, bool ok, ErrorKind kind, const std::strin
   state->release();
 }
 
-}  // namespace
-
-// ---- ChannelImpl ----
-
-namespace {
 bool maps_shared_memory(const Peer& peer) {
   auto dev = peer.device.lock();
   return dev && dev->config.map_shared_memory && peer.info.same_host;
 }
-// A channel to this very device (one process hosting both ends, such as a
-// colocated worker and server): the peer's pool blocks are this process's
-// own memory, whatever the transport.
-std::weak_ptr<PoolImpl> own_pool(const Peer& peer) {
-  auto dev = peer.device.lock();
-  if (!dev || peer.hello.device_id != dev->id) return {};
-  return dev->pool_impl;
-}
+
 }  // namespace
+
+// ---- ChannelImpl ----
 
 ChannelImpl::ChannelImpl(std::shared_ptr<Peer> p, int l, std::shared_ptr<WorkerCtl> w)
     : peer(std::move(p)),
-      lane(l),
+      lane_index(l),
       worker(std::move(w)),
       ops_(new PendingOps(peer, peer->describe())),
-      map_shared_memory_(maps_shared_memory(*peer)),
-      own_pool_(own_pool(*peer)),
-      pool_(peer->device.lock() ? peer->device.lock()->pool_impl : nullptr),
-      self_(!own_pool_.expired()) {}
+      map_shared_memory_(maps_shared_memory(*peer)) {}
 
 void ChannelImpl::connect(const std::string& remote_worker_address) {
   auto dev = peer->device.lock();
   if (!dev) throw ConnectionError("device is closed");
-  if (!self_ && dev->socket_lanes()) return connect_socket(*dev);
+  // A channel to this very device (one process hosting both ends, such as
+  // a colocated worker and server): its lane copies our own pool blocks,
+  // whatever the transport.
+  const bool self = peer->hello.device_id == dev->id;
+  if (!self && dev->socket_lanes()) {
+    lane_ = connect_socket(*dev);
+    return;
+  }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -124,38 +90,47 @@ void ChannelImpl::connect(const std::string& remote_worker_address) {
   ucp_ep_h handle = nullptr;
   const ucs_status_t st = ucp_ep_create(worker->get(), &params, &handle);
   // Transport auto: a peer no UCX transport of ours reaches gets a tcp lane.
-  if (st == UCS_ERR_UNREACHABLE && !self_ && dev->config.transport == "auto") return connect_socket(*dev);
+  if (st == UCS_ERR_UNREACHABLE && !self && dev->config.transport == "auto") {
+    lane_ = connect_socket(*dev);
+    return;
+  }
   ucx::check(st, "cannot create a data endpoint to " + peer->describe());
-  ep = std::make_shared<ucx::Endpoint>(worker->worker(), handle);
+  auto ep = std::make_shared<ucx::Endpoint>(worker->worker(), handle);
+  LaneContext context{worker, ops_, peer->describe()};
+  if (self) {
+    lane_ = self_lane(std::move(context), std::move(ep), dev->pool_impl);
+    return;
+  }
+  const LaneForm form = dev->lane_forms.empty() ? LaneForm::kAuto
+                                                : dev->lane_forms[lane_index % dev->lane_forms.size()];
+  lane_ = ucx_lane(std::move(context), std::move(ep), form, dev->pool_impl, peer->hello.pid);
 }
 
-void ChannelImpl::connect_socket(DeviceImpl& dev) {
+std::unique_ptr<Lane> ChannelImpl::connect_socket(DeviceImpl& dev) {
+  LaneContext context{worker, ops_, peer->describe()};
+  const std::string transport = "tcp/" + (dev.lane_interface.empty() ? std::string("socket") : dev.lane_interface);
   // The peer's own lane, where it dialled one: its frames and ours share the
   // socket, each side's replies coming back on it (lane_handlers serves both).
   // bench/results/net_one_socket.txt: a round trip is two segments, not three.
-  const int here = static_cast<int>(lane % dev.workers.size());
-  auto theirs = peer->inbound_lane(lane, here);
-  if (!theirs && peer->accepted) theirs = peer->lane_from_dialer(lane, here, dev.config.connect_timeout_s);
-  if (theirs) {
-    sock = std::move(theirs);
-    borrowed_sock = true;
-    return;
-  }
+  const int here = static_cast<int>(lane_index % dev.workers.size());
+  auto theirs = peer->inbound_lane(lane_index, here);
+  if (!theirs && peer->accepted) theirs = peer->lane_from_dialer(lane_index, here, dev.config.connect_timeout_s);
+  if (theirs) return socket_lane(std::move(context), std::move(theirs), /*borrowed=*/true, lane_index, transport);
   auto [host, port] = net::split_address(peer->hello.address);
   socklen_t len = 0;
   const sockaddr_storage ss = net::resolve(host, port, &len);
-  auto conn = net::Conn::dial(ss, len, "tcp lane " + std::to_string(lane) + " to " + peer->describe(),
+  auto conn = net::Conn::dial(ss, len, "tcp lane " + std::to_string(lane_index) + " to " + peer->describe(),
                               dev.config.connect_timeout_s, dev.config.keepalive_s, dev.lane_interface);
   LaneIntro intro;
   intro.version = dev.config.protocol_version ? dev.config.protocol_version : control::kProtocolVersion;
-  intro.worker = static_cast<std::uint16_t>(lane % peer->hello.workers.size());
-  intro.lane = static_cast<std::uint32_t>(lane);
+  intro.worker = static_cast<std::uint16_t>(lane_index % peer->hello.workers.size());
+  intro.lane = static_cast<std::uint32_t>(lane_index);
   intro.token = peer->hello.data_token;
   conn->send(intro.encode());  // before any data message; the acceptor checks it first
   // Replies to what we send come back on the same socket, to this lane's worker.
-  auto [on_frame, on_close] = dev.lane_handlers(static_cast<int>(lane % dev.workers.size()), peer);
+  auto [on_frame, on_close] = dev.lane_handlers(static_cast<int>(lane_index % dev.workers.size()), peer);
   worker->sockets().add(conn, std::move(on_frame), std::move(on_close));
-  sock = std::move(conn);
+  return socket_lane(std::move(context), std::move(conn), /*borrowed=*/false, lane_index, transport);
 }
 
 ChannelImpl::~ChannelImpl() {
@@ -163,8 +138,7 @@ ChannelImpl::~ChannelImpl() {
   // queued in a transport) when the worker is destroyed; those completions
   // land in ops_, which lives until the last of them. A socket fails what it
   // still queues when its worker's poller sees it closed.
-  if (ep) ep->close(true);
-  if (sock && !borrowed_sock) sock->close("channel closed");
+  if (lane_) lane_->close();
   ops_->fail(ErrorKind::kConnection, "channel closed");
   ops_->release();
   drain_deferred_releases();
@@ -175,7 +149,7 @@ void ChannelImpl::check_usable() const {
   // Peer::fail marks the peer failed (peers() drops it) before it fails its
   // channels one by one: an op posted in between fails as it would after.
   if (peer->failed()) throw PeerFailed(peer->describe() + " has failed");
-  if (sock ? sock->closed() : (!ep || !ep->get())) throw ConnectionError("channel is closed");
+  if (!lane_->usable()) throw ConnectionError("channel is closed");
 }
 
 bool ChannelImpl::check_rma(const char* op, const LocalRegion& local, std::size_t local_offset,
@@ -204,42 +178,24 @@ Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t lo
                          const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
   const char* op = is_write ? "write" : "read";
   if (!check_rma(op, local, local_offset, remote, remote_offset, length)) return Request();
-  const RegionDescriptor& rd = remote.descriptor();
   // GPU memory is never copied here: UCX's CUDA transports move it, in this
   // thread's CUDA context.
-  const bool host_target = rd.memory_type == MemoryType::kHost;
   if (cuda::in_use()) cuda::bind_thread(cuda::first_ordinal());
-  if (self_ && host_target && map_shared_memory_ && host_memory(local)) {
-    if (char* mine = own_memory(remote)) return direct(is_write, local, local_offset, mine, remote_offset, length);
-  }
-  if (uses_messages()) return message_rma(is_write, local, local_offset, remote, remote_offset, length);
-  return ucx_rma(is_write, local, local_offset, remote, remote_offset, length);
+  if (lane_->rma_is_messages()) return message_rma(is_write, local, local_offset, remote, remote_offset, length);
+  return one_sided(is_write, local, local_offset, remote, remote_offset, length);
 }
 
-Request ChannelImpl::ucx_rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
-                             const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
-  const char* op = is_write ? "write" : "read";
+Request ChannelImpl::one_sided(bool is_write, const LocalRegion& local, std::size_t local_offset,
+                               const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
   const RegionDescriptor& rd = remote.descriptor();
   const bool host_target = rd.memory_type == MemoryType::kHost;
-  const RemoteRegionImpl::Access access = access_to(remote);
+  const RemoteRegionImpl::Access access = lane_->access(remote);
   if (access.mapped && host_target && map_shared_memory_ && host_memory(local)) {
     return direct(is_write, local, local_offset, access.mapped, remote_offset, length);
   }
-  ucp_rkey_h rkey = access.rkey;
-  ucx_since_fence_.store(true, std::memory_order_relaxed);
+  rma_since_fence_.store(true, std::memory_order_relaxed);
   posted_.fetch_add(1, std::memory_order_relaxed);
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
-  param.cb.send = on_rma_complete;
-  param.user_data = ops_;
-  param.memh = local.memh;
-  void* buffer = static_cast<char*>(local.address) + local_offset;
-  const std::uint64_t raddr = rd.address + remote_offset;
-  WorkerCtl::Caller caller(worker.get());
-  WorkerCtl::Use use(worker.get());
-  ucs_status_ptr_t ptr = is_write ? ucp_put_nbx(ep->get(), buffer, length, raddr, rkey, &param)
-                                  : ucp_get_nbx(ep->get(), buffer, length, raddr, rkey, &param);
-  Request request = finish_post(ptr, op, &local.owner, &remote);
+  Request request = lane_->rma(is_write, local, local_offset, remote, access.rkey, rd.address + remote_offset, length);
   drain_deferred_releases();
   return request;
 }
@@ -307,11 +263,10 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
     op.memh = local.memh;
     op.length = length;
   }
-  // An eager write is applied by the target in order (core/messages.h): a
-  // fence after it waits for nothing. Reads are not: the target's reply may
-  // read its memory after later writes landed.
-  // On a socket every write is: the target reads one frame at a time.
-  const bool ordered = is_write && (sock || (length <= kOrderedPutMax && one_lane()));
+  // A write the target applies in order (core/messages.h): a fence after it
+  // waits for nothing. Reads are not: the target's reply may read its memory
+  // after later writes landed.
+  const bool ordered = is_write && lane_->write_message_in_order(length);
   ops_->add_message(state, ordered);  // before the post: the reply may beat its return
   const std::uint64_t id = dev->add_message_op(op);
   DataHeader h;
@@ -327,53 +282,18 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
     extra = std::move(w.str());
   }
   posted_.fetch_add(1, std::memory_order_relaxed);
-  if (sock) {
+  try {
     // The op completes on the target's reply, which comes after the payload arrived.
-    const void* payload = is_write ? here : nullptr;
-    const std::size_t n = is_write ? length : 0;
-    auto staged = stage_gpu(&payload, n);
-    try {
-      sock->send(h.encode(extra), payload, n, [&staged]() -> net::SendDone {
-        if (!staged) return nullptr;
-        return [staged](bool) {};  // keeps the staged copy until it left
-      });
-    } catch (const Error& e) {
-      DeviceImpl::MessageOp taken;
-      if (dev->take_message_op(id, peer.get(), &taken)) {
-        state->complete_error(ErrorKind::kConnection, std::string(is_write ? "write" : "read") + " to " +
-                                                          peer->describe() + " failed: " + e.what());
-        ops_->settle_message(state, UCS_ERR_CONNECTION_RESET);
-      }
-    }
-    worker->flush_deferred();
-    drain_deferred_releases();
-    return Request(state);
-  }
-  ucs_status_ptr_t ptr;
-  {
-    WorkerCtl::Caller caller(worker.get());
-    WorkerCtl::Use use(worker.get());
-    // The op completes on the target's reply, which comes only after the
-    // payload left: the send itself needs no tracking.
-    ptr = post_message(ep->get(), h.encode(extra), is_write ? here : nullptr, is_write ? length : 0,
-                       is_write ? local.memh : nullptr, [](void* request, ucs_status_t, void*) { ucp_request_free(request); },
-                       nullptr, ordered);
-  }
-  if (UCS_PTR_IS_ERR(ptr)) {
+    lane_->post(h.encode(extra), is_write ? here : nullptr, is_write ? length : 0, is_write ? local.memh : nullptr,
+                ordered);
+  } catch (const Error& e) {
     DeviceImpl::MessageOp taken;
     if (dev->take_message_op(id, peer.get(), &taken)) {
-      state->complete_error(ucx::error_kind(UCS_PTR_STATUS(ptr)), std::string(is_write ? "write" : "read") + " to " +
-                                                                       peer->describe() + " failed: " +
-                                                                       ucs_status_string(UCS_PTR_STATUS(ptr)));
-      ops_->settle_message(state, UCS_PTR_STATUS(ptr));
+      state->complete_error(e.kind(), std::string(is_write ? "write" : "read") + " to " + peer->describe() +
+                                          " failed: " + e.what());
+      ops_->settle_message(state, UCS_ERR_CONNECTION_RESET);
     }
-  } else if (UCS_PTR_IS_PTR(ptr)) {
-    worker->wake();  // the message itself is still going out: someone must progress it
   }
-  // Else it left at once, and what remains, the target's reply, arrives as an
-  // event of this worker: a sleeping progress thread wakes for it, and a
-  // caller that waits handles it first. Waking the progress thread per post
-  // cost a third of a CPU in a tcp ping-pong of two ranks on two cores.
   worker->flush_deferred();  // after the caller's own message
   drain_deferred_releases();
   return Request(state);
@@ -388,22 +308,10 @@ Request ChannelImpl::send_message(DataHeader h, std::string_view extra, const Lo
 }
 
 bool ChannelImpl::ride_message(const void* key, DataHeader h) {
-  // A lane that failed or closed: the caller's own path reports it where it always did.
-  if (!sock || failed() || sock->closed()) return false;
+  // A lane that failed: the caller's own path reports it where it always did.
+  if (failed()) return false;
   h.token = peer->hello.data_token;
-  bool first;
-  try {
-    first = sock->ride(key, h.encode());
-  } catch (const ConnectionError&) {  // closed since the look above
-    return false;
-  }
-  if (first) {
-    std::weak_ptr<net::Conn> weak = sock;
-    worker->defer([weak] {
-      if (auto conn = weak.lock()) conn->flush_riders();
-    });
-  }
-  return true;
+  return lane_->ride(key, h);
 }
 
 Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local,
@@ -412,41 +320,14 @@ Request ChannelImpl::post_data_message(DataHeader h, std::string_view extra, con
   h.token = peer->hello.data_token;
   const void* payload = local && length ? static_cast<const char*>(local->address) + offset : nullptr;
   posted_.fetch_add(1, std::memory_order_relaxed);
-  if (sock) return socket_send(h.encode(extra), payload, payload ? length : 0, local ? &local->owner : nullptr);
-  WorkerCtl::Caller caller(worker.get());
-  WorkerCtl::Use use(worker.get());
-  ucs_status_ptr_t ptr = post_message(ep->get(), h.encode(extra), payload, payload ? length : 0,
-                                      payload ? local->memh : nullptr, on_rma_complete, ops_);
-  return finish_post(ptr, "send", local ? &local->owner : nullptr);
-}
-
-Request ChannelImpl::socket_send(const std::string& header, const void* payload, std::size_t length,
-                                 const std::shared_ptr<const void>* local_owner) {
-  auto staged = stage_gpu(&payload, length);
-  // Tracked only when the frame could not all leave at once (the common small
-  // send is complete on return): one ref for the Request, one for the send's
-  // completion (ops_ tracks it).
-  RequestState* state = nullptr;
-  PendingOps* ops = ops_;
-  try {
-    const bool left = sock->send(header, payload, length, [&]() -> net::SendDone {
-      state = new RequestState(worker, 2);
-      if (local_owner) state->local_owner = *local_owner;
-      ops->add(state);
-      return [ops, state, staged](bool ok) { ops->settle(state, ok ? UCS_OK : UCS_ERR_CONNECTION_RESET); };
-    });
-    if (left) return Request();
-  } catch (const Error& e) {
-    return Request::failed(ErrorKind::kConnection, "send to " + peer->describe() + " failed: " + e.what());
-  }
-  worker->wake();  // the rest leaves when the socket can take it: someone must progress
-  return Request(state);
+  return lane_->send(h.encode(extra), payload, payload ? length : 0, payload ? local->memh : nullptr,
+                     local ? &local->owner : nullptr);
 }
 
 bool ChannelImpl::can_place(const LocalRegion& local, const RemoteRegion& remote) const {
-  // A tcp lane has no RMA: its payloads travel in the message, read into place by the target.
-  if (sock) return false;
-  return !self_ && uses_messages() && remote.descriptor().memory_type == MemoryType::kHost && host_memory(local);
+  // Placing takes a one-sided put: a tcp lane's payloads travel in the message, read into place by the target.
+  return lane_->rma_is_messages() && lane_->one_sided() && remote.descriptor().memory_type == MemoryType::kHost &&
+         host_memory(local);
 }
 
 Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,
@@ -457,11 +338,11 @@ Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offs
     return send_message(h, extra, nullptr, 0, 0);
   }
   // Not waited on: the flush below completes after it (its state keeps the source alive).
-  Request put = ucx_rma(true, local, offset, remote, remote_offset, length);
+  Request put = one_sided(true, local, offset, remote, remote_offset, length);
   if (put.state() < 0) return put;
   // The flush completes once the target acknowledged every put before it
   // (over tcp: its UCX placed the bytes), so the message cannot overtake them.
-  Request landed = ucx_flush();
+  Request landed = flush_one_sided();
   drain_deferred_releases();
   if (landed.state() != 0) {
     if (landed.state() < 0) return landed;
@@ -470,35 +351,6 @@ Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offs
   return post_after(std::move(landed), [h, extra = std::move(extra)](ChannelImpl& channel) {
     return channel.post_data_message(h, extra, nullptr, 0, 0);
   });
-}
-
-bool ChannelImpl::one_lane() const {
-  if (sock) return true;
-  int known = one_lane_.load(std::memory_order_relaxed);
-  if (known >= 0) return known != 0;
-  const bool one = lane_transports().size() == 1;  // unknown (an older UCX): not assumed
-  one_lane_.store(one ? 1 : 0, std::memory_order_relaxed);
-  return one;
-}
-
-bool ChannelImpl::uses_messages() const {
-  if (sock) return true;
-  int known = messages_.load(std::memory_order_relaxed);
-  if (known >= 0) return known != 0;
-  bool use = false;
-  if (!self_) {
-    auto dev = peer->device.lock();
-    auto form = DeviceImpl::LaneForm::kAuto;
-    if (dev && !dev->lane_forms.empty()) form = dev->lane_forms[lane % dev->lane_forms.size()];
-    use = form == DeviceImpl::LaneForm::kMessages || (form == DeviceImpl::LaneForm::kAuto && needs_target_progress());
-  }
-  messages_.store(use ? 1 : 0, std::memory_order_relaxed);
-  return use;
-}
-
-char* ChannelImpl::own_memory(const RemoteRegion& remote) const {
-  auto pool = own_pool_.lock();
-  return pool ? remote.impl()->own_memory(*pool) : nullptr;
 }
 
 bool ChannelImpl::host_memory(const LocalRegion& local) const {
@@ -518,8 +370,8 @@ Request ChannelImpl::write_streaming(const LocalRegion& local, std::size_t local
 Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
                             std::size_t remote_offset, std::size_t length, bool streaming) {
   if (drain_before_direct_.exchange(false, std::memory_order_acq_rel)) {
-    // UCX operations posted before the last fence may still be in flight:
-    // this copy must not overtake them.
+    // One-sided operations posted before the last fence may still be in
+    // flight: this copy must not overtake them.
     drains_.fetch_add(1, std::memory_order_relaxed);
     flush().wait(kDrainTimeoutS);
   }
@@ -542,12 +394,7 @@ Request ChannelImpl::direct(bool is_write, const LocalRegion& local, std::size_t
 
 void ChannelImpl::check_remote(const RemoteRegion& remote) const {
   check_usable();
-  if (!sock) access_to(remote);  // a tcp lane uses no key: the target checks every address
-}
-
-RemoteRegionImpl::Access ChannelImpl::access_to(const RemoteRegion& remote) const {
-  // A channel to this very device reaches its own memory on purpose: nothing to verify.
-  return remote.impl()->access_for(ep, self_ ? nullptr : pool_.get(), peer->hello.pid, /*verify=*/!self_);
+  lane_->access(remote);  // a tcp lane uses no key: the target checks every address
 }
 
 char* ChannelImpl::direct_target(const RemoteRegion& remote, const LocalRegion& local) const {
@@ -562,58 +409,8 @@ char* ChannelImpl::mapped(const RemoteRegion& remote, bool rma_form_only) const 
   if (remote.descriptor().memory_type != MemoryType::kHost) return nullptr;
   if (remote.descriptor().device_id != peer->hello.device_id) return nullptr;
   check_usable();
-  if (self_) return own_memory(remote);
-  if (rma_form_only && uses_messages()) return nullptr;  // writes and reads go as messages, never a copy here
-  if (sock || !ep) return nullptr;  // a tcp lane: no key, no mapping
-  return access_to(remote).mapped;
-}
-
-std::vector<std::string> ChannelImpl::lane_transports() const {
-  std::vector<std::string> out;
-  if (sock) {
-    auto dev = peer->device.lock();
-    return {"tcp/" + (dev && !dev->lane_interface.empty() ? dev->lane_interface : std::string("socket"))};
-  }
-  if (!ep || !ep->get()) return out;
-#if !TW_UCX_HAS_EP_TRANSPORTS
-  return out;  // this UCX cannot name an endpoint's transports (ucx_limits)
-#else
-  ucp_transport_entry_t entries[16];
-  ucp_ep_attr_t attr{};
-  attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
-  attr.transports.entries = entries;
-  attr.transports.num_entries = 16;
-  attr.transports.entry_size = sizeof(ucp_transport_entry_t);
-  if (ucp_ep_query(ep->get(), &attr) != UCS_OK) return out;
-  for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
-    std::string name = std::string(entries[i].transport_name ? entries[i].transport_name : "?") + "/" +
-                       (entries[i].device_name ? entries[i].device_name : "?");
-    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(std::move(name));
-  }
-  return out;
-#endif
-}
-
-bool ChannelImpl::needs_target_progress() const {
-  if (sock) return true;
-  int known = target_progress_.load(std::memory_order_relaxed);
-  if (known >= 0) return known != 0;
-  const std::vector<std::string> lanes = lane_transports();
-  // Unknown (an older UCX): assume the RMA is emulated, i.e. the message form,
-  // correct on every transport.
-  if (lanes.empty()) return true;
-  // Transports whose puts complete in the target's memory on their own.
-  static const char* const kOneSided[] = {"posix", "sysv", "xpmem", "cma", "knem", "self", "rc_verbs", "rc_mlx5",
-                                          "dc_mlx5", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc"};
-  bool needs = false;
-  for (const std::string& lane : lanes) {
-    const std::string name = lane.substr(0, lane.find('/'));
-    bool one_sided = false;
-    for (const char* t : kOneSided) one_sided = one_sided || name == t;
-    needs = needs || !one_sided;
-  }
-  target_progress_.store(needs ? 1 : 0, std::memory_order_relaxed);
-  return needs;
+  if (rma_form_only && lane_->rma_is_messages()) return nullptr;  // writes and reads go as messages, never a copy here
+  return lane_->mapping(remote);
 }
 
 ChannelStats ChannelImpl::stats() const {
@@ -628,38 +425,30 @@ ChannelStats ChannelImpl::stats() const {
 
 Request ChannelImpl::flush() {
   check_usable();
-  if (uses_messages()) return ops_->flush_messages(worker);  // every op completes on the target's reply
-  return ucx_flush();
+  if (lane_->rma_is_messages()) return ops_->flush_messages(worker);  // every op completes on the target's reply
+  return flush_one_sided();
 }
 
-Request ChannelImpl::ucx_flush() {
+Request ChannelImpl::flush_one_sided() {
   // Large memcpys use non-temporal stores, which x86 does not order with
   // later stores: make every direct copy so far visible first.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-  param.cb.send = on_rma_complete;
-  param.user_data = ops_;
-  WorkerCtl::Caller caller(worker.get());
-  WorkerCtl::Use use(worker.get());
-  return finish_post(ucp_ep_flush_nbx(ep->get(), &param), "flush");
+  return lane_->flush();
 }
 
 void ChannelImpl::fence() {
   check_usable();
-  if (uses_messages()) {
+  if (lane_->rma_is_messages()) {
     // Eager writes are applied in order (message_rma); a rendezvous payload
     // or a read's reply lands later: wait for every op in flight then.
     if (ops_->unordered_in_flight()) flush().wait(kDrainTimeoutS);
     return;
   }
   std::atomic_thread_fence(std::memory_order_seq_cst);  // orders direct copies (see flush)
-  if (ucx_since_fence_.exchange(false, std::memory_order_acq_rel)) {
+  if (rma_since_fence_.exchange(false, std::memory_order_acq_rel)) {
     drain_before_direct_.store(true, std::memory_order_release);
   }
-  WorkerCtl::Caller caller(worker.get());
-  WorkerCtl::Use use(worker.get());
-  ucx::check(ucp_worker_fence(worker->get()), "fence");
+  lane_->fence();
 }
 
 Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
@@ -671,8 +460,9 @@ Request ChannelImpl::write_ordered(const LocalRegion& local, std::size_t local_o
   // Inline mode keeps the blocking fence too: no thread but the caller's
   // progresses, so a write chained to a flush would wait for the caller's
   // next wait (and never come if the caller sends last and leaves).
-  if ((!needs_target_progress() && !uses_messages()) || worker->mode() == ProgressMode::kInline ||
-      (uses_messages() && !ops_->unordered_in_flight())) {
+  const bool messages = lane_->rma_is_messages();
+  if ((!lane_->needs_target_progress() && !messages) || worker->mode() == ProgressMode::kInline ||
+      (messages && !ops_->unordered_in_flight())) {
     fence();
     return rma(true, local, local_offset, remote, remote_offset, length);
   }
@@ -696,11 +486,11 @@ Request ChannelImpl::write_flagged(const LocalRegion& local, std::size_t local_o
   if ((remote.descriptor().address + flag_remote_offset) % 8) {
     throw InvalidArgument("write_flagged: the flag must be an aligned 8-byte word");
   }
-  if (uses_messages() && !self_) {
+  if (lane_->rma_is_messages()) {
     // One message: the target lands the payload, then sets the flag (kPutFlagged).
     std::uint64_t flag;
     std::memcpy(&flag, static_cast<const char*>(local.address) + flag_local_offset, sizeof(flag));
-    if (!landed && sock) {
+    if (!landed && lane_->unanswered_flagged_writes()) {
       // Unanswered (operation id 0): one syscall less at each end per record, and no
       // reply to wake our progress thread.
       DataHeader h;
@@ -712,8 +502,8 @@ Request ChannelImpl::write_flagged(const LocalRegion& local, std::size_t local_o
       ByteWriter w;
       w.put<std::uint64_t>(flag);
       posted_.fetch_add(1, std::memory_order_relaxed);
-      Request sent = socket_send(h.encode(w.str()), static_cast<const char*>(local.address) + local_offset, length,
-                                 &local.owner);
+      Request sent = lane_->send(h.encode(w.str()), static_cast<const char*>(local.address) + local_offset, length,
+                                 local.memh, &local.owner);
       worker->flush_deferred();
       drain_deferred_releases();
       return sent;
@@ -769,32 +559,6 @@ Request ChannelImpl::post_after(Request before, std::function<Request(ChannelImp
   return Request(outer);
 }
 
-Request ChannelImpl::finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner,
-                                 const RemoteRegion* remote) {
-  if (ptr == nullptr) return Request();  // completed in place: nothing allocated
-  if (UCS_PTR_IS_ERR(ptr)) {
-    ucs_status_t st = UCS_PTR_STATUS(ptr);
-    return Request::failed(ucx::error_kind(st), std::string(op) + " to " + peer->describe() + " failed: " +
-                                                    ucs_status_string(st));
-  }
-  // One ref for the Request, one for UCX's callback (tracked by ops_).
-  auto* state = new RequestState(worker, 2);
-  if (local_owner) state->local_owner = *local_owner;
-  if (remote) state->remote_owner = remote->shared();
-  ops_->add(state);
-  auto* slot = static_cast<ucx::RequestSlot*>(ptr);
-  std::uintptr_t prev = slot->state.exchange(reinterpret_cast<std::uintptr_t>(state), std::memory_order_acq_rel);
-  if (prev == ucx::kSlotDone) {
-    // The callback ran before we attached: settle and free here. Otherwise
-    // the callback frees (ucp_request_free before completion would silence it).
-    slot->state.store(0, std::memory_order_relaxed);
-    ops_->settle(state, slot->status);
-    ucp_request_free(ptr);
-  }
-  worker->wake();
-  return Request(state);
-}
-
 }  // namespace detail
 
 // ---- public Channel ----
@@ -834,12 +598,18 @@ Request Channel::write_ordered(const LocalRegion& local, std::size_t local_offse
   return impl_of(impl_).write_ordered(local, local_offset, remote, remote_offset, length);
 }
 Request Channel::flush() { return impl_of(impl_).flush(); }
-int Channel::lane() const { return impl_of(impl_).lane; }
+int Channel::lane() const { return impl_of(impl_).lane_index; }
 bool Channel::maps(const RemoteRegion& remote, const LocalRegion& local) const {
   return impl_of(impl_).direct_target(remote, local) != nullptr;
 }
-std::vector<std::string> Channel::transports() const { return impl_of(impl_).lane_transports(); }
-bool Channel::uses_messages() const { return impl_of(impl_).uses_messages(); }
+std::vector<std::string> Channel::transports() const { return impl_of(impl_).lane().transports(); }
+ChannelForm Channel::form() const {
+  return impl_of(impl_).lane().rma_is_messages() ? ChannelForm::kMessages : ChannelForm::kRma;
+}
+Request Channel::write_streaming(const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                                 std::size_t remote_offset, std::size_t length) {
+  return impl_of(impl_).write_streaming(local, local_offset, remote, remote_offset, length);
+}
 ChannelStats Channel::stats() const { return impl_of(impl_).stats(); }
 PeerInfo Channel::peer() const { return impl_of(impl_).peer->info; }
 unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }
@@ -847,19 +617,7 @@ unsigned Channel::progress() { return impl_of(impl_).worker->progress(); }
 std::string Channel::transport_info() const {
   auto& ch = impl_of(impl_);
   ch.check_usable();
-  if (ch.sock) {
-    return "tcp/socket: lane " + std::to_string(ch.lane) + " is tensorwire's own socket (" + ch.sock->name() +
-           (ch.borrowed_sock ? ", dialled by the peer, used both ways" : "") + ")\n";
-  }
-  char* buf = nullptr;
-  size_t size = 0;
-  FILE* f = open_memstream(&buf, &size);
-  if (!f) return {};
-  ucp_ep_print_info(ch.ep->get(), f);
-  std::fclose(f);
-  std::string out(buf, size);
-  std::free(buf);
-  return out;
+  return ch.lane().info();
 }
 
 RemoteRegion Channel::lookup(const std::string& name, double timeout_s) {

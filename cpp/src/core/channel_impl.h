@@ -5,10 +5,15 @@
 //
 // Ownership: a Peer owns its control connection (a net::Conn, tensorwire's
 // own socket: net/socket.h) and its channels (until it fails) and knows its
-// device weakly; a ChannelImpl holds its lane (a UCX data endpoint, or for a
-// tcp lane a net::Conn: its own, or the one the peer dialled) and keeps its
-// Peer alive. Endpoints keep workers alive, workers keep contexts alive, so
-// Python may drop objects in any order.
+// device weakly; a ChannelImpl owns its lane (core/lane.h: a UCX data
+// endpoint, or for a tcp lane a net::Conn, its own or the one the peer
+// dialled) and keeps its Peer alive. Endpoints keep workers alive, workers
+// keep contexts alive, so Python may drop objects in any order.
+//
+// A channel moves data in one of two forms, as its lane's properties say:
+// one-sided (the lane's RMA, or a copy where this process maps the peer's
+// memory) or messages the target serves (Lane::rma_is_messages). Which
+// transport it is decides nothing here.
 //
 // Liveness: UCX data endpoints are created without UCX peer error handling
 // (shared-memory transports refuse it, and tcp puts run ~3x slower with it):
@@ -37,6 +42,7 @@
 #include <vector>
 
 #include "core/control_wire.h"
+#include "core/lane.h"
 #include "core/memory_impl.h"
 #include "core/messages.h"
 #include "core/request_state.h"
@@ -107,8 +113,11 @@ class PendingOps {
 
 class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
  public:
-  ChannelImpl(std::shared_ptr<Peer> peer, int lane, std::shared_ptr<WorkerCtl> worker);
+  ChannelImpl(std::shared_ptr<Peer> peer, int lane_index, std::shared_ptr<WorkerCtl> worker);
   ~ChannelImpl();
+  // Makes the lane: a UCX endpoint to the peer's worker at
+  // `remote_worker_address`, or (transport tcp, or auto where UCX reaches
+  // no transport of the peer) a socket.
   void connect(const std::string& remote_worker_address);
 
   // Checks one transfer (InvalidArgument naming `op`); true when it moves bytes.
@@ -147,36 +156,19 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   Request direct(bool is_write, const LocalRegion& local, std::size_t local_offset, char* mapped,
                  std::size_t remote_offset, std::size_t length, bool streaming = false);
   ChannelStats stats() const;
-  // Whether a write from the peer over this channel's transports lands only
-  // when this side progresses its worker (tcp and UCX's other emulated RMA);
-  // not over shared memory or verbs RC/DC. Waiters on a word the peer writes
-  // drive the worker only then. Conservative (true) until UCX can tell.
-  bool needs_target_progress() const;
-  // The UCX transports of this channel's endpoint, "transport/device"
-  // (empty when UCX cannot say).
-  std::vector<std::string> lane_transports() const;
-  // Whether this lane carries slots and plain write/read as messages
-  // (core/messages.h): where its RMA is emulated (needs_target_progress), or
-  // as TENSORWIRE_LANE_FORM forces; never on a channel to this very device.
-  bool uses_messages() const;
-  // Whether this channel's eager messages reach the peer in the order they
-  // were sent: one lane (one transport connection) carries them all.
-  bool one_lane() const;
-  // Whether a waiter for something the peer sends must drive this lane's
-  // worker: emulated RMA, or messages (handled by whoever progresses).
-  bool waiter_drives() const { return needs_target_progress() || uses_messages(); }
+  // The transport under this channel and what it can do (core/lane.h).
+  Lane& lane() const { return *lane_; }
   // Posts a data message (header `h` with this peer's token, `extra`, and
   // local[offset..+length) as payload); completes when the local bytes may be reused.
   Request send_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                        std::size_t length);
   // A header-only message that need not leave now (a slot's release): it
-  // rides in the next message sent on this lane's socket (net::Conn::ride;
-  // `key` coalesces: a later one replaces it), or goes at the worker's next
-  // flush point if none is sent first. False where the lane has no socket
-  // (UCX lanes) or is no longer usable: then send it the usual way.
+  // rides in the next message sent on this lane (Lane::ride), or goes at the
+  // worker's next flush point if none is sent first. False where the lane
+  // cannot or is no longer usable: then send it the usual way.
   bool ride_message(const void* key, DataHeader h);
   // Whether a payload from `local` to `remote` can go placed
-  // (put_then_message): a message-form lane, host memory on both sides.
+  // (put_then_message): a message-form lane with one-sided puts, host memory on both sides.
   bool can_place(const LocalRegion& local, const RemoteRegion& remote) const;
   // A slot's placed send on a message-form lane (contracts §12): UCX puts
   // local[offset..+length) at remote[remote_offset..] (memory the peer
@@ -188,47 +180,34 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // Unpacks `remote`'s key on this lane now (cached) and checks what it maps:
   // InvalidArgument for a key a peer made up.
   void check_remote(const RemoteRegion& remote) const;
-  // remote's key on this lane (unpacked once) and its mapping, checked.
-  RemoteRegionImpl::Access access_to(const RemoteRegion& remote) const;
 
   const std::shared_ptr<Peer> peer;
-  const int lane;
+  const int lane_index;  // Channel::lane()
   const std::shared_ptr<WorkerCtl> worker;
-  // The lane's connection: a UCX endpoint, or (a tcp lane) tensorwire's own
-  // socket, which carries every operation in the message form.
-  std::shared_ptr<ucx::Endpoint> ep;
-  std::shared_ptr<net::Conn> sock;
-  bool borrowed_sock = false;  // sock is the peer's own lane (Peer::inbound_lane): not ours to close
 
  private:
   // direct_target and mapping_of: remote's first byte where this process maps it;
   // `rma_form_only`: nullptr on a lane that carries writes and reads as messages.
   char* mapped(const RemoteRegion& remote, bool rma_form_only) const;
-  Request finish_post(ucs_status_ptr_t ptr, const char* op, const std::shared_ptr<const void>* local_owner = nullptr,
-                      const RemoteRegion* remote = nullptr);
-  // UCX's own put or get (or the direct copy where the region is mapped),
-  // whatever the lane's form; `rma` after its checks.
-  Request ucx_rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                  std::size_t remote_offset, std::size_t length);
-  Request ucx_flush();  // ucp_ep_flush: every UCX operation posted before it has completed
+  // The lane's one-sided put or get, or the direct copy where the region is
+  // mapped, whatever the lane's form; `rma` after its checks.
+  Request one_sided(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                    std::size_t remote_offset, std::size_t length);
+  Request flush_one_sided();  // every one-sided operation (and direct copy) before it has completed
   // Posts next(*this) once `before` completed (write_ordered's write after
   // its flush, a placed send's header after its put): the Request completes
   // with what `next` posted, or fails with the first error. The owners stay
   // alive until the chain ends.
   Request post_after(Request before, std::function<Request(ChannelImpl&)> next,
                      std::shared_ptr<const void> local_owner = {}, std::shared_ptr<const void> remote_owner = {});
-  // A tcp lane: dials the peer's listener and introduces the lane (LaneIntro).
-  void connect_socket(DeviceImpl& dev);
-  // Sends a frame on the tcp lane; the Request completes once the payload left.
-  Request socket_send(const std::string& header, const void* payload, std::size_t length,
-                      const std::shared_ptr<const void>* local_owner);
+  // A tcp lane's socket: the one the peer dialled for this lane, else one
+  // dialled to its listener and introduced (LaneIntro).
+  std::unique_ptr<Lane> connect_socket(DeviceImpl& dev);
   // send_message without its after-post duties (deferred releases): also from a UCX callback.
   Request post_data_message(DataHeader h, std::string_view extra, const LocalRegion* local, std::size_t offset,
                             std::size_t length);
 
   bool host_memory(const LocalRegion& local) const;
-  // A pool block of this very device (self_): its first byte, pinned; else nullptr.
-  char* own_memory(const RemoteRegion& remote) const;
   // write/read in the message form: the target checks and applies it; the
   // request completes on its reply. A write with `flag_at` (a remote
   // address) also sets the word there to `flag` after its payload landed.
@@ -237,17 +216,12 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
                       std::uint64_t flag = 0);
 
   PendingOps* ops_;  // holds one ref
+  std::unique_ptr<Lane> lane_;  // set by connect()
   const bool map_shared_memory_;
-  const std::weak_ptr<PoolImpl> own_pool_;  // the peer is this device: its pool, whose blocks are our memory
-  const std::shared_ptr<PoolImpl> pool_;    // this device's pool (a peer's key must not map into it)
-  const bool self_;                         // own_pool_ was set (a channel to this very device)
-  // fence() orders UCX operations among themselves; a direct copy after a
-  // fence must also wait for the UCX operations posted before it.
-  std::atomic<bool> ucx_since_fence_{false};
+  // fence() orders one-sided operations among themselves; a direct copy
+  // after a fence must also wait for the ones posted before it.
+  std::atomic<bool> rma_since_fence_{false};
   std::atomic<bool> drain_before_direct_{false};
-  mutable std::atomic<int> target_progress_{-1};  // -1 unknown, else the answer
-  mutable std::atomic<int> messages_{-1};         // uses_messages(): -1 unknown, else the answer
-  mutable std::atomic<int> one_lane_{-1};         // one_lane(): -1 unknown, else the answer
   std::atomic<std::uint64_t> posted_{0}, direct_writes_{0}, direct_reads_{0}, direct_bytes_{0}, drains_{0};
 };
 

@@ -94,7 +94,6 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   }
 
   // ---- data messages (core/messages.cc) ----
-  enum class LaneForm { kAuto, kRma, kMessages };
   std::vector<LaneForm> lane_forms;  // TENSORWIRE_LANE_FORM, per lane (lane % size); empty: auto
   // Which tensors this device's slots ask their senders to place on a
   // message-form UCX lane (UD, or forced; a tcp lane is a socket and places

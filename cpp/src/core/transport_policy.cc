@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "cuda/driver.h"
+#include "tensorwire/device.h"
 #include "tensorwire/error.h"
 
 namespace tensorwire::detail {
@@ -29,14 +30,6 @@ std::string names_of(const std::vector<std::string>& resources) {
 }
 }  // namespace
 
-std::string transport_family(const std::string& ucx_transport) {
-  const std::string name = ucx_transport.substr(0, ucx_transport.find('/'));
-  for (const auto& m : kMembers) {
-    if (name == m.transport) return m.family;
-  }
-  return "";
-}
-
 std::vector<std::string> required_families(const std::string& transport, const std::string& require) {
   std::vector<std::string> out;
   auto add = [&](const std::string& f) {
@@ -59,11 +52,23 @@ std::vector<std::string> required_families(const std::string& transport, const s
   return out;
 }
 
+}  // namespace tensorwire::detail
+
+namespace tensorwire {
+
+std::string transport_family(const std::string& ucx_transport) {
+  const std::string name = ucx_transport.substr(0, ucx_transport.find('/'));
+  for (const auto& m : detail::kMembers) {
+    if (name == m.transport) return m.family;
+  }
+  return "";
+}
+
 std::string unusable_reason(const std::vector<std::string>& resources, const std::string& family) {
   for (const auto& r : resources) {
     if (transport_family(r) == family) return "";
   }
-  const std::string offered = "UCX offers " + names_of(resources);
+  const std::string offered = "UCX offers " + detail::names_of(resources);
   if (family == "rdma") {
     return "no verbs transport (rc, ud, dc, srd) on an RDMA device: " + offered +
            ". The PyPI UCX wheel has no verbs: build with TENSORWIRE_UCX=system against a UCX with verbs "
@@ -77,4 +82,4 @@ std::string unusable_reason(const std::vector<std::string>& resources, const std
   return "no tcp transport on the devices UCX may use (UCX_NET_DEVICES, net_devices): " + offered;
 }
 
-}  // namespace tensorwire::detail
+}  // namespace tensorwire

@@ -164,7 +164,7 @@ class WordSource : public WaitSource {
   bool prepare(Drivers& drivers, WaitPolicy& policy) override {
     if (!ch_) return true;  // lands by itself: spin, then watch naps
     ChannelImpl* c = ch_->impl();
-    if (c->waiter_drives()) drivers.add(c->worker.get());  // tcp: the target progresses for a put to land
+    if (c->lane().waiter_drives()) drivers.add(c->worker.get());  // tcp: the target progresses for a put to land
     policy.spin = std::chrono::microseconds(c->worker->spin_us() ? c->worker->spin_us() : 50);
     return true;
   }

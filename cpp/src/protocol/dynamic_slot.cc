@@ -166,7 +166,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
     auto dev = device.lock();
     std::lock_guard<std::mutex> lock(arrival_mu);
     const auto [from, to] = dev ? dev.place_window() : std::pair<std::uint64_t, std::uint64_t>{1, 0};
-    if (!dev || gpu || nbytes == 0 || nbytes < from || nbytes > to || !link.channel.impl()->uses_messages()) {
+    if (!dev || gpu || nbytes == 0 || nbytes < from || nbytes > to || !link.channel.impl()->lane().rma_is_messages()) {
       landing = Block();
       landing_nbytes = 0;
       return {};
@@ -217,7 +217,7 @@ class DynamicSlotImpl : public MessageSink, public std::enable_shared_from_this<
   // Status first, fence, then the sequence: the sender reads the sequence,
   // then trusts the status. `landing_offer`: the message form's (offer_landing).
   void ack(std::uint64_t seq, std::uint64_t status, std::string_view landing_offer = {}) {
-    if (link.channel.impl()->uses_messages()) {
+    if (link.channel.impl()->lane().rma_is_messages()) {
       link.notify(MsgKind::kDynamicAck, seq, status, landing_offer);  // one message, applied in order by the sender
       return;
     }
@@ -467,7 +467,7 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   detail::DevicePort dev = detail::open_port(channel);
   s.record_src = dev.pool().allocate(s.record_size, 64);
   s.seq_src = dev.pool().allocate(64, 64);
-  if (!channel.impl()->uses_messages()) {
+  if (!channel.impl()->lane().rma_is_messages()) {
     if (char* base = channel.impl()->direct_target(s.record, s.record_src.region())) {
       s.napping_at_receiver = reinterpret_cast<std::uint64_t*>(base + s.record_size - 56);
     }
@@ -518,7 +518,8 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   // with its rendezvous (cuda_ipc on one host), while its ucp_get of GPU
   // memory is a software emulation (UCX 1.22 over shm: 0.68 GB/s against
   // 43 GB/s for 16 MiB on an H100, bench/results/gpu_dynamic_forms.txt).
-  const bool messages = s.channel.impl()->uses_messages() || s.gpu_slot || (n > 0 && detail::gpu_memory(local));
+  const bool messages =
+      s.channel.impl()->lane().rma_is_messages() || s.gpu_slot || (n > 0 && detail::gpu_memory(local));
   // The receiver reads only ranges exported to it: export the whole local
   // region once (one control call, remembered per sender). The message form
   // carries the data itself: nothing to export.
@@ -595,7 +596,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
   // Over a message-form lane the ack is a message, an event of this worker:
   // the wait may sleep on its fd (a GPU tensor's ack over shared memory is a
   // one-sided write, no event).
-  state->poller_evented = s.channel.impl()->uses_messages();
+  state->poller_evented = s.channel.impl()->lane().rma_is_messages();
   state->poller = [posted, impl, seq, state]() {
     // state(), not test(): the waiter (or the progress thread) progresses.
     for (Request* r : {&posted->first, &posted->second}) {

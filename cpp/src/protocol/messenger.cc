@@ -165,7 +165,7 @@ struct Queued {  // a record waiting for credit
 struct PeerState {
   Channel ch;
   RemoteRegion arena;
-  bool messages_form = false;  // a completed write has landed (DONE after completion, no fence)
+  bool landed_on_completion = false;  // a completed write has landed (DONE after completion, no fence)
   bool shares_copies = false;  // each side moves its own transfers (shared memory): split large copies
   std::uint64_t sent = 0, got = 0, acked = 0;  // records posted / consumed / credited back
   std::vector<Request> post_req = std::vector<Request>(kSlots);
@@ -367,8 +367,9 @@ void Engine::start() {
         }
       }
       peers_[p].arena = peers_[p].ch.lookup(name_ + ".arena", t);
-      peers_[p].messages_form = peers_[p].ch.uses_messages();
-      peers_[p].shares_copies = !peers_[p].messages_form && !peers_[p].ch.impl()->needs_target_progress();
+      const detail::Lane& lane = peers_[p].ch.impl()->lane();
+      peers_[p].landed_on_completion = lane.write_landed_on_completion();
+      peers_[p].shares_copies = !lane.rma_is_messages() && !lane.needs_target_progress();
     }
     // Every rank has looked up every arena before any may leave (a lookup of a closed device fails).
     rv_.set(name_ + "/ready/" + std::to_string(rank), "1");
@@ -642,7 +643,7 @@ void Engine::progress_locked() {
     } else if (st < 0) {
       fail(op, op->write.error_kind(), "messenger: the data write of a " + op->what(rank) + " failed: " +
                                             op->write.error_message(), op->peer);
-    } else if (peers_[op->peer].messages_form) {
+    } else if (peers_[op->peer].landed_on_completion) {
       Header h;
       h.kind = kDone;
       h.tag = op->tag;
@@ -891,7 +892,7 @@ void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
     op->fin_wanted = true;
     fins_[op->own_id] = op;
   }
-  if (!ps.messages_form) {  // data, fence, DONE: the flag outside the payload
+  if (!ps.landed_on_completion) {  // data, fence, DONE: the flag outside the payload
     try {
       ps.ch.fence();
     } catch (const Error& e) {

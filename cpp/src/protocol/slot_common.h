@@ -47,7 +47,7 @@ inline void add_every_worker_on_standby(Drivers& drivers, const DevicePort& dev)
 // What a wait on a slot's word drives (core/waiter.h): the worker the peer's
 // messages arrive on (the sink's `inbox`, once known: message form, driven
 // whatever the transport); else `channel`'s worker when the peer's writes
-// need this side to progress (tcp: ChannelImpl::waiter_drives); without a
+// need this side to progress (tcp: Lane::waiter_drives); without a
 // channel, `worker`. With inline progress and no inbox known yet, every data
 // worker of `dev` too, on standby (every 64th round): the peer may still send
 // a message on any lane (GPU tensors of a dynamic slot always travel as
@@ -58,7 +58,7 @@ inline void add_every_worker_on_standby(Drivers& drivers, const DevicePort& dev)
 inline WaitPolicy prepare_slot_wait(Drivers& drivers, ChannelImpl* channel, WorkerCtl* worker, const DevicePort& dev,
                                     const std::atomic<int>& inbox) {
   WorkerCtl* known = inbox_of(dev, inbox);
-  WorkerCtl* w = known ? known : channel ? (channel->waiter_drives() ? channel->worker.get() : nullptr) : worker;
+  WorkerCtl* w = known ? known : channel ? (channel->lane().waiter_drives() ? channel->worker.get() : nullptr) : worker;
   drivers.add(w);
   WorkerCtl* mode_of = channel ? channel->worker.get() : worker;
   if (!known && mode_of && mode_of->mode() == ProgressMode::kInline) add_every_worker_on_standby(drivers, dev);
@@ -310,7 +310,7 @@ struct Doorbell {
     flag = nullptr;
     ChannelImpl* ch = link.attached ? link.channel.impl() : nullptr;
     try {
-      if (ch && !ch->uses_messages() && held.descriptor().length >= offset + 8) {
+      if (ch && !ch->lane().rma_is_messages() && held.descriptor().length >= offset + 8) {
         char* base = ch->direct_target(held, local.region());
         if (base) flag = reinterpret_cast<std::uint64_t*>(base + offset);
       }

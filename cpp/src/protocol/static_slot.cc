@@ -415,7 +415,7 @@ void StaticSlot::release() {
   if (!s.link.attached) return;
   // The ack word: the sequence number of the last released tensor.
   const std::uint64_t last = s.first_seq + s.consumed - 1;
-  if (s.link.channel.impl()->uses_messages()) {
+  if (s.link.channel.impl()->lane().rma_is_messages()) {
     // Deferred to the next flush point on the worker (WorkerCtl::defer):
     // the caller's next send goes first. Releases coalesce: only the last
     // counts. Inline progress has no thread that would flush it while the
@@ -509,7 +509,7 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
   }
   detail::store_release(s.ack.data(), released);
   s.seq_src = detail::open_port(channel).pool().allocate(8 * s.depth, 64);
-  if (!channel.impl()->uses_messages() && s.words.length() >= s.seq_at + 16) {
+  if (!channel.impl()->lane().rma_is_messages() && s.words.length() >= s.seq_at + 16) {
     if (char* base = channel.impl()->direct_target(s.words, s.seq_src.region())) {
       s.napping_at_receiver = reinterpret_cast<std::uint64_t*>(base + s.seq_at + 8);
     }
@@ -565,7 +565,7 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
       }
     }
   }
-  if (s.channel.impl()->uses_messages()) {
+  if (s.channel.impl()->lane().rma_is_messages()) {
     // One message: the sequence number and the tensor (contracts §12).
     detail::DataHeader h;
     h.kind = detail::MsgKind::kStaticSend;

@@ -14,7 +14,7 @@
 // ucp_ep_query reports the transports an endpoint uses
 // (UCP_EP_ATTR_FIELD_TRANSPORTS, UCX 1.14). Without it a channel cannot tell
 // whether the peer must progress for an RMA to land, so it assumes so and
-// takes the message form (ChannelImpl::needs_target_progress).
+// takes the message form (Lane::needs_target_progress).
 #define TW_UCX_HAS_EP_TRANSPORTS TW_UCX_AT_LEAST(1, 14)
 
 // ucp_am_send_nbx copies the header of a send it cannot finish at once

@@ -110,8 +110,7 @@ TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
   tw::Channel ch = attacker.connect(victim.address());
   tw::RemoteRegion pub = ch.lookup("pub", kWait);
   // The lane is tensorwire's socket: no UCX endpoint reaches the victim at all.
-  ASSERT_TRUE(ch.impl()->sock);
-  EXPECT_FALSE(ch.impl()->ep);
+  ASSERT_EQ(ch.impl()->lane().kind(), td::LaneKind::kSocket);
   EXPECT_EQ(ch.transports(), std::vector<std::string>{"tcp/lo"});  // a socket bound to net_devices
 
   tw::Block src = attacker.allocate(65536);
@@ -147,17 +146,17 @@ TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
     h.target = 999999;  // no op of ours: the victim's answer is refused here
     h.kind = td::MsgKind::kPut;
     h.a = a.address;
-    ch.impl()->sock->send(h.encode(), src.data(), a.length);
+    ch.impl()->lane().send(h.encode(), src.data(), a.length, nullptr, nullptr);
     h.kind = td::MsgKind::kPutFlagged;
     h.a = reinterpret_cast<std::uint64_t>(published.data());  // inside the export...
     h.b = (a.address + a.length) & ~std::uint64_t(7);          // ...its flag outside (past the aim)
     td::ByteWriter flag;
     flag.put<std::uint64_t>(0xdeadbeef);
-    ch.impl()->sock->send(h.encode(flag.str()), src.data(), 8);
+    ch.impl()->lane().send(h.encode(flag.str()), src.data(), 8, nullptr, nullptr);
     h.kind = td::MsgKind::kGet;
     h.a = a.address;
     h.b = a.length;
-    ch.impl()->sock->send(h.encode());
+    ch.impl()->lane().send(h.encode(), nullptr, 0, nullptr, nullptr);
     attempts += 3;
   }
   // A large put (streamed, not eager) at the neighbour, and one whose length runs past the export.
@@ -167,9 +166,9 @@ TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
     h.kind = td::MsgKind::kPut;
     h.target = 999999;
     h.a = reinterpret_cast<std::uint64_t>(neighbour.data());
-    ch.impl()->sock->send(h.encode(), src.data(), 65536);
+    ch.impl()->lane().send(h.encode(), src.data(), 65536, nullptr, nullptr);
     h.a = reinterpret_cast<std::uint64_t>(published.data());
-    ch.impl()->sock->send(h.encode(), src.data(), 65536);
+    ch.impl()->lane().send(h.encode(), src.data(), 65536, nullptr, nullptr);
     attempts += 2;
   }
   await_refusals(victim, refused_before, attempts);
@@ -334,9 +333,8 @@ TEST(ModifiedPeer, OverSharedMemoryAPeerReachesTheSlabItWasHandedAKeyFor) {
   Secret secret("the pool neighbour", neighbour.data(), 4096);
   tw::Channel ch = attacker.connect(victim.address());
   tw::RemoteRegion pub = ch.lookup("pub", kWait);
-  ASSERT_TRUE(ch.impl()->ep);
-  EXPECT_FALSE(ch.impl()->sock);
-  const td::RemoteRegionImpl::Access access = ch.impl()->access_to(pub);
+  ASSERT_EQ(ch.impl()->lane().kind(), td::LaneKind::kUcx);
+  const td::RemoteRegionImpl::Access access = ch.impl()->lane().access(pub);
   ASSERT_NE(access.mapped, nullptr) << "shared memory maps the published block's slab";
   const std::ptrdiff_t to_neighbour = static_cast<char*>(neighbour.data()) - static_cast<char*>(published.data());
   access.mapped[to_neighbour] = 0x77;  // what a modified peer does with the mapping
@@ -359,7 +357,7 @@ TEST(ModifiedPeer, OverSharedMemoryAnOfferReadsOnlyExportedMemory) {
   const std::string key = block.descriptor().rkey;
   // Offers `block` as tensor 1 in the help area of the slot `sender` is attached to.
   auto offer = [&](tw::StaticSender& sender) {
-    char* slot = ch.impl()->access_to(sender.region()).mapped;
+    char* slot = ch.impl()->lane().access(sender.region()).mapped;
     ASSERT_NE(slot, nullptr);
     char* area = slot + (kN + 64);  // after one buffer of align64(kN) + its 64-byte tail
     const std::uint64_t address = reinterpret_cast<std::uint64_t>(block.data());
@@ -926,7 +924,7 @@ TEST(ModifiedPeer, OverSharedMemoryAMappingOutlivesAFree) {
   victim.publish("pub", published->descriptor());
   tw::Channel ch = attacker.connect(victim.address());
   tw::RemoteRegion pub = ch.lookup("pub", kWait);
-  const td::RemoteRegionImpl::Access access = ch.impl()->access_to(pub);
+  const td::RemoteRegionImpl::Access access = ch.impl()->lane().access(pub);
   ASSERT_NE(access.mapped, nullptr);
   victim.unpublish("pub");
   published.reset();

@@ -361,7 +361,7 @@ TEST_P(Loopback, WriteFlaggedLandsDataBeforeFlag) {
 TEST_P(Loopback, TargetRefusesUnexportedMessageAccess) {
   start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}});  // on every transport
   tw::Channel ch = client->connect(server->address());
-  ASSERT_TRUE(ch.impl()->uses_messages());
+  ASSERT_TRUE(ch.impl()->lane().rma_is_messages());
   tw::RemoteRegion exported = ch.lookup("target", kWait);
   tw::Block secret = server->allocate(4096);
   std::memset(secret.data(), 0x5a, secret.size());
@@ -980,7 +980,7 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   tw::StaticSlot slot(*server, "placed", spec, 2);
   tw::StaticSlot outside(*server, "outside", large, 2);
   tw::Channel ch = client->connect(server->address());
-  ASSERT_TRUE(ch.impl()->uses_messages());
+  ASSERT_TRUE(ch.impl()->lane().rma_is_messages());
   // Attach by hand (ack block, no sink of ours): a host slot's reply ends with
   // its message id, the sizes it asks to be placed and its help area (§10.3).
   tw::Block ack = client->allocate(4096);
@@ -1032,7 +1032,7 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
     real.release();
   }
   // A tcp lane (a socket) has no RMA to place with: its tensors travel in their messages.
-  EXPECT_EQ(sender.stats().placed, ch.impl()->sock ? 0u : 3u);
+  EXPECT_EQ(sender.stats().placed, ch.impl()->lane().one_sided() ? 3u : 0u);
   EXPECT_EQ(real.stats().received, 3u);
   // Outside the window: the tensor travels in its message.
   tw::StaticSlot real_large(*server, "outside-real", large, 2);
@@ -1051,7 +1051,7 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
 TEST_P(Loopback, GrantsEndWhenTheirMemoryReturns) {
   start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}, {"TENSORWIRE_PLACE", "0-65536"}});
   tw::Channel ch = client->connect(server->address());
-  ASSERT_TRUE(ch.impl()->uses_messages());
+  ASSERT_TRUE(ch.impl()->lane().rma_is_messages());
   Pump client_pump(*client);  // inline: the dynamic slot's acks reach the client while it waits elsewhere
   auto peer = server->impl()->peer_by_id(client->id());
   ASSERT_TRUE(peer);
@@ -1085,7 +1085,7 @@ TEST_P(Loopback, GrantsEndWhenTheirMemoryReturns) {
     req.wait(kWait);
     EXPECT_EQ(first_diff(received.back().data(), source.data(), n), -1) << "tensor " << i;
   }
-  ASSERT_EQ(sender.stats().placed, ch.impl()->sock ? 0u : 2u);  // a tcp lane places nothing (no RMA)
+  ASSERT_EQ(sender.stats().placed, ch.impl()->lane().one_sided() ? 2u : 0u);  // a tcp lane places nothing (no RMA)
   for (unsigned i = 1; i < 3; ++i) {  // a placed tensor is the user's: its sender's grant ended
     std::memset(received[i].data(), 0x5a, n);
     tw::RegionDescriptor landed = d;
