@@ -136,6 +136,21 @@ def torchrun(n: int, script: Any, *args: str, timeout: float = 150, env: dict | 
     raise AssertionError("unreachable")
 
 
+def cli_in_process(args: list[str], capsys: Any) -> Any:
+    """`tensorwire ARGS` through the CLI's main in this process, for what ends before anything runs
+    (usage errors, --help, listings): a process of its own costs seconds of torch's import each.
+    A subprocess.CompletedProcess with the exit status and what was printed."""
+    import subprocess
+
+    from tensorwire.cli import main
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse: usage errors and --help
+        code = e.code if isinstance(e.code, int) else 2
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 class PeerError(RuntimeError):
     """The peer process failed; carries its traceback."""
 

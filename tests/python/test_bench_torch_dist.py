@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from conftest import cli_in_process  # noqa: E402
+
 
 def bench(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "tensorwire", "bench", "torch-dist", "--no-progress", *args],
@@ -43,8 +45,8 @@ def test_short_run_prints_both_backends_and_a_verdict(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args,words", [(["--suite", "p2p,nope"], "--suite takes"), (["--ranks", "1"], "at least 2"),
                                         (["--sizes", "1Q"], "bad size")])
-def test_bad_arguments_are_usage_errors(args: list[str], words: str) -> None:
-    run = bench(*args, timeout=60)
+def test_bad_arguments_are_usage_errors(args: list[str], words: str, capsys: pytest.CaptureFixture) -> None:
+    run = cli_in_process(["bench", "torch-dist", "--no-progress", *args], capsys)
     assert run.returncode == 2, run.stdout + run.stderr
     assert words in run.stderr, run.stderr
 

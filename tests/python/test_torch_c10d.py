@@ -331,8 +331,8 @@ def test_a_killed_rank_fails_each_op_naming_it(op: str, tmp_path: Path) -> None:
         os._exit(0)
     """)
     # torchrun's agent ends the survivors once it sees rank 2 gone (it looks every 0.1 s by
-    # default): on a loaded machine that came before one survivor had run its op. It looks every 5 s here.
-    run = torchrun(3, prog, timeout=140, launcher=("--monitor-interval", "5"))
+    # default): on a loaded machine that came before one survivor had run its op. It looks every 3 s here.
+    run = torchrun(3, prog, timeout=140, launcher=("--monitor-interval", "3"))
     lines = [x for x in run.stdout.splitlines() if x.startswith("RAISED")]
     assert len(lines) == 2, run.stdout + run.stderr[-2000:]
     for line in lines:

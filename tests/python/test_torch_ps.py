@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import cli_in_process  # noqa: E402
 from tensorwire.lab.paper import data, models  # noqa: E402
 from tensorwire.torch import ps  # noqa: E402
 
@@ -213,14 +214,12 @@ def test_models_forward_backward(name):
     assert all(p.grad is not None for p in model.parameters())
 
 
-def test_cli_list_and_help():
-    out = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--list"], capture_output=True, text=True,
-                         timeout=60)
+def test_cli_list_and_help(capsys):
+    out = cli_in_process(["train", "--list"], capsys)
     assert out.returncode == 0, out.stderr
     assert "176.42" in out.stdout and "vgg16" in out.stdout
-    h = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--help"], capture_output=True, text=True,
-                       timeout=60)
-    assert "zerocopy" in h.stdout and "--transport" in h.stdout
+    h = cli_in_process(["train", "--help"], capsys)
+    assert h.returncode == 0 and "zerocopy" in h.stdout and "--transport" in h.stdout
 
 
 def test_cli_train_json(tmp_path):
