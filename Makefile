@@ -20,7 +20,7 @@ APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
 # The UCX wheel only for the build that links it (TENSORWIRE_UCX=wheel).
 PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
 	"cmake>=3.20" ninja numpy
-# expecttest: torch.testing's test suite needs it (tests/python/test_torch_conformance.py, make conformance).
+# expecttest: torch.testing's test suite needs it (tests/python/pytorch/test_torch_conformance.py, make conformance).
 PIP_TEST_DEPS := pytest pytest-timeout pytest-xdist grpcio matplotlib "mypy==2.4.1" "torch==2.13.0" expecttest "ruff==0.17.6"
 STAMP := build/.stamp
 
@@ -90,7 +90,7 @@ test: lint test-cpp test-python test-fuzz test-system-ucx
 # the oldest supported) or UCX_ROOT's, in its own tree: the C++ tests, then a Python
 # smoke in its own venv, the package from the source tree with this tree's module.
 # The main (editable) install is not touched. Its tcp RMA is slow: the tests stay small.
-SYSTEM_SMOKE := tests/python/test_system_ucx.py tests/python/test_device.py
+SYSTEM_SMOKE := tests/python/core/test_system_ucx.py tests/python/core/test_device.py
 test-system-ucx: deps
 	@dpkg -s libucx-dev >/dev/null 2>&1 || (apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libucx-dev)

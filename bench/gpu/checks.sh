@@ -32,8 +32,8 @@ for what in ${@:-latency tensor tests table2}; do
         --json "$out/tensor_tcp.json" > "$out/tensor_tcp.txt" 2>&1 ;;
     tests)
       step "GPU tests"
-      timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/python/test_gpu.py \
-        tests/python/test_ps_gpu.py tests/python/test_bench_tensor_cuda.py tests/python/test_bench_p2p.py \
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -n 4 -m gpu tests/python/core/test_gpu.py \
+        tests/python/pytorch/test_ps_gpu.py tests/python/lab/test_bench_tensor_cuda.py tests/python/lab/test_bench_p2p.py \
         > "$out/tests.txt" 2>&1
       echo "pytest rc=$?" >> "$out/tests.txt" ;;
     table2)

@@ -1,6 +1,6 @@
 """The README's examples, typed as a user's program would be: `mypy --strict`
 must accept this file against tensorwire's stubs (make lint). It also runs
-(tests/python/test_typing.py executes it), so the examples stay true."""
+(tests/python/project/test_typing.py executes it), so the examples stay true."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ std::size_t last_level_cache() {
 
 // The byte count `v` of the environment variable `name`, 0 meaning never
 // (SIZE_MAX); `fallback` when it is not set. (Callers spell getenv("...")
-// out: tests/python/test_configuration.py finds the names the core reads so.)
+// out: tests/python/core/test_configuration.py finds the names the core reads so.)
 std::size_t size_from_env(const char* name, const char* v, std::size_t fallback) {
   if (!v) return fallback;
   char* end = nullptr;

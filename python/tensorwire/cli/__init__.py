@@ -47,7 +47,7 @@ COMMAND_MODULES = (
 # conformance) come after them through this one hook: the only place the product
 # names the lab. The module is looked up by name and its register(commands)
 # adds its parsers as the product's do; the lab imports the product, never the
-# reverse (tests/python/test_layers.py). Without the lab the product's commands
+# reverse (tests/python/project/test_layers.py). Without the lab the product's commands
 # still run.
 LAB_COMMANDS = "tensorwire.lab.commands"
 

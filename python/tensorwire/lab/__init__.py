@@ -18,7 +18,7 @@ product (the device API, tensorwire.ranks, tensorwire.torch and the
                   (`tensorwire demo`)
 
 The arrow points one way: the lab imports the product, the product never
-imports the lab (tests/python/test_layers.py), save tensorwire.cli looking up
+imports the lab (tests/python/project/test_layers.py), save tensorwire.cli looking up
 ``tensorwire.lab.commands`` by name to register the lab's subcommands
 (docs/architecture.md §4.1).
 """

@@ -7,5 +7,5 @@
 * ``launch``: ``tensorwire run``, N ranks of a command on this machine or in testbed hosts.
 
 Nothing here is imported by the device API (tensorwire, tensorwire.slots, tensorwire.notify):
-the layers are in docs/architecture.md and tests/python/test_layers.py.
+the layers are in docs/architecture.md and tests/python/project/test_layers.py.
 """

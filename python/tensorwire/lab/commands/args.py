@@ -6,7 +6,7 @@ Cheap to import (the CLI builds every parser at start-up).
 One flag, one meaning (docs/benchmarks.md, "Flags"): a flag that an anchor
 tool defines (perftest, OSU, IMB, mpirun) means what it means there; any
 other has one meaning in every `tensorwire bench` command, with the same
-dest, type and nargs (tests/python/test_cli.py walks every parser). So
+dest, type and nargs (tests/python/project/test_cli.py walks every parser). So
 `--ranks` is a count of ranks everywhere, a sweep has its own flag
 (`--sweep-ranks`), and `-n` is perftest's iterations. An old spelling stays,
 hidden and warning, only where a committed results file or doc uses it

@@ -205,7 +205,7 @@ def test_importing_an_area_does_not_load(area, absent):
 
 # The C++ rows: a directory of cpp/src (or the bindings) -> the directories its
 # `#include "dir/..."` lines may name. tensorwire/ (the public API) is open to all.
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[3]
 _BELOW_PROTOCOLS = {"common", "cuda", "ucx", "net", "core"}
 CPP_MAY_INCLUDE = {
     "common": {"common"},

@@ -21,7 +21,7 @@ from tensorwire import cli, config
 from tensorwire.ranks import world
 from tensorwire.lab.fabric.common import Progress, Table
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PACKAGE = os.path.join(ROOT, "python", "tensorwire")
 NAME = re.compile(r"\bTENSORWIRE_[A-Z0-9_]*[A-Z0-9]\b")
 # TENSORWIRE_* words that are not environment variables.

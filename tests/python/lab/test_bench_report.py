@@ -13,7 +13,7 @@ import pytest
 from tensorwire import cli
 from tensorwire.lab.fabric import report
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # Excerpts of each file in the format its command writes.
 FILES = {

@@ -14,7 +14,7 @@ transfer, contents checked). Findings:
 4. liveness: a SIGSTOPped peer fails pending work with PeerFailed;
 5. pool exhaustion on the receiving side of a dynamic slot; fill/free/large.
 
-Forged wire forms are built by tests/python/_attack.py.
+Forged wire forms are built by tests/python/core/_attack.py.
 """
 
 from __future__ import annotations

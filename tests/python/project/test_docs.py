@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 # top-level folders and files a doc's path may start with
 TOP_DIRS = ("cpp", "python", "tests", "bench", "docs", "examples", ".ci")

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from conftest import torchrun as conftest_torchrun  # noqa: E402
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 ENV = dict(os.environ, OMP_NUM_THREADS="1")  # the same threads under both launchers: the same float sums
 RUN_S = 55  # one program's run (a few seconds alone; the machine is shared)
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "tests" / "typing" / "readme_examples.py"
 STUBS = ROOT / "python" / "tensorwire" / "_core.pyi"
 PATTERNS = ROOT / "python" / "bindings" / "stubgen_patterns.txt"

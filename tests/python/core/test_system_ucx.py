@@ -28,7 +28,7 @@ print(json.dumps({"libs": libs, "library": tw._core.ucx_library_path(), "libucx_
 """
 
 _WHEEL_DIR = re.compile(r"[/\\](site|dist)-packages[/\\]libucx[/\\]")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _probe() -> dict:
