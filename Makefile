@@ -3,6 +3,7 @@
 #   make test   install what is needed, build, run the C++ and Python tests (and 10 s of each fuzz target)
 #   make fuzz   build the libFuzzer targets (clang) and run each for FUZZ_SECONDS (default 60)
 #   make test-system-ucx   the build against the system's UCX (Debian's libucx-dev, 1.13), its tests (part of test)
+#   make lint   ruff (lint, format check), mypy, clang-format's check (the first step of test); make format applies
 # Variables: PYTHON (default python3), TENSORWIRE_UCX=wheel|system (default wheel).
 
 PYTHON ?= python3
@@ -21,11 +22,12 @@ APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
 PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
 	"cmake>=3.20" ninja numpy
 # expecttest: torch.testing's test suite needs it (tests/python/pytorch/test_torch_conformance.py, make conformance).
-PIP_TEST_DEPS := pytest pytest-timeout pytest-xdist grpcio matplotlib "mypy==2.4.1" "torch==2.13.0" expecttest "ruff==0.17.6"
+PIP_TEST_DEPS := pytest pytest-timeout pytest-xdist grpcio matplotlib "mypy==2.4.1" "torch==2.13.0" expecttest "ruff==0.17.6" \
+	"clang-format==23.1.3"
 STAMP := build/.stamp
 
 .PHONY: all deps deps-mpi build demo test test-cpp test-python test-fuzz test-system-ucx fuzz fuzz-build fuzz-seeds \
-	fuzz-merge bench-compare conformance stubs clean help lint
+	fuzz-merge bench-compare conformance stubs clean help lint format
 
 all: build
 
@@ -79,10 +81,20 @@ test-python: build
 # The lint lane: seconds, so it goes first (a lint error fails CI before the long tests start).
 # mypy: the package as pyproject.toml's [tool.mypy] says, then the README's examples as a
 # user's program, `--strict` against the package's stubs (tests/typing/readme_examples.py).
+# clang-format: .clang-format's style on every C++ file git knows (clang-format from PyPI, pinned:
+# versions format differently).
+CXX_SOURCES = $$(git ls-files '*.cc' '*.h' | grep -v '^tests/fuzz/corpus/')
+CLANG_FORMAT = $$($(PYTHON) -c "import clang_format; print(clang_format.get_executable('clang-format'))")
 lint: deps
 	$(PYTHON) -m ruff check python tests
+	$(PYTHON) -m ruff format --check python tests
 	$(PYTHON) -m mypy
 	MYPYPATH=python $(PYTHON) -m mypy --strict --follow-imports=silent tests/typing/readme_examples.py
+	$(CLANG_FORMAT) --dry-run -Werror $(CXX_SOURCES)
+
+format: deps
+	$(PYTHON) -m ruff format python tests
+	$(CLANG_FORMAT) -i $(CXX_SOURCES)
 
 test: lint test-cpp test-python test-fuzz test-system-ucx
 

@@ -28,19 +28,20 @@ PYBIND11_MODULE(_c10d, m) {
            "Meets the group's other ranks through `store` (every rank passes the same store and group id).")
       .def("_set_default_timeout", &ProcessGroupTensorwire::setTimeout, py::arg("timeout"),
            "The group timeout (every op without its own), as ProcessGroupGloo's.")
-      .def("_quiesce", &ProcessGroupTensorwire::quiesce, py::arg("timeout_s"),
-           py::call_guard<py::gil_scoped_release>(),
+      .def("_quiesce", &ProcessGroupTensorwire::quiesce, py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>(),
            "Waits until the group's threads are idle (what was queued has run); True once they are.")
       .def_property_readonly("timeout_s", &ProcessGroupTensorwire::timeout_s, "The group timeout in seconds.")
       .def("describe", &ProcessGroupTensorwire::describe, "Transport, progress mode and address of this group.")
-      .def("stats", [](ProcessGroupTensorwire& pg) {
-        py::dict d;
-        for (const auto& [k, v] : pg.stats()) d[py::str(k)] = v;
-        return d;
-      }, "The engine's counters (eager and placed sends, unexpected messages, collective calls).");
+      .def(
+          "stats",
+          [](ProcessGroupTensorwire& pg) {
+            py::dict d;
+            for (const auto& [k, v] : pg.stats()) d[py::str(k)] = v;
+            return d;
+          },
+          "The engine's counters (eager and placed sends, unexpected messages, collective calls).");
   m.def("_quiesce_all", &ProcessGroupTensorwire::quiesce_all, py::arg("timeout_s"),
         py::call_guard<py::gil_scoped_release>(),
         "Waits until every live group's threads are idle (interpreter exit); True once they are.");
   m.attr("torch_version") = TW_TORCH_VERSION;
-
 }

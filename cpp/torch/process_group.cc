@@ -138,8 +138,8 @@ void check_tensor(const at::Tensor& t, const char* what) {
   TORCH_CHECK_VALUE(t.defined(), "tensorwire backend: ", what, " got an undefined tensor");
   TORCH_CHECK_VALUE(t.device().is_cpu(), "tensorwire backend: ", what, " takes CPU tensors, got one on ", t.device(),
                     " (give other devices to another backend: 'cpu:tensorwire,cuda:nccl')");
-  TORCH_CHECK_VALUE(!t.is_sparse(), "tensorwire backend: ", what, " of sparse tensors is not supported (",
-                    what, " t.to_dense(); all_reduce takes sparse COO tensors)");
+  TORCH_CHECK_VALUE(!t.is_sparse(), "tensorwire backend: ", what, " of sparse tensors is not supported (", what,
+                    " t.to_dense(); all_reduce takes sparse COO tensors)");
   TORCH_CHECK_VALUE(t.layout() == at::kStrided, "tensorwire backend: ", what, " takes dense tensors, got layout ",
                     t.layout());
 }
@@ -170,7 +170,7 @@ std::optional<DType> dtype_of(at::ScalarType s) {
     case at::kUInt32: return DType{1, 32};
     case at::kUInt64: return DType{1, 64};
     case at::kBool: return DType{6, 8};
-    case at::kComplexFloat: return DType{5, 64};    // DLPack kDLComplex
+    case at::kComplexFloat: return DType{5, 64};  // DLPack kDLComplex
     case at::kComplexDouble: return DType{5, 128};
     default: return std::nullopt;
   }
@@ -251,9 +251,7 @@ Reduction reduction(const c10d::ReduceOp& rop, at::ScalarType st, const char* wh
       r.op = is_bool ? TwOp::kBor : TwOp::kSum;  // gloo: a bool sum is true if any is (an OR)
       r.as_real = is_complex;
       return r;
-    case c10d::ReduceOp::PRODUCT:
-      r.op = is_bool ? TwOp::kBand : TwOp::kProduct;
-      return r;
+    case c10d::ReduceOp::PRODUCT: r.op = is_bool ? TwOp::kBand : TwOp::kProduct; return r;
     case c10d::ReduceOp::MIN:
     case c10d::ReduceOp::MAX:
       TORCH_CHECK_VALUE(!is_complex, "tensorwire backend: ", what, " ReduceOp.", name, " is not supported for ", st);
@@ -283,8 +281,7 @@ Reduction reduction(const c10d::ReduceOp& rop, at::ScalarType st, const char* wh
       r.as_real = is_complex;
       return r;
     }
-    default:
-      TORCH_CHECK_VALUE(false, "tensorwire backend: ", what, " ReduceOp.", name, " is not supported");
+    default: TORCH_CHECK_VALUE(false, "tensorwire backend: ", what, " ReduceOp.", name, " is not supported");
   }
 }
 
@@ -516,7 +513,8 @@ bool ProcessGroupTensorwire::quiesce_all(double timeout_s) {
 
 ProcessGroupTensorwire::ProcessGroupTensorwire(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                                std::chrono::milliseconds timeout, const std::string& group_id)
-    : c10d::Backend(rank, size), timeout_s_(timeout.count() > 0 ? timeout.count() / 1000.0 : 1800.0),
+    : c10d::Backend(rank, size),
+      timeout_s_(timeout.count() > 0 ? timeout.count() / 1000.0 : 1800.0),
       group_id_(group_id) {
   transport_ = env("TENSORWIRE_TRANSPORT", "auto");
   progress_ = progress_mode(transport_, size);
@@ -617,8 +615,8 @@ std::exception_ptr ProcessGroupTensorwire::as_backend_error(const char* what, st
     return e;  // torch's own (a copy's error) or one of ours, already worded
   } catch (const tensorwire::Timeout& err) {
     // " Timed out " as gloo words it (PyTorch's suite matches it)
-    return backend_error("tensorwire backend, rank " + std::to_string(rank_) + ": " + what +
-                         " failed: Timed out (" + err.what() + ")");
+    return backend_error("tensorwire backend, rank " + std::to_string(rank_) + ": " + what + " failed: Timed out (" +
+                         err.what() + ")");
   } catch (const std::exception& err) {
     return backend_error("tensorwire backend, rank " + std::to_string(rank_) + ": " + what + " failed: " + err.what());
   } catch (...) {
@@ -772,8 +770,9 @@ at::Tensor ProcessGroupTensorwire::allocateTensor(long size, at::TensorOptions o
   auto block = std::make_shared<Block>(device_->allocate(nbytes, 64));
   void* data = block->data();
   // The Block (and its registered slab) lives as long as the tensor's storage.
-  return at::from_blob(data, {static_cast<int64_t>(size)}, [block](void*) mutable { block.reset(); },
-                       options.dtype(dtype).device(at::kCPU));
+  return at::from_blob(
+      data, {static_cast<int64_t>(size)}, [block](void*) mutable { block.reset(); },
+      options.dtype(dtype).device(at::kCPU));
 }
 
 void ProcessGroupTensorwire::abort() { close(false); }
@@ -837,9 +836,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allreduce_sparse(std::vec
     TORCH_CHECK_VALUE(t.device().is_cpu(), "tensorwire backend: ", what, " takes CPU tensors, got one on ", t.device());
     TORCH_CHECK_VALUE(t.layout() == at::kSparse, "tensorwire backend: ", what,
                       " takes sparse COO tensors (all of one layout), got layout ", t.layout());
-    TORCH_CHECK_VALUE(t.scalar_type() == first.scalar_type() && t.sizes() == first.sizes(), "tensorwire backend: ",
-                      what, " needs its tensors of one size and dtype, got ", first.scalar_type(), first.sizes(),
-                      " and ", t.scalar_type(), t.sizes());
+    TORCH_CHECK_VALUE(t.scalar_type() == first.scalar_type() && t.sizes() == first.sizes(),
+                      "tensorwire backend: ", what, " needs its tensors of one size and dtype, got ",
+                      first.scalar_type(), first.sizes(), " and ", t.scalar_type(), t.sizes());
   }
   TORCH_CHECK_VALUE(dtype_of(first.scalar_type()).has_value(), "tensorwire backend: ", what, " does not reduce ",
                     first.scalar_type());
@@ -908,8 +907,10 @@ at::Tensor ProcessGroupTensorwire::sparse_sum(const std::vector<at::Tensor>& ten
     bool same = q[0] == m[0] && q[2] == m[2] && q[3] == m[3];
     for (int64_t d = 0; same && d < m[3]; ++d) same = q[kHead + d] == m[kHead + d];
     // Every rank reads the same table, so every rank refuses alike (and none gathers further).
-    TORCH_CHECK_VALUE(same, "tensorwire backend: all_reduce (sparse) needs one shape, dtype and sparse dimensions on "
-                      "every rank; ", describe(rank_), ", ", describe(p));
+    TORCH_CHECK_VALUE(same,
+                      "tensorwire backend: all_reduce (sparse) needs one shape, dtype and sparse dimensions on "
+                      "every rank; ",
+                      describe(rank_), ", ", describe(p));
     TORCH_CHECK_VALUE(q[1] >= 0 && q[1] <= (int64_t(1) << 40), "tensorwire backend: all_reduce (sparse): rank ", p,
                       " reports ", q[1], " non-zero entries");
     block_of[p] = static_cast<int64_t>(aligned(q[1] * sparse_dim * 8)) + q[1] * row * elem;
@@ -933,7 +934,8 @@ at::Tensor ProcessGroupTensorwire::sparse_sum(const std::vector<at::Tensor>& ten
     at::Tensor packed = at::zeros({block}, at::kByte);
     const int64_t ibytes = nnz * sparse_dim * 8, ioff = static_cast<int64_t>(aligned(ibytes));
     if (ibytes) packed.narrow(0, 0, ibytes).copy_(input._indices().contiguous().view(-1).view(at::kByte));
-    if (nnz * row) packed.narrow(0, ioff, nnz * row * elem).copy_(input._values().contiguous().view(-1).view(at::kByte));
+    if (nnz * row)
+      packed.narrow(0, ioff, nnz * row * elem).copy_(input._values().contiguous().view(-1).view(at::kByte));
     at::Tensor gathered = at::empty({size_ * block}, at::kByte);
     if (size_ == 1) {
       gathered.copy_(packed);
@@ -944,8 +946,8 @@ at::Tensor ProcessGroupTensorwire::sparse_sum(const std::vector<at::Tensor>& ten
       const int64_t n = layouts[p].data_ptr<int64_t>()[1];
       const int64_t ib = n * sparse_dim * 8, off = p * block;
       indices[p] = gathered.narrow(0, off, ib).view(at::kLong).view({sparse_dim, n});
-      values[p] = gathered.narrow(0, off + static_cast<int64_t>(aligned(ib)), n * row * elem).view(st)
-                      .view(value_sizes(n));
+      values[p] =
+          gathered.narrow(0, off + static_cast<int64_t>(aligned(ib)), n * row * elem).view(st).view(value_sizes(n));
     }
   }
 
@@ -1027,8 +1029,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allgather(std::vector<std
                                                                  const c10d::AllgatherOptions& opts) {
   check_open("all_gather");
   check_tensors(inputs, "all_gather");
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "tensorwire backend: all_gather needs one output list per input, got ",
-                    outputs.size(), " lists for ", inputs.size(), " inputs");
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "tensorwire backend: all_gather needs one output list per input, got ", outputs.size(),
+                    " lists for ", inputs.size(), " inputs");
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     TORCH_CHECK_VALUE(static_cast<int>(outputs[i].size()) == size_, "tensorwire backend: all_gather needs ", size_,
                       " output tensors per input, got ", outputs[i].size());
@@ -1131,15 +1134,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allgather_coalesced(
 c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   check_open("all_gather_into_tensor_coalesced");
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "tensorwire backend: all_gather_into_tensor_coalesced needs one "
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "tensorwire backend: all_gather_into_tensor_coalesced needs one "
                     "output per input");
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     check_tensor(inputs[i], "all_gather_into_tensor_coalesced");
     check_tensor(outputs[i], "all_gather_into_tensor_coalesced");
-    TORCH_CHECK_VALUE(outputs[i].scalar_type() == inputs[i].scalar_type() &&
-                          outputs[i].numel() == size_ * inputs[i].numel(),
-                      "tensorwire backend: all_gather_into_tensor_coalesced needs outputs of ", size_,
-                      " x their input");
+    TORCH_CHECK_VALUE(
+        outputs[i].scalar_type() == inputs[i].scalar_type() && outputs[i].numel() == size_ * inputs[i].numel(),
+        "tensorwire backend: all_gather_into_tensor_coalesced needs outputs of ", size_, " x their input");
   }
   auto work = make_work(OpType::COALESCED, "all_gather_into_tensor_coalesced", outputs, opts.timeout, true);
   const double to = op_timeout(opts.timeout);
@@ -1236,7 +1239,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::reduce_scatter(std::vecto
                                                                       std::vector<std::vector<at::Tensor>>& inputs,
                                                                       const c10d::ReduceScatterOptions& opts) {
   check_open("reduce_scatter");
-  TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "tensorwire backend: reduce_scatter needs one input list per output");
+  TORCH_CHECK_VALUE(outputs.size() == inputs.size(),
+                    "tensorwire backend: reduce_scatter needs one input list per output");
   std::vector<Reduction> reds;
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     check_tensor(outputs[i], "reduce_scatter");
@@ -1281,11 +1285,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::reduce_scatter_tensor_coa
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     check_tensor(outputs[i], what);
     check_tensor(inputs[i], what);
-    TORCH_CHECK_VALUE(inputs[i].scalar_type() == outputs[i].scalar_type() &&
-                          inputs[i].numel() == size_ * outputs[i].numel(),
-                      "tensorwire backend: ", what, " needs an input of ", size_, " x the output (", size_, " x ",
-                      outputs[i].numel(), " ", outputs[i].scalar_type(), "), got ", inputs[i].numel(), " ",
-                      inputs[i].scalar_type());
+    TORCH_CHECK_VALUE(
+        inputs[i].scalar_type() == outputs[i].scalar_type() && inputs[i].numel() == size_ * outputs[i].numel(),
+        "tensorwire backend: ", what, " needs an input of ", size_, " x the output (", size_, " x ", outputs[i].numel(),
+        " ", outputs[i].scalar_type(), "), got ", inputs[i].numel(), " ", inputs[i].scalar_type());
     reds.push_back(reduction(opts.reduceOp, outputs[i].scalar_type(), what));
   }
   auto work = make_work(outputs.size() == 1 ? OpType::_REDUCE_SCATTER_BASE : OpType::COALESCED, what, outputs,
@@ -1314,8 +1317,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::alltoall_base(at::Tensor&
   check_open("all_to_all_single");
   check_tensor(input, "all_to_all_single");
   check_tensor(output, "all_to_all_single");
-  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "tensorwire backend: all_to_all_single needs one dtype, got ",
-                    input.scalar_type(), " and ", output.scalar_type());
+  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(),
+                    "tensorwire backend: all_to_all_single needs one dtype, got ", input.scalar_type(), " and ",
+                    output.scalar_type());
   std::vector<std::size_t> send_off, send_len, recv_off, recv_len;
   split_bytes(input, input_splits, size_, "input", send_off, send_len);
   split_bytes(output, output_splits, size_, "output", recv_off, recv_len);
@@ -1400,8 +1404,8 @@ void ProcessGroupTensorwire::monitoredBarrier(const c10d::BarrierOptions& opts, 
     };
     const std::string ms = std::to_string(static_cast<int64_t>(to * 1000));
     if (to <= 0) {
-      throw_backend_error("tensorwire backend: Rank " + std::to_string(rank_) + " timed out in monitoredBarrier after " +
-                          ms + " ms");
+      throw_backend_error("tensorwire backend: Rank " + std::to_string(rank_) +
+                          " timed out in monitoredBarrier after " + ms + " ms");
     }
     if (rank_ == 0) {
       // Rank 0 hears from every rank within the timeout, then lets them go.
@@ -1441,7 +1445,8 @@ void ProcessGroupTensorwire::monitoredBarrier(const c10d::BarrierOptions& opts, 
       } catch (const std::exception& e) {
         throw_backend_error("tensorwire backend: Rank " + std::to_string(rank_) +
                             " successfully reached monitoredBarrier, but received errors while waiting for "
-                            "send/recv from rank 0 (within " + ms + " ms: " + e.what() + ")");
+                            "send/recv from rank 0 (within " +
+                            ms + " ms: " + e.what() + ")");
       }
     }
   });
@@ -1482,8 +1487,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupTensorwire::post_p2p(bool is_send, at
                       " peer must be another rank of the group (0..", size_ - 1, ", not ", rank_, "), got ", peer);
   }
   TORCH_CHECK_VALUE(tag >= 0, "tensorwire backend: ", what, " tag must be >= 0, got ", tag);
-  auto work = make_work(is_send ? OpType::SEND : any_source ? OpType::RECVANYSOURCE : OpType::RECV, what,
-                        is_send ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{t}, c10d::kUnsetTimeout, false);
+  auto work =
+      make_work(is_send      ? OpType::SEND
+                : any_source ? OpType::RECVANYSOURCE
+                             : OpType::RECV,
+                what, is_send ? std::vector<at::Tensor>{} : std::vector<at::Tensor>{t}, c10d::kUnsetTimeout, false);
   work->p2p_ = true;
   work->peer_ = any_source ? -1 : peer;
   at::Tensor buf = t;

@@ -80,8 +80,8 @@ class WorkTensorwire : public c10d::Work {
   int pg_rank_;
   const char* what_;
   std::vector<at::Tensor> outputs_;
-  std::vector<at::Tensor> keep_;   // inputs and staging copies the engine reads or writes until done
-  std::function<void()> after_;    // copy-back into non-contiguous outputs, on success
+  std::vector<at::Tensor> keep_;  // inputs and staging copies the engine reads or writes until done
+  std::function<void()> after_;   // copy-back into non-contiguous outputs, on success
   double timeout_s_;
   uint64_t seq_;
   std::atomic<bool> done_{false};
@@ -110,8 +110,8 @@ class ProcessGroupTensorwire : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
   // Sparse COO tensors, SUM (gloo's): torch sends a sparse all_reduce to allreduce(), which hands it here.
-  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
-                                                  const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
@@ -120,19 +120,17 @@ class ProcessGroupTensorwire : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -144,8 +142,7 @@ class ProcessGroupTensorwire : public c10d::Backend {
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_splits,
-                                               std::vector<int64_t>& input_splits,
+                                               std::vector<int64_t>& output_splits, std::vector<int64_t>& input_splits,
                                                const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
@@ -219,11 +216,11 @@ class ProcessGroupTensorwire : public c10d::Backend {
   std::deque<std::pair<c10::intrusive_ptr<WorkTensorwire>, Job>> queue_;
   std::deque<c10::intrusive_ptr<WorkTensorwire>> completions_;
   std::condition_variable idle_cv_;  // the worker finished a job
-  bool running_ = false;              // the worker is running a job
-  bool completing_ = false;           // the completion thread is completing a Work
-  bool stopping_ = false;             // no more jobs: the worker ends once the queue is empty
+  bool running_ = false;             // the worker is running a job
+  bool completing_ = false;          // the completion thread is completing a Work
+  bool stopping_ = false;            // no more jobs: the worker ends once the queue is empty
   bool completer_stop_ = false;
-  std::atomic<bool> closed_{false};   // shut down: queued jobs fail instead of running
+  std::atomic<bool> closed_{false};  // shut down: queued jobs fail instead of running
   std::thread worker_, completer_;
 
   bool coalescing_ = false;

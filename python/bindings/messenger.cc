@@ -79,69 +79,80 @@ Buffer buffer_of(std::uintptr_t ptr, std::size_t nbytes, nb::handle keep, std::u
 
 void bind_messenger(nb::module_& m) {
   nb::class_<PyReceive>(m, "Receive", "A posted receive: its request, and the sender's rank once complete.")
-      .def_prop_ro("request", [](PyReceive& r) -> Request& { return r.request; }, nb::rv_policy::reference_internal)
-      .def_prop_ro("source", [](PyReceive& r) { return *r.source; },
-                   "The sender's rank once the request completed (-1 before).");
+      .def_prop_ro(
+          "request", [](PyReceive& r) -> Request& { return r.request; }, nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "source", [](PyReceive& r) { return *r.source; },
+          "The sender's rank once the request completed (-1 before).");
 
   nb::class_<PyMessenger>(m, "Messenger",
                           "Tagged messages between the ranks of a group (the C++ engine, tensorwire/messenger.h).")
-      .def("__init__", [](PyMessenger* self, PyDevice& device, int rank, int size, nb::object store_set,
-                          nb::object store_get, const std::string& name, double timeout, std::size_t eager_bytes,
-                          bool progress_thread) {
-        if (!device.device) throw ConnectionError("device is closed");
-        MessengerConfig cfg;
-        cfg.name = name;
-        cfg.timeout_s = timeout;
-        cfg.eager_bytes = eager_bytes;
-        cfg.progress_thread = progress_thread;
-        auto rv = std::make_unique<CallableRendezvous>(std::move(store_set), std::move(store_get));
-        std::shared_ptr<Messenger> made;
-        {
-          nb::gil_scoped_release release;
-          made = make_messenger(*device.device, rank, size, *rv, cfg);
-          nb::gil_scoped_acquire gil;  // (the rendezvous' callables go with the GIL)
-          rv.reset();
-        }
-        new (self) PyMessenger{std::move(made)};
-      }, nb::arg("device"), nb::arg("rank"), nb::arg("size"), nb::arg("store_set"), nb::arg("store_get"),
-         nb::arg("name") = "msg", nb::arg("timeout") = 300.0, nb::arg("eager_bytes") = 128 << 10,
-         nb::arg("progress_thread") = true,
-         "Connects to every rank of the group, meeting them through store_set(key, value) and "
-         "store_get(key, timeout) -> bytes (e.g. a torch.distributed store's set and get).")
+      .def(
+          "__init__",
+          [](PyMessenger* self, PyDevice& device, int rank, int size, nb::object store_set, nb::object store_get,
+             const std::string& name, double timeout, std::size_t eager_bytes, bool progress_thread) {
+            if (!device.device) throw ConnectionError("device is closed");
+            MessengerConfig cfg;
+            cfg.name = name;
+            cfg.timeout_s = timeout;
+            cfg.eager_bytes = eager_bytes;
+            cfg.progress_thread = progress_thread;
+            auto rv = std::make_unique<CallableRendezvous>(std::move(store_set), std::move(store_get));
+            std::shared_ptr<Messenger> made;
+            {
+              nb::gil_scoped_release release;
+              made = make_messenger(*device.device, rank, size, *rv, cfg);
+              nb::gil_scoped_acquire gil;  // (the rendezvous' callables go with the GIL)
+              rv.reset();
+            }
+            new (self) PyMessenger{std::move(made)};
+          },
+          nb::arg("device"), nb::arg("rank"), nb::arg("size"), nb::arg("store_set"), nb::arg("store_get"),
+          nb::arg("name") = "msg", nb::arg("timeout") = 300.0, nb::arg("eager_bytes") = 128 << 10,
+          nb::arg("progress_thread") = true,
+          "Connects to every rank of the group, meeting them through store_set(key, value) and "
+          "store_get(key, timeout) -> bytes (e.g. a torch.distributed store's set and get).")
       .def_prop_ro("rank", [](PyMessenger& s) { return s.get().rank(); })
       .def_prop_ro("size", [](PyMessenger& s) { return s.get().size(); })
-      .def("isend", [](PyMessenger& s, std::uintptr_t ptr, std::size_t nbytes, int peer, std::int64_t tag,
-                       nb::handle keep, std::uintptr_t base, std::size_t base_bytes) {
-        Buffer b = buffer_of(ptr, nbytes, keep, base, base_bytes);
-        Messenger& m = s.get();
-        nb::gil_scoped_release release;
-        return m.isend(b, peer, tag);
-      }, nb::arg("ptr"), nb::arg("nbytes"), nb::arg("peer"), nb::arg("tag") = 0, nb::arg("keep") = nb::none(),
-         nb::arg("base") = 0, nb::arg("base_bytes") = 0,
-         "Posts a send of the nbytes at address ptr (held alive by `keep`, inside the allocation [base, "
-         "base + base_bytes) if given) to rank `peer`; the bytes may change once the Request completes.")
-      .def("irecv", [](PyMessenger& s, std::uintptr_t ptr, std::size_t nbytes, int peer, std::int64_t tag,
-                       nb::handle keep, std::uintptr_t base, std::size_t base_bytes) {
-        auto r = std::make_unique<PyReceive>();
-        Buffer b = buffer_of(ptr, nbytes, keep, base, base_bytes, r->source);  // (the engine writes the source)
-        Messenger& m = s.get();
-        {
-          nb::gil_scoped_release release;
-          r->request = m.irecv(b, peer, tag, r->source.get());
-        }
-        return r;
-      }, nb::arg("ptr"), nb::arg("nbytes"), nb::arg("peer"), nb::arg("tag") = 0, nb::arg("keep") = nb::none(),
-         nb::arg("base") = 0, nb::arg("base_bytes") = 0,
-         "Posts a receive into the nbytes at ptr from rank `peer` (-1: any rank); returns a Receive.")
+      .def(
+          "isend",
+          [](PyMessenger& s, std::uintptr_t ptr, std::size_t nbytes, int peer, std::int64_t tag, nb::handle keep,
+             std::uintptr_t base, std::size_t base_bytes) {
+            Buffer b = buffer_of(ptr, nbytes, keep, base, base_bytes);
+            Messenger& m = s.get();
+            nb::gil_scoped_release release;
+            return m.isend(b, peer, tag);
+          },
+          nb::arg("ptr"), nb::arg("nbytes"), nb::arg("peer"), nb::arg("tag") = 0, nb::arg("keep") = nb::none(),
+          nb::arg("base") = 0, nb::arg("base_bytes") = 0,
+          "Posts a send of the nbytes at address ptr (held alive by `keep`, inside the allocation [base, "
+          "base + base_bytes) if given) to rank `peer`; the bytes may change once the Request completes.")
+      .def(
+          "irecv",
+          [](PyMessenger& s, std::uintptr_t ptr, std::size_t nbytes, int peer, std::int64_t tag, nb::handle keep,
+             std::uintptr_t base, std::size_t base_bytes) {
+            auto r = std::make_unique<PyReceive>();
+            Buffer b = buffer_of(ptr, nbytes, keep, base, base_bytes, r->source);  // (the engine writes the source)
+            Messenger& m = s.get();
+            {
+              nb::gil_scoped_release release;
+              r->request = m.irecv(b, peer, tag, r->source.get());
+            }
+            return r;
+          },
+          nb::arg("ptr"), nb::arg("nbytes"), nb::arg("peer"), nb::arg("tag") = 0, nb::arg("keep") = nb::none(),
+          nb::arg("base") = 0, nb::arg("base_bytes") = 0,
+          "Posts a receive into the nbytes at ptr from rank `peer` (-1: any rank); returns a Receive.")
       .def_prop_ro("timeout", [](PyMessenger& s) { return s.get().timeout(); })
-      .def("stats", [](PyMessenger& s) {
-        MessengerStats st = s.get().stats();
-        nb::dict d;
-        d["eager_sends"] = st.eager_sends;
-        d["placed_sends"] = st.placed_sends;
-        d["unexpected"] = st.unexpected;
-        return d;
-      })
+      .def("stats",
+           [](PyMessenger& s) {
+             MessengerStats st = s.get().stats();
+             nb::dict d;
+             d["eager_sends"] = st.eager_sends;
+             d["placed_sends"] = st.placed_sends;
+             d["unexpected"] = st.unexpected;
+             return d;
+           })
       .def("close", &PyMessenger::close, "Fails what is pending (ConnectionError) and stops. Idempotent.");
   m.attr("ANY_SOURCE") = kAnySource;
 }

@@ -26,9 +26,9 @@ struct PyBlock {
   std::vector<std::int64_t> shape;       // DLPack shape
   std::vector<Py_ssize_t> buffer_shape;  // the same, for the buffer protocol
   nb::dlpack::dtype dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt), 8, 1};
-  std::string format = "B";              // struct-module format of one element
+  std::string format = "B";  // struct-module format of one element
   std::size_t itemsize = 1;
-  std::size_t nbytes = 0;                // bytes of the view (<= block.size())
+  std::size_t nbytes = 0;  // bytes of the view (<= block.size())
 };
 
 // A local memory operand of write/read: a pool Block or a Registration.

@@ -15,8 +15,16 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from . import _core
-from .errors import (ConnectionError, Error, InvalidArgument, NotFound, PeerFailed,  # noqa: A004
-                     PoolExhausted, ProtocolMismatch, Timeout)
+from .errors import (
+    ConnectionError,
+    Error,
+    InvalidArgument,
+    NotFound,
+    PeerFailed,  # noqa: A004
+    PoolExhausted,
+    ProtocolMismatch,
+    Timeout,
+)
 
 __version__ = "0.1.0"
 
@@ -30,8 +38,15 @@ parse_descriptor = _core.parse_descriptor
 # dtype name -> (DLPack type code, bits, buffer-protocol format): the core's table
 # (bfloat16's format is its raw 16-bit word: the buffer protocol has no code for it)
 DTYPE_TABLE = {name: (code, bits, fmt) for name, code, bits, fmt in _core.dtypes()}
-_ALIASES = {"half": "float16", "float": "float32", "double": "float64", "bool_": "bool",
-            "long": "int64", "int": "int32", "short": "int16"}
+_ALIASES = {
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "bool_": "bool",
+    "long": "int64",
+    "int": "int32",
+    "short": "int16",
+}
 
 
 _MAX_BYTES = 1 << 62  # the largest tensor or region (as the core's TensorSpec)
@@ -40,6 +55,7 @@ _MAX_BYTES = 1 << 62  # the largest tensor or region (as the core's TensorSpec)
 def _size_arg(value: Any, what: str) -> int:
     """An integer argument (Python or numpy int); InvalidArgument naming it otherwise."""
     import operator
+
     try:
         return operator.index(value)
     except TypeError:
@@ -50,9 +66,10 @@ def dtype_name(dtype: Any) -> str:
     """Normalises a dtype given as a string, a numpy dtype or a torch dtype."""
     name = str(dtype)
     if name.startswith("torch."):
-        name = name[len("torch."):]
+        name = name[len("torch.") :]
     elif not isinstance(dtype, str):
         import numpy as np
+
         name = np.dtype(dtype).name
     name = _ALIASES.get(name, name)
     if name not in DTYPE_TABLE:
@@ -60,8 +77,9 @@ def dtype_name(dtype: Any) -> str:
     return name
 
 
-_REGISTER_INSTEAD = ("pass a numpy array (np.asarray(x)), a CPU torch tensor, a bytearray, or a Block "
-                     "from device.empty()")
+_REGISTER_INSTEAD = (
+    "pass a numpy array (np.asarray(x)), a CPU torch tensor, a bytearray, or a Block from device.empty()"
+)
 
 
 def _gpu_of(memory: Any) -> int:
@@ -69,7 +87,7 @@ def _gpu_of(memory: Any) -> int:
     if memory == "host" or memory == "cpu":
         return -1
     if isinstance(memory, str) and (memory == "cuda" or memory.startswith("cuda:")):
-        index = memory[len("cuda:"):] if ":" in memory else "0"
+        index = memory[len("cuda:") :] if ":" in memory else "0"
         if index.isdigit():
             return int(index)
     raise InvalidArgument(f"memory must be 'host', 'cuda' or 'cuda:N', got {memory!r}")
@@ -101,6 +119,7 @@ def cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         import math
+
         shape = tuple(cai["shape"])
         itemsize = int(cai["typestr"][2:])
         strides = cai.get("strides")
@@ -120,8 +139,9 @@ def cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
         try:
             import torch
         except ImportError:
-            raise InvalidArgument("register of a DLPack CUDA tensor other than torch/CuPy needs torch to read it") \
-                from None
+            raise InvalidArgument(
+                "register of a DLPack CUDA tensor other than torch/CuPy needs torch to read it"
+            ) from None
         found = cuda_pointer_of(torch.from_dlpack(obj))  # a torch CUDA tensor: found
         assert found is not None
         return found[:2] + (obj,)
@@ -129,8 +149,10 @@ def cuda_pointer_of(obj: Any) -> tuple[int, int, Any] | None:
 
 
 def _register_refusal(obj: Any, why: str) -> InvalidArgument:
-    return InvalidArgument(f"register needs memory that outlives the registration, but a {type(obj).__name__} object "
-                           f"{why}; {_REGISTER_INSTEAD}")
+    return InvalidArgument(
+        f"register needs memory that outlives the registration, but a {type(obj).__name__} object "
+        f"{why}; {_REGISTER_INSTEAD}"
+    )
 
 
 def _address_of(arr: Any) -> int:
@@ -152,6 +174,7 @@ def pointer_of(obj: Any) -> tuple[int, int, Any]:
             raise InvalidArgument(f"register takes CPU and CUDA tensors, not {obj.device.type} ones")
         return obj.data_ptr(), obj.numel() * obj.element_size(), obj
     import numpy as np
+
     owner: Any  # what keeps the memory alive: obj, or obj with the view taken of it
     if isinstance(obj, np.ndarray):
         arr, owner = obj, obj
@@ -162,8 +185,9 @@ def pointer_of(obj: Any) -> tuple[int, int, Any]:
             view = None
         if view is not None:
             if view.readonly:
-                raise InvalidArgument(f"register needs writable memory, but this {type(obj).__name__} is "
-                                      f"read-only; {_REGISTER_INSTEAD}")
+                raise InvalidArgument(
+                    f"register needs writable memory, but this {type(obj).__name__} is read-only; {_REGISTER_INSTEAD}"
+                )
             if not view.c_contiguous:
                 raise InvalidArgument("register needs a C-contiguous buffer")
             if view.nbytes == 0:
@@ -174,8 +198,9 @@ def pointer_of(obj: Any) -> tuple[int, int, Any]:
             try:
                 arr = np.from_dlpack(obj)  # a view; it holds the producer's memory
             except (BufferError, RuntimeError, TypeError, ValueError) as e:
-                raise InvalidArgument(f"register cannot view this {type(obj).__name__} through DLPack "
-                                      f"(CPU memory only): {e}") from None
+                raise InvalidArgument(
+                    f"register cannot view this {type(obj).__name__} through DLPack (CPU memory only): {e}"
+                ) from None
             owner = (obj, arr)
         elif hasattr(obj, "__array_interface__") or hasattr(obj, "__array_struct__") or hasattr(obj, "__array__"):
             arr = np.asarray(obj)
@@ -225,6 +250,7 @@ class Device(_core.Device):
     def close(self) -> None:
         """Fails pending work, closes connections, stops threads. Blocks stay readable."""
         from . import notify
+
         notify.close(self)
         super().close()
 
@@ -233,11 +259,13 @@ class Device(_core.Device):
         (sender device id, message), in order per sender; never blocks. A device takes
         notifications from its start; each sender may have 64 unread here (contracts §1)."""
         from . import notify
+
         return notify.notifications(self)
 
     async def next_notification(self, timeout: float | None = None) -> tuple[int, bytes]:
         """Awaits the next notification: (sender device id, message). Timeout after `timeout` s."""
         from . import notify
+
         return await notify.next_notification(self, timeout)
 
     def alloc(self, nbytes: int, alignment: int = 64, memory: str = "host") -> Block:
@@ -250,8 +278,9 @@ class Device(_core.Device):
             raise InvalidArgument(f"nbytes {n} is too large (at most 2**62)")
         return self.alloc_view([n], 1, 8, "B", alignment, _gpu_of(memory))
 
-    def empty(self, shape: int | Sequence[int], dtype: Any = "float32", alignment: int = 64,
-              memory: str = "host") -> Block:
+    def empty(
+        self, shape: int | Sequence[int], dtype: Any = "float32", alignment: int = 64, memory: str = "host"
+    ) -> Block:
         """An uninitialised tensor in registered memory; view it with
         ``numpy.asarray(block)``, ``numpy.from_dlpack(block)`` or ``torch.from_dlpack(block)``.
         ``memory="cuda"`` (or ``"cuda:N"``) puts it in GPU memory: ``torch.from_dlpack(block)``
@@ -289,8 +318,15 @@ class Device(_core.Device):
         setattr(ch, "_device", self)
         return ch
 
-    def static_slot(self, name: str, shape: int | Sequence[int], dtype: Any = "float32", depth: int = 2,
-                    first_seq: int = 1, memory: str = "host") -> "_core.StaticSlot":
+    def static_slot(
+        self,
+        name: str,
+        shape: int | Sequence[int],
+        dtype: Any = "float32",
+        depth: int = 2,
+        first_seq: int = 1,
+        memory: str = "host",
+    ) -> "_core.StaticSlot":
         """Receiver side of static placement: `depth` buffers of `shape`/`dtype`
         in registered memory, published as `name` (see tensorwire.slots).
         ``memory="cuda"``: the buffers are GPU memory and ``recv()`` returns a DLPack
@@ -298,8 +334,9 @@ class Device(_core.Device):
         code, bits, _ = DTYPE_TABLE[dtype_name(dtype)]
         return _core.StaticSlot(self, name, shape, code, bits, depth, first_seq, _gpu_of(memory))
 
-    def dynamic_slot(self, name: str, max_ndim: int = 8, max_nbytes: int = 1 << 32,
-                     memory: str = "host") -> "_core.DynamicSlot":
+    def dynamic_slot(
+        self, name: str, max_ndim: int = 8, max_nbytes: int = 1 << 32, memory: str = "host"
+    ) -> "_core.DynamicSlot":
         """Receiver side of dynamic allocation: tensors of any shape up to `max_ndim`
         dimensions and `max_nbytes` bytes (see tensorwire.slots). ``memory="cuda"``:
         each tensor is allocated in the GPU's arena and read there."""
@@ -315,8 +352,27 @@ wait_any = _core.wait_any  # which of several slots/requests/words is ready (rel
 Word = _core.Word  # a flag word a peer writes, for wait_any
 
 __all__ = [
-    "Device", "Block", "Registration", "RemoteRegion", "Channel", "Request", "parse_descriptor",
-    "Error", "InvalidArgument", "Timeout", "ConnectionError", "PeerFailed", "PoolExhausted",
-    "ProtocolMismatch", "NotFound", "dtype_name", "StaticSlot", "DynamicSlot", "wait_any", "Word",
-    "cuda_info", "cuda_available", "TRANSPORTS",
+    "Device",
+    "Block",
+    "Registration",
+    "RemoteRegion",
+    "Channel",
+    "Request",
+    "parse_descriptor",
+    "Error",
+    "InvalidArgument",
+    "Timeout",
+    "ConnectionError",
+    "PeerFailed",
+    "PoolExhausted",
+    "ProtocolMismatch",
+    "NotFound",
+    "dtype_name",
+    "StaticSlot",
+    "DynamicSlot",
+    "wait_any",
+    "Word",
+    "cuda_info",
+    "cuda_available",
+    "TRANSPORTS",
 ]

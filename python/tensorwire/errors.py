@@ -43,6 +43,12 @@ class NotFound(Error, KeyError):
 
 
 __all__ = [
-    "Error", "InvalidArgument", "Timeout", "ConnectionError", "PeerFailed",
-    "PoolExhausted", "ProtocolMismatch", "NotFound",
+    "Error",
+    "InvalidArgument",
+    "Timeout",
+    "ConnectionError",
+    "PeerFailed",
+    "PoolExhausted",
+    "ProtocolMismatch",
+    "NotFound",
 ]

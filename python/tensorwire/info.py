@@ -37,6 +37,7 @@ FAMILIES = ("tcp", "shm", "rdma", "cuda")
 def transports() -> list[str]:
     """Transport/device pairs UCX offers for data here (UCX_TLS as set)."""
     from . import Device
+
     with Device(progress="inline") as dev:
         return sorted(dev.resources())
 
@@ -59,8 +60,10 @@ def cuda(tls: list[str]) -> dict[str, Any]:
     version = info["driver_version"]
     runtime = None
     import importlib.util
+
     if importlib.util.find_spec("torch") is not None:
         import torch  # only for the CUDA runtime it was built with
+
         runtime = torch.version.cuda
     names = [t.split("/")[0] for t in tls]
     peer_memory = os.path.exists("/sys/module/nvidia_peermem") or os.path.exists("/sys/kernel/mm/memory_peers/nv_mem")
@@ -98,8 +101,11 @@ def collect(transport: str = "auto") -> dict[str, Any]:
     for c in info["configuration"]:
         if c["name"] == "TENSORWIRE_UCX":  # a build-time choice: what this build used
             c.update(value=f"{_core.ucx_source} (this build)", set=False)
-    info["warnings"] += [f"{k} is set but tensorwire reads no such variable (docs/configuration.md)"
-                         for k in info["env"] if k.startswith("TENSORWIRE_") and k not in config.NAMES]
+    info["warnings"] += [
+        f"{k} is set but tensorwire reads no such variable (docs/configuration.md)"
+        for k in info["env"]
+        if k.startswith("TENSORWIRE_") and k not in config.NAMES
+    ]
     info["cuda"] = cuda(info["transports"])
     info["usable"] = usable(info["transports"])
     info["requested"] = transport
@@ -111,7 +117,8 @@ def collect(transport: str = "auto") -> dict[str, Any]:
         info["warnings"].append(
             "RDMA devices exist (" + ", ".join(info["rdma_devices"]) + ") but UCX offers no verbs transport: "
             "this UCX is built without verbs (the PyPI wheel is); rebuild with TENSORWIRE_UCX=system "
-            "against a UCX that has them")
+            "against a UCX that has them"
+        )
     if tls and all(t.startswith(("tcp", "self")) or "memory" in t for t in tls) and info["rdma_devices"]:
         info["warnings"].append("only TCP is available for inter-host traffic although an RDMA device exists")
     return info
@@ -128,8 +135,8 @@ def render(info: dict[str, Any]) -> str:
         "RDMA devices: " + (", ".join(info["rdma_devices"]) or "none"),
         "control plane: tcp with peer error handling and keepalive; data endpoints: no UCX error handling,"
         " liveness from the control plane",
-        "UCX environment: " + (", ".join(f"{k}={v}" for k, v in info["env"].items() if k.startswith("UCX_"))
-                               or "none (UCX defaults)"),
+        "UCX environment: "
+        + (", ".join(f"{k}={v}" for k, v in info["env"].items() if k.startswith("UCX_")) or "none (UCX defaults)"),
         "tensorwire configuration (docs/configuration.md; '=' set in the environment, ':' the default):",
         *(f"  {c['name']:<30}{'=' if c['set'] else ':'} {c['value']}" for c in info["configuration"]),
     ]
@@ -151,4 +158,3 @@ def render(info: dict[str, Any]) -> str:
     for w in info["warnings"]:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
-

@@ -62,7 +62,7 @@ def _check_timeout(timeout: Any) -> float | None:
 
 
 def _gpu_memory_of(tensor: Any) -> str | None:
-    """"cuda:N" for a torch tensor on GPU N, else None (host memory)."""
+    """ "cuda:N" for a torch tensor on GPU N, else None (host memory)."""
     device: Any = getattr(tensor, "device", None)
     if getattr(device, "type", None) == "cuda":
         return f"cuda:{device.index or 0}"
@@ -76,6 +76,7 @@ def _nbytes_of(tensor: Any) -> int:
 def _spec_of(tensor: Any) -> tuple[list[int], str]:
     """(shape, dtype name) of a numpy array or torch tensor."""
     from . import dtype_name
+
     shape = [int(s) for s in tensor.shape]
     return shape, dtype_name(tensor.dtype)
 
@@ -96,6 +97,7 @@ class _Sender:
         path="copy" a non-contiguous tensor is made contiguous first (the core
         copies it at once); path="register" takes only memory that stays put."""
         from . import Registration, cuda_pointer_of, pointer_of
+
         if isinstance(tensor, Registration):
             raise InvalidArgument("send(registration) needs a typed tensor: pass the registered array itself")
         gpu = _gpu_memory_of(tensor)
@@ -103,6 +105,7 @@ class _Sender:
             # The stream contract (docs/contracts.md §1.1): UCX reads the tensor
             # outside torch's streams, so the kernels writing it must be done.
             import torch
+
             torch.cuda.current_stream(tensor.device).synchronize()
             if self.path == "copy":
                 tensor = tensor.contiguous()
@@ -115,6 +118,7 @@ class _Sender:
                 tensor = tensor.contiguous()
                 return tensor.data_ptr(), -1, tensor
             import numpy as np
+
             arr = np.ascontiguousarray(tensor)
             return arr.__array_interface__["data"][0], -1, arr
         address, _, owner = pointer_of(tensor)
@@ -127,6 +131,7 @@ class _Sender:
         if isinstance(tensor, _core.Block):
             return self._core.send_block(tensor, timeout)  # the binding checks the timeout
         from . import DTYPE_TABLE
+
         timeout = _check_timeout(timeout)
         shape, name = _spec_of(tensor)
         code, bits, _ = DTYPE_TABLE[name]

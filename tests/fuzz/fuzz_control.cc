@@ -67,10 +67,8 @@ std::optional<std::size_t> decode_body(const ctl::Header& h, const std::uint8_t*
         break;
       }
       case ctl::MsgType::kPing:
-      case ctl::MsgType::kPong:
-        return 0;  // no body: whatever follows the header is ignored
-      default:
-        TW_FUZZ_CHECK(!"decode_header let an unknown type through");
+      case ctl::MsgType::kPong: return 0;  // no body: whatever follows the header is ignored
+      default: TW_FUZZ_CHECK(!"decode_header let an unknown type through");
     }
     return size - r.left();
   });

@@ -106,9 +106,7 @@ bool same(const char* a, const std::uint8_t* b, std::size_t n) { return n == 0 |
 // receivers read them (messages.cc, protocol/dynamic_slot.cc).
 void decode_extra(const td::DataHeader& h, td::ByteReader& r) {
   switch (h.kind) {
-    case td::MsgKind::kPutFlagged:
-      tw_fuzz::decode_or_refuse([&] { return r.get<std::uint64_t>(); });
-      break;
+    case td::MsgKind::kPutFlagged: tw_fuzz::decode_or_refuse([&] { return r.get<std::uint64_t>(); }); break;
     case td::MsgKind::kDynamicSend: {
       const std::string bytes = r.get_n(r.left());
       td::DynamicRecord rec;
@@ -132,8 +130,7 @@ void decode_extra(const td::DataHeader& h, td::ByteReader& r) {
       }
       break;
     }
-    default:
-      break;
+    default: break;
   }
 }
 

@@ -30,10 +30,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   ByteReader again(bytes.data(), bytes.size(), "HELLO");
   const ctl::Hello back = ctl::decode_hello(again);
   TW_FUZZ_CHECK(again.left() == 0);
-  TW_FUZZ_CHECK(back.device_id == hello->device_id && back.pid == hello->pid &&
-                back.start_time == hello->start_time && back.boot_id == hello->boot_id &&
-                back.hostname == hello->hostname && back.address == hello->address &&
-                back.token == hello->token && back.workers == hello->workers &&
-                back.self_proof == hello->self_proof);
+  TW_FUZZ_CHECK(back.device_id == hello->device_id && back.pid == hello->pid && back.start_time == hello->start_time &&
+                back.boot_id == hello->boot_id && back.hostname == hello->hostname && back.address == hello->address &&
+                back.token == hello->token && back.workers == hello->workers && back.self_proof == hello->self_proof);
   return 0;
 }

@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   write("hello", "self-proof", ctl::encode_hello(self));
 
   const std::uint64_t lots = std::uint64_t(1) << 32;
-  const DType dtypes[] = {{0, 8}, {0, 16}, {0, 32}, {0, 64}, {1, 8}, {1, 16}, {1, 32},
+  const DType dtypes[] = {{0, 8},  {0, 16}, {0, 32}, {0, 64}, {1, 8},  {1, 16}, {1, 32},
                           {1, 64}, {2, 16}, {2, 32}, {2, 64}, {4, 16}, {6, 8}};
   for (const DType& dt : dtypes) {
     write("record", dt.name(), record_input(8, false, lots, record(dt, {3, 5})));
@@ -180,7 +180,8 @@ int main(int argc, char** argv) {
   write("frame", "put", put_frame);
   std::string flag(8, '\0');
   flag[0] = 1;
-  write("frame", "put-flagged", frame(data_header(td::MsgKind::kPutFlagged, 0x7f0000001000ULL, 0x7f0000002000ULL).encode(flag), 16));
+  write("frame", "put-flagged",
+        frame(data_header(td::MsgKind::kPutFlagged, 0x7f0000001000ULL, 0x7f0000002000ULL).encode(flag), 16));
   write("frame", "get", frame(data_header(td::MsgKind::kGet, 0x7f0000001000ULL, 64).encode()));
   write("frame", "get-data", frame(data_header(td::MsgKind::kGetData).encode(), 64));
   write("frame", "put-done", frame(data_header(td::MsgKind::kPutDone).encode()));

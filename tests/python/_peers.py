@@ -33,6 +33,7 @@ class GpuBytes:
 
     def __init__(self, block) -> None:
         import torch
+
         self.torch = torch
         self.t = torch.from_dlpack(block)  # uint8, on the GPU, no copy
 
@@ -72,12 +73,12 @@ def serve(conn, transport: str, regions: dict, device_kwargs: dict | None = None
 
         def checksum(payload: bytes) -> bytes:
             a = json.loads(payload)
-            v = views[a["name"]][a["offset"]:a["offset"] + a["nbytes"]]
+            v = views[a["name"]][a["offset"] : a["offset"] + a["nbytes"]]
             return str(crc(v)).encode()
 
         def fill(payload: bytes) -> bytes:
             a = json.loads(payload)
-            views[a["name"]][a["offset"]:a["offset"] + a["nbytes"]] = pattern(a["nbytes"], a["seed"])
+            views[a["name"]][a["offset"] : a["offset"] + a["nbytes"]] = pattern(a["nbytes"], a["seed"])
             return b"ok"
 
         def zero(payload: bytes) -> bytes:
@@ -91,8 +92,13 @@ def serve(conn, transport: str, regions: dict, device_kwargs: dict | None = None
         def boom(payload: bytes) -> bytes:
             raise ValueError("boom: " + payload.decode())
 
-        for name, fn in [("checksum", checksum), ("fill", fill), ("zero", zero), ("unpublish", unpublish),
-                         ("boom", boom)]:
+        for name, fn in [
+            ("checksum", checksum),
+            ("fill", fill),
+            ("zero", zero),
+            ("unpublish", unpublish),
+            ("boom", boom),
+        ]:
             dev.on_call(name, fn)
         conn.send({"address": dev.address, "pid": os.getpid(), "device_id": dev.id})
     except BaseException:  # report, so the test fails with the child's traceback
@@ -158,10 +164,21 @@ def refused_connects(conn, transport: str, rounds: int) -> None:
 
 # numpy dtype used to hold each tensorwire dtype's elements (bfloat16: raw words)
 SLOT_NUMPY_DTYPES = {
-    "float16": "float16", "float32": "float32", "float64": "float64", "bfloat16": "uint16",
-    "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
-    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "uint64": "uint64", "bool": "bool",
-    "complex64": "complex64", "complex128": "complex128",
+    "float16": "float16",
+    "float32": "float32",
+    "float64": "float64",
+    "bfloat16": "uint16",
+    "int8": "int8",
+    "int16": "int16",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint8",
+    "uint16": "uint16",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "bool": "bool",
+    "complex64": "complex64",
+    "complex128": "complex128",
 }
 
 
@@ -185,6 +202,7 @@ def _received_item(arr: np.ndarray, mode: str, extra: dict) -> dict:
 
 def _torch_item(slot, obj, is_static: bool) -> dict:
     import torch
+
     if is_static:
         t = torch.from_numpy(obj)  # the slot's numpy view (bfloat16: raw words)
         if slot.dtype == "bfloat16":
@@ -200,6 +218,7 @@ def _torch_item(slot, obj, is_static: bool) -> dict:
 def _gpu_item(obj) -> dict:
     """A tensor received into GPU memory, as its bytes (copied to the host) and where it was."""
     import torch
+
     t = torch.from_dlpack(obj)  # a GPU slot's view or a GPU Block: true dtype
     data = t.contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes() if t.numel() else b""
     return {"shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device), "data": data}
@@ -220,8 +239,13 @@ def _slot_recv(dev, slot, is_static: bool, a: dict) -> dict:
         try:
             obj = slot.recv(timeout=timeout)
         except tw.Error as e:
-            out.update(raised=type(e).__name__, message=str(e), elapsed=time.monotonic() - t0,
-                       in_use_after_error=dev.stats()["bytes_in_use"], in_use_before_error=before)
+            out.update(
+                raised=type(e).__name__,
+                message=str(e),
+                elapsed=time.monotonic() - t0,
+                in_use_after_error=dev.stats()["bytes_in_use"],
+                in_use_before_error=before,
+            )
             break
         out["in_use"].append((before, dev.stats()["bytes_in_use"]))
         arr = None if mode == "gpu" else obj if is_static else obj.numpy()
@@ -297,13 +321,23 @@ def slot_peer(conn, transport: str, device_kwargs: dict | None = None) -> None:
         nonlocal channel
         op = msg["op"]
         if op == "static_slot":
-            s = dev.static_slot(msg["name"], tuple(msg["shape"]), msg["dtype"], depth=msg.get("depth", 2),
-                                first_seq=msg.get("first_seq", 1), memory=msg.get("memory", "host"))
+            s = dev.static_slot(
+                msg["name"],
+                tuple(msg["shape"]),
+                msg["dtype"],
+                depth=msg.get("depth", 2),
+                first_seq=msg.get("first_seq", 1),
+                memory=msg.get("memory", "host"),
+            )
             slots[msg["name"]] = (s, True)
             reply = {"next_seq": s.next_seq}
         elif op == "dynamic_slot":
-            s = dev.dynamic_slot(msg["name"], max_ndim=msg.get("max_ndim", 8),
-                                 max_nbytes=msg.get("max_nbytes", 1 << 32), memory=msg.get("memory", "host"))
+            s = dev.dynamic_slot(
+                msg["name"],
+                max_ndim=msg.get("max_ndim", 8),
+                max_nbytes=msg.get("max_nbytes", 1 << 32),
+                memory=msg.get("memory", "host"),
+            )
             slots[msg["name"]] = (s, False)
             reply = {"next_seq": s.next_seq, "record_size": s.record_size}
         elif op == "drop":
@@ -411,7 +445,7 @@ def notify_target(conn, transport: str, count: int, size: int, timeout: float = 
                 k = int(message.decode())
                 senders.add(peer)
                 got.append(k)
-                if crc(view[k * size:(k + 1) * size]) != crc(pattern(size, k)):
+                if crc(view[k * size : (k + 1) * size]) != crc(pattern(size, k)):
                     late.append(k)
             time.sleep(0.0005)
         time.sleep(0.2)  # anything more (a duplicate) would arrive now

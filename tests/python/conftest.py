@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # UCX wheel's versions, which know the variable (an unknown UCX_ variable draws a warning).
 try:
     from importlib.metadata import version as _version
+
     _version("libucx-cu13")
     if os.environ.get("TENSORWIRE_UCX", "wheel") == "wheel":
         os.environ.setdefault("UCX_MEM_BISTRO_GRACE_DURATION", "1ms")
@@ -72,6 +73,8 @@ class lane_form:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
 PEER_START_TIMEOUT_S = 30.0
 PAIR_SLAB_SIZE = 4 << 20
 
@@ -115,21 +118,33 @@ def free_port() -> int:
     """A port nobody listens on, from below the ephemeral range so that no
     socket is handed it before the test binds it (tensorwire.ranks.launch.free_port)."""
     from tensorwire.ranks.launch import free_port as pick
+
     return pick(HOST)
 
 
-def torchrun(n: int, script: Any, *args: str, timeout: float = 150, env: dict | None = None,
-             launcher: tuple[str, ...] = ()):
+def torchrun(
+    n: int, script: Any, *args: str, timeout: float = 150, env: dict | None = None, launcher: tuple[str, ...] = ()
+):
     """`python -m torch.distributed.run` of `script` with n processes on a free master port
     (`launcher`: more of torchrun's own options).
     When the agent could not bind that port (another process took it after free_port's
     probe: EADDRINUSE, before any rank ran), it runs again on another, at most 3 times."""
     import subprocess
+
     for attempt in range(3):
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-               "--master-port", str(free_port()), *launcher, str(script), *args]
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                             env=dict(os.environ, **(env or {})))
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            str(n),
+            "--master-port",
+            str(free_port()),
+            *launcher,
+            str(script),
+            *args,
+        ]
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
         lost_port = "failed to listen on any local network address" in run.stderr and "EADDRINUSE" in run.stderr
         if run.returncode == 0 or not lost_port or attempt == 2:
             return run
@@ -143,6 +158,7 @@ def cli_in_process(args: list[str], capsys: Any) -> Any:
     import subprocess
 
     from tensorwire.cli import main
+
     try:
         code = main(args)
     except SystemExit as e:  # argparse: usage errors and --help

@@ -23,7 +23,7 @@ class ChannelImpl;
 
 struct PeerInfo {
   std::uint64_t device_id = 0;
-  std::string address;   // the peer's listening address, "host:port"
+  std::string address;  // the peer's listening address, "host:port"
   std::string hostname;
   std::uint32_t pid = 0;
   bool same_host = false;
@@ -32,11 +32,11 @@ struct PeerInfo {
 
 // What the operations of one channel did: which path each took.
 struct ChannelStats {
-  std::uint64_t posted = 0;          // write/read posted to UCX
-  std::uint64_t direct_writes = 0;   // writes done as a memcpy into a mapped region
-  std::uint64_t direct_reads = 0;    // reads done as a memcpy from a mapped region
+  std::uint64_t posted = 0;         // write/read posted to UCX
+  std::uint64_t direct_writes = 0;  // writes done as a memcpy into a mapped region
+  std::uint64_t direct_reads = 0;   // reads done as a memcpy from a mapped region
   std::uint64_t direct_bytes = 0;
-  std::uint64_t drains = 0;          // direct copies that first waited for earlier UCX operations
+  std::uint64_t drains = 0;  // direct copies that first waited for earlier UCX operations
 };
 
 // How a channel moves data: one-sided RMA (or a copy where this process maps

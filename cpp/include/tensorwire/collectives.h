@@ -46,11 +46,11 @@ enum class ReduceOp {
   kProduct,
   kMin,
   kMax,
-  kBand,      // integers and bool
+  kBand,  // integers and bool
   kBor,
   kBxor,
-  kAvg,       // sum, then divided by the group size (floating and complex dtypes)
-  kPremulSum, // each rank's input multiplied by `factor` first, then summed
+  kAvg,        // sum, then divided by the group size (floating and complex dtypes)
+  kPremulSum,  // each rank's input multiplied by `factor` first, then summed
 };
 
 const char* reduce_op_name(ReduceOp op);
@@ -112,7 +112,7 @@ class Collectives {
   std::uint64_t calls() const { return calls_; }
 
  private:
-  class Call;  // one call's tag, deadline and posted requests (collectives.cc)
+  class Call;               // one call's tag, deadline and posted requests (collectives.cc)
   std::int64_t next_tag();  // a fresh negative tag for this call
   // Scratch memory kept across calls and grown when a call needs more, so
   // that the engine registers it once (Buffer::base/keep name the whole

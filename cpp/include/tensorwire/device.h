@@ -38,11 +38,11 @@ struct DeviceConfig {
   // what is missing: a request is never silently served by another transport.
   std::string require;
   std::string net_devices = "auto";  // auto: "lo" when host is loopback
-  std::string token;               // shared secret peers must present in HELLO
+  std::string token;                 // shared secret peers must present in HELLO
   std::size_t slab_size = std::size_t(64) << 20;
   std::size_t pool_limit = std::size_t(16) << 30;
   double connect_timeout_s = 10.0;
-  double keepalive_s = 1.0;        // control-plane liveness probe interval
+  double keepalive_s = 1.0;  // control-plane liveness probe interval
   // A peer that answers no control-plane ping for this long (a stopped or
   // hung process, whose kernel still keeps its sockets open) is declared
   // failed: its pending work fails with PeerFailed.

@@ -33,11 +33,10 @@ class Error : public std::runtime_error {
   int ucx_status_;
 };
 
-#define TW_DEFINE_ERROR(Name, Kind)                                 \
-  class Name : public Error {                                       \
-   public:                                                          \
-    explicit Name(const std::string& what, int ucx_status = 0)      \
-        : Error(ErrorKind::Kind, what, ucx_status) {}               \
+#define TW_DEFINE_ERROR(Name, Kind)                                                                          \
+  class Name : public Error {                                                                                \
+   public:                                                                                                   \
+    explicit Name(const std::string& what, int ucx_status = 0) : Error(ErrorKind::Kind, what, ucx_status) {} \
   };
 
 TW_DEFINE_ERROR(InvalidArgument, kInvalidArgument)

@@ -38,8 +38,7 @@ struct LocalRegion {
 class Block {
  public:
   Block() = default;
-  Block(Block&& other) noexcept
-      : slab_(std::move(other.slab_)), offset_(other.offset_), size_(other.size_) {
+  Block(Block&& other) noexcept : slab_(std::move(other.slab_)), offset_(other.offset_), size_(other.size_) {
     other.size_ = 0;
   }
   Block& operator=(Block&&) noexcept;
@@ -80,19 +79,19 @@ class Registration {
 
  private:
   std::shared_ptr<detail::RegistrationImpl> impl_;
-  void* address_ = nullptr;   // the range asked for: inside the (cached) registration
+  void* address_ = nullptr;  // the range asked for: inside the (cached) registration
   std::size_t length_ = 0;
 };
 
 struct PoolStats {
-  std::size_t bytes_in_use = 0;     // bytes leased out as Blocks
-  std::size_t bytes_reserved = 0;   // bytes held in registered slabs
+  std::size_t bytes_in_use = 0;    // bytes leased out as Blocks
+  std::size_t bytes_reserved = 0;  // bytes held in registered slabs
   std::size_t slabs = 0;
   std::size_t blocks = 0;
-  std::size_t registrations = 0;    // live registrations of outside memory
+  std::size_t registrations = 0;  // live registrations of outside memory
   std::size_t registration_cache_hits = 0;
   std::size_t registration_cache_misses = 0;
-  std::size_t exact_exports = 0;    // live registrations of exactly an exported range (contracts §11)
+  std::size_t exact_exports = 0;  // live registrations of exactly an exported range (contracts §11)
 };
 
 class MemoryPool {

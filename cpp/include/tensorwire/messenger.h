@@ -79,8 +79,8 @@ struct MessengerConfig {
 struct MessengerStats {
   std::uint64_t eager_sends = 0;
   std::uint64_t placed_sends = 0;
-  std::uint64_t unexpected = 0;  // messages that arrived before their receive was posted
-  std::uint64_t shared_receives = 0;  // placed receives that read part of the sender's buffer themselves
+  std::uint64_t unexpected = 0;           // messages that arrived before their receive was posted
+  std::uint64_t shared_receives = 0;      // placed receives that read part of the sender's buffer themselves
   std::uint64_t stale_registrations = 0;  // cached registrations dropped: their memory was unmapped
 };
 

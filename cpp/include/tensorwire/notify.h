@@ -28,7 +28,7 @@ namespace tensorwire {
 
 constexpr std::size_t kNotifyEntry = 256;
 constexpr std::size_t kNotifyMaxMessage = kNotifyEntry - 4;
-constexpr int kNotifyDepth = 64;  // unread notifications a sender may have at the target
+constexpr int kNotifyDepth = 64;          // unread notifications a sender may have at the target
 constexpr double kNotifyFullWaitS = 1.0;  // how long a sender waits for room in a full queue
 
 struct Notification {

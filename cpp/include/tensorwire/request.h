@@ -27,7 +27,7 @@ namespace tensorwire {
 namespace detail {
 class RequestState;
 class RequestRef;
-}
+}  // namespace detail
 class Awaitable;
 
 class Request {

@@ -58,7 +58,7 @@ const std::vector<DTypeInfo>& dtypes();
 struct TensorSpec {
   std::vector<std::int64_t> shape;
   DType dtype;
-  std::size_t nbytes() const;  // product(shape) * itemsize; throws on overflow
+  std::size_t nbytes() const;    // product(shape) * itemsize; throws on overflow
   std::string describe() const;  // "float32[4, 4]"
 };
 

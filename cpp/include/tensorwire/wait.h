@@ -33,7 +33,7 @@ class Awaitable {
  public:
   // Ready once the slot's next tensor is there (recv() then returns at once;
   // also when recv() would refuse because `depth` tensors are held).
-  Awaitable(const StaticSlot& slot);  // NOLINT: implicit, for brace lists
+  Awaitable(const StaticSlot& slot);   // NOLINT: implicit, for brace lists
   Awaitable(const DynamicSlot& slot);  // NOLINT
   // Ready once the request completed, successfully or not (wait() then
   // returns or throws at once). The request must outlive the wait.

@@ -15,7 +15,7 @@
 namespace tensorwire::bench {
 
 using detail::deadline_after;  // < 0 or NaN: no deadline; 0: now (contracts §2)
-using ucx::check;             // UCX status -> Error: the one table, ucx/ucx.cc
+using ucx::check;              // UCX status -> Error: the one table, ucx/ucx.cc
 
 namespace {
 
@@ -36,8 +36,8 @@ UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool lo
   // UCX's own transport settings (no cma tuning, unlike Device's data
   // context): this is what UCX users get.
   if (loopback && !is_set("UCX_NET_DEVICES")) o.emplace_back("NET_DEVICES", "lo");
-  context_ = std::make_shared<ucx::Context>(o, UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
-                                            "tensorwire-baseline");
+  context_ =
+      std::make_shared<ucx::Context>(o, UCP_FEATURE_TAG | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP, "tensorwire-baseline");
   tls_ = context_->transports();
   ucs_status_t st;
 
@@ -54,8 +54,8 @@ UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool lo
   for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmRequest, &UcxBaseline::on_request},
                         std::pair<unsigned, ucp_am_recv_callback_t>{kAmReply, &UcxBaseline::on_reply}}) {
     ucp_am_handler_param_t am{};
-    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                    UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                    UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
     am.id = id;
     am.cb = cb;
     am.arg = this;

@@ -45,11 +45,11 @@ class UcxBaseline {
   UcxBaseline(const UcxBaseline&) = delete;
   UcxBaseline& operator=(const UcxBaseline&) = delete;
 
-  std::string address() const;           // packed worker address
+  std::string address() const;  // packed worker address
   std::string transports() const { return tls_; }
   void connect(const std::string& peer_address);
   bool connected() const { return ep_ != nullptr; }
-  void close();                          // idempotent; also run by the destructor
+  void close();  // idempotent; also run by the destructor
 
   // Tagged messaging (full tag mask). tag_recv returns the received length.
   void tag_send(const void* buffer, std::size_t nbytes, std::uint64_t tag, double timeout_s);
@@ -72,10 +72,10 @@ class UcxBaseline {
  private:
   struct Incoming {
     std::string header;
-    void* desc = nullptr;       // persistent eager data or rendezvous descriptor
+    void* desc = nullptr;  // persistent eager data or rendezvous descriptor
     std::size_t length = 0;
     bool rndv = false;
-    std::string copy;           // the data, when UCX did not let us keep it
+    std::string copy;  // the data, when UCX did not let us keep it
   };
   using clock = std::chrono::steady_clock;
 

@@ -47,8 +47,8 @@ std::vector<double> write_pingpong(Channel& ch, const LocalRegion& send, const L
   auto* in = static_cast<const volatile std::uint8_t*>(recv.address) + size - 1;
   std::vector<double> samples;
   samples.reserve(iters);
-  const auto deadline = clock::now() + std::chrono::duration_cast<clock::duration>(
-                                           std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      clock::now() + std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(timeout_s));
   for (int i = 0; i < warmup + iters; ++i) {
     const std::uint8_t tag = tag_of(i);
     auto t0 = clock::now();
@@ -66,8 +66,8 @@ std::vector<double> write_pingpong(Channel& ch, const LocalRegion& send, const L
   return samples;
 }
 
-std::vector<double> read_latency(Channel& ch, const LocalRegion& local, const RemoteRegion& remote,
-                                 std::size_t size, int iters, int warmup) {
+std::vector<double> read_latency(Channel& ch, const LocalRegion& local, const RemoteRegion& remote, std::size_t size,
+                                 int iters, int warmup) {
   std::vector<double> samples;
   samples.reserve(iters);
   for (int i = 0; i < warmup + iters; ++i) {
@@ -79,8 +79,8 @@ std::vector<double> read_latency(Channel& ch, const LocalRegion& local, const Re
 }
 
 StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
-                    const std::vector<RemoteRegion>& remotes, std::size_t size, int iters, int window,
-                    int warmup, double timeout_s) {
+                    const std::vector<RemoteRegion>& remotes, std::size_t size, int iters, int window, int warmup,
+                    double timeout_s) {
   // One streaming loop for both entry points: this one drops the post times.
   TimedOps ops = stream_ops(channels, is_write, local, remotes, size, iters, window, warmup, timeout_s);
   StreamResult result;
@@ -99,8 +99,9 @@ bool wait_flag(Channel& ch, const volatile std::uint64_t* flag, std::uint64_t ex
   policy.spin = std::chrono::microseconds(ch.impl()->worker->spin_us());
   policy.evented = ch.impl()->lane().waiter_drives();
   auto failed = [&] { return ch.impl()->failed(); };
-  return detail::wait_for(drivers, [&] { return *flag == expected; }, failed, detail::deadline_after(timeout_s),
-                          policy) == detail::WaitEnd::kReady;
+  return detail::wait_for(
+             drivers, [&] { return *flag == expected; }, failed, detail::deadline_after(timeout_s), policy) ==
+         detail::WaitEnd::kReady;
 }
 
 namespace {
@@ -267,7 +268,8 @@ bool wait_flags(std::vector<Channel>& channels, const volatile std::uint64_t* fl
   // the naps are short (watch naps).
   detail::WaitPolicy policy;
   policy.spin = std::chrono::microseconds(channels[0].impl()->worker->spin_us());
-  return detail::wait_for(drivers, all_set, [] { return false; }, detail::deadline_after(timeout_s), policy) ==
+  return detail::wait_for(
+             drivers, all_set, [] { return false; }, detail::deadline_after(timeout_s), policy) ==
          detail::WaitEnd::kReady;
 }
 

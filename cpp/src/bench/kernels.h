@@ -28,16 +28,16 @@ std::vector<double> read_latency(Channel& channel, const LocalRegion& local, con
                                  std::size_t size, int iters, int warmup);
 
 struct StreamResult {
-  double seconds = 0;                 // first post to last completion (incl. final flush)
-  std::vector<double> completions;    // time of each observed completion, from the first post
+  double seconds = 0;               // first post to last completion (incl. final flush)
+  std::vector<double> completions;  // time of each observed completion, from the first post
 };
 
 // Streams `iters` writes (or reads) of `size` bytes from `local` to `remote`,
 // lanes taken round-robin from `channels`, at most `window` in flight per
 // lane, then flushes every lane. `warmup` operations run first, untimed.
 StreamResult stream(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
-                    const std::vector<RemoteRegion>& remotes, std::size_t size, int iters, int window,
-                    int warmup, double timeout_s);
+                    const std::vector<RemoteRegion>& remotes, std::size_t size, int iters, int window, int warmup,
+                    double timeout_s);
 
 // Drives progress on `channel`'s worker until the 64-bit word at `flag`
 // equals `expected`; false on timeout or once the channel failed.
@@ -55,9 +55,9 @@ struct TimedStream {
   double elapsed_s = 0;                     // first post to end of the final flush
   double bin_s = 0;                         // width of a bin of `bins`
   std::size_t nbins = 0;
-  std::vector<std::uint64_t> in_window;     // per channel: completions inside the window
-  std::vector<std::uint64_t> total;         // per channel: completions
-  std::vector<std::uint32_t> bins;          // channel-major [channel * nbins + bin]: completions per bin
+  std::vector<std::uint64_t> in_window;  // per channel: completions inside the window
+  std::vector<std::uint64_t> total;      // per channel: completions
+  std::vector<std::uint32_t> bins;       // channel-major [channel * nbins + bin]: completions per bin
 };
 
 TimedStream stream_for(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
@@ -67,9 +67,9 @@ TimedStream stream_for(std::vector<Channel>& channels, bool is_write, const Loca
 // Iteration mode with post times (perftest's tposted/tcompleted): like
 // stream() but also records when each operation was posted, in post order.
 struct TimedOps {
-  double seconds = 0;                // first post to last completion, incl. the final flush
-  std::vector<double> posted;        // post time of every operation (post order)
-  std::vector<double> completions;   // time each completion was observed (observation order)
+  double seconds = 0;               // first post to last completion, incl. the final flush
+  std::vector<double> posted;       // post time of every operation (post order)
+  std::vector<double> completions;  // time each completion was observed (observation order)
 };
 TimedOps stream_ops(std::vector<Channel>& channels, bool is_write, const LocalRegion& local,
                     const std::vector<RemoteRegion>& remotes, std::size_t size, std::int64_t iters, int window,

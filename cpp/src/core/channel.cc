@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "core/bulk_copy.h"
-#include "cuda/driver.h"
 #include "core/device_impl.h"
+#include "cuda/driver.h"
 
 namespace tensorwire {
 namespace detail {
@@ -79,8 +79,8 @@ void ChannelImpl::connect(const std::string& remote_worker_address) {
     return;
   }
   ucp_ep_params_t params{};
-  params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.field_mask =
+      UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(remote_worker_address.data());
   params.err_mode = UCP_ERR_HANDLING_MODE_NONE;  // liveness comes from the control plane
   auto err_arg = std::make_shared<DataEpErrorArg>(DataEpErrorArg{peer, peer->describe()});
@@ -101,8 +101,8 @@ void ChannelImpl::connect(const std::string& remote_worker_address) {
     lane_ = self_lane(std::move(context), std::move(ep), dev->pool_impl);
     return;
   }
-  const LaneForm form = dev->lane_forms.empty() ? LaneForm::kAuto
-                                                : dev->lane_forms[lane_index % dev->lane_forms.size()];
+  const LaneForm form =
+      dev->lane_forms.empty() ? LaneForm::kAuto : dev->lane_forms[lane_index % dev->lane_forms.size()];
   lane_ = ucx_lane(std::move(context), std::move(ep), form, dev->pool_impl, peer->hello.pid);
 }
 
@@ -174,8 +174,8 @@ bool ChannelImpl::check_rma(const char* op, const LocalRegion& local, std::size_
   return length != 0;
 }
 
-Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t local_offset,
-                         const RemoteRegion& remote, std::size_t remote_offset, std::size_t length) {
+Request ChannelImpl::rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
+                         std::size_t remote_offset, std::size_t length) {
   const char* op = is_write ? "write" : "read";
   if (!check_rma(op, local, local_offset, remote, remote_offset, length)) return Request();
   // GPU memory is never copied here: UCX's CUDA transports move it, in this
@@ -289,8 +289,8 @@ Request ChannelImpl::message_rma(bool is_write, const LocalRegion& local, std::s
   } catch (const Error& e) {
     DeviceImpl::MessageOp taken;
     if (dev->take_message_op(id, peer.get(), &taken)) {
-      state->complete_error(e.kind(), std::string(is_write ? "write" : "read") + " to " + peer->describe() +
-                                          " failed: " + e.what());
+      state->complete_error(
+          e.kind(), std::string(is_write ? "write" : "read") + " to " + peer->describe() + " failed: " + e.what());
       ops_->settle_message(state, UCS_ERR_CONNECTION_RESET);
     }
   }
@@ -331,8 +331,7 @@ bool ChannelImpl::can_place(const LocalRegion& local, const RemoteRegion& remote
 }
 
 Request ChannelImpl::put_then_message(const LocalRegion& local, std::size_t offset, const RemoteRegion& remote,
-                                      std::size_t remote_offset, std::size_t length, DataHeader h,
-                                      std::string extra) {
+                                      std::size_t remote_offset, std::size_t length, DataHeader h, std::string extra) {
   check_usable();
   if (!check_rma("write", local, offset, remote, remote_offset, length)) {
     return send_message(h, extra, nullptr, 0, 0);

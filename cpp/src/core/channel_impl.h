@@ -103,9 +103,9 @@ class PendingOps {
   std::atomic<int> refs_{1};
   std::mutex mu_;
   std::unordered_set<RequestState*> pending_;
-  std::size_t messages_ = 0;                  // message ops in flight (under mu_)
+  std::size_t messages_ = 0;                     // message ops in flight (under mu_)
   std::unordered_set<RequestState*> unordered_;  // those of them not ordered (under mu_)
-  std::vector<RequestState*> flush_waiters_;  // complete when messages_ reaches 0
+  std::vector<RequestState*> flush_waiters_;     // complete when messages_ reaches 0
   std::atomic<bool> failed_{false};
   ErrorKind fail_kind_ = ErrorKind::kConnection;
   std::string fail_message_;
@@ -212,10 +212,9 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
   // request completes on its reply. A write with `flag_at` (a remote
   // address) also sets the word there to `flag` after its payload landed.
   Request message_rma(bool is_write, const LocalRegion& local, std::size_t local_offset, const RemoteRegion& remote,
-                      std::size_t remote_offset, std::size_t length, std::uint64_t flag_at = 0,
-                      std::uint64_t flag = 0);
+                      std::size_t remote_offset, std::size_t length, std::uint64_t flag_at = 0, std::uint64_t flag = 0);
 
-  PendingOps* ops_;  // holds one ref
+  PendingOps* ops_;             // holds one ref
   std::unique_ptr<Lane> lane_;  // set by connect()
   const bool map_shared_memory_;
   // fence() orders one-sided operations among themselves; a direct copy
@@ -227,8 +226,7 @@ class ChannelImpl : public std::enable_shared_from_this<ChannelImpl> {
 
 class Peer : public std::enable_shared_from_this<Peer> {
  public:
-  Peer(std::weak_ptr<DeviceImpl> device, control::Hello hello, std::shared_ptr<net::Conn> control_conn,
-       bool same_host);
+  Peer(std::weak_ptr<DeviceImpl> device, control::Hello hello, std::shared_ptr<net::Conn> control_conn, bool same_host);
   std::shared_ptr<ChannelImpl> channel(int lane);
   // A region this peer exported to us through the control plane (a LOOKUP
   // reply, a slot's attach call or reply, an export call): remembered, so
@@ -288,7 +286,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
  private:
   mutable std::mutex mu_;
   std::condition_variable lane_cv_;  // an inbound lane arrived (under mu_)
-  std::mutex lane_mu_;  // held while a lane's channel is made (channel()); never inside mu_
+  std::mutex lane_mu_;               // held while a lane's channel is made (channel()); never inside mu_
   // A lane's channel lives as long as the peer: held here (the cycle with
   // ChannelImpl::peer ends in fail(), which closing the device runs), so a
   // slot made after the last one on a lane went finds its endpoint instead
@@ -301,7 +299,7 @@ class Peer : public std::enable_shared_from_this<Peer> {
   std::map<std::string, std::weak_ptr<RemoteRegionImpl>> regions_;  // by descriptor bytes
   static constexpr std::size_t kRecentRegions = 16;
   std::deque<std::shared_ptr<RemoteRegionImpl>> recent_;  // the last ones used, kept alive
-  std::size_t sweep_at_ = 2 * kRecentRegions;              // regions_ size that triggers a sweep
+  std::size_t sweep_at_ = 2 * kRecentRegions;             // regions_ size that triggers a sweep
   // What this peer exported to us: rkey bytes -> [start, end) ranges. Bounded:
   // past kMaxExports ranges the oldest key (or, when all share one key, as
   // over tcp, its oldest range) is forgotten, and descriptors in it refused.

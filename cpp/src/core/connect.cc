@@ -157,7 +157,8 @@ std::shared_ptr<Peer> DeviceImpl::connect(const std::string& addr) {
     // could not reach our address: say so instead of failing later.
     throw InvalidArgument("cannot reach " + addr + " from a device listening on " + config.host +
                           " (loopback only): create the device with host= an address of this machine "
-                          "that reaches " + host);
+                          "that reaches " +
+                          host);
   }
   auto conn = net::Conn::dial(ss, len, addr, config.connect_timeout_s, config.keepalive_s);
   add_control(conn);
@@ -294,8 +295,8 @@ void DeviceImpl::on_control_closed(const std::shared_ptr<net::Conn>& conn, const
   }
 }
 
-void DeviceImpl::refuse_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h,
-                              control::Status status, const std::string& who, const std::string& why) {
+void DeviceImpl::refuse_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, control::Status status,
+                              const std::string& who, const std::string& why) {
   TW_LOG_WARN("refused connection from %s: %s", who.c_str(), why.c_str());
   refusals_.fetch_add(1);
   reply(conn, h, control::MsgType::kHelloReply, status, why);
@@ -306,8 +307,8 @@ void DeviceImpl::handle_hello(const std::shared_ptr<net::Conn>& conn, const cont
   // The version is checked before the body is decoded: another version may
   // lay HELLO out differently, and it must still get a clear refusal.
   if (h.version != mine) {
-    std::string why = "protocol version mismatch: the peer speaks v" + std::to_string(h.version) +
-                      ", this device (" + address + ") speaks v" + std::to_string(mine);
+    std::string why = "protocol version mismatch: the peer speaks v" + std::to_string(h.version) + ", this device (" +
+                      address + ") speaks v" + std::to_string(mine);
     TW_LOG_WARN("refused connection: %s", why.c_str());
     refusals_.fetch_add(1);
     reply(conn, h, control::MsgType::kHelloReply, control::Status::kVersionMismatch, why);
@@ -316,7 +317,8 @@ void DeviceImpl::handle_hello(const std::shared_ptr<net::Conn>& conn, const cont
   control::Hello hello = control::decode_hello(r);
   std::string who = hello.hostname + " (pid " + std::to_string(hello.pid) + ", " + hello.address + ")";
   if (hello.token != config.token) {
-    refuse_hello(conn, h, control::Status::kTokenMismatch, who, "token mismatch: peer " + who + " presented a wrong token");
+    refuse_hello(conn, h, control::Status::kTokenMismatch, who,
+                 "token mismatch: peer " + who + " presented a wrong token");
     return;
   }
   std::string conflict = identity_conflict(hello);

@@ -61,8 +61,8 @@ void DeviceImpl::reply(const std::shared_ptr<net::Conn>& conn, const control::He
   }
 }
 
-std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control::MsgType type,
-                                     const std::string& body, double timeout_s) {
+std::string DeviceImpl::control_call(const std::shared_ptr<Peer>& peer, control::MsgType type, const std::string& body,
+                                     double timeout_s) {
   check_open();
   if (peer->failed()) throw PeerFailed(peer->describe() + " has failed");
   auto* state = new RequestState(nullptr, 2);  // one ref here, one in pending_
@@ -155,9 +155,7 @@ void DeviceImpl::on_message(const std::shared_ptr<net::Conn>& conn, const void* 
 
 void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control::Header& h, ByteReader& r) {
   switch (h.type) {
-    case control::MsgType::kHello:
-      handle_hello(conn, h, r);
-      return;
+    case control::MsgType::kHello: handle_hello(conn, h, r); return;
     case control::MsgType::kHelloReply:
     case control::MsgType::kLookupReply:
     case control::MsgType::kCallReply: {
@@ -196,11 +194,8 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
       state->release();
       return;
     }
-    case control::MsgType::kPing:
-      reply(conn, h, control::MsgType::kPong, control::Status::kOk, "");
-      return;
-    case control::MsgType::kPong:
-      return;  // heard() above is all it is for
+    case control::MsgType::kPing: reply(conn, h, control::MsgType::kPong, control::Status::kOk, ""); return;
+    case control::MsgType::kPong: return;  // heard() above is all it is for
     case control::MsgType::kLookup: {
       auto asker = peer_on(conn.get());
       if (!asker) {
@@ -314,8 +309,9 @@ void DeviceImpl::dispatch(const std::shared_ptr<net::Conn>& conn, const control:
             status = e.kind() == ErrorKind::kInvalidArgument ? control::Status::kInvalidArgument
                      : e.kind() == ErrorKind::kNotFound      ? control::Status::kNotFound
                                                              : control::Status::kHandlerError;
-            out = e.kind() == ErrorKind::kInvalidArgument ? std::string(e.what())
-                                                          : std::string("call handler '") + name + "' failed: " + e.what();
+            out = e.kind() == ErrorKind::kInvalidArgument
+                      ? std::string(e.what())
+                      : std::string("call handler '") + name + "' failed: " + e.what();
           } catch (const std::exception& e) {
             status = control::Status::kHandlerError;
             out = std::string("call handler '") + name + "' failed: " + e.what();

@@ -18,8 +18,8 @@ namespace tensorwire::control {
 
 constexpr std::uint16_t kProtocolVersion = 1;
 constexpr std::uint32_t kMagic = 0x50435754;  // "TWCP"
-constexpr unsigned kAmId = 0x7477;             // the one AM id of the control plane
-constexpr std::size_t kMaxMessage = 1 << 20;   // calls and replies above this are refused
+constexpr unsigned kAmId = 0x7477;            // the one AM id of the control plane
+constexpr std::size_t kMaxMessage = 1 << 20;  // calls and replies above this are refused
 // The built-in call by which a peer exports a range to us (Channel::export_region).
 inline constexpr const char* kExportCall = "tw.export";
 // The built-in call by which the peer that accepted our connection asks us,
@@ -33,13 +33,24 @@ inline constexpr const char* kLaneCall = "tw.lane";
 inline constexpr const char* kClaimCall = "tw.claim";
 
 enum class MsgType : std::uint8_t {
-  kHello = 1, kHelloReply = 2, kLookup = 3, kLookupReply = 4, kCall = 5, kCallReply = 6,
-  kPing = 7, kPong = 8,  // liveness: a device pings a peer it has not heard from lately
+  kHello = 1,
+  kHelloReply = 2,
+  kLookup = 3,
+  kLookupReply = 4,
+  kCall = 5,
+  kCallReply = 6,
+  kPing = 7,
+  kPong = 8,  // liveness: a device pings a peer it has not heard from lately
 };
 constexpr std::uint8_t kMaxMsgType = 8;
 
 enum class Status : std::uint32_t {
-  kOk = 0, kNotFound = 1, kVersionMismatch = 2, kTokenMismatch = 3, kHandlerError = 4, kBadMessage = 5,
+  kOk = 0,
+  kNotFound = 1,
+  kVersionMismatch = 2,
+  kTokenMismatch = 3,
+  kHandlerError = 4,
+  kBadMessage = 5,
   kInvalidArgument = 6,  // a handler refused the call's argument
   kIdentityRefused = 7,  // HELLO claims a device id that is not the sender's to claim
   kNoHello = 8,          // LOOKUP or CALL on a connection that has not said HELLO
@@ -58,7 +69,7 @@ struct Hello {
   std::uint64_t start_time = 0;  // process start time (clock ticks since boot)
   std::string boot_id;
   std::string hostname;
-  std::string address;           // the sender's listening address
+  std::string address;  // the sender's listening address
   std::string token;
   std::vector<std::string> workers;  // packed UCP worker addresses, one per worker
   // Only when a device connects to its own address: a secret that never

@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
-#include <cctype>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -35,9 +35,7 @@ std::uint64_t random_id() {
   return v ? v : 1;
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0;
-}
+bool is_loopback(const std::string& host) { return host == "localhost" || host.rfind("127.", 0) == 0; }
 
 namespace {
 
@@ -134,7 +132,8 @@ ucs_status_t on_data_am(void* arg, const void* header, size_t header_length, voi
   if (!dev) return UCS_OK;
   if (!dev->closed()) {
     try {
-      Incoming payload(dev->workers[a->worker_index]->get(), data, length, param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+      Incoming payload(dev->workers[a->worker_index]->get(), data, length,
+                       param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
       ReplyPath reply;
       if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) reply.ep = param->reply_ep;
       dev->on_data_message(a->worker_index, header, header_length, payload, reply, nullptr);
@@ -163,10 +162,14 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
   // Progress policy from the environment: tune a program without editing it.
   if (const char* mode = std::getenv("TENSORWIRE_PROGRESS")) {
     const std::string m(mode);
-    if (m == "blocking") config.progress = ProgressMode::kBlocking;
-    else if (m == "polling") config.progress = ProgressMode::kPolling;
-    else if (m == "inline") config.progress = ProgressMode::kInline;
-    else throw InvalidArgument("TENSORWIRE_PROGRESS must be blocking, polling or inline, got '" + m + "'");
+    if (m == "blocking")
+      config.progress = ProgressMode::kBlocking;
+    else if (m == "polling")
+      config.progress = ProgressMode::kPolling;
+    else if (m == "inline")
+      config.progress = ProgressMode::kInline;
+    else
+      throw InvalidArgument("TENSORWIRE_PROGRESS must be blocking, polling or inline, got '" + m + "'");
   }
   if (const char* spin = std::getenv("TENSORWIRE_SPIN_US")) {
     char* end = nullptr;
@@ -187,10 +190,15 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
       std::size_t end = f.find(',', at);
       if (end == std::string::npos) end = f.size();
       const std::string one = f.substr(at, end - at);
-      if (one == "auto") lane_forms.push_back(LaneForm::kAuto);
-      else if (one == "rma") lane_forms.push_back(LaneForm::kRma);
-      else if (one == "messages") lane_forms.push_back(LaneForm::kMessages);
-      else throw InvalidArgument("TENSORWIRE_LANE_FORM must be auto, rma or messages, or a comma list of them; got '" + f + "'");
+      if (one == "auto")
+        lane_forms.push_back(LaneForm::kAuto);
+      else if (one == "rma")
+        lane_forms.push_back(LaneForm::kRma);
+      else if (one == "messages")
+        lane_forms.push_back(LaneForm::kMessages);
+      else
+        throw InvalidArgument("TENSORWIRE_LANE_FORM must be auto, rma or messages, or a comma list of them; got '" + f +
+                              "'");
       at = end + 1;
     }
   }
@@ -226,7 +234,7 @@ DeviceImpl::DeviceImpl(const DeviceConfig& c) : config(c) {
 
   try {
     data_context = std::make_shared<ucx::Context>(data_overrides(config),
-                                                   UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA, "tensorwire");
+                                                  UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | UCP_FEATURE_RMA, "tensorwire");
   } catch (const Error& e) {
     if (e.ucx_status() != UCS_ERR_NO_DEVICE) throw;
     // Name what was asked: UCX says only "No such device".
@@ -469,9 +477,9 @@ std::string DeviceImpl::describe() const {
   os << "address: " << address << "\n";
   os << "device id: 0x" << std::hex << id << std::dec << "\n";
   os << "workers: " << workers.size() << ", progress: "
-     << (config.progress == ProgressMode::kPolling ? "polling"
+     << (config.progress == ProgressMode::kPolling    ? "polling"
          : config.progress == ProgressMode::kBlocking ? "blocking"
-                                                     : "inline")
+                                                      : "inline")
      << "\n";
   os << "data transports (UCX_TLS): " << data_context->transports() << "\n";
   os << "control: tensorwire's tcp sockets (net/socket.h)\n";
@@ -515,10 +523,14 @@ void Device::on_call(const std::string& name, CallHandler handler) {
 }
 void Device::on_peer_call(const std::string& name, PeerCallHandler handler) {
   if (!handler) return impl_->on_call(name, nullptr);
-  impl_->on_call(name, [h = std::move(handler)](const std::shared_ptr<detail::Peer>& caller,
-                                                const std::string& payload) { return h(caller->hello.device_id, payload); });
+  impl_->on_call(name,
+                 [h = std::move(handler)](const std::shared_ptr<detail::Peer>& caller, const std::string& payload) {
+                   return h(caller->hello.device_id, payload);
+                 });
 }
-Channel Device::connect(const std::string& address, int lane) { return Channel(impl_->connect(address)->channel(lane)); }
+Channel Device::connect(const std::string& address, int lane) {
+  return Channel(impl_->connect(address)->channel(lane));
+}
 Channel Device::channel_to(std::uint64_t peer_device_id, int lane) {
   return Channel(impl_->peer_by_id(peer_device_id)->channel(lane));
 }
@@ -537,9 +549,7 @@ std::vector<std::string> Device::resources() const { return impl_->resources(); 
 std::uint64_t Device::refusals() const { return impl_->refusal_count(); }
 
 std::string ucx_version() { return ucp_get_version_string(); }
-std::string ucx_header_version() {
-  return std::to_string(UCP_API_MAJOR) + "." + std::to_string(UCP_API_MINOR);
-}
+std::string ucx_header_version() { return std::to_string(UCP_API_MAJOR) + "." + std::to_string(UCP_API_MINOR); }
 std::vector<std::string> ucx_limits() {
   std::vector<std::string> out;
 #if !TW_UCX_HAS_EP_TRANSPORTS

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "common/bytes.h"
-#include "core/control_wire.h"
 #include "core/channel_impl.h"
+#include "core/control_wire.h"
 #include "core/memory_impl.h"
 #include "core/messages.h"
 #include "core/request_state.h"
@@ -112,7 +112,7 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   // A write or read in flight in the message form, waiting for its reply.
   struct MessageOp {
     RequestState* state = nullptr;
-    PendingOps* ops = nullptr;  // its channel's (kept alive by the pending op)
+    PendingOps* ops = nullptr;   // its channel's (kept alive by the pending op)
     const Peer* peer = nullptr;  // only this peer may answer
     void* dest = nullptr;        // a read's destination
     ucp_mem_h memh = nullptr;
@@ -241,8 +241,8 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::mutex connect_mu_;
   std::map<std::string, RegionDescriptor> published_;
   std::map<std::string, CallFn> handlers_;
-  std::map<std::uint64_t, std::shared_ptr<Peer>> peers_;            // by device id
-  std::deque<std::uint64_t> new_peers_;                               // for wait_for_peer
+  std::map<std::uint64_t, std::shared_ptr<Peer>> peers_;          // by device id
+  std::deque<std::uint64_t> new_peers_;                           // for wait_for_peer
   std::map<const net::Conn*, std::shared_ptr<net::Conn>> conns_;  // every control connection
   std::map<const net::Conn*, std::shared_ptr<Peer>> peers_by_conn_;
   struct PendingCall {
@@ -257,9 +257,9 @@ class DeviceImpl : public std::enable_shared_from_this<DeviceImpl> {
   std::thread dispatcher_;
   std::thread liveness_;
   std::condition_variable liveness_cv_;
-  std::string self_proof_;  // see control::Hello::self_proof
+  std::string self_proof_;                                              // see control::Hello::self_proof
   std::function<void(std::uintptr_t, std::uintptr_t)> grant_revoker();  // for this device's pools
-  std::shared_mutex access_mu_;  // see hold_grants
+  std::shared_mutex access_mu_;                                         // see hold_grants
   struct Landing {
     std::uint64_t start, end, flag_at;  // the payload's range, and a flag word's address (or ~0)
     std::shared_ptr<net::LandingGuard> guard;

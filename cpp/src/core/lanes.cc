@@ -45,7 +45,11 @@ class UcxLane : public Lane {
  public:
   UcxLane(LaneContext context, std::shared_ptr<ucx::Endpoint> ep, LaneForm form, std::shared_ptr<PoolImpl> pool,
           std::uint32_t peer_pid, bool verify)
-      : Lane(std::move(context)), ep_(std::move(ep)), form_(form), pool_(std::move(pool)), peer_pid_(peer_pid),
+      : Lane(std::move(context)),
+        ep_(std::move(ep)),
+        form_(form),
+        pool_(std::move(pool)),
+        peer_pid_(peer_pid),
         verify_(verify) {}
 
   LaneKind kind() const override { return LaneKind::kUcx; }
@@ -66,8 +70,9 @@ class UcxLane : public Lane {
     // correct on every transport.
     if (lanes.empty()) return true;
     // Transports whose puts complete in the target's memory on their own.
-    static const char* const kOneSided[] = {"posix", "sysv", "xpmem", "cma", "knem", "self", "rc_verbs", "rc_mlx5",
-                                            "dc_mlx5", "cuda_copy", "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc"};
+    static const char* const kOneSided[] = {"posix",    "sysv",     "xpmem",     "cma",     "knem",
+                                            "self",     "rc_verbs", "rc_mlx5",   "dc_mlx5", "cuda_copy",
+                                            "cuda_ipc", "gdr_copy", "rocm_copy", "rocm_ipc"};
     bool needs = false;
     for (const std::string& lane : lanes) {
       const std::string name = lane.substr(0, lane.find('/'));
@@ -82,9 +87,7 @@ class UcxLane : public Lane {
   // An eager message is applied by the target at once, in the order sent on
   // the endpoint, when one transport connection carries them all; a larger
   // payload may come by rendezvous and land later.
-  bool write_message_in_order(std::size_t length) const override {
-    return length <= kOrderedPutMax && one_transport();
-  }
+  bool write_message_in_order(std::size_t length) const override { return length <= kOrderedPutMax && one_transport(); }
   bool one_sided() const override { return true; }
   bool unanswered_flagged_writes() const override { return false; }
 
@@ -178,8 +181,9 @@ class UcxLane : public Lane {
       // The operation completes on the target's reply, which comes only
       // after the payload left: the send itself needs no tracking. An
       // in-order write goes eager (never a rendezvous that lands later).
-      ptr = post_message(ep_->get(), header, payload, length, memh,
-                         [](void* request, ucs_status_t, void*) { ucp_request_free(request); }, nullptr, in_order);
+      ptr = post_message(
+          ep_->get(), header, payload, length, memh,
+          [](void* request, ucs_status_t, void*) { ucp_request_free(request); }, nullptr, in_order);
     }
     if (UCS_PTR_IS_ERR(ptr)) {
       const ucs_status_t st = UCS_PTR_STATUS(ptr);
@@ -209,8 +213,8 @@ class UcxLane : public Lane {
     if (ptr == nullptr) return Request();  // completed in place: nothing allocated
     if (UCS_PTR_IS_ERR(ptr)) {
       ucs_status_t st = UCS_PTR_STATUS(ptr);
-      return Request::failed(ucx::error_kind(st), std::string(op) + " to " + ctx_.peer_name + " failed: " +
-                                                      ucs_status_string(st));
+      return Request::failed(ucx::error_kind(st),
+                             std::string(op) + " to " + ctx_.peer_name + " failed: " + ucs_status_string(st));
     }
     // One ref for the Request, one for UCX's callback (tracked by the ops).
     auto* state = new RequestState(ctx_.worker, 2);
@@ -282,7 +286,10 @@ class SelfLane : public UcxLane {
 class SocketLane : public Lane {
  public:
   SocketLane(LaneContext context, std::shared_ptr<net::Conn> conn, bool borrowed, int lane, std::string transport)
-      : Lane(std::move(context)), conn_(std::move(conn)), borrowed_(borrowed), lane_(lane),
+      : Lane(std::move(context)),
+        conn_(std::move(conn)),
+        borrowed_(borrowed),
+        lane_(lane),
         transport_(std::move(transport)) {}
 
   LaneKind kind() const override { return LaneKind::kSocket; }

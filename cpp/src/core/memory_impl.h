@@ -35,11 +35,13 @@ class Slab {
   std::weak_ptr<PoolImpl> pool;
   std::uint64_t device_id;
   bool dedicated;
-  int gpu;                                   // the GPU whose memory this is; -1 host                          // one block spans the whole slab
+  int gpu;  // the GPU whose memory this is; -1 host                          // one block spans the whole slab
   std::map<std::size_t, std::size_t> free_;  // offset -> length; guarded by the pool's mutex
   char* base() const { return static_cast<char*>(memh->address()); }
   // A shared slab with nothing leased from it (pool's mutex held).
-  bool empty() const { return free_.size() == 1 && free_.begin()->first == 0 && free_.begin()->second == memh->length(); }
+  bool empty() const {
+    return free_.size() == 1 && free_.begin()->first == 0 && free_.begin()->second == memh->length();
+  }
 };
 
 class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
@@ -47,8 +49,8 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
   // `large_shared`: dedicated slabs for large blocks are UCX-allocated shared
   // memory (mappable by same-host peers) rather than anonymous huge pages.
   // `gpu` >= 0: a CUDA arena, whose slabs are that GPU's memory.
-  PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size,
-           std::size_t limit, bool large_shared, int gpu = -1);
+  PoolImpl(std::shared_ptr<ucx::Context> context, std::uint64_t device_id, std::size_t slab_size, std::size_t limit,
+           bool large_shared, int gpu = -1);
   Block allocate(std::size_t nbytes, std::size_t alignment);
   void free(Slab* slab, std::size_t offset, std::size_t size);
   // kCuda: [ptr, ptr+nbytes) must lie in one GPU allocation, which is
@@ -110,8 +112,7 @@ class PoolImpl : public std::enable_shared_from_this<PoolImpl> {
 
 class RegistrationImpl {
  public:
-  RegistrationImpl(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id,
-                   int gpu)
+  RegistrationImpl(std::shared_ptr<ucx::MemHandle> memh, std::weak_ptr<PoolImpl> pool, std::uint64_t device_id, int gpu)
       : memh(std::move(memh)), pool(std::move(pool)), device_id(device_id), gpu(gpu) {}
   ~RegistrationImpl();
   std::shared_ptr<ucx::MemHandle> memh;

@@ -62,8 +62,7 @@ std::shared_ptr<Slab> PoolImpl::new_slab(std::size_t bytes, bool dedicated) {
     // copies those twice as fast as shared-memory pages.
     const bool huge = dedicated && !large_shared_;
     memh = std::make_shared<ucx::MemHandle>(context_, nullptr, bytes,
-                                            huge ? ucx::MemHandle::Backing::kHugeAnon
-                                                 : ucx::MemHandle::Backing::kUcx);
+                                            huge ? ucx::MemHandle::Backing::kHugeAnon : ucx::MemHandle::Backing::kUcx);
   } catch (const Error& e) {
     throw PoolExhausted(std::string("cannot allocate a registered slab: ") + e.what(), e.ucx_status());
   }
@@ -189,7 +188,7 @@ void PoolImpl::take_exact(std::uintptr_t start, std::uintptr_t end, std::vector<
 
 void PoolImpl::free(Slab* slab, std::size_t offset, std::size_t size) {
   const auto start = reinterpret_cast<std::uintptr_t>(slab->base()) + offset;
-  if (revoker_) revoker_(start, start + size);  // before the range can be leased (and granted) again
+  if (revoker_) revoker_(start, start + size);           // before the range can be leased (and granted) again
   std::vector<std::shared_ptr<ucx::MemHandle>> revoked;  // unmapped after the lock is released
   std::lock_guard<std::mutex> lock(mu_);
   if (!exact_.empty()) take_exact(start, start + size, &revoked);
@@ -258,10 +257,10 @@ Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes, MemoryType
   if (cuda) {
     const cuda::PointerInfo info = cuda::query(ptr);
     if (!info.device) {
-      throw InvalidArgument(cuda::available()
-                                ? "cannot register 0x" + to_hex(start) + " as GPU memory: it is not live GPU memory "
-                                  "(freed, host or managed memory)"
-                                : "cannot register GPU memory: " + cuda::unavailable_reason());
+      throw InvalidArgument(cuda::available() ? "cannot register 0x" + to_hex(start) +
+                                                    " as GPU memory: it is not live GPU memory "
+                                                    "(freed, host or managed memory)"
+                                              : "cannot register GPU memory: " + cuda::unavailable_reason());
     }
     if (start + nbytes > info.base + info.size) {
       throw InvalidArgument("cannot register " + std::to_string(nbytes) + " bytes at 0x" + to_hex(start) +
@@ -287,8 +286,8 @@ Registration PoolImpl::register_memory(void* ptr, std::size_t nbytes, MemoryType
     ++stats_.registration_cache_misses;
   }
   if (cuda) cuda::bind_thread(gpu);  // UCX registers GPU memory in the caller's context
-  auto memh = std::make_shared<ucx::MemHandle>(context_, reg_start, reg_length, ucx::MemHandle::Backing::kRegister,
-                                               cuda);
+  auto memh =
+      std::make_shared<ucx::MemHandle>(context_, reg_start, reg_length, ucx::MemHandle::Backing::kRegister, cuda);
   auto reg = std::make_shared<RegistrationImpl>(std::move(memh), weak_from_this(), device_id_, gpu);
   std::lock_guard<std::mutex> lock(mu_);
   registrations_[reinterpret_cast<std::uintptr_t>(reg_start)] = reg;
@@ -426,8 +425,7 @@ RemoteRegionImpl::Access RemoteRegionImpl::access_for(const std::shared_ptr<ucx:
   auto rkey = std::make_unique<ucx::Rkey>(endpoint, descriptor.rkey);
   void* mapped = nullptr;
   // GPU memory is never mapped for a CPU copy (UCX's CUDA transports move it).
-  if (descriptor.memory_type != MemoryType::kHost ||
-      ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) {
+  if (descriptor.memory_type != MemoryType::kHost || ucp_rkey_ptr(rkey->get(), descriptor.address, &mapped) != UCS_OK) {
     mapped = nullptr;
   }
   if (mapped && verify && !peer_mapping_covers(static_cast<char*>(mapped), descriptor.length, own, owner_pid)) {

@@ -115,24 +115,25 @@ bool LaneIntro::decode(const char* header, std::size_t length, LaneIntro* out) {
 
 Incoming::~Incoming() = default;  // an untaken payload is dropped (by UCX, or read and discarded by the socket)
 
-void Incoming::receive_into(void* dst, ucp_mem_h memh, std::function<void(bool)> done,
-                            std::shared_ptr<const void> keep, std::shared_ptr<net::LandingGuard> guard) {
+void Incoming::receive_into(void* dst, ucp_mem_h memh, std::function<void(bool)> done, std::shared_ptr<const void> keep,
+                            std::shared_ptr<net::LandingGuard> guard) {
   taken_ = true;
   const bool gpu = length_ && cuda::in_use() && cuda::query(dst).device;
   if (frame_) {
     if (gpu) {
       // A socket reads into host memory: GPU memory takes it from a bounce buffer.
       auto bounce = std::make_shared<std::string>(length_, '\0');
-      frame_->land(bounce->data(), [dst, bounce, guard, done = std::move(done), keep = std::move(keep)](bool ok) mutable {
-        if (ok) {
-          std::unique_lock<std::mutex> lock;
-          if (guard) lock = std::unique_lock<std::mutex>(guard->mu);
-          ok = !guard || !guard->discard;
-          if (ok) cuda::copy(dst, bounce->data(), bounce->size());
-        }
-        done(ok);
-        defer_release(std::move(keep));
-      });
+      frame_->land(bounce->data(),
+                   [dst, bounce, guard, done = std::move(done), keep = std::move(keep)](bool ok) mutable {
+                     if (ok) {
+                       std::unique_lock<std::mutex> lock;
+                       if (guard) lock = std::unique_lock<std::mutex>(guard->mu);
+                       ok = !guard || !guard->discard;
+                       if (ok) cuda::copy(dst, bounce->data(), bounce->size());
+                     }
+                     done(ok);
+                     defer_release(std::move(keep));
+                   });
       return;
     }
     frame_->land(
@@ -228,7 +229,8 @@ ucs_status_ptr_t post_message(ucp_ep_h ep, const std::string& header, const void
   auto* held = new HeldHeader{header, cb, user_data};
   param.cb.send = on_held_sent;
   param.user_data = held;
-  ucs_status_ptr_t p = ucp_am_send_nbx(ep, kDataAmId, held->header.data(), held->header.size(), payload, length, &param);
+  ucs_status_ptr_t p =
+      ucp_am_send_nbx(ep, kDataAmId, held->header.data(), held->header.size(), payload, length, &param);
   if (!UCS_PTR_IS_PTR(p)) delete held;  // done at once or failed: no callback comes
   return p;
 #endif
@@ -350,8 +352,7 @@ std::size_t DeviceImpl::live_landings() const {
   return landings_.size() + queued_replies_.size();
 }
 
-void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, const void* payload,
-                                   std::size_t length) {
+void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, const void* payload, std::size_t length) {
   if (length && cuda::in_use() && cuda::query(payload).device) {
     // A socket or an unregistered UCX send reads host memory: a copy, owned by the send.
     auto* copy = new std::string(length, '\0');
@@ -359,8 +360,7 @@ void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, con
     if (to.conn) {
       std::shared_ptr<std::string> owned(copy);
       try {
-        to.conn->send(
-            h.encode(), owned->data(), length, [owned]() -> net::SendDone { return [owned](bool) {}; }, true);
+        to.conn->send(h.encode(), owned->data(), length, [owned]() -> net::SendDone { return [owned](bool) {}; }, true);
       } catch (const Error& e) {
         TW_LOG_DEBUG("data reply not sent: %s", e.what());
       }
@@ -382,23 +382,26 @@ void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, con
     std::weak_ptr<DeviceImpl> weak_dev = weak_from_this();
     std::weak_ptr<net::Conn> weak_conn = to.conn;
     try {
-      to.conn->send(h.encode(), payload, length, [&]() -> net::SendDone {
-        std::uint64_t id;
-        {
-          std::lock_guard<std::mutex> lock(landings_mu_);
-          id = next_landing_++;
-          queued_replies_.emplace(id, QueuedReply{start, start + length, weak_conn});
-        }
-        return [weak_dev, id](bool) {
-          if (auto dev = weak_dev.lock()) {
+      to.conn->send(
+          h.encode(), payload, length,
+          [&]() -> net::SendDone {
+            std::uint64_t id;
             {
-              std::lock_guard<std::mutex> lock(dev->landings_mu_);
-              dev->queued_replies_.erase(id);
+              std::lock_guard<std::mutex> lock(landings_mu_);
+              id = next_landing_++;
+              queued_replies_.emplace(id, QueuedReply{start, start + length, weak_conn});
             }
-            defer_release(std::move(dev));
-          }
-        };
-      }, /*reply=*/true);
+            return [weak_dev, id](bool) {
+              if (auto dev = weak_dev.lock()) {
+                {
+                  std::lock_guard<std::mutex> lock(dev->landings_mu_);
+                  dev->queued_replies_.erase(id);
+                }
+                defer_release(std::move(dev));
+              }
+            };
+          },
+          /*reply=*/true);
     } catch (const Error& e) {
       TW_LOG_DEBUG("data reply not sent: %s", e.what());
     }
@@ -413,8 +416,8 @@ void DeviceImpl::send_memory_reply(const ReplyPath& to, const DataHeader& h, con
 
 // ---- DeviceImpl: the receiving side of data messages ----
 
-void DeviceImpl::on_data_message(int worker_index, const void* header, std::size_t header_length,
-                                 Incoming& payload, const ReplyPath& reply_ep, const Peer* bound) {
+void DeviceImpl::on_data_message(int worker_index, const void* header, std::size_t header_length, Incoming& payload,
+                                 const ReplyPath& reply_ep, const Peer* bound) {
   const std::size_t length = payload.length();
   ByteReader r(header, header_length, "data message");
   DataHeader h;
@@ -437,8 +440,8 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
     return;
   }
   if (bound && from.get() != bound) {
-    refuse_message("a data message on %s's tcp lane carries another peer's token (kind %d)",
-                   bound->describe().c_str(), static_cast<int>(h.kind));
+    refuse_message("a data message on %s's tcp lane carries another peer's token (kind %d)", bound->describe().c_str(),
+                   static_cast<int>(h.kind));
     return;
   }
   switch (h.kind) {
@@ -544,13 +547,11 @@ void DeviceImpl::on_data_message(int worker_index, const void* header, std::size
       }
       const auto status = static_cast<AccessStatus>(h.b);
       if (status != AccessStatus::kOk) {
-        op.state->complete_error(status == AccessStatus::kNotExported ? ErrorKind::kInvalidArgument
-                                                                      : ErrorKind::kConnection,
-                                 std::string(h.kind == MsgKind::kPutDone ? "write" : "read") + " refused by " +
-                                     from->describe() +
-                                     (status == AccessStatus::kNotExported
-                                          ? ": the range is not one it exported to this device"
-                                          : ": the target could not place the data"));
+        op.state->complete_error(
+            status == AccessStatus::kNotExported ? ErrorKind::kInvalidArgument : ErrorKind::kConnection,
+            std::string(h.kind == MsgKind::kPutDone ? "write" : "read") + " refused by " + from->describe() +
+                (status == AccessStatus::kNotExported ? ": the range is not one it exported to this device"
+                                                      : ": the target could not place the data"));
         op.ops->settle_message(op.state, UCS_OK);
         return;
       }
@@ -665,8 +666,9 @@ std::pair<net::FrameHandler, net::CloseHandler> DeviceImpl::lane_handlers(int wo
     defer_release(std::move(dev));
   };
   net::CloseHandler on_close = [weak_peer](const std::shared_ptr<net::Conn>& conn, const std::string& why) {
-    if (auto p = weak_peer.lock()) p->fail(ErrorKind::kPeerFailed, "tcp lane to " + p->describe() + " closed: " + why,
-                                           /*calls_too=*/false);
+    if (auto p = weak_peer.lock())
+      p->fail(ErrorKind::kPeerFailed, "tcp lane to " + p->describe() + " closed: " + why,
+              /*calls_too=*/false);
   };
   return {std::move(on_frame), std::move(on_close)};
 }

@@ -28,20 +28,21 @@ namespace tensorwire::detail {
 
 class Peer;
 
-inline constexpr unsigned kDataAmId = 0x7478;          // the one AM id of data messages
+inline constexpr unsigned kDataAmId = 0x7478;            // the one AM id of data messages
 inline constexpr std::uint32_t kDataMagic = 0x4d445754;  // "TWDM"
 
 enum class MsgKind : std::uint8_t {
   kStaticSend = 1,     // target: static slot; a = sequence; b = form; payload = tensor (form 0)
   kStaticRelease = 2,  // target: static sender; a = last released sequence
-  kDynamicSend = 3,    // target: dynamic slot; a = sequence; b = form; extra = record (inline form); payload = tensor (form 0)
-  kDynamicAck = 4,     // target: dynamic sender; a = sequence; b = RecordStatus; extra = an offered block (optional)
-  kPut = 5,            // target: op id to answer; a = address; payload = bytes
-  kPutDone = 6,        // target: op id; b = status
-  kGet = 7,            // target: op id to answer; a = address; b = length
-  kGetData = 8,        // target: op id; b = status; payload = bytes
-  kWake = 9,           // target: slot or sender; a = sequence just set, released or acked: the peer napped (a doorbell)
-  kPutFlagged = 10,    // as kPut, then the 8-byte flag (extra) at address b, after every byte of the payload
+  kDynamicSend =
+      3,  // target: dynamic slot; a = sequence; b = form; extra = record (inline form); payload = tensor (form 0)
+  kDynamicAck = 4,   // target: dynamic sender; a = sequence; b = RecordStatus; extra = an offered block (optional)
+  kPut = 5,          // target: op id to answer; a = address; payload = bytes
+  kPutDone = 6,      // target: op id; b = status
+  kGet = 7,          // target: op id to answer; a = address; b = length
+  kGetData = 8,      // target: op id; b = status; payload = bytes
+  kWake = 9,         // target: slot or sender; a = sequence just set, released or acked: the peer napped (a doorbell)
+  kPutFlagged = 10,  // as kPut, then the 8-byte flag (extra) at address b, after every byte of the payload
 };
 
 // kPutFlagged's operation id 0: the sender wants no reply (Channel::write_flagged

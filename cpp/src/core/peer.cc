@@ -82,8 +82,8 @@ std::shared_ptr<net::Conn> Peer::lane_from_dialer(int lane, int worker, double t
   if (auto open = inbound_lane(lane, worker)) return open;
   auto dev = device.lock();
   if (!dev) return nullptr;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                               std::chrono::duration<double>(timeout_s));
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(timeout_s));
   ByteWriter arg;
   arg.put<std::uint32_t>(static_cast<std::uint32_t>(lane));
   ByteWriter body;

@@ -54,8 +54,8 @@ void PendingOps::settle(RequestState* state, ucs_status_t status) {
   if (status == UCS_OK) {
     state->complete_ok();
   } else {
-    state->complete_error(ucx::error_kind(status), "operation to " + peer_name + " failed: " +
-                                                       ucs_status_string(status));
+    state->complete_error(ucx::error_kind(status),
+                          "operation to " + peer_name + " failed: " + ucs_status_string(status));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

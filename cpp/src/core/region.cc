@@ -3,8 +3,8 @@
 // Region descriptor wire form (little-endian):
 //   u32 magic "TWRD" | u8 version | u8 memory type | u16 reserved (0)
 //   u64 device id | u64 address | u64 length | u32 rkey length | rkey bytes
-#include "common/bytes.h"
 #include "tensorwire/region.h"
+#include "common/bytes.h"
 
 namespace tensorwire {
 
@@ -36,7 +36,8 @@ RegionDescriptor RegionDescriptor::from_bytes(const void* data, std::size_t size
   }
   RegionDescriptor d;
   std::uint8_t mt = r.get<std::uint8_t>();
-  if (mt > static_cast<std::uint8_t>(MemoryType::kCuda)) throw InvalidArgument("unknown memory type in region descriptor");
+  if (mt > static_cast<std::uint8_t>(MemoryType::kCuda))
+    throw InvalidArgument("unknown memory type in region descriptor");
   d.memory_type = static_cast<MemoryType>(mt);
   r.get<std::uint16_t>();
   d.device_id = r.get<std::uint64_t>();

@@ -91,8 +91,7 @@ void RequestState::wait(double timeout_s) {
     policy.evented = !(poller && !poller_evented);
     policy.announce = announce;
     policy.announce_ctx = announce_ctx;
-    wait_for(
-        drivers, [&] { return finished() || (poller && poller()); }, [] { return false; }, deadline, policy);
+    wait_for(drivers, [&] { return finished() || (poller && poller()); }, [] { return false; }, deadline, policy);
   }
   if (!finished()) {
     std::unique_lock<std::mutex> lock(mu_);
@@ -150,8 +149,7 @@ class RequestSource : public WaitSource {
 
 }  // namespace detail
 
-Awaitable::Awaitable(const Request& request)
-    : source_(std::make_shared<detail::RequestSource>(request.state_)) {}
+Awaitable::Awaitable(const Request& request) : source_(std::make_shared<detail::RequestSource>(request.state_)) {}
 
 Request Request::failed(ErrorKind kind, std::string what) {
   Request r;

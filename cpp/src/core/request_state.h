@@ -37,8 +37,7 @@ class RequestState {
  public:
   enum : int { kPending = 0, kCompleting = 1, kDone = 2, kFailed = 3 };
 
-  explicit RequestState(std::shared_ptr<WorkerCtl> worker, int refs = 1)
-      : refs_(refs), worker_(std::move(worker)) {}
+  explicit RequestState(std::shared_ptr<WorkerCtl> worker, int refs = 1) : refs_(refs), worker_(std::move(worker)) {}
 
   void retain() { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() {

@@ -17,10 +17,10 @@ struct Member {
   const char* family;
 };
 constexpr Member kMembers[] = {
-    {"tcp", "tcp"},        {"posix", "shm"},     {"sysv", "shm"},      {"xpmem", "shm"},    {"cma", "shm"},
-    {"knem", "shm"},       {"rc_verbs", "rdma"}, {"rc_mlx5", "rdma"},  {"ud_verbs", "rdma"}, {"ud_mlx5", "rdma"},
-    {"dc_mlx5", "rdma"},   {"srd", "rdma"},      {"cuda_copy", "cuda"}, {"cuda_ipc", "cuda"}, {"gdr_copy", "cuda"},
-    {"self", "self"},
+    {"tcp", "tcp"},        {"posix", "shm"},     {"sysv", "shm"},      {"xpmem", "shm"},
+    {"cma", "shm"},        {"knem", "shm"},      {"rc_verbs", "rdma"}, {"rc_mlx5", "rdma"},
+    {"ud_verbs", "rdma"},  {"ud_mlx5", "rdma"},  {"dc_mlx5", "rdma"},  {"srd", "rdma"},
+    {"cuda_copy", "cuda"}, {"cuda_ipc", "cuda"}, {"gdr_copy", "cuda"}, {"self", "self"},
 };
 
 std::string names_of(const std::vector<std::string>& resources) {

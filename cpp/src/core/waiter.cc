@@ -10,8 +10,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -152,8 +152,8 @@ class WordSource : public WaitSource {
   WordSource(LocalRegion local, std::size_t offset, std::uint64_t value, std::optional<Channel> channel)
       : local_(std::move(local)), offset_(offset), value_(value), ch_(std::move(channel)) {}
   bool ready() override {
-    const auto* p = static_cast<const std::uint64_t*>(static_cast<const void*>(
-        static_cast<const char*>(local_.address) + offset_));
+    const auto* p =
+        static_cast<const std::uint64_t*>(static_cast<const void*>(static_cast<const char*>(local_.address) + offset_));
     return std::atomic_ref<const std::uint64_t>(*p).load(std::memory_order_acquire) == value_;
   }
   bool failed() override { return ch_ && ch_->impl()->failed(); }

@@ -41,8 +41,8 @@ std::int64_t now_ns() {
 bool futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, long timeout_ns) {
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t), "futex word");
   struct timespec ts{0, timeout_ns};
-  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr,
-                   0) != 0 &&
+  return ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0) !=
+             0 &&
          errno == ETIMEDOUT;
 }
 
@@ -53,7 +53,11 @@ void futex_wake_all(std::atomic<std::uint32_t>* word) {
 }  // namespace
 
 WorkerCtl::WorkerCtl(std::shared_ptr<ucx::Worker> worker, ProgressMode mode, unsigned spin_us, std::string name)
-    : worker_(std::move(worker)), mode_(mode), spin_us_(spin_us), name_(std::move(name)), park_look_ns_(kParkedLookNs) {}
+    : worker_(std::move(worker)),
+      mode_(mode),
+      spin_us_(spin_us),
+      name_(std::move(name)),
+      park_look_ns_(kParkedLookNs) {}
 
 WorkerCtl::~WorkerCtl() { stop(); }
 
@@ -184,8 +188,8 @@ void WorkerCtl::wait_event(double seconds) {
 void WorkerCtl::poll_events(double seconds) {
   struct pollfd pfd[2] = {{worker_->event_fd(), POLLIN, 0}, {sockets_.fd(), POLLIN, 0}};
   if (seconds < 0) seconds = 0;
-  struct timespec ts{static_cast<time_t>(seconds), static_cast<long>((seconds - static_cast<double>(
-                                                                        static_cast<time_t>(seconds))) * 1e9)};
+  struct timespec ts{static_cast<time_t>(seconds),
+                     static_cast<long>((seconds - static_cast<double>(static_cast<time_t>(seconds))) * 1e9)};
   // The sockets' epoll fd even while it has no connection: one that a peer
   // dials meanwhile is added with a wake() on it (a sleep on the worker's fd
   // alone missed it and lasted the whole timeout: a 16 MiB isend over tcp

@@ -188,8 +188,8 @@ class WorkerCtl {
   std::atomic<bool> sleeping_{false};
   std::atomic<std::uint32_t> callers_{0};  // see Caller; a futex word
   std::atomic<bool> parked_{false};
-  std::atomic<bool> deep_park_{false};  // parked with backed-off looks: the last caller out wakes it
-  long park_look_ns_;                   // the progress thread's first look when it parks (see stay_out)
+  std::atomic<bool> deep_park_{false};   // parked with backed-off looks: the last caller out wakes it
+  long park_look_ns_;                    // the progress thread's first look when it parks (see stay_out)
   std::atomic<std::uint64_t> holds_{0};  // times callers_ went from 0 to 1
   std::atomic<bool> threaded_{false};
   std::recursive_mutex use_;  // see Use
@@ -198,8 +198,8 @@ class WorkerCtl {
   // arrived (per thread: callers of different workers do not mix it up much,
   // and a spurious wake is only a cost).
   static inline thread_local bool left_work_ = false;
-  std::atomic<bool> work_left_{false};          // the last caller left work in flight
-  std::atomic<std::uint32_t> wake_seq_{0};      // a parked progress thread's futex word
+  std::atomic<bool> work_left_{false};         // the last caller left work in flight
+  std::atomic<std::uint32_t> wake_seq_{0};     // a parked progress thread's futex word
   std::atomic<std::int64_t> last_left_ns_{0};  // when a caller last left
   std::atomic<bool> has_deferred_{false};
   std::mutex deferred_mu_;

@@ -68,18 +68,17 @@ Driver& driver() {
       return d;
     }
     Api& a = d->api;
-    const bool all = bind(lib, "cuInit", &a.cuInit) && bind(lib, "cuDeviceGetCount", &a.cuDeviceGetCount) &&
-                     bind(lib, "cuDeviceGet", &a.cuDeviceGet) && bind(lib, "cuDeviceGetName", &a.cuDeviceGetName) &&
-                     bind(lib, "cuDriverGetVersion", &a.cuDriverGetVersion) &&
-                     bind(lib, "cuDevicePrimaryCtxRetain", &a.cuDevicePrimaryCtxRetain) &&
-                     bind(lib, "cuCtxGetCurrent", &a.cuCtxGetCurrent) && bind(lib, "cuCtxSetCurrent", &a.cuCtxSetCurrent) &&
-                     bind(lib, "cuCtxPushCurrent_v2", &a.cuCtxPushCurrent) &&
-                     bind(lib, "cuCtxPopCurrent_v2", &a.cuCtxPopCurrent) &&
-                     bind(lib, "cuCtxSynchronize", &a.cuCtxSynchronize) && bind(lib, "cuMemAlloc_v2", &a.cuMemAlloc) &&
-                     bind(lib, "cuMemFree_v2", &a.cuMemFree) && bind(lib, "cuMemsetD8_v2", &a.cuMemsetD8) &&
-                     bind(lib, "cuMemcpy", &a.cuMemcpy) &&
-                     bind(lib, "cuPointerGetAttributes", &a.cuPointerGetAttributes) &&
-                     bind(lib, "cuGetErrorString", &a.cuGetErrorString);
+    const bool all =
+        bind(lib, "cuInit", &a.cuInit) && bind(lib, "cuDeviceGetCount", &a.cuDeviceGetCount) &&
+        bind(lib, "cuDeviceGet", &a.cuDeviceGet) && bind(lib, "cuDeviceGetName", &a.cuDeviceGetName) &&
+        bind(lib, "cuDriverGetVersion", &a.cuDriverGetVersion) &&
+        bind(lib, "cuDevicePrimaryCtxRetain", &a.cuDevicePrimaryCtxRetain) &&
+        bind(lib, "cuCtxGetCurrent", &a.cuCtxGetCurrent) && bind(lib, "cuCtxSetCurrent", &a.cuCtxSetCurrent) &&
+        bind(lib, "cuCtxPushCurrent_v2", &a.cuCtxPushCurrent) && bind(lib, "cuCtxPopCurrent_v2", &a.cuCtxPopCurrent) &&
+        bind(lib, "cuCtxSynchronize", &a.cuCtxSynchronize) && bind(lib, "cuMemAlloc_v2", &a.cuMemAlloc) &&
+        bind(lib, "cuMemFree_v2", &a.cuMemFree) && bind(lib, "cuMemsetD8_v2", &a.cuMemsetD8) &&
+        bind(lib, "cuMemcpy", &a.cuMemcpy) && bind(lib, "cuPointerGetAttributes", &a.cuPointerGetAttributes) &&
+        bind(lib, "cuGetErrorString", &a.cuGetErrorString);
     if (!all) {
       d->why = "libcuda.so.1 lacks a driver API entry point the core needs";
       return d;
@@ -200,8 +199,8 @@ PointerInfo query(const void* p) {
 void* allocate(int ordinal, std::size_t nbytes) {
   Scope scope(ordinal);
   CUdeviceptr p = 0;
-  check(driver().api.cuMemAlloc(&p, nbytes), "cannot allocate " + std::to_string(nbytes) + " bytes on GPU " +
-                                                 std::to_string(ordinal));
+  check(driver().api.cuMemAlloc(&p, nbytes),
+        "cannot allocate " + std::to_string(nbytes) + " bytes on GPU " + std::to_string(ordinal));
   return reinterpret_cast<void*>(p);
 }
 

@@ -29,9 +29,9 @@ int driver_version();  // e.g. 13000; 0 when unavailable
 bool in_use();
 
 struct PointerInfo {
-  bool device = false;       // memory the GPU owns (cudaMalloc/cuMemAlloc)
-  int ordinal = -1;          // its GPU
-  std::uintptr_t base = 0;   // the allocation holding it
+  bool device = false;      // memory the GPU owns (cudaMalloc/cuMemAlloc)
+  int ordinal = -1;         // its GPU
+  std::uintptr_t base = 0;  // the allocation holding it
   std::size_t size = 0;
 };
 // What `p` is; device == false for host memory, unknown or freed pointers.

@@ -31,7 +31,7 @@ constexpr std::size_t kRxChunk = std::size_t(256) << 10;  // the most one read a
 // bench/results/net_one_socket_riders.txt, last section).
 constexpr std::size_t kFirstLook = (std::size_t(16) << 10) + 512;
 constexpr unsigned kFramesPerTurn = 256;  // then other connections get their turn
-constexpr int kAcceptPauseMs = 50;         // a listener out of descriptors waits this long before it accepts again
+constexpr int kAcceptPauseMs = 50;        // a listener out of descriptors waits this long before it accepts again
 // A frame larger than twice this goes out in two writes at least: this much
 // first, then the rest. One sendmsg of a whole megabyte left the receiver
 // idle while the sender copied it in (loopback, sender and receiver on two
@@ -157,16 +157,16 @@ void Payload::land(void* dst, std::function<void(bool)> done, std::shared_ptr<La
 
 // ---- Conn ----
 
-std::shared_ptr<Conn> Conn::dial(const sockaddr_storage& addr, socklen_t len, const std::string& name,
-                                 double timeout_s, double keepalive_s, const std::string& interface) {
+std::shared_ptr<Conn> Conn::dial(const sockaddr_storage& addr, socklen_t len, const std::string& name, double timeout_s,
+                                 double keepalive_s, const std::string& interface) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) throw ConnectionError("cannot connect to " + name + ": socket: " + std::strerror(errno));
   if (!interface.empty() &&
       setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, interface.data(), static_cast<socklen_t>(interface.size())) != 0) {
     const int err = errno;
     ::close(fd);
-    throw ConnectionError("cannot bind a connection to " + name + " to interface '" + interface + "': " +
-                          std::strerror(err));
+    throw ConnectionError("cannot bind a connection to " + name + " to interface '" + interface +
+                          "': " + std::strerror(err));
   }
   int rc = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len);
   if (rc != 0 && errno == EINPROGRESS) {
@@ -284,7 +284,8 @@ bool Conn::send(std::string_view header, const void* payload, std::uint64_t leng
   if (header.size() > kMaxHeader) {
     throw InvalidArgument("a frame header of " + std::to_string(header.size()) + " bytes exceeds the limit");
   }
-  if (length > kMaxPayload) throw InvalidArgument("a payload of " + std::to_string(length) + " bytes exceeds the limit");
+  if (length > kMaxPayload)
+    throw InvalidArgument("a payload of " + std::to_string(length) + " bytes exceeds the limit");
   TxOp op;
   op.head.reserve(kPrefixSize + header.size());  // one allocation for prefix and header
   append_prefix(&op.head, header.size(), length);
@@ -660,7 +661,8 @@ void Conn::finish(const std::string& why) {
 Poller::Poller() {
   epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (epfd_ < 0 || wake_fd_ < 0) throw ConnectionError(std::string("cannot create a socket poller: ") + std::strerror(errno));
+  if (epfd_ < 0 || wake_fd_ < 0)
+    throw ConnectionError(std::string("cannot create a socket poller: ") + std::strerror(errno));
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.ptr = &wake_marker;
@@ -824,8 +826,9 @@ unsigned Poller::progress(int timeout_ms) {
       ::epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev);
       listen_paused_ = false;
     } else {
-      const int left = static_cast<int>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(listen_paused_until_ - now).count()) + 1;
+      const int left =
+          static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(listen_paused_until_ - now).count()) +
+          1;
       if (timeout_ms < 0 || timeout_ms > left) timeout_ms = left;
     }
   }
@@ -850,8 +853,7 @@ unsigned Poller::progress(int timeout_ms) {
             // Out of descriptors: the pending connection stays pending and
             // the listener readable, which would spin this thread. It rests
             // out of the poll for a while; connections that end meanwhile give descriptors back.
-            TW_LOG_WARN("cannot accept a connection: %s (retrying in %d ms)", std::strerror(errno),
-                        kAcceptPauseMs);
+            TW_LOG_WARN("cannot accept a connection: %s (retrying in %d ms)", std::strerror(errno), kAcceptPauseMs);
             ::epoll_ctl(epfd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
             listen_paused_until_ = std::chrono::steady_clock::now() + std::chrono::milliseconds(kAcceptPauseMs);
             listen_paused_ = true;

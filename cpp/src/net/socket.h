@@ -167,9 +167,9 @@ class Conn : public std::enable_shared_from_this<Conn> {
   bool dispatch_buffered(unsigned* frames);
   enum Read { kNothing, kDrained, kMore };  // read_more: nothing (EAGAIN, or the end), all there was, a full buffer
   Read read_more();
-  void ask_delayed_acks();  // TCP_QUICKACK off, at most every kDelayedAcksEvery
+  void ask_delayed_acks();              // TCP_QUICKACK off, at most every kDelayedAcksEvery
   void finish(const std::string& why);  // fails what is pending, delivers the close handler
-  void want_writable(bool on);           // under tx_mu_
+  void want_writable(bool on);          // under tx_mu_
 
   struct TxOp {
     std::string head;  // prefix + header
@@ -177,10 +177,10 @@ class Conn : public std::enable_shared_from_this<Conn> {
     std::uint64_t length = 0;
     std::uint64_t sent = 0;  // of head + payload
     SendDone done;
-    std::string owned;  // the payload, when own_payloads copied it
+    std::string owned;       // the payload, when own_payloads copied it
     std::size_t charge = 0;  // what it adds to reply_backlog_ (replies only)
   };
-  std::size_t reply_backlog_ = 0;  // under tx_mu_: queued replies' bytes and kReplyOverhead each
+  std::size_t reply_backlog_ = 0;         // under tx_mu_: queued replies' bytes and kReplyOverhead each
   std::atomic<bool> read_paused_{false};  // set and cleared under tx_mu_
   void sync_events();  // tx_mu_ held: tells the poller what to wait for (EPOLLIN unless paused, EPOLLOUT)
   // Writes what it can of `op` (tx_mu_ held); false on an error (errno_ set).
@@ -195,14 +195,14 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::deque<TxOp> txq_;
   std::size_t tx_bytes_ = 0;
   std::vector<std::pair<const void*, std::string>> riders_;  // under tx_mu_: (key, prefix + header)
-  bool take_riders(TxOp& op);  // tx_mu_ held: puts the waiting riders ahead of op's frame
+  bool take_riders(TxOp& op);                                // tx_mu_ held: puts the waiting riders ahead of op's frame
   // Whether a write is under way or queued (want_out_), read without tx_mu_ by
   // Poller::progress's direct look: a recv on the socket waits in the kernel
   // for the socket's lock, which a large write holds (a spinning waiter beside
   // a thread sending 1 MiB frames on the same socket halved its rate).
   std::atomic<bool> tx_busy_{false};
   std::atomic<bool> queued_out_{false};  // want_out_, for the same readers
-  struct Writing {  // tx_busy_ while a send holds tx_mu_
+  struct Writing {                       // tx_busy_ while a send holds tx_mu_
     explicit Writing(Conn& c) : conn(c) { conn.tx_busy_.store(true, std::memory_order_release); }
     ~Writing() { conn.tx_busy_.store(conn.queued_out_.load(std::memory_order_acquire), std::memory_order_release); }
     Conn& conn;
@@ -224,7 +224,7 @@ class Conn : public std::enable_shared_from_this<Conn> {
   std::vector<char> rx_;
   std::size_t rx_begin_ = 0, rx_end_ = 0;
   std::chrono::steady_clock::time_point delayed_acks_at_{};  // when read_more last asked for them
-  char* land_at_ = nullptr;      // a streamed payload being landed
+  char* land_at_ = nullptr;                                  // a streamed payload being landed
   std::uint64_t land_left_ = 0;  // its bytes still to come (also a discard's, with land_at_ null)
   std::function<void(bool)> land_done_;
   std::shared_ptr<LandingGuard> land_guard_;  // the landing's, when its owner may call it off
@@ -259,7 +259,7 @@ class Poller {
  private:
   friend class Conn;
   void update(Conn* conn, bool want_out, bool want_in);  // EPOLLOUT, EPOLLIN on or off
-  void schedule(Conn* conn);               // dispatch buffered bytes at the next progress
+  void schedule(Conn* conn);                             // dispatch buffered bytes at the next progress
   int epfd_ = -1;
   int wake_fd_ = -1;
   int listen_fd_ = -1;
@@ -270,7 +270,7 @@ class Poller {
   std::atomic<std::size_t> count_{0};
   std::atomic<bool> has_ready_{false};
   std::atomic<bool> busy_{false};  // a thread is inside progress()
-  bool listen_paused_ = false;  // out of descriptors: the listener is out of the poll until listen_paused_until_
+  bool listen_paused_ = false;     // out of descriptors: the listener is out of the poll until listen_paused_until_
   std::chrono::steady_clock::time_point listen_paused_until_{};
 };
 

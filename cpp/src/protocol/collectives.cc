@@ -87,8 +87,7 @@ bool overlap(const void* a, std::size_t an, const void* b, std::size_t bn) {
 // One call: its tag, its deadline and the requests it posted.
 class Collectives::Call {
  public:
-  Call(Collectives& owner, const char* op, double timeout_s)
-      : owner_(owner), op_(op), tag_(owner.next_tag()) {
+  Call(Collectives& owner, const char* op, double timeout_s) : owner_(owner), op_(op), tag_(owner.next_tag()) {
     timeout_s_ = timeout_s < 0 ? owner.m_.timeout() : timeout_s;
     if (!(timeout_s_ >= 0) || timeout_s_ > 3e9) {
       deadline_ = Clock::time_point::max();
@@ -402,8 +401,8 @@ void Collectives::reduce(const Buffer& data, std::size_t count, DType dtype, Red
 // root. The tree moves n per level instead, and the root reduces log2 p whole
 // vectors. The root's data is only read until its ring is done; the blocks
 // land in it after.
-void Collectives::reduce_large(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, int root,
-                               bool premul, double factor, Call& call) {
+void Collectives::reduce_large(const Buffer& data, std::size_t count, DType dtype, ReduceOp op, int root, bool premul,
+                               double factor, Call& call) {
   const int p = size(), r = rank();
   const std::size_t item = dtype.itemsize(), bytes = count * item;
   std::vector<std::size_t> off(p), len(p);
@@ -628,8 +627,8 @@ void Collectives::alltoall(const Buffer& in, const std::vector<std::size_t>& sen
   }
   auto within = [](const Buffer& b, std::size_t off, std::size_t len, const char* what, int peer) {
     if (len && (off > b.nbytes || b.nbytes - off < len || !b.data)) {
-      throw InvalidArgument(std::string("alltoall: the ") + what + " block of rank " + std::to_string(peer) +
-                            " [" + std::to_string(off) + ", +" + std::to_string(len) + ") is outside its buffer of " +
+      throw InvalidArgument(std::string("alltoall: the ") + what + " block of rank " + std::to_string(peer) + " [" +
+                            std::to_string(off) + ", +" + std::to_string(len) + ") is outside its buffer of " +
                             std::to_string(b.nbytes) + " bytes");
     }
   };

@@ -14,12 +14,12 @@ namespace tensorwire {
 const std::vector<DTypeInfo>& dtypes() {
   // DLPack codes: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool.
   static const std::vector<DTypeInfo> table = {
-      {"float16", {2, 16}, "e"}, {"float32", {2, 32}, "f"}, {"float64", {2, 64}, "d"},
+      {"float16", {2, 16}, "e"},    {"float32", {2, 32}, "f"},      {"float64", {2, 64}, "d"},
       {"bfloat16", {4, 16}, "H"},  // no buffer-protocol code: numpy sees the raw uint16 word
-      {"int8", {0, 8}, "b"},     {"int16", {0, 16}, "h"},   {"int32", {0, 32}, "i"},   {"int64", {0, 64}, "q"},
-      {"uint8", {1, 8}, "B"},    {"uint16", {1, 16}, "H"},  {"uint32", {1, 32}, "I"},  {"uint64", {1, 64}, "Q"},
-      {"bool", {6, 8}, "?"},
-      {"complex64", {5, 64}, "Zf"},  {"complex128", {5, 128}, "Zd"},  // (re, im) pairs; numpy's formats
+      {"int8", {0, 8}, "b"},        {"int16", {0, 16}, "h"},        {"int32", {0, 32}, "i"},
+      {"int64", {0, 64}, "q"},      {"uint8", {1, 8}, "B"},         {"uint16", {1, 16}, "H"},
+      {"uint32", {1, 32}, "I"},     {"uint64", {1, 64}, "Q"},       {"bool", {6, 8}, "?"},
+      {"complex64", {5, 64}, "Zf"}, {"complex128", {5, 128}, "Zd"},  // (re, im) pairs; numpy's formats
   };
   return table;
 }

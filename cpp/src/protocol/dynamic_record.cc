@@ -72,8 +72,8 @@ std::size_t encode_record(const DynamicRecord& r, int max_ndim, char* p, RecordF
   return dims_end + r.rkey.size();
 }
 
-RecordStatus decode_record(const void* data, std::size_t size, int max_ndim, std::size_t max_nbytes,
-                           DynamicRecord* out, RecordForm form) {
+RecordStatus decode_record(const void* data, std::size_t size, int max_ndim, std::size_t max_nbytes, DynamicRecord* out,
+                           RecordForm form) {
   if (max_ndim < 0 || max_ndim > kRecordMaxNdim) return kBadNdim;
   const bool inline_data = form == RecordForm::kInlineData;
   const std::size_t dims_end = kRecordHeader + 8 * static_cast<std::size_t>(max_ndim);

@@ -26,8 +26,18 @@ constexpr int kRecordMaxNdim = 64;
 
 // Status of a record, written into the sender's ack block by the receiver.
 enum RecordStatus : std::uint64_t {
-  kAccepted = 0, kBadMagic = 1, kBadVersion = 2, kBadDtype = 3, kBadNdim = 4, kBadDims = 5,
-  kSizeMismatch = 6, kTooLarge = 7, kBadRkey = 8, kReadFailed = 9, kNotExported = 10, kPoolExhausted = 11,
+  kAccepted = 0,
+  kBadMagic = 1,
+  kBadVersion = 2,
+  kBadDtype = 3,
+  kBadNdim = 4,
+  kBadDims = 5,
+  kSizeMismatch = 6,
+  kTooLarge = 7,
+  kBadRkey = 8,
+  kReadFailed = 9,
+  kNotExported = 10,
+  kPoolExhausted = 11,
 };
 
 const char* describe_record_status(std::uint64_t status);
@@ -58,7 +68,7 @@ std::size_t encode_record(const DynamicRecord& record, int max_ndim, char* out,
 // Reads and validates a record of `size` bytes written for a slot of
 // `max_ndim` dimensions that accepts at most `max_nbytes`. Returns kAccepted
 // (and fills `out`) or the first reason to refuse it; never throws.
-RecordStatus decode_record(const void* data, std::size_t size, int max_ndim, std::size_t max_nbytes,
-                           DynamicRecord* out, RecordForm form = RecordForm::kRemoteData);
+RecordStatus decode_record(const void* data, std::size_t size, int max_ndim, std::size_t max_nbytes, DynamicRecord* out,
+                           RecordForm form = RecordForm::kRemoteData);
 
 }  // namespace tensorwire::detail

@@ -354,7 +354,7 @@ class DynamicSenderImpl : public MessageSink {
     }
   }
   std::mutex landing_mu;
-  std::string landing;  // the offer's descriptor bytes
+  std::string landing;                                // the offer's descriptor bytes
   std::uint64_t landing_seq = 0, landing_nbytes = 0;  // the tensor it is for, and its size
 
   Channel channel;
@@ -418,8 +418,9 @@ Block DynamicSlot::recv(TensorSpec* spec, double timeout_s) {
   auto dev = s.device.lock();
   detail::WorkerCtl* worker = dev ? dev.worker(0) : nullptr;
   detail::ChannelImpl* ch = s.link.channel_impl();
-  if (!detail::wait_until(ch, worker, [&] { return s.ready(); }, timeout_s, dev, s.inbox,
-                          &detail::announce_nap<detail::DynamicSlotImpl>, &s)) {
+  if (!detail::wait_until(
+          ch, worker, [&] { return s.ready(); }, timeout_s, dev, s.inbox,
+          &detail::announce_nap<detail::DynamicSlotImpl>, &s)) {
     if (ch && ch->failed()) ch->check_usable();
     throw Timeout("dynamic slot '" + s.name + "': no tensor within " + std::to_string(timeout_s) + " s");
   }
@@ -460,7 +461,8 @@ DynamicSender::DynamicSender(Channel channel, const std::string& name, double ti
   s.slot_sink = r.get<std::uint64_t>();
   s.record = detail::exported_by_peer(channel, desc);
   s.gpu_slot = r.left() > 0 && r.get<std::uint8_t>() == static_cast<std::uint8_t>(MemoryType::kCuda);
-  if (s.max_ndim < 0 || s.max_ndim > detail::kRecordMaxNdim || s.record_size != detail::record_size_for(s.max_ndim) || s.record.length() < s.record_size) {
+  if (s.max_ndim < 0 || s.max_ndim > detail::kRecordMaxNdim || s.record_size != detail::record_size_for(s.max_ndim) ||
+      s.record.length() < s.record_size) {
     throw ProtocolMismatch("dynamic slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), s.next_seq - 1);
@@ -497,8 +499,7 @@ namespace detail {
 std::size_t DynamicSenderImpl::check_spec(const TensorSpec& spec) const {
   const std::size_t n = spec.nbytes();  // validates dtype and shape
   if (spec.shape.size() > static_cast<std::size_t>(max_ndim)) {
-    throw InvalidArgument("the slot takes at most " + std::to_string(max_ndim) + " dimensions, got " +
-                          spec.describe());
+    throw InvalidArgument("the slot takes at most " + std::to_string(max_ndim) + " dimensions, got " + spec.describe());
   }
   if (n > max_nbytes) {
     throw InvalidArgument("tensor of " + std::to_string(n) + " bytes exceeds the slot's limit of " +
@@ -536,11 +537,12 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
     ++s.stats.waits_for_ack;
     DevicePort dev(*s.channel.impl()->peer);
     // Like a wait on the request: a long one asks the receiver to ring (§10.4).
-    if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s,
-                            dev, s.inbox, &detail::announce_sender_nap<detail::DynamicSenderImpl>, &s)) {
+    if (!detail::wait_until(
+            s.channel.impl(), nullptr, [&] { return s.acked() >= seq - 1; }, timeout_s, dev, s.inbox,
+            &detail::announce_sender_nap<detail::DynamicSenderImpl>, &s)) {
       s.channel.impl()->check_usable();
-      throw Timeout("dynamic slot: the receiver has not taken the previous tensor within " +
-                    std::to_string(timeout_s) + " s; nothing of this tensor was sent");
+      throw Timeout("dynamic slot: the receiver has not taken the previous tensor within " + std::to_string(timeout_s) +
+                    " s; nothing of this tensor was sent");
     }
   }
   detail::DynamicRecord rec;
@@ -621,8 +623,7 @@ Request DynamicSenderImpl::send(const std::shared_ptr<DynamicSenderImpl>& self, 
       state->complete_ok();
     } else {
       ++impl->stats.rejected;
-      state->complete_error(status == detail::kPoolExhausted ? ErrorKind::kPoolExhausted
-                                                              : ErrorKind::kInvalidArgument,
+      state->complete_error(status == detail::kPoolExhausted ? ErrorKind::kPoolExhausted : ErrorKind::kInvalidArgument,
                             std::string("the receiver refused the tensor: ") + detail::describe_record_status(status));
     }
     return true;

@@ -63,7 +63,7 @@ Clock::time_point after(double seconds) {
 
 constexpr std::size_t kSlots = 64;  // records in flight per direction and peer (a power of two)
 constexpr std::size_t kHeader = 64;
-constexpr std::size_t kMaxUnexpected = 16384;   // arrivals a peer may leave unmatched (then refused)
+constexpr std::size_t kMaxUnexpected = 16384;    // arrivals a peer may leave unmatched (then refused)
 constexpr std::size_t kRegistrationsKept = 256;  // allocations registered for the placed path
 constexpr double kCloseFlushS = 5.0;
 
@@ -118,7 +118,7 @@ struct Op {
   Clock::time_point deadline;
   // the placed path
   Registration reg;
-  Request write;          // a send's data write (a shared receive's read) in flight
+  Request write;  // a send's data write (a shared receive's read) in flight
   bool writing = false;
   bool records_left = false;  // a record of this op waits for credit
   bool rtr_wanted = false;    // a placed send waiting for its RTR
@@ -165,8 +165,8 @@ struct Queued {  // a record waiting for credit
 struct PeerState {
   Channel ch;
   RemoteRegion arena;
-  bool landed_on_completion = false;  // a completed write has landed (DONE after completion, no fence)
-  bool shares_copies = false;  // each side moves its own transfers (shared memory): split large copies
+  bool landed_on_completion = false;           // a completed write has landed (DONE after completion, no fence)
+  bool shares_copies = false;                  // each side moves its own transfers (shared memory): split large copies
   std::uint64_t sent = 0, got = 0, acked = 0;  // records posted / consumed / credited back
   std::vector<Request> post_req = std::vector<Request>(kSlots);
   std::deque<Queued> outq;
@@ -184,9 +184,7 @@ struct PeerState {
 // lock: it takes only its own spin lock and never allocates.
 class UnmapWatch {
  public:
-  UnmapWatch() {
-    watching_ = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, &UnmapWatch::on_event, this) == UCS_OK;
-  }
+  UnmapWatch() { watching_ = ucm_set_event_handler(UCM_EVENT_VM_UNMAPPED, 0, &UnmapWatch::on_event, this) == UCS_OK; }
   ~UnmapWatch() {
     if (watching_) ucm_unset_event_handler(UCM_EVENT_VM_UNMAPPED, &UnmapWatch::on_event, this);
   }
@@ -287,21 +285,21 @@ class Engine : public std::enable_shared_from_this<Engine> {
   char* base_ = nullptr;
   std::vector<PeerState> peers_;
   std::mutex mu_;
-  std::list<OpPtr> recvs_;                       // posted, unmatched receives in posting order
+  std::list<OpPtr> recvs_;                           // posted, unmatched receives in posting order
   std::unordered_map<std::int64_t, OpPtr> matched_;  // placed receives waiting for DONE, by id
   std::unordered_map<std::int64_t, OpPtr> sends_;    // placed sends waiting for RTR, by id
   std::unordered_map<std::int64_t, OpPtr> fins_;     // shared placed sends waiting for FIN, by own id
-  std::list<OpPtr> writing_;                      // placed sends whose data write is in flight
+  std::list<OpPtr> writing_;                         // placed sends whose data write is in flight
   std::list<Arrival> unexpected_;
-  std::list<OpPtr> deadlined_;                    // every pending op, for its deadline
-  struct Cached {  // a registered allocation, held alive while cached (no stale registration)
+  std::list<OpPtr> deadlined_;  // every pending op, for its deadline
+  struct Cached {               // a registered allocation, held alive while cached (no stale registration)
     void* base;
     std::size_t bytes;
     Registration reg;
     std::shared_ptr<const void> keep;
   };
   void drop_cached(std::list<Cached>::iterator it);
-  void drop_unmapped();  // cached registrations of memory the process unmapped since
+  void drop_unmapped();     // cached registrations of memory the process unmapped since
   std::list<Cached> regs_;  // least recently used last
   UnmapWatch unmaps_;
   std::int64_t next_id_ = 0;
@@ -316,8 +314,14 @@ class Engine : public std::enable_shared_from_this<Engine> {
 };
 
 Engine::Engine(Device& device, int rank_, int size_, Rendezvous& rv, const MessengerConfig& cfg_)
-    : rank(rank_), size(size_), cfg(cfg_), device_(device), rv_(rv), lay_(size_, cfg_.eager_bytes),
-      peers_(size_), name_(cfg_.name) {
+    : rank(rank_),
+      size(size_),
+      cfg(cfg_),
+      device_(device),
+      rv_(rv),
+      lay_(size_, cfg_.eager_bytes),
+      peers_(size_),
+      name_(cfg_.name) {
   if (size <= 0 || rank < 0 || rank >= size) {
     throw InvalidArgument("messenger: rank " + std::to_string(rank) + " of a group of " + std::to_string(size));
   }
@@ -339,7 +343,8 @@ void Engine::start() {
     for (int p = 0; p < size; ++p) {
       std::string v = rv_.get(name_ + "/addr/" + std::to_string(p), t);
       auto sp = v.find(' ');
-      if (sp == std::string::npos) throw ProtocolMismatch("messenger: rank " + std::to_string(p) + " published '" + v + "'");
+      if (sp == std::string::npos)
+        throw ProtocolMismatch("messenger: rank " + std::to_string(p) + " published '" + v + "'");
       addr[p] = v.substr(0, sp);
       ids[p] = std::stoull(v.substr(sp + 1));
     }
@@ -385,7 +390,8 @@ void Engine::check_args(const Buffer& b, int peer, bool recv) const {
                           (recv ? " or any source" : "") + ", got " + std::to_string(peer) + " at rank " +
                           std::to_string(rank));
   }
-  if (b.nbytes && !b.data) throw InvalidArgument("messenger: a buffer of " + std::to_string(b.nbytes) + " B at address 0");
+  if (b.nbytes && !b.data)
+    throw InvalidArgument("messenger: a buffer of " + std::to_string(b.nbytes) + " B at address 0");
   if (b.base && (static_cast<char*>(b.data) < static_cast<char*>(b.base) ||
                  static_cast<char*>(b.data) + b.nbytes > static_cast<char*>(b.base) + b.base_bytes)) {
     throw InvalidArgument("messenger: the buffer lies outside the allocation named as its base");
@@ -635,14 +641,14 @@ void Engine::progress_locked() {
       h.aux = op->own_id;
       post(op->peer, h, nullptr, 0, nullptr);
       if (st < 0) {
-        fail(op, op->write.error_kind(), "messenger: the read of a " + op->what(rank) + " failed: " +
-                                              op->write.error_message(), op->peer);
+        fail(op, op->write.error_kind(),
+             "messenger: the read of a " + op->what(rank) + " failed: " + op->write.error_message(), op->peer);
       } else {
         complete(op);
       }
     } else if (st < 0) {
-      fail(op, op->write.error_kind(), "messenger: the data write of a " + op->what(rank) + " failed: " +
-                                            op->write.error_message(), op->peer);
+      fail(op, op->write.error_kind(),
+           "messenger: the data write of a " + op->what(rank) + " failed: " + op->write.error_message(), op->peer);
     } else if (peers_[op->peer].landed_on_completion) {
       Header h;
       h.kind = kDone;
@@ -717,8 +723,9 @@ void Engine::consume(int p, std::uint64_t m) {
         }
       }
       if (unexpected_.size() >= kMaxUnexpected) {
-        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " sent more than " +
-                                                       std::to_string(kMaxUnexpected) + " messages nobody receives");
+        fail_peer(p, ErrorKind::kProtocolMismatch,
+                  "rank " + std::to_string(p) + " sent more than " + std::to_string(kMaxUnexpected) +
+                      " messages nobody receives");
         return;
       }
       if (h.kind == kEager) a.payload.assign(slot + kHeader, h.plen);
@@ -731,7 +738,8 @@ void Engine::consume(int p, std::uint64_t m) {
       auto& table = h.kind == kRtr ? sends_ : matched_;
       auto it = table.find(h.kind == kRtr ? h.aux : h.id);
       if (it == table.end() || it->second->peer != p) {
-        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " named an operation it was not given");
+        fail_peer(p, ErrorKind::kProtocolMismatch,
+                  "rank " + std::to_string(p) + " named an operation it was not given");
         return;
       }
       OpPtr op = it->second;
@@ -747,7 +755,8 @@ void Engine::consume(int p, std::uint64_t m) {
     case kFin: {  // the receiver read its part of our buffer: the send may complete
       auto it = fins_.find(h.aux);
       if (it == fins_.end() || it->second->peer != p) {
-        fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " named an operation it was not given");
+        fail_peer(p, ErrorKind::kProtocolMismatch,
+                  "rank " + std::to_string(p) + " named an operation it was not given");
         return;
       }
       OpPtr op = it->second;
@@ -859,14 +868,16 @@ void Engine::place(const OpPtr& op, const Header& rtr, const char* payload) {
   PeerState& ps = peers_[p];
   op->rtr_wanted = false;
   if (std::size_t(rtr.nbytes) != op->buf.nbytes) {
-    fail(op, ErrorKind::kInvalidArgument, "messenger: rank " + std::to_string(p) + " receives " +
-                                              std::to_string(rtr.nbytes) + " B for a " + op->what(rank));
+    fail(op, ErrorKind::kInvalidArgument,
+         "messenger: rank " + std::to_string(p) + " receives " + std::to_string(rtr.nbytes) + " B for a " +
+             op->what(rank));
     return;
   }
   // A split only of a buffer we offered, inside it: the receiver reads the rest.
   if (rtr.split < 0 || std::size_t(rtr.split) >= op->buf.nbytes || (rtr.split && !op->offered)) {
-    fail_peer(p, ErrorKind::kProtocolMismatch, "rank " + std::to_string(p) + " asked for a write of " +
-                                                   std::to_string(rtr.split) + " B of a " + op->what(rank));
+    fail_peer(p, ErrorKind::kProtocolMismatch,
+              "rank " + std::to_string(p) + " asked for a write of " + std::to_string(rtr.split) + " B of a " +
+                  op->what(rank));
     fail(op, ps.failed_kind, ps.failed, p);
     return;
   }
@@ -935,7 +946,8 @@ void Engine::drop_unmapped() {
   if (!unmaps_.take(gone)) return;
   for (auto it = regs_.begin(); it != regs_.end();) {
     const auto lo = reinterpret_cast<std::uintptr_t>(it->base), hi = lo + it->bytes;
-    const bool hit = std::any_of(gone.begin(), gone.end(), [&](const auto& g) { return g.first < hi && lo < g.second; });
+    const bool hit =
+        std::any_of(gone.begin(), gone.end(), [&](const auto& g) { return g.first < hi && lo < g.second; });
     if (hit) {
       ++stats.stale_registrations;
       drop_cached(it++);

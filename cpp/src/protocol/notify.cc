@@ -110,8 +110,9 @@ NotifySender::NotifySender(Channel channel, double timeout_s) : impl_(std::make_
   try {
     name = channel.call(kCall, "", timeout_s);
   } catch (const NotFound&) {
-    throw NotFound("the target takes no notifications: it has no NotifyInbox (a Python Device has one from "
-                   "its start; a C++ program makes one with its Device)");
+    throw NotFound(
+        "the target takes no notifications: it has no NotifyInbox (a Python Device has one from "
+        "its start; a C++ program makes one with its Device)");
   }
   impl_->sender = std::make_unique<StaticSender>(channel, name, timeout_s);
   impl_->ring = detail::open_port(channel).pool().allocate(kNotifyEntry * kNotifyDepth, 64);
@@ -131,10 +132,10 @@ void NotifySender::wait_room(double wait_s) {
   } catch (const Timeout&) {
     char waited[32];
     std::snprintf(waited, sizeof(waited), "%g", wait_s);
-    throw PoolExhausted("the target's notification queue for this device is full: " +
-                        std::to_string(kNotifyDepth) + " unread notifications, the bound per sending device (each " +
-                        "at most " + std::to_string(kNotifyMaxMessage) + " bytes), and the target read none within " +
-                        waited + " s; this notification was not sent (a write(..., notify=) moved no data either) " +
+    throw PoolExhausted("the target's notification queue for this device is full: " + std::to_string(kNotifyDepth) +
+                        " unread notifications, the bound per sending device (each " + "at most " +
+                        std::to_string(kNotifyMaxMessage) + " bytes), and the target read none within " + waited +
+                        " s; this notification was not sent (a write(..., notify=) moved no data either) " +
                         "and the queued ones stay (the target reads them with device.notifications() or " +
                         "next_notification())");
   }

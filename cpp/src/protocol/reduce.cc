@@ -44,9 +44,17 @@ enum class Kind { kHalf, kBfloat, kF32, kF64, kI8, kI16, kI32, kI64, kU8, kU16, 
 Kind kind_of(DType d) {
   switch (d.code) {
     case 0:
-      return d.bits == 8 ? Kind::kI8 : d.bits == 16 ? Kind::kI16 : d.bits == 32 ? Kind::kI32 : d.bits == 64 ? Kind::kI64 : Kind::kNone;
+      return d.bits == 8    ? Kind::kI8
+             : d.bits == 16 ? Kind::kI16
+             : d.bits == 32 ? Kind::kI32
+             : d.bits == 64 ? Kind::kI64
+                            : Kind::kNone;
     case 1:
-      return d.bits == 8 ? Kind::kU8 : d.bits == 16 ? Kind::kU16 : d.bits == 32 ? Kind::kU32 : d.bits == 64 ? Kind::kU64 : Kind::kNone;
+      return d.bits == 8    ? Kind::kU8
+             : d.bits == 16 ? Kind::kU16
+             : d.bits == 32 ? Kind::kU32
+             : d.bits == 64 ? Kind::kU64
+                            : Kind::kNone;
     case 2: return d.bits == 16 ? Kind::kHalf : d.bits == 32 ? Kind::kF32 : d.bits == 64 ? Kind::kF64 : Kind::kNone;
     case 4: return d.bits == 16 ? Kind::kBfloat : Kind::kNone;
     case 5: return d.bits == 64 ? Kind::kC64 : d.bits == 128 ? Kind::kC128 : Kind::kNone;
@@ -85,9 +93,13 @@ void each(void* dst, const void* src, std::size_t n, F f) {
 
 // min/max that keep a NaN from either side (torch.minimum's rule), as selects.
 template <typename T>
-inline T nan_min(T a, T b) { return (b < a || b != b) ? b : a; }
+inline T nan_min(T a, T b) {
+  return (b < a || b != b) ? b : a;
+}
 template <typename T>
-inline T nan_max(T a, T b) { return (b > a || b != b) ? b : a; }
+inline T nan_max(T a, T b) {
+  return (b > a || b != b) ? b : a;
+}
 
 template <typename T>
 void reduce_float(void* d, const void* s, std::size_t n, ReduceOp op) {
@@ -156,7 +168,8 @@ __attribute__((target("avx,f16c"))) void widen_half_f16c(const std::uint16_t* s,
 __attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* s, std::uint16_t* d, std::size_t n) {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT));
   }
   for (; i < n; ++i) d[i] = float_to_half(s[i]);
 }
@@ -256,8 +269,8 @@ void check_reduce(DType dtype, ReduceOp op) {
                      ReduceOp::kBor, ReduceOp::kBxor, ReduceOp::kAvg, ReduceOp::kPremulSum}) {
     if (supports(k, o)) ok += (ok.empty() ? "" : ", ") + std::string(reduce_op_name(o));
   }
-  throw InvalidArgument(std::string("reduce op ") + reduce_op_name(op) + " is not supported for dtype " +
-                        dtype.name() + " (it supports " + ok + ")");
+  throw InvalidArgument(std::string("reduce op ") + reduce_op_name(op) + " is not supported for dtype " + dtype.name() +
+                        " (it supports " + ok + ")");
 }
 
 void scale_into(void* dst, const void* src, std::size_t count, DType dtype, double factor) {

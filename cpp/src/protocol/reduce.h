@@ -35,11 +35,11 @@ inline float half_to_float(std::uint16_t h) {
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
   const std::uint32_t em = std::uint32_t(h & 0x7fffu) << 13;  // exponent and mantissa in float's place
   const std::uint32_t exp = em & 0x0f800000u;
-  const std::uint32_t normal = em + ((127u - 15u) << 23);  // rebiased
+  const std::uint32_t normal = em + ((127u - 15u) << 23);        // rebiased
   const std::uint32_t special = em + (2u * (127u - 15u) << 23);  // infinity, NaN: the exponent all ones
   // Zero or subnormal, m 2^-24: the normal float 2^-14 (1 + m/1024), less 2^-14 (exact).
-  const std::uint32_t sub = std::bit_cast<std::uint32_t>(std::bit_cast<float>(em + (113u << 23)) -
-                                                         std::bit_cast<float>(113u << 23));
+  const std::uint32_t sub =
+      std::bit_cast<std::uint32_t>(std::bit_cast<float>(em + (113u << 23)) - std::bit_cast<float>(113u << 23));
   // Selected by masks, not ?: (GCC leaves branches in a loop over a nested ?:).
   const std::uint32_t is_special = 0u - std::uint32_t(exp == 0x0f800000u), is_sub = 0u - std::uint32_t(exp == 0);
   const std::uint32_t bits = (special & is_special) | (sub & is_sub) | (normal & ~(is_special | is_sub));
@@ -60,7 +60,8 @@ inline std::uint16_t float_to_half(float f) {
   // even); a carry into the exponent is the right rounding, up to infinity
   // from 65520 on.
   const std::uint32_t normal = (x - ((127u - 15u) << 23) + 0xfffu + ((x >> 13) & 1u)) >> 13;
-  const std::uint32_t is_big = 0u - std::uint32_t(x >= ((127u + 16u) << 23)), is_sub = 0u - std::uint32_t(x < (113u << 23));
+  const std::uint32_t is_big = 0u - std::uint32_t(x >= ((127u + 16u) << 23)),
+                      is_sub = 0u - std::uint32_t(x < (113u << 23));
   const std::uint32_t out = (big & is_big) | (sub & is_sub) | (normal & ~(is_big | is_sub));
   return static_cast<std::uint16_t>(out | (sign >> 16));
 }

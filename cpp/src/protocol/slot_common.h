@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <string>
 #include <tuple>
@@ -167,9 +167,8 @@ struct SenderLink {
 // an empty port when the message was handled here (the device gone, a
 // doorbell, a refusal).
 inline DevicePort accept_slot_message(const DevicePort::Weak& device, SenderLink& link, const char* slot,
-                                      const std::string& name, const std::shared_ptr<Peer>& from,
-                                      const DataHeader& h, MsgKind expected, std::atomic<int>& inbox,
-                                      int worker_index) {
+                                      const std::string& name, const std::shared_ptr<Peer>& from, const DataHeader& h,
+                                      MsgKind expected, std::atomic<int>& inbox, int worker_index) {
   DevicePort dev = device.lock();
   if (!dev) return dev;
   if (h.kind == MsgKind::kWake) {  // a doorbell: its arrival ended the nap; it names the worker to nap on
@@ -193,8 +192,7 @@ inline DevicePort accept_slot_message(const DevicePort::Weak& device, SenderLink
 // doorbell from that peer ends here (its arrival ended the nap), anything
 // else is refused.
 inline bool accept_sender_message(const Channel& channel, const char* sender, const std::shared_ptr<Peer>& from,
-                                  const DataHeader& h, MsgKind expected, std::atomic<int>& inbox,
-                                  int worker_index) {
+                                  const DataHeader& h, MsgKind expected, std::atomic<int>& inbox, int worker_index) {
   const bool from_peer = from == channel.impl()->peer;
   if (h.kind == MsgKind::kWake && from_peer) return false;
   if (h.kind != expected || !from_peer) {
@@ -207,8 +205,8 @@ inline bool accept_sender_message(const Channel& channel, const char* sender, co
 
 // A region described in a slot's attach reply: exported by the slot's owner.
 inline RemoteRegion exported_by_peer(Channel& channel, const std::string& descriptor) {
-  return RemoteRegion(channel.impl()->peer->accept_export(
-      RegionDescriptor::from_bytes(descriptor.data(), descriptor.size())));
+  return RemoteRegion(
+      channel.impl()->peer->accept_export(RegionDescriptor::from_bytes(descriptor.data(), descriptor.size())));
 }
 
 // The local regions a sender exported to its receiver (the tw.export call,

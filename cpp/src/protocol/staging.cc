@@ -44,8 +44,9 @@ SenderStaging::Staged SenderStaging::stage(const DevicePort& dev, const OutsideT
   if (!last_.test()) {
     const auto start = std::chrono::steady_clock::now();
     if (!last_.wait(timeout_s)) {
-      throw Timeout("send: the previous send has not finished reading the staging buffer (path='copy') within "
-                    "the timeout; a dynamic slot's receiver has not taken that tensor yet");
+      throw Timeout(
+          "send: the previous send has not finished reading the staging buffer (path='copy') within "
+          "the timeout; a dynamic slot's receiver has not taken that tensor yet");
     }
     if (!no_deadline(timeout_s)) out.timeout_left = std::max(0.0, timeout_s - seconds_since(start));
   }

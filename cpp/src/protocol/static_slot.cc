@@ -70,7 +70,9 @@ struct StaticLayout {
   std::size_t nbytes = 0, payload = 0, stride = 0;
   bool separate = false;  // sequence words in their own (host) block
   StaticLayout(std::size_t n, bool separate_words)
-      : nbytes(n), payload(align64(n)), stride(separate_words ? align64(n) : align64(n) + 64),
+      : nbytes(n),
+        payload(align64(n)),
+        stride(separate_words ? align64(n) : align64(n) + 64),
         separate(separate_words) {}
   std::size_t payload_offset(std::size_t i) const { return i * stride; }
   // In the payload block, or in the word block (64 bytes per word).
@@ -120,7 +122,11 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
  public:
   StaticSlotImpl(const DevicePort& dev, std::string name, TensorSpec spec, int depth, std::uint64_t first,
                  MemoryType memory, int gpu)
-      : device(dev.weak()), name(std::move(name)), spec(std::move(spec)), depth(depth), first_seq(first),
+      : device(dev.weak()),
+        name(std::move(name)),
+        spec(std::move(spec)),
+        depth(depth),
+        first_seq(first),
         layout(this->spec.nbytes(), memory == MemoryType::kCuda) {
     if (layout.separate) {
       block = allocate_exported(dev.pool(MemoryType::kCuda, gpu), layout.stride * depth);
@@ -145,7 +151,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     for (std::uint64_t k = got; k < done + depth; ++k) store_release(const_cast<void*>(seq_word(k % depth)), 0);
     store_release(sender_napping(), 0);  // and a failed sender's napping flag
     attaches.fetch_add(1, std::memory_order_release);
-    if (help_at) {                       // and its offer of a shared copy
+    if (help_at) {  // and its offer of a shared copy
       SharedCopy::word(help_area(), SharedCopy::kClaimAt).store(0, std::memory_order_release);
       SharedCopy::word(help_area(), SharedCopy::kDoneAt).store(0, std::memory_order_release);
     }
@@ -164,7 +170,7 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     w.put<std::uint64_t>(place_from);
     w.put<std::uint64_t>(place_to);
     w.put<std::uint64_t>(help_at);  // the shared copy's area in the block (0: none)
-    if (layout.separate) {  // appended: where the sequence words are (§10.3)
+    if (layout.separate) {          // appended: where the sequence words are (§10.3)
       w.put<std::uint64_t>(layout.seq_stride());
       w.put_bytes32(dev.export_for(words.descriptor(), *caller).to_bytes());
     }
@@ -187,12 +193,11 @@ class StaticSlotImpl : public MessageSink, public std::enable_shared_from_this<S
     }
     const bool placed = h.b == kPlacedSend;
     const auto [place_from, place_to] = place_window(dev);
-    if (h.b > kPlacedSend || (placed && (payload.length() != 0 || layout.nbytes < place_from ||
-                                         layout.nbytes > place_to)) ||
+    if (h.b > kPlacedSend ||
+        (placed && (payload.length() != 0 || layout.nbytes < place_from || layout.nbytes > place_to)) ||
         (!placed && payload.length() != layout.nbytes)) {
-      return dev.refuse_message("static slot '%s': a tensor of %zu bytes (form %llu), the slot holds %zu",
-                                name.c_str(), payload.length(), static_cast<unsigned long long>(h.b),
-                                layout.nbytes);
+      return dev.refuse_message("static slot '%s': a tensor of %zu bytes (form %llu), the slot holds %zu", name.c_str(),
+                                payload.length(), static_cast<unsigned long long>(h.b), layout.nbytes);
     }
     inbox.store(worker_index, std::memory_order_relaxed);
     arrived.fetch_add(1);
@@ -314,8 +319,8 @@ class StaticSenderImpl : public MessageSink {
   std::uint64_t first_seq = 1, next_seq = 1;
   std::size_t stride = 0, payload = 0;
   std::uint64_t place_from = 1, place_to = 0;  // the tensor sizes the slot asks to be placed (§12)
-  RemoteRegion words;           // where the sequence words are: `slot` itself, or a host block
-  std::size_t seq_at = 0, seq_stride = 0;  // word i at seq_at + i * seq_stride in `words`
+  RemoteRegion words;                          // where the sequence words are: `slot` itself, or a host block
+  std::size_t seq_at = 0, seq_stride = 0;      // word i at seq_at + i * seq_stride in `words`
   Block ack, seq_src;
   SlotStats stats;
 
@@ -503,8 +508,8 @@ StaticSender::StaticSender(Channel channel, const std::string& name, double time
       s.payload > (separate ? s.stride : s.stride - 8) || !words_ok ||
       s.stride > (std::uint64_t(1) << 62) / static_cast<std::uint64_t>(s.depth) ||
       s.slot.length() < s.stride * s.depth ||
-      (s.help_at && (separate || s.help_at % 64 || s.help_at < s.stride * s.depth ||
-                     s.help_at > s.slot.length() || s.slot.length() - s.help_at < detail::SharedCopy::kAreaBytes))) {
+      (s.help_at && (separate || s.help_at % 64 || s.help_at < s.stride * s.depth || s.help_at > s.slot.length() ||
+                     s.slot.length() - s.help_at < detail::SharedCopy::kAreaBytes))) {
     throw ProtocolMismatch("static slot '" + name + "' has an inconsistent description");
   }
   detail::store_release(s.ack.data(), released);
@@ -557,8 +562,9 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
     if (s.acked() < need) {
       ++s.stats.waits_for_ack;
       DevicePort dev(*s.channel.impl()->peer);
-      if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s,
-                              dev, s.inbox, &detail::announce_sender_nap<detail::StaticSenderImpl>, &s)) {
+      if (!detail::wait_until(
+              s.channel.impl(), nullptr, [&] { return s.acked() >= need; }, timeout_s, dev, s.inbox,
+              &detail::announce_sender_nap<detail::StaticSenderImpl>, &s)) {
         s.channel.impl()->check_usable();
         throw Timeout("static slot: the receiver has not released tensor " + std::to_string(need) + " within " +
                       std::to_string(timeout_s) + " s; nothing of this tensor was sent");
@@ -597,9 +603,8 @@ Request StaticSenderImpl::send(const LocalRegion& local, std::size_t offset, con
   // The payload lands before the sequence word.
   Request flag = s.channel.write_ordered(s.seq_src.region(), idx * 8, s.words, s.seq_at + idx * s.seq_stride, 8);
   // The word was set in place (shared memory): ring a receiver that naps.
-  if (flag.state() > 0 &&
-      detail::ring_if_napping(static_cast<char*>(s.ack.data()) + detail::StaticSlotImpl::kNappingAt, s.channel,
-                              s.slot_sink, seq)) {
+  if (flag.state() > 0 && detail::ring_if_napping(static_cast<char*>(s.ack.data()) + detail::StaticSlotImpl::kNappingAt,
+                                                  s.channel, s.slot_sink, seq)) {
     ++s.stats.doorbells;
   }
   s.next_seq = seq + 1;
@@ -673,8 +678,9 @@ bool StaticSenderImpl::copy_shared(const LocalRegion& local, std::size_t offset,
 
 const char* StaticSlotImpl::offered_source(const char* area) {
   using SC = SharedCopy;
-  const std::uint64_t address = std::atomic_ref<const std::uint64_t>(
-      *reinterpret_cast<const std::uint64_t*>(area + SC::kAddressAt)).load(std::memory_order_relaxed);
+  const std::uint64_t address =
+      std::atomic_ref<const std::uint64_t>(*reinterpret_cast<const std::uint64_t*>(area + SC::kAddressAt))
+          .load(std::memory_order_relaxed);
   std::uint32_t key_length = 0;
   std::memcpy(&key_length, area + SC::kKeyLengthAt, 4);
   if (key_length == 0 || key_length > kRecordMaxRkey) return nullptr;
@@ -736,8 +742,9 @@ void StaticSlotImpl::help_copy() {
 void StaticSender::wait_consumed(std::uint64_t seq, double timeout_s) {
   auto& s = *impl_;
   detail::DevicePort dev(*s.channel.impl()->peer);
-  if (!detail::wait_until(s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s,
-                          dev, s.inbox, &detail::announce_sender_nap<detail::StaticSenderImpl>, &s)) {
+  if (!detail::wait_until(
+          s.channel.impl(), nullptr, [&] { return s.acked() >= seq; }, timeout_s, dev, s.inbox,
+          &detail::announce_sender_nap<detail::StaticSenderImpl>, &s)) {
     s.channel.impl()->check_usable();
     throw Timeout("the receiver has not released tensor " + std::to_string(seq) + " within " +
                   std::to_string(timeout_s) + " s");

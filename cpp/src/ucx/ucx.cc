@@ -6,10 +6,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdio>
 #include <chrono>
-#include <cstring>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "common/log.h"
@@ -22,24 +22,18 @@ ErrorKind error_kind(ucs_status_t status) {
     case UCS_ERR_UNSUPPORTED:
     case UCS_ERR_MESSAGE_TRUNCATED:  // a receive buffer smaller than the message
       return ErrorKind::kInvalidArgument;
-    case UCS_ERR_TIMED_OUT:
-      return ErrorKind::kTimeout;
+    case UCS_ERR_TIMED_OUT: return ErrorKind::kTimeout;
     case UCS_ERR_CONNECTION_RESET:
     case UCS_ERR_ENDPOINT_TIMEOUT:
-    case UCS_ERR_REJECTED:
-      return ErrorKind::kPeerFailed;
+    case UCS_ERR_REJECTED: return ErrorKind::kPeerFailed;
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_NOT_CONNECTED:
     case UCS_ERR_CANCELED:
-    case UCS_ERR_IO_ERROR:
-      return ErrorKind::kConnection;
+    case UCS_ERR_IO_ERROR: return ErrorKind::kConnection;
     case UCS_ERR_NO_MEMORY:
-    case UCS_ERR_EXCEEDS_LIMIT:
-      return ErrorKind::kPoolExhausted;
-    case UCS_ERR_NO_ELEM:
-      return ErrorKind::kNotFound;
-    default:
-      return ErrorKind::kGeneric;
+    case UCS_ERR_EXCEEDS_LIMIT: return ErrorKind::kPoolExhausted;
+    case UCS_ERR_NO_ELEM: return ErrorKind::kNotFound;
+    default: return ErrorKind::kGeneric;
   }
 }
 
@@ -92,9 +86,8 @@ Context::Context(const std::vector<std::pair<std::string, std::string>>& overrid
     tls_ = env ? env : "all";
   }
   ucp_params_t params{};
-  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE |
-                      UCP_PARAM_FIELD_REQUEST_INIT | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
-                      UCP_PARAM_FIELD_NAME;
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_REQUEST_SIZE | UCP_PARAM_FIELD_REQUEST_INIT |
+                      UCP_PARAM_FIELD_MT_WORKERS_SHARED | UCP_PARAM_FIELD_NAME;
   params.features = features;
   params.request_size = sizeof(RequestSlot);
   params.request_init = request_init;
@@ -206,8 +199,7 @@ MemHandle::MemHandle(std::shared_ptr<Context> context, void* address, std::size_
     address = mapped_;
   }
   ucp_mem_map_params_t params{};
-  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
   params.address = address;
   params.length = length;
   params.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
@@ -314,8 +306,7 @@ void Endpoint::close(bool force) {
   if (UCS_PTR_IS_PTR(req)) {
     // Bounded: a graceful close to a dead peer must not hang the caller.
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(force ? 1000 : 2000);
-    while (ucp_request_check_status(req) == UCS_INPROGRESS &&
-           std::chrono::steady_clock::now() < deadline) {
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && std::chrono::steady_clock::now() < deadline) {
       ucp_worker_progress(worker_->get());
     }
     ucp_request_free(req);

@@ -41,8 +41,7 @@ class Context {
  public:
   // `overrides` are UCX configuration pairs ("TLS", "tcp"), applied after the
   // environment is read.
-  Context(const std::vector<std::pair<std::string, std::string>>& overrides, std::uint64_t features,
-          const char* name);
+  Context(const std::vector<std::pair<std::string, std::string>>& overrides, std::uint64_t features, const char* name);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -90,9 +89,9 @@ class Worker {
 class MemHandle {
  public:
   enum class Backing {
-    kUcx,        // UCX allocates (ucp_mem_map ALLOCATE): shared-memory transports map it
-    kRegister,   // register the caller's [address, address+length)
-    kHugeAnon,   // we mmap anonymous memory with transparent huge pages, then register
+    kUcx,       // UCX allocates (ucp_mem_map ALLOCATE): shared-memory transports map it
+    kRegister,  // register the caller's [address, address+length)
+    kHugeAnon,  // we mmap anonymous memory with transparent huge pages, then register
   };
   // `cuda`: the range is GPU memory (registered with that memory type, so
   // UCX need not detect it); `on_unmap` runs after the unmap (frees memory

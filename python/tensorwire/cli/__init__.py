@@ -39,7 +39,7 @@ from .. import __version__
 
 # The product's own commands, in this order in --help. Each has register(commands).
 COMMAND_MODULES = (
-    "tensorwire.cli.info",      # tensorwire info
+    "tensorwire.cli.info",  # tensorwire info
     "tensorwire.ranks.launch",  # tensorwire run
 )
 
@@ -85,7 +85,8 @@ class Commands:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tensorwire",
-        description="Zero-copy one-sided tensor transport over UCX, and the tools to measure the fabric under it.")
+        description="Zero-copy one-sided tensor transport over UCX, and the tools to measure the fabric under it.",
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = Commands(parser)
     for name in COMMAND_MODULES:
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 def missing_dependency(prog: str, needs, args: argparse.Namespace) -> str | None:
     """The message for the first of `needs` that cannot be imported (None if all can)."""
     import importlib.util
+
     for module, extra, *option in needs:
         if option and not getattr(args, option[0], None):
             continue
@@ -125,6 +127,7 @@ def unwritable_output(prog: str, args: argparse.Namespace) -> str | None:
     """The message for the first output file (--json FILE, --plot FILE.png) whose
     directory is missing or not writable (None if all can be written)."""
     import os
+
     for dest in OUTPUT_OPTIONS:
         path = getattr(args, dest, None)
         if not isinstance(path, str):  # absent, or a switch (info --json)
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         print(why, file=sys.stderr)
         return 2
     from .. import errors
+
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

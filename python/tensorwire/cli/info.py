@@ -9,8 +9,12 @@ from .. import TRANSPORTS
 
 def register(commands) -> None:
     p = commands.top.add_parser("info", help="show the UCX in use, its transports and the configuration")
-    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                   help="exit 1 unless this transport is usable here (the table says why not)")
+    p.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="auto",
+        help="exit 1 unless this transport is usable here (the table says why not)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=_main)
 
@@ -19,6 +23,7 @@ def _main(args: argparse.Namespace) -> int:
     import json
 
     from ..info import collect, render
+
     data = collect(args.transport)
     print(json.dumps(data, indent=1) if args.json else render(data))
     return 1 if args.transport != "auto" and data["usable"].get(args.transport) else 0

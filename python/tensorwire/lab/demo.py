@@ -60,8 +60,10 @@ def run_demo(transport: str = "auto", mib: int = 64) -> int:
             info = ch.peer
             client.close()
         ok = got == expected
-        print(f"tensorwire demo: wrote a {mib} MiB float32 tensor into pid {info['pid']} "
-              f"(transport {transport}) with one-sided writes")
+        print(
+            f"tensorwire demo: wrote a {mib} MiB float32 tensor into pid {info['pid']} "
+            f"(transport {transport}) with one-sided writes"
+        )
         print(f"  bandwidth: {n * 4 / best / 1e6:,.0f} MB/s (best of 5, write + flush)")
         print(f"  latency:   {lat_us:.2f} us one-way for 8 B (median of 20000 ping-pongs, RTT/2)")
         print(f"  contents:  {'verified' if ok else 'MISMATCH'} (checksum {got:.0f} vs {expected:.0f})")

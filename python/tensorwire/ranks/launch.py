@@ -27,24 +27,41 @@ from .roles import GRACE_S, Role, RoleError, Roles, describe_exit
 
 def register(commands) -> None:
     p = commands.top.add_parser(
-        "run", help="start N ranks of a command (tensorwire run -n 4 -- tensorwire bench fullmesh)",
+        "run",
+        help="start N ranks of a command (tensorwire run -n 4 -- tensorwire bench fullmesh)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=__doc__.split("\n\n", 1)[1] + """
+        description=__doc__.split("\n\n", 1)[1]
+        + """
 examples:
   tensorwire run -n 4 -- tensorwire bench alltoall --sizes 1M
   tensorwire run -n 8 --testbed tw --hosts h1,h2,h3,h4,h5,h6,h7,h8 -- tensorwire bench fullmesh --transport tcp
 ranks started by mpirun, srun or torchrun find each other without this
-launcher (see `python -c "import tensorwire.ranks.world as w; help(w)"`).""")
+launcher (see `python -c "import tensorwire.ranks.world as w; help(w)"`).""",
+    )
     p.add_argument("-n", "--ranks", type=int, required=True, help="number of ranks to start")
-    p.add_argument("--hosts", default=None,
-                   help="comma-separated testbed hosts; rank i runs on host i mod len (needs --testbed)")
-    p.add_argument("--testbed", default=None, metavar="NAME",
-                   help="run inside the hosts of this testbed (see `tensorwire testbed up`)")
-    p.add_argument("--port", type=int, default=0,
-                   help="rank 0's listening port (default: a free one below the kernel's ephemeral range, "
-                        "which no other socket is handed meanwhile)")
-    p.add_argument("--timeout", type=float, default=None, metavar="S",
-                   help="end the run (FAIL) after S seconds (default: no limit)")
+    p.add_argument(
+        "--hosts", default=None, help="comma-separated testbed hosts; rank i runs on host i mod len (needs --testbed)"
+    )
+    p.add_argument(
+        "--testbed",
+        default=None,
+        metavar="NAME",
+        help="run inside the hosts of this testbed (see `tensorwire testbed up`)",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=0,
+        help="rank 0's listening port (default: a free one below the kernel's ephemeral range, "
+        "which no other socket is handed meanwhile)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="end the run (FAIL) after S seconds (default: no limit)",
+    )
     p.add_argument("--quiet", action="store_true", help="drop the stdout of ranks other than 0")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command each rank runs")
     p.set_defaults(func=_main)
@@ -66,8 +83,10 @@ def _main(args: argparse.Namespace) -> int:
         # parser the loader (tensorwire.lab.commands.register); the product names no lab module.
         load: Callable[[str], Hosts] | None = getattr(args, "load_testbed", None)
         if load is None:
-            print("tensorwire run: --testbed needs the lab (tensorwire.lab.testbed), which is not installed",
-                  file=sys.stderr)
+            print(
+                "tensorwire run: --testbed needs the lab (tensorwire.lab.testbed), which is not installed",
+                file=sys.stderr,
+            )
             return 2
         testbed = load(args.testbed)
     elif args.hosts:
@@ -110,6 +129,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     bind.
     """
     import random
+
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             ephemeral_low = int(f.read().split()[0])
@@ -136,31 +156,47 @@ def plan(n: int, testbed: Hosts | None = None, hosts: str | None = None, port: i
         names = hosts.split(",") if hosts else list(tb.hosts)
         unknown = [h for h in names if h not in tb.hosts]
         if unknown:
-            raise SystemExit(f"tensorwire run: testbed {tb.name!r} has no host {', '.join(unknown)} "
-                             f"(it has {', '.join(tb.hosts)})")
+            raise SystemExit(
+                f"tensorwire run: testbed {tb.name!r} has no host {', '.join(unknown)} (it has {', '.join(tb.hosts)})"
+            )
         where = [names[i % len(names)] for i in range(n)]
         addr = {h: tb.address(h) for h in set(where)}
         # The root's port cannot be probed from here (it is bound inside a host's
         # namespace): pick one at random so back-to-back runs never meet the
         # previous run's socket.
         import random
+
         root = f"{addr[where[0]]}:{port or random.randint(20000, 29999)}"
         local_rank: dict[str, int] = {}
         out = []
         for r, h in enumerate(where):
             local_rank[h] = local_rank.get(h, -1) + 1
             env = tb.host_env(h, {})
-            env.update(TENSORWIRE_RANK=str(r), TENSORWIRE_SIZE=str(n), TENSORWIRE_ROOT=root,
-                       TENSORWIRE_HOST=addr[h], TENSORWIRE_LOCAL_RANK=str(local_rank[h]))
+            env.update(
+                TENSORWIRE_RANK=str(r),
+                TENSORWIRE_SIZE=str(n),
+                TENSORWIRE_ROOT=root,
+                TENSORWIRE_HOST=addr[h],
+                TENSORWIRE_LOCAL_RANK=str(local_rank[h]),
+            )
             out.append(RankPlacement(r, env, list(tb.exec_prefix(h)), h))
         return out
     root = f"127.0.0.1:{port or free_port()}"
-    return [RankPlacement(r, {"TENSORWIRE_RANK": str(r), "TENSORWIRE_SIZE": str(n), "TENSORWIRE_ROOT": root,
-                              "TENSORWIRE_LOCAL_RANK": str(r)}) for r in range(n)]
+    return [
+        RankPlacement(
+            r,
+            {
+                "TENSORWIRE_RANK": str(r),
+                "TENSORWIRE_SIZE": str(n),
+                "TENSORWIRE_ROOT": root,
+                "TENSORWIRE_LOCAL_RANK": str(r),
+            },
+        )
+        for r in range(n)
+    ]
 
 
-def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None = None,
-        quiet: bool = False) -> int:
+def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None = None, quiet: bool = False) -> int:
     """Starts every rank, relays output, and returns the run's exit code."""
     rank_of: dict[int, int] = {}
 

@@ -41,8 +41,8 @@ from typing import Any, Callable, Iterable
 from ..errors import ConnectionError as TwConnectionError
 from ..errors import Error, InvalidArgument, NotFound, Timeout
 
-FIRST_NAP_S, LAST_NAP_S = 50e-6, 0.02   # the back-off of every wait
-CONNECT_NAP_S = 0.05                    # between tries to reach a control store that does not answer yet
+FIRST_NAP_S, LAST_NAP_S = 50e-6, 0.02  # the back-off of every wait
+CONNECT_NAP_S = 0.05  # between tries to reach a control store that does not answer yet
 _CALLS = {op: f"tw.store.{op}" for op in ("set", "get", "add", "missing", "delete")}
 
 
@@ -87,8 +87,13 @@ class Store:
         """Whether every key is set (no wait)."""
         return not self.missing(keys)
 
-    def wait(self, keys: list[str], timeout: float, abort: str | None = None,
-             describe: Callable[[list[str]], str] | None = None) -> None:
+    def wait(
+        self,
+        keys: list[str],
+        timeout: float,
+        abort: str | None = None,
+        describe: Callable[[list[str]], str] | None = None,
+    ) -> None:
         """Returns once every key is set. Raises Timeout after `timeout` s
         (``describe(missing keys)`` says why, else the keys are named), or
         Aborted with the value of `abort` as soon as that key is set."""
@@ -104,8 +109,11 @@ class Store:
                 return
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Timeout(describe(missing) if describe else
-                              f"{', '.join(map(repr, missing))} not set in {self} within {timeout:g} s")
+                raise Timeout(
+                    describe(missing)
+                    if describe
+                    else f"{', '.join(map(repr, missing))} not set in {self} within {timeout:g} s"
+                )
             time.sleep(min(delay, left))
             delay = min(delay * 2, LAST_NAP_S)
 
@@ -135,19 +143,22 @@ def publish(store: Store, prefix: str, rank: int, value: bytes | str) -> None:
     store.set(f"{prefix}/{rank}", value)
 
 
-def gather(store: Store, prefix: str, n: int, timeout: float, what: str, abort: str | None = None,
-           who: str = "rank") -> list[bytes]:
+def gather(
+    store: Store, prefix: str, n: int, timeout: float, what: str, abort: str | None = None, who: str = "rank"
+) -> list[bytes]:
     """The values ranks 0..n-1 published under `prefix`, in rank order, once all
     are there. After `timeout` s, Timeout "ranks 2, 3 did not <what> (<store>)"
     (`what` says the bound: the caller knows the whole of it; `who` may name
     the ranks otherwise); Aborted with the value of `abort` once that key is set."""
     keys = [f"{prefix}/{r}" for r in range(n)]
-    store.wait(keys, timeout, abort, lambda m: f"{ranks((int(k.rsplit('/', 1)[1]) for k in m), who)} did not "
-                                               f"{what} ({store})")
+    store.wait(
+        keys, timeout, abort, lambda m: f"{ranks((int(k.rsplit('/', 1)[1]) for k in m), who)} did not {what} ({store})"
+    )
     return [store._get(k) for k in keys]
 
 
 # -- torch's store --
+
 
 class TorchStore(Store):
     """A c10d store (torch's TCPStore, or any ``torch.distributed.Store``) through its own API."""
@@ -156,21 +167,35 @@ class TorchStore(Store):
         self.store, self.address = store, address
 
     @classmethod
-    def host(cls, host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0,
-             multi_tenant: bool = False) -> "TorchStore":
+    def host(
+        cls, host: str = "127.0.0.1", port: int = 0, timeout: float = 60.0, multi_tenant: bool = False
+    ) -> "TorchStore":
         """A TCPStore served by this process on host:port (port 0: a free one)."""
         from torch.distributed import TCPStore
-        s = cls._make(f"{host}:{port}", lambda: TCPStore(host, port, None, True, datetime.timedelta(seconds=timeout),
-                                                         wait_for_workers=False, multi_tenant=multi_tenant))
+
+        s = cls._make(
+            f"{host}:{port}",
+            lambda: TCPStore(
+                host,
+                port,
+                None,
+                True,
+                datetime.timedelta(seconds=timeout),
+                wait_for_workers=False,
+                multi_tenant=multi_tenant,
+            ),
+        )
         return cls(s, f"{host}:{s.port}")
 
     @classmethod
     def connect(cls, address: str, timeout: float = 60.0) -> "TorchStore":
         """A client of the TCPStore at host:port (waits up to `timeout` s for it to listen)."""
         from torch.distributed import TCPStore
+
         host, port = split_address(address, "a store's address")
-        return cls(cls._make(address, lambda: TCPStore(host, port, None, False,
-                                                       datetime.timedelta(seconds=timeout))), address)
+        return cls(
+            cls._make(address, lambda: TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout))), address
+        )
 
     @staticmethod
     def _make(address: str, make: Callable[[], Any]) -> Any:
@@ -221,6 +246,7 @@ def torchrun_store(rank: int, timeout: float, address: str | None = None) -> Tor
 
 
 # -- the control-plane store --
+
 
 def _split(payload: bytes) -> tuple[str, bytes]:
     key, _, rest = payload.partition(b"\0")
@@ -305,8 +331,9 @@ class ControlStore(Store):
                 return cls(lambda name, payload: ch.call(name, payload, call_timeout), address)
             except (TwConnectionError, NotFound) as e:
                 if time.monotonic() > deadline:
-                    raise Timeout(f"nobody served the tensorwire store at {address} within {timeout:.3g} s "
-                                  f"({e})") from None
+                    raise Timeout(
+                        f"nobody served the tensorwire store at {address} within {timeout:.3g} s ({e})"
+                    ) from None
                 time.sleep(CONNECT_NAP_S)
 
     @staticmethod

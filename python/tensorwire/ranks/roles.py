@@ -51,8 +51,8 @@ from typing import Any, Callable, Iterator
 
 from ..errors import Error
 
-GRACE_S = 3.0         # between SIGTERM and SIGKILL
-TAIL_LINES = 10       # of a command's stderr, kept for the failure's message
+GRACE_S = 3.0  # between SIGTERM and SIGKILL
+TAIL_LINES = 10  # of a command's stderr, kept for the failure's message
 _NO_PIDFD_TICK_S = 0.05  # where os.pidfd_open is missing, how often a command's exit is polled
 
 
@@ -79,8 +79,14 @@ class RoleError(Error):
     first), ``timed_out`` and ``interrupted`` (the signal) say why else the
     roles were stopped."""
 
-    def __init__(self, message: str, first: "Role | None" = None, failed: list["Role"] | None = None,
-                 timed_out: bool = False, interrupted: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        first: "Role | None" = None,
+        failed: list["Role"] | None = None,
+        timed_out: bool = False,
+        interrupted: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.first, self.failed = first, list(failed or ([first] if first else []))
         self.timed_out, self.interrupted = timed_out, interrupted
@@ -115,20 +121,28 @@ class Role:
     """One started role: its pipe (``conn``, None for a command), what it
     reported (``result``, ``error``, ``inbox``) and how it ended."""
 
-    def __init__(self, name: str, kind: str, handle: Any, conn: Any, sentinel: Any,
-                 streams: dict | None = None, on_output: Callable | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        handle: Any,
+        conn: Any,
+        sentinel: Any,
+        streams: dict | None = None,
+        on_output: Callable | None = None,
+    ) -> None:
         self.name, self.kind, self.handle, self.conn = name, kind, handle, conn
         self.result: Any = None
         self.has_result = False
         self.error: str | None = None
-        self.failed_at: float | None = None       # when it failed (its own clock for a reported error)
-        self.stopped: str | None = None           # why the launcher stopped it
+        self.failed_at: float | None = None  # when it failed (its own clock for a reported error)
+        self.stopped: str | None = None  # why the launcher stopped it
         self.inbox: collections.deque = collections.deque()
         self.tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         self._sentinel = sentinel
-        self._streams = streams or {}             # file -> [stream name, partial line]
+        self._streams = streams or {}  # file -> [stream name, partial line]
         self._on_output = on_output
-        self._exited = False                      # its exit seen and its pipe drained
+        self._exited = False  # its exit seen and its pipe drained
         self._eof = conn is None
 
     def __repr__(self) -> str:
@@ -381,8 +395,7 @@ class Roles:
         it starts with, unless this process sets them already."""
         ctx = mp.get_context("spawn")
         conn, child = ctx.Pipe()
-        proc = ctx.Process(target=target, args=(child, *args), daemon=True,
-                           name=f"tensorwire-{name.replace(' ', '-')}")
+        proc = ctx.Process(target=target, args=(child, *args), daemon=True, name=f"tensorwire-{name.replace(' ', '-')}")
         with _env_defaults(env_defaults):
             proc.start()
         child.close()  # the child's end: its exit then reads as EOF here
@@ -395,15 +408,20 @@ class Roles:
         run = _ThreadRun(name, target, args, child)
         return self._add(Role(name, "thread", run, conn, run.sentinel))
 
-    def command(self, name: str, argv: list[str], env: dict[str, str] | None = None,
-                on_output: Callable[[Role, str, bytes], None] | None = None) -> Role:
+    def command(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        on_output: Callable[[Role, str, bytes], None] | None = None,
+    ) -> Role:
         """`argv` in a session of its own. ``on_output(role, "stdout" | "stderr",
         data)`` gets its output in whole lines (the last one maybe without its
         newline); without it stdout is inherited. stderr's last lines are kept."""
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE if on_output else None,
-                                stderr=subprocess.PIPE, start_new_session=True)
-        streams = {f: [which, b""] for f, which in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
-                   if f is not None}
+        proc = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE if on_output else None, stderr=subprocess.PIPE, start_new_session=True
+        )
+        streams = {f: [which, b""] for f, which in ((proc.stdout, "stdout"), (proc.stderr, "stderr")) if f is not None}
         try:
             sentinel: Any = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):
@@ -425,8 +443,7 @@ class Roles:
                 except OSError:
                     pass
 
-    def gather(self, tag: str, timeout: float, roles: list[Role] | None = None,
-               during: str = "setup") -> list[tuple]:
+    def gather(self, tag: str, timeout: float, roles: list[Role] | None = None, during: str = "setup") -> list[tuple]:
         """The first message tagged `tag` from each of `roles` (default: all), in
         their order. RoleError as soon as a role of the group fails (exits, or
         reports an error) or, with timed_out, when `timeout` s pass first."""
@@ -442,8 +459,11 @@ class Roles:
             failed = [r for r in self.roles if r.error is not None or r._exited]
             if failed:
                 first = _ordered(failed, self.roles)[0]
-                text = _named(first.name, first.error) if first.error is not None else \
-                    f"{first.name} {describe_exit(first.exitcode)} during {during}{first._tail_text()}"
+                text = (
+                    _named(first.name, first.error)
+                    if first.error is not None
+                    else f"{first.name} {describe_exit(first.exitcode)} during {during}{first._tail_text()}"
+                )
                 raise RoleError(text, first, _ordered(failed, self.roles))
             left = deadline - time.monotonic()
             if left <= 0:
@@ -453,8 +473,15 @@ class Roles:
 
     # --- supervising -------------------------------------------------------------------------
 
-    def supervise(self, timeout: float | None = None, *, linger: float = 0.0, need_result: bool = True,
-                  interruptible: bool = False, before_stop: Callable[[RoleError], None] | None = None) -> None:
+    def supervise(
+        self,
+        timeout: float | None = None,
+        *,
+        linger: float = 0.0,
+        need_result: bool = True,
+        interruptible: bool = False,
+        before_stop: Callable[[RoleError], None] | None = None,
+    ) -> None:
         """Waits until every role is done: has reported its result (need_result)
         or exited with code 0 and closed its output. Raises RoleError, with
         every role stopped, when one failed (after `linger` s for the others to
@@ -472,24 +499,32 @@ class Roles:
                     linger_end = now + linger
                 err = None
                 if intr is not None and intr.signum is not None:
-                    err = RoleError(f"interrupted by {signal.Signals(intr.signum).name}",
-                                    interrupted=intr.signum)
+                    err = RoleError(f"interrupted by {signal.Signals(intr.signum).name}", interrupted=intr.signum)
                 elif failed and (not pending or (linger_end is not None and now >= linger_end)):
                     err = self._failure(failed, need_result)
                 elif not pending:
                     return
                 elif deadline is not None and now >= deadline:
-                    err = RoleError(f"timed out after {timeout:g} s; still running: "
-                                    f"{', '.join(r.name for r in pending)}", timed_out=True)
+                    err = RoleError(
+                        f"timed out after {timeout:g} s; still running: {', '.join(r.name for r in pending)}",
+                        timed_out=True,
+                    )
                 if err is not None:
                     if before_stop is not None:
                         before_stop(err)
-                    self.stop("killed by the launcher " + ("after another role failed" if err.first else
-                                                           "at the timeout" if err.timed_out else "on a signal"))
+                    self.stop(
+                        "killed by the launcher "
+                        + (
+                            "after another role failed"
+                            if err.first
+                            else "at the timeout"
+                            if err.timed_out
+                            else "on a signal"
+                        )
+                    )
                     raise err
                 ends = [t for t in (deadline, linger_end) if t is not None]
-                self._pump(max(0.0, min(ends) - now) if ends else None,
-                           intr.sock if intr is not None else None)
+                self._pump(max(0.0, min(ends) - now) if ends else None, intr.sock if intr is not None else None)
 
     def _failure(self, failed: list[Role], need_result: bool) -> RoleError:
         ordered = _ordered(failed, self.roles)
@@ -568,7 +603,9 @@ def _ordered(failed: list[Role], group: list[Role]) -> list[Role]:
     """Failed roles, the first failure first: one that died without a word
     (its peers usually failed because of it), killed by a signal before one
     that exited, then the earliest, then the group's order."""
+
     def key(r: Role) -> tuple:
         code = r.exitcode
         return (r.error is not None, not (code is not None and code < 0), r.failed_at or 0.0, group.index(r))
+
     return sorted(failed, key=key)

@@ -55,16 +55,23 @@ import numpy as np
 
 from ..errors import ConnectionError as TwConnectionError
 from ..errors import Error, InvalidArgument, Timeout
-from .rendezvous import (Aborted, ControlStore, Store, TorchStore, gather, publish, split_address,
-                         torchrun_store)
+from .rendezvous import Aborted, ControlStore, Store, TorchStore, gather, publish, split_address, torchrun_store
 
 DEFAULT_ROOT_PORT = 29600
 CLOSE_LINGER_S = 5.0  # how long rank 0, the store's host, waits at close for the others to read the last round
 # allreduce's ops: World's names -> the C++ layer's
 _OPS = {"sum": "sum", "prod": "product", "min": "min", "max": "max"}
 # the dtypes it reduces (numpy's names, the core's too); not float128 or numpy's bool
-_REDUCIBLE = frozenset(f"{k}{b}" for k, bits in (("int", (8, 16, 32, 64)), ("uint", (8, 16, 32, 64)),
-                                                 ("float", (16, 32, 64)), ("complex", (64, 128))) for b in bits)
+_REDUCIBLE = frozenset(
+    f"{k}{b}"
+    for k, bits in (
+        ("int", (8, 16, 32, 64)),
+        ("uint", (8, 16, 32, 64)),
+        ("float", (16, 32, 64)),
+        ("complex", (64, 128)),
+    )
+    for b in bits
+)
 # Worlds of more than one rank made in this process, by rank: the k-th World of every rank meets
 # under the k-th prefix (a torchrun store outlives Worlds)
 _worlds: dict[int, int] = {}
@@ -73,10 +80,11 @@ _worlds: dict[int, int] = {}
 @dataclass(frozen=True)
 class Placement:
     """Where this process stands: rank, size, where the ranks meet and who said so."""
+
     rank: int
     size: int
-    root: str        # host:port of the store: rank 0's device, or torchrun's TCPStore
-    launcher: str    # "tensorwire run", "mpirun", "pmi", "slurm", "torchrun" or "single"
+    root: str  # host:port of the store: rank 0's device, or torchrun's TCPStore
+    launcher: str  # "tensorwire run", "mpirun", "pmi", "slurm", "torchrun" or "single"
     store: str = "tensorwire"  # "tensorwire" (rank 0's device serves it) or "torch" (torchrun's TCPStore)
 
 
@@ -98,8 +106,13 @@ def _warn_retired(env: Mapping[str, str]) -> None:
     old = [k for k in _RETIRED if k in env and _RETIRED[k] not in env]
     if old and not _warned_retired:
         _warned_retired = True
-        warnings.warn(", ".join(old) + " no longer read: tensorwire reads "
-                      + ", ".join(_RETIRED[k] for k in old) + " (docs/configuration.md)", stacklevel=3)
+        warnings.warn(
+            ", ".join(old)
+            + " no longer read: tensorwire reads "
+            + ", ".join(_RETIRED[k] for k in old)
+            + " (docs/configuration.md)",
+            stacklevel=3,
+        )
 
 
 def detect(env: Mapping[str, str] | None = None) -> Placement:
@@ -107,11 +120,13 @@ def detect(env: Mapping[str, str] | None = None) -> Placement:
     env = os.environ if env is None else env
     _warn_retired(env)
     default_root = env.get("TENSORWIRE_ROOT", f"127.0.0.1:{DEFAULT_ROOT_PORT}")
-    for rank_key, size_key, launcher in (("TENSORWIRE_RANK", "TENSORWIRE_SIZE", "tensorwire run"),
-                                         ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"),
-                                         ("PMI_RANK", "PMI_SIZE", "pmi"),
-                                         ("SLURM_PROCID", "SLURM_NTASKS", "slurm"),
-                                         ("RANK", "WORLD_SIZE", "torchrun")):
+    for rank_key, size_key, launcher in (
+        ("TENSORWIRE_RANK", "TENSORWIRE_SIZE", "tensorwire run"),
+        ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun"),
+        ("PMI_RANK", "PMI_SIZE", "pmi"),
+        ("SLURM_PROCID", "SLURM_NTASKS", "slurm"),
+        ("RANK", "WORLD_SIZE", "torchrun"),
+    ):
         if rank_key in env and size_key in env:
             rank, size = _int(env, rank_key), _int(env, size_key)
             root, store = default_root, "tensorwire"
@@ -157,9 +172,16 @@ class World:
         device_options: passed to ``tensorwire.Device`` (transport, progress, workers, ...).
     """
 
-    def __init__(self, placement: Placement | None = None, timeout: float = 30.0, store: Any = None,
-                 name: str | None = None, **device_options: Any) -> None:
+    def __init__(
+        self,
+        placement: Placement | None = None,
+        timeout: float = 30.0,
+        store: Any = None,
+        name: str | None = None,
+        **device_options: Any,
+    ) -> None:
         from .. import Device
+
         self.placement = placement or detect()
         self.rank, self.size = self.placement.rank, self.placement.size
         self.timeout = timeout
@@ -168,11 +190,11 @@ class World:
         self._round = 0
         self._channels: dict[tuple[int, int], Any] = {}
         self.store: Store | None = None
-        self._serving = False        # this rank's device serves the store (rank 0, ControlStore)
+        self._serving = False  # this rank's device serves the store (rank 0, ControlStore)
         self._messenger: Any = None  # _core.Messenger and _core.Collectives on it, made on first use
         self._coll: Any = None
-        self._coll_failed = ""       # why a collective failed: the ranks' calls are no longer aligned
-        self.store_prefix = ""       # where this World's keys live in the store (none for a single rank)
+        self._coll_failed = ""  # why a collective failed: the ranks' calls are no longer aligned
+        self.store_prefix = ""  # where this World's keys live in the store (none for a single rank)
         if self.size == 1:
             self.device = Device(host=os.environ.get("TENSORWIRE_HOST", root_host), port=0, **device_options)
             self.addresses = [self.device.address]
@@ -184,8 +206,9 @@ class World:
             try:
                 self.device = Device(host=root_host, port=root_port, **device_options)
             except Error as e:
-                raise TwConnectionError(f"rank 0 cannot listen on the root address {self.placement.root}: {e}") \
-                    from None
+                raise TwConnectionError(
+                    f"rank 0 cannot listen on the root address {self.placement.root}: {e}"
+                ) from None
         else:
             host = os.environ.get("TENSORWIRE_HOST") or _local_host_towards(root_host)
             self.device = Device(host=host, port=0, **device_options)
@@ -230,8 +253,7 @@ class World:
             if me == 0:
                 s.set(f"{p}/size", str(self.size))
             else:
-                s.wait([f"{p}/size"], left(), abort,
-                       lambda _: f"rank 0 did not join within {self.timeout:g} s ({s})")
+                s.wait([f"{p}/size"], left(), abort, lambda _: f"rank 0 did not join within {self.timeout:g} s ({s})")
                 theirs = int(s.get(f"{p}/size", left()))
                 if theirs != self.size:
                     self._abort(f"rank {me} says the world has {self.size} ranks, rank 0 says {theirs}")
@@ -239,8 +261,10 @@ class World:
                 other = json.loads(s.get(f"{p}/addr/{me}", left()))["address"]
                 self._abort(f"two processes claim rank {me} ({other} and {mine['address']})")
             publish(s, f"{p}/addr", me, json.dumps(mine))
-            table = [json.loads(v) for v in gather(s, f"{p}/addr", self.size, left(),
-                                                   f"join within {self.timeout:g} s", abort)]
+            table = [
+                json.loads(v)
+                for v in gather(s, f"{p}/addr", self.size, left(), f"join within {self.timeout:g} s", abort)
+            ]
         except Aborted as e:
             raise Error(f"rank {me}: bootstrap failed: {e}") from None
         except Timeout as e:
@@ -274,8 +298,7 @@ class World:
         store = self._shared_store()
         publish(store, p, self.rank, json.dumps(value))
         try:
-            got = gather(store, p, self.size, timeout, f"reach collective round {self._round} "
-                                                       f"within {timeout:g} s")
+            got = gather(store, p, self.size, timeout, f"reach collective round {self._round} within {timeout:g} s")
         except Timeout as e:
             raise Timeout(f"rank {self.rank}: {e}") from None
         try:
@@ -317,8 +340,9 @@ class World:
         arr = _array(value, "broadcast", writable=self.rank != root, any_dtype=True)
         if self.size == 1 or arr.nbytes == 0:
             return value
-        self._call("broadcast", lambda c: c.broadcast(arr.ctypes.data, arr.nbytes, root, keep=arr,
-                                                      timeout=self.timeout))
+        self._call(
+            "broadcast", lambda c: c.broadcast(arr.ctypes.data, arr.nbytes, root, keep=arr, timeout=self.timeout)
+        )
         return value
 
     # -- collectives on tensors (the C++ layer, _core.Collectives) --
@@ -334,15 +358,23 @@ class World:
             raise InvalidArgument(f"allreduce op {op!r} is not supported; supported: {', '.join(_OPS)}")
         arr = _array(tensor, "allreduce", writable=True)
         if arr.dtype.name not in _REDUCIBLE or (arr.dtype.kind == "c" and name in ("min", "max")):
-            raise InvalidArgument(f"allreduce {name} of {arr.dtype} is not supported: integer, float or complex "
-                                  f"dtypes (min and max: not complex)")
+            raise InvalidArgument(
+                f"allreduce {name} of {arr.dtype} is not supported: integer, float or complex "
+                f"dtypes (min and max: not complex)"
+            )
         if not arr.dtype.isnative:
-            raise InvalidArgument(f"allreduce needs the machine's byte order, got {arr.dtype.str} "
-                                  f"(arr.astype(arr.dtype.newbyteorder('=')) makes a copy in it)")
+            raise InvalidArgument(
+                f"allreduce needs the machine's byte order, got {arr.dtype.str} "
+                f"(arr.astype(arr.dtype.newbyteorder('=')) makes a copy in it)"
+            )
         if self.size == 1 or arr.size == 0:
             return tensor
-        self._call("allreduce", lambda c: c.allreduce(arr.ctypes.data, arr.size, arr.dtype.name, _OPS[name],
-                                                      keep=arr, timeout=self.timeout))
+        self._call(
+            "allreduce",
+            lambda c: c.allreduce(
+                arr.ctypes.data, arr.size, arr.dtype.name, _OPS[name], keep=arr, timeout=self.timeout
+            ),
+        )
         return tensor
 
     def alltoall(self, out: Any, inp: Any) -> Any:
@@ -354,19 +386,25 @@ class World:
         i = _array(inp, "alltoall inp", any_dtype=True)
         n = self.size
         if i.dtype != o.dtype or i.nbytes != o.nbytes:
-            raise InvalidArgument(f"alltoall needs out and inp of one dtype and size, got {o.dtype} x {o.size} "
-                                  f"and {i.dtype} x {i.size}")
+            raise InvalidArgument(
+                f"alltoall needs out and inp of one dtype and size, got {o.dtype} x {o.size} and {i.dtype} x {i.size}"
+            )
         for a, what in ((i, "inp"), (o, "out")):
             if a.ndim == 0 or a.shape[0] % n:
-                raise InvalidArgument(f"alltoall {what} must hold {n} equal blocks (one per rank) along dimension "
-                                      f"0, got shape {a.shape}")
+                raise InvalidArgument(
+                    f"alltoall {what} must hold {n} equal blocks (one per rank) along dimension 0, got shape {a.shape}"
+                )
         if n == 1 or i.nbytes == 0:
             np.copyto(o.reshape(-1), i.reshape(-1))
             return out
         if np.may_share_memory(o, i):  # the layer writes out while it still reads inp
             i = i.copy()
-        self._call("alltoall", lambda c: c.alltoall(i.ctypes.data, o.ctypes.data, i.nbytes // n, in_keep=i,
-                                                    out_keep=o, timeout=self.timeout))
+        self._call(
+            "alltoall",
+            lambda c: c.alltoall(
+                i.ctypes.data, o.ctypes.data, i.nbytes // n, in_keep=i, out_keep=o, timeout=self.timeout
+            ),
+        )
         return out
 
     @property
@@ -379,16 +417,22 @@ class World:
             if self.size == 1:
                 raise InvalidArgument("a World of one rank has no collectives layer (its collectives copy locally)")
             if self._coll_failed:
-                raise Error(f"rank {self.rank}: this World's collectives cannot be used any more: "
-                            f"{self._coll_failed}")
+                raise Error(f"rank {self.rank}: this World's collectives cannot be used any more: {self._coll_failed}")
             from .. import _core
+
             try:  # a collective set-up: every rank meets the others in the World's store
                 # each call's deadline is the World's timeout (its Timeout names the call and the
                 # ranks it waits for); the engine's own, longer, only ends what a failed call left
                 store = self._shared_store()
-                self._messenger = _core.Messenger(self.device, self.rank, self.size, store.set,
-                                                  store.get, name=f"{self.store_prefix}/msg",
-                                                  timeout=2 * self.timeout)
+                self._messenger = _core.Messenger(
+                    self.device,
+                    self.rank,
+                    self.size,
+                    store.set,
+                    store.get,
+                    name=f"{self.store_prefix}/msg",
+                    timeout=2 * self.timeout,
+                )
             except Error as e:
                 self._coll_failed = f"setting up the collectives failed: {e}"
                 raise
@@ -400,8 +444,10 @@ class World:
         are no longer aligned (a message of this call may still arrive): later tensor
         collectives are refused, and barrier/allgather use the store."""
         if self._coll_failed:
-            raise Error(f"rank {self.rank}: {what}: this World's collectives cannot be used any more: an earlier "
-                        f"collective failed ({self._coll_failed})")
+            raise Error(
+                f"rank {self.rank}: {what}: this World's collectives cannot be used any more: an earlier "
+                f"collective failed ({self._coll_failed})"
+            )
         coll = self.collectives
         try:
             fn(coll)
@@ -439,8 +485,7 @@ class World:
                 return self.device.channel_to(self.device_ids[peer], lane)
             except Error:
                 if time.monotonic() >= deadline:
-                    raise Timeout(f"rank {self.rank}: rank {peer} did not connect within {self.timeout:g} s") \
-                        from None
+                    raise Timeout(f"rank {self.rank}: rank {peer} did not connect within {self.timeout:g} s") from None
                 try:
                     self.device.wait_for_peer(min(0.05, max(0.0, deadline - time.monotonic())))
                 except Error:
@@ -459,8 +504,14 @@ class World:
                 pass
             del coll
             messenger.close()
-        if (self.rank == 0 and self.size > 1 and self.store is not None and (self._serving or sync) and self._round
-                and not self.device.closed):
+        if (
+            self.rank == 0
+            and self.size > 1
+            and self.store is not None
+            and (self._serving or sync)
+            and self._round
+            and not self.device.closed
+        ):
             # the others may still read the last round from the store, which rank 0 hosts (ours,
             # or torch's TCPStore under env:// without an agent, gone when this process ends):
             # give them a moment (its last reader deletes it)
@@ -522,13 +573,15 @@ def _array(x: Any, what: str, writable: bool = False, any_dtype: bool = False) -
             if not any_dtype or t.element_size() not in _INT_OF_SIZE:
                 raise InvalidArgument(f"{what} of a {x.dtype} tensor is not supported ({e})") from None
             import torch
+
             arr = t.view(getattr(torch, _INT_OF_SIZE[t.element_size()])).numpy()
     else:
         try:
             arr = np.asarray(memoryview(x))
         except (TypeError, ValueError):
-            raise InvalidArgument(f"{what} needs a numpy array, a CPU torch tensor or a buffer, "
-                                  f"got {type(x).__name__}") from None
+            raise InvalidArgument(
+                f"{what} needs a numpy array, a CPU torch tensor or a buffer, got {type(x).__name__}"
+            ) from None
     if not arr.flags.c_contiguous:
         raise InvalidArgument(f"{what} needs a C-contiguous array (np.ascontiguousarray makes one)")
     if writable and not arr.flags.writeable:

@@ -58,13 +58,17 @@ def load() -> Any:
     try:
         from .. import _c10d
     except ImportError as e:
-        raise ImportError(f"tensorwire was built without its torch.distributed backend (tensorwire._c10d: {e}); "
-                          "rebuild it where torch is installed: pip install --no-build-isolation tensorwire "
-                          "(TENSORWIRE_BUILD_TORCH=ON makes a build without torch fail)") from None
+        raise ImportError(
+            f"tensorwire was built without its torch.distributed backend (tensorwire._c10d: {e}); "
+            "rebuild it where torch is installed: pip install --no-build-isolation tensorwire "
+            "(TENSORWIRE_BUILD_TORCH=ON makes a build without torch fail)"
+        ) from None
     if _c10d.torch_version != torch.__version__:
-        raise ImportError(f"tensorwire's torch.distributed backend was built for torch {_c10d.torch_version}, "
-                          f"but torch {torch.__version__} is installed; rebuild tensorwire against it: "
-                          "pip install --no-build-isolation --force-reinstall --no-deps tensorwire")
+        raise ImportError(
+            f"tensorwire's torch.distributed backend was built for torch {_c10d.torch_version}, "
+            f"but torch {torch.__version__} is installed; rebuild tensorwire against it: "
+            "pip install --no-build-isolation --force-reinstall --no-deps tensorwire"
+        )
     return _c10d
 
 
@@ -84,6 +88,7 @@ QUIESCE_AT_EXIT_S = 10.0
 def _quiesce_at_exit() -> None:
     try:
         from .. import _c10d
+
         _c10d._quiesce_all(QUIESCE_AT_EXIT_S)
     except Exception:  # noqa: BLE001 - exit goes on whatever the groups say
         pass
@@ -94,9 +99,13 @@ def create(dist_opts: Any, pg_options: Any = None) -> Any:
     c10d = load()
     atexit.unregister(_quiesce_at_exit)  # once, and last: it runs before the exit hooks registered earlier
     atexit.register(_quiesce_at_exit)
-    return c10d.ProcessGroupTensorwire(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
-                                       datetime.timedelta(seconds=_seconds(dist_opts.timeout)),
-                                       str(dist_opts.group_id or ""))
+    return c10d.ProcessGroupTensorwire(
+        dist_opts.store,
+        dist_opts.group_rank,
+        dist_opts.group_size,
+        datetime.timedelta(seconds=_seconds(dist_opts.timeout)),
+        str(dist_opts.group_id or ""),
+    )
 
 
 def register() -> None:

@@ -93,7 +93,7 @@ TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
   tw::Device victim(config("tcp"));
   tw::Device attacker(config("tcp"));
   tw::Block published = victim.allocate(4096);
-  tw::Block neighbour = victim.allocate(4096);               // same slab, never exported
+  tw::Block neighbour = victim.allocate(4096);                  // same slab, never exported
   tw::Block dedicated = victim.allocate(std::size_t(4) << 20);  // a slab of its own
   std::vector<unsigned char> array(65536), heap(65536);
   tw::Registration registered = victim.pool().register_memory(array.data(), array.size());
@@ -149,7 +149,7 @@ TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
     ch.impl()->lane().send(h.encode(), src.data(), a.length, nullptr, nullptr);
     h.kind = td::MsgKind::kPutFlagged;
     h.a = reinterpret_cast<std::uint64_t>(published.data());  // inside the export...
-    h.b = (a.address + a.length) & ~std::uint64_t(7);          // ...its flag outside (past the aim)
+    h.b = (a.address + a.length) & ~std::uint64_t(7);         // ...its flag outside (past the aim)
     td::ByteWriter flag;
     flag.put<std::uint64_t>(0xdeadbeef);
     ch.impl()->lane().send(h.encode(flag.str()), src.data(), 8, nullptr, nullptr);
@@ -180,7 +180,8 @@ TEST(ModifiedPeer, OverTcpReachesOnlyWhatWasExported) {
   {
     auto context = std::make_shared<tw::ucx::Context>(
         std::vector<std::pair<std::string, std::string>>{{"TLS", "tcp"}, {"NET_DEVICES", "lo"}},
-        UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP, "attacker");  // WAKEUP: ucx::Worker asks for the event fd
+        UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP,
+        "attacker");  // WAKEUP: ucx::Worker asks for the event fd
     auto worker = std::make_shared<tw::ucx::Worker>(context);
     const std::string& victim_worker = ch.impl()->peer->hello.workers.at(0);
     ucp_ep_params_t params{};
@@ -264,8 +265,8 @@ TEST(ModifiedPeer, OverTcpLyingFramesLandNothing) {
   h.a = pub.descriptor().address;
   const std::string header = h.encode();
   const auto before = victim.impl()->message_refusals();
-  ASSERT_TRUE(send_all(lane, tw::net::encode_prefix(header.size(), tw::net::kMaxPayload) + header +
-                                 std::string(65536, '\xee')));
+  ASSERT_TRUE(send_all(
+      lane, tw::net::encode_prefix(header.size(), tw::net::kMaxPayload) + header + std::string(65536, '\xee')));
   await_refusals(victim, before, 1);
   EXPECT_EQ(victim.impl()->message_refusals(), before + 1);
   EXPECT_TRUE(secret.intact());

@@ -33,19 +33,19 @@
 
 #include "core/device_impl.h"  // the message form's internals: a forged region bypasses the initiator's checks
 #include "protocol/dynamic_record.h"
-#include "tensorwire/slot.h"
 #include "tensorwire/channel.h"
 #include "tensorwire/device.h"
 #include "tensorwire/error.h"
 #include "tensorwire/memory.h"
 #include "tensorwire/region.h"
+#include "tensorwire/slot.h"
 #include "tensorwire/wait.h"
 
 namespace tw = tensorwire;
 
 namespace {
 
-constexpr double kWait = 10.0;                       // every wait is bounded
+constexpr double kWait = 10.0;                         // every wait is bounded
 constexpr std::size_t kRegion = std::size_t(2) << 20;  // 2 MiB target/source blocks
 
 // Environment for every device of this binary, set before the first one is
@@ -164,7 +164,10 @@ class Loopback : public ::testing::TestWithParam<Param> {
     }
     start(workers);
     for (const auto& [name, was] : saved) {
-      if (was) setenv(name.c_str(), was->c_str(), 1); else unsetenv(name.c_str());
+      if (was)
+        setenv(name.c_str(), was->c_str(), 1);
+      else
+        unsetenv(name.c_str());
     }
   }
 
@@ -454,8 +457,8 @@ TEST_P(Loopback, MessageFormRefusesLyingRecords) {
     r.rkey = "key";
     lies.push_back({"names memory", r, 64, td::RecordForm::kRemoteData, tw::ErrorKind::kInvalidArgument});
   }
-  lies.push_back({"payload shorter than nbytes", good(8), 56, td::RecordForm::kInlineData,
-                  tw::ErrorKind::kInvalidArgument});
+  lies.push_back(
+      {"payload shorter than nbytes", good(8), 56, td::RecordForm::kInlineData, tw::ErrorKind::kInvalidArgument});
   {
     auto r = good(8);
     r.nbytes = 4096;  // not the shape's
@@ -469,8 +472,8 @@ TEST_P(Loopback, MessageFormRefusesLyingRecords) {
     lies.push_back({"unknown dtype", r, 64, td::RecordForm::kInlineData, tw::ErrorKind::kInvalidArgument});
   }
   // Placed, but this slot offered no block (none for a tensor of 64 bytes).
-  lies.push_back({"placed without an offer", good(8), 0, td::RecordForm::kInlineData,
-                  tw::ErrorKind::kInvalidArgument, true});
+  lies.push_back(
+      {"placed without an offer", good(8), 0, td::RecordForm::kInlineData, tw::ErrorKind::kInvalidArgument, true});
   ASSERT_GE(source.size(), std::size_t(2) << 20);
   const std::size_t in_use_before = server->pool().stats().bytes_in_use;
   for (const Lie& lie : lies) {
@@ -538,18 +541,18 @@ TEST_P(Loopback, OutOfRangeIsRejected) {
     std::size_t local_off, remote_off, len;
   };
   const Case cases[] = {
-      {L - 10, 0, 11},          // local range past the end
-      {L, 0, 1},                // local offset at the end
-      {kMax, 0, 2},             // local offset + length wraps
-      {0, R - 10, 11},          // remote range past the end
-      {0, R + 1, 0},            // remote offset past the end, empty
-      {0, kMax - 1, 4},         // remote offset + length wraps
-      {0, 0, L + 1},            // longer than both
-      {0, 0, kMax},             // absurd length
+      {L - 10, 0, 11},   // local range past the end
+      {L, 0, 1},         // local offset at the end
+      {kMax, 0, 2},      // local offset + length wraps
+      {0, R - 10, 11},   // remote range past the end
+      {0, R + 1, 0},     // remote offset past the end, empty
+      {0, kMax - 1, 4},  // remote offset + length wraps
+      {0, 0, L + 1},     // longer than both
+      {0, 0, kMax},      // absurd length
   };
   for (const auto& c : cases) {
-    SCOPED_TRACE("local_off " + std::to_string(c.local_off) + " remote_off " + std::to_string(c.remote_off) +
-                 " len " + std::to_string(c.len));
+    SCOPED_TRACE("local_off " + std::to_string(c.local_off) + " remote_off " + std::to_string(c.remote_off) + " len " +
+                 std::to_string(c.len));
     EXPECT_THROW(ch.write(source.region(), c.local_off, remote, c.remote_off, c.len), tw::InvalidArgument);
     EXPECT_THROW(ch.read(source.region(), c.local_off, remote, c.remote_off, c.len), tw::InvalidArgument);
   }
@@ -605,8 +608,7 @@ TEST_P(Loopback, ManyRequestsInFlight) {
   }
   for (auto it = reqs.rbegin(); it != reqs.rend(); ++it) it->wait(kWait);
   for (std::size_t i = 0; i < kN; ++i) {
-    ASSERT_EQ(first_diff(bytes(source) + i * kSize, bytes(target) + (kN - 1 - i) * kSize, kSize), -1)
-        << "chunk " << i;
+    ASSERT_EQ(first_diff(bytes(source) + i * kSize, bytes(target) + (kN - 1 - i) * kSize, kSize), -1) << "chunk " << i;
   }
 }
 
@@ -854,7 +856,10 @@ TEST_P(Loopback, WritesAndWaitsFromManyThreads) {
         for (std::size_t piece = 64; off < kShare; piece *= 4) {
           const std::size_t n = std::min(piece, kShare - off);
           tw::Request r = ch.write(source.region(), base + off, remote, base + off, n);
-          if ((off / 64) % 2 == 0) r.wait(kWait); else pending.push_back(std::move(r));
+          if ((off / 64) % 2 == 0)
+            r.wait(kWait);
+          else
+            pending.push_back(std::move(r));
           off += n;
         }
         for (auto& r : pending) r.wait(kWait);
@@ -974,8 +979,8 @@ TEST_P(Loopback, WaitAnySaysWhichSlotIsReady) {
 TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   namespace td = tw::detail;
   start_with(1, {{"TENSORWIRE_LANE_FORM", "messages"}, {"TENSORWIRE_PLACE", "0-8192"}});
-  const tw::TensorSpec spec{{1024}, tw::DType{2, 32}};        // 4 KiB: inside the window
-  const tw::TensorSpec large{{4096}, tw::DType{2, 32}};       // 16 KiB: outside
+  const tw::TensorSpec spec{{1024}, tw::DType{2, 32}};   // 4 KiB: inside the window
+  const tw::TensorSpec large{{4096}, tw::DType{2, 32}};  // 16 KiB: outside
   const std::size_t nbytes = spec.nbytes();
   tw::StaticSlot slot(*server, "placed", spec, 2);
   tw::StaticSlot outside(*server, "outside", large, 2);
@@ -995,7 +1000,7 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
     std::memcpy(&help_at, reply.data() + reply.size() - 8, 8);
     const std::size_t n = (name == "placed" ? spec : large).nbytes();
     EXPECT_EQ(help_at, 2 * ((n + 63) / 64 * 64 + 64)) << name;  // after its two buffers
-    EXPECT_EQ(window[0], 0u) << name;  // TENSORWIRE_PLACE, as the server read it
+    EXPECT_EQ(window[0], 0u) << name;                           // TENSORWIRE_PLACE, as the server read it
     EXPECT_EQ(window[1], 8192u) << name;
     return sink;
   };
@@ -1010,8 +1015,8 @@ TEST_P(Loopback, PlacedStaticSendsAndTheirRules) {
   };
   const auto refused_before = server->impl()->message_refusals();
   const tw::LocalRegion src = source.region();
-  ch.impl()->send_message(header(td::kPlacedSend), {}, &src, 0, nbytes).wait(kWait);  // placed, yet a payload
-  ch.impl()->send_message(header(0), {}, nullptr, 0, 0).wait(kWait);                  // in-message, no payload
+  ch.impl()->send_message(header(td::kPlacedSend), {}, &src, 0, nbytes).wait(kWait);    // placed, yet a payload
+  ch.impl()->send_message(header(0), {}, nullptr, 0, 0).wait(kWait);                    // in-message, no payload
   ch.impl()->send_message(header(td::kPlacedSend + 1), {}, nullptr, 0, 0).wait(kWait);  // an unknown form
   ch.impl()->send_message(header(td::kPlacedSend, outside_sink), {}, nullptr, 0, 0).wait(kWait);  // not asked for
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -1066,7 +1071,7 @@ TEST_P(Loopback, GrantsEndWhenTheirMemoryReturns) {
   fill_pattern(source.data(), n, 50);
   ch.write(source.region(), 0, remote(d), 0, n).wait(kWait);
   EXPECT_EQ(first_diff(exported.data(), source.data(), n), -1);
-  exported = tw::Block();  // freed: the grant ends
+  exported = tw::Block();                  // freed: the grant ends
   tw::Block reused = server->allocate(n);  // first fit: the same bytes, leased again and not exported
   EXPECT_EQ(reinterpret_cast<std::uint64_t>(reused.data()), d.address);
   std::memset(reused.data(), 0x5a, n);
@@ -1266,7 +1271,7 @@ TEST_P(Loopback, SendersStageOutsideTensors) {
 TEST_P(Loopback, SharedCopyMovesEveryByte) {
   const auto& [transport, mode] = GetParam();
   tw::DeviceConfig cfg = make_config(transport, mode);
-  cfg.spin_us = 5'000'000;  // the receiver polls throughout (bounded by kWait): it sees every offer
+  cfg.spin_us = 5'000'000;      // the receiver polls throughout (bounded by kWait): it sees every offer
   tw::Device rx(cfg), tx(cfg);  // no Pump: each side's waits drive its own worker
   constexpr std::size_t kN = std::size_t(1) << 20;
   // At least kTensors; over the mapped path more until one was shared (a
@@ -1336,8 +1341,7 @@ TEST_P(Loopback, SharedCopyMovesEveryByte) {
 
 INSTANTIATE_TEST_SUITE_P(Transports, Loopback,
                          ::testing::Combine(::testing::Values(std::string("tcp"), std::string("shm")),
-                                            ::testing::Values(tw::ProgressMode::kBlocking,
-                                                              tw::ProgressMode::kPolling,
+                                            ::testing::Values(tw::ProgressMode::kBlocking, tw::ProgressMode::kPolling,
                                                               tw::ProgressMode::kInline)),
                          param_name);
 

@@ -96,8 +96,8 @@ std::vector<std::uint8_t> pattern(std::size_t n, int seed) {
 class Messages : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(Messages, EagerAndPlacedArriveWhole) {
-  for (std::size_t n : {std::size_t(0), std::size_t(8), std::size_t(4096), std::size_t(128) << 10,
-                        (std::size_t(1) << 20) + 3}) {
+  for (std::size_t n :
+       {std::size_t(0), std::size_t(8), std::size_t(4096), std::size_t(128) << 10, (std::size_t(1) << 20) + 3}) {
     run_ranks(2, GetParam(), [&](int r, tw::Messenger& m) {
       if (r == 0) {
         auto v = pattern(n, 3);
@@ -334,7 +334,7 @@ TEST_P(Messages, MessagesOfASenderThatLeftAreReceived) {
 // others' collective messages among themselves go on; a death would fail them.
 TEST_P(Messages, ARankThatLeftIsNoDeath) {
   run_ranks(3, GetParam(), [&](int r, tw::Messenger& m) {
-    if (r == 2) return;  // closes at once, having sent nothing
+    if (r == 2) return;                                           // closes at once, having sent nothing
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its going is seen by now
     auto v = pattern(1000, r);
     std::vector<std::uint8_t> got(1000);
@@ -502,15 +502,17 @@ TEST_P(CollectivesOnTheEngine, ARankThatDiesFailsTheCallNamingIt) {
 
 // Not a test: all_reduce (float32 sum) per call, recursive doubling against
 // the ring at each size, for choosing the threshold (docs/collectives.md).
-// TENSORWIRE_COLL_TEST_RANKS=3 ./tw_loopback_tests --gtest_also_run_disabled_tests --gtest_filter='*AllreduceAlgorithmTimes*'
+// TENSORWIRE_COLL_TEST_RANKS=3 ./tw_loopback_tests --gtest_also_run_disabled_tests
+// --gtest_filter='*AllreduceAlgorithmTimes*'
 TEST_P(CollectivesOnTheEngine, DISABLED_AllreduceAlgorithmTimes) {
-  const int ranks = std::getenv("TENSORWIRE_COLL_TEST_RANKS") ? std::atoi(std::getenv("TENSORWIRE_COLL_TEST_RANKS")) : 2;
+  const int ranks =
+      std::getenv("TENSORWIRE_COLL_TEST_RANKS") ? std::atoi(std::getenv("TENSORWIRE_COLL_TEST_RANKS")) : 2;
   std::printf("# %s, %d ranks (threads of one process, a Device each), float32 sum, median of 30 calls (rank 0)\n",
               GetParam().c_str(), ranks);
   std::printf("%10s %12s %12s\n", "bytes", "doubling_us", "ring_us");
-  for (std::size_t bytes : {std::size_t(1) << 10, std::size_t(16) << 10, std::size_t(64) << 10,
-                            std::size_t(128) << 10, std::size_t(256) << 10, std::size_t(512) << 10,
-                            std::size_t(1) << 20, std::size_t(4) << 20}) {
+  for (std::size_t bytes :
+       {std::size_t(1) << 10, std::size_t(16) << 10, std::size_t(64) << 10, std::size_t(128) << 10,
+        std::size_t(256) << 10, std::size_t(512) << 10, std::size_t(1) << 20, std::size_t(4) << 20}) {
     double us[2] = {0, 0};
     for (int alg = 0; alg < 2; ++alg) {
       // The threshold is read when a Collectives is made: all of doubling or all of the ring.

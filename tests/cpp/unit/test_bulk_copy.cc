@@ -25,8 +25,8 @@ void check_copy(std::size_t dst_off, std::size_t src_off, std::size_t n,
   copy(dst.data() + pad + dst_off, src.data() + src_off, n);
   for (std::size_t i = 0; i < pad + dst_off; ++i) ASSERT_EQ(dst[i], 0xEE) << "wrote before the range, byte " << i;
   for (std::size_t i = 0; i < n; ++i) {
-    ASSERT_EQ(dst[pad + dst_off + i], src[src_off + i]) << "byte " << i << " of " << n << ", dst_off " << dst_off
-                                                        << ", src_off " << src_off;
+    ASSERT_EQ(dst[pad + dst_off + i], src[src_off + i])
+        << "byte " << i << " of " << n << ", dst_off " << dst_off << ", src_off " << src_off;
   }
   for (std::size_t i = pad + dst_off + n; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xEE) << "wrote past the range";
 }
@@ -77,8 +77,7 @@ void expect_size_from_env(const char* name, std::size_t (*read)(), std::size_t f
 }
 
 TEST(BulkCopy, RepMovsbSizeComesFromTheEnvironment) {
-  expect_size_from_env("TENSORWIRE_REP_MOVSB_MIN", tensorwire::detail::rep_movsb_min_from_env,
-                       std::size_t(64) << 10);
+  expect_size_from_env("TENSORWIRE_REP_MOVSB_MIN", tensorwire::detail::rep_movsb_min_from_env, std::size_t(64) << 10);
 }
 
 TEST(BulkCopy, SharedCopySizeComesFromTheEnvironment) {

@@ -450,7 +450,9 @@ std::complex<double> reference(DType d, ReduceOp op, int p, std::size_t i, unsig
       parity ^= v;
     }
     switch (op) {
-      case ReduceOp::kSum: case ReduceOp::kMax: case ReduceOp::kBor: return any ? 1.0 : 0.0;
+      case ReduceOp::kSum:
+      case ReduceOp::kMax:
+      case ReduceOp::kBor: return any ? 1.0 : 0.0;
       case ReduceOp::kBxor: return parity ? 1.0 : 0.0;
       default: return all ? 1.0 : 0.0;
     }
@@ -500,8 +502,8 @@ std::string check(DType d, ReduceOp op, int size, unsigned seed, const void* p, 
     const double err = std::abs(got - want);
     if (!(err <= tol * std::max(1.0, std::abs(want)))) {
       return d.name() + " " + tw::reduce_op_name(op) + " element " + std::to_string(first + i) + ": got (" +
-             std::to_string(got.real()) + ", " + std::to_string(got.imag()) + ") want (" +
-             std::to_string(want.real()) + ", " + std::to_string(want.imag()) + ")";
+             std::to_string(got.real()) + ", " + std::to_string(got.imag()) + ") want (" + std::to_string(want.real()) +
+             ", " + std::to_string(want.imag()) + ")";
     }
   }
   return {};
@@ -523,15 +525,15 @@ TEST(ReduceInto, Float16RoundsToNearestEven) {
     tw::reduce_into(&a, &b, 1, DType{2, 16}, ReduceOp::kProduct);
     return a;
   };
-  EXPECT_EQ(sum(0x3c00, 0x1000), 0x3c00);  // 1 + 2^-11: a tie, to even (1)
-  EXPECT_EQ(sum(0x3c01, 0x1000), 0x3c02);  // (1 + 2^-10) + 2^-11: a tie, to even
-  EXPECT_EQ(sum(0x3c00, 0x1001), 0x3c01);  // just past the tie: up
-  EXPECT_EQ(sum(0x7bff, 0x4c00), 0x7c00);  // 65504 + 16 = 65520: the tie with 65536, to infinity
-  EXPECT_EQ(sum(0x7bff, 0x4800), 0x7bff);  // 65504 + 8: back to 65504
-  EXPECT_EQ(sum(0x0001, 0x0001), 0x0002);  // subnormals add exactly
-  EXPECT_EQ(mul(0x0001, 0x3800), 0x0000);  // 2^-24 * 0.5: a tie, to even (0)
-  EXPECT_EQ(mul(0x0003, 0x3800), 0x0002);  // 1.5 * 2^-24: a tie, to even (2)
-  EXPECT_EQ(sum(0x03ff, 0x0001), 0x0400);  // the largest subnormal + 1 ulp: the smallest normal
+  EXPECT_EQ(sum(0x3c00, 0x1000), 0x3c00);           // 1 + 2^-11: a tie, to even (1)
+  EXPECT_EQ(sum(0x3c01, 0x1000), 0x3c02);           // (1 + 2^-10) + 2^-11: a tie, to even
+  EXPECT_EQ(sum(0x3c00, 0x1001), 0x3c01);           // just past the tie: up
+  EXPECT_EQ(sum(0x7bff, 0x4c00), 0x7c00);           // 65504 + 16 = 65520: the tie with 65536, to infinity
+  EXPECT_EQ(sum(0x7bff, 0x4800), 0x7bff);           // 65504 + 8: back to 65504
+  EXPECT_EQ(sum(0x0001, 0x0001), 0x0002);           // subnormals add exactly
+  EXPECT_EQ(mul(0x0001, 0x3800), 0x0000);           // 2^-24 * 0.5: a tie, to even (0)
+  EXPECT_EQ(mul(0x0003, 0x3800), 0x0002);           // 1.5 * 2^-24: a tie, to even (2)
+  EXPECT_EQ(sum(0x03ff, 0x0001), 0x0400);           // the largest subnormal + 1 ulp: the smallest normal
   EXPECT_EQ(sum(0x7c00, 0xfc00) & 0x7c00, 0x7c00);  // inf + -inf: NaN
   EXPECT_NE(sum(0x7c00, 0xfc00) & 0x03ff, 0);
   EXPECT_NE(sum(0x7e00, 0x3c00) & 0x03ff, 0);  // NaN stays NaN
@@ -606,10 +608,10 @@ TEST(ReduceInto, Bfloat16RoundsToNearestEven) {
     tw::reduce_into(&a, &b, 1, DType{4, 16}, ReduceOp::kSum);
     return a;
   };
-  EXPECT_EQ(sum(0x3f80, 0x3b80), 0x3f80);  // 1 + 2^-8: a tie, to even
-  EXPECT_EQ(sum(0x3f81, 0x3b80), 0x3f82);  // (1 + 2^-7) + 2^-8: a tie, to even
-  EXPECT_EQ(sum(0x3f80, 0x3b81), 0x3f81);  // past the tie: up
-  EXPECT_EQ(sum(0x7f7f, 0x7f7f), 0x7f80);  // overflow: infinity
+  EXPECT_EQ(sum(0x3f80, 0x3b80), 0x3f80);      // 1 + 2^-8: a tie, to even
+  EXPECT_EQ(sum(0x3f81, 0x3b80), 0x3f82);      // (1 + 2^-7) + 2^-8: a tie, to even
+  EXPECT_EQ(sum(0x3f80, 0x3b81), 0x3f81);      // past the tie: up
+  EXPECT_EQ(sum(0x7f7f, 0x7f7f), 0x7f80);      // overflow: infinity
   EXPECT_NE(sum(0x7fc0, 0x3f80) & 0x007f, 0);  // NaN stays NaN
   for (std::uint32_t b = 0; b < 0x10000; ++b) {
     const float f = tw::detail::bfloat16_to_float(static_cast<std::uint16_t>(b));
@@ -676,9 +678,13 @@ TEST(ReduceInto, RefusesUnsupportedCombinationsNamingThem) {
     for (ReduceOp op : kAllOps) {
       bool want;
       switch (op) {
-        case ReduceOp::kSum: case ReduceOp::kProduct: want = true; break;
-        case ReduceOp::kMin: case ReduceOp::kMax: want = !is_complex(d); break;
-        case ReduceOp::kBand: case ReduceOp::kBor: case ReduceOp::kBxor: want = !is_float(d) && !is_complex(d); break;
+        case ReduceOp::kSum:
+        case ReduceOp::kProduct: want = true; break;
+        case ReduceOp::kMin:
+        case ReduceOp::kMax: want = !is_complex(d); break;
+        case ReduceOp::kBand:
+        case ReduceOp::kBor:
+        case ReduceOp::kBxor: want = !is_float(d) && !is_complex(d); break;
         default: want = is_float(d) || is_complex(d); break;
       }
       EXPECT_EQ(supported(d, op), want) << d.name() << " " << tw::reduce_op_name(op);
@@ -697,11 +703,16 @@ TEST(ReduceInto, DISABLED_Throughput) {
   }
   const std::vector<std::uint16_t> a0 = a;
   const std::pair<const char*, std::pair<DType, ReduceOp>> cases[] = {
-      {"float32 sum", {DType{2, 32}, ReduceOp::kSum}},     {"float32 max", {DType{2, 32}, ReduceOp::kMax}},
-      {"float64 sum", {DType{2, 64}, ReduceOp::kSum}},     {"float16 sum", {DType{2, 16}, ReduceOp::kSum}},
-      {"bfloat16 sum", {DType{4, 16}, ReduceOp::kSum}},    {"int32 sum", {DType{0, 32}, ReduceOp::kSum}},
-      {"int64 sum", {DType{0, 64}, ReduceOp::kSum}},       {"int8 min", {DType{0, 8}, ReduceOp::kMin}},
-      {"bool max", {DType{6, 8}, ReduceOp::kMax}},         {"complex64 sum", {DType{5, 64}, ReduceOp::kSum}},
+      {"float32 sum", {DType{2, 32}, ReduceOp::kSum}},
+      {"float32 max", {DType{2, 32}, ReduceOp::kMax}},
+      {"float64 sum", {DType{2, 64}, ReduceOp::kSum}},
+      {"float16 sum", {DType{2, 16}, ReduceOp::kSum}},
+      {"bfloat16 sum", {DType{4, 16}, ReduceOp::kSum}},
+      {"int32 sum", {DType{0, 32}, ReduceOp::kSum}},
+      {"int64 sum", {DType{0, 64}, ReduceOp::kSum}},
+      {"int8 min", {DType{0, 8}, ReduceOp::kMin}},
+      {"bool max", {DType{6, 8}, ReduceOp::kMax}},
+      {"complex64 sum", {DType{5, 64}, ReduceOp::kSum}},
       {"complex64 product", {DType{5, 64}, ReduceOp::kProduct}}};
   for (const auto& [name, c] : cases) {
     double best = 1e9;
@@ -803,12 +814,12 @@ TEST(Collectives, AllreduceTakesTheAlgorithmAskedFor) {
   // forced either way at sizes where auto takes the other, the sum is the same.
   const int p = 4;
   const DType i32{0, 32};
-  for (auto [count, algorithm, sends] : {std::tuple<std::size_t, tw::AllreduceAlgorithm, std::size_t>{
-                                             40000, tw::AllreduceAlgorithm::kDoubling, 2 * p},
-                                         {40000, tw::AllreduceAlgorithm::kAuto, 6 * p},
-                                         {7, tw::AllreduceAlgorithm::kRing, 6 * p},
-                                         {2, tw::AllreduceAlgorithm::kRing, 3 * p + 6},  // all-gather skips the 2 empty blocks
-                                         {7, tw::AllreduceAlgorithm::kAuto, 2 * p}}) {
+  for (auto [count, algorithm, sends] :
+       {std::tuple<std::size_t, tw::AllreduceAlgorithm, std::size_t>{40000, tw::AllreduceAlgorithm::kDoubling, 2 * p},
+        {40000, tw::AllreduceAlgorithm::kAuto, 6 * p},
+        {7, tw::AllreduceAlgorithm::kRing, 6 * p},
+        {2, tw::AllreduceAlgorithm::kRing, 3 * p + 6},  // all-gather skips the 2 empty blocks
+        {7, tw::AllreduceAlgorithm::kAuto, 2 * p}}) {
     Fabric fabric(p);
     auto errors = run_group(fabric, [&](tw::Collectives& c, int r) {
       EXPECT_EQ(c.allreduce_algorithm(7, i32), tw::AllreduceAlgorithm::kDoubling);
@@ -1046,11 +1057,31 @@ TEST(CollectivesFailure, APeerFailureFailsEveryRankNamingIt) {
   // rank 2): every op on every other rank raises it at once, whatever it
   // was waiting for; small and large (ring) all_reduce, and the others.
   const std::vector<std::pair<const char*, std::function<void(tw::Collectives&, int)>>> ops = {
-      {"allreduce small", [](tw::Collectives& c, int) { Mem m(64); c.allreduce(m.buffer(), 16, DType{2, 32}, ReduceOp::kSum, 1, 30); }},
-      {"allreduce ring", [](tw::Collectives& c, int) { Mem m(1 << 20); c.allreduce(m.buffer(), 1 << 18, DType{2, 32}, ReduceOp::kSum, 1, 30); }},
-      {"reduce", [](tw::Collectives& c, int) { Mem m(4096); c.reduce(m.buffer(), 1024, DType{2, 32}, ReduceOp::kMax, 0, 1, 30); }},
-      {"broadcast", [](tw::Collectives& c, int) { Mem m(1 << 20); c.broadcast(m.buffer(), 0, 30); }},
-      {"allgather", [](tw::Collectives& c, int) { Mem in(4096), out(4 * 4096); c.allgather(in.buffer(), out.buffer(), 30); }},
+      {"allreduce small",
+       [](tw::Collectives& c, int) {
+         Mem m(64);
+         c.allreduce(m.buffer(), 16, DType{2, 32}, ReduceOp::kSum, 1, 30);
+       }},
+      {"allreduce ring",
+       [](tw::Collectives& c, int) {
+         Mem m(1 << 20);
+         c.allreduce(m.buffer(), 1 << 18, DType{2, 32}, ReduceOp::kSum, 1, 30);
+       }},
+      {"reduce",
+       [](tw::Collectives& c, int) {
+         Mem m(4096);
+         c.reduce(m.buffer(), 1024, DType{2, 32}, ReduceOp::kMax, 0, 1, 30);
+       }},
+      {"broadcast",
+       [](tw::Collectives& c, int) {
+         Mem m(1 << 20);
+         c.broadcast(m.buffer(), 0, 30);
+       }},
+      {"allgather",
+       [](tw::Collectives& c, int) {
+         Mem in(4096), out(4 * 4096);
+         c.allgather(in.buffer(), out.buffer(), 30);
+       }},
       {"barrier", [](tw::Collectives& c, int) { c.barrier(30); }},
   };
   for (const auto& [name, op] : ops) {

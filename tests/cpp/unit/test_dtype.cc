@@ -31,7 +31,8 @@ TEST(DType, TableRoundTrips) {
 }
 
 TEST(DType, RefusesWhatIsNotInTheTable) {
-  for (tw::DType d : {tw::DType{2, 8}, tw::DType{4, 32}, tw::DType{6, 16}, tw::DType{3, 64}, tw::DType{0, 128}, tw::DType{5, 32}}) {
+  for (tw::DType d :
+       {tw::DType{2, 8}, tw::DType{4, 32}, tw::DType{6, 16}, tw::DType{3, 64}, tw::DType{0, 128}, tw::DType{5, 32}}) {
     EXPECT_FALSE(d.valid()) << d.name();
     EXPECT_STREQ(d.format(), "");
     EXPECT_EQ(d.name().rfind("dtype(", 0), 0u);

@@ -46,7 +46,7 @@ struct Slot {
   int max_ndim;
   std::vector<char> mem;
   explicit Slot(int n) : max_ndim(n), mem(td::record_size_for(n), '\x5a') {}  // junk where nothing is written
-  std::size_t size() const { return mem.size() - 64; }  // the sequence line is not part of it
+  std::size_t size() const { return mem.size() - 64; }                        // the sequence line is not part of it
   void put(const td::DynamicRecord& r) { td::encode_record(r, max_ndim, mem.data()); }
   td::RecordStatus decode(td::DynamicRecord* out, std::size_t max_nbytes = kNoLimit) const {
     return td::decode_record(mem.data(), size(), max_ndim, max_nbytes, out);

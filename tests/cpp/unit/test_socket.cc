@@ -13,10 +13,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
-#include <mutex>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -57,8 +57,9 @@ struct Pair {
     net::tune(rx_fd, 0);
     tx = std::make_shared<net::Conn>(tx_fd, "tx");
     rx = std::make_shared<net::Conn>(rx_fd, "rx");
-    tx_poller.add(tx, [](const std::shared_ptr<net::Conn>&, const char*, std::size_t, net::Payload&) {},
-                  [](const std::shared_ptr<net::Conn>&, const std::string&) {});
+    tx_poller.add(
+        tx, [](const std::shared_ptr<net::Conn>&, const char*, std::size_t, net::Payload&) {},
+        [](const std::shared_ptr<net::Conn>&, const std::string&) {});
     poller.add(
         rx,
         [this](const std::shared_ptr<net::Conn>&, const char* header, std::size_t length, net::Payload& payload) {
@@ -108,9 +109,8 @@ TEST(Socket, FramesAroundTheFirstWriteArriveWhole) {
   struct Shape {
     std::size_t header, payload;
   };
-  const Shape shapes[] = {{40, 100},           {40, 128 << 10},      {40, (128 << 10) + 1},
-                          {40, 1 << 20},       {40, 3 << 20},        {100 << 10, 200 << 10},
-                          {(64 << 10) - 16, 1 << 20}, {70 << 10, 0}};
+  const Shape shapes[] = {{40, 100},     {40, 128 << 10},        {40, (128 << 10) + 1},      {40, 1 << 20},
+                          {40, 3 << 20}, {100 << 10, 200 << 10}, {(64 << 10) - 16, 1 << 20}, {70 << 10, 0}};
   unsigned seed = 1;
   for (const Shape& s : shapes) {
     const std::vector<char> h = pattern(s.header, seed);
@@ -248,8 +248,9 @@ TEST(Socket, OwnPayloadsCopiesWhatIsQueued) {
   auto tx = std::make_shared<net::Conn>(fds[0], "tx");
   auto rx = std::make_shared<net::Conn>(fds[1], "rx");
   net::Poller tx_poller, rx_poller;
-  tx_poller.add(tx, [](const std::shared_ptr<net::Conn>&, const char*, std::size_t, net::Payload&) {},
-                [](const std::shared_ptr<net::Conn>&, const std::string&) {});
+  tx_poller.add(
+      tx, [](const std::shared_ptr<net::Conn>&, const char*, std::size_t, net::Payload&) {},
+      [](const std::shared_ptr<net::Conn>&, const std::string&) {});
   constexpr std::size_t kN = std::size_t(4) << 20;  // more than the socket takes at once
   std::vector<char> memory(kN, 'o');
   std::vector<char> got(kN, 0);

@@ -11,9 +11,9 @@
 
 #include "common/bytes.h"
 #include "core/control_wire.h"
-#include "ucx/ucx.h"
 #include "tensorwire/error.h"
 #include "tensorwire/region.h"
+#include "ucx/ucx.h"
 
 namespace tw = tensorwire;
 namespace ctl = tensorwire::control;
@@ -423,7 +423,8 @@ TEST(ByteWriter, RejectsOversizedField) {
 namespace {
 std::string from_hex(const std::string& hex) {
   std::string out;
-  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
   return out;
 }
 const char* const kHostKey = "0500000000000000000c0c00000000d07fce057f000000ff";

@@ -32,8 +32,14 @@ def parse_descriptor(raw: bytes) -> dict:
     """The fields of a descriptor, rkey bytes included (tw.parse_descriptor leaves them out)."""
     magic, version, mem, _, dev, addr, length, rkey_len = _DESC_HEAD.unpack_from(raw)
     assert magic == DESCRIPTOR_MAGIC and len(raw) == _DESC_HEAD.size + rkey_len, raw
-    return {"device_id": dev, "address": addr, "nbytes": length, "rkey": bytes(raw[36:36 + rkey_len]),
-            "version": version, "memory_type": mem}
+    return {
+        "device_id": dev,
+        "address": addr,
+        "nbytes": length,
+        "rkey": bytes(raw[36 : 36 + rkey_len]),
+        "version": version,
+        "memory_type": mem,
+    }
 
 
 def make_descriptor(device_id: int, address: int, nbytes: int, rkey: bytes) -> bytes:
@@ -47,12 +53,14 @@ def forge(raw: bytes, **fields) -> bytes:
     return make_descriptor(d["device_id"], d["address"], d["nbytes"], d["rkey"])
 
 
-def record_body(max_ndim: int, shape, code: int, bits: int, nbytes: int, address: int, device_id: int,
-                rkey: bytes) -> bytes:
+def record_body(
+    max_ndim: int, shape, code: int, bits: int, nbytes: int, address: int, device_id: int, rkey: bytes
+) -> bytes:
     """The bytes of a dynamic-slot record up to its rkey (what the sender writes before the sequence word)."""
     body = bytearray(40 + 8 * max_ndim)
-    struct.pack_into("<IHBBIIQQQ", body, 0, RECORD_MAGIC, 1, code, bits, len(shape), len(rkey), nbytes, address,
-                     device_id)
+    struct.pack_into(
+        "<IHBBIIQQQ", body, 0, RECORD_MAGIC, 1, code, bits, len(shape), len(rkey), nbytes, address, device_id
+    )
     for i, d in enumerate(shape):
         struct.pack_into("<q", body, 40 + 8 * i, int(d))
     return bytes(body) + bytes(rkey)

@@ -40,19 +40,22 @@ def dev():
 # ---------------------------------------------------------------- shapes and sizes
 
 
-@pytest.mark.parametrize("shape, dtype, match", [
-    ((1 << 62,), "float32", "too large"),          # 2**64 bytes: wrapped to 0 before
-    ((1 << 61,), "float64", "too large"),
-    ((1 << 31, 1 << 31, 1 << 31), "int8", "too large"),
-    ((1 << 32, 1 << 32), "int8", "too large"),      # 2**64 bytes exactly
-    ((3, 1 << 62), "uint8", "too large"),
-    ((1 << 63,), "int8", r"shape\[0\].*too large"),  # not an int64
-    ((1 << 64,), "int8", r"shape\[0\].*64 bits"),
-    ((1 << 100,), "float32", r"shape\[0\].*64 bits"),
-    ((2, -1), "float32", r"shape\[1\].*>= 0"),
-    ((2.5,), "float32", r"shape\[0\].*integer"),
-    (1 << 64, "float32", r"shape.*64 bits"),
-])
+@pytest.mark.parametrize(
+    "shape, dtype, match",
+    [
+        ((1 << 62,), "float32", "too large"),  # 2**64 bytes: wrapped to 0 before
+        ((1 << 61,), "float64", "too large"),
+        ((1 << 31, 1 << 31, 1 << 31), "int8", "too large"),
+        ((1 << 32, 1 << 32), "int8", "too large"),  # 2**64 bytes exactly
+        ((3, 1 << 62), "uint8", "too large"),
+        ((1 << 63,), "int8", r"shape\[0\].*too large"),  # not an int64
+        ((1 << 64,), "int8", r"shape\[0\].*64 bits"),
+        ((1 << 100,), "float32", r"shape\[0\].*64 bits"),
+        ((2, -1), "float32", r"shape\[1\].*>= 0"),
+        ((2.5,), "float32", r"shape\[0\].*integer"),
+        (1 << 64, "float32", r"shape.*64 bits"),
+    ],
+)
 def test_empty_overflowing_shapes_raise_and_allocate_nothing(dev, shape, dtype, match):
     before = pool(dev)
     with pytest.raises(tw.InvalidArgument, match=match):
@@ -70,9 +73,16 @@ def test_largest_size_is_refused_by_the_pool_not_wrapped(dev):
     assert pool(dev) == before
 
 
-@pytest.mark.parametrize("nbytes, match", [
-    (0, "> 0"), (-1, "> 0"), ((1 << 62) + 1, "too large"), (1 << 64, "too large"), (2.0, "integer"),
-])
+@pytest.mark.parametrize(
+    "nbytes, match",
+    [
+        (0, "> 0"),
+        (-1, "> 0"),
+        ((1 << 62) + 1, "too large"),
+        (1 << 64, "too large"),
+        (2.0, "integer"),
+    ],
+)
 def test_alloc_bad_nbytes(dev, nbytes, match):
     before = pool(dev)
     with pytest.raises(tw.InvalidArgument, match=match):
@@ -109,14 +119,17 @@ def test_dlpack_of_a_valid_block_after_refusals(dev):
     assert t.shape == (4, 8) and float(t.sum()) == 96.0
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(shape=(1 << 60,), depth=1024), "too large"),  # depth x slot stride wraps 64 bits
-    (dict(shape=(1 << 61,), depth=2), "too large"),
-    (dict(shape=(1 << 64,)), r"shape\[0\]"),
-    (dict(shape=(4,), depth=1 << 64), "depth"),
-    (dict(shape=(4,), depth=0), "depth"),
-    (dict(shape=(4,), first_seq=-1), "first_seq"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(shape=(1 << 60,), depth=1024), "too large"),  # depth x slot stride wraps 64 bits
+        (dict(shape=(1 << 61,), depth=2), "too large"),
+        (dict(shape=(1 << 64,)), r"shape\[0\]"),
+        (dict(shape=(4,), depth=1 << 64), "depth"),
+        (dict(shape=(4,), depth=0), "depth"),
+        (dict(shape=(4,), first_seq=-1), "first_seq"),
+    ],
+)
 def test_static_slot_bad_sizes(dev, kwargs, match):
     before = pool(dev)
     with pytest.raises(tw.InvalidArgument, match=match):
@@ -124,10 +137,15 @@ def test_static_slot_bad_sizes(dev, kwargs, match):
     assert pool(dev) == before
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(max_nbytes=-1), "max_nbytes"), (dict(max_nbytes=1 << 64), "max_nbytes"),
-    (dict(max_ndim=1 << 64), "max_ndim"), (dict(max_ndim=-1), "max_ndim"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(max_nbytes=-1), "max_nbytes"),
+        (dict(max_nbytes=1 << 64), "max_nbytes"),
+        (dict(max_ndim=1 << 64), "max_ndim"),
+        (dict(max_ndim=-1), "max_ndim"),
+    ],
+)
 def test_dynamic_slot_bad_sizes(dev, kwargs, match):
     with pytest.raises(tw.InvalidArgument, match=match):
         dev.dynamic_slot(unique("bad"), **kwargs)
@@ -143,16 +161,19 @@ class _FreshCopies:
         return np.arange(16, dtype=np.int64)
 
 
-@pytest.mark.parametrize("obj, match", [
-    ([1, 2, 3] * 100, "list"),
-    ((1, 2, 3), "tuple"),
-    (b"\x00" * 64, "bytes"),
-    ("text", "str"),
-    (42, "int"),
-    (_FreshCopies(), "fresh numpy copy"),
-    (memoryview(b"\x00" * 64), "read-only"),
-    (np.array([object()] * 4), "dtype=object"),
-])
+@pytest.mark.parametrize(
+    "obj, match",
+    [
+        ([1, 2, 3] * 100, "list"),
+        ((1, 2, 3), "tuple"),
+        (b"\x00" * 64, "bytes"),
+        ("text", "str"),
+        (42, "int"),
+        (_FreshCopies(), "fresh numpy copy"),
+        (memoryview(b"\x00" * 64), "read-only"),
+        (np.array([object()] * 4), "dtype=object"),
+    ],
+)
 def test_register_refuses_memory_it_cannot_keep(dev, obj, match):
     before = pool(dev)
     with pytest.raises(tw.InvalidArgument, match=match) as info:
@@ -223,10 +244,17 @@ def test_register_accepts_arrays_tensors_and_dlpack(dev):
         assert regs[-1].ptr == t.data_ptr() and regs[-1].nbytes == 40
 
 
-@pytest.mark.parametrize("ptr, nbytes, match", [
-    (-1, 8, "ptr"), (1 << 64, 8, "ptr"), (4096, -8, "nbytes"), (4096, 1 << 64, "nbytes"),
-    ((1 << 64) - 4096, 1 << 20, "wraps"), (0, 8, "null"),
-])
+@pytest.mark.parametrize(
+    "ptr, nbytes, match",
+    [
+        (-1, 8, "ptr"),
+        (1 << 64, 8, "ptr"),
+        (4096, -8, "nbytes"),
+        (4096, 1 << 64, "nbytes"),
+        ((1 << 64) - 4096, 1 << 20, "wraps"),
+        (0, 8, "null"),
+    ],
+)
 def test_register_memory_low_level_ranges(dev, ptr, nbytes, match):
     with pytest.raises(tw.InvalidArgument, match=match):
         dev.register_memory(ptr, nbytes)
@@ -236,18 +264,18 @@ def test_register_memory_low_level_ranges(dev, ptr, nbytes, match):
 
 
 BAD_RANGES = [
-    (dict(nbytes=2 ** 63), "nbytes"),
-    (dict(nbytes=2 ** 64), "nbytes"),
-    (dict(nbytes=2 ** 64 - 1), "nbytes"),
+    (dict(nbytes=2**63), "nbytes"),
+    (dict(nbytes=2**64), "nbytes"),
+    (dict(nbytes=2**64 - 1), "nbytes"),
     (dict(nbytes=-1), "nbytes"),
     (dict(nbytes=1.5), "nbytes"),
     (dict(nbytes=65), "nbytes"),
-    (dict(local_offset=2 ** 64 - 1), "local_offset"),
-    (dict(local_offset=2 ** 64), "local_offset"),
+    (dict(local_offset=2**64 - 1), "local_offset"),
+    (dict(local_offset=2**64), "local_offset"),
     (dict(local_offset=-1), "local_offset"),
-    (dict(remote_offset=2 ** 64 - 8, nbytes=16), "remote_offset"),
-    (dict(remote_offset=2 ** 70), "remote_offset"),
-    (dict(local_offset=8, nbytes=2 ** 64 - 8), "nbytes"),  # offset + nbytes wraps to 0
+    (dict(remote_offset=2**64 - 8, nbytes=16), "remote_offset"),
+    (dict(remote_offset=2**70), "remote_offset"),
+    (dict(local_offset=8, nbytes=2**64 - 8), "nbytes"),  # offset + nbytes wraps to 0
     (dict(local_offset=8, nbytes=64), "local region"),
     (dict(remote_offset=32, nbytes=48), "remote region"),
 ]
@@ -290,8 +318,10 @@ def test_a_source_larger_than_its_destination_is_refused_not_cut(device_pair, op
     server.publish(f"small-{op}", small)
     ch = device_pair.channel()
     remote = ch.lookup(f"small-{op}")
-    with pytest.raises(tw.InvalidArgument, match=f"{op.split('_')[0]}: the local region holds 32 bytes .* remote "
-                                                 "one only 16; pass nbytes"):
+    with pytest.raises(
+        tw.InvalidArgument,
+        match=f"{op.split('_')[0]}: the local region holds 32 bytes .* remote one only 16; pass nbytes",
+    ):
         getattr(ch, op)(big, remote)
     ch.flush().wait(10)
     assert (np.asarray(small) == 7).all() and (np.asarray(big) == 1).all()  # nothing moved
@@ -327,13 +357,16 @@ def test_bad_timeouts_are_refused(device_pair):
 
 
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(path="bogus"), "path"),
-    (dict(path=None), "path"),
-    (dict(timeout=-1.0), "timeout"),
-    (dict(timeout=float("nan")), "timeout"),
-    (dict(timeout="10"), "timeout"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(path="bogus"), "path"),
+        (dict(path=None), "path"),
+        (dict(timeout=-1.0), "timeout"),
+        (dict(timeout=float("nan")), "timeout"),
+        (dict(timeout="10"), "timeout"),
+    ],
+)
 def test_bad_sender_arguments_leave_the_slot_attachable(device_pair, kind, kwargs, match):
     server, client = device_pair
     name = unique(kind)

@@ -49,7 +49,9 @@ def test_a_bad_item_refuses_the_whole_batch_before_posting(server):
         items = [(src, remote, 0, i * ITEM) for i in range(10)]
         with pytest.raises(tw.InvalidArgument, match="write_batch item 10: the local region holds 4096 bytes"):
             ch.write_batch(items + [(src, remote, 0, N * ITEM)])  # no room for the whole source
-        with pytest.raises(tw.InvalidArgument, match="write_batch item 10: nbytes 4096 at remote_offset 4095900 exceeds"):
+        with pytest.raises(
+            tw.InvalidArgument, match="write_batch item 10: nbytes 4096 at remote_offset 4095900 exceeds"
+        ):
             ch.write_batch(items + [(src, remote, 0, N * ITEM - 100, ITEM)])
         with pytest.raises(tw.InvalidArgument, match="batch item 0: expected a tuple"):
             ch.write_batch([src])

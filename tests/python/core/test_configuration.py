@@ -38,11 +38,13 @@ def _package_files() -> list[str]:
     return sorted(glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True))
 
 
-def _terminal_run(args: list[str], timeout: float = 120,
-                  stdout_too: bool = False) -> tuple[subprocess.CompletedProcess, str]:
+def _terminal_run(
+    args: list[str], timeout: float = 120, stdout_too: bool = False
+) -> tuple[subprocess.CompletedProcess, str]:
     """`tensorwire ARGS` with stderr (and with stdout_too stdout) on a pseudo-terminal and no
     progress variable inherited: (the process, what reached the terminal)."""
     import pty
+
     leader, follower = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWIRE_PROGRESS")}
     got: list[bytes] = []
@@ -60,9 +62,14 @@ def _terminal_run(args: list[str], timeout: float = 120,
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
-        proc = subprocess.run([sys.executable, "-m", "tensorwire", *args],
-                              stdout=follower if stdout_too else subprocess.PIPE,
-                              stderr=follower, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tensorwire", *args],
+            stdout=follower if stdout_too else subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     finally:
         os.close(follower)
     reader.join(10)
@@ -72,11 +79,14 @@ def _terminal_run(args: list[str], timeout: float = 120,
 
 # -- the table, the document, the code --
 
+
 def test_the_document_mirrors_the_table():
     doc = _read(os.path.join(ROOT, "docs", "configuration.md"))
     for table in config.markdown_tables().strip().split("\n\n"):
-        assert table in doc, "docs/configuration.md differs from tensorwire.config: regenerate its tables " \
-                             "with `python -m tensorwire.config`"
+        assert table in doc, (
+            "docs/configuration.md differs from tensorwire.config: regenerate its tables "
+            "with `python -m tensorwire.config`"
+        )
 
 
 def test_names_are_unique_and_all_tensorwire():
@@ -106,7 +116,7 @@ def test_the_core_reads_what_the_table_says():
     src = "".join(_read(p) for p in glob.glob(os.path.join(ROOT, "cpp", "src", "**", "*.cc"), recursive=True))
     read = set(re.findall(r'getenv\("(TENSORWIRE_\w+)"\)', src))
     core = {v.name for v in config.VARIABLES if v.reader == config.CORE}
-    assert read == core, (read ^ core)
+    assert read == core, read ^ core
 
 
 def test_docs_name_only_variables_of_the_table():
@@ -120,9 +130,14 @@ def test_no_old_tw_names_remain():
     """TW_* environment variables are gone (TW_LOG_*, TW_UCX_SOURCE, TW_UCX_HAS_*, TW_FUZZ_CHECK are
     C++ macros; docs/configuration.md lists the old names in its table of renames)."""
     old = re.compile(r"\bTW_(?!LOG_|UCX_SOURCE\b|UCX_HAS_|FUZZ_CHECK\b)[A-Z][A-Z0-9_]*")
-    paths = [*_package_files(), *glob.glob(os.path.join(ROOT, "tests", "python", "*.py")),
-             os.path.join(ROOT, "README.md"), os.path.join(ROOT, "Makefile"),
-             *glob.glob(os.path.join(ROOT, "docs", "*.md")), *glob.glob(os.path.join(ROOT, "bench", "*.sh"))]
+    paths = [
+        *_package_files(),
+        *glob.glob(os.path.join(ROOT, "tests", "python", "*.py")),
+        os.path.join(ROOT, "README.md"),
+        os.path.join(ROOT, "Makefile"),
+        *glob.glob(os.path.join(ROOT, "docs", "*.md")),
+        *glob.glob(os.path.join(ROOT, "bench", "*.sh")),
+    ]
     skip = {os.path.join(ROOT, "docs", "configuration.md"), os.path.abspath(__file__)}
     found = {os.path.relpath(p, ROOT): old.findall(_read(p)) for p in paths if p not in skip}
     assert not {p: f for p, f in found.items() if f}
@@ -141,8 +156,9 @@ def test_an_old_launcher_name_is_not_read_and_says_so(monkeypatch):
 def test_info_shows_every_variable_with_its_value():
     env = dict(os.environ, TENSORWIRE_LOG="error", TENSORWIRE_NO_SUCH_THING="1")
     env.pop("TENSORWIRE_SPIN_US", None)
-    proc = subprocess.run([sys.executable, "-m", "tensorwire", "info", "--json"], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "info", "--json"], capture_output=True, text=True, timeout=120, env=env
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     shown = {c["name"]: c for c in data["configuration"]}
@@ -155,9 +171,20 @@ def test_info_shows_every_variable_with_its_value():
 
 # -- the progress bar: one switch, one variable, one implementation --
 
-@pytest.mark.parametrize("command", [["bench", "write_bw"], ["bench", "latency"], ["bench", "tensor"],
-                                     ["bench", "fullmesh"], ["bench", "alltoall"], ["bench", "allreduce"],
-                                     ["bench", "terasort"], ["train"]])
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["bench", "write_bw"],
+        ["bench", "latency"],
+        ["bench", "tensor"],
+        ["bench", "fullmesh"],
+        ["bench", "alltoall"],
+        ["bench", "allreduce"],
+        ["bench", "terasort"],
+        ["train"],
+    ],
+)
 def test_every_command_that_draws_a_bar_has_the_switch(command):
     parser = cli.build_parser()
     assert parser.parse_args(command).progress is None  # default: decided by the terminal
@@ -193,7 +220,7 @@ def _screen(text: str) -> list[str]:
     for raw in text.replace("\r\n", "\n").split("\n"):
         line = ""
         for part in raw.split("\r"):
-            line = part + line[len(part):]
+            line = part + line[len(part) :]
         shown.append(line.rstrip())
     return shown
 
@@ -225,8 +252,9 @@ def test_a_row_printed_under_the_bar_is_not_garbled(monkeypatch):
 
 def test_a_sweep_on_a_terminal_prints_clean_rows_and_the_bar():
     """The same through the command line: bench write_lat with stdout and stderr on one terminal."""
-    proc, terminal = _terminal_run(["bench", "write_lat", "--transport", "tcp", "-s", "8,16,32", "-n", "200"],
-                                   stdout_too=True)
+    proc, terminal = _terminal_run(
+        ["bench", "write_lat", "--transport", "tcp", "-s", "8,16,32", "-n", "200"], stdout_too=True
+    )
     assert proc.returncode == 0, terminal
     shown = _screen(terminal)
     rows = [line for line in shown if re.match(r" (8|16|32) +200 ", line)]
@@ -259,7 +287,12 @@ def test_terasort_no_progress_draws_none_on_a_terminal():
 
 def test_terasort_progress_off_a_terminal():
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWIRE_PROGRESS")}
-    proc = subprocess.run([sys.executable, "-m", "tensorwire", *TERASORT, "--progress"], capture_output=True,
-                          text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorwire", *TERASORT, "--progress"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert len(re.findall(r"\[rank 0\] terasort \[[#.]+\] \d/5 ", proc.stderr)) == 5, proc.stderr

@@ -22,9 +22,18 @@ from conftest import HOST, TRANSPORTS, free_port, wait_until
 @pytest.mark.parametrize("transport", ["auto", *TRANSPORTS])
 @pytest.mark.parametrize("progress", ["blocking", "polling", "inline"])
 def test_device_options(transport, progress):
-    with tw.Device(host=HOST, transport=transport, progress=progress, workers=2, spin_us=10,
-                   token="secret", slab_size=1 << 20, pool_limit=8 << 20, connect_timeout=3.0,
-                   keepalive=0.5) as dev:
+    with tw.Device(
+        host=HOST,
+        transport=transport,
+        progress=progress,
+        workers=2,
+        spin_us=10,
+        token="secret",
+        slab_size=1 << 20,
+        pool_limit=8 << 20,
+        connect_timeout=3.0,
+        keepalive=0.5,
+    ) as dev:
         assert dev.workers == 2
         assert not dev.closed
         assert isinstance(dev.id, int) and dev.id != 0
@@ -54,18 +63,21 @@ def test_two_devices_have_distinct_ids_and_ports():
         assert a.address != b.address
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(port=-1), "port"),
-    (dict(port=65536), "port"),
-    (dict(workers=0), "workers"),
-    (dict(workers=-3), "workers"),
-    (dict(workers=257), "workers"),
-    (dict(progress="bogus"), "progress"),
-    (dict(transport="bogus"), "transport"),
-    (dict(slab_size=100), "slab_size"),
-    (dict(connect_timeout=0), "connect_timeout"),
-    (dict(connect_timeout=-1.0), "connect_timeout"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(port=-1), "port"),
+        (dict(port=65536), "port"),
+        (dict(workers=0), "workers"),
+        (dict(workers=-3), "workers"),
+        (dict(workers=257), "workers"),
+        (dict(progress="bogus"), "progress"),
+        (dict(transport="bogus"), "transport"),
+        (dict(slab_size=100), "slab_size"),
+        (dict(connect_timeout=0), "connect_timeout"),
+        (dict(connect_timeout=-1.0), "connect_timeout"),
+    ],
+)
 def test_bad_options_raise_invalid_argument(kwargs, match):
     with pytest.raises(tw.InvalidArgument, match=match) as info:
         tw.Device(**kwargs)
@@ -97,8 +109,9 @@ def test_fixed_port_is_used_and_busy_port_is_refused():
             tw.Device(host=HOST, port=port)
 
 
-@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1", "127.0.0.1:", ":1234", "127.0.0.1:0",
-                                     "127.0.0.1:99999", "127.0.0.1:12ab"])
+@pytest.mark.parametrize(
+    "address", ["nonsense", "127.0.0.1", "127.0.0.1:", ":1234", "127.0.0.1:0", "127.0.0.1:99999", "127.0.0.1:12ab"]
+)
 def test_connect_to_malformed_address(address):
     with tw.Device() as dev:
         with pytest.raises(tw.InvalidArgument):
@@ -119,9 +132,15 @@ def _dlpack_dtype(block) -> tuple[int, int, int, tuple[int, ...], int]:
         _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
 
     class DLTensor(ctypes.Structure):
-        _fields_ = [("data", ctypes.c_void_p), ("device", DLDevice), ("ndim", ctypes.c_int32),
-                    ("dtype", DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                    ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+        _fields_ = [
+            ("data", ctypes.c_void_p),
+            ("device", DLDevice),
+            ("ndim", ctypes.c_int32),
+            ("dtype", DLDataType),
+            ("shape", ctypes.POINTER(ctypes.c_int64)),
+            ("strides", ctypes.POINTER(ctypes.c_int64)),
+            ("byte_offset", ctypes.c_uint64),
+        ]
 
     capsule = block.__dlpack__()
     get = ctypes.pythonapi.PyCapsule_GetPointer
@@ -341,10 +360,10 @@ def test_write_ordered_lands_after_the_earlier_writes(device_pair):
     src = client.alloc(n + 64)
     ch = device_pair.channel()
     remote = ch.lookup("dst")
-    seen = np.asarray(dst)[n:n + 8].view(np.uint64)
+    seen = np.asarray(dst)[n : n + 8].view(np.uint64)
     for rnd in range(1, 6):
         np.asarray(src)[:n] = rnd
-        np.asarray(src)[n:n + 8].view(np.uint64)[0] = rnd
+        np.asarray(src)[n : n + 8].view(np.uint64)[0] = rnd
         data = ch.write(src, remote, nbytes=n)
         flag = ch.write_ordered(src, remote, local_offset=n, remote_offset=n, nbytes=8)
         assert wait_until(lambda: seen[0] == rnd, 10, interval=0.0005)
@@ -414,8 +433,16 @@ def test_register_cache_and_stats():
 def test_stats():
     with tw.Device(slab_size=1 << 20) as dev:
         s = dev.stats()
-        for key in ("bytes_in_use", "bytes_reserved", "slabs", "blocks", "registrations",
-                    "registration_cache_hits", "registration_cache_misses", "refusals"):
+        for key in (
+            "bytes_in_use",
+            "bytes_reserved",
+            "slabs",
+            "blocks",
+            "registrations",
+            "registration_cache_hits",
+            "registration_cache_misses",
+            "refusals",
+        ):
             assert isinstance(s[key], int) and s[key] >= 0, key
         assert s["blocks"] == 0 and s["bytes_in_use"] == 0 and s["refusals"] == 0
 
@@ -482,18 +509,26 @@ def test_block_after_device_closed():
         assert np.asarray(blk)[3] == 42
 
         # channel operations raise (no crash)
-        for op in (lambda: ch.write(src, remote).wait(5),
-                   lambda: ch.read(src, remote).wait(5),
-                   lambda: ch.flush().wait(5),
-                   lambda: ch.fence(),
-                   lambda: ch.lookup("blk", timeout=2),
-                   lambda: ch.call("x", b"", timeout=2)):
+        for op in (
+            lambda: ch.write(src, remote).wait(5),
+            lambda: ch.read(src, remote).wait(5),
+            lambda: ch.flush().wait(5),
+            lambda: ch.fence(),
+            lambda: ch.lookup("blk", timeout=2),
+            lambda: ch.call("x", b"", timeout=2),
+        ):
             with pytest.raises(tw.ConnectionError):
                 op()
         # device operations raise too
-        for op in (lambda: client.connect(server.address), lambda: client.alloc(16),
-                   lambda: client.empty(4), lambda: client.stats(), lambda: client.publish("x", src),
-                   lambda: client.wait_for_peer(0.1), lambda: client.register(np.zeros(4))):
+        for op in (
+            lambda: client.connect(server.address),
+            lambda: client.alloc(16),
+            lambda: client.empty(4),
+            lambda: client.stats(),
+            lambda: client.publish("x", src),
+            lambda: client.wait_for_peer(0.1),
+            lambda: client.register(np.zeros(4)),
+        ):
             with pytest.raises(tw.ConnectionError):
                 op()
         assert server.address  # still answerable
@@ -504,8 +539,10 @@ def test_block_after_device_closed():
 
 # Against Debian's UCX 1.13 (make test-system-ucx) this test aborts the process in about half
 # of the runs, inside close() with requests pending; not yet understood (see the issue note).
-@pytest.mark.skipif(tuple(int(x) for x in tw._core.ucx_header_version().split(".")[:2]) < (1, 14),
-                    reason="aborts intermittently in close() with requests pending on UCX 1.13 (not yet understood)")
+@pytest.mark.skipif(
+    tuple(int(x) for x in tw._core.ucx_header_version().split(".")[:2]) < (1, 14),
+    reason="aborts intermittently in close() with requests pending on UCX 1.13 (not yet understood)",
+)
 def test_pending_requests_fail_when_own_device_closes():
     with tw.Device(transport="tcp") as server:
         dst = server.alloc(8 << 20)
@@ -570,9 +607,12 @@ def test_asyncio_await_requests(device_pair):
 
     async def main():
         # many writes awaited together, then a flush and a read
-        await asyncio.wait_for(asyncio.gather(*[
-            ch.write(src, remote, local_offset=i << 16, remote_offset=i << 16, nbytes=1 << 16)
-            for i in range(16)]), 10)
+        await asyncio.wait_for(
+            asyncio.gather(
+                *[ch.write(src, remote, local_offset=i << 16, remote_offset=i << 16, nbytes=1 << 16) for i in range(16)]
+            ),
+            10,
+        )
         await asyncio.wait_for(ch.flush(), 10)
         assert await asyncio.wait_for(ch.read(back, remote), 10) is None
         # the loop stays responsive while a request is pending
@@ -679,8 +719,10 @@ def test_a_channel_back_sends_on_the_lane_its_peer_dialled():
             except tw.Error as e:
                 errors.append(e)
 
-        threads = [threading.Thread(target=stream, args=(ch, src_c, to_server, 1)),
-                   threading.Thread(target=stream, args=(back, src_s, to_client, 100))]
+        threads = [
+            threading.Thread(target=stream, args=(ch, src_c, to_server, 1)),
+            threading.Thread(target=stream, args=(back, src_s, to_client, 100)),
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -727,6 +769,7 @@ def test_the_lane_call_is_refused_when_misused():
     """tw.lane (a lane asked of the connection's dialer) from the dialer itself, for a
     lane past the bound or with a malformed payload: a clear refusal, and nothing dialled."""
     import struct
+
     with tw.Device(host=HOST, transport="tcp") as server, tw.Device(host=HOST, transport="tcp") as client:
         ch = client.connect(server.address)
         with pytest.raises(tw.InvalidArgument, match="did not dial"):
@@ -761,16 +804,25 @@ def test_progress_from_the_environment_overrides_the_arguments(monkeypatch):
         assert dev.spin_us == 100
 
 
-@pytest.mark.parametrize("name,value", [("TENSORWIRE_PROGRESS", "busy"), ("TENSORWIRE_SPIN_US", "abc"),
-                                        ("TENSORWIRE_SPIN_US", ""), ("TENSORWIRE_SPIN_US", "99999999"),
-                                        ("TENSORWIRE_STREAMING_COPY_MIN", "16M"),
-                                        ("TENSORWIRE_STREAMING_COPY_MIN", ""),
-                                        ("TENSORWIRE_STREAMING_COPY_MIN", "-1"),
-                                        ("TENSORWIRE_REP_MOVSB_MIN", "64K"),
-                                        ("TENSORWIRE_SHARED_COPY_MIN", "256K"),
-                                        ("TENSORWIRE_PLACE", "256K-4M"), ("TENSORWIRE_PLACE", "4096"),
-                                        ("TENSORWIRE_PLACE", "9-8"), ("TENSORWIRE_PLACE", "-1-8"),
-                                        ("TENSORWIRE_PLACE", "")])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("TENSORWIRE_PROGRESS", "busy"),
+        ("TENSORWIRE_SPIN_US", "abc"),
+        ("TENSORWIRE_SPIN_US", ""),
+        ("TENSORWIRE_SPIN_US", "99999999"),
+        ("TENSORWIRE_STREAMING_COPY_MIN", "16M"),
+        ("TENSORWIRE_STREAMING_COPY_MIN", ""),
+        ("TENSORWIRE_STREAMING_COPY_MIN", "-1"),
+        ("TENSORWIRE_REP_MOVSB_MIN", "64K"),
+        ("TENSORWIRE_SHARED_COPY_MIN", "256K"),
+        ("TENSORWIRE_PLACE", "256K-4M"),
+        ("TENSORWIRE_PLACE", "4096"),
+        ("TENSORWIRE_PLACE", "9-8"),
+        ("TENSORWIRE_PLACE", "-1-8"),
+        ("TENSORWIRE_PLACE", ""),
+    ],
+)
 def test_bad_progress_settings_in_the_environment_are_refused(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(tw.InvalidArgument, match=name):

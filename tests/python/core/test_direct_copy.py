@@ -21,7 +21,8 @@ MiB = 1 << 20
 # channel to another process takes the message form.
 _UCX = tuple(int(x) for x in tw._core.ucx_header_version().split(".")[:2])
 needs_ep_transports = pytest.mark.skipif(
-    _UCX < (1, 14), reason=f"UCX {tw._core.ucx_header_version()} cannot report an endpoint's transports")
+    _UCX < (1, 14), reason=f"UCX {tw._core.ucx_header_version()} cannot report an endpoint's transports"
+)
 
 
 @pytest.fixture
@@ -81,8 +82,10 @@ def test_mapping_can_be_turned_off(how, monkeypatch):
         kwargs["map_shared_memory"] = False
     else:
         monkeypatch.setenv("TENSORWIRE_MAP_SHARED_MEMORY", "0")
-    with tw.Device(host=HOST, transport="shm", **kwargs) as server, \
-            tw.Device(host=HOST, transport="shm", **kwargs) as client:
+    with (
+        tw.Device(host=HOST, transport="shm", **kwargs) as server,
+        tw.Device(host=HOST, transport="shm", **kwargs) as client,
+    ):
         dst = server.alloc(4096)
         server.publish("dst", dst)
         src = client.alloc(4096)
@@ -214,12 +217,15 @@ def test_a_direct_copy_after_a_fence_waits_for_earlier_ucx_operations(shm_pair):
     assert stats["drains"] == 1 and stats["posted"] == 1 and stats["direct_writes"] == 2
 
 
-@pytest.mark.parametrize("map_shared_memory", [pytest.param(True, marks=needs_ep_transports), False],
-                         ids=["direct", "ucx"])
+@pytest.mark.parametrize(
+    "map_shared_memory", [pytest.param(True, marks=needs_ep_transports), False], ids=["direct", "ucx"]
+)
 def test_direct_and_ucx_paths_move_the_same_bytes_across_processes(map_shared_memory):
     sizes = [1, 100, 4096, 3 * MiB + 5]
-    with start_server("shm", {"region": 8 * MiB}) as server, \
-            tw.Device(host=HOST, transport="shm", map_shared_memory=map_shared_memory) as client:
+    with (
+        start_server("shm", {"region": 8 * MiB}) as server,
+        tw.Device(host=HOST, transport="shm", map_shared_memory=map_shared_memory) as client,
+    ):
         ch = client.connect(server.address)
         call_json(ch, "zero", name="region")
         remote = ch.lookup("region")

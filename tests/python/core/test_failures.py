@@ -15,8 +15,7 @@ import pytest
 import tensorwire as tw
 import _peers
 from _peers import crc
-from conftest import (HOST, PeerProcess, call_json, free_port, remote_crc, start_server,
-                      wait_until)
+from conftest import HOST, PeerProcess, call_json, free_port, remote_crc, start_server, wait_until
 
 MiB = 1 << 20
 DEAD_PEER_ERRORS = (tw.PeerFailed, tw.ConnectionError)
@@ -37,18 +36,20 @@ def _pair_with_regions(device_pair, remote_size=4096, local_size=4096):
 
 
 @pytest.mark.parametrize("op", ["write", "read"])
-@pytest.mark.parametrize("local_offset, remote_offset, nbytes, what", [
-    (0, 0, 4097, "local"),        # longer than both
-    (1, 0, 4096, "local"),        # local range runs past its end
-    (4096, 0, 1, "local"),        # starts at the end
-    (5000, 0, 0, "local"),        # offset beyond the end, even for 0 bytes
-    (0, 1, 4096, "remote"),       # remote range runs past its end
-    (0, 4096, 1, "remote"),
-    (0, 1 << 40, 1, "remote"),    # far beyond
-    (0, (1 << 64) - 1, 2, "remote"),  # would wrap around
-])
-def test_out_of_range_raises_and_leaves_memory_unchanged(device_pair, op, local_offset, remote_offset, nbytes,
-                                                         what):
+@pytest.mark.parametrize(
+    "local_offset, remote_offset, nbytes, what",
+    [
+        (0, 0, 4097, "local"),  # longer than both
+        (1, 0, 4096, "local"),  # local range runs past its end
+        (4096, 0, 1, "local"),  # starts at the end
+        (5000, 0, 0, "local"),  # offset beyond the end, even for 0 bytes
+        (0, 1, 4096, "remote"),  # remote range runs past its end
+        (0, 4096, 1, "remote"),
+        (0, 1 << 40, 1, "remote"),  # far beyond
+        (0, (1 << 64) - 1, 2, "remote"),  # would wrap around
+    ],
+)
+def test_out_of_range_raises_and_leaves_memory_unchanged(device_pair, op, local_offset, remote_offset, nbytes, what):
     ch, src, remote, dst = _pair_with_regions(device_pair)
     with pytest.raises(tw.InvalidArgument, match=what) as info:
         getattr(ch, op)(src, remote, local_offset=local_offset, remote_offset=remote_offset, nbytes=nbytes)
@@ -193,8 +194,7 @@ def _stream_until_failure(ch, src, remote, chunk, slots, window, deadline, progr
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_peer_killed_during_stream(transport):
     chunk, slots, window = 1 * MiB, 16, 32
-    with start_server(transport, {"region": slots * chunk}) as peer, \
-            tw.Device(transport=transport) as client:
+    with start_server(transport, {"region": slots * chunk}) as peer, tw.Device(transport=transport) as client:
         ch = client.connect(peer.address)
         ch2 = client.connect(peer.address, lane=1)
         remote = ch.lookup("region")
@@ -210,8 +210,9 @@ def test_peer_killed_during_stream(transport):
                 for _ in range(4):  # warm-up rounds that succeed
                     ch.write(src, remote, nbytes=chunk).wait(10)
                 ch.flush().wait(10)
-                result["out"] = _stream_until_failure(ch, src, remote, chunk, slots, window,
-                                                      time.monotonic() + 30, progress)
+                result["out"] = _stream_until_failure(
+                    ch, src, remote, chunk, slots, window, time.monotonic() + 30, progress
+                )
             except BaseException as e:  # noqa: BLE001 - e.g. a Timeout: reported below
                 result["unexpected"] = e
 
@@ -241,8 +242,12 @@ def test_peer_killed_during_stream(transport):
         assert time.monotonic() - killed_at < 10
 
         # new posts raise at once, on every lane, and control calls too
-        for op in (lambda: ch.write(src, remote).wait(5), lambda: ch.read(src, remote).wait(5),
-                   lambda: ch.flush().wait(5), lambda: ch2.write(src, remote).wait(5)):
+        for op in (
+            lambda: ch.write(src, remote).wait(5),
+            lambda: ch.read(src, remote).wait(5),
+            lambda: ch.flush().wait(5),
+            lambda: ch2.write(src, remote).wait(5),
+        ):
             with pytest.raises(DEAD_PEER_ERRORS):
                 op()
         with pytest.raises(DEAD_PEER_ERRORS):
@@ -332,6 +337,7 @@ class _SlowRepliesProxy:
 
     def __init__(self, target: str) -> None:
         import socket
+
         self.target = target
         self.listener = socket.create_server((HOST, 0))
         self.address = f"{HOST}:{self.listener.getsockname()[1]}"
@@ -341,6 +347,7 @@ class _SlowRepliesProxy:
 
     def _accept(self) -> None:
         import socket
+
         first = True
         while True:
             try:
@@ -357,6 +364,7 @@ class _SlowRepliesProxy:
 
     def _pump(self, src, dst, slow: bool) -> None:
         import socket
+
         while True:
             try:
                 data = src.recv(1 << 16)
@@ -426,8 +434,10 @@ def test_a_reply_sent_before_the_peer_closed_arrives():
 def test_protocol_version_mismatch(side):
     server_kw = dict(protocol_version=99) if side == "server" else {}
     client_kw = dict(protocol_version=99) if side == "client" else {}
-    with tw.Device(transport="tcp", **server_kw) as server, \
-            tw.Device(transport="tcp", connect_timeout=5, **client_kw) as client:
+    with (
+        tw.Device(transport="tcp", **server_kw) as server,
+        tw.Device(transport="tcp", connect_timeout=5, **client_kw) as client,
+    ):
         t0 = time.monotonic()
         with pytest.raises(tw.ProtocolMismatch) as info:
             client.connect(server.address)
@@ -450,8 +460,10 @@ def test_protocol_version_mismatch(side):
 
 
 def test_matching_nondefault_protocol_versions_connect():
-    with tw.Device(transport="tcp", protocol_version=99) as server, \
-            tw.Device(transport="tcp", protocol_version=99) as client:
+    with (
+        tw.Device(transport="tcp", protocol_version=99) as server,
+        tw.Device(transport="tcp", protocol_version=99) as client,
+    ):
         blk = server.alloc(64)
         server.publish("x", blk)
         assert client.connect(server.address).lookup("x").nbytes == 64
@@ -460,8 +472,10 @@ def test_matching_nondefault_protocol_versions_connect():
 
 @pytest.mark.parametrize("client_token", ["wrong", ""])
 def test_token_mismatch(client_token):
-    with tw.Device(transport="tcp", token="s3cret") as server, \
-            tw.Device(transport="tcp", token=client_token, connect_timeout=5) as client:
+    with (
+        tw.Device(transport="tcp", token="s3cret") as server,
+        tw.Device(transport="tcp", token=client_token, connect_timeout=5) as client,
+    ):
         t0 = time.monotonic()
         with pytest.raises(tw.ConnectionError, match="token") as info:
             client.connect(server.address)
@@ -603,8 +617,7 @@ def test_request_wait_timeout_then_completes():
     """wait(timeout) raises Timeout and the operation keeps running. Over tcp a
     flush needs the target to make progress: an inline-mode server makes none
     until it is driven by hand."""
-    with tw.Device(transport="tcp", progress="inline") as server, \
-            tw.Device(transport="tcp") as client:
+    with tw.Device(transport="tcp", progress="inline") as server, tw.Device(transport="tcp") as client:
         dst = server.alloc(1 << 20)
         server.publish("dst", dst)
         ch = client.connect(server.address)

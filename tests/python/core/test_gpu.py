@@ -53,7 +53,7 @@ def test_registration_of_one_segment_is_one_registration():
     with tw.Device() as dev:
         base = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
         before = dev.stats()
-        regs = [dev.register(base[i * MiB:(i + 1) * MiB]) for i in range(8)]
+        regs = [dev.register(base[i * MiB : (i + 1) * MiB]) for i in range(8)]
         after = dev.stats()
         assert all(r.memory == "cuda:0" for r in regs)
         assert after["registration_cache_misses"] - before["registration_cache_misses"] == 1
@@ -96,14 +96,14 @@ def _local(dev, nbytes, memory):
         view = np.asarray(block)
 
         def put(data):
-            view[:len(data)] = data
+            view[: len(data)] = data
 
         return block, put, lambda n: view[:n].copy()
     t = torch.zeros(nbytes, dtype=torch.uint8, device="cuda")
     reg = dev.register(t)  # a torch tensor, registered where it is
 
     def put_gpu(data):
-        t[:len(data)] = torch.from_numpy(data.copy()).cuda()
+        t[: len(data)] = torch.from_numpy(data.copy()).cuda()
         torch.cuda.synchronize()  # the stream contract: the bytes are written before the transfer reads them
 
     return reg, put_gpu, lambda n: t[:n].cpu().numpy()
@@ -178,8 +178,9 @@ def test_static_gpu_slot_every_dtype(gpu_receiver, path):
             name = f"s-{path}-{dtype}"
             shape = (17, 3)
             # depth 3: the three sends below complete before the receiver takes any
-            gpu_receiver.request({"op": "static_slot", "name": name, "shape": shape, "dtype": dtype,
-                                  "depth": 3, "memory": "cuda"})
+            gpu_receiver.request(
+                {"op": "static_slot", "name": name, "shape": shape, "dtype": dtype, "depth": 3, "memory": "cuda"}
+            )
             sender = ch.static_sender(name, path="copy" if path == "block" else path)
             sent = []
             for i in range(3):

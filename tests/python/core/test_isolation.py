@@ -33,8 +33,16 @@ import tensorwire as tw
 import _attack
 from _attack import attach_payload, forge, make_descriptor, parse_descriptor, record_body
 from _peers import crc
-from conftest import (PAIR_SLAB_SIZE, PeerError, PeerProcess, TRANSPORTS, lane_form, remote_crc, start_server,
-                      start_slot_peer)
+from conftest import (
+    PAIR_SLAB_SIZE,
+    PeerError,
+    PeerProcess,
+    TRANSPORTS,
+    lane_form,
+    remote_crc,
+    start_server,
+    start_slot_peer,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -58,8 +66,9 @@ def _pattern(nbytes: int, seed: int) -> np.ndarray:
     return np.frombuffer(np.random.default_rng(seed).bytes(nbytes), dtype=np.uint8)
 
 
-def _write_and_check(ch: tw.Channel, src_dev: tw.Device, remote: tw.RemoteRegion, target: np.ndarray,
-                     seed: int) -> None:
+def _write_and_check(
+    ch: tw.Channel, src_dev: tw.Device, remote: tw.RemoteRegion, target: np.ndarray, seed: int
+) -> None:
     """A good one-sided write through `ch` into `remote` (whose bytes `target` views), contents checked."""
     n = remote.nbytes
     src = src_dev.alloc(n)
@@ -106,8 +115,16 @@ def _receiver_reply(peer: PeerProcess, msg: dict, timeout: float = 20.0) -> dict
 # finding 1: forged region descriptors
 
 
-FORGERIES = ["neighbour", "grown", "grown_over_neighbour", "before_start", "numpy_array", "address_0x10000",
-             "garbage_rkey", "other_device_id"]
+FORGERIES = [
+    "neighbour",
+    "grown",
+    "grown_over_neighbour",
+    "before_start",
+    "numpy_array",
+    "address_0x10000",
+    "garbage_rkey",
+    "other_device_id",
+]
 
 
 @pytest.mark.parametrize("forgery", FORGERIES)
@@ -193,7 +210,6 @@ def test_finding1_shm_export_longer_than_memory_refused():
         _good_peer_write(victim, "shm", seed=6)
 
 
-
 def _victim_writes_to(victim: tw.Device, attacker_id: int, descriptor: bytes) -> tw.InvalidArgument | None:
     """The victim writes 4 KiB of 0xEE to what the attacker's `descriptor`
     describes; returns the refusal, or None if the write went through."""
@@ -229,7 +245,8 @@ def test_finding1_shm_peer_key_aliasing_victims_own_pool():
         changed = int((np.asarray(secret) != 0x11).sum())
         assert changed == 0, (
             f"the victim wrote {changed} bytes into its own unexported block through a key the attacker took "
-            f"from a lookup and exported as its own")
+            f"from a lookup and exported as its own"
+        )
         assert refused is not None, "the write was neither refused nor did it land in the victim's pool"
         _good_peer_write(victim, "shm", seed=7)
 
@@ -239,10 +256,12 @@ def test_finding1_shm_peer_key_aliasing_third_party():
     block the third party published, and exports that key with the address of
     the third party's unpublished neighbour block. A victim that never talked
     to the third party must not write into its memory."""
-    with _device("shm") as victim, \
-            start_server("shm", {"pub": 4096, "hidden": 4096}) as third, \
-            PeerProcess(_attack.forger, "shm") as attacker, \
-            _device("shm") as observer:
+    with (
+        _device("shm") as victim,
+        start_server("shm", {"pub": 4096, "hidden": 4096}) as third,
+        PeerProcess(_attack.forger, "shm") as attacker,
+        _device("shm") as observer,
+    ):
         och = observer.connect(third.address)
         hidden_address = och.lookup("hidden").address
         och.call("unpublish", b'{"name": "hidden"}', 10)
@@ -255,7 +274,8 @@ def test_finding1_shm_peer_key_aliasing_third_party():
         assert attacker.request({"op": "export", "address": victim.address, "descriptor": lie}) == {}
         refused = _victim_writes_to(victim, attacker.info["device_id"], lie)
         assert remote_crc(och, "hidden", 0, 4096) == zeros, (
-            "the victim wrote into a third party's unpublished block through a key the attacker exported")
+            "the victim wrote into a third party's unpublished block through a key the attacker exported"
+        )
         assert refused is not None
         _good_peer_write(victim, "shm", seed=8)
 
@@ -388,8 +408,9 @@ def test_finding2_static_slot_ignores_writes_before_its_sender_attached(transpor
 # finding 3: a lying record from the attached sender
 
 
-def _lie_then_good_tensor(receiver, attacker: tw.Device, ch: tw.Channel, s, good: tw.Block, body: bytes,
-                          match: str) -> dict:
+def _lie_then_good_tensor(
+    receiver, attacker: tw.Device, ch: tw.Channel, s, good: tw.Block, body: bytes, match: str
+) -> dict:
     """The attached sender `s` sends `good`, then overwrites its record (the
     slot's record, as the attach exported it: s.region) with `body` before the
     receiver process reads it. The receiver refuses it (InvalidArgument whose
@@ -398,7 +419,7 @@ def _lie_then_good_tensor(receiver, attacker: tw.Device, ch: tw.Channel, s, good
     req = s.send(good)
     ch.flush().wait(10)
     stage = attacker.alloc(4096)
-    np.asarray(stage)[:len(body)] = np.frombuffer(body, dtype=np.uint8)
+    np.asarray(stage)[: len(body)] = np.frombuffer(body, dtype=np.uint8)
     ch.write(stage, s.region, nbytes=len(body)).wait(10)
     ch.flush().wait(10)
     out = _receiver_reply(receiver, {"op": "recv", "name": "acts", "timeout": 10})
@@ -528,8 +549,7 @@ def _stop(pid: int) -> None:
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_finding4_stopped_receiver_fails_pending_send(transport):
-    with start_slot_peer(transport, liveness=LIVENESS_S) as stopped, \
-            _device(transport, liveness=LIVENESS_S) as victim:
+    with start_slot_peer(transport, liveness=LIVENESS_S) as stopped, _device(transport, liveness=LIVENESS_S) as victim:
         stopped.request({"op": "static_slot", "name": "grad", "shape": [1024], "dtype": "int64", "depth": 1})
         ch = victim.connect(stopped.address)
         s = ch.static_sender("grad")
@@ -572,8 +592,7 @@ def test_finding4_stopped_receiver_fails_pending_send(transport):
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_finding4_stopped_sender_fails_pending_recv(transport):
-    with _device(transport, liveness=LIVENESS_S) as victim, \
-            start_slot_peer(transport, liveness=LIVENESS_S) as stopped:
+    with _device(transport, liveness=LIVENESS_S) as victim, start_slot_peer(transport, liveness=LIVENESS_S) as stopped:
         slot = victim.static_slot("grad", (4,), "int64", depth=2)
         stopped.request({"op": "connect", "address": victim.address})
         stopped.request({"op": "sender", "kind": "static", "name": "grad"})

@@ -29,9 +29,10 @@ def test_notifications_arrive_once_in_order_after_their_data(transport, size):
         view = np.asarray(src)
         reqs = []
         for k in range(COUNT):
-            view[k * size:(k + 1) * size] = pattern(size, k)
-            reqs.append(ch.write(src, remote, local_offset=k * size, remote_offset=k * size, nbytes=size,
-                                 notify=str(k)))
+            view[k * size : (k + 1) * size] = pattern(size, k)
+            reqs.append(
+                ch.write(src, remote, local_offset=k * size, remote_offset=k * size, nbytes=size, notify=str(k))
+            )
         for r in reqs:
             r.wait(30)
         out = peer.recv(90)
@@ -95,8 +96,11 @@ def test_a_full_queue_is_an_error_at_the_sender_and_loses_nothing(transport):
         for k in range(depth):
             ch.write(src, remote, local_offset=k, remote_offset=k, nbytes=1, notify=str(k)).wait(10)
         start = time.monotonic()
-        with pytest.raises(tw.PoolExhausted, match=r"queue for this device is full: 64 unread notifications, "
-                                                   r"the bound per sending device \(each at most 252 bytes\)"):
+        with pytest.raises(
+            tw.PoolExhausted,
+            match=r"queue for this device is full: 64 unread notifications, "
+            r"the bound per sending device \(each at most 252 bytes\)",
+        ):
             ch.write(src, remote, local_offset=depth, remote_offset=depth, nbytes=1, notify=b"one too many")
         assert time.monotonic() - start < 5, "a full queue must fail fast, not hang"
         ch.flush().wait(10)

@@ -272,10 +272,19 @@ def test_static_refuses_wrong_shape_or_dtype(peer, client, channel, path):
     op(peer, "static_slot", name=name, shape=[4], dtype="float32", depth=2)
     sender = channel.static_sender(name, path=path)
     stats_before, pool_before = sender.stats(), client.stats()
-    wrong = [np.zeros(5, np.float32), np.zeros(4, np.float64), np.zeros((2, 2), np.float32),
-             np.zeros((), np.float32), np.zeros((4, 1), np.float32), np.zeros(4, np.int32),
-             client.empty(5, "float32"), client.empty(4, "int32"), client.empty((1, 4), "float32"),
-             client.empty(4, "bfloat16"), client.empty((), "float32")]
+    wrong = [
+        np.zeros(5, np.float32),
+        np.zeros(4, np.float64),
+        np.zeros((2, 2), np.float32),
+        np.zeros((), np.float32),
+        np.zeros((4, 1), np.float32),
+        np.zeros(4, np.int32),
+        client.empty(5, "float32"),
+        client.empty(4, "int32"),
+        client.empty((1, 4), "float32"),
+        client.empty(4, "bfloat16"),
+        client.empty((), "float32"),
+    ]
     for t in wrong:
         with pytest.raises(tw.InvalidArgument, match="refusing"):
             sender.send(t)
@@ -298,8 +307,12 @@ def test_dynamic_sender_refuses_over_limits(peer, client, channel, path):
     op(peer, "dynamic_slot", name=name, max_ndim=2, max_nbytes=1024)
     sender = channel.dynamic_sender(name, path=path)
     before = sender.stats()
-    for t in [client.empty((2, 2, 2), "int8"), client.empty((257,), "float32"),
-              np.zeros((2, 2, 2), np.int8), np.zeros(257, np.float32)]:
+    for t in [
+        client.empty((2, 2, 2), "int8"),
+        client.empty((257,), "float32"),
+        np.zeros((2, 2, 2), np.int8),
+        np.zeros(257, np.float32),
+    ]:
         with pytest.raises(tw.InvalidArgument, match="dimensions|limit"):
             sender.send(t)
     assert sender.stats() == before
@@ -328,18 +341,42 @@ def _align64(n: int) -> int:
 def _rkey_of_descriptor(d: bytes) -> bytes:
     """The packed rkey inside a region descriptor (see RegionDescriptor::to_bytes)."""
     (rkey_len,) = struct.unpack_from("<I", d, 32)
-    return bytes(d[36:36 + rkey_len])
+    return bytes(d[36 : 36 + rkey_len])
 
 
-def _record(max_ndim: int, *, code: int, bits: int, dims: list[int], nbytes: int, address: int, device_id: int,
-            rkey: bytes, version: int = 1, magic: int = RECORD_MAGIC, ndim: int | None = None,
-            rkey_len: int | None = None) -> bytes:
+def _record(
+    max_ndim: int,
+    *,
+    code: int,
+    bits: int,
+    dims: list[int],
+    nbytes: int,
+    address: int,
+    device_id: int,
+    rkey: bytes,
+    version: int = 1,
+    magic: int = RECORD_MAGIC,
+    ndim: int | None = None,
+    rkey_len: int | None = None,
+) -> bytes:
     """A dynamic-slot record as the layout at the top of dynamic_slot.cc documents it."""
     rec = bytearray(RECORD_HEADER + 8 * max_ndim + len(rkey))
-    struct.pack_into("<IHBBIIQQQ", rec, 0, magic, version, code, bits, len(dims) if ndim is None else ndim,
-                     len(rkey) if rkey_len is None else rkey_len, nbytes, address, device_id)
+    struct.pack_into(
+        "<IHBBIIQQQ",
+        rec,
+        0,
+        magic,
+        version,
+        code,
+        bits,
+        len(dims) if ndim is None else ndim,
+        len(rkey) if rkey_len is None else rkey_len,
+        nbytes,
+        address,
+        device_id,
+    )
     struct.pack_into(f"<{len(dims)}q", rec, RECORD_HEADER, *dims)
-    rec[RECORD_HEADER + 8 * max_ndim:] = rkey
+    rec[RECORD_HEADER + 8 * max_ndim :] = rkey
     return bytes(rec)
 
 
@@ -390,8 +427,15 @@ def test_dynamic_slot_rejects_lying_record(peer, client, channel, lie):
     want = slot_tensor("float32", (4, 4), seed=12)
     fill_block(data, want)
     exported = channel.export_region(data)  # the receiver reads only exported ranges, with the key exported
-    good = dict(code=2, bits=32, dims=[4, 4], nbytes=64, address=data.ptr, device_id=client.id,
-                rkey=_rkey_of_descriptor(exported))
+    good = dict(
+        code=2,
+        bits=32,
+        dims=[4, 4],
+        nbytes=64,
+        address=data.ptr,
+        device_id=client.id,
+        rkey=_rkey_of_descriptor(exported),
+    )
     change, message = LIES[lie]
     seq = op(peer, "next_seq", name=name)["next_seq"]
     assert seq == 2
@@ -603,8 +647,9 @@ def test_recv_async(client, reverse_peer, kind):
                 await asyncio.sleep(0.005)
 
         tick_task = asyncio.create_task(ticker())
-        peer.send({"op": "send", "name": name, "shape": [5], "dtype": "int16", "start": 40, "count": count,
-                   "delay": 0.2})
+        peer.send(
+            {"op": "send", "name": name, "shape": [5], "dtype": "int16", "start": 40, "count": count, "delay": 0.2}
+        )
         values = []
         for _ in range(count):
             got = await slot.recv_async(timeout=10)
@@ -807,8 +852,11 @@ def test_release_reaches_sender_while_receiver_does_other_things(transport, form
     on its pipe) still lets its sender go on: a release is never held back
     for a flush that would not come (inline progress has no thread to send a
     deferred release; the message form once deferred it there too)."""
-    with lane_form(form), start_slot_peer(transport, progress=progress) as peer, \
-            tw.Device(transport=transport) as client:
+    with (
+        lane_form(form),
+        start_slot_peer(transport, progress=progress) as peer,
+        tw.Device(transport=transport) as client,
+    ):
         name = unique("idle-release")
         op(peer, "static_slot", name=name, shape=[16], dtype="int32", depth=1)
         sender = client.connect(peer.address).static_sender(name)
@@ -824,8 +872,6 @@ def test_release_reaches_sender_while_receiver_does_other_things(transport, form
         assert sender.consumed == 3
 
 
-
-
 @pytest.mark.parametrize("kind", ["static", "dynamic"])
 @pytest.mark.parametrize("progress", ["blocking", "inline"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -835,8 +881,10 @@ def test_a_napping_receiver_is_rung_by_its_sender(transport, progress, kind):
     the sender, having set the sequence word, rings (a wake message that ends
     the nap; stats()['doorbells']). Over tcp every tensor is a message, which
     wakes it by itself: no doorbell. Contents intact either way."""
-    with (start_slot_peer(transport, progress=progress) as peer,
-          tw.Device(transport=transport, progress=progress) as dev):
+    with (
+        start_slot_peer(transport, progress=progress) as peer,
+        tw.Device(transport=transport, progress=progress) as dev,
+    ):
         name = unique("rung")
         if kind == "static":
             op(peer, "static_slot", name=name, shape=[16], dtype="int32", depth=2)
@@ -870,8 +918,9 @@ def test_a_receiver_napping_in_wait_any_is_rung(transport, kind):
         op(peer, "sender", kind=kind, name=name)
         for i in range(3):
             # the sender waits 0.2 s: the wait below spins out and naps first
-            peer.send({"op": "send", "name": name, "shape": [16], "dtype": "int32", "start": i, "count": 1,
-                       "delay": 0.2})
+            peer.send(
+                {"op": "send", "name": name, "shape": [16], "dtype": "int32", "start": i, "count": 1, "delay": 0.2}
+            )
             assert tw.wait_any([slot], 10) == 0
             got = slot.recv(0)
             assert np.asarray(got).tolist() == [i] * 16
@@ -897,8 +946,9 @@ def test_wait_any_naps_on_sources_that_ring_and_sources_that_do_not(transport):
         op(peer, "connect", address=dev.address)
         op(peer, "sender", kind="dynamic", name=inbound)
         pending = dev.connect(peer.address).dynamic_sender(outbound).send(np.full(16, 5, np.int32))
-        peer.send({"op": "send", "name": inbound, "shape": [16], "dtype": "int32", "start": 3, "count": 1,
-                   "delay": 0.2})
+        peer.send(
+            {"op": "send", "name": inbound, "shape": [16], "dtype": "int32", "start": 3, "count": 1, "delay": 0.2}
+        )
         assert tw.wait_any([slot, pending], 10) == 0  # the peer is away 0.2 s: the wait naps meanwhile
         assert np.asarray(slot.recv(0)).tolist() == [3] * 16
         sent = peer.recv(30)
@@ -937,8 +987,9 @@ def test_a_dynamic_sender_napping_in_wait_any_is_rung(transport):
         assert stats["doorbells"] == (3 if one_sided else 0), stats
 
 
-@pytest.mark.parametrize("progress, place", [("inline", None), ("blocking", None), ("blocking", "0-4096"),
-                                             ("inline", "off")])
+@pytest.mark.parametrize(
+    "progress, place", [("inline", None), ("blocking", None), ("blocking", "0-4096"), ("inline", "off")]
+)
 def test_static_tensors_on_message_lanes_are_placed_by_size(monkeypatch, progress, place):
     """On a UCX lane in the message form (UD; here shared memory forced to
     it: a tcp lane is a socket and places nothing) a slot whose device has no progress thread
@@ -953,8 +1004,12 @@ def test_static_tensors_on_message_lanes_are_placed_by_size(monkeypatch, progres
     none = dict.fromkeys(sizes, 0)
     with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:  # this test's network namespace
         large = 0 if f.read().strip() == "bbr" else 2
-    placed = {("inline", None): {"small": 0, "middle": 2, "large": large}, ("blocking", None): none,
-              ("blocking", "0-4096"): {"small": 2, "middle": 0, "large": 0}, ("inline", "off"): none}[progress, place]
+    placed = {
+        ("inline", None): {"small": 0, "middle": 2, "large": large},
+        ("blocking", None): none,
+        ("blocking", "0-4096"): {"small": 2, "middle": 0, "large": 0},
+        ("inline", "off"): none,
+    }[progress, place]
     for forced in ("TENSORWIRE_LANE_FORM", "TENSORWIRE_PLACE"):  # a module fixture's lane_form may have set them
         monkeypatch.delenv(forced, raising=False)
     monkeypatch.setenv("TENSORWIRE_LANE_FORM", "messages")
@@ -1094,8 +1149,11 @@ def test_mixed_channel_one_lane_native_one_emulated(transport, forms, kind, prog
     goes as messages and the other as one-sided writes; contents intact. The
     receiver waits before the first tensor is sent: with inline progress its
     wait is the only thread that can take in a message on the other lane."""
-    with (lane_form(forms), start_slot_peer(transport, progress=progress) as peer,
-          tw.Device(transport=transport, progress=progress) as client):
+    with (
+        lane_form(forms),
+        start_slot_peer(transport, progress=progress) as peer,
+        tw.Device(transport=transport, progress=progress) as client,
+    ):
         name = unique("mixed")
         if kind == "static":
             op(peer, "static_slot", name=name, shape=[3, 5], dtype="float32", depth=2)
@@ -1158,6 +1216,7 @@ def test_a_static_slot_returns_each_buffer_s_one_view_and_frees_its_memory_when_
     array per tensor cost a third of a small tensor's one-way time), and those cached views hold
     the buffers, not the slot: a dropped slot frees its memory (no reference cycle)."""
     import gc
+
     with tw.Device(transport="shm") as a, tw.Device(transport="shm") as b:
         before = b.stats()["bytes_in_use"]
         slot = b.static_slot("views", (1 << 16,), "float32", depth=2)

@@ -74,6 +74,7 @@ def test_an_older_ucx_takes_the_message_form_to_another_process():
     if tuple(int(x) for x in _core.ucx_header_version().split(".")[:2]) >= (1, 14):
         pytest.skip("this UCX reports an endpoint's transports")
     import numpy as np
+
     with tw.Device(transport="shm") as server, tw.Device(transport="shm") as client:
         dst = server.alloc(4096)
         server.publish("dst", dst)
@@ -99,8 +100,9 @@ def _metadata(tmp_path: Path, ucx: str) -> tuple[list[str], list[str]]:
         "print(json.dumps([requires, [l.split(':', 1)[1].strip() for l in text.splitlines() if l.startswith('Requires-Dist:')]]))\n"
     )
     env = dict(os.environ, TENSORWIRE_UCX=ucx)
-    out = subprocess.run([sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr
     return tuple(json.loads(out.stdout.strip().splitlines()[-1]))
 

@@ -25,8 +25,7 @@ SERVER_WORKERS = 2
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def server(request):
     """One server process per transport for the whole module."""
-    with start_server(request.param, {"region": REGION, "small": 4096, "other": 12345},
-                      workers=SERVER_WORKERS) as peer:
+    with start_server(request.param, {"region": REGION, "small": 4096, "other": 12345}, workers=SERVER_WORKERS) as peer:
         peer.transport = request.param
         yield peer
 
@@ -154,8 +153,9 @@ def test_many_requests_in_flight(server, client, channel):
     data = pattern(n * size, seed=512)
     np.asarray(src)[:] = data
     # distinct, interleaved remote offsets (reverse order), all posted before any wait
-    reqs = [ch.write(src, remote, local_offset=i * size, remote_offset=(n - 1 - i) * size, nbytes=size)
-            for i in range(n)]
+    reqs = [
+        ch.write(src, remote, local_offset=i * size, remote_offset=(n - 1 - i) * size, nbytes=size) for i in range(n)
+    ]
     for r in reqs:
         r.wait(30)
         assert r.done() and not r.failed
@@ -189,8 +189,9 @@ def test_two_threads_share_one_channel(server, client, channel):
             base = t * per_thread * size
             window = []
             for i in range(per_thread):
-                window.append(ch.write(srcs[t], remote, local_offset=i * size, remote_offset=base + i * size,
-                                       nbytes=size))
+                window.append(
+                    ch.write(srcs[t], remote, local_offset=i * size, remote_offset=base + i * size, nbytes=size)
+                )
                 if len(window) >= 32:
                     window.pop(0).wait(30)
             for r in window:

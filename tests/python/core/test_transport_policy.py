@@ -21,14 +21,22 @@ HAS_VERBS = any(_core.transport_family(t) == "rdma" for t in tw.Device(progress=
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "UCX_LOG_LEVEL": "error"})
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "UCX_LOG_LEVEL": "error"},
+    )
 
 
 @pytest.mark.skipif(HAS_VERBS, reason="this machine has verbs: rdma is usable")
 def test_rdma_without_verbs_fails_closed_naming_what_is_missing():
-    with pytest.raises(tw.InvalidArgument, match=r"transport 'rdma' was asked for but is not usable here: "
-                                                 r"no verbs transport.*UCX offers"):
+    with pytest.raises(
+        tw.InvalidArgument,
+        match=r"transport 'rdma' was asked for but is not usable here: "
+        r"no verbs transport.*UCX offers",
+    ):
         tw.Device(transport="rdma")
 
 

@@ -26,8 +26,9 @@ FAST = ["--iters", "20", "--warmup", "2"]
 def bench(*args, timeout=60, check=True):
     """Runs the bench as a user would without a launcher (it starts its own ranks)."""
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "tensorwire", "bench", *args], capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "bench", *args], capture_output=True, text=True, timeout=timeout
+    )
     proc.elapsed = time.monotonic() - t0
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -42,8 +43,19 @@ def verdict_line(stdout):
 
 def test_alltoall_two_ranks_validated(tmp_path):
     out = tmp_path / "a2a.json"
-    proc = bench("alltoall", "--ranks", "2", "--transport", "tcp", "--sizes", "1,64,4K,64K", "--validate",
-                 "--json", str(out), *FAST)
+    proc = bench(
+        "alltoall",
+        "--ranks",
+        "2",
+        "--transport",
+        "tcp",
+        "--sizes",
+        "1,64,4K,64K",
+        "--validate",
+        "--json",
+        str(out),
+        *FAST,
+    )
     assert "Avg Latency(us)" in proc.stdout and "Validation" in proc.stdout
     assert verdict_line(proc.stdout).split()[0] in ("PASS", "WARN")
     report = json.loads(out.read_text())
@@ -59,8 +71,23 @@ def test_alltoall_two_ranks_validated(tmp_path):
 def test_allreduce_three_ranks_odd_counts(tmp_path, algorithm):
     # 3 ranks: rd folds rank 0 into rank 1; 4 B and 8 B leave ring blocks empty, 12 B gives one each
     out = tmp_path / "ar.json"
-    proc = bench("allreduce", "--ranks", "3", "--transport", "shm", "--algorithm", algorithm, "--type", "int",
-                 "--sizes", "4,8,12,4K,100K", "--validate", "--json", str(out), *FAST)
+    proc = bench(
+        "allreduce",
+        "--ranks",
+        "3",
+        "--transport",
+        "shm",
+        "--algorithm",
+        algorithm,
+        "--type",
+        "int",
+        "--sizes",
+        "4,8,12,4K,100K",
+        "--validate",
+        "--json",
+        str(out),
+        *FAST,
+    )
     report = json.loads(out.read_text())
     assert report["verdict"] in ("PASS", "WARN"), proc.stdout
     assert all(r["validation"] == "Pass" and r["algorithm"] == algorithm for r in report["rows"])
@@ -70,8 +97,23 @@ def test_allreduce_three_ranks_odd_counts(tmp_path, algorithm):
 def test_allreduce_auto_four_ranks_moves_at_the_threshold(tmp_path):
     # --threshold 4K: auto takes recursive doubling up to 4 KiB and below one element per rank, then the ring
     out = tmp_path / "auto.json"
-    proc = bench("allreduce", "--ranks", "4", "--transport", "shm", "--type", "int", "--threshold", "4K",
-                 "--sizes", "12,4K,100K", "--validate", "--json", str(out), *FAST)
+    proc = bench(
+        "allreduce",
+        "--ranks",
+        "4",
+        "--transport",
+        "shm",
+        "--type",
+        "int",
+        "--threshold",
+        "4K",
+        "--sizes",
+        "12,4K,100K",
+        "--validate",
+        "--json",
+        str(out),
+        *FAST,
+    )
     report = json.loads(out.read_text())
     assert report["verdict"] in ("PASS", "WARN"), proc.stdout
     assert report["config"]["rd_ring_threshold"] == 4096
@@ -93,16 +135,29 @@ def test_allreduce_auto_float_osu_format():
 
 def test_1mi_int32_profile_small(tmp_path):
     out = tmp_path / "seed.json"
-    proc = bench("alltoall", "--ranks", "2", "--profile", "1mi-int32", "--sizes", "64K", "--iters", "5",
-                 "--warmup", "1", "--validate", "--json", str(out))
+    proc = bench(
+        "alltoall",
+        "--ranks",
+        "2",
+        "--profile",
+        "1mi-int32",
+        "--sizes",
+        "64K",
+        "--iters",
+        "5",
+        "--warmup",
+        "1",
+        "--validate",
+        "--json",
+        str(out),
+    )
     assert "algbw[GB/s]" in proc.stdout and "busbw[GB/s]" in proc.stdout
     row = json.loads(out.read_text())["rows"][0]
     assert row["validation"] == "Pass" and row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] / 2)
 
 
 def test_killed_rank_fails_the_run_naming_it():
-    proc = bench("alltoall", "--ranks", "3", "--sizes", "64", "--iters", "100000", "--kill-rank", "2",
-                 check=False)
+    proc = bench("alltoall", "--ranks", "3", "--sizes", "64", "--iters", "100000", "--kill-rank", "2", check=False)
     ended = time.time()
     assert proc.returncode != 0
     assert "rank 2 was killed by SIGKILL" in proc.stderr, proc.stderr
@@ -112,16 +167,22 @@ def test_killed_rank_fails_the_run_naming_it():
 
 def test_compare_mpi_without_mpirun_says_why():
     env = dict(os.environ, PATH="/nonexistent")
-    proc = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "alltoall", "--compare", "mpi"],
-                          capture_output=True, text=True, timeout=30, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "bench", "alltoall", "--compare", "mpi"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=env,
+    )
     assert proc.returncode == 2 and "mpirun not found" in proc.stderr
 
 
 @pytest.mark.skipif(coll.mpi_unavailable() is not None, reason=f"MPI: {coll.mpi_unavailable()}")
 def test_compare_mpi_same_run(tmp_path):
     out = tmp_path / "mpi.json"
-    proc = bench("allreduce", "--ranks", "2", "--sizes", "4,64K", "--compare", "mpi", "--validate",
-                 "--json", str(out), *FAST)
+    proc = bench(
+        "allreduce", "--ranks", "2", "--sizes", "4,64K", "--compare", "mpi", "--validate", "--json", str(out), *FAST
+    )
     report = json.loads(out.read_text())
     assert {r["series"] for r in report["rows"]} == {"tensorwire", "mpi"}
     assert all(r["validation"] == "Pass" for r in report["rows"])
@@ -134,8 +195,26 @@ def test_api_path_beside_gloo(tmp_path, op, sizes):
     """--api times world.allreduce/alltoall (the library path); --compare gloo puts
     torch.distributed's gloo beside it in the same processes."""
     out = tmp_path / "api.json"
-    proc = bench(op, "--ranks", "3", "--transport", "shm", "--sizes", sizes, "--api", "--compare", "gloo",
-                 "--validate", "--json", str(out), "--iters", "6", "--warmup", "1", timeout=120)
+    proc = bench(
+        op,
+        "--ranks",
+        "3",
+        "--transport",
+        "shm",
+        "--sizes",
+        sizes,
+        "--api",
+        "--compare",
+        "gloo",
+        "--validate",
+        "--json",
+        str(out),
+        "--iters",
+        "6",
+        "--warmup",
+        "1",
+        timeout=120,
+    )
     report = json.loads(out.read_text())
     assert {r["series"] for r in report["rows"]} == {"tensorwire", "gloo"}
     assert all(r["validation"] == "Pass" for r in report["rows"]), proc.stdout
@@ -157,6 +236,7 @@ def test_the_stated_threshold_is_the_layers(monkeypatch):
     """The command's help states the C++ layer's default switch from rd to the ring;
     a one-rank layer says what it takes on either side of it."""
     from tensorwire import Device, _core
+
     monkeypatch.delenv("TENSORWIRE_COLL_SMALL_BYTES", raising=False)
     store = {}
     with Device() as dev:
@@ -174,6 +254,7 @@ def test_the_stated_threshold_is_the_layers(monkeypatch):
 def test_argv_round_trip():
     """The ranks run the same command (`tensorwire bench ...`) with the arguments _argv_of gives."""
     from tensorwire.cli import build_parser
+
     p = build_parser()
     a = p.parse_args(["bench", "allreduce", "--sizes", "4,1M", "--algorithm", "rd", "--validate", "--iters", "7"])
     b = p.parse_args(["bench", *coll._argv_of(a)])

@@ -13,15 +13,23 @@ import uuid
 
 import pytest
 
-from tensorwire.lab.fabric.common import (Report, check_bw_row, check_fairness, check_latency_row, check_latency_trend,
-                                     jain_index, peak_bandwidth_posted)
+from tensorwire.lab.fabric.common import (
+    Report,
+    check_bw_row,
+    check_fairness,
+    check_latency_row,
+    check_latency_trend,
+    jain_index,
+    peak_bandwidth_posted,
+)
 
 TRANSPORTS = ["tcp", "shm"]
 
 
 def tw(*args, timeout=90, env=None):
-    return subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def ok(proc):
@@ -33,8 +41,9 @@ def ok(proc):
 @pytest.mark.parametrize("test", ["write_bw", "read_bw"])
 def test_bw_smoke_validated(tmp_path, transport, test):
     out = tmp_path / "bw.json"
-    text = ok(tw("bench", test, "--transport", transport, "-s", "4K,2M", "-n", "40", "-q", "2", "-c",
-                 "--json", str(out)))
+    text = ok(
+        tw("bench", test, "--transport", transport, "-s", "4K,2M", "-n", "40", "-q", "2", "-c", "--json", str(out))
+    )
     assert "BW average[MiB/sec]" in text and "MsgRate[Mpps]" in text
     rep = json.loads(out.read_text())
     assert rep["verdict"] in ("PASS", "WARN"), rep["checks"]
@@ -49,8 +58,23 @@ def test_bw_smoke_validated(tmp_path, transport, test):
 
 def test_bw_duration_bidirectional_gbits(tmp_path):
     out = tmp_path / "d.json"
-    text = ok(tw("bench", "write_bw", "--transport", "tcp", "-s", "64K", "-D", "1", "-b", "-c", "--report-gbits",
-                 "--json", str(out)))
+    text = ok(
+        tw(
+            "bench",
+            "write_bw",
+            "--transport",
+            "tcp",
+            "-s",
+            "64K",
+            "-D",
+            "1",
+            "-b",
+            "-c",
+            "--report-gbits",
+            "--json",
+            str(out),
+        )
+    )
     assert "BW average[Gb/sec]" in text and "sampled 0.25..0.75 s" in text
     rep = json.loads(out.read_text())
     assert rep["verdict"] in ("PASS", "WARN"), rep["checks"]
@@ -81,7 +105,7 @@ def _rows_after(text, header):
     lines = text.splitlines()
     i = next(k for k, line in enumerate(lines) if line.strip().startswith(header))
     rows = []
-    for line in lines[i + 1:]:
+    for line in lines[i + 1 :]:
         parts = line.split()
         if not parts or not parts[0].isdigit():
             break
@@ -108,8 +132,28 @@ def test_formats_parse_like_the_anchors():
 
 def test_p2p_between_ranks_under_the_launcher(tmp_path):
     out = tmp_path / "w.json"
-    text = ok(tw("run", "-n", "3", "--", sys.executable, "-m", "tensorwire", "bench", "write_bw", "--transport", "tcp",
-                 "-s", "8K", "-n", "40", "-c", "--json", str(out)))
+    text = ok(
+        tw(
+            "run",
+            "-n",
+            "3",
+            "--",
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "bench",
+            "write_bw",
+            "--transport",
+            "tcp",
+            "-s",
+            "8K",
+            "-n",
+            "40",
+            "-c",
+            "--json",
+            str(out),
+        )
+    )
     rep = json.loads(out.read_text())
     assert rep["config"]["mode"] == "world" and rep["rows"][0]["validation"] == "Pass"
     assert "PASS write_bw tcp" in text or "WARN write_bw tcp" in text
@@ -117,8 +161,29 @@ def test_p2p_between_ranks_under_the_launcher(tmp_path):
 
 def test_fullmesh_three_ranks(tmp_path):
     out = tmp_path / "fm.json"
-    text = ok(tw("run", "-n", "3", "--", sys.executable, "-m", "tensorwire", "bench", "fullmesh", "--transport", "tcp",
-                 "-D", "1", "-q", "2", "-s", "16K", "--json", str(out)))
+    text = ok(
+        tw(
+            "run",
+            "-n",
+            "3",
+            "--",
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "bench",
+            "fullmesh",
+            "--transport",
+            "tcp",
+            "-D",
+            "1",
+            "-q",
+            "2",
+            "-s",
+            "16K",
+            "--json",
+            str(out),
+        )
+    )
     assert "jain_fairness" in text and "aggregate[Gb/sec]" in text
     rep = json.loads(out.read_text())
     assert rep["verdict"] in ("PASS", "WARN"), rep["checks"]
@@ -149,9 +214,30 @@ def _pid_of_rank(marker, rank, deadline):
 def test_fullmesh_killed_rank_fails_the_run_naming_it():
     marker = uuid.uuid4().hex
     env = dict(os.environ, FULLMESH_TEST_MARK=marker)
-    proc = subprocess.Popen([sys.executable, "-m", "tensorwire", "run", "-n", "3", "--", sys.executable, "-m",
-                             "tensorwire", "bench", "fullmesh", "--transport", "tcp", "-D", "30"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "run",
+            "-n",
+            "3",
+            "--",
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "bench",
+            "fullmesh",
+            "--transport",
+            "tcp",
+            "-D",
+            "30",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         pid = _pid_of_rank(marker, 2, time.monotonic() + 30)
         time.sleep(2.0)  # mid-run: connected and streaming
@@ -168,6 +254,7 @@ def test_fullmesh_killed_rank_fails_the_run_naming_it():
 
 
 # ---- rows as they are measured ----
+
 
 class _Lane:
     def transports(self):
@@ -188,20 +275,29 @@ class _Peer:
     def stream_ops(self, op, size, iters, window, bidir, warmup):
         self.seen.append(self.out.getvalue())
         t = 1e-6 * (1 + size / 1e4)
-        return {"posted": [k * t for k in range(iters)], "completions": [(k + 1) * t for k in range(iters)],
-                "seconds": iters * t}, None
+        return {
+            "posted": [k * t for k in range(iters)],
+            "completions": [(k + 1) * t for k in range(iters)],
+            "seconds": iters * t,
+        }, None
 
 
-@pytest.mark.parametrize("argv", [["write_lat", "-s", "8,4K", "-n", "50"],
-                                  ["read_lat", "-s", "8,4K", "-n", "50", "--format", "osu"],
-                                  ["write_bw", "-s", "4K,64K", "-n", "20"],
-                                  ["read_bw", "-s", "4K,64K", "-n", "20", "--format", "imb"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["write_lat", "-s", "8,4K", "-n", "50"],
+        ["read_lat", "-s", "8,4K", "-n", "50", "--format", "osu"],
+        ["write_bw", "-s", "4K,64K", "-n", "20"],
+        ["read_bw", "-s", "4K,64K", "-n", "20", "--format", "imb"],
+    ],
+)
 def test_each_row_prints_when_its_size_is_measured(argv):
     """perftest and OSU print a size's row when it finishes: the header is out
     before the first size is measured and row 1 before size 2 is; the JSON rows
     are the ones the table shows."""
     from tensorwire.cli import build_parser
     from tensorwire.lab.fabric.perftest import measure
+
     args = build_parser().parse_args(["bench", *argv])
     kind = argv[0].split("_")[1]
     if kind == "bw":
@@ -225,22 +321,31 @@ def test_fullmesh_sweep_prints_each_world_size_when_it_finishes(tmp_path, monkey
     """The scaling table's row of N is out before the run of the next N starts."""
     from tensorwire import cli
     from tensorwire.lab.fabric import fullmesh
+
     shown = []
 
     def run(cmd, **_):  # stands in for `tensorwire run -n N -- ... bench fullmesh --json OUT`
         shown.append(capsys.readouterr().out)
         n = int(cmd[cmd.index("-n") + 1])
-        row = {"ranks": n, "flows": n * (n - 1), "aggregate_Gbps": 2.0 * n, "flow_mean_Gbps": 2.0 / (n - 1),
-               "flow_min_Gbps": 1.0 / (n - 1), "jain": 1.0, "per_flow": [], "per_rank": [{"tx_Gbps": 2.0}] * n}
+        row = {
+            "ranks": n,
+            "flows": n * (n - 1),
+            "aggregate_Gbps": 2.0 * n,
+            "flow_mean_Gbps": 2.0 / (n - 1),
+            "flow_min_Gbps": 1.0 / (n - 1),
+            "jain": 1.0,
+            "per_flow": [],
+            "per_rank": [{"tx_Gbps": 2.0}] * n,
+        }
         with open(cmd[cmd.index("--json") + 1], "w") as f:
             json.dump({"rows": [row], "checks": [], "verdict": "PASS"}, f)
         return subprocess.CompletedProcess(cmd, 0, "", "")
+
     monkeypatch.setattr(fullmesh.subprocess, "run", run)
     out = tmp_path / "fm.json"
     assert cli.main(["bench", "fullmesh", "--sweep-ranks", "2,3", "-D", "1", "--no-progress", "--json", str(out)]) == 0
     rest = capsys.readouterr().out
-    row_of = {n: next(line for line in (shown[1] + rest).splitlines() if line.startswith(f" {n}  "))
-              for n in (2, 3)}
+    row_of = {n: next(line for line in (shown[1] + rest).splitlines() if line.startswith(f" {n}  ")) for n in (2, 3)}
     assert "jain_fairness" in shown[0] and row_of[2] in shown[1] and row_of[3] in rest
     assert row_of[2].split()[:3] == ["2", "2", "4.000"] and row_of[3].split()[:3] == ["3", "6", "6.000"]
     assert [r["ranks"] for r in json.loads(out.read_text())["rows"]] == [2, 3]
@@ -248,6 +353,7 @@ def test_fullmesh_sweep_prints_each_world_size_when_it_finishes(tmp_path, monkey
 
 
 # ---- the verdicts' sanity checks ----
+
 
 def test_avg_above_peak_fails():
     r = Report("t", {})
@@ -264,8 +370,15 @@ def test_above_link_rate_fails_and_bidirectional_doubles_it():
     check_bw_row(r, 1 << 20, avg=1.1 * link, peak=None, msg_rate_mpps=1.1 * link / (1 << 20) / 1e6, link_rate=link)
     assert r.verdict == "FAIL" and "link rate" in r.checks[0][1]
     r = Report("t", {})
-    check_bw_row(r, 1 << 20, avg=1.9 * link, peak=None, msg_rate_mpps=1.9 * link / (1 << 20) / 1e6, link_rate=link,
-                 bidirectional=True)
+    check_bw_row(
+        r,
+        1 << 20,
+        avg=1.9 * link,
+        peak=None,
+        msg_rate_mpps=1.9 * link / (1 << 20) / 1e6,
+        link_rate=link,
+        bidirectional=True,
+    )
     assert r.verdict == "PASS"
 
 

@@ -14,19 +14,20 @@ TRANSPORTS = ["tcp", "shm"]
 
 
 def run_cli(*args, timeout=120):
-    proc = subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, "-m", "tensorwire", *args], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-@pytest.mark.parametrize("extra", [[], ["--bidirectional"], ["--op", "read"], ["--lanes", "2"]],
-                         ids=["write", "bidir", "read", "lanes2"])
+@pytest.mark.parametrize(
+    "extra", [[], ["--bidirectional"], ["--op", "read"], ["--lanes", "2"]], ids=["write", "bidir", "read", "lanes2"]
+)
 def test_bench_bw(tmp_path, transport, extra):
     out = tmp_path / "bw.json"
-    text = run_cli("bench", "bw", "--transport", transport, "--sizes", "4K,2M", "--iters", "50",
-                   "--json", str(out), *extra)
+    text = run_cli(
+        "bench", "bw", "--transport", transport, "--sizes", "4K,2M", "--iters", "50", "--json", str(out), *extra
+    )
     assert "BW average[MiB/sec]" in text  # the family's table and unit
     report = json.loads(out.read_text())
     assert report["verdict"] in ("PASS", "WARN")
@@ -45,8 +46,20 @@ def test_bench_bw(tmp_path, transport, extra):
 @pytest.mark.parametrize("op", ["write", "read"])
 def test_bench_latency(tmp_path, transport, op):
     out = tmp_path / "lat.json"
-    text = run_cli("bench", "latency", "--transport", transport, "--op", op, "--sizes", "8,2M", "--iters", "200",
-                   "--json", str(out))
+    text = run_cli(
+        "bench",
+        "latency",
+        "--transport",
+        transport,
+        "--op",
+        op,
+        "--sizes",
+        "8,2M",
+        "--iters",
+        "200",
+        "--json",
+        str(out),
+    )
     assert "t_typical[usec]" in text
     assert ("full round trip" in text) == (op == "read")
     report = json.loads(out.read_text())
@@ -58,12 +71,22 @@ def test_bench_latency(tmp_path, transport, op):
         assert row["rtt"] == (op == "read") and row["iterations"] == 200
 
 
-@pytest.mark.parametrize("alias, member, flags", [
-    (["bw", "--op", "read", "--sizes", "4K", "--iters", "20", "--window", "4", "--raw"], "read_bw",
-     ["-s", "4K", "-n", "20", "-t", "4"]),
-    (["latency", "--sizes", "8", "--iters", "50", "--budget", "1K"], "write_lat", ["-s", "8", "-n", "50",
-                                                                                 "--budget", "1K"]),
-], ids=["bw", "latency"])
+@pytest.mark.parametrize(
+    "alias, member, flags",
+    [
+        (
+            ["bw", "--op", "read", "--sizes", "4K", "--iters", "20", "--window", "4", "--raw"],
+            "read_bw",
+            ["-s", "4K", "-n", "20", "-t", "4"],
+        ),
+        (
+            ["latency", "--sizes", "8", "--iters", "50", "--budget", "1K"],
+            "write_lat",
+            ["-s", "8", "-n", "50", "--budget", "1K"],
+        ),
+    ],
+    ids=["bw", "latency"],
+)
 def test_alias_prints_the_family_output(tmp_path, alias, member, flags):
     """The same flags, old spelling or new, give the same table, config and row keys."""
     texts, reports = [], []
@@ -80,14 +103,16 @@ def test_alias_prints_the_family_output(tmp_path, alias, member, flags):
 
     def header(text):
         return next(line for line in text.splitlines() if line.startswith(" #bytes"))
+
     assert header(texts[0]) == header(texts[1])
     assert texts[0].splitlines()[-1].split()[1:3] == texts[1].splitlines()[-1].split()[1:3]  # "PASS read_bw shm"
 
 
 def test_budget_lowers_the_iterations(tmp_path):
     out = tmp_path / "b.json"
-    run_cli("bench", "bw", "--transport", "shm", "--sizes", "4K,2M", "--iters", "50", "--budget", "20M",
-            "--json", str(out))
+    run_cli(
+        "bench", "bw", "--transport", "shm", "--sizes", "4K,2M", "--iters", "50", "--budget", "20M", "--json", str(out)
+    )
     assert [r["iterations"] for r in json.loads(out.read_text())["rows"]] == [50, 10]
 
 
@@ -102,8 +127,12 @@ def test_bench_plot(tmp_path, bench):
 
 def test_bench_rejects_bad_sizes():
     for bench in ("bw", "write_bw"):
-        proc = subprocess.run([sys.executable, "-m", "tensorwire", "bench", bench, "--sizes", "12Q"],
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-m", "tensorwire", "bench", bench, "--sizes", "12Q"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and "bad size" in proc.stderr
 
 
@@ -117,9 +146,26 @@ def test_info_names_the_loaded_ucx():
 @pytest.mark.parametrize("progress", ["inline", "blocking"])
 def test_slot_latency_bench(tmp_path, transport, progress):
     out = tmp_path / "slot.json"
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.lab.fabric.slot_latency", "--transport", transport,
-                           "--sizes", "8,4K", "--iters", "200", "--progress-mode", progress, "--json", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire.lab.fabric.slot_latency",
+            "--transport",
+            transport,
+            "--sizes",
+            "8,4K",
+            "--iters",
+            "200",
+            "--progress-mode",
+            progress,
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["config"]["progress"] == progress
@@ -138,21 +184,48 @@ def _gpu_missing() -> str | None:
 @pytest.mark.skipif(_gpu_missing() is not None, reason=f"no GPU for tensorwire ({_gpu_missing()})")
 def test_slot_latency_bench_in_gpu_memory(tmp_path):
     out = tmp_path / "slot.json"
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.lab.fabric.slot_latency", "--transport", "shm",
-                           "--sizes", "8,4K", "--iters", "200", "--memory", "cuda", "--series", "both",
-                           "--json", str(out)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire.lab.fabric.slot_latency",
+            "--transport",
+            "shm",
+            "--sizes",
+            "8,4K",
+            "--iters",
+            "200",
+            "--memory",
+            "cuda",
+            "--series",
+            "both",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["config"]["memory"] == "cuda"
     assert all(r["memory"].startswith("cuda") for r in report["rows"]), report["rows"]  # not only the config's word
-    assert sorted((r["series"], r["size"]) for r in report["rows"]) == [("notify", 8), ("notify", 4096),
-                                                                         ("slot", 8), ("slot", 4096)]
+    assert sorted((r["series"], r["size"]) for r in report["rows"]) == [
+        ("notify", 8),
+        ("notify", 4096),
+        ("slot", 8),
+        ("slot", 4096),
+    ]
     for row in report["rows"]:
         assert 0 < row["lat_us"]["min"] <= row["lat_us"]["p50"] <= row["lat_us"]["max"]
 
 
 @pytest.mark.skipif(_gpu_missing() is None, reason="this machine has a GPU")
 def test_slot_latency_in_gpu_memory_without_a_gpu_exits_2_saying_why():
-    proc = subprocess.run([sys.executable, "-m", "tensorwire.lab.fabric.slot_latency", "--memory", "cuda"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tensorwire.lab.fabric.slot_latency", "--memory", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "--memory cuda: tensorwire sees no GPU" in proc.stderr, proc.stderr

@@ -102,16 +102,18 @@ def _checkout(tmp_path: pathlib.Path, files: dict[str, str] = FILES) -> pathlib.
 def test_dry_run_lists_the_commands(capsys):
     assert cli.main(["bench", "report", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    for command in ("tensorwire demo > bench/results/demo.txt",
-                    "bash bench/compare_ucx_perftest.sh --reps 3",
-                    "tensorwire bench tensor --transport shm --repeat 3 --no-progress "
-                    "--json bench/results/tensor_shm.json --plot bench/results/tensor_shm.png "
-                    "> bench/results/tensor_shm.txt",
-                    "tensorwire bench tensor --transport tcp",
-                    "tensorwire bench torch-dist --transport shm",
-                    "tensorwire bench torch-dist --transport tcp",
-                    "tensorwire bench train --transport shm --figures fig8 --batches 1 --steps 20",
-                    "tensorwire bench train --transport tcp --figures fig8 --batches 1 --steps 20"):
+    for command in (
+        "tensorwire demo > bench/results/demo.txt",
+        "bash bench/compare_ucx_perftest.sh --reps 3",
+        "tensorwire bench tensor --transport shm --repeat 3 --no-progress "
+        "--json bench/results/tensor_shm.json --plot bench/results/tensor_shm.png "
+        "> bench/results/tensor_shm.txt",
+        "tensorwire bench tensor --transport tcp",
+        "tensorwire bench torch-dist --transport shm",
+        "tensorwire bench torch-dist --transport tcp",
+        "tensorwire bench train --transport shm --figures fig8 --batches 1 --steps 20",
+        "tensorwire bench train --transport tcp --figures fig8 --batches 1 --steps 20",
+    ):
         assert command in out, f"{command!r} not in:\n{out}"
     assert len([line for line in out.splitlines() if not line.startswith("#")]) == len(report.STEPS)
     assert cli.main(["bench", "report", "--dry-run", "--repeat", "1"]) == 0  # one pass: every step that repeats
@@ -146,33 +148,32 @@ def test_readme_blocks_from_given_files(tmp_path):
     assert "intro text, kept" in text and "hand-written text before the block, kept" in text
     assert "hand-written text after the block, kept" in text and text.endswith("the end\n")
     assert "stale text" not in text and "old demo output" not in text
-    block = text[text.index(report.BEGIN):text.index(report.END)]
+    block = text[text.index(report.BEGIN) : text.index(report.END)]
     for expected in (
-            "[compare_ucx_perftest.txt](bench/results/compare_ucx_perftest.txt), 2026-11-21, median of 3 runs): "
-            "2 of 2 ratios meet their targets",
-            "PASS tcp `write_bw` 1 MiB: 6663.59 against 4485.32 MB/s of ucx_perftest ucp_put_bw, 1.49x "
-            "(target >= 0.90x)",
-            "PASS shm `write_lat` 8 B: 0.09 against 0.08 us of ucx_perftest ucp_put_lat, 0.88x",
-            "[tensor_shm.txt](bench/results/tensor_shm.txt), 2026-11-22, code 51bfc75, best of 3): 2 of 3 bars met",
-            "PASS `zerocopy >= 10x grpc`: 13.48x (worst of the 9 sizes it covers, at 8M; bar 10x)",
-            "MISS `zerocopy >= ucx-tag`: 0.74x (worst of the 19 sizes it covers, at 8M; bar 1x)",
-            "PASS `zerocopy transfer >= 0.9x memcpy`: 1.71x (at 256M; bar 0.9x)",
-            "at 256M: zerocopy 11,638 MB/s; the other series' time over zerocopy's: dynamic 0.98x, copy 1.79x, "
-            "grpc 32.93x; sanity checks PASS",
-            "[torch_dist_shm.txt](bench/results/torch_dist_shm.txt), 2026-11-28, code e98b2b2): 1 of 2 targets met",
-            "MISS send/recv 8 B latency <= 1/5 of gloo's: 3.12x",
-            "PASS all_reduce 1M >= 2x gloo: 5.98x",
-            "send/recv latency 3.12x (8 B); all_reduce 5.98x (1 MiB), 4.20x (16 MiB)",
-            "[net_tcp_train_b1.txt](bench/results/net_tcp_train_b1.txt), 2026-11-27, code 5ede37a, best of 2): "
-            "1 of 2 targets met",
-            "fcn5 batch 1: zerocopy 11.15, copy 9.89, gloo 10.73 samples/s; zerocopy/gloo 1.04x (target >= 1.2x) "
-            "MISS; zerocopy/copy 1.13x (target >= 1.1x) met",
-            # files that are not there say how to make them
-            "[tensor_tcp.txt](bench/results/tensor_tcp.txt): not measured yet (`tensorwire bench report --only "
-            "tensor-tcp`)",
+        "[compare_ucx_perftest.txt](bench/results/compare_ucx_perftest.txt), 2026-11-21, median of 3 runs): "
+        "2 of 2 ratios meet their targets",
+        "PASS tcp `write_bw` 1 MiB: 6663.59 against 4485.32 MB/s of ucx_perftest ucp_put_bw, 1.49x (target >= 0.90x)",
+        "PASS shm `write_lat` 8 B: 0.09 against 0.08 us of ucx_perftest ucp_put_lat, 0.88x",
+        "[tensor_shm.txt](bench/results/tensor_shm.txt), 2026-11-22, code 51bfc75, best of 3): 2 of 3 bars met",
+        "PASS `zerocopy >= 10x grpc`: 13.48x (worst of the 9 sizes it covers, at 8M; bar 10x)",
+        "MISS `zerocopy >= ucx-tag`: 0.74x (worst of the 19 sizes it covers, at 8M; bar 1x)",
+        "PASS `zerocopy transfer >= 0.9x memcpy`: 1.71x (at 256M; bar 0.9x)",
+        "at 256M: zerocopy 11,638 MB/s; the other series' time over zerocopy's: dynamic 0.98x, copy 1.79x, "
+        "grpc 32.93x; sanity checks PASS",
+        "[torch_dist_shm.txt](bench/results/torch_dist_shm.txt), 2026-11-28, code e98b2b2): 1 of 2 targets met",
+        "MISS send/recv 8 B latency <= 1/5 of gloo's: 3.12x",
+        "PASS all_reduce 1M >= 2x gloo: 5.98x",
+        "send/recv latency 3.12x (8 B); all_reduce 5.98x (1 MiB), 4.20x (16 MiB)",
+        "[net_tcp_train_b1.txt](bench/results/net_tcp_train_b1.txt), 2026-11-27, code 5ede37a, best of 2): "
+        "1 of 2 targets met",
+        "fcn5 batch 1: zerocopy 11.15, copy 9.89, gloo 10.73 samples/s; zerocopy/gloo 1.04x (target >= 1.2x) "
+        "MISS; zerocopy/copy 1.13x (target >= 1.1x) met",
+        # files that are not there say how to make them
+        "[tensor_tcp.txt](bench/results/tensor_tcp.txt): not measured yet (`tensorwire bench report --only "
+        "tensor-tcp`)",
     ):
         assert expected in block, f"{expected!r} not in the block:\n{block}"
-    demo = text[text.index(report.DEMO_BEGIN):text.index(report.DEMO_END)]
+    demo = text[text.index(report.DEMO_BEGIN) : text.index(report.DEMO_END)]
     assert "tensorwire demo: wrote a 64 MiB float32 tensor into pid 123" in demo
     assert "bandwidth: 5,027 MB/s" in demo and "# command" not in demo
     # a second regeneration from the same files changes nothing
@@ -189,8 +190,10 @@ def test_readme_without_markers_is_an_error(tmp_path):
 
 def test_a_step_moves_its_files_and_a_failed_one_keeps_the_old(tmp_path):
     root = _checkout(tmp_path, {"x.txt": "old\n", "x.json": "old"})
-    write = ("import sys, pathlib; pathlib.Path(sys.argv[1], 'x.json').write_text('new'); "
-             "print('PASS x measured'); sys.exit(int(sys.argv[2]))")
+    write = (
+        "import sys, pathlib; pathlib.Path(sys.argv[1], 'x.json').write_text('new'); "
+        "print('PASS x measured'); sys.exit(int(sys.argv[2]))"
+    )
     good = report.Step("x", "a test", (sys.executable, "-c", write, report.OUT, "0"), "x.txt", writes=("x.json",))
     r = report.run_step(good, root, timeout=60, keep_dir=tmp_path / "kept")
     assert r.ok and r.summary == "PASS x measured" and r.written == ["x.txt", "x.json"]
@@ -210,9 +213,9 @@ def test_the_readme_is_what_the_committed_files_say():
     """README.md's blocks are the rendering of the committed files: edit a number by hand, or
     commit a re-run without its README, and this fails (`tensorwire bench report --readme-only`)."""
     text = (ROOT / "README.md").read_text()
-    block = text[text.index(report.BEGIN) + len(report.BEGIN):text.index(report.END)]
+    block = text[text.index(report.BEGIN) + len(report.BEGIN) : text.index(report.END)]
     assert block.strip("\n") == report.render_block(ROOT / "bench" / "results").strip("\n")
-    demo = text[text.index(report.DEMO_BEGIN) + len(report.DEMO_BEGIN):text.index(report.DEMO_END)]
+    demo = text[text.index(report.DEMO_BEGIN) + len(report.DEMO_BEGIN) : text.index(report.DEMO_END)]
     assert demo.strip("\n") == report.render_demo(ROOT / "bench" / "results").strip("\n")
 
 
@@ -233,6 +236,7 @@ def test_a_results_file_says_uncommitted_only_for_code(tmp_path):
     """The code a step ran is "uncommitted" only when code changed, not when the report itself
     has rewritten bench/results/ or README.md (in a scratch git repository)."""
     import subprocess
+
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
     (tmp_path / "bench" / "results").mkdir(parents=True)
     for name in ("README.md", "bench/results/x.txt", "code.py"):
@@ -251,11 +255,13 @@ def test_a_results_file_says_uncommitted_only_for_code(tmp_path):
 def test_torch_dist_targets_keep_their_compute_ceiling():
     """A training target's line carries its compute ceiling into the README (it says why a
     bar no transport could meet was missed); every target line counts."""
-    text = "\n".join([
-        "# target send/recv 8 B latency <= 1/5 of gloo's: 5.48x PASS",
-        "# target DDP FCN-5 batch 8 samples/s >= 1.3x gloo: 1.23x (compute ceiling 1.96x gloo) MISS",
-        "MISS: 1 of 2 targets (DDP FCN-5 batch 8 samples/s >= 1.3x gloo)",
-    ])
+    text = "\n".join(
+        [
+            "# target send/recv 8 B latency <= 1/5 of gloo's: 5.48x PASS",
+            "# target DDP FCN-5 batch 8 samples/s >= 1.3x gloo: 1.23x (compute ceiling 1.96x gloo) MISS",
+            "MISS: 1 of 2 targets (DDP FCN-5 batch 8 samples/s >= 1.3x gloo)",
+        ]
+    )
     summary, lines = report.torch_dist_lines(text)
     assert summary == "1 of 2 targets met", summary
     assert "  * MISS DDP FCN-5 batch 8 samples/s >= 1.3x gloo: 1.23x (compute ceiling 1.96x gloo)" in lines, lines

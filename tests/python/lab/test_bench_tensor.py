@@ -29,9 +29,26 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 def run_cli(tmp_path, series: str, transport: str, *extra: str) -> dict:
     out = tmp_path / f"{series}-{transport}.json"
-    argv = ["bench", "tensor", "--series", series, "--transport", transport,
-            "--sizes", ",".join(str(s) for s in SIZES), "--iters", "10", "--warmup", "2",
-            "--timeout", "20", "--verify", "--json", str(out), *extra]
+    argv = [
+        "bench",
+        "tensor",
+        "--series",
+        series,
+        "--transport",
+        transport,
+        "--sizes",
+        ",".join(str(s) for s in SIZES),
+        "--iters",
+        "10",
+        "--warmup",
+        "2",
+        "--timeout",
+        "20",
+        "--verify",
+        "--json",
+        str(out),
+        *extra,
+    ]
     rc = cli.main(argv)
     report = json.loads(out.read_text())
     assert rc == 0, report["checks"]
@@ -99,15 +116,26 @@ def test_speedups_table_and_plot(tmp_path, capfd):
 
 def _fake_series(median_us):
     """A stand-in for bench tensor's run_series: each cell's row with median_us(series, size, runs so far)."""
+
     def series(name, cfg, args, progress, runs, report, measured=None):
         for size in args.sizes:
             median = median_us(name, size, runs)
-            row = {"series": name, "transport": "shm", "size": size, "iters": 10, "median_us": median,
-                   "MBps": size / median, "warmup": 2, "min_us": median, "verified": None}
+            row = {
+                "series": name,
+                "transport": "shm",
+                "size": size,
+                "iters": 10,
+                "median_us": median,
+                "MBps": size / median,
+                "warmup": 2,
+                "min_us": median,
+                "verified": None,
+            }
             runs.append(row)
             if measured is not None:
                 measured(row)
             progress.step(name)
+
     return series
 
 
@@ -121,19 +149,43 @@ def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, ca
         seen.append((name, size, capsys.readouterr().out))
         done = sum(r["series"] == name and r["size"] == size for r in runs)
         return (10.0 if name == "zerocopy" else 30.0) * (2 - done) * size / 1024
+
     monkeypatch.setattr(bt, "run_series", _fake_series(median))
     out = tmp_path / "t.json"
-    assert cli.main(["bench", "tensor", "--transport", "shm", "--series", "zerocopy,ucx-tag", "--sizes", "1K,2K",
-                     "--repeat", "2", "--no-progress", "--json", str(out)]) == 0
+    assert (
+        cli.main(
+            [
+                "bench",
+                "tensor",
+                "--transport",
+                "shm",
+                "--series",
+                "zerocopy,ucx-tag",
+                "--sizes",
+                "1K,2K",
+                "--repeat",
+                "2",
+                "--no-progress",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     rest = capsys.readouterr().out
 
     def table_of(text: str) -> list[list[str]]:
         return [line.split() for line in text.splitlines() if line[:1] == " " and line.split()[0].isdigit()]
+
     table = table_of("".join(text for *_, text in seen) + rest)
-    assert [(t[1], int(t[0])) for t in table] == [("zerocopy", 1024), ("zerocopy", 2048), ("ucx-tag", 1024),
-                                                  ("ucx-tag", 2048)]  # as measured: series by series
+    assert [(t[1], int(t[0])) for t in table] == [
+        ("zerocopy", 1024),
+        ("zerocopy", 2048),
+        ("ucx-tag", 1024),
+        ("ucx-tag", 2048),
+    ]  # as measured: series by series
     assert "speed-up" in seen[0][2]  # the header before the first cell
-    before = [len(table_of("".join(text for *_, text in seen[:i + 1]))) for i in range(len(seen))]
+    before = [len(table_of("".join(text for *_, text in seen[: i + 1]))) for i in range(len(seen))]
     assert before == [0, 0, 0, 0, 0, 1, 2, 3]  # 2 passes of 4 cells: rows come in the last, one per cell
     rows = json.loads(out.read_text())["rows"]
     for t, r in zip(table, rows):  # each printed row is the cell's best pass (the second), as in the JSON
@@ -147,10 +199,17 @@ def test_rows_print_when_their_last_pass_measured_them(tmp_path, monkeypatch, ca
 def test_last_line_is_miss_when_a_target_is_missed(zerocopy_us, first, monkeypatch, capsys):
     """A sound run that misses one of its own bars ends with MISS naming it, never a bare PASS
     (made-up medians: zerocopy 3x faster than ucx-tag, then 1.3x slower); the exit code stays 0."""
-    monkeypatch.setattr(bt, "run_series", _fake_series(
-        lambda name, size, runs: (zerocopy_us if name == "zerocopy" else 30.0) * size / 1024))
-    assert cli.main(["bench", "tensor", "--transport", "shm", "--series", "zerocopy,ucx-tag", "--sizes", "4K",
-                     "--no-progress"]) == 0
+    monkeypatch.setattr(
+        bt,
+        "run_series",
+        _fake_series(lambda name, size, runs: (zerocopy_us if name == "zerocopy" else 30.0) * size / 1024),
+    )
+    assert (
+        cli.main(
+            ["bench", "tensor", "--transport", "shm", "--series", "zerocopy,ucx-tag", "--sizes", "4K", "--no-progress"]
+        )
+        == 0
+    )
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith(first), last
     if first.startswith("MISS"):
@@ -185,7 +244,9 @@ def test_cli_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "tensor", "--series", "zerocopy,nope"])
     assert "unknown series nope" in capsys.readouterr().err
-    assert cli.main(["bench", "tensor", "--sizes", "1K,6"]) == 2  # the command's check: one --sizes type in every command
+    assert (
+        cli.main(["bench", "tensor", "--sizes", "1K,6"]) == 2
+    )  # the command's check: one --sizes type in every command
     assert "multiples of 4" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["bench", "tensor"])
     assert args.sizes[0] == 1024 and args.sizes[-1] == 256 << 20 and args.series is None
@@ -193,13 +254,18 @@ def test_cli_rejects_bad_arguments(capsys):
 
 def test_cpus_pick_one_cpu_per_process():
     from tensorwire.lab.fabric.common import pick_cpus
+
     mine = sorted(os.sched_getaffinity(0))
     assert pick_cpus("none", 2) is None
     assert pick_cpus("auto", 2) == (mine[:2] if len(mine) >= 2 else None)
     assert pick_cpus("auto", len(mine) + 1) is None  # fewer CPUs than processes: the scheduler's
     assert pick_cpus(str(mine[0]), 1) == [mine[0]]
-    for bad, why in [("x", "auto, none or 2 CPU numbers"), (f"{mine[0]},{mine[0]}", "2 distinct"),
-                     (str(mine[0]), "2 distinct"), (f"{mine[0]},{max(mine) + 1}", "may run on CPUs")]:
+    for bad, why in [
+        ("x", "auto, none or 2 CPU numbers"),
+        (f"{mine[0]},{mine[0]}", "2 distinct"),
+        (str(mine[0]), "2 distinct"),
+        (f"{mine[0]},{max(mine) + 1}", "may run on CPUs"),
+    ]:
         with pytest.raises(ValueError, match=why):
             pick_cpus(bad, 2)
 
@@ -237,6 +303,7 @@ def test_meta_round_trip_and_pattern():
 
 
 # --- the raw UCX baselines, both ends in this process (one thread each) ----------------------
+
 
 @pytest.fixture(params=["tcp", "shm"])
 def ucx_pair(request):
@@ -314,8 +381,26 @@ def test_stream_pass_anchors_and_targets(tmp_path, capfd):
     if bt.SERIES["zerocopy"].unavailable() is not None:
         pytest.skip("no slot API")
     out = tmp_path / "stream.json"
-    rc = cli.main(["bench", "tensor", "--series", "zerocopy,ucx-tag", "--transport", "shm", "--sizes", "64K,1M",
-                   "--iters", "10", "--warmup", "2", "--timeout", "20", "--json", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "tensor",
+            "--series",
+            "zerocopy,ucx-tag",
+            "--transport",
+            "shm",
+            "--sizes",
+            "64K,1M",
+            "--iters",
+            "10",
+            "--warmup",
+            "2",
+            "--timeout",
+            "20",
+            "--json",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert rc == 0 and report["verdict"] == "PASS", report["checks"]
     by = {(r["series"], r["size"]): r for r in report["rows"]}
@@ -338,10 +423,16 @@ def test_targets_pick_the_worst_size():
     rows = [
         {"series": "zerocopy", "size": 4096, "median_us": 2.0},
         {"series": "ucx-tag", "size": 4096, "median_us": 4.0},
-        {"series": "zerocopy", "size": 1 << 20, "median_us": 50.0, "stream_MBps": 30000.0,
-         "memcpy_MBps": 40000.0},
-        {"series": "zerocopy", "size": 256 << 20, "median_us": 9000.0, "stream_MBps": 12000.0,
-         "transfer_MBps": 17000.0, "memcpy_MBps": 18000.0, "write_MBps": 16000.0},
+        {"series": "zerocopy", "size": 1 << 20, "median_us": 50.0, "stream_MBps": 30000.0, "memcpy_MBps": 40000.0},
+        {
+            "series": "zerocopy",
+            "size": 256 << 20,
+            "median_us": 9000.0,
+            "stream_MBps": 12000.0,
+            "transfer_MBps": 17000.0,
+            "memcpy_MBps": 18000.0,
+            "write_MBps": 16000.0,
+        },
         {"series": "ucx-tag", "size": 256 << 20, "median_us": 9900.0, "stream_MBps": 11000.0},
         {"series": "ucx-tag", "size": 1 << 20, "median_us": 40.0, "stream_MBps": 20000.0},
     ]
@@ -374,12 +465,20 @@ def test_tcp_targets_are_those_of_the_network_path():
         {"series": "gloo", "size": 1 << 20, "median_us": 190.0},
     ]
     got = {t["target"]: t for t in bt.targets(rows, "tcp")}
-    assert set(got) == {"zerocopy >= 1.2x ucx-tag", "zerocopy >= 1.2x socket", "zerocopy >= ucx-tag",
-                        "zerocopy >= gloo", "dynamic >= 0.9x zerocopy", "zerocopy >= socket",
-                        "zerocopy >= socket (stream)"}
+    assert set(got) == {
+        "zerocopy >= 1.2x ucx-tag",
+        "zerocopy >= 1.2x socket",
+        "zerocopy >= ucx-tag",
+        "zerocopy >= gloo",
+        "dynamic >= 0.9x zerocopy",
+        "zerocopy >= socket",
+        "zerocopy >= socket (stream)",
+    }
     small = got["zerocopy >= 1.2x ucx-tag"]
     assert (small["worst"], small["at"], small["sizes"], small["met"]) == (pytest.approx(0.9), 1 << 10, 2, False)
-    assert got["zerocopy >= 1.2x socket"]["worst"] == pytest.approx(0.5) and got["zerocopy >= 1.2x socket"]["sizes"] == 1
+    assert (
+        got["zerocopy >= 1.2x socket"]["worst"] == pytest.approx(0.5) and got["zerocopy >= 1.2x socket"]["sizes"] == 1
+    )
     assert got["zerocopy >= ucx-tag"]["worst"] == pytest.approx(0.9) and not got["zerocopy >= ucx-tag"]["met"]
     g = got["zerocopy >= gloo"]
     assert (g["worst"], g["at"], g["met"]) == (pytest.approx(0.95), 1 << 20, False)
@@ -394,8 +493,27 @@ def test_tcp_targets_are_those_of_the_network_path():
 def test_socket_series_moves_the_tensor(tmp_path):
     """The plain-socket baseline delivers every tensor intact, serial and stream."""
     out = tmp_path / "socket.json"
-    rc = cli.main(["bench", "tensor", "--series", "socket", "--transport", "tcp", "--sizes", "4K,1M",
-                   "--iters", "10", "--warmup", "2", "--timeout", "20", "--verify", "--json", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "tensor",
+            "--series",
+            "socket",
+            "--transport",
+            "tcp",
+            "--sizes",
+            "4K,1M",
+            "--iters",
+            "10",
+            "--warmup",
+            "2",
+            "--timeout",
+            "20",
+            "--verify",
+            "--json",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert rc == 0 and report["verdict"] == "PASS", report["checks"]
     by = {r["size"]: r for r in report["rows"]}
@@ -411,8 +529,26 @@ def test_write_anchor_over_tcp_drives_the_receiver(tmp_path):
     if bt.SERIES["zerocopy"].unavailable() is not None:
         pytest.skip("no slot API")
     out = tmp_path / "anchor.json"
-    rc = cli.main(["bench", "tensor", "--series", "zerocopy", "--transport", "tcp", "--sizes", "16M",
-                   "--iters", "10", "--warmup", "1", "--timeout", "30", "--json", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "tensor",
+            "--series",
+            "zerocopy",
+            "--transport",
+            "tcp",
+            "--sizes",
+            "16M",
+            "--iters",
+            "10",
+            "--warmup",
+            "1",
+            "--timeout",
+            "30",
+            "--json",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert rc == 0 and report["verdict"] == "PASS", report["checks"]
     (row,) = report["rows"]
@@ -427,8 +563,11 @@ def test_best_of_keeps_each_cells_lowest_median_and_all_medians():
         {"series": "ucx-tag", "size": 4096, "median_us": 6.0, "iters": 12},
     ]
     got = {r["series"]: r for r in bt.best_of(runs)}
-    assert (got["zerocopy"]["median_us"], got["zerocopy"]["iters"], got["zerocopy"]["medians_us"]) == (2.0, 11,
-                                                                                                      [3.0, 2.0])
+    assert (got["zerocopy"]["median_us"], got["zerocopy"]["iters"], got["zerocopy"]["medians_us"]) == (
+        2.0,
+        11,
+        [3.0, 2.0],
+    )
     assert (got["ucx-tag"]["median_us"], got["ucx-tag"]["medians_us"]) == (5.0, [5.0, 6.0])
 
 
@@ -436,8 +575,14 @@ def test_best_of_takes_each_rate_at_its_best_pass():
     # A stream pass is one sample: the pass with the best median may have had a slow stream.
     runs = [
         {"series": "zerocopy", "size": 1 << 21, "median_us": 40.0, "stream_MBps": 55000.0, "write_MBps": 60000.0},
-        {"series": "zerocopy", "size": 1 << 21, "median_us": 38.0, "stream_MBps": 27000.0, "write_MBps": 50000.0,
-         "transfer_MBps": 90000.0},
+        {
+            "series": "zerocopy",
+            "size": 1 << 21,
+            "median_us": 38.0,
+            "stream_MBps": 27000.0,
+            "write_MBps": 50000.0,
+            "transfer_MBps": 90000.0,
+        },
         {"series": "zerocopy", "size": 1 << 21, "median_us": 41.0, "stream_MBps": 50000.0, "write_MBps": None},
     ]
     (row,) = bt.best_of(runs)

@@ -34,6 +34,7 @@ def _has_gpu() -> bool:
     if not HAS_TORCH:
         return False
     import torch
+
     return torch.cuda.is_available()
 
 
@@ -43,6 +44,7 @@ CUDA_ORDER = ["zerocopy", "dynamic", "staged", "gloo", "cuda_ipc"]
 
 
 # --- the command line ---------------------------------------------------------------------------
+
 
 def test_help_mentions_memory(capsys):
     with pytest.raises(SystemExit) as e:
@@ -55,6 +57,7 @@ def test_help_mentions_memory(capsys):
 def test_memory_cuda_without_a_gpu_exits_2(monkeypatch, capsys):
     if HAS_TORCH:
         import torch
+
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
         want = "tensorwire bench tensor --memory cuda needs a CUDA GPU (torch.cuda.is_available() is False)\n"
     else:
@@ -65,8 +68,10 @@ def test_memory_cuda_without_a_gpu_exits_2(monkeypatch, capsys):
 
 def test_series_are_checked_against_the_memory(capsys):
     assert cli.main(["bench", "tensor", "--memory", "cuda", "--series", "zerocopy,copy"]) == 2
-    assert "series copy not available with --memory cuda; choose from zerocopy, dynamic, staged, gloo, cuda_ipc" \
+    assert (
+        "series copy not available with --memory cuda; choose from zerocopy, dynamic, staged, gloo, cuda_ipc"
         in capsys.readouterr().err
+    )
     assert cli.main(["bench", "tensor", "--series", "staged"]) == 2  # --memory host, the default
     assert "series staged not available with --memory host" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -94,8 +99,25 @@ def test_cuda_series_are_unavailable_without_a_gpu():
 
 def test_host_bench_is_unchanged_by_default(tmp_path):
     out = tmp_path / "host.json"
-    rc = cli.main(["bench", "tensor", "--series", "socket", "--sizes", "4K", "--iters", "10", "--warmup", "2",
-                   "--timeout", "20", "--verify", "--json", str(out)])
+    rc = cli.main(
+        [
+            "bench",
+            "tensor",
+            "--series",
+            "socket",
+            "--sizes",
+            "4K",
+            "--iters",
+            "10",
+            "--warmup",
+            "2",
+            "--timeout",
+            "20",
+            "--verify",
+            "--json",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     assert rc == 0 and report["verdict"] == "PASS", report["checks"]
     assert report["config"]["memory"] == "host"
@@ -105,6 +127,7 @@ def test_host_bench_is_unchanged_by_default(tmp_path):
 
 
 # --- the GPU machinery, with CPU tensors ------------------------------------------------------
+
 
 class FakeCudart:
     def __init__(self, fail: bool = False) -> None:
@@ -162,6 +185,7 @@ def test_pins_lock_each_page_once_and_unlock_them():
 @needs_torch
 def test_cuda_checker_on_cpu_tensors():
     import torch
+
     n = 1024
     ch = cuda.CudaChecker(n * 4, 3, verify=False, serial=True, device="cpu")
     t = cuda.pattern(n, "cpu")
@@ -250,9 +274,27 @@ def test_harness_runs_gpu_series_with_cpu_stand_ins(monkeypatch, tmp_path, capsy
     monkeypatch.setitem(registry.CUDA_SERIES, "zerocopy", CpuZeroCopy)
     monkeypatch.setitem(registry.CUDA_SERIES, "cuda_ipc", CpuIpc)
     args = cli.build_parser().parse_args(
-        ["bench", "tensor", "--memory", "cuda", "--series", "zerocopy,cuda_ipc", "--sizes", "4K,1M",
-         "--iters", "10", "--warmup", "2", "--timeout", "20", "--verify", "--refresh",
-         "--cpus", "none"])  # the receiver is a thread of this process here: no CPUs of their own
+        [
+            "bench",
+            "tensor",
+            "--memory",
+            "cuda",
+            "--series",
+            "zerocopy,cuda_ipc",
+            "--sizes",
+            "4K,1M",
+            "--iters",
+            "10",
+            "--warmup",
+            "2",
+            "--timeout",
+            "20",
+            "--verify",
+            "--refresh",
+            "--cpus",
+            "none",
+        ]
+    )  # the receiver is a thread of this process here: no CPUs of their own
     args.budget = args.budget[0]
     report = bt.run_tensor(args)
     assert report.verdict == "PASS", report.checks
@@ -313,10 +355,30 @@ def test_cuda_targets():
 
 # --- on a GPU ------------------------------------------------------------------------------------
 
+
 def run_cuda(tmp_path, series: str, sizes: str, *extra: str) -> dict:
     out = tmp_path / f"cuda-{series.replace(',', '_')}.json"
-    rc = cli.main(["bench", "tensor", "--memory", "cuda", "--series", series, "--sizes", sizes,
-                   "--iters", "10", "--warmup", "2", "--timeout", "60", "--json", str(out), *extra])
+    rc = cli.main(
+        [
+            "bench",
+            "tensor",
+            "--memory",
+            "cuda",
+            "--series",
+            series,
+            "--sizes",
+            sizes,
+            "--iters",
+            "10",
+            "--warmup",
+            "2",
+            "--timeout",
+            "60",
+            "--json",
+            str(out),
+            *extra,
+        ]
+    )
     report = json.loads(out.read_text())
     assert rc == 0 and report["verdict"] == "PASS", report["checks"]
     assert report["config"]["memory"] == "cuda" and report["config"]["unavailable"] == {}

@@ -14,23 +14,29 @@ import numpy as np
 import pytest
 
 from tensorwire.lab.fabric import teragen
-from tensorwire.lab.fabric._terasort_core import (partition_of, pick_splitters, sample_keys, sort_records, summarize,
-                                             validate)
+from tensorwire.lab.fabric._terasort_core import (
+    partition_of,
+    pick_splitters,
+    sample_keys,
+    sort_records,
+    summarize,
+    validate,
+)
 
 # -- an independent, straightforward gensort: Python ints, one LCG step per row --
 
-A = 0x2360ED051FC65DA44385DF649FCCF645   # gensort rand16 / Hadoop Random16 multiplier
-C = 0x4A696D47726179524950202020202001   # ... and increment ("JimGrayRIP   \x01")
+A = 0x2360ED051FC65DA44385DF649FCCF645  # gensort rand16 / Hadoop Random16 multiplier
+C = 0x4A696D47726179524950202020202001  # ... and increment ("JimGrayRIP   \x01")
 
 
 def reference_record(row: int, rand: int) -> bytes:
     key = rand.to_bytes(16, "big")[:10]
     filler = b"".join(bytes([d]) * 4 for d in b"%012X" % (rand & ((1 << 48) - 1)))
-    return key + b"\x00\x11" + (b"%032X" % row) + b"\x88\x99\xAA\xBB" + filler + b"\xCC\xDD\xEE\xFF"
+    return key + b"\x00\x11" + (b"%032X" % row) + b"\x88\x99\xaa\xbb" + filler + b"\xcc\xdd\xee\xff"
 
 
 def reference_records(first: int, count: int) -> list[bytes]:
-    x = teragen.rand_of_row(first - 1) if first else 0   # f^first(0)
+    x = teragen.rand_of_row(first - 1) if first else 0  # f^first(0)
     out = []
     for r in range(first, first + count):
         x = (A * x + C) % (1 << 128)
@@ -50,13 +56,26 @@ def test_first_records_step_by_step():
 
 # First 6 key bytes of rows 0..5, 10, 64, 128 as published in gensort 1.5's
 # Skew_binary table (gensort.c) -- data from the reference, not derived here.
-GENSORT_KEY_PREFIXES = {0: "4a696d477261", 1: "95e0e48262b3", 2: "45979353dbed", 3: "882a02c31536",
-                        4: "5c90ab38ae52", 5: "72dc0ca51e33", 10: "b3e9689de16b", 64: "33d5b5b15c70",
-                        128: "e1dc46b645c4"}
+GENSORT_KEY_PREFIXES = {
+    0: "4a696d477261",
+    1: "95e0e48262b3",
+    2: "45979353dbed",
+    3: "882a02c31536",
+    4: "5c90ab38ae52",
+    5: "72dc0ca51e33",
+    10: "b3e9689de16b",
+    64: "33d5b5b15c70",
+    128: "e1dc46b645c4",
+}
 # Hadoop Random16.genArray[i].c = f^(2^i)(0), the random value of row 2^i - 1 (Random16.java).
-HADOOP_GEN_C = {1: 0x95E0E48262B3EDFE04479485C755B646, 9: 0x00BE4A36657C98CD204E8C8AF7DAFE00,
-                20: 0x1B25CB9CFE5A0C963174F91A97F00000, 40: 0xE941A65D66B64BFD71A97F0000000000,
-                63: 0x7858CA25FEB8D4BF8000000000000000, 64: 0xF0B1944BFD71A97F0000000000000000}
+HADOOP_GEN_C = {
+    1: 0x95E0E48262B3EDFE04479485C755B646,
+    9: 0x00BE4A36657C98CD204E8C8AF7DAFE00,
+    20: 0x1B25CB9CFE5A0C963174F91A97F00000,
+    40: 0xE941A65D66B64BFD71A97F0000000000,
+    63: 0x7858CA25FEB8D4BF8000000000000000,
+    64: 0xF0B1944BFD71A97F0000000000000000,
+}
 HADOOP_GEN_A = {9: 0x4A5C31E0654C28AA60474E83BF3F7801, 64: 0x5F0BA18C53CD8FBC0000000000000001}
 
 
@@ -110,6 +129,7 @@ def test_checksum_is_sum_of_zlib_crc32(tmp_path):
 
 # -- partitioner and validator (no processes) --
 
+
 def _job_in_memory(rows: int = 30_000, parts: int = 3):
     recs = teragen.generate(0, rows)
     splitters = pick_splitters(sample_keys(recs, 1000), parts)
@@ -132,18 +152,18 @@ def test_partition_of_compares_all_ten_bytes():
     prefix = bytes.fromhex("0102030405060708")
     for i, tail in enumerate([b"\x00\x01", b"\x00\x02", b"\x00\x03", b"\xff\xff", b"\x00\x00"]):
         keys[i, :10] = np.frombuffer(prefix + tail, np.uint8)
-    splitters = np.array([np.frombuffer(prefix + b"\x00\x02", np.uint8),
-                          np.frombuffer(prefix + b"\x00\x03", np.uint8)])
+    splitters = np.array([np.frombuffer(prefix + b"\x00\x02", np.uint8), np.frombuffer(prefix + b"\x00\x03", np.uint8)])
     # first i with splitters[i] > key
     assert list(partition_of(keys, splitters)) == [0, 1, 2, 2, 0]
 
 
 def test_sort_with_equal_prefixes_and_duplicate_keys():
     recs = teragen.generate(0, 2000)
-    recs[:600, :8] = 7          # equal first 8 bytes: the last 2 decide
-    recs[600:900, :10] = 3      # fully equal keys: kept in input order (stable)
+    recs[:600, :8] = 7  # equal first 8 bytes: the last 2 decide
+    recs[600:900, :10] = 3  # fully equal keys: kept in input order (stable)
     got = sort_records(recs)
     from tensorwire.lab.fabric.teragen import keys_of
+
     hi, lo = keys_of(recs)
     assert np.array_equal(got, recs[np.lexsort((lo, hi))])
 
@@ -158,8 +178,9 @@ def test_validator_catches_a_swapped_pair():
     recs, _, outputs = _job_in_memory()
     bad = outputs[1].copy()
     bad[[100, 101]] = bad[[101, 100]]
-    v = validate([summarize(o, p) for p, o in enumerate([outputs[0], bad, outputs[2]])], len(recs),
-                 teragen.checksum(recs))
+    v = validate(
+        [summarize(o, p) for p, o in enumerate([outputs[0], bad, outputs[2]])], len(recs), teragen.checksum(recs)
+    )
     assert not v.ok
     assert any("misorder in partition 1" in e and "row 101" in e for e in v.errors), v.errors
     assert not any("checksum" in e or "row count" in e for e in v.errors)  # same records, other order
@@ -176,8 +197,9 @@ def test_validator_catches_a_pair_swapped_across_partitions():
 def test_validator_catches_a_dropped_record():
     recs, _, outputs = _job_in_memory()
     short = np.delete(outputs[2], 1234, axis=0)
-    v = validate([summarize(o, p) for p, o in enumerate([outputs[0], outputs[1], short])], len(recs),
-                 teragen.checksum(recs))
+    v = validate(
+        [summarize(o, p) for p, o in enumerate([outputs[0], outputs[1], short])], len(recs), teragen.checksum(recs)
+    )
     assert any("row count 29999 != 30000" in e for e in v.errors), v.errors
     assert any("checksum" in e for e in v.errors), v.errors
 
@@ -186,30 +208,55 @@ def test_validator_catches_a_corrupted_value_byte():
     recs, _, outputs = _job_in_memory()
     bad = outputs[0].copy()
     bad[5, 60] ^= 0x01  # a value byte: order is intact, only the CRC sum sees it
-    v = validate([summarize(o, p) for p, o in enumerate([bad, outputs[1], outputs[2]])], len(recs),
-                 teragen.checksum(recs))
+    v = validate(
+        [summarize(o, p) for p, o in enumerate([bad, outputs[1], outputs[2]])], len(recs), teragen.checksum(recs)
+    )
     assert [e for e in v.errors if "checksum" in e] and len(v.errors) == 1, v.errors
 
 
 # -- whole runs: 3 ranks (odd) --
 
+
 def _terasort(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tensorwire", "bench", "terasort", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", "bench", "terasort", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_three_ranks_sort_and_validate(transport, tmp_path):
     out = tmp_path / "ts.json"
     # pairs exchange ~0.8 MB: 300 KB chunks send each partition in several pieces
-    r = _terasort("--rows", "25k", "--ranks", "3", "--transport", transport, "--baseline", "tcp",
-                  "--chunk", "300K", "--samples", "3000", "--json", str(out), "--output", str(tmp_path / "out"))
+    r = _terasort(
+        "--rows",
+        "25k",
+        "--ranks",
+        "3",
+        "--transport",
+        transport,
+        "--baseline",
+        "tcp",
+        "--chunk",
+        "300K",
+        "--samples",
+        "3000",
+        "--json",
+        str(out),
+        "--output",
+        str(tmp_path / "out"),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert re.search(rf"^PASS terasort {transport} 25000 rows", r.stdout, re.M), r.stdout
     rep = json.loads(out.read_text())
     assert rep["verdict"] == "PASS"
-    assert rep["config"]["checksum"] == rep["config"]["gen_checksum"] == \
-        f"{teragen.checksum(teragen.generate(0, 25_000)):x}"
+    assert (
+        rep["config"]["checksum"]
+        == rep["config"]["gen_checksum"]
+        == f"{teragen.checksum(teragen.generate(0, 25_000)):x}"
+    )
     assert sum(rep["config"]["partition_rows"]) == 25_000
     phases = {row["phase"]: row for row in rep["rows"]}
     assert set(phases) == {"teragen", "partition", "shuffle", "shuffle_tcp", "sort", "validate"}
@@ -239,8 +286,7 @@ def test_empty_partition_is_signalled():
 
 def test_killed_rank_fails_the_run_naming_it():
     t0 = time.monotonic()
-    r = _terasort("--rows", "20k", "--ranks", "3", "--transport", "tcp", "--kill-rank", "1",
-                  "--kill-phase", "shuffle")
+    r = _terasort("--rows", "20k", "--ranks", "3", "--transport", "tcp", "--kill-rank", "1", "--kill-phase", "shuffle")
     ended = time.time()
     assert r.returncode != 0
     assert "rank 1 was killed by SIGKILL" in r.stderr, r.stderr

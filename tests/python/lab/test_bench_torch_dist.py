@@ -16,15 +16,33 @@ from conftest import cli_in_process  # noqa: E402
 
 
 def bench(*args: str, timeout: float = 200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tensorwire", "bench", "torch-dist", "--no-progress", *args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", "bench", "torch-dist", "--no-progress", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.timeout(240)
 def test_short_run_prints_both_backends_and_a_verdict(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    run = bench("--suite", "p2p,coll", "--lat-sizes", "8", "--sizes", "64K,1M", "--coll-sizes", "1M", "--iters", "40",
-                "--repeat", "1", "--json", str(out))
+    run = bench(
+        "--suite",
+        "p2p,coll",
+        "--lat-sizes",
+        "8",
+        "--sizes",
+        "64K,1M",
+        "--coll-sizes",
+        "1M",
+        "--iters",
+        "40",
+        "--repeat",
+        "1",
+        "--json",
+        str(out),
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     text = run.stdout
     assert "tw Lat (us)" in text and "gloo Lat (us)" in text and "# all_reduce, 2 ranks" in text, text
@@ -43,8 +61,10 @@ def test_short_run_prints_both_backends_and_a_verdict(tmp_path: Path) -> None:
     assert len(data["rounds"]["tensorwire"]) == 1 and data["targets"], data
 
 
-@pytest.mark.parametrize("args,words", [(["--suite", "p2p,nope"], "--suite takes"), (["--ranks", "1"], "at least 2"),
-                                        (["--sizes", "1Q"], "bad size")])
+@pytest.mark.parametrize(
+    "args,words",
+    [(["--suite", "p2p,nope"], "--suite takes"), (["--ranks", "1"], "at least 2"), (["--sizes", "1Q"], "bad size")],
+)
 def test_bad_arguments_are_usage_errors(args: list[str], words: str, capsys: pytest.CaptureFixture) -> None:
     run = cli_in_process(["bench", "torch-dist", "--no-progress", *args], capsys)
     assert run.returncode == 2, run.stdout + run.stderr
@@ -57,6 +77,7 @@ def test_a_training_target_names_its_compute_ceiling() -> None:
     import argparse
 
     from tensorwire.lab import torch_dist
+
     args = argparse.Namespace(transport="shm", ranks=2, lat_sizes=[], sizes=[], coll_sizes=[])
     tw = {"ddp/fcn5": 50.0, "ddp-ceiling/fcn5": 90.0, "pipe/fcn5": 60.0}
     gl = {"ddp/fcn5": 40.0, "ddp-ceiling/fcn5": 100.0, "pipe/fcn5": 60.0, "pipe-ceiling/fcn5": 57.0}
@@ -72,6 +93,7 @@ def test_a_failed_round_fails_the_run(monkeypatch: pytest.MonkeyPatch, capsys: p
     import argparse
 
     from tensorwire.lab import torch_dist
+
     calls = {"gloo": 0}
 
     def fake_round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
@@ -81,9 +103,20 @@ def test_a_failed_round_fails_the_run(monkeypatch: pytest.MonkeyPatch, capsys: p
                 return {"error": "gloo round failed (exit 1)"}
             return {"latency/8": 80.0}
         return {"latency/8": 5.0}
+
     monkeypatch.setattr(torch_dist, "_round", fake_round)
-    args = argparse.Namespace(transport="shm", ranks=2, suite="p2p", repeat=3, lat_sizes=[8], sizes=[],
-                              coll_sizes=[], json=None, plot=None, progress=False)
+    args = argparse.Namespace(
+        transport="shm",
+        ranks=2,
+        suite="p2p",
+        repeat=3,
+        lat_sizes=[8],
+        sizes=[],
+        coll_sizes=[],
+        json=None,
+        plot=None,
+        progress=False,
+    )
     assert torch_dist.run(args) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "FAIL: rounds kept tensorwire 3 of 3, gloo 1 of 3", last
@@ -95,6 +128,7 @@ def test_a_shm_bandwidth_target_names_the_cma_limit() -> None:
     import argparse
 
     from tensorwire.lab import torch_dist
+
     args = argparse.Namespace(transport="shm", ranks=2, lat_sizes=[], sizes=[1 << 24], coll_sizes=[])
     tw = {"bandwidth/16777216": 12000.0, "cma-limit/16777216": 12500.0}
     gl = {"bandwidth/16777216": 5000.0, "cma-limit/16777216": 13000.0}

@@ -89,13 +89,20 @@ def test_plan_validates():
     assert tb.group_hosts(1) == ["h1", "h2", "h3"] and tb.group_hosts(2) == ["h4", "h5"]
     assert tb.address("h5") == "10.77.0.5" and tb.netns("h5") == "tw-x-y-h5"
     assert tb.exec_prefix("h2")[-3:] == ["netns", "exec", "tw-x-y-h2"]
-    for bad in (dict(hosts=0), dict(hosts=2, groups=3), dict(hosts=2, name="Bad Name"),
-                dict(hosts=2, isl_rate="1gbit"), dict(hosts=2, host_rate="quick")):
+    for bad in (
+        dict(hosts=0),
+        dict(hosts=2, groups=3),
+        dict(hosts=2, name="Bad Name"),
+        dict(hosts=2, isl_rate="1gbit"),
+        dict(hosts=2, host_rate="quick"),
+    ):
         with pytest.raises(TestbedError):
             Testbed.plan(**bad)
     # a testbed's namespaces are told apart from those of a testbed whose name extends its own
-    assert state.owned_namespaces("a", ["tw-a-h1", "tw-a-sw", "tw-a-b-h1", "tw-a-b-sw", "tw-ab-h1"]) == \
-        ["tw-a-h1", "tw-a-sw"]
+    assert state.owned_namespaces("a", ["tw-a-h1", "tw-a-sw", "tw-a-b-h1", "tw-a-b-sw", "tw-ab-h1"]) == [
+        "tw-a-h1",
+        "tw-a-sw",
+    ]
 
 
 def test_not_root_is_a_clear_error(monkeypatch, capsys):
@@ -105,8 +112,13 @@ def test_not_root_is_a_clear_error(monkeypatch, capsys):
     with pytest.raises(NotRoot, match="needs root"):
         Testbed.up(hosts=2, name=TAG + "nr")
     from tensorwire.cli import main
-    for argv in (["testbed", "up", "--num-hosts", "2", "--name", TAG + "nr"], ["testbed", "down"],
-                 ["testbed", "run", "--host", "h1", "--", "true"], ["testbed", "check"]):
+
+    for argv in (
+        ["testbed", "up", "--num-hosts", "2", "--name", TAG + "nr"],
+        ["testbed", "down"],
+        ["testbed", "run", "--host", "h1", "--", "true"],
+        ["testbed", "check"],
+    ):
         assert main(argv) == 2
         assert "needs root" in capsys.readouterr().err
     monkeypatch.undo()
@@ -119,6 +131,7 @@ def test_run_ends_a_command_interrupted_while_it_starts(monkeypatch):
     ends it: exit 130 and nothing left running (raised inside Popen, it left the command behind)."""
     import tensorwire.lab.testbed as tb_pkg
     from tensorwire.lab.testbed import cli as tb_cli
+
     started = []
 
     class StandIn:
@@ -128,6 +141,7 @@ def test_run_ends_a_command_interrupted_while_it_starts(monkeypatch):
             os.kill(os.getpid(), signal.SIGINT)  # handled at the next bytecode: still inside popen
             time.sleep(0.05)
             return p
+
     monkeypatch.setattr(system, "check_root", lambda: None)
     monkeypatch.setattr(tb_pkg.Testbed, "load", classmethod(lambda cls, name: StandIn()))
     before = signal.getsignal(signal.SIGINT)
@@ -158,8 +172,15 @@ def test_layout(tb4, root_links_before):
     # lo is up (UCX and anything bound to 127.0.0.1 need it), eth0 carries the testbed address
     r = tb4.run("h3", ["ip", "-o", "addr", "show"], capture_output=True, text=True, check=True)
     assert "127.0.0.1/8" in r.stdout and "10.77.0.3/24" in r.stdout
-    r = tb4.run("h3", [sys.executable, "-c", "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
-                                             "s.listen(); socket.create_connection(s.getsockname(), 2)"])
+    r = tb4.run(
+        "h3",
+        [
+            sys.executable,
+            "-c",
+            "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); "
+            "s.listen(); socket.create_connection(s.getsockname(), 2)",
+        ],
+    )
     assert r.returncode == 0
     # the root namespace gained nothing
     assert _root_links() - root_links_before == set()
@@ -167,8 +188,9 @@ def test_layout(tb4, root_links_before):
     r = subprocess.run(["tc", "-n", tb4.switch_netns, "qdisc", "show"], capture_output=True, text=True, check=True)
     for dev in ("h1", "h2", "h3", "h4", "isl1", "isl2"):
         assert f"tbf 1: dev {dev} root" in r.stdout, r.stdout
-    r = subprocess.run(["tc", "-n", tb4.netns("h1"), "qdisc", "show", "dev", "eth0"], capture_output=True,
-                       text=True, check=True)
+    r = subprocess.run(
+        ["tc", "-n", tb4.netns("h1"), "qdisc", "show", "dev", "eth0"], capture_output=True, text=True, check=True
+    )
     assert "tbf" in r.stdout and "rate 200Mbit" in r.stdout
 
 
@@ -197,21 +219,41 @@ def test_isl_rate_enforced(tb4):
 @needs_netns
 def test_run_exit_code_and_env(tb2):
     assert tb2.run("h1", ["sh", "-c", "exit 7"]).returncode == 7
-    r = subprocess.run(CLI + ["run", "--name", tb2.name, "--host", "h2", "--", "sh", "-c",
-                              'echo "$TENSORWIRE_TESTBED_HOST $TENSORWIRE_TESTBED_ADDR"; exit 5'],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        CLI
+        + [
+            "run",
+            "--name",
+            tb2.name,
+            "--host",
+            "h2",
+            "--",
+            "sh",
+            "-c",
+            'echo "$TENSORWIRE_TESTBED_HOST $TENSORWIRE_TESTBED_ADDR"; exit 5',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 5, r.stderr
     assert r.stdout.split() == ["h2", "10.77.0.2"]
-    r = subprocess.run(CLI + ["run", "--name", tb2.name, "--host", "h9", "--", "true"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        CLI + ["run", "--name", tb2.name, "--host", "h9", "--", "true"], capture_output=True, text=True, timeout=30
+    )
     assert r.returncode == 1 and "no host 'h9'" in r.stderr
 
 
 @pytest.mark.netns
 @needs_netns
 def test_run_interrupted_ends_the_command(tb2):
-    p = subprocess.Popen(CLI + ["run", "--name", tb2.name, "--host", "h1", "--", "sleep", "60"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        CLI + ["run", "--name", tb2.name, "--host", "h1", "--", "sleep", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
     def sleeping() -> bool:  # the command itself runs in h1 (not `ip netns exec` on its way to it)
         for pid in system.ns_pids(tb2.netns("h1")):
             try:
@@ -220,6 +262,7 @@ def test_run_interrupted_ends_the_command(tb2):
             except OSError:
                 pass
         return False
+
     try:
         deadline = time.monotonic() + 20
         while not sleeping() and time.monotonic() < deadline:
@@ -249,8 +292,9 @@ def test_duplicate_up_refused(tb2):
 def test_status_and_check_cli(tb2):
     r = subprocess.run(CLI + ["status", "--name", tb2.name], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "10.77.0.2" in r.stdout and "200 Mbit/s" in r.stdout
-    r = subprocess.run(CLI + ["check", "--name", tb2.name, "--seconds", "1"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run(
+        CLI + ["check", "--name", tb2.name, "--seconds", "1"], capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.startswith("host uplink"))
     assert line.split()[-1] in ("PASS", "WARN") or "WARN" in line
@@ -262,11 +306,17 @@ def test_tensorwire_run_places_ranks_in_the_testbed_hosts(tb2):
     """`tensorwire run --testbed` (a product command; the lab's commands give it the testbed
     through tensorwire.cli's hook): rank i runs in host i, with that host's address."""
     show = "import os; print(os.environ['TENSORWIRE_RANK'], os.environ['TENSORWIRE_HOST'])"
-    r = subprocess.run([sys.executable, "-m", "tensorwire", "run", "-n", "2", "--testbed", tb2.name, "--",
-                        sys.executable, "-c", show], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "run", "-n", "2", "--testbed", tb2.name, "--", sys.executable, "-c", show],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(r.stdout.replace("[rank 1] ", "").split("\n")[:2]) == \
-        [f"0 {tb2.address('h1')}", f"1 {tb2.address('h2')}"], r.stdout
+    assert sorted(r.stdout.replace("[rank 1] ", "").split("\n")[:2]) == [
+        f"0 {tb2.address('h1')}",
+        f"1 {tb2.address('h2')}",
+    ], r.stdout
 
 
 @pytest.mark.netns
@@ -274,9 +324,25 @@ def test_tensorwire_run_places_ranks_in_the_testbed_hosts(tb2):
 def test_tensorwire_bench_across_hosts(tb2, tmp_path):
     """UCX over tcp from h1 to a server in h2: completes, at most the 200 Mbit/s host link."""
     port = 7100
-    server = tb2.popen("h2", [sys.executable, "-m", "tensorwire", "bench", "bw", "--server", "--transport", "tcp",
-                              "--host", tb2.address("h2"), "--port", str(port)],
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    server = tb2.popen(
+        "h2",
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "bench",
+            "bw",
+            "--server",
+            "--transport",
+            "tcp",
+            "--host",
+            tb2.address("h2"),
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         # wait for its address line; read the pipe itself (a buffered readline could take the next
         # line too, and a select on the pipe would then wait for nothing)
@@ -291,10 +357,31 @@ def test_tensorwire_bench_across_hosts(tb2, tmp_path):
         assert b"TENSORWIRE_ADDRESS" in seen, seen
         out = tmp_path / "bw.json"
         # the client binds its own testbed address: on 127.0.0.1 UCX would be limited to lo
-        r = tb2.run("h1", [sys.executable, "-m", "tensorwire", "bench", "bw", "--connect",
-                           f"{tb2.address('h2')}:{port}", "--host", tb2.address("h1"), "--transport", "tcp",
-                           "--sizes", "64K", "--iters", "50", "--json", str(out)],
-                    capture_output=True, text=True, timeout=60)
+        r = tb2.run(
+            "h1",
+            [
+                sys.executable,
+                "-m",
+                "tensorwire",
+                "bench",
+                "bw",
+                "--connect",
+                f"{tb2.address('h2')}:{port}",
+                "--host",
+                tb2.address("h1"),
+                "--transport",
+                "tcp",
+                "--sizes",
+                "64K",
+                "--iters",
+                "50",
+                "--json",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         row = json.loads(out.read_text())["rows"][0]
         mbit = row["bw_avg_Bps"] * 8 / 1e6

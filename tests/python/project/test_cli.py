@@ -21,10 +21,12 @@ OPTIONAL = ("torch", "grpc", "matplotlib", "sklearn", "mpi4py")
 
 def tw(*args: str, block: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`tensorwire ARGS` in a fresh interpreter where the modules in `block` cannot be imported."""
-    code = ("import sys\n"
-            f"for m in {block!r}: sys.modules[m] = None  # import m: ModuleNotFoundError\n"
-            "from tensorwire.cli import main\n"
-            f"sys.exit(main({list(args)!r}))\n")
+    code = (
+        "import sys\n"
+        f"for m in {block!r}: sys.modules[m] = None  # import m: ModuleNotFoundError\n"
+        "from tensorwire.cli import main\n"
+        f"sys.exit(main({list(args)!r}))\n"
+    )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
@@ -75,11 +77,14 @@ def test_help_lists_commands_whose_dependency_is_missing():
     assert "    train " in r.stdout and "    tensor " in r.stdout
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["train", "--list"], "tensorwire train needs torch: pip install tensorwire[torch]"),
-    (["partition", "--plan"], "tensorwire partition needs torch: pip install tensorwire[torch]"),
-    (["bench", "train"], "tensorwire bench train needs torch: pip install tensorwire[train]"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["train", "--list"], "tensorwire train needs torch: pip install tensorwire[torch]"),
+        (["partition", "--plan"], "tensorwire partition needs torch: pip install tensorwire[torch]"),
+        (["bench", "train"], "tensorwire bench train needs torch: pip install tensorwire[train]"),
+    ],
+)
 def test_missing_torch_names_the_extra_and_exits_2(argv, message):
     r = tw(*argv, block=("torch",))
     assert r.returncode == 2, r.stderr
@@ -90,28 +95,37 @@ def test_missing_torch_names_the_extra_and_exits_2(argv, message):
 def test_missing_matplotlib_for_plot(tmp_path):
     png = str(tmp_path / "p.png")
     r = tw("bench", "latency", "--plot", png, block=("matplotlib",))
-    assert r.returncode == 2 and r.stderr == \
-        "tensorwire bench latency --plot needs matplotlib: pip install tensorwire[bench]\n"
+    assert (
+        r.returncode == 2
+        and r.stderr == "tensorwire bench latency --plot needs matplotlib: pip install tensorwire[bench]\n"
+    )
     for command in (["bench", "tensor"], ["bench", "fullmesh"], ["bench", "terasort"], ["bench", "alltoall"]):
         r = tw(*command, "--plot", png, block=("matplotlib",))
-        assert r.returncode == 2 and r.stderr == \
-            f"tensorwire {' '.join(command)} --plot needs matplotlib: pip install tensorwire[bench]\n"
+        assert (
+            r.returncode == 2
+            and r.stderr == f"tensorwire {' '.join(command)} --plot needs matplotlib: pip install tensorwire[bench]\n"
+        )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch's own message comes first without it")
 @pytest.mark.parametrize("command", [["bench", "train"], ["partition"]])
 def test_missing_matplotlib_for_the_torch_commands_plot(command, tmp_path):
     r = tw(*command, "--plot", str(tmp_path / "p.png"), block=("matplotlib",))
-    assert r.returncode == 2 and r.stdout == "" and r.stderr == \
-        f"tensorwire {' '.join(command)} --plot needs matplotlib: pip install tensorwire[bench]\n"
+    assert (
+        r.returncode == 2
+        and r.stdout == ""
+        and r.stderr == f"tensorwire {' '.join(command)} --plot needs matplotlib: pip install tensorwire[bench]\n"
+    )
     assert not list(tmp_path.iterdir())
 
 
 def test_an_undeclared_optional_import_is_one_line_too(monkeypatch, capsys):
     """A command that imports an optional dependency it did not declare in `needs`."""
+
     def needs_sklearn(args):
         assert sorted(vars(args)) == ["command", "func", "json", "transport"]  # no entries of main's own
         raise ModuleNotFoundError("No module named 'sklearn'", name="sklearn")
+
     monkeypatch.setattr(importlib.import_module("tensorwire.cli.info"), "_main", needs_sklearn)
     assert cli.main(["info"]) == 2
     assert capsys.readouterr().err == "tensorwire info needs sklearn: pip install tensorwire[train]\n"
@@ -122,6 +136,7 @@ def test_every_error_type_is_a_tensorwire_error():
     (the CLI catches that one class), the areas' own included."""
     import inspect
     import pkgutil
+
     found = {}
     for m in pkgutil.walk_packages(tensorwire.__path__, "tensorwire."):
         needs_torch = m.name.startswith(("tensorwire.torch", "tensorwire.lab.paper", "tensorwire.lab.torch_dist."))
@@ -161,31 +176,36 @@ def test_demo_writes_and_verifies():
 def test_version():
     r = tw("--version")
     assert r.returncode == 0 and r.stdout.strip() == f"tensorwire {tensorwire.__version__}"
-    r = subprocess.run([sys.executable, "-m", "tensorwire", "--version"], capture_output=True, text=True,
-                       timeout=60)
+    r = subprocess.run([sys.executable, "-m", "tensorwire", "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == f"tensorwire {tensorwire.__version__}"
 
 
-@pytest.mark.parametrize("argv, says", [
-    ([], "the following arguments are required: command"),
-    (["nosuch"], "invalid choice: 'nosuch'"),
-    (["bench"], "the following arguments are required: bench"),
-    (["bench", "latency", "--sizes", "x"], "bad size 'x'"),
-    (["train", "--model", "nope"], "invalid choice: 'nope'"),
-    (["run", "-n", "2"], "give the command after --"),                      # the command's own check
-    (["run", "-n", "1", "--hosts", "h1", "--", "true"], "give --testbed NAME too"),  # SystemExit("...")
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        ([], "the following arguments are required: command"),
+        (["nosuch"], "invalid choice: 'nosuch'"),
+        (["bench"], "the following arguments are required: bench"),
+        (["bench", "latency", "--sizes", "x"], "bad size 'x'"),
+        (["train", "--model", "nope"], "invalid choice: 'nope'"),
+        (["run", "-n", "2"], "give the command after --"),  # the command's own check
+        (["run", "-n", "1", "--hosts", "h1", "--", "true"], "give --testbed NAME too"),  # SystemExit("...")
+    ],
+)
 def test_usage_errors_exit_2(argv, says):
     r = tw(*argv)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert says in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["bench", "write_bw", "--json", "/nonexistent-dir/x.json"], "the directory /nonexistent-dir does not exist"),
-    (["bench", "tensor", "--plot", "/nonexistent-dir/x.png"], "the directory /nonexistent-dir does not exist"),
-    (["bench", "write_lat", "--json", "/tmp"], "is a directory"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["bench", "write_bw", "--json", "/nonexistent-dir/x.json"], "the directory /nonexistent-dir does not exist"),
+        (["bench", "tensor", "--plot", "/nonexistent-dir/x.png"], "the directory /nonexistent-dir does not exist"),
+        (["bench", "write_lat", "--json", "/tmp"], "is a directory"),
+    ],
+)
 def test_an_output_file_that_cannot_be_written_is_refused_before_the_run(argv, says):
     """A sweep may take minutes: its --json/--plot file is checked before it starts."""
     r = tw(*argv)
@@ -194,8 +214,10 @@ def test_an_output_file_that_cannot_be_written_is_refused_before_the_run(argv, s
 
 
 def test_building_the_parser_imports_no_optional_dependency():
-    code = ("import sys\nfrom tensorwire.cli import build_parser\nbuild_parser()\n"
-            f"print(sorted(k for k in sys.modules if k.split('.')[0] in {OPTIONAL!r}))")
+    code = (
+        "import sys\nfrom tensorwire.cli import build_parser\nbuild_parser()\n"
+        f"print(sorted(k for k in sys.modules if k.split('.')[0] in {OPTIONAL!r}))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -225,16 +247,30 @@ def test_every_option_of_every_command_has_help():
 
 # What the anchor tools' flags mean here: perftest (ib_write_bw ...), OSU, mpirun.
 ANCHORED = {
-    "-s": "sizes", "-a": "all", "-n": "iters", "-q": "lanes", "-t": "window", "-D": "duration", "-f": "margin",
-    "-b": "bidirectional", "-N": "no_peak", "-d": "net_devices", "-p": "port",  # perftest
-    "-i": "iters", "-x": "warmup", "-c": "validate",                              # OSU
-    "-np": "ranks",                                                               # mpirun
+    "-s": "sizes",
+    "-a": "all",
+    "-n": "iters",
+    "-q": "lanes",
+    "-t": "window",
+    "-D": "duration",
+    "-f": "margin",
+    "-b": "bidirectional",
+    "-N": "no_peak",
+    "-d": "net_devices",
+    "-p": "port",  # perftest
+    "-i": "iters",
+    "-x": "warmup",
+    "-c": "validate",  # OSU
+    "-np": "ranks",  # mpirun
 }
 # Anchor flags no command may give another meaning.
 RESERVED = {"-F": "perftest's CPU-frequency switch"}
 # Old spellings kept because a committed results file uses them (args.deprecated_alias).
-DEPRECATED = {("fullmesh", "--ranks"): "--sweep-ranks",        # bench/results/fullmesh_loopback.txt
-              ("alltoall", "-n"): "--ranks", ("allreduce", "-n"): "--ranks"}  # bench/results/coll_wait_before_after.txt
+DEPRECATED = {
+    ("fullmesh", "--ranks"): "--sweep-ranks",  # bench/results/fullmesh_loopback.txt
+    ("alltoall", "-n"): "--ranks",
+    ("allreduce", "-n"): "--ranks",
+}  # bench/results/coll_wait_before_after.txt
 
 
 def _bench_parsers(parser: argparse.ArgumentParser | None = None):
@@ -250,6 +286,7 @@ def _meaning(action: argparse.Action) -> tuple:
 def _clashes(parsers) -> dict:
     """{flag: {meaning: [commands]}} for every flag with more than one meaning."""
     from tensorwire.lab.commands.args import DeprecatedAlias
+
     seen: dict = {}
     types: dict = {}  # (flag, type name) -> the type objects: one name, two functions is a clash too
     for name, parser in parsers:
@@ -273,8 +310,11 @@ def test_every_bench_flag_means_one_thing_in_every_command():
     parsers = list(_bench_parsers())
     assert len(parsers) >= 15, [n for n, _ in parsers]
     assert _clashes(parsers) == {}
-    shared = {flag for flag in ("--ranks", "--sizes", "--iters", "--warmup", "--repeat", "--timeout", "--steps")
-              if sum(flag in p._option_string_actions for _, p in parsers) >= 2}
+    shared = {
+        flag
+        for flag in ("--ranks", "--sizes", "--iters", "--warmup", "--repeat", "--timeout", "--steps")
+        if sum(flag in p._option_string_actions for _, p in parsers) >= 2
+    }
     assert shared == {"--ranks", "--sizes", "--iters", "--warmup", "--repeat", "--timeout", "--steps"}
 
 
@@ -284,9 +324,9 @@ def test_the_flag_check_finds_a_clash():
     sub = root.add_subparsers().add_parser("bench").add_subparsers()
     a, b, c = sub.add_parser("a"), sub.add_parser("b"), sub.add_parser("c")
     a.add_argument("--ranks", type=int)
-    b.add_argument("--ranks", type=str)                 # a sweep spelled like a count
+    b.add_argument("--ranks", type=str)  # a sweep spelled like a count
     a.add_argument("--warmup", type=int)
-    c.add_argument("--warmup", type=int, dest="warm")   # same type, other dest
+    c.add_argument("--warmup", type=int, dest="warm")  # same type, other dest
     a.add_argument("--json")
     c.add_argument("--json")
     assert set(_clashes(_bench_parsers(root))) == {"--ranks", "--warmup"}
@@ -302,6 +342,7 @@ def test_anchor_flags_follow_their_anchor():
 
 def test_deprecated_spellings_are_hidden_warn_and_mean_the_new_flag(capsys):
     from tensorwire.lab.commands.args import DeprecatedAlias
+
     found = {}
     for name, parser in _bench_parsers():
         for action in parser._actions:
@@ -322,17 +363,20 @@ def test_deprecated_spellings_are_hidden_warn_and_mean_the_new_flag(capsys):
     assert parser.parse_args(["bench", "write_bw", "-n", "7"]).iters == 7
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["bench", "fullmesh", "-s", "64K,1M"], "a fullmesh run streams one size, got 2"),
-    (["bench", "fullmesh", "--sweep-ranks", "2,x"], "takes numbers like 2,4,8"),
-    (["bench", "tensor", "--sizes", "6"], "multiples of 4 B"),
-    (["bench", "tensor", "--warmup", "-1"], "must be >= 0"),
-    (["bench", "write_bw", "-F", "osu"], "unrecognized arguments: -F"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["bench", "fullmesh", "-s", "64K,1M"], "a fullmesh run streams one size, got 2"),
+        (["bench", "fullmesh", "--sweep-ranks", "2,x"], "takes numbers like 2,4,8"),
+        (["bench", "tensor", "--sizes", "6"], "multiples of 4 B"),
+        (["bench", "tensor", "--warmup", "-1"], "must be >= 0"),
+        (["bench", "write_bw", "-F", "osu"], "unrecognized arguments: -F"),
+    ],
+)
 def test_flag_values_refused_with_a_usage_error(argv, says, capsys):
     try:
         code = cli.main(argv)  # the command's own check
-    except SystemExit as e:    # the parser's
+    except SystemExit as e:  # the parser's
         code = e.code
     assert code == 2
     assert says in capsys.readouterr().err

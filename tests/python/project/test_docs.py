@@ -45,12 +45,30 @@ MAX_RESULTS = 69
 
 # Short forms the docs use for files of the C++ core and the package (`core/channel.cc`,
 # `tensorwire/config.py`, `lab/paper/floor.py`): each must be a file under one of SHORT_BASES.
-SHORT_DIRS = ("core", "protocol", "net", "ucx", "common", "cuda", "tensorwire", "cli", "ranks", "torch", "lab",
-              "bindings", "unit", "loopback", "micro", "gpu")
+SHORT_DIRS = (
+    "core",
+    "protocol",
+    "net",
+    "ucx",
+    "common",
+    "cuda",
+    "tensorwire",
+    "cli",
+    "ranks",
+    "torch",
+    "lab",
+    "bindings",
+    "unit",
+    "loopback",
+    "micro",
+    "gpu",
+)
 SHORT_BASES = ("cpp/src/", "cpp/include/", "cpp/", "python/", "python/tensorwire/", "tests/cpp/", "bench/")
 
-PATH = re.compile(r"(?<![\w/.~$-])((?:" + "|".join(re.escape(d) for d in TOP_DIRS) + r")/[\w./{},*+<>-]*"
-                  r"|(?:" + "|".join(re.escape(f) for f in TOP_FILES) + r"))(?![\w/-])")
+PATH = re.compile(
+    r"(?<![\w/.~$-])((?:" + "|".join(re.escape(d) for d in TOP_DIRS) + r")/[\w./{},*+<>-]*"
+    r"|(?:" + "|".join(re.escape(f) for f in TOP_FILES) + r"))(?![\w/-])"
+)
 BACKTICKS = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")
 SHORT = re.compile(r"(?<![\w/.~$-])((?:" + "|".join(SHORT_DIRS) + r")/[\w./{},*+<>-]*\.(?:h|cc|c|py|sh|cu))(?![\w/-])")
@@ -59,11 +77,19 @@ PLACEHOLDER = re.compile(r"\{[A-Za-z_]+\}|\b[A-Z][A-Z_]*\b|<[^>]+>|\.\.\.")
 
 def _tree() -> set[str]:
     """Every tracked file and untracked, not-ignored one (a new doc in the same change), and their folders."""
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.split("\n")
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
     files = {f for f in out if f and (ROOT / f).exists()}
-    dirs = {str(pathlib.PurePosixPath(f).parents[i]) for f in files
-            for i in range(len(pathlib.PurePosixPath(f).parents) - 1)}
+    dirs = {
+        str(pathlib.PurePosixPath(f).parents[i])
+        for f in files
+        for i in range(len(pathlib.PurePosixPath(f).parents) - 1)
+    }
     return files | dirs
 
 
@@ -107,7 +133,7 @@ def named_paths(doc: pathlib.Path, root: pathlib.Path = ROOT) -> list[tuple[int,
         spans = [line] if in_fence else BACKTICKS.findall(line)  # a fenced block is all code
         for span in spans:
             for m in PATH.finditer(span):
-                if not OUTPUT_FLAG.search(span[:m.start()]):
+                if not OUTPUT_FLAG.search(span[: m.start()]):
                     found.append((n, m.group(1)))
             for m in SHORT.finditer(span):
                 found.append((n, "~" + m.group(1)))
@@ -135,8 +161,7 @@ def missing_paths() -> list[str]:
                 continue
             gone = [p for p in _expand(path) if not _exists(p)]
             if gone:
-                bad.append(f"{doc.relative_to(ROOT)}:{n}: {path}" + (f" ({', '.join(gone)})" if gone != [path]
-                                                                    else ""))
+                bad.append(f"{doc.relative_to(ROOT)}:{n}: {path}" + (f" ({', '.join(gone)})" if gone != [path] else ""))
     return bad
 
 
@@ -166,19 +191,24 @@ def test_every_results_file_in_the_index_exists_and_none_is_unlisted():
 
 def test_results_stay_small():
     files = [f for f in (ROOT / "bench" / "results").iterdir() if f.is_file()]
-    assert len(files) <= MAX_RESULTS, (f"bench/results holds {len(files)} files (at most {MAX_RESULTS}: keep what "
-                                       "the docs cite; the rest stays in git history)")
+    assert len(files) <= MAX_RESULTS, (
+        f"bench/results holds {len(files)} files (at most {MAX_RESULTS}: keep what "
+        "the docs cite; the rest stays in git history)"
+    )
     big = [f"{f.name} ({f.stat().st_size >> 20} MiB)" for f in files if f.stat().st_size > 2 << 20]
     assert not big, f"results files over 2 MiB: {big}"
 
 
-@pytest.mark.parametrize("text, path", [
-    ("see `cpp/src/core/no_such_file.cc`", "cpp/src/core/no_such_file.cc"),
-    ("run `python3 bench/micro/nope.py 8`", "bench/micro/nope.py"),
-    ("[x](../bench/results/gone.txt)", "bench/results/gone.txt"),
-    ("`cpp/src/core/nope.{h,cc}`", "cpp/src/core/nope.{h,cc}"),
-    ("see `core/nope.cc`", "~core/nope.cc"),
-])
+@pytest.mark.parametrize(
+    "text, path",
+    [
+        ("see `cpp/src/core/no_such_file.cc`", "cpp/src/core/no_such_file.cc"),
+        ("run `python3 bench/micro/nope.py 8`", "bench/micro/nope.py"),
+        ("[x](../bench/results/gone.txt)", "bench/results/gone.txt"),
+        ("`cpp/src/core/nope.{h,cc}`", "cpp/src/core/nope.{h,cc}"),
+        ("see `core/nope.cc`", "~core/nope.cc"),
+    ],
+)
 def test_a_missing_path_fails(tmp_path, text, path):
     """The check is not vacuous: a doc naming a path that is not there is reported."""
     (tmp_path / "docs").mkdir()

@@ -40,8 +40,8 @@ MAY_IMPORT = {
     "lab.torch_dist": PRODUCT | {"lab.torch_dist", "lab.fabric"},
     "lab.conformance": PRODUCT | {"lab.conformance"},
     "lab.testbed": {"lab.testbed", "errors"},  # runs as root in namespaces: no device, no torch
-    "lab.commands": PRODUCT | {"lab", "lab.fabric", "lab.paper", "lab.torch_dist", "lab.conformance",
-                               "lab.testbed", "lab.commands"},
+    "lab.commands": PRODUCT
+    | {"lab", "lab.fabric", "lab.paper", "lab.torch_dist", "lab.conformance", "lab.testbed", "lab.commands"},
 }
 # The one place the product names the lab: tensorwire.cli looks up the lab's
 # command module by name and lets it register its commands.
@@ -49,9 +49,14 @@ LAB_HOOK = ("tensorwire.cli", "tensorwire.lab.commands")
 # Third-party packages an area must not import at module level (optional
 # dependencies: their absence must not break the area's import).
 _OPTIONAL = {"torch", "grpc", "matplotlib"}
-FORBIDDEN_EXTERNAL = {CORE: _OPTIONAL, "ranks": _OPTIONAL, "cli": _OPTIONAL, "lab.fabric": _OPTIONAL,
-                      "lab.commands": _OPTIONAL,  # `tensorwire --help` builds every parser
-                      "lab.testbed": {"torch", "numpy"}}
+FORBIDDEN_EXTERNAL = {
+    CORE: _OPTIONAL,
+    "ranks": _OPTIONAL,
+    "cli": _OPTIONAL,
+    "lab.fabric": _OPTIONAL,
+    "lab.commands": _OPTIONAL,  # `tensorwire --help` builds every parser
+    "lab.testbed": {"torch", "numpy"},
+}
 
 
 def _module_name(path: pathlib.Path) -> str:
@@ -61,8 +66,14 @@ def _module_name(path: pathlib.Path) -> str:
     return ".".join(parts)
 
 
-AREA_OF = {"ranks": "ranks", "torch": "torch", "errors": "errors", "cli": "cli", "__main__": "cli",
-           "lab": LAB}  # the rest of the top level is the core
+AREA_OF = {
+    "ranks": "ranks",
+    "torch": "torch",
+    "errors": "errors",
+    "cli": "cli",
+    "__main__": "cli",
+    "lab": LAB,
+}  # the rest of the top level is the core
 LAB_AREAS = {"fabric", "paper", "torch_dist", "conformance", "testbed", "commands"}  # lab.<folder>
 
 
@@ -137,8 +148,9 @@ def _violations() -> list[str]:
         if not _in_lab(area):  # the product names the lab nowhere but in LAB_HOOK
             for line, target in _lab_names(path):
                 if (module, target) != LAB_HOOK:
-                    bad.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {area} (the product) imports "
-                               f"{target} (the lab)")
+                    bad.append(
+                        f"{path.relative_to(PACKAGE.parent)}:{line}: {area} (the product) imports {target} (the lab)"
+                    )
     return bad
 
 
@@ -173,7 +185,8 @@ def test_the_check_catches_an_upward_import(tmp_path, monkeypatch):
     assert [v.split(": ", 1)[1] for v in found if "(the lab)" in v] == [
         "cli (the product) imports tensorwire.lab.commands (the lab)",
         "torch (the product) imports tensorwire.lab.paper (the lab)",
-        "torch (the product) imports tensorwire.lab.fabric (the lab)"], found
+        "torch (the product) imports tensorwire.lab.fabric (the lab)",
+    ], found
     assert not any("good.py" in v or "cli/__init__.py" in v for v in found), found
 
 
@@ -185,19 +198,31 @@ def _modules_of(area: str) -> list[str]:
     return [_module_name(p) for p in paths]
 
 
-@pytest.mark.parametrize("area, absent", [(CORE, "torch"), ("ranks", "torch"), ("cli", "torch"),
-                                          ("lab.fabric", "torch"), ("lab.commands", "torch"),
-                                          ("lab.testbed", "torch"), (CORE, "tensorwire.lab"),
-                                          ("ranks", "tensorwire.lab"), ("cli", "tensorwire.lab"),
-                                          ("torch", "tensorwire.lab")])
+@pytest.mark.parametrize(
+    "area, absent",
+    [
+        (CORE, "torch"),
+        ("ranks", "torch"),
+        ("cli", "torch"),
+        ("lab.fabric", "torch"),
+        ("lab.commands", "torch"),
+        ("lab.testbed", "torch"),
+        (CORE, "tensorwire.lab"),
+        ("ranks", "tensorwire.lab"),
+        ("cli", "tensorwire.lab"),
+        ("torch", "tensorwire.lab"),
+    ],
+)
 def test_importing_an_area_does_not_load(area, absent):
     """Every module of `area` imports without pulling in `absent` (checked in a fresh interpreter)."""
     if area == "torch" and importlib.util.find_spec("torch") is None:
         pytest.skip("tensorwire.torch needs torch")
     modules = _modules_of(area)
-    code = ("import importlib, sys\n"
-            f"for m in {modules!r}: importlib.import_module(m)\n"
-            f"print(sorted(k for k in sys.modules if k == {absent!r} or k.startswith({absent!r} + '.')))")
+    code = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        f"print(sorted(k for k in sys.modules if k == {absent!r} or k.startswith({absent!r} + '.')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"importing tensorwire.{area} loaded {out.stdout.strip()}"
@@ -222,8 +247,11 @@ CPP_MAY_INCLUDE = {
 # Files held to less than their directory (a directory, or one exact header):
 # the control wire format stands on common/ alone (the fuzz targets decode it
 # without a device), and only bench.cc binds the benchmark library.
-CPP_FILE_MAY_INCLUDE = {"core/control_wire.h": {"common"}, "core/control_wire.cc": {"common", "core/control_wire.h"},
-                        "bindings/bench.cc": {"cuda", "bench"}}
+CPP_FILE_MAY_INCLUDE = {
+    "core/control_wire.h": {"common"},
+    "core/control_wire.cc": {"common", "core/control_wire.h"},
+    "bindings/bench.cc": {"cuda", "bench"},
+}
 # Headers an area must not include although their directory is open to it:
 # the protocols and the bench kernels see a device through core/device_port.h
 # and core/channel_impl.h, never DeviceImpl.
@@ -260,21 +288,29 @@ def test_cpp_includes_point_down():
 def test_the_cpp_check_catches_an_upward_include(tmp_path):
     """Including a private header of the core, the protocols, the socket layer
     or UCX from the bindings fails too: they see the public API only."""
-    for rel, text in {"src/ucx/ucx.cc": '#include "core/log.h"\n',
-                      "src/core/control_wire.h": '#include "core/bytes.h"\n',
-                      "src/core/control_wire.cc": '#include "core/control_wire.h"\n#include "core/device_impl.h"\n',
-                      "src/core/device.cc": '#include "protocol/slot_common.h"\n',
-                      "src/protocol/slot_common.h": '#include "core/device_port.h"\n#include "core/device_impl.h"\n',
-                      "src/bench/kernels.cc": '#include "core/device_impl.h"\n',
-                      "bindings/device.cc": '#include "tensorwire/channel.h"\n#include "core/channel_impl.h"\n'
-                                            '#include "protocol/slot_common.h"\n#include "net/socket.h"\n'
-                                            '#include "ucx/ucx.h"\n#include "cuda/driver.h"\n'}.items():
+    for rel, text in {
+        "src/ucx/ucx.cc": '#include "core/log.h"\n',
+        "src/core/control_wire.h": '#include "core/bytes.h"\n',
+        "src/core/control_wire.cc": '#include "core/control_wire.h"\n#include "core/device_impl.h"\n',
+        "src/core/device.cc": '#include "protocol/slot_common.h"\n',
+        "src/protocol/slot_common.h": '#include "core/device_port.h"\n#include "core/device_impl.h"\n',
+        "src/bench/kernels.cc": '#include "core/device_impl.h"\n',
+        "bindings/device.cc": '#include "tensorwire/channel.h"\n#include "core/channel_impl.h"\n'
+        '#include "protocol/slot_common.h"\n#include "net/socket.h"\n'
+        '#include "ucx/ucx.h"\n#include "cuda/driver.h"\n',
+    }.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
     found = _cpp_violations({"": tmp_path / "src", "bindings": tmp_path / "bindings"})
     assert [v.split(": ", 1)[1] for v in found] == [
-        "bench/kernels.cc includes core/device_impl.h", "core/control_wire.cc includes core/device_impl.h",
+        "bench/kernels.cc includes core/device_impl.h",
+        "core/control_wire.cc includes core/device_impl.h",
         "core/control_wire.h includes core/",
-        "core/device.cc includes protocol/", "protocol/slot_common.h includes core/device_impl.h",
-        "ucx/ucx.cc includes core/", "bindings/device.cc includes core/", "bindings/device.cc includes protocol/",
-        "bindings/device.cc includes net/", "bindings/device.cc includes ucx/"], found
+        "core/device.cc includes protocol/",
+        "protocol/slot_common.h includes core/device_impl.h",
+        "ucx/ucx.cc includes core/",
+        "bindings/device.cc includes core/",
+        "bindings/device.cc includes protocol/",
+        "bindings/device.cc includes net/",
+        "bindings/device.cc includes ucx/",
+    ], found

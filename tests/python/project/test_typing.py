@@ -19,14 +19,21 @@ PATTERNS = ROOT / "python" / "bindings" / "stubgen_patterns.txt"
 def test_stubs_match_the_compiled_module(tmp_path):
     pytest.importorskip("nanobind")
     out = tmp_path / "_core.pyi"
-    run = subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-m", "tensorwire._core", "-p", str(PATTERNS),
-                          "-o", str(out)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "nanobind.stubgen", "-m", "tensorwire._core", "-p", str(PATTERNS), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
+
     # The declarations, not the docstrings' layout (which may move between nanobind versions).
     def declarations(text: str) -> list[str]:
         return [line.strip() for line in text.splitlines() if line.strip().startswith(("def ", "class "))]
-    assert declarations(out.read_text()) == declarations(STUBS.read_text()), \
+
+    assert declarations(out.read_text()) == declarations(STUBS.read_text()), (
         "python/tensorwire/_core.pyi is stale: run `make stubs`"
+    )
 
 
 def test_readme_examples_run():

@@ -31,7 +31,14 @@ where = ""
 if backend == "tensorwire":
     where = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).describe()
 dist.barrier()
-torch.save({"params": {k: v.detach().clone() for k, v in model.state_dict().items()}, "initial": initial,
-            "world": dist.get_world_size(), "where": where, "backend_of_group": str(dist.get_backend())},
-           os.path.join(out_dir, f"{backend}_rank{r}.pt"))
+torch.save(
+    {
+        "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "initial": initial,
+        "world": dist.get_world_size(),
+        "where": where,
+        "backend_of_group": str(dist.get_backend()),
+    },
+    os.path.join(out_dir, f"{backend}_rank{r}.pt"),
+)
 dist.destroy_process_group()

@@ -29,8 +29,11 @@ def sparse(shape, nnz, dtype, sparse_dim=None, seed=0, coalesced=True):
     """nnz random entries (repeats allowed: an uncoalesced tensor unless coalesced) of small integers."""
     g = torch.Generator().manual_seed(1000 * seed + r)
     sd = len(shape) if sparse_dim is None else sparse_dim
-    idx = torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sd)]) if sd else \
-        torch.zeros(0, nnz, dtype=torch.int64)
+    idx = (
+        torch.stack([torch.randint(0, shape[d], (nnz,), generator=g) for d in range(sd)])
+        if sd
+        else torch.zeros(0, nnz, dtype=torch.int64)
+    )
     vals = torch.randint(-4, 5, (nnz, *shape[sd:]), generator=g).to(dtype)
     t = torch.sparse_coo_tensor(idx, vals, shape)
     return t.coalesce() if coalesced else t
@@ -46,11 +49,14 @@ CASES = {
     "large": lambda: sparse((100_000, 16), 20_000, torch.float32, sparse_dim=1, seed=3),  # placed messages
 }
 for name, make in CASES.items():
+
     def ar(make=make):
         t = make()
         dist.all_reduce(t)
         return t
+
     record(f"sum/{name}", ar)
+
 
 def ar_async():  # the Work's future holds the result
     t = sparse((30,), 5, torch.float32, seed=4)
@@ -58,19 +64,26 @@ def ar_async():  # the Work's future holds the result
     got = fut.wait()[0]
     assert got is t or torch.equal(got.to_dense(), t.to_dense())
     return got
+
+
 record("async_future", ar_async)
+
 
 def ar_max():  # gloo sums only: both refuse
     t = sparse((10,), 3, torch.float32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t
+
+
 record("max_refused", ar_max)
 
 if backend == "tensorwire":
+
     def mismatch():  # every rank refuses (each reads every rank's layout), and the group stays usable
         t = sparse((10 + r, 4), 3, torch.float32)
         dist.all_reduce(t)
         return t
+
     record("shape_mismatch", mismatch)
     after = torch.ones(3)
     dist.all_reduce(after)

@@ -114,8 +114,9 @@ def test_pipeline_reproduces_the_model(transport):
 
 def test_pipeline_with_dynamic_edges_follows_the_batch_size():
     inputs = data.ModelInputs("mlp", batches=(3, 7))
-    r = partition.run(models.get("mlp").factory, inputs, stages=3, steps=6, probe_steps=(1,), transport="shm",
-                      check=True)
+    r = partition.run(
+        models.get("mlp").factory, inputs, stages=3, steps=6, probe_steps=(1,), transport="shm", check=True
+    )
     assert [e["kind"] for e in r.edges] == ["dynamic", "dynamic"]
     assert r.max_abs_error < 1e-5
     assert [o[0].shape[0] for o in r.outputs] == [3, 7, 3, 7, 3, 7]
@@ -146,10 +147,33 @@ def test_cli_partition(tmp_path):
     import json
     import subprocess
     import sys
+
     out = tmp_path / "p.json"
-    r = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--stages", "2",
-                        "--batch", "4,6", "--steps", "5", "--warmup", "1", "--transport", "tcp", "--json", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "partition",
+            "--model",
+            "mlp",
+            "--stages",
+            "2",
+            "--batch",
+            "4,6",
+            "--steps",
+            "5",
+            "--warmup",
+            "1",
+            "--transport",
+            "tcp",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert "dynamic" in r.stdout and "one process" in r.stdout
     d = json.loads(out.read_text())
@@ -157,17 +181,45 @@ def test_cli_partition(tmp_path):
     assert [e["kind"] for e in d["edges"]] == ["dynamic"]
     png = tmp_path / "p.png"
     plot = ["--plot", str(png)] if importlib.util.find_spec("matplotlib") else []
-    tr = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--stages", "2", "--train",
-                         "--lr", "0.1", "--steps", "4", "--warmup", "1", "--transport", "shm", "--json", str(out),
-                         *plot], capture_output=True, text=True, timeout=120)
+    tr = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "partition",
+            "--model",
+            "mlp",
+            "--stages",
+            "2",
+            "--train",
+            "--lr",
+            "0.1",
+            "--steps",
+            "4",
+            "--warmup",
+            "1",
+            "--transport",
+            "shm",
+            "--json",
+            str(out),
+            *plot,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert tr.returncode == 0, tr.stderr
     d = json.loads(out.read_text())
     assert d["train"] and len(d["losses"]) == 4 and d["max_abs_error"] < 1e-5
     assert [st["stage"] for st in d["stage_stats"]] == [0, 1] and all(st["steps"] == 3 for st in d["stage_stats"])
     if plot:  # the per-stage split, the rates and the loss, from the same result as the JSON
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in tr.stderr
-    bad = subprocess.run([sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--cut", "nope",
-                          "--plan"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "partition", "--model", "mlp", "--cut", "nope", "--plan"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "no node or module named 'nope'" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -201,8 +253,17 @@ def test_training_in_stages_matches_single_process_sgd(transport):
 
 
 def test_training_with_dynamic_edges_and_three_stages():
-    r = partition.train(models.get("mlp").factory, data.ModelData("mlp", batches=(3, 5)), stages=3, steps=6,
-                        probe_steps=(1,), transport="shm", check=True, optimizer="adam", lr=1e-3)
+    r = partition.train(
+        models.get("mlp").factory,
+        data.ModelData("mlp", batches=(3, 5)),
+        stages=3,
+        steps=6,
+        probe_steps=(1,),
+        transport="shm",
+        check=True,
+        optimizer="adam",
+        lr=1e-3,
+    )
     assert [e["kind"] for e in r.edges] == ["dynamic", "dynamic"]
     assert r.max_abs_error < 1e-5
 
@@ -230,8 +291,17 @@ def test_a_dead_stage_fails_training_fast():
 @pytest.mark.parametrize("micro", [2, 3])
 def test_micro_batches_match_single_process_sgd(micro):
     # batches of 6 in 2 or 3 micro-batches; the gradients accumulate to the whole batch's
-    r = partition.train(skip_one_model, skip_data, cuts=["b"], steps=5, transport="tcp", micro_batches=micro,
-                        check=True, lr=0.1, momentum=0.9)
+    r = partition.train(
+        skip_one_model,
+        skip_data,
+        cuts=["b"],
+        steps=5,
+        transport="tcp",
+        micro_batches=micro,
+        check=True,
+        lr=0.1,
+        momentum=0.9,
+    )
     assert r.max_abs_error < 1e-5
     assert r.stage_stats[0].sends_copied == 2 * micro * 5  # two activations per micro-batch
     assert {tuple(e["shape"]) for e in r.edges} == {(6 // micro, 32)}

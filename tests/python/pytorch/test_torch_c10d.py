@@ -25,9 +25,16 @@ def spawn(prog: Path, n: int, env: dict, args: list[str] | None = None, timeout:
     """Runs `prog` as n ranks without torchrun (RANK and WORLD_SIZE only: no MASTER_ADDR/PORT);
     returns each rank's stdout after every rank exited 0."""
     base = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")}
-    procs = [subprocess.Popen([sys.executable, str(prog), *(args or [])], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=dict(base, RANK=str(r), WORLD_SIZE=str(n), **env))
-             for r in range(n)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(prog), *(args or [])],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(base, RANK=str(r), WORLD_SIZE=str(n), **env),
+        )
+        for r in range(n)
+    ]
     outs = []
     try:
         outs = [p.communicate(timeout=timeout) for p in procs]
@@ -44,6 +51,7 @@ def test_the_backend_is_a_cpp_backend_registered_with_the_extended_api() -> None
     import tensorwire.torch  # noqa: F401
     from tensorwire import _c10d
     from tensorwire.torch.backend import TensorwireError
+
     plugin = dist.Backend._plugins["TENSORWIRE"]
     assert plugin.extended_api
     assert dist.Backend.default_device_backend_map.get("cpu") in ("gloo", "tensorwire")
@@ -58,7 +66,9 @@ def test_init_methods_need_no_master_port(method: str, tmp_path: Path) -> None:
     """env:// (MASTER_ADDR/PORT set), tcp://, file:// and store= (neither set): the group meets in
     the store torch made, and works."""
     port = free_port()
-    prog = script(tmp_path, f"""
+    prog = script(
+        tmp_path,
+        f"""
         r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         method = {method!r}
         kw = dict(rank=r, world_size=n, timeout=datetime.timedelta(seconds=60))
@@ -80,7 +90,8 @@ def test_init_methods_need_no_master_port(method: str, tmp_path: Path) -> None:
             u = torch.empty(10); dist.recv(u, 0); assert torch.equal(u, torch.arange(10.))
         say("INIT OK", r, float(t[0]))
         dist.destroy_process_group()
-    """)
+    """,
+    )
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)} if method == "env" else {}
     outs = spawn(prog, 3, env)
     assert all(f"INIT OK {r} 6.0" in outs[r] for r in range(3)), outs
@@ -88,11 +99,13 @@ def test_init_methods_need_no_master_port(method: str, tmp_path: Path) -> None:
 
 @pytest.mark.timeout(150)
 def test_mixed_spec_debug_wrapper_and_sequence_numbers(tmp_path: Path) -> None:
-    """"cpu:tensorwire,cuda:gloo" (gloo standing in for CUDA's backend) gives the group a C++
+    """ "cpu:tensorwire,cuda:gloo" (gloo standing in for CUDA's backend) gives the group a C++
     tensorwire backend for CPU tensors; under TORCH_DISTRIBUTED_DEBUG=DETAIL torch wraps it (its
     collective checks run) and a shape mismatch between ranks is caught by the wrapper; the
     group's sequence number counts collectives alike on every rank."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         from tensorwire import _c10d
         dist.init_process_group("cpu:tensorwire,cuda:gloo", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
@@ -111,7 +124,8 @@ def test_mixed_spec_debug_wrapper_and_sequence_numbers(tmp_path: Path) -> None:
         except Exception as e:
             say("MISMATCH", r, type(e).__name__, "mismatch" in str(e).lower())
         os._exit(0)
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     out = run.stdout
     assert out.count("WRAPPED") == 2 and "_ProcessGroupWrapper" in out, out + run.stderr[-3000:]
@@ -125,7 +139,9 @@ def test_work_results_futures_and_timeouts(tmp_path: Path) -> None:
     (nobody waits) with the outputs; a recv that nothing matches raises at wait(timeout) and
     at the group timeout, naming the op; a per-op timeout bounds a collective a peer never
     joins; is_completed() says False meanwhile; and the group is usable afterwards for p2p."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         import threading
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
@@ -170,13 +186,15 @@ def test_work_results_futures_and_timeouts(tmp_path: Path) -> None:
                 say("OP TIMEOUT", type(e).__name__, f"{time.monotonic() - t0:.1f}")
         say("END", r)
         os._exit(0)
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110)
     out = run.stdout
     assert "NO TIMEOUT" not in out and "NO OP TIMEOUT" not in out, out
     lines = [x.split() for x in out.splitlines() if x.startswith("RECV TIMEOUT")]
-    assert len(lines) == 2 and all(x[3] == "DistBackendError" and float(x[4]) < 5 and x[5] == "True"
-                                   for x in lines), out + run.stderr[-3000:]
+    assert len(lines) == 2 and all(x[3] == "DistBackendError" and float(x[4]) < 5 and x[5] == "True" for x in lines), (
+        out + run.stderr[-3000:]
+    )
     line = next((x.split() for x in out.splitlines() if x.startswith("OP TIMEOUT")), None)
     assert line is not None and line[2] == "DistBackendError" and float(line[3]) < 10, out + run.stderr[-3000:]
     assert out.count("END") == 2, out + run.stderr[-3000:]
@@ -184,7 +202,9 @@ def test_work_results_futures_and_timeouts(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(150)
 def test_monitored_barrier_names_the_rank_that_did_not_come(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
         be = dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu"))
@@ -199,7 +219,8 @@ def test_monitored_barrier_names_the_rank_that_did_not_come(tmp_path: Path) -> N
         except Exception as e:
             say("FAILED", r, type(e).__name__, str(e).replace(chr(10), " "))
         os._exit(0)
-    """)
+    """,
+    )
     run = torchrun(3, prog, timeout=110)
     out = run.stdout
     assert out.count("PASSED") == 3 and "NO ERROR" not in out, out + run.stderr[-3000:]
@@ -212,7 +233,9 @@ def test_destroy_with_work_pending_fails_it_and_returns(tmp_path: Path) -> None:
     """A rank destroys its group while its own async all_reduce (that a peer never joins) and a
     receive are pending: destroy returns within the bound, both Works fail (never hang), and
     sparse all_reduce other than SUM is a clear error."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=8))
         r = dist.get_rank()
         try:
@@ -236,7 +259,8 @@ def test_destroy_with_work_pending_fails_it_and_returns(tmp_path: Path) -> None:
             except Exception as e:
                 say("FAILED", name, type(e).__name__)
         os._exit(0)
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110)
     out = run.stdout
     assert "NO SPARSE ERROR" not in out and "SPARSE ValueError True" in out, out + run.stderr[-3000:]
@@ -248,6 +272,7 @@ def test_destroy_with_work_pending_fails_it_and_returns(tmp_path: Path) -> None:
 def test_an_extension_built_for_another_torch_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     from tensorwire import _c10d
     from tensorwire.torch import backend
+
     monkeypatch.setattr(_c10d, "torch_version", "0.0.1")
     with pytest.raises(ImportError, match=r"built for torch 0\.0\.1.*rebuild"):
         backend.load()
@@ -258,7 +283,9 @@ def test_tensors_from_the_registered_pool_and_fsdp2_on_them(tmp_path: Path) -> N
     """supports_tensor_alloc/allocate_tensor give CPU tensors of the Device's registered pool that
     the ops move; FSDP2 with set_allocate_memory_from_process_group_for_comm takes its
     communication buffers from there and trains to the same parameters as without."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         from torch.distributed.fsdp import fully_shard
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
         r, n = dist.get_rank(), dist.get_world_size()
@@ -289,18 +316,22 @@ def test_tensors_from_the_registered_pool_and_fsdp2_on_them(tmp_path: Path) -> N
         a, b = train(False), train(True)
         say("FSDP2", r, torch.equal(a, b))
         dist.destroy_process_group()
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=140)
     assert "FSDP2 0 True" in run.stdout and "FSDP2 1 True" in run.stdout, run.stdout + run.stderr[-3000:]
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("op", ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
-                                "broadcast", "barrier"])
+@pytest.mark.parametrize(
+    "op", ["all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single", "broadcast", "barrier"]
+)
 def test_a_killed_rank_fails_each_op_naming_it(op: str, tmp_path: Path) -> None:
     """Rank 2 of 3 dies; the others' next collective fails with a DistBackendError naming rank 2
     within the Device's liveness bound, not the 90 s op timeout."""
-    prog = script(tmp_path, f"""
+    prog = script(
+        tmp_path,
+        f"""
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=90))
         r, n = dist.get_rank(), dist.get_world_size()
         dist.barrier()
@@ -329,7 +360,8 @@ def test_a_killed_rank_fails_each_op_naming_it(op: str, tmp_path: Path) -> None:
             if op != "broadcast":  # stay until the other survivor saw rank 2 go (not this rank leaving)
                 time.sleep(10)
         os._exit(0)
-    """)
+    """,
+    )
     # torchrun's agent ends the survivors once it sees rank 2 gone (it looks every 0.1 s by
     # default): on a loaded machine that came before one survivor had run its op. It looks every 3 s here.
     run = torchrun(3, prog, timeout=140, launcher=("--monitor-interval", "3"))

@@ -56,9 +56,9 @@ SELECTION: dict[str, str | None] = {
     # DDP
     "test_DistributedDataParallelCPU": None,
     "test_ddp_logging_data_cpu": "DDP's logging data names the backend 'custom': DDP's logger asks torch's "
-                                 "ProcessGroup, not the backend, and ProcessGroup::getBackendName() is "
-                                 "backendTypeToString(CUSTOM) == \"custom\" for every plugin (ProcessGroup.hpp; "
-                                 "docs/torch.md)",
+    "ProcessGroup, not the backend, and ProcessGroup::getBackendName() is "
+    'backendTypeToString(CUSTOM) == "custom" for every plugin (ProcessGroup.hpp; '
+    "docs/torch.md)",
     # futures
     "test_all_reduce_sum_async": None,
     "test_get_future": None,
@@ -67,8 +67,19 @@ SELECTION: dict[str, str | None] = {
 
 def conformance(tmp: Path, *args: str, timeout: float) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp / "conformance"
-    cmd = [sys.executable, "-m", "tensorwire.lab.conformance", "--backend", "tensorwire", "--quiet",
-           "--out", str(out), "--log", str(tmp / "conformance.log"), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensorwire.lab.conformance",
+        "--backend",
+        "tensorwire",
+        "--quiet",
+        "--out",
+        str(out),
+        "--log",
+        str(tmp / "conformance.log"),
+        *args,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -87,16 +98,27 @@ def conformance(tmp: Path, *args: str, timeout: float) -> tuple[subprocess.Compl
 @pytest.fixture(scope="module")
 def selection(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("conformance")
-    run, summary = conformance(tmp, "--gates", "gloo", "--exact", "-k", ",".join(SELECTION),
-                               "--timeout", str(PER_TEST_S), timeout=len(SELECTION) * PER_TEST_S)
+    run, summary = conformance(
+        tmp,
+        "--gates",
+        "gloo",
+        "--exact",
+        "-k",
+        ",".join(SELECTION),
+        "--timeout",
+        str(PER_TEST_S),
+        timeout=len(SELECTION) * PER_TEST_S,
+    )
     assert summary is not None, f"no summary: exit {run.returncode}\n{run.stderr[-3000:]}"
     assert set(summary["tests"]) == set(SELECTION), "the harness ran another selection"
     return summary
 
 
 @pytest.mark.timeout(len(SELECTION) * PER_TEST_S + 60)  # the first item also waits for the whole run
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=why)) if why else n
-                                  for n, why in SELECTION.items()])
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=why)) if why else n for n, why in SELECTION.items()],
+)
 def test_suite_test_passes(selection: dict, name: str) -> None:
     r = selection["tests"][name]
     assert r["outcome"] == "passed", f"{name}: {r['outcome']}: {r.get('error', '')}"
@@ -106,8 +128,9 @@ def test_suite_test_passes(selection: dict, name: str) -> None:
 def test_a_test_past_its_limit_is_hung_not_passed(tmp_path: Path) -> None:
     """--timeout: the suite's own mechanism kills the ranks of a test that outlives it, and the harness
     reports it hung (a 1 s limit: the ranks cannot even start in that time), exit status 1."""
-    run, summary = conformance(tmp_path, "--backend", "gloo", "--exact", "-k", "test_get_rank", "--timeout", "1",
-                               timeout=180)
+    run, summary = conformance(
+        tmp_path, "--backend", "gloo", "--exact", "-k", "test_get_rank", "--timeout", "1", timeout=180
+    )
     assert summary is not None, run.stderr[-3000:]
     assert summary["tests"]["test_get_rank"]["outcome"] == "hung", summary["tests"]
     assert summary["totals"]["hung"] == 1 and run.returncode == 1
@@ -118,17 +141,26 @@ def test_listing_and_bad_input(tmp_path: Path) -> None:
     """--list selects by pattern without running; an unknown --exact name, a bad --env and a backend no
     module registered are usage errors."""
     base = [sys.executable, "-m", "tensorwire.lab.conformance", "--backend", "gloo"]
-    listed = subprocess.run(base + ["--list", "-k", "test_all_reduce_coalesced_*sum"], capture_output=True,
-                            text=True, timeout=180)
+    listed = subprocess.run(
+        base + ["--list", "-k", "test_all_reduce_coalesced_*sum"], capture_output=True, text=True, timeout=180
+    )
     assert listed.returncode == 0, listed.stderr[-2000:]
     names = [ln.split()[0] for ln in listed.stdout.splitlines() if ln.strip()]
-    assert names == ["test_all_reduce_coalesced_full_group_sum", "test_all_reduce_coalesced_group_sum",
-                     "test_all_reduce_coalesced_sum"], listed.stdout
-    unknown = subprocess.run(base + ["--list", "--exact", "-k", "test_no_such_test"], capture_output=True,
-                             text=True, timeout=180)
+    assert names == [
+        "test_all_reduce_coalesced_full_group_sum",
+        "test_all_reduce_coalesced_group_sum",
+        "test_all_reduce_coalesced_sum",
+    ], listed.stdout
+    unknown = subprocess.run(
+        base + ["--list", "--exact", "-k", "test_no_such_test"], capture_output=True, text=True, timeout=180
+    )
     assert unknown.returncode == 2 and "no such test in the suite: test_no_such_test" in unknown.stderr
     bad = subprocess.run(base + ["--env", "NOEQUALS"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "expected KEY=VALUE" in bad.stderr
-    nosuch = subprocess.run([sys.executable, "-m", "tensorwire.lab.conformance", "--backend", "nosuch", "--list"],
-                            capture_output=True, text=True, timeout=180)
+    nosuch = subprocess.run(
+        [sys.executable, "-m", "tensorwire.lab.conformance", "--backend", "nosuch", "--list"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert nosuch.returncode == 2 and "no torch.distributed backend 'nosuch' is registered" in nosuch.stderr

@@ -101,8 +101,9 @@ def test_sparse_all_reduce_matches_gloo(n: int, tmp_path: Path) -> None:
             assert not isinstance(have, str), f"rank {r} {key}: tensorwire failed where gloo did not: {have}"
             (ti, tv, tc, ts, tt), (gi, gv, gc, gs, gt) = have, want
             assert (tc, ts, tt) == (gc, gs, gt) and tc, f"rank {r} {key}: {(tc, ts, tt)} != gloo's {(gc, gs, gt)}"
-            assert torch.equal(ti, gi) and torch.equal(tv, gv), f"rank {r} {key}: {ti[:, :4]} {tv[:4]} != " \
-                                                                f"gloo's {gi[:, :4]} {gv[:4]}"
+            assert torch.equal(ti, gi) and torch.equal(tv, gv), (
+                f"rank {r} {key}: {ti[:, :4]} {tv[:4]} != gloo's {gi[:, :4]} {gv[:4]}"
+            )
         assert gl["sum/large"][0].shape[1] > 20_000  # the ranks' rows overlap only in part
         err = tw["shape_mismatch"]
         assert isinstance(err, str) and "ValueError" in err and "rank 0: torch.float32[10, 4]" in err, err
@@ -112,15 +113,18 @@ def test_sparse_all_reduce_matches_gloo(n: int, tmp_path: Path) -> None:
 def script(tmp_path: Path, body: str) -> Path:
     p = tmp_path / "prog.py"
     # say(): one write(2) per line, so that the ranks' lines never interleave on the shared pipe
-    p.write_text("import os, sys, time, datetime\nimport torch, torch.distributed as dist\nimport tensorwire.torch\n"
-                 "def say(*parts):\n    os.write(1, (' '.join(map(str, parts)) + '\\n').encode())\n"
-                 + textwrap.dedent(body))
+    p.write_text(
+        "import os, sys, time, datetime\nimport torch, torch.distributed as dist\nimport tensorwire.torch\n"
+        "def say(*parts):\n    os.write(1, (' '.join(map(str, parts)) + '\\n').encode())\n" + textwrap.dedent(body)
+    )
     return p
 
 
 @pytest.mark.timeout(120)
 def test_killed_rank_fails_the_others_pending_ops_naming_it(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=90))
         r = dist.get_rank()
         dist.barrier()
@@ -133,7 +137,8 @@ def test_killed_rank_fails_the_others_pending_ops_naming_it(tmp_path: Path) -> N
             say(f"RAISED after {time.monotonic() - t0:.1f} s: {e}")
             os._exit(0)
         say("NO ERROR")
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110)
     out = run.stdout
     assert "RAISED" in out, out + run.stderr[-2000:]
@@ -144,7 +149,9 @@ def test_killed_rank_fails_the_others_pending_ops_naming_it(tmp_path: Path) -> N
 
 @pytest.mark.timeout(120)
 def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
         def expect(what, fn, *words):
@@ -192,7 +199,8 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
         time.sleep(4)
         dist.destroy_process_group()
         say("DESTROYED", r)
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110)
     out = run.stdout
     assert "NO ERROR" not in out, out
@@ -206,7 +214,9 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_subgroups_mixed_spec_and_explicit_store(tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         r, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]) + 1, n, r == 0)
         dist.init_process_group("cpu:tensorwire,cuda:gloo", store=store, rank=r, world_size=n)
@@ -224,7 +234,8 @@ def test_subgroups_mixed_spec_and_explicit_store(tmp_path: Path) -> None:
         assert w[0] == 3.0
         say("SUBGROUP OK", dist.get_backend())
         dist.destroy_process_group()
-    """)
+    """,
+    )
     run = torchrun(3, prog, timeout=110)
     assert run.stdout.count("SUBGROUP OK") == 3, run.stdout + run.stderr[-3000:]
 
@@ -235,7 +246,9 @@ def test_async_collectives_run_in_order_beside_the_caller(tmp_path: Path) -> Non
     DDP's backward overlaps its all_reduce so): results and futures equal the sync ones; a rank
     that waits in a p2p receive while its own async all_reduce is still queued is not stuck
     (the peer finishes that all_reduce before it sends); a failing async op raises at wait()."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
         ts = [torch.full((300_000,), float(r + k)) for k in range(6)]
@@ -270,7 +283,8 @@ def test_async_collectives_run_in_order_beside_the_caller(tmp_path: Path) -> Non
         dist.barrier()
         dist.destroy_process_group()
         say("CLOSED", r)
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110)
     out = run.stdout
     assert out.count("ORDER OK") == 2, out + run.stderr[-3000:]
@@ -285,7 +299,9 @@ def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path:
     """Placed messages of odd sizes, sent before and after the receive is posted, the same
     tensors twice (the second time registered). A receive of the wrong size fails on both
     sides, naming both sizes; the next message of the pair still arrives."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
         r = dist.get_rank()
         sizes = [300_001, 1_000_003, 4_194_305]
@@ -317,7 +333,8 @@ def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path:
             t = torch.zeros(500_000, dtype=torch.int64)
             dist.recv(t, 0, tag=6)
             say("NEXT OK", bool((t == 3).all()))
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": transport})
     out = run.stdout
     assert out.count("ORDER OK") == 4, out + run.stderr[-3000:]
@@ -331,7 +348,9 @@ def test_many_outstanding_messages_past_the_credit_window_over_tcp(tmp_path: Pat
     of credit, so the placed sends' DONE records wait in the queue while both ranks wait. A wait
     that watched those completed writes returned at once and never drove the worker; the peer's
     writes did not land and both ranks spun until the op timeout (CI, stop 38)."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=40))
         r = dist.get_rank()
         for it in range(20):
@@ -347,7 +366,8 @@ def test_many_outstanding_messages_past_the_credit_window_over_tcp(tmp_path: Pat
                 assert [int(b[0]) for b in bufs] == list(range(100)), it
         dist.barrier()
         say("ROUNDS OK", r)
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "tcp"})
     assert run.stdout.count("ROUNDS OK") == 2, run.stdout + run.stderr[-3000:]
 
@@ -360,7 +380,9 @@ def test_a_send_moves_while_its_sender_waits_in_a_collective(transport: str, tmp
     (a placed send): only the sender's progress moves it, so every wait of the group (barrier,
     all_reduce, broadcast) drives the messages engine too. Before, the sender sat in the collective
     while its receiver waited for the send, and neither came back until the op timeout."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
         def coll(name):
@@ -386,7 +408,8 @@ def test_a_send_moves_while_its_sender_waits_in_a_collective(transport: str, tmp
                 coll(name)
             say("AFTER", name, r)
         dist.destroy_process_group()
-    """)
+    """,
+    )
     t0 = time.monotonic()
     run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert run.stdout.count("AFTER") == 8, run.stdout + run.stderr[-3000:]
@@ -400,7 +423,9 @@ def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp
     the 32nd hands credit back to the sender, a write to a peer that is gone: it failed the
     receive of a message that had arrived whole (bench torch-dist's dispatch series, whose
     rank 0 leaves first)."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
         if r == 0:
@@ -418,7 +443,8 @@ def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp
         assert got == list(range(60)), got
         say("RECEIVED", len(got))
         os._exit(0)
-    """)
+    """,
+    )
     run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert "LEFT" in run.stdout and "RECEIVED 60" in run.stdout, run.stdout + run.stderr[-3000:]
 
@@ -427,10 +453,18 @@ def _both_pass_a_barrier(prog: Path) -> None:
     """Runs `prog` as 2 ranks by env:// without torchrun (rank 0 hosts the c10d store, as
     torchrun's agent would otherwise); both must exit 0 and rank 1 say "BARRIER OK 1"."""
     port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=port, LOCAL_WORLD_SIZE="2"))
-             for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(prog)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(
+                os.environ, RANK=str(r), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, LOCAL_WORLD_SIZE="2"
+            ),
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=100) for p in procs]
     assert [p.returncode for p in procs] == [0, 0] and "BARRIER OK 1" in outs[1][0], outs
 
@@ -440,7 +474,9 @@ def test_rank_0_does_not_take_the_store_away_before_the_last_barrier_is_read(tmp
     """Rank 0 hosts the c10d store (env:// without an agent) and leaves right after a
     barrier (destroy_process_group, then exit: bench torch-dist's rank program); rank 1,
     late (1 s), must still pass its barrier and leave cleanly."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=30))
         r = dist.get_rank()
         if r == 1:
@@ -449,7 +485,8 @@ def test_rank_0_does_not_take_the_store_away_before_the_last_barrier_is_read(tmp
         say("BARRIER OK", r)
         dist.destroy_process_group()
         os._exit(0)
-    """)
+    """,
+    )
     _both_pass_a_barrier(prog)
 
 
@@ -458,7 +495,9 @@ def test_rank_0_does_not_take_the_store_away_before_the_last_barrier_is_read(tmp
 def test_large_all_reduce_matches(n: int, transport: str, tmp_path: Path) -> None:
     """all_reduce of tensors of about 10 MB a rank's block, blocks of uneven length: exact
     results (small integers) for sum, avg, max and bfloat16, each tensor reduced twice."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=60))
         r, n = dist.get_rank(), dist.get_world_size()
         pg = dist.distributed_c10d._get_default_group()
@@ -475,7 +514,8 @@ def test_large_all_reduce_matches(n: int, transport: str, tmp_path: Path) -> Non
                 assert torch.equal(t, want), (dt, op, t[:9], want[:9])
         say("EXACT", r)
         dist.destroy_process_group()
-    """)
+    """,
+    )
     run = torchrun(n, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert run.stdout.count("EXACT") == n, run.stdout + run.stderr[-3000:]
 
@@ -484,7 +524,9 @@ def test_large_all_reduce_matches(n: int, transport: str, tmp_path: Path) -> Non
 def test_killed_rank_fails_a_large_all_reduce_naming_it(tmp_path: Path) -> None:
     """A rank killed between two large all_reduces: the others' next one raises, naming it,
     within the Device's liveness bound, not the op timeout."""
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire", timeout=datetime.timedelta(seconds=90))
         r = dist.get_rank()
         t = torch.ones(3 << 20)  # 12 MiB
@@ -502,7 +544,8 @@ def test_killed_rank_fails_a_large_all_reduce_naming_it(tmp_path: Path) -> None:
             say(f"RAISED after {time.monotonic() - t0:.1f} s: {e}")
             os._exit(0)
         say("NO ERROR")
-    """)
+    """,
+    )
     run = torchrun(3, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "shm"})
     lines = [x for x in run.stdout.splitlines() if "RAISED" in x]
     assert len(lines) == 2, run.stdout + run.stderr[-2000:]

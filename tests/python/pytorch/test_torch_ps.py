@@ -58,8 +58,21 @@ def _assert_same(model: torch.nn.Module, params: dict, atol: float = 1e-5) -> No
 # device and slots (same code path, seconds instead of tens of seconds).
 @pytest.mark.parametrize("mode,launcher", [("zerocopy", "processes"), ("copy", "threads")])
 def test_dense_matches_single_process_sgd(mode, launcher):
-    r = ps.train(small_mlp, mlp_data, workers=2, servers=2, steps=STEPS, mode=mode, transport="shm",
-                 lr=0.3, momentum=0.5, warmup=0, collect_params=True, timeout=60, launcher=launcher)
+    r = ps.train(
+        small_mlp,
+        mlp_data,
+        workers=2,
+        servers=2,
+        steps=STEPS,
+        mode=mode,
+        transport="shm",
+        lr=0.3,
+        momentum=0.5,
+        warmup=0,
+        collect_params=True,
+        timeout=60,
+        launcher=launcher,
+    )
     ref, ref_losses = ps.reference_sgd(small_mlp, mlp_data, workers=2, steps=STEPS, lr=0.3, momentum=0.5)
     _assert_same(ref, r.params)
     assert r.losses == pytest.approx(ref_losses, abs=1e-5)
@@ -74,8 +87,18 @@ def test_dense_matches_single_process_sgd(mode, launcher):
 
 def test_gloo_matches_single_process_sgd():
     """The baseline runs the same algorithm: wide-and-deep has dense and sparse variables."""
-    r = ps.train(small_wide_deep, wide_deep_data, workers=2, servers=2, steps=STEPS, mode="gloo", lr=0.5,
-                 warmup=0, collect_params=True, timeout=60)
+    r = ps.train(
+        small_wide_deep,
+        wide_deep_data,
+        workers=2,
+        servers=2,
+        steps=STEPS,
+        mode="gloo",
+        lr=0.5,
+        warmup=0,
+        collect_params=True,
+        timeout=60,
+    )
     ref, _ = ps.reference_sgd(small_wide_deep, wide_deep_data, workers=2, steps=STEPS, lr=0.5)
     _assert_same(ref, r.params)
 
@@ -85,8 +108,20 @@ def test_sparse_gradients_match_single_process_sgd(mode):
     model = small_wide_deep()
     sparse = [v.name for v, _ in ps.variables(model) if v.sparse]
     assert sparse == ["wide.weight", "embed.weight"]
-    r = ps.train(small_wide_deep, wide_deep_data, workers=2, servers=2, steps=STEPS, mode=mode,
-                 transport="tcp", lr=0.5, warmup=0, collect_params=True, timeout=60, launcher="threads")
+    r = ps.train(
+        small_wide_deep,
+        wide_deep_data,
+        workers=2,
+        servers=2,
+        steps=STEPS,
+        mode=mode,
+        transport="tcp",
+        lr=0.5,
+        warmup=0,
+        collect_params=True,
+        timeout=60,
+        launcher="threads",
+    )
     ref, _ = ps.reference_sgd(small_wide_deep, wide_deep_data, workers=2, steps=STEPS, lr=0.5)
     _assert_same(ref, r.params)
 
@@ -96,8 +131,17 @@ def test_dead_worker_fails_everyone_fast():
     naming it, within the launcher's 10 s grace (or it would have killed them)."""
     t0 = time.monotonic()
     with pytest.raises(ps.PSError) as err:
-        ps.train(small_mlp, mlp_data, workers=2, servers=2, steps=40, mode="zerocopy", transport="shm",
-                 die=(1, 3), timeout=60)
+        ps.train(
+            small_mlp,
+            mlp_data,
+            workers=2,
+            servers=2,
+            steps=40,
+            mode="zerocopy",
+            transport="shm",
+            die=(1, 3),
+            timeout=60,
+        )
     msg = str(err.value)
     # the servers saw worker 1 go and said so; nobody had to be killed by the launcher
     lines = {ln.split(":")[0].strip(): ln for ln in msg.splitlines()[1:]}
@@ -114,8 +158,20 @@ def test_colocated_matches_single_process_sgd(mode, transport):
     dense and sparse variables). What a worker exchanges with its own server
     stays in the process: of a step's pulls (every variable) and dense pushes,
     only the other worker's cross the transport, half the separate layout's."""
-    r = ps.train(small_wide_deep, wide_deep_data, workers=2, servers=2, steps=STEPS, mode=mode,
-                 transport=transport, lr=0.5, warmup=0, collect_params=True, timeout=60, colocate=True)
+    r = ps.train(
+        small_wide_deep,
+        wide_deep_data,
+        workers=2,
+        servers=2,
+        steps=STEPS,
+        mode=mode,
+        transport=transport,
+        lr=0.5,
+        warmup=0,
+        collect_params=True,
+        timeout=60,
+        colocate=True,
+    )
     ref, ref_losses = ps.reference_sgd(small_wide_deep, wide_deep_data, workers=2, steps=STEPS, lr=0.5)
     _assert_same(ref, r.params)
     assert r.losses == pytest.approx(ref_losses, abs=1e-5)
@@ -135,8 +191,18 @@ def test_colocated_dead_worker_fails_everyone_fast():
     its own, naming the dead peer, before the launcher's grace runs out."""
     t0 = time.monotonic()
     with pytest.raises(ps.PSError) as err:
-        ps.train(small_mlp, mlp_data, workers=2, servers=2, steps=40, mode="zerocopy", transport="tcp",
-                 die=(1, 3), timeout=60, colocate=True)
+        ps.train(
+            small_mlp,
+            mlp_data,
+            workers=2,
+            servers=2,
+            steps=40,
+            mode="zerocopy",
+            transport="tcp",
+            die=(1, 3),
+            timeout=60,
+            colocate=True,
+        )
     msg = str(err.value)
     lines = {ln.split(":")[0].strip(): ln for ln in msg.splitlines()[1:]}
     # it names what it was doing and the peer that went (by role, or by address and pid)
@@ -148,8 +214,17 @@ def test_colocated_dead_worker_fails_everyone_fast():
 
 def test_mismatched_model_refused_naming_the_variable():
     with pytest.raises(ps.PSError) as err:
-        ps.train(mismatched_mlp, mlp_data, workers=2, servers=1, steps=3, mode="zerocopy", transport="tcp",
-                 timeout=30, launcher="threads")
+        ps.train(
+            mismatched_mlp,
+            mlp_data,
+            workers=2,
+            servers=1,
+            steps=3,
+            mode="zerocopy",
+            transport="tcp",
+            timeout=30,
+            launcher="threads",
+        )
     msg = str(err.value)
     assert "refused at setup" in msg and "'0.weight'" in msg and "worker 1" in msg, msg
     assert "float32[17, 12] vs float32[16, 12]" in msg, msg
@@ -162,7 +237,6 @@ def test_check_specs_messages():
     assert "'w'" in ps.check_specs(a, [ps.VarSpec("w", (3, 5), "float32", False), a[1]], 1)
     assert "'x'" in ps.check_specs(a, [ps.VarSpec("x", (3, 4), "float32", False), a[1]], 1)
     assert "orders" in ps.check_specs(a, a[::-1], 1)
-
 
 
 def test_placement_round_robin_and_balanced():
@@ -184,14 +258,17 @@ def test_placement_round_robin_and_balanced():
 
 def test_worker_with_another_placement_is_refused():
     import threading
-    server = ps.Server(rank=0, num_servers=1, num_workers=1, transport="tcp", timeout=5,
-                       placement="round-robin", lr=0.1)
+
+    server = ps.Server(
+        rank=0, num_servers=1, num_workers=1, transport="tcp", timeout=5, placement="round-robin", lr=0.1
+    )
     t = threading.Thread(target=lambda: pytest.raises(ps.PSError, server.run), daemon=True)
     t.start()
     try:
         with pytest.raises(ps.PSError, match="places variables 'round-robin', worker 0 'balanced'"):
-            ps.Worker(small_mlp(), [server.address], rank=0, num_workers=1, transport="tcp", timeout=5,
-                      placement="balanced")
+            ps.Worker(
+                small_mlp(), [server.address], rank=0, num_workers=1, transport="tcp", timeout=5, placement="balanced"
+            )
     finally:
         t.join(15)
     assert not t.is_alive()
@@ -224,11 +301,33 @@ def test_cli_list_and_help(capsys):
 
 def test_cli_train_json(tmp_path):
     out = tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1",
-                        "--servers", "1", "--batch", "4", "--steps", "4", "--no-progress", "--json", str(out)],
-                       capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "train",
+            "--model",
+            "mlp",
+            "--workers",
+            "1",
+            "--servers",
+            "1",
+            "--batch",
+            "4",
+            "--steps",
+            "4",
+            "--no-progress",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     import json
+
     d = json.loads(out.read_text())
     assert d["samples_per_s"] > 0 and {"compute", "push", "aggregate", "pull"} <= set(d["split"])
     assert "samples/s" in p.stdout
@@ -241,15 +340,44 @@ def test_cli_train_under_torchrun_meets_in_its_store():
     import datetime
     import json
     import os
-    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=60),
-                                       wait_for_workers=False)
+
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", 0, None, True, datetime.timedelta(seconds=60), wait_for_workers=False
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWIRE_")}
-    env.update(WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port), TORCHELASTIC_RUN_ID="t",
-               TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
-    cmd = [sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1", "--servers", "1",
-           "--batch", "4", "--steps", "3", "--warmup", "1", "--no-progress", "--transport", "tcp"]
-    procs = [subprocess.Popen(cmd, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for r in range(2)]
+    env.update(
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(store.port),
+        TORCHELASTIC_RUN_ID="t",
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RESTART_COUNT="0",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensorwire",
+        "train",
+        "--model",
+        "mlp",
+        "--workers",
+        "1",
+        "--servers",
+        "1",
+        "--batch",
+        "4",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--no-progress",
+        "--transport",
+        "tcp",
+    ]
+    procs = [
+        subprocess.Popen(cmd, env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     server, worker = (json.loads(out.strip().splitlines()[-1]) for out, _ in outs)
@@ -258,17 +386,46 @@ def test_cli_train_under_torchrun_meets_in_its_store():
 
 
 def test_cli_colocate(tmp_path):
-    bad = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--workers", "2", "--servers", "1",
-                          "--colocate", "--steps", "2"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "train", "--workers", "2", "--servers", "1", "--colocate", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode != 0 and "needs --servers equal to --workers" in bad.stderr
     assert "Traceback" not in bad.stderr
     out = tmp_path / "r.json"
     # one process holds the only worker and the only server: nothing crosses the transport
-    p = subprocess.run([sys.executable, "-m", "tensorwire", "train", "--model", "mlp", "--workers", "1",
-                        "--servers", "1", "--batch", "4", "--steps", "4", "--no-progress", "--colocate",
-                        "--transport", "tcp", "--json", str(out)], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "train",
+            "--model",
+            "mlp",
+            "--workers",
+            "1",
+            "--servers",
+            "1",
+            "--batch",
+            "4",
+            "--steps",
+            "4",
+            "--no-progress",
+            "--colocate",
+            "--transport",
+            "tcp",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     import json
+
     d = json.loads(out.read_text())
     assert d["colocate"] is True and d["bytes_sent_per_step"] == 0 and d["samples_per_s"] > 0
     assert "(colocated)" in p.stdout
@@ -279,8 +436,8 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
     time before leaving: the servers wait for worker 1's goodbye (they used to
     take worker 0's closed device for a death and fail the run)."""
     import threading
-    servers = [ps.Server(rank=s, num_servers=2, num_workers=2, transport="tcp", timeout=30, lr=0.1)
-               for s in range(2)]
+
+    servers = [ps.Server(rank=s, num_servers=2, num_workers=2, transport="tcp", timeout=30, lr=0.1) for s in range(2)]
     errors: list[str] = []
     lanes: dict[int, list[int]] = {}
 
@@ -323,6 +480,7 @@ def test_a_worker_that_finishes_first_and_leaves_is_no_failure():
 
 def test_server_lanes_one_per_worker_up_to_the_cores():
     from tensorwire.torch.ps.common import server_lanes
+
     cores = os.cpu_count() or 1
     assert server_lanes(1) == 1
     assert server_lanes(0) == 1
@@ -338,11 +496,38 @@ def test_bench_train_smoke_with_the_floor(tmp_path, transport):
     one mode (--modes), as make test's time goes: the floor is what differs."""
     import importlib.util
     import json
+
     plot = ["--plot", "bt.png"] if importlib.util.find_spec("matplotlib") and transport == "shm" else []
     few = ["--workers", "1", "--modes", "zerocopy"] if transport == "tcp" else []
-    p = subprocess.run([sys.executable, "-m", "tensorwire", "bench", "train", "--transport", transport, "--models", "mlp",
-                        "--batches", "2", "--figures", "fig8", "--steps", "3", "--warmup", "1", "--json", "bt.json",
-                        *few, *plot], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "bench",
+            "train",
+            "--transport",
+            transport,
+            "--models",
+            "mlp",
+            "--batches",
+            "2",
+            "--figures",
+            "fig8",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--json",
+            "bt.json",
+            *few,
+            *plot,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert p.returncode == 0, p.stderr
     floor_name = {"tcp": "TCP floor", "shm": "shm floor"}[transport]
     assert "Figure 8" in p.stdout and floor_name in p.stdout, p.stdout
@@ -367,24 +552,36 @@ def test_bench_train_plot_has_a_panel_per_figure(tmp_path):
     pytest.importorskip("matplotlib")
     from tensorwire.cli import build_parser
     from tensorwire.lab.paper.plots import SWEEP_PANELS, plot_sweep
+
     args = build_parser().parse_args(["bench", "train", "--models", "fcn5,alexnet", "--batches", "1,8"])
 
     def run(model, batch, mode, n=2, **kw):
         sps = {"zerocopy": 30.0, "copy": 20.0, "gloo": 10.0, "local": 40.0}[mode] * batch
-        return {"model": model, "batch": batch, "mode": mode, "workers": n, "samples_per_s": sps,
-                "step_ms": 1e3 * batch / sps, **kw}
+        return {
+            "model": model,
+            "batch": batch,
+            "mode": mode,
+            "workers": n,
+            "samples_per_s": sps,
+            "step_ms": 1e3 * batch / sps,
+            **kw,
+        }
+
     modes = ("zerocopy", "copy", "gloo")
-    losses = [2.3 * 0.98 ** i for i in range(50)]
-    out = {"fig8": [run(m, b, mode) for m in args.models for b in args.batches for mode in modes],
-           "fig10": [run("fcn5", 8, "local", 1)] + [run("fcn5", 8, mode, n) for n in (1, 2) for mode in modes[::2]],
-           "fig11": [run(m, 8, mode) for m in args.models for mode in modes[:2]],
-           "convergence": [{"run": r, "losses": losses} for r in ("single process", "2x2 copy")],
-           "table2": [run(m, 8, "zerocopy", gdr=gdr) for m in ("fcn5", "alexnet") for gdr in ("off", "on")]}
+    losses = [2.3 * 0.98**i for i in range(50)]
+    out = {
+        "fig8": [run(m, b, mode) for m in args.models for b in args.batches for mode in modes],
+        "fig10": [run("fcn5", 8, "local", 1)] + [run("fcn5", 8, mode, n) for n in (1, 2) for mode in modes[::2]],
+        "fig11": [run(m, 8, mode) for m in args.models for mode in modes[:2]],
+        "convergence": [{"run": r, "losses": losses} for r in ("single process", "2x2 copy")],
+        "table2": [run(m, 8, "zerocopy", gdr=gdr) for m in ("fcn5", "alexnet") for gdr in ("off", "on")],
+    }
     assert [name for name, _ in SWEEP_PANELS] == list(out)
     png = tmp_path / "sweep.png"
     plot_sweep(out, args, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import matplotlib.image
+
     height, width = matplotlib.image.imread(png).shape[:2]
     assert width > height  # 3 panels in a row, 2 rows
     only = tmp_path / "fig8.png"
@@ -399,6 +596,7 @@ def test_bench_train_repeats_go_round_the_modes(monkeypatch):
 
     from tensorwire.cli import build_parser
     from tensorwire.lab.paper import bench_train
+
     args = build_parser().parse_args(["bench", "train", "--repeat", "3"])
     order, speed = [], iter([5.0, 1.0, 7.0, 4.0, 2.0, 3.0])  # zerocopy, gloo, zerocopy, ...: the copy runs fail
 
@@ -407,8 +605,14 @@ def test_bench_train_repeats_go_round_the_modes(monkeypatch):
         if mode == "copy":
             raise RuntimeError("copy broke")
         split = {"step": 0.1, "compute": 0.0, "push": 0.0, "aggregate": 0.0, "pull": 0.0}
-        return types.SimpleNamespace(samples_per_s=next(speed), split=split, bytes_copied_per_step=0,
-                                     bytes_sent_per_step=0, bytes_staged_per_step=0, device="cpu")
+        return types.SimpleNamespace(
+            samples_per_s=next(speed),
+            split=split,
+            bytes_copied_per_step=0,
+            bytes_sent_per_step=0,
+            bytes_staged_per_step=0,
+            device="cpu",
+        )
 
     monkeypatch.setattr(bench_train, "train_once", fake_train_once)
     rows = bench_train._runs(args, "mlp", 2, 2, [("zerocopy", {}), ("copy", {}), ("gloo", {})])
@@ -423,15 +627,40 @@ def test_bench_train_says_when_the_target_is_above_the_floor():
     exceeds both bounds, and only those (made-up results)."""
     from tensorwire.cli import build_parser
     from tensorwire.lab.paper.bench_train import render_rest
-    args = build_parser().parse_args(["bench", "train", "--transport", "shm", "--models", "fcn5",
-                                      "--batches", "1,8"])
+
+    args = build_parser().parse_args(["bench", "train", "--transport", "shm", "--models", "fcn5", "--batches", "1,8"])
     gloo = {1: 10.0, 8: 60.0}  # 2x: 20 (under the bounds below) and 120 (above both)
-    fig8 = [{"model": "fcn5", "batch": b, "mode": m, "samples_per_s": {"zerocopy": 1.9, "gloo": 1.0}[m] * gloo[b]}
-            for b in (1, 8) for m in ("zerocopy", "gloo")]
-    floor = [{"model": "fcn5", "batch": b, "mib_per_step": 818.0, "floor_ms": 40.0, "aggregate_ms": 15.0,
-              "sequential": seq, "overlapped": ovl} for b, seq, ovl in ((1, 24.0, 26.0), (8, 110.0, 115.0))]
-    text = render_rest({"fig8": fig8, "floor": floor, "fig10": [], "fig11": [], "convergence": None,
-                        "table2": [], "elapsed_s": 1.0, "host": {"loadavg_end": (0.5, 0.5, 0.5)}}, args, [])
+    fig8 = [
+        {"model": "fcn5", "batch": b, "mode": m, "samples_per_s": {"zerocopy": 1.9, "gloo": 1.0}[m] * gloo[b]}
+        for b in (1, 8)
+        for m in ("zerocopy", "gloo")
+    ]
+    floor = [
+        {
+            "model": "fcn5",
+            "batch": b,
+            "mib_per_step": 818.0,
+            "floor_ms": 40.0,
+            "aggregate_ms": 15.0,
+            "sequential": seq,
+            "overlapped": ovl,
+        }
+        for b, seq, ovl in ((1, 24.0, 26.0), (8, 110.0, 115.0))
+    ]
+    text = render_rest(
+        {
+            "fig8": fig8,
+            "floor": floor,
+            "fig10": [],
+            "fig11": [],
+            "convergence": None,
+            "table2": [],
+            "elapsed_s": 1.0,
+            "host": {"loadavg_end": (0.5, 0.5, 0.5)},
+        },
+        args,
+        [],
+    )
     assert "shm floor" in text
     (note,) = [line for line in text.splitlines() if "above both bounds" in line]
     assert "fcn5 batch 8" in note and "batch 1" not in note

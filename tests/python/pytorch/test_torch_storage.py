@@ -21,7 +21,9 @@ pytestmark = pytest.mark.torch
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_resized_storage_is_moved_again_with_its_new_bytes(transport: str, tmp_path: Path) -> None:
-    prog = script(tmp_path, """
+    prog = script(
+        tmp_path,
+        """
         dist.init_process_group("tensorwire")
         r = dist.get_rank()
         n = (2 << 20) // 4  # a placed message (above the eager size)
@@ -39,7 +41,8 @@ def test_resized_storage_is_moved_again_with_its_new_bytes(transport: str, tmp_p
             t.untyped_storage().resize_(nbytes)  # and comes again, maybe at the same address
         say("rank", r, "moved 4 tensors")
         dist.destroy_process_group()
-    """)
+    """,
+    )
     run = torchrun(2, prog, env={"TENSORWIRE_TRANSPORT": transport})
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("moved 4 tensors") == 2, run.stdout

@@ -22,8 +22,11 @@ from tensorwire.lab import testbed  # noqa: E402
 from tensorwire.lab.testbed import Testbed, system  # noqa: E402
 
 OK, WHY = testbed.available()
-pytestmark = [pytest.mark.torch, pytest.mark.netns,
-              pytest.mark.skipif(not OK, reason=f"no testbed here: {WHY or 'ip netns unusable'}")]
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.netns,
+    pytest.mark.skipif(not OK, reason=f"no testbed here: {WHY or 'ip netns unusable'}"),
+]
 
 HERE = Path(__file__).parent
 PROGRAM = HERE / "_torch_ddp_steps.py"
@@ -36,9 +39,24 @@ def torchrun_on_both_hosts(tb: Testbed, backend: str, port: int, out: Path) -> N
     torchruns and their ranks, which torchrun starts in sessions of their own) is killed."""
     procs, logs = [], []
     for node, host in enumerate(tb.hosts):
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                "--node-rank", str(node), "--master-addr", tb.address("h1"), "--master-port", str(port),
-                str(PROGRAM), backend, str(out)]
+        argv = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "2",
+            "--nproc-per-node",
+            "1",
+            "--node-rank",
+            str(node),
+            "--master-addr",
+            tb.address("h1"),
+            "--master-port",
+            str(port),
+            str(PROGRAM),
+            backend,
+            str(out),
+        ]
         # gloo finds its interface from the machine's hostname, an address of the root namespace: name eth0
         env = dict(os.environ, TENSORWIRE_TRANSPORT="tcp", OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
         logs.append(out / f"{backend}_{host}.log")
@@ -72,8 +90,11 @@ def test_ddp_across_two_namespaces_under_torchrun_equals_gloo(tmp_path: Path) ->
             torchrun_on_both_hosts(tb, backend, port, tmp_path)
     finally:
         tb.down()
-    got = {(b, r): torch.load(tmp_path / f"{b}_rank{r}.pt", weights_only=False)
-           for b in ("tensorwire", "gloo") for r in (0, 1)}
+    got = {
+        (b, r): torch.load(tmp_path / f"{b}_rank{r}.pt", weights_only=False)
+        for b in ("tensorwire", "gloo")
+        for r in (0, 1)
+    }
     for b in ("tensorwire", "gloo"):
         assert got[(b, 0)]["world"] == 2 and got[(b, 0)]["backend_of_group"] == b
     # tensorwire's group ran over tcp from each namespace's own testbed address
@@ -85,5 +106,6 @@ def test_ddp_across_two_namespaces_under_torchrun_equals_gloo(tmp_path: Path) ->
     for k in tw:
         assert torch.equal(tw[k], got[("tensorwire", 1)]["params"][k]), f"{k}: the ranks' parameters differ"
         assert not torch.equal(tw[k], got[("tensorwire", 0)]["initial"][k]), f"{k}: not trained"
-        assert torch.allclose(tw[k], gl[k], rtol=1e-5, atol=1e-6), f"{k}: tensorwire {tw[k].flatten()[:4]} " \
-                                                                    f"!= gloo {gl[k].flatten()[:4]}"
+        assert torch.allclose(tw[k], gl[k], rtol=1e-5, atol=1e-6), (
+            f"{k}: tensorwire {tw[k].flatten()[:4]} != gloo {gl[k].flatten()[:4]}"
+        )

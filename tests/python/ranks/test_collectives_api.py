@@ -138,9 +138,27 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(n, transport, use_torch, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tensorwire", "run", "-n", str(n), "--timeout", "100", "--",
-                           sys.executable, "-c", SCRIPT, transport, "1" if use_torch else "0"],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "run",
+            "-n",
+            str(n),
+            "--timeout",
+            "100",
+            "--",
+            sys.executable,
+            "-c",
+            SCRIPT,
+            transport,
+            "1" if use_torch else "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize("n, transport", [(1, "shm"), (2, "shm"), (3, "shm"), (4, "shm"), (3, "tcp")])
@@ -170,8 +188,12 @@ def test_ranks_that_disagree_are_told_not_mixed():
     """Shapes equal on all ranks is the caller's contract; a message whose size differs
     from its receive fails both ranks at once (not after the timeout), naming both,
     and the World refuses further tensor collectives."""
-    r = subprocess.run([sys.executable, "-m", "tensorwire", "run", "-n", "2", "--timeout", "60", "--",
-                        sys.executable, "-c", MISMATCH], capture_output=True, text=True, timeout=90)
+    r = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "run", "-n", "2", "--timeout", "60", "--", sys.executable, "-c", MISMATCH],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout
     assert out.count("refused:") == 2 and "send and receive sizes must match" in out, out
@@ -194,8 +216,12 @@ SILENT = textwrap.dedent("""
 
 
 def test_a_silent_rank_is_named():
-    r = subprocess.run([sys.executable, "-m", "tensorwire", "run", "-n", "2", "--timeout", "60", "--",
-                        sys.executable, "-c", SILENT], capture_output=True, text=True, timeout=90)
+    r = subprocess.run(
+        [sys.executable, "-m", "tensorwire", "run", "-n", "2", "--timeout", "60", "--", sys.executable, "-c", SILENT],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert "allreduce on rank 0 timed out" in r.stdout and "waiting for rank(s) 1" in r.stdout, r.stdout
     assert float(r.stdout.split("timeout after ")[1].split()[0]) < 3, r.stdout

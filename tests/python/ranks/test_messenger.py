@@ -46,10 +46,10 @@ def _rank(rank: int, size: int, path: str, transport: str, scenario: str, q) -> 
     try:
         import tensorwire as tw
         from tensorwire import _core
+
         dev = tw.Device(transport=transport)
         store = DirStore(path)
-        m = _core.Messenger(dev, rank, size, store.set, store.get,
-                            timeout=30.0)
+        m = _core.Messenger(dev, rank, size, store.set, store.get, timeout=30.0)
         out = {}
         if scenario == "sizes":
             if rank == 0:

@@ -14,8 +14,8 @@ import pytest
 import tensorwire as tw
 from tensorwire.ranks.rendezvous import Aborted, ControlStore, Store, TorchStore, gather, publish
 
-BOUND_S = 0.5   # the bound of the waits that are meant to time out
-SLACK_S = 2.0   # what such a wait may overrun it on a busy machine
+BOUND_S = 0.5  # the bound of the waits that are meant to time out
+SLACK_S = 2.0  # what such a wait may overrun it on a busy machine
 
 
 @pytest.fixture(params=["control", "torch"])
@@ -134,6 +134,7 @@ def test_bad_keys_are_refused():
 
 def test_connecting_to_nobody_times_out_naming_the_address():
     from conftest import free_port
+
     address = f"127.0.0.1:{free_port()}"
     dev = tw.Device(transport="tcp")
     try:

@@ -194,9 +194,15 @@ def test_a_failed_command_is_named_with_its_last_stderr_lines():
 def test_a_clean_command_run_relays_whole_lines():
     out = []
     with Roles() as roles:
-        roles.command("py", [sys.executable, "-c", "import sys; print('a'); sys.stdout.flush(); "
-                             "print('b', end=''); print('c', file=sys.stderr)"],
-                      on_output=lambda role, which, data: out.append((which, data)))
+        roles.command(
+            "py",
+            [
+                sys.executable,
+                "-c",
+                "import sys; print('a'); sys.stdout.flush(); print('b', end=''); print('c', file=sys.stderr)",
+            ],
+            on_output=lambda role, which, data: out.append((which, data)),
+        )
         roles.supervise(START_S, need_result=False)
     assert roles[0].exitcode == 0
     assert b"".join(d for w, d in out if w == "stdout") == b"a\nb"

@@ -44,9 +44,12 @@ SCRIPT = textwrap.dedent("""
 
 
 def _run(n, *script_args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "tensorwire", "run", "-n", str(n), "--",
-                           sys.executable, "-c", SCRIPT, *script_args],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tensorwire", "run", "-n", str(n), "--", sys.executable, "-c", SCRIPT, *script_args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -70,8 +73,12 @@ BOOT = "import sys, tensorwire.ranks.world as w; w.World(transport='tcp', timeou
 def _ranks(envs: list[dict], timeouts: list[float], code: str = BOOT) -> list[tuple[int, str, float]]:
     """Starts one process per environment; (exit code, stderr, seconds it ran) of each."""
     t0 = time.monotonic()
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(t)], env={**os.environ, **env},
-                              stderr=subprocess.PIPE, text=True) for env, t in zip(envs, timeouts)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(t)], env={**os.environ, **env}, stderr=subprocess.PIPE, text=True
+        )
+        for env, t in zip(envs, timeouts)
+    ]
     out = []
     for p in procs:
         err = p.communicate(timeout=60)[1]
@@ -129,13 +136,28 @@ def test_world_under_torchrun_meets_in_its_store():
     there (their addresses are in it afterwards), with no listener of their own."""
     torch = pytest.importorskip("torch")
     import datetime
-    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, datetime.timedelta(seconds=30),
-                                       wait_for_workers=False)
-    env = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port),
-           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": "0"}
+
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", 0, None, True, datetime.timedelta(seconds=30), wait_for_workers=False
+    )
+    env = {
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+    }
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSORWIRE_")} | env
-    procs = [subprocess.Popen([sys.executable, "-c", TORCHRUN_SCRIPT], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TORCHRUN_SCRIPT],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
     outs = [p.communicate(timeout=60) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
@@ -148,6 +170,7 @@ def test_world_meets_in_a_store_passed_in():
     import threading
 
     from tensorwire.ranks.world import Placement, World
+
     torch = pytest.importorskip("torch")
     store = torch.distributed.HashStore()
     worlds, errors = [None, None], []
@@ -175,29 +198,38 @@ def test_world_meets_in_a_store_passed_in():
                 w.close()
 
 
-@pytest.mark.parametrize("env, expect", [
-    ({"TENSORWIRE_RANK": "2", "TENSORWIRE_SIZE": "4", "TENSORWIRE_ROOT": "10.0.0.1:5000"},
-     (2, 4, "10.0.0.1:5000", "tensorwire run", "tensorwire")),
-    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
-     (1, 2, "127.0.0.1:29600", "mpirun", "tensorwire")),
-    ({"PMI_RANK": "0", "PMI_SIZE": "3", "TENSORWIRE_ROOT": "h:1"}, (0, 3, "h:1", "pmi", "tensorwire")),
-    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "8"}, (3, 8, "127.0.0.1:29600", "slurm", "tensorwire")),
-    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"},
-     (1, 2, "node0:29500", "torchrun", "torch")),  # torchrun's own store
-    ({"RANK": "1", "WORLD_SIZE": "2", "TENSORWIRE_ROOT": "h:7"}, (1, 2, "h:7", "torchrun", "tensorwire")),
-    ({}, (0, 1, "127.0.0.1:29600", "single", "tensorwire")),
-])
+@pytest.mark.parametrize(
+    "env, expect",
+    [
+        (
+            {"TENSORWIRE_RANK": "2", "TENSORWIRE_SIZE": "4", "TENSORWIRE_ROOT": "10.0.0.1:5000"},
+            (2, 4, "10.0.0.1:5000", "tensorwire run", "tensorwire"),
+        ),
+        ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, (1, 2, "127.0.0.1:29600", "mpirun", "tensorwire")),
+        ({"PMI_RANK": "0", "PMI_SIZE": "3", "TENSORWIRE_ROOT": "h:1"}, (0, 3, "h:1", "pmi", "tensorwire")),
+        ({"SLURM_PROCID": "3", "SLURM_NTASKS": "8"}, (3, 8, "127.0.0.1:29600", "slurm", "tensorwire")),
+        (
+            {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "node0", "MASTER_PORT": "29500"},
+            (1, 2, "node0:29500", "torchrun", "torch"),
+        ),  # torchrun's own store
+        ({"RANK": "1", "WORLD_SIZE": "2", "TENSORWIRE_ROOT": "h:7"}, (1, 2, "h:7", "torchrun", "tensorwire")),
+        ({}, (0, 1, "127.0.0.1:29600", "single", "tensorwire")),
+    ],
+)
 def test_detect_launchers(env, expect):
     p = detect(env)
     assert (p.rank, p.size, p.root, p.launcher, p.store) == expect
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"TENSORWIRE_RANK": "4", "TENSORWIRE_SIZE": "4"}, "not a valid placement"),
-    ({"TENSORWIRE_RANK": "x", "TENSORWIRE_SIZE": "4"}, "not an integer"),
-    ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
-    ({"TENSORWIRE_RANK": "0", "TENSORWIRE_SIZE": "1", "TENSORWIRE_ROOT": "nohostport"}, "host:port"),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"TENSORWIRE_RANK": "4", "TENSORWIRE_SIZE": "4"}, "not a valid placement"),
+        ({"TENSORWIRE_RANK": "x", "TENSORWIRE_SIZE": "4"}, "not an integer"),
+        ({"RANK": "0", "WORLD_SIZE": "2"}, "MASTER_ADDR"),
+        ({"TENSORWIRE_RANK": "0", "TENSORWIRE_SIZE": "1", "TENSORWIRE_ROOT": "nohostport"}, "host:port"),
+    ],
+)
 def test_detect_rejects_bad_environment(env, words):
     with pytest.raises(InvalidArgument, match=words):
         detect(env)

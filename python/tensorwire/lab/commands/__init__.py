@@ -15,24 +15,25 @@ import importlib
 
 # In this order in --help, after the product's commands. Each has register(commands).
 COMMAND_MODULES = (
-    "tensorwire.lab.commands.bench_p2p",          # bench latency/bw/serve
-    "tensorwire.lab.commands.bench_tensor",       # bench tensor
-    "tensorwire.lab.commands.demo",               # tensorwire demo
-    "tensorwire.lab.commands.bench_fabric",       # bench write_bw/read_bw/write_lat/read_lat
-    "tensorwire.lab.commands.bench_fullmesh",     # bench fullmesh
+    "tensorwire.lab.commands.bench_p2p",  # bench latency/bw/serve
+    "tensorwire.lab.commands.bench_tensor",  # bench tensor
+    "tensorwire.lab.commands.demo",  # tensorwire demo
+    "tensorwire.lab.commands.bench_fabric",  # bench write_bw/read_bw/write_lat/read_lat
+    "tensorwire.lab.commands.bench_fullmesh",  # bench fullmesh
     "tensorwire.lab.commands.bench_collectives",  # bench alltoall/allreduce
-    "tensorwire.lab.commands.bench_terasort",     # bench terasort
-    "tensorwire.lab.commands.bench_torch_dist",   # bench torch-dist
-    "tensorwire.lab.commands.bench_report",       # bench report
-    "tensorwire.lab.testbed.cli",                 # tensorwire testbed
-    "tensorwire.lab.commands.train",              # tensorwire train, bench train, partition
-    "tensorwire.lab.commands.conformance",        # tensorwire conformance
+    "tensorwire.lab.commands.bench_terasort",  # bench terasort
+    "tensorwire.lab.commands.bench_torch_dist",  # bench torch-dist
+    "tensorwire.lab.commands.bench_report",  # bench report
+    "tensorwire.lab.testbed.cli",  # tensorwire testbed
+    "tensorwire.lab.commands.train",  # tensorwire train, bench train, partition
+    "tensorwire.lab.commands.conformance",  # tensorwire conformance
 )
 
 
 def _load_testbed(name: str):
     """`tensorwire run --testbed NAME`'s hosts (tensorwire.ranks.launch.Hosts)."""
     from ..testbed import Testbed
+
     return Testbed.load(name)
 
 

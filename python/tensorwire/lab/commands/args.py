@@ -26,11 +26,13 @@ PLOT_NEEDS = ("matplotlib", "bench", "plot")
 
 def usage_error(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """`parse` as an argparse type: its ValueError becomes a usage error."""
+
     def arg(text: str) -> Any:
         try:
             return parse(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
+
     arg.__name__ = parse.__name__
     return arg
 
@@ -88,9 +90,13 @@ arg_rate = usage_error(parse_rate)  # a link rate: "10G", "25Gbit", ...
 
 def add_progress_switch(parser: Any) -> None:
     """--progress/--no-progress on a command that draws a Progress bar (one switch for all)."""
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="draw a progress bar on stderr (default: when stderr is a terminal, or as "
-                             "TENSORWIRE_PROGRESS_BAR=0|1 says; ranks and processes it starts inherit the choice)")
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="draw a progress bar on stderr (default: when stderr is a terminal, or as "
+        "TENSORWIRE_PROGRESS_BAR=0|1 says; ranks and processes it starts inherit the choice)",
+    )
 
 
 class DeprecatedAlias(argparse.Action):
@@ -103,8 +109,8 @@ class DeprecatedAlias(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         import sys
-        print(f"{parser.prog}: {option_string} is deprecated: write {self.replacement} ({self.why})",
-              file=sys.stderr)
+
+        print(f"{parser.prog}: {option_string} is deprecated: write {self.replacement} ({self.why})", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 
@@ -113,6 +119,15 @@ def deprecated_alias(parser: argparse.ArgumentParser, *old: str, replacement: st
     already has: same dest, type and nargs, hidden, warning when used."""
     new = parser._option_string_actions[replacement]
     typed: dict[str, Any] = {"type": new.type} if new.type is not None else {}  # (add_argument's default: none)
-    parser.add_argument(*old, action=DeprecatedAlias, dest=new.dest, nargs=new.nargs,
-                        metavar=new.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
-                        replacement=replacement, why=why, **typed)
+    parser.add_argument(
+        *old,
+        action=DeprecatedAlias,
+        dest=new.dest,
+        nargs=new.nargs,
+        metavar=new.metavar,
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+        replacement=replacement,
+        why=why,
+        **typed,
+    )

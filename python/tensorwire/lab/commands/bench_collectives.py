@@ -65,70 +65,146 @@ examples:
 
 DESCRIPTION = {
     "alltoall": "Alltoall of the World's C++ collectives layer: every receive posted first, then the sends "
-                "to ranks r+1, r+2, ... (tagged messages: eager through the peer's inbox ring, larger ones "
-                "placed straight into the receiver's buffer). Sizes are bytes per peer (OSU).",
+    "to ranks r+1, r+2, ... (tagged messages: eager through the peer's inbox ring, larger ones "
+    "placed straight into the receiver's buffer). Sizes are bytes per peer (OSU).",
     "allreduce": "Allreduce (SUM) of the World's C++ collectives layer: ring (reduce-scatter + all-gather, "
-                 "2(N-1) steps of 1/N of the vector) or recursive doubling (ceil(log2 N) full-vector exchanges; "
-                 "ranks beyond the largest power of two fold in first and get the result back). --algorithm "
-                 "auto takes recursive doubling up to %d KiB (TENSORWIRE_COLL_SMALL_BYTES, or --threshold) "
-                 "or below one element per rank, then the ring." % (SMALL_ALLREDUCE_BYTES >> 10),
+    "2(N-1) steps of 1/N of the vector) or recursive doubling (ceil(log2 N) full-vector exchanges; "
+    "ranks beyond the largest power of two fold in first and get the result back). --algorithm "
+    "auto takes recursive doubling up to %d KiB (TENSORWIRE_COLL_SMALL_BYTES, or --threshold) "
+    "or below one element per rank, then the ring." % (SMALL_ALLREDUCE_BYTES >> 10),
 }
 
 
 # ---------------------------------------------------------------- command line
 
+
 def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
     p = bench_sub.add_parser(
-        op, help=("alltoall on one-sided writes (osu_alltoall), optionally vs MPI" if op == "alltoall" else
-                  "allreduce: ring / recursive doubling (osu_allreduce), optionally vs MPI"),
-        description=textwrap.fill(DESCRIPTION[op], 79) + "\n\n" + __doc__.split("\n\n")[1] + "\n\n"
+        op,
+        help=(
+            "alltoall on one-sided writes (osu_alltoall), optionally vs MPI"
+            if op == "alltoall"
+            else "allreduce: ring / recursive doubling (osu_allreduce), optionally vs MPI"
+        ),
+        description=textwrap.fill(DESCRIPTION[op], 79)
+        + "\n\n"
+        + __doc__.split("\n\n")[1]
+        + "\n\n"
         + __doc__.split("\n\n")[2],
-        epilog=EXAMPLES[op], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", "-np", type=_positive, default=None,
-                   help="when not started as a rank: start this many ranks here (mpirun -np; default 2; 4 with "
-                        "--profile 1mi-int32)")
-    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                   help="data transport between ranks: tcp, shm, rdma, or auto (UCX_TLS as set; shm on one host)")
-    p.add_argument("--sizes", type=_sizes, default=None,
-                   help=f"sizes in bytes ({'per peer' if op == 'alltoall' else 'of the vector'}): a list like "
-                        f"4K,1M or a power-of-two range (default {DEFAULT_SIZES[op]})")
-    p.add_argument("--iters", "-i", type=_positive, default=None,
-                   help=f"timed iterations per size (default OSU's: {OSU_ITERS[0]} up to {OSU_LARGE} B, "
-                        f"{OSU_ITERS[1]} above)")
-    p.add_argument("--warmup", "-x", type=arg_nonneg, default=None,
-                   help=f"untimed iterations first (default OSU's: {OSU_SKIP[0]} / {OSU_SKIP[1]})")
+        epilog=EXAMPLES[op],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--ranks",
+        "-np",
+        type=_positive,
+        default=None,
+        help="when not started as a rank: start this many ranks here (mpirun -np; default 2; 4 with "
+        "--profile 1mi-int32)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="auto",
+        help="data transport between ranks: tcp, shm, rdma, or auto (UCX_TLS as set; shm on one host)",
+    )
+    p.add_argument(
+        "--sizes",
+        type=_sizes,
+        default=None,
+        help=f"sizes in bytes ({'per peer' if op == 'alltoall' else 'of the vector'}): a list like "
+        f"4K,1M or a power-of-two range (default {DEFAULT_SIZES[op]})",
+    )
+    p.add_argument(
+        "--iters",
+        "-i",
+        type=_positive,
+        default=None,
+        help=f"timed iterations per size (default OSU's: {OSU_ITERS[0]} up to {OSU_LARGE} B, {OSU_ITERS[1]} above)",
+    )
+    p.add_argument(
+        "--warmup",
+        "-x",
+        type=arg_nonneg,
+        default=None,
+        help=f"untimed iterations first (default OSU's: {OSU_SKIP[0]} / {OSU_SKIP[1]})",
+    )
     if op == "allreduce":
-        p.add_argument("--type", choices=("float", "int"), default="float",
-                       help="element type: float (float32, default) or int (int32); the operation is SUM")
-        p.add_argument("--algorithm", type=_algorithm, choices=ALGORITHMS, default="auto",
-                       help="ring, rd (recursive doubling) or auto: rd up to --threshold, then the ring")
-        p.add_argument("--threshold", type=_sizes, default=None, metavar="BYTES",
-                       help=f"auto's switch from rd to ring (default {SMALL_ALLREDUCE_BYTES >> 10}K; sets "
-                            f"TENSORWIRE_COLL_SMALL_BYTES in the ranks)")
-    p.add_argument("--validate", "-c", action="store_true",
-                   help="iteration-dependent pattern in, every output checked (adds a Validation column)")
-    p.add_argument("--compare", choices=("mpi", "gloo"), default=None,
-                   help="also measure the same operation in the same run through mpi4py (ranks are started "
-                        "by mpirun; needs mpirun and mpi4py) or torch.distributed's gloo backend (needs torch)")
-    p.add_argument("--api", action="store_true",
-                   help="time the library path, world.%s on numpy arrays (its checks included), "
-                        "instead of the collectives layer called directly" % ("alltoall(out, inp)" if op == "alltoall"
-                                                                              else "allreduce(array)"))
-    p.add_argument("--profile", choices=("1mi-int32",), default=None,
-                   help="1mi-int32: the RoCE study's MPI_Alltoall experiment, 1 Mi int32 per peer (or an int32 "
-                        "vector of 1 Mi for allreduce), called back to back; adds algbw/busbw")
-    p.add_argument("--rounds", type=_positive, default=None,
-                   help="split each size's timed iterations into this many blocks, the series taking turns "
-                        "block by block (default 5 with --compare, else 1)")
-    p.add_argument("--format", choices=("table", "osu"), default="table",
-                   help="table (default: both series side by side) or osu (OSU's header lines and columns, "
-                        "one table per series)")
-    p.add_argument("--progress-mode", choices=("inline", "blocking"), default="inline",
-                   help="who drives each rank's worker: inline (the waiting rank itself, default) or "
-                        "blocking (a progress thread)")
+        p.add_argument(
+            "--type",
+            choices=("float", "int"),
+            default="float",
+            help="element type: float (float32, default) or int (int32); the operation is SUM",
+        )
+        p.add_argument(
+            "--algorithm",
+            type=_algorithm,
+            choices=ALGORITHMS,
+            default="auto",
+            help="ring, rd (recursive doubling) or auto: rd up to --threshold, then the ring",
+        )
+        p.add_argument(
+            "--threshold",
+            type=_sizes,
+            default=None,
+            metavar="BYTES",
+            help=f"auto's switch from rd to ring (default {SMALL_ALLREDUCE_BYTES >> 10}K; sets "
+            f"TENSORWIRE_COLL_SMALL_BYTES in the ranks)",
+        )
+    p.add_argument(
+        "--validate",
+        "-c",
+        action="store_true",
+        help="iteration-dependent pattern in, every output checked (adds a Validation column)",
+    )
+    p.add_argument(
+        "--compare",
+        choices=("mpi", "gloo"),
+        default=None,
+        help="also measure the same operation in the same run through mpi4py (ranks are started "
+        "by mpirun; needs mpirun and mpi4py) or torch.distributed's gloo backend (needs torch)",
+    )
+    p.add_argument(
+        "--api",
+        action="store_true",
+        help="time the library path, world.%s on numpy arrays (its checks included), "
+        "instead of the collectives layer called directly"
+        % ("alltoall(out, inp)" if op == "alltoall" else "allreduce(array)"),
+    )
+    p.add_argument(
+        "--profile",
+        choices=("1mi-int32",),
+        default=None,
+        help="1mi-int32: the RoCE study's MPI_Alltoall experiment, 1 Mi int32 per peer (or an int32 "
+        "vector of 1 Mi for allreduce), called back to back; adds algbw/busbw",
+    )
+    p.add_argument(
+        "--rounds",
+        type=_positive,
+        default=None,
+        help="split each size's timed iterations into this many blocks, the series taking turns "
+        "block by block (default 5 with --compare, else 1)",
+    )
+    p.add_argument(
+        "--format",
+        choices=("table", "osu"),
+        default="table",
+        help="table (default: both series side by side) or osu (OSU's header lines and columns, one table per series)",
+    )
+    p.add_argument(
+        "--progress-mode",
+        choices=("inline", "blocking"),
+        default="inline",
+        help="who drives each rank's worker: inline (the waiting rank itself, default) or blocking (a progress thread)",
+    )
     add_progress_switch(p)
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                   help="seconds any one wait for a peer may take before the run fails naming it (default 30)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds any one wait for a peer may take before the run fails naming it (default 30)",
+    )
     p.add_argument("--json", metavar="FILE", help="rank 0 writes the report, with every rank's raw samples")
     p.add_argument("--plot", metavar="FILE.png", help="latency vs size, one line per series (needs matplotlib)")
     p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)  # tests: SIGKILL this rank
@@ -140,8 +216,10 @@ def _add_parser(bench_sub, op: str) -> argparse.ArgumentParser:
 
 def _algorithm(name: str) -> str:
     if name == "rh":
-        raise argparse.ArgumentTypeError("rh (recursive halving) went with the Python collectives engine; the C++ "
-                                         "layer has ring and rd (recursive doubling)")
+        raise argparse.ArgumentTypeError(
+            "rh (recursive halving) went with the Python collectives engine; the C++ "
+            "layer has ring and rd (recursive doubling)"
+        )
     return name
 
 
@@ -153,13 +231,29 @@ def register(commands) -> None:
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
     """The command-line arguments that reproduce `args` (for the ranks we start)."""
-    out = [args.coll_op, "--transport", args.transport, "--format", args.format, "--progress-mode", args.progress_mode,
-           "--timeout", repr(args.timeout)]
+    out = [
+        args.coll_op,
+        "--transport",
+        args.transport,
+        "--format",
+        args.format,
+        "--progress-mode",
+        args.progress_mode,
+        "--timeout",
+        repr(args.timeout),
+    ]
     if args.sizes is not None:
         out += ["--sizes", ",".join(map(str, args.sizes))]
-    for flag, value in (("--iters", args.iters), ("--warmup", args.warmup), ("--compare", args.compare),
-                        ("--profile", args.profile), ("--rounds", args.rounds), ("--json", args.json and os.path.abspath(args.json)),
-                        ("--plot", args.plot and os.path.abspath(args.plot)), ("--kill-rank", args.kill_rank)):
+    for flag, value in (
+        ("--iters", args.iters),
+        ("--warmup", args.warmup),
+        ("--compare", args.compare),
+        ("--profile", args.profile),
+        ("--rounds", args.rounds),
+        ("--json", args.json and os.path.abspath(args.json)),
+        ("--plot", args.plot and os.path.abspath(args.plot)),
+        ("--kill-rank", args.kill_rank),
+    ):
         if value is not None:
             out += [flag, str(value)]
     if args.coll_op == "allreduce":
@@ -175,6 +269,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
 
 # ---------------------------------------------------------------- launching
 
+
 def _as_rank() -> bool:
     return any(k in os.environ for k in RANK_ENV)
 
@@ -186,6 +281,7 @@ def _launch(args: argparse.Namespace) -> int:
     if args.compare == "mpi":
         from ...config import PROGRESS_BAR
         from ...ranks.launch import free_port
+
         why = mpi_unavailable()
         if why:
             print(f"tensorwire bench {args.coll_op}: --compare mpi is not possible here: {why}", file=sys.stderr)
@@ -196,8 +292,16 @@ def _launch(args: argparse.Namespace) -> int:
         if n > (os.cpu_count() or 1):
             cmd.append("--oversubscribe")
         root = f"127.0.0.1:{free_port()}"
-        cmd += ["-x", f"TENSORWIRE_ROOT={root}", "-x", "PYTHONUNBUFFERED=1", "-x", PROGRESS_BAR,
-                "-x", "PYTHONPATH=" + os.pathsep.join(p for p in (env_path, os.environ.get("PYTHONPATH")) if p)]
+        cmd += [
+            "-x",
+            f"TENSORWIRE_ROOT={root}",
+            "-x",
+            "PYTHONUNBUFFERED=1",
+            "-x",
+            PROGRESS_BAR,
+            "-x",
+            "PYTHONPATH=" + os.pathsep.join(p for p in (env_path, os.environ.get("PYTHONPATH")) if p),
+        ]
         cmd += rank_cmd
         print(f"# launching: {' '.join(cmd)}", file=sys.stderr, flush=True)
         proc = subprocess.Popen(cmd, start_new_session=True)
@@ -209,11 +313,15 @@ def _launch(args: argparse.Namespace) -> int:
             return 130
     if args.compare == "gloo":
         import importlib.util
+
         if importlib.util.find_spec("torch") is None:
-            print(f"tensorwire bench {args.coll_op}: --compare gloo needs torch: pip install tensorwire[torch]",
-                  file=sys.stderr)
+            print(
+                f"tensorwire bench {args.coll_op}: --compare gloo needs torch: pip install tensorwire[torch]",
+                file=sys.stderr,
+            )
             return 2
     from ...ranks import launch
+
     return launch.run(rank_cmd, launch.plan(n))
 
 
@@ -225,20 +333,30 @@ def run_command(args: argparse.Namespace) -> int:
     if args.coll_op == "allreduce":
         bad = [s for s in args.sizes if s % 4]
         if bad:
-            print(f"tensorwire bench allreduce: sizes must be multiples of 4 B (32-bit elements), not {bad}",
-                  file=sys.stderr)
+            print(
+                f"tensorwire bench allreduce: sizes must be multiples of 4 B (32-bit elements), not {bad}",
+                file=sys.stderr,
+            )
             return 2
     if args.ranks == 1:
-        print(f"tensorwire bench {args.coll_op}: needs 2 or more ranks (one rank has no collectives layer: "
-              f"nothing moves)", file=sys.stderr)
+        print(
+            f"tensorwire bench {args.coll_op}: needs 2 or more ranks (one rank has no collectives layer: "
+            f"nothing moves)",
+            file=sys.stderr,
+        )
         return 2
     if args.api and args.coll_op == "allreduce" and (args.algorithm != "auto" or args.threshold):
-        print("tensorwire bench allreduce: --api times world.allreduce, which chooses its algorithm itself "
-              "(auto); leave out --algorithm/--threshold", file=sys.stderr)
+        print(
+            "tensorwire bench allreduce: --api times world.allreduce, which chooses its algorithm itself "
+            "(auto); leave out --algorithm/--threshold",
+            file=sys.stderr,
+        )
         return 2
     from ...config import export_progress_bar
+
     export_progress_bar(args.progress)  # the ranks started below inherit the choice
     if not _as_rank():
         return _launch(args)
     from ..fabric._coll_bench import run_rank
+
     return run_rank(args)

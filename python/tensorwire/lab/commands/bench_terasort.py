@@ -48,7 +48,7 @@ examples:
 """
 
 PHASES = ("teragen", "partition", "shuffle", "sort", "validate")
-_SUFFIX = {"k": 10 ** 3, "m": 10 ** 6, "b": 10 ** 9, "t": 10 ** 12}
+_SUFFIX = {"k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
 
 def parse_rows(text: str) -> int:
@@ -72,38 +72,73 @@ def register(commands) -> None:
 
 
 def _add_parser(bench_sub) -> None:
-    p = bench_sub.add_parser("terasort", help="TeraGen/TeraSort/TeraValidate with the shuffle on tensorwire",
-                             description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rows", type=parse_rows, default=parse_rows("1m"),
-                   help="rows in total (100 B each; suffixes k, m, b as in teragen; default 1m)")
+    p = bench_sub.add_parser(
+        "terasort",
+        help="TeraGen/TeraSort/TeraValidate with the shuffle on tensorwire",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--rows",
+        type=parse_rows,
+        default=parse_rows("1m"),
+        help="rows in total (100 B each; suffixes k, m, b as in teragen; default 1m)",
+    )
     p.add_argument("--ranks", type=_positive, default=4, help="ranks to start when not under a launcher (default 4)")
-    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
-                   help="tensorwire transport of the shuffle: tcp, shm, rdma or auto (UCX_TLS as set)")
-    p.add_argument("--baseline", choices=("none", "tcp"), default="none",
-                   help="also run the shuffle over plain TCP sockets and compare (default none)")
-    p.add_argument("--chunk", type=_size, default=_size("64M"),
-                   help="largest piece of a partition sent at once (default 64M)")
-    p.add_argument("--samples", type=_positive, default=100_000,
-                   help="keys sampled in total for the split points (default 100000, as TeraSort)")
-    p.add_argument("--schedule", choices=("all", "pairwise"), default="all",
-                   help="all: every pair exchanges at once (default); pairwise: step k sends to rank+k and "
-                        "receives from rank-k, one flow each way per rank at a time")
-    p.add_argument("--repeat", type=_positive, default=None,
-                   help="run each shuffle this many times on the same data and report the median round "
-                        "(default 1, the job as it is; 5 with --baseline tcp, whose rounds alternate with "
-                        "the slots': one round is one sample of a noisy machine)")
+    p.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="auto",
+        help="tensorwire transport of the shuffle: tcp, shm, rdma or auto (UCX_TLS as set)",
+    )
+    p.add_argument(
+        "--baseline",
+        choices=("none", "tcp"),
+        default="none",
+        help="also run the shuffle over plain TCP sockets and compare (default none)",
+    )
+    p.add_argument(
+        "--chunk", type=_size, default=_size("64M"), help="largest piece of a partition sent at once (default 64M)"
+    )
+    p.add_argument(
+        "--samples",
+        type=_positive,
+        default=100_000,
+        help="keys sampled in total for the split points (default 100000, as TeraSort)",
+    )
+    p.add_argument(
+        "--schedule",
+        choices=("all", "pairwise"),
+        default="all",
+        help="all: every pair exchanges at once (default); pairwise: step k sends to rank+k and "
+        "receives from rank-k, one flow each way per rank at a time",
+    )
+    p.add_argument(
+        "--repeat",
+        type=_positive,
+        default=None,
+        help="run each shuffle this many times on the same data and report the median round "
+        "(default 1, the job as it is; 5 with --baseline tcp, whose rounds alternate with "
+        "the slots': one round is one sample of a noisy machine)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds any one wait may take (default 60)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON (rank 0)")
     p.add_argument("--plot", metavar="FILE.png", help="bar chart of the phases (needs matplotlib)")
-    p.add_argument("--output", metavar="DIR",
-                   help="write each rank's sorted partition to DIR/part-r-<rank> (untimed; cat them in rank "
-                        "order for the sorted file, e.g. for gensort's valsort)")
-    p.add_argument("--gen-only", metavar="FILE",
-                   help="only write --rows records from --start to FILE (gensort's binary format) and "
-                        "print the checksum; no ranks")
+    p.add_argument(
+        "--output",
+        metavar="DIR",
+        help="write each rank's sorted partition to DIR/part-r-<rank> (untimed; cat them in rank "
+        "order for the sorted file, e.g. for gensort's valsort)",
+    )
+    p.add_argument(
+        "--gen-only",
+        metavar="FILE",
+        help="only write --rows records from --start to FILE (gensort's binary format) and "
+        "print the checksum; no ranks",
+    )
     p.add_argument("--start", type=parse_rows, default=0, help="first row id with --gen-only (gensort -b)")
     add_progress_switch(p)
-    p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)   # failure tests
+    p.add_argument("--kill-rank", type=int, default=None, help=argparse.SUPPRESS)  # failure tests
     p.add_argument("--kill-phase", choices=PHASES, default="shuffle", help=argparse.SUPPRESS)
     p.add_argument("--inject", choices=("swap", "drop"), default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=_main, needs=(PLOT_NEEDS,))
@@ -114,29 +149,57 @@ def _main(args: argparse.Namespace) -> int:
         args.repeat = 5 if args.baseline == "tcp" else 1
     if args.gen_only:
         from ..fabric import teragen
+
         t0 = time.perf_counter()
         total = teragen.write_file(args.gen_only, args.rows, args.start)
         dt = time.perf_counter() - t0
-        print(f"wrote {args.rows} records ({args.rows * teragen.RECORD} B) from row {args.start} to "
-              f"{args.gen_only} in {dt:.2f} s", file=sys.stderr)
+        print(
+            f"wrote {args.rows} records ({args.rows * teragen.RECORD} B) from row {args.start} to "
+            f"{args.gen_only} in {dt:.2f} s",
+            file=sys.stderr,
+        )
         print(f"{total:x}")
         return 0
     from ...config import export_progress_bar
     from ...ranks.world import detect
+
     export_progress_bar(args.progress)  # the ranks started below inherit the choice
     placement = detect()
     if placement.launcher == "single" and args.ranks > 1:
         return _launch(args)
     from ..fabric._terasort_job import run_rank
+
     return run_rank(args)
 
 
 def _launch(args: argparse.Namespace) -> int:
     from ...ranks.launch import plan, run
-    cmd = [sys.executable, "-m", "tensorwire", "bench", "terasort", "--rows", str(args.rows),  # the same, as a rank
-           "--ranks", str(args.ranks), "--transport", args.transport, "--baseline", args.baseline,
-           "--chunk", str(args.chunk), "--samples", str(args.samples), "--repeat", str(args.repeat),
-           "--schedule", args.schedule, "--timeout", str(args.timeout)]
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "tensorwire",
+        "bench",
+        "terasort",
+        "--rows",
+        str(args.rows),  # the same, as a rank
+        "--ranks",
+        str(args.ranks),
+        "--transport",
+        args.transport,
+        "--baseline",
+        args.baseline,
+        "--chunk",
+        str(args.chunk),
+        "--samples",
+        str(args.samples),
+        "--repeat",
+        str(args.repeat),
+        "--schedule",
+        args.schedule,
+        "--timeout",
+        str(args.timeout),
+    ]
     if args.json:
         cmd += ["--json", os.path.abspath(args.json)]
     if args.plot:

@@ -42,41 +42,85 @@ from .runner import CURRENT_OUTPUT, selected  # noqa: F401 - selected: what --te
 
 BUILTIN = ("gloo", "nccl", "ucc", "mpi")
 DEFAULT_CLAIM = "ddp,subgroup,plugin"
-GRACE_S = 60.0    # past --timeout: the runner's own kill of the ranks, then their tearDown
+GRACE_S = 60.0  # past --timeout: the runner's own kill of the ranks, then their tearDown
 LIST_TIMEOUT_S = 300.0
 # The caller's rendezvous variables would leak into the suite's ranks (it sets MASTER_ADDR itself).
-SCRUBBED = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-            "INIT_METHOD", "TEMP_DIR", "BACKEND", "TORCHELASTIC_RUN_ID")
+SCRUBBED = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "INIT_METHOD",
+    "TEMP_DIR",
+    "BACKEND",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def add_arguments(p) -> None:
     """The options of `tensorwire conformance` and of `python -m tensorwire.lab.conformance`."""
-    p.add_argument("--backend", default="tensorwire",
-                   help="the torch.distributed backend's name (default tensorwire; gloo for the reference)")
+    p.add_argument(
+        "--backend",
+        default="tensorwire",
+        help="the torch.distributed backend's name (default tensorwire; gloo for the reference)",
+    )
     p.add_argument("--world-size", type=int, default=2, metavar="N", help="ranks per test (default 2)")
-    p.add_argument("-k", "--tests", action="append", default=[], metavar="PATTERN",
-                   help="run only the tests matching PATTERN (repeatable, or a comma list): a glob on the "
-                        "whole name when it has * ? or [, else a substring; default every test")
+    p.add_argument(
+        "-k",
+        "--tests",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="run only the tests matching PATTERN (repeatable, or a comma list): a glob on the "
+        "whole name when it has * ? or [, else a substring; default every test",
+    )
     p.add_argument("--exact", action="store_true", help="--tests are whole test names (an unknown one is an error)")
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S",
-                   help="seconds one test may run (default 300, PyTorch's own default)")
-    p.add_argument("--claim", default=None, metavar="FEATURES",
-                   help=f"DistTestCases.backend_feature keys claimed for the backend (default {DEFAULT_CLAIM} "
-                        "for a backend that is not built into torch, none for gloo; '' for none)")
-    p.add_argument("--gates", default=None, metavar="NAME",
-                   help="decide which tests run by the suite's gates for backend NAME (default: --backend's "
-                        "own); --gates gloo also runs the tests PyTorch gates to gloo's name (timeouts, "
-                        "futures, batched p2p, coalesced all_reduce, comm hooks) on --backend")
-    p.add_argument("--import", dest="imports", default="tensorwire.torch", metavar="MODULES",
-                   help="comma list of modules imported first in every test process, to register the "
-                        "backend (default tensorwire.torch)")
-    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                   help="set KEY in the test processes' environment (repeatable; recorded in the summary), "
-                        "e.g. MASTER_PORT=29500, which PyTorch's runner does not set")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="seconds one test may run (default 300, PyTorch's own default)",
+    )
+    p.add_argument(
+        "--claim",
+        default=None,
+        metavar="FEATURES",
+        help=f"DistTestCases.backend_feature keys claimed for the backend (default {DEFAULT_CLAIM} "
+        "for a backend that is not built into torch, none for gloo; '' for none)",
+    )
+    p.add_argument(
+        "--gates",
+        default=None,
+        metavar="NAME",
+        help="decide which tests run by the suite's gates for backend NAME (default: --backend's "
+        "own); --gates gloo also runs the tests PyTorch gates to gloo's name (timeouts, "
+        "futures, batched p2p, coalesced all_reduce, comm hooks) on --backend",
+    )
+    p.add_argument(
+        "--import",
+        dest="imports",
+        default="tensorwire.torch",
+        metavar="MODULES",
+        help="comma list of modules imported first in every test process, to register the "
+        "backend (default tensorwire.torch)",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set KEY in the test processes' environment (repeatable; recorded in the summary), "
+        "e.g. MASTER_PORT=29500, which PyTorch's runner does not set",
+    )
     p.add_argument("--out", metavar="PREFIX", help="write the summary to PREFIX.txt and PREFIX.json")
-    p.add_argument("--baseline", metavar="FILE.json",
-                   help="an earlier run's JSON (gloo's): list the tests it passed that were gated off or "
-                        "failed here")
+    p.add_argument(
+        "--baseline",
+        metavar="FILE.json",
+        help="an earlier run's JSON (gloo's): list the tests it passed that were gated off or failed here",
+    )
     p.add_argument("--log", metavar="FILE", help="keep the test processes' output in FILE (default: discarded)")
     p.add_argument("--list", action="store_true", help="list the selected tests and their static gates; run none")
     p.add_argument("--quiet", action="store_true", help="no progress line per test on stderr")
@@ -101,15 +145,22 @@ class _Run:
 
     def __init__(self, args, env: dict, tmp: str, log) -> None:
         self.args, self.env, self.tmp, self.log = args, env, tmp, log
-        self.listed: dict[str, dict] = {}   # every test of the suite: selected, static gate
+        self.listed: dict[str, dict] = {}  # every test of the suite: selected, static gate
         self.results: dict[str, dict] = {}  # test -> outcome, seconds, message, error
-        self.order: list[str] = []          # the selected tests, in order
+        self.order: list[str] = []  # the selected tests, in order
         self.error = ""
 
     def _start(self, job: dict, events: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "tensorwire.lab.conformance.runner", events, json.dumps(job)]
-        return subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stdin=subprocess.DEVNULL, stdout=self.log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            env=self.env,
+            cwd=self.tmp,
+            stdin=subprocess.DEVNULL,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def drive(self, job: dict) -> list[str]:
         """Runs one runner until it ends or a test outlives its limit; returns the tests it left."""
@@ -139,7 +190,8 @@ class _Run:
                 rc = proc.poll()
                 now = time.monotonic()
                 late = (current is not None and now - current[1] > limit) or (
-                    not self.order and job.get("tests") is None and now - t_list > LIST_TIMEOUT_S)
+                    not self.order and job.get("tests") is None and now - t_list > LIST_TIMEOUT_S
+                )
                 if rc is None and not late:
                     time.sleep(0.2)
                     continue
@@ -148,16 +200,26 @@ class _Run:
                 done = True  # read what it wrote before it ended, then judge the test it was in
         now = time.monotonic()
         if current is not None:
-            why = (f"hung: the runner was killed {limit:.0f} s after the test started" if late
-                   else f"the runner exited (status {rc}) during the test")
+            why = (
+                f"hung: the runner was killed {limit:.0f} s after the test started"
+                if late
+                else f"the runner exited (status {rc}) during the test"
+            )
             try:
                 with open(os.path.join(self.tmp, CURRENT_OUTPUT), errors="replace") as out:
                     tail = out.read()[-4000:]
             except OSError:
                 tail = ""
-            self._record({"test": current[0], "outcome": "hung" if late else "failed",
-                          "seconds": round(now - current[1], 2), "message": why, "error": why,
-                          "output_tail": tail})
+            self._record(
+                {
+                    "test": current[0],
+                    "outcome": "hung" if late else "failed",
+                    "seconds": round(now - current[1], 2),
+                    "message": why,
+                    "error": why,
+                    "output_tail": tail,
+                }
+            )
         elif late and not self.error:
             self.error = f"listing the suite took more than {LIST_TIMEOUT_S:.0f} s"
         elif rc and not self.error and not self.order:
@@ -182,15 +244,20 @@ class _Run:
 
     def _record(self, rec: dict) -> None:
         name = rec["test"]
-        self.results[name] = {k: rec.get(k) for k in ("outcome", "seconds", "error", "message", "output_tail")
-                               if rec.get(k)}
+        self.results[name] = {
+            k: rec.get(k) for k in ("outcome", "seconds", "error", "message", "output_tail") if rec.get(k)
+        }
         if self.args.quiet:
             return
         counts = report.totals(self.results)
         n = len(self.results)
-        print(f"[{n:3d}/{len(self.order)}] {rec['outcome']:<7} {rec.get('seconds', 0):6.1f} s  {name}   "
-              f"({counts['passed']} passed, {counts['failed']} failed, {counts['hung']} hung, "
-              f"{counts['skipped']} skipped)", file=sys.stderr, flush=True)
+        print(
+            f"[{n:3d}/{len(self.order)}] {rec['outcome']:<7} {rec.get('seconds', 0):6.1f} s  {name}   "
+            f"({counts['passed']} passed, {counts['failed']} failed, {counts['hung']} hung, "
+            f"{counts['skipped']} skipped)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _pairs(items: list[str]) -> dict:
@@ -207,10 +274,17 @@ def _environment(args, tmp: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED}
     env.update(_pairs(args.env))
     os.makedirs(os.path.join(tmp, "barrier"), exist_ok=True)
-    env.update(BACKEND=args.backend, WORLD_SIZE=str(args.world_size), TEMP_DIR=tmp, TMPDIR=tmp,
-               TENSORWIRE_CONFORMANCE_CLAIM=args.claim, TENSORWIRE_CONFORMANCE_IMPORT=args.imports,
-               TENSORWIRE_CONFORMANCE_TIMEOUT=str(max(1, round(args.timeout))), TENSORWIRE_CONFORMANCE_GATES=args.gates or "",
-               PYTHONUNBUFFERED="1")
+    env.update(
+        BACKEND=args.backend,
+        WORLD_SIZE=str(args.world_size),
+        TEMP_DIR=tmp,
+        TMPDIR=tmp,
+        TENSORWIRE_CONFORMANCE_CLAIM=args.claim,
+        TENSORWIRE_CONFORMANCE_IMPORT=args.imports,
+        TENSORWIRE_CONFORMANCE_TIMEOUT=str(max(1, round(args.timeout))),
+        TENSORWIRE_CONFORMANCE_GATES=args.gates or "",
+        PYTHONUNBUFFERED="1",
+    )
     return env
 
 
@@ -241,8 +315,10 @@ def run(args, prog: str = "tensorwire conformance", command: str | None = None) 
         r = _Run(args, _environment(args, tmp), tmp, log)
         left = r.drive({"patterns": patterns, "exact": args.exact, "list_only": args.list})
         if r.error or not r.listed:
-            raise SystemExit(f"{prog}: the suite could not be loaded for {args.backend!r}: "
-                             f"{r.error or 'no test listed'} (--log FILE shows the runner's output)")
+            raise SystemExit(
+                f"{prog}: the suite could not be loaded for {args.backend!r}: "
+                f"{r.error or 'no test listed'} (--log FILE shows the runner's output)"
+            )
         unknown = [p for p in patterns if args.exact and p not in r.listed]
         if unknown:
             raise SystemExit(f"{prog}: no such test in the suite: {', '.join(unknown)}")
@@ -260,8 +336,14 @@ def run(args, prog: str = "tensorwire conformance", command: str | None = None) 
                 left = r.drive({"tests": left})
                 if left and len(r.results) == before:  # a runner that ends before its first test: no loop
                     for name in left:
-                        r._record({"test": name, "outcome": "failed", "error": "the runner ended before the "
-                                   f"test started: {r.error or 'see --log'}", "seconds": 0})
+                        r._record(
+                            {
+                                "test": name,
+                                "outcome": "failed",
+                                "error": f"the runner ended before the test started: {r.error or 'see --log'}",
+                                "seconds": 0,
+                            }
+                        )
                     break
         except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM: the summary of what ran
             interrupted = f"interrupted ({type(e).__name__}) after {len(r.results)} of {len(r.order)} tests"

@@ -21,10 +21,15 @@ def _code() -> str:
     """The commit this package was run from (+ "with changes" when its tree differs)."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--", "../../..", "../../../../cpp"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--", "../../..", "../../../../cpp"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (head + (" with uncommitted changes" if dirty else "")) if head else "unknown (not a git tree)"
@@ -41,22 +46,36 @@ def load_baseline(path: str, prog: str) -> dict:
 
 def summary(args, order: list[str], results: dict, seconds: float, command: str, baseline: dict | None) -> dict:
     import torch
+
     tests = {t: results.get(t, {"outcome": "hung", "error": "never reported"}) for t in order}
-    out = {"backend": args.backend, "world_size": args.world_size, "command": command,
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "code": _code(), "torch": torch.__version__, "python": platform.python_version(),
-           "host_cpus": os.cpu_count(), "claimed": [c for c in args.claim.split(",") if c],
-           "timeout_s": args.timeout, "gates": args.gates or args.backend,
-           "env": args.env, "seconds": round(seconds, 1), "selection": args.tests,
-           "totals": totals(tests), "tests": tests}
+    out = {
+        "backend": args.backend,
+        "world_size": args.world_size,
+        "command": command,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "code": _code(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host_cpus": os.cpu_count(),
+        "claimed": [c for c in args.claim.split(",") if c],
+        "timeout_s": args.timeout,
+        "gates": args.gates or args.backend,
+        "env": args.env,
+        "seconds": round(seconds, 1),
+        "selection": args.tests,
+        "totals": totals(tests),
+        "tests": tests,
+    }
     if baseline is not None:
         theirs = baseline["tests"]
         passed = {t for t, r in theirs.items() if r["outcome"] == "passed"}
         out["baseline"] = {
-            "file": baseline["file"], "backend": baseline["backend"],
+            "file": baseline["file"],
+            "backend": baseline["backend"],
             "passed_there_gated_here": sorted(t for t in passed if tests.get(t, {}).get("outcome") == "skipped"),
-            "passed_there_failed_here": sorted(t for t in passed if tests.get(t, {}).get("outcome") in
-                                               ("failed", "hung")),
+            "passed_there_failed_here": sorted(
+                t for t in passed if tests.get(t, {}).get("outcome") in ("failed", "hung")
+            ),
         }
     return out
 
@@ -86,8 +105,10 @@ def text(s: dict) -> str:
         lines += [f"  {n:4d}  {reason}" for reason, n in gates.most_common()]
     if "baseline" in s:
         b = s["baseline"]
-        for key, what in (("passed_there_gated_here", "gated off here"),
-                          ("passed_there_failed_here", "failed or hung here")):
+        for key, what in (
+            ("passed_there_gated_here", "gated off here"),
+            ("passed_there_failed_here", "failed or hung here"),
+        ):
             lines += ["", f"passed on {b['backend']} ({b['file']}), {what}: {len(b[key])}"]
             lines += [f"  {n}" for n in b[key]]
     lines += ["", "per test (outcome, seconds):"]

@@ -78,8 +78,13 @@ class _Events(unittest.TestResult):
     def stopTest(self, test) -> None:
         super().stopTest(test)
         outcome, message = self.outcome
-        self.record = {"event": "end", "test": test._testMethodName, "outcome": outcome,
-                       "seconds": round(time.monotonic() - self.t0, 2), "message": message[-8000:]}
+        self.record = {
+            "event": "end",
+            "test": test._testMethodName,
+            "outcome": outcome,
+            "seconds": round(time.monotonic() - self.t0, 2),
+            "message": message[-8000:],
+        }
         if outcome in ("failed", "hung"):
             self.record["error"] = _error_line(message)
 
@@ -133,18 +138,24 @@ def selected(name: str, patterns: list[str], exact: bool) -> bool:
 def main(argv: list[str]) -> int:
     events, job = argv[0], json.loads(argv[1])
     with open(events, "a") as out:
+
         def write(record: dict) -> None:
             out.write(json.dumps(record) + "\n")
             out.flush()
+
         try:
             from . import suite
+
             cls = suite.TestDistBackendWithSpawn  # the claims, the backend's modules, the suite
             import torch.distributed as dist
+
             backend = os.environ["BACKEND"].lower()
             if backend not in dist.Backend.backend_list:  # (dist.Backend(name) accepts any name)
-                raise ValueError(f"no torch.distributed backend {backend!r} is registered (registered: "
-                                 f"{', '.join(dist.Backend.backend_list[1:])}; --import names the modules "
-                                 "that register one)")
+                raise ValueError(
+                    f"no torch.distributed backend {backend!r} is registered (registered: "
+                    f"{', '.join(dist.Backend.backend_list[1:])}; --import names the modules "
+                    "that register one)"
+                )
         except Exception as e:  # noqa: BLE001 - reported to the command, which stops with it
             write({"event": "error", "message": f"{type(e).__name__}: {e}"})
             return 1

@@ -34,6 +34,7 @@ def _load() -> type:
         importlib.import_module(module)
 
     from torch.testing._internal import common_distributed
+
     for feature in filter(None, os.environ.get("TENSORWIRE_CONFORMANCE_CLAIM", "").split(",")):
         common_distributed.DistTestCases.backend_feature.setdefault(feature, set()).add(backend)
     # One limit for every test (PyTorch's default is 300 s, with longer overrides for two DDP tests).
@@ -43,6 +44,7 @@ def _load() -> type:
         common_distributed.TIMEOUT_OVERRIDE.clear()
 
     import torch
+
     # The gates (skip decorators) read distributed_test.BACKEND at import; the tests and their ranks
     # read it when they run (init_process_group(backend=BACKEND)): that one is always the real backend.
     os.environ["BACKEND"] = os.environ.get("TENSORWIRE_CONFORMANCE_GATES") or backend

@@ -22,7 +22,7 @@ from . import _coll_osu as osu
 from ._coll_series import ApiSeries, GlooSeries, MpiSeries, Series, TensorwireSeries, Patterns
 from .common import Progress, Report, check_lane_transports, human_size, print_line
 
-FIELD = 18   # OSU's FIELD_WIDTH
+FIELD = 18  # OSU's FIELD_WIDTH
 SIZE_W = 10  # OSU prints the size as %-10d
 
 
@@ -36,8 +36,15 @@ def osu_counts(size: int, args: argparse.Namespace) -> tuple[int, int]:
     return (args.iters or iters), (warm if args.warmup is None else args.warmup)
 
 
-def timed_loop(series: Series, iters: int, warmup: int, validate: bool, barrier: bool,
-               kill: Callable[[int], None] | None = None, start: int = 0) -> tuple[list[float], int]:
+def timed_loop(
+    series: Series,
+    iters: int,
+    warmup: int,
+    validate: bool,
+    barrier: bool,
+    kill: Callable[[int], None] | None = None,
+    start: int = 0,
+) -> tuple[list[float], int]:
     """OSU's loop: [prepare] t0 call t1 [check] [barrier]; returns (timed samples in s, failed checks).
     `start` is the first iteration's number (the validation pattern depends on it)."""
     samples: list[float] = []
@@ -63,8 +70,15 @@ def timed_loop(series: Series, iters: int, warmup: int, validate: bool, barrier:
     return samples, errors
 
 
-def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validate: bool, barrier: bool,
-             kill: Callable[[int], None] | None = None) -> dict[str, tuple[list[float], int]]:
+def run_size(
+    series: list[Series],
+    iters: int,
+    warmup: int,
+    rounds: int,
+    validate: bool,
+    barrier: bool,
+    kill: Callable[[int], None] | None = None,
+) -> dict[str, tuple[list[float], int]]:
     """Every series at one size. With rounds > 1 the timed iterations are split into `rounds`
     blocks and the series take turns block by block, so a change in the machine's load hits
     both alike (the first block of each series has the warm-up, later blocks one untimed call)."""
@@ -78,8 +92,9 @@ def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validat
     for r, n_it in enumerate(chunks):
         for s in series:
             w = warmup if r == 0 else min(1, warmup)
-            samples, errors = timed_loop(s, n_it, w, validate, barrier, kill if s.name == "tensorwire" else None,
-                                         start=next_i[s.name])
+            samples, errors = timed_loop(
+                s, n_it, w, validate, barrier, kill if s.name == "tensorwire" else None, start=next_i[s.name]
+            )
             next_i[s.name] += w + n_it
             old = got[s.name]
             got[s.name] = (old[0] + samples, old[1] + errors)
@@ -88,6 +103,7 @@ def run_size(series: list[Series], iters: int, warmup: int, rounds: int, validat
 
 def run_rank(args: argparse.Namespace) -> int:
     from ...ranks.world import World
+
     if getattr(args, "threshold", None):  # read when the World makes its collectives layer
         os.environ["TENSORWIRE_COLL_SMALL_BYTES"] = str(args.threshold[0])
     if args.compare == "mpi" and os.environ.get("OMPI_COMM_WORLD_SIZE"):
@@ -106,24 +122,35 @@ def run_rank(args: argparse.Namespace) -> int:
 
 def _mpi_comm(world: Any, args: argparse.Namespace) -> tuple[Any, str]:
     if world.placement.launcher != "mpirun":
-        raise SystemExit(f"tensorwire bench {args.coll_op}: --compare mpi needs ranks started by mpirun "
-                         f"(these were started by {world.placement.launcher}); run it without a launcher "
-                         f"and it starts them so, or use mpirun -n N ... yourself")
+        raise SystemExit(
+            f"tensorwire bench {args.coll_op}: --compare mpi needs ranks started by mpirun "
+            f"(these were started by {world.placement.launcher}); run it without a launcher "
+            f"and it starts them so, or use mpirun -n N ... yourself"
+        )
     why = osu.mpi_unavailable()
     if why and "mpirun" not in why:
         raise SystemExit(f"tensorwire bench {args.coll_op}: --compare mpi: {why}")
     from mpi4py import MPI
+
     comm = MPI.COMM_WORLD
     if comm.Get_size() != world.size or comm.Get_rank() != world.rank:
-        raise SystemExit(f"MPI says rank {comm.Get_rank()} of {comm.Get_size()}, tensorwire says "
-                         f"{world.rank} of {world.size}")
+        raise SystemExit(
+            f"MPI says rank {comm.Get_rank()} of {comm.Get_size()}, tensorwire says {world.rank} of {world.size}"
+        )
     return comm, MPI.Get_library_version().strip("\x00 \n").splitlines()[0].strip()
 
 
 def _mpi_env() -> dict[str, str]:
     """The OMPI_MCA_* settings that choose how MPI moves data (not mpirun's own plumbing)."""
-    keep = ("OMPI_MCA_pml", "OMPI_MCA_btl", "OMPI_MCA_coll", "OMPI_MCA_mtl", "OMPI_MCA_osc",
-            "OMPI_MCA_mpi_", "OMPI_MCA_rmaps_base_oversubscribe")
+    keep = (
+        "OMPI_MCA_pml",
+        "OMPI_MCA_btl",
+        "OMPI_MCA_coll",
+        "OMPI_MCA_mtl",
+        "OMPI_MCA_osc",
+        "OMPI_MCA_mpi_",
+        "OMPI_MCA_rmaps_base_oversubscribe",
+    )
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith(keep)}
 
 
@@ -138,6 +165,7 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         comm, mpi_version = _mpi_comm(world, args)
     if args.plot and rank == 0:
         import importlib.util
+
         if importlib.util.find_spec("matplotlib") is None:
             raise SystemExit("--plot needs matplotlib: pip install matplotlib")
     coll = world.collectives  # made here, on every rank: the World's one collectives layer
@@ -155,25 +183,45 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     rounds = args.rounds if args.rounds else (5 if len(series) > 1 else 1)
     test = op + ("_1mi_int32" if seed else "")
     config = {
-        "op": op, "ranks": n, "transport": args.transport, "progress": args.progress_mode, "sizes": sizes,
+        "op": op,
+        "ranks": n,
+        "transport": args.transport,
+        "progress": args.progress_mode,
+        "sizes": sizes,
         "size_unit": "bytes per peer" if op == "alltoall" else "bytes of the vector",
         "dtype": ("int32" if seed else "bytes (MPI_BYTE)") if op == "alltoall" else str(dtype),
-        "iters": args.iters, "warmup": args.warmup, "rounds": rounds, "validate": bool(args.validate), "profile": args.profile,
-        "algorithm": getattr(args, "algorithm", "pairwise"), "rd_ring_threshold": threshold if op == "allreduce"
-        else None, "compare": args.compare, "mpi": mpi_version,
+        "iters": args.iters,
+        "warmup": args.warmup,
+        "rounds": rounds,
+        "validate": bool(args.validate),
+        "profile": args.profile,
+        "algorithm": getattr(args, "algorithm", "pairwise"),
+        "rd_ring_threshold": threshold if op == "allreduce" else None,
+        "compare": args.compare,
+        "mpi": mpi_version,
         "gloo": series[1].version if args.compare == "gloo" else None,
-        "path": ("api: world.allreduce/alltoall on numpy arrays (their checks timed)" if args.api
-                 else "layer: world.collectives (C++) on numpy arrays, the algorithm as asked"),
+        "path": (
+            "api: world.allreduce/alltoall on numpy arrays (their checks timed)"
+            if args.api
+            else "layer: world.collectives (C++) on numpy arrays, the algorithm as asked"
+        ),
         "mpi_env": _mpi_env() if comm else None,
         "engine": {"layer": "C++ Collectives on the Messenger (tagged messages)", "spin_us": world.device.spin_us},
         "launcher": world.placement.launcher,
-        "hosts": sorted(set(world.hosts)), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "hosts": sorted(set(world.hosts)),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
         "unit": "usec (OSU: per-rank average over the timed iterations; Avg over ranks, Min/Max rank)",
-        "method": ("back-to-back calls, no barrier in between (the seed-004 experiment)" if seed else
-                   "OSU: each call timed alone, then a barrier outside the timer"),
-        "bandwidth": ("nccl-tests: alltoall algbw = N*bytes_per_peer/t_avg, busbw = algbw*(N-1)/N; allreduce "
-                      "algbw = bytes/t_avg, busbw = algbw*2(N-1)/N; GB/s = 1e9 B/s; TX/rank = "
-                      "(N-1)*bytes_per_peer*8/t_avg Gb/s (the paper's per-node throughput)"),
+        "method": (
+            "back-to-back calls, no barrier in between (the seed-004 experiment)"
+            if seed
+            else "OSU: each call timed alone, then a barrier outside the timer"
+        ),
+        "bandwidth": (
+            "nccl-tests: alltoall algbw = N*bytes_per_peer/t_avg, busbw = algbw*(N-1)/N; allreduce "
+            "algbw = bytes/t_avg, busbw = algbw*2(N-1)/N; GB/s = 1e9 B/s; TX/rank = "
+            "(N-1)*bytes_per_peer*8/t_avg Gb/s (the paper's per-node throughput)"
+        ),
     }
     report = Report(test, config)
     out = _Printer(args, op, n, series, report, seed)
@@ -182,10 +230,12 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     progress = out.progress = Progress(len(sizes) * len(series), test, None if rank == 0 else False)
     kill_at: Callable[[int], None] | None = None
     if args.kill_rank is not None and args.kill_rank == rank:
+
         def kill_at(i: int) -> None:  # noqa: F811 - the tests' hook: this rank dies mid-run (10 timed calls into size 1)
             if current["size"] == sizes[0] and i == current["warmup"] + 10:
                 print(f"test hook: SIGKILL to rank {rank} at t={time.time():.3f}", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
+
     current: dict[str, Any] = {"size": None, "warmup": 0}
     for size in sizes:
         iters, warm = osu_counts(size, args)
@@ -197,8 +247,12 @@ def _run(world: Any, args: argparse.Namespace) -> int:
         results = {}
         for s in series:
             samples, errors = got[s.name]
-            mine = {"avg": float(np.mean(samples) * 1e6) if samples else float("nan"), "errors": errors,
-                    "n": len(samples), "samples": [round(x * 1e6, 3) for x in samples]}
+            mine = {
+                "avg": float(np.mean(samples) * 1e6) if samples else float("nan"),
+                "errors": errors,
+                "n": len(samples),
+                "samples": [round(x * 1e6, 3) for x in samples],
+            }
             every = world.allgather(mine, timeout=max(60.0, args.timeout))
             results[s.name] = (every, s.algo_used)
             progress.step(f"{s.name} {human_size(size)}")
@@ -207,8 +261,10 @@ def _run(world: Any, args: argparse.Namespace) -> int:
     for s in series:
         s.close()
     # Which UCX transports the ranks' channels used (a control-plane call, after the last one above).
-    lanes = world.allgather(sorted({t for p in range(n) if p != rank for t in world.channel(p).transports()}),
-                            timeout=max(60.0, args.timeout))
+    lanes = world.allgather(
+        sorted({t for p in range(n) if p != rank for t in world.channel(p).transports()}),
+        timeout=max(60.0, args.timeout),
+    )
     if rank == 0:
         used = check_lane_transports(report, args.transport, [t for mine in lanes for t in mine])
         if used:
@@ -227,14 +283,22 @@ def _stats(every: list[dict[str, Any]]) -> dict[str, Any]:
     avgs = [e["avg"] for e in every]
     every_sample = sorted(x for e in every for x in e["samples"])
     p50 = every_sample[len(every_sample) // 2] if every_sample else float("nan")
-    return {"avg_us": sum(avgs) / len(avgs), "min_us": min(avgs), "max_us": max(avgs), "p50_us": p50,
-            "errors": sum(e["errors"] for e in every), "per_rank_avg_us": avgs,
-            "iterations_done": [e["n"] for e in every], "samples_us": [e["samples"] for e in every]}
+    return {
+        "avg_us": sum(avgs) / len(avgs),
+        "min_us": min(avgs),
+        "max_us": max(avgs),
+        "p50_us": p50,
+        "errors": sum(e["errors"] for e in every),
+        "per_rank_avg_us": avgs,
+        "iterations_done": [e["n"] for e in every],
+        "samples_us": [e["samples"] for e in every],
+    }
 
 
 class _Printer:
-    def __init__(self, args: argparse.Namespace, op: str, n: int, series: list[Series], report: Report,
-                 seed: bool) -> None:
+    def __init__(
+        self, args: argparse.Namespace, op: str, n: int, series: list[Series], report: Report, seed: bool
+    ) -> None:
         self.args, self.op, self.n, self.series, self.report, self.seed = args, op, n, series, report, seed
         self.osu_buffer: dict[str, list[str]] = {s.name: [] for s in series}
         self.other = series[1] if len(series) > 1 else None  # the comparison (mpi or gloo)
@@ -242,31 +306,55 @@ class _Printer:
 
     def header(self, world: Any) -> None:
         a = self.args
-        what = ("pairwise exchange" if self.op == "alltoall" else
-                f"allreduce SUM {self.report.config['dtype']}, algorithm {a.algorithm}"
-                + (f" (rd up to {self.report.config['rd_ring_threshold']} B, then the ring)"
-                   if a.algorithm == "auto" else ""))
-        print(f"# tensorwire bench {self.op}: {self.n} ranks, transport {a.transport}, {what}, C++ collectives"
-              f"{', validation on' if a.validate else ''}", flush=True)
+        what = (
+            "pairwise exchange"
+            if self.op == "alltoall"
+            else f"allreduce SUM {self.report.config['dtype']}, algorithm {a.algorithm}"
+            + (
+                f" (rd up to {self.report.config['rd_ring_threshold']} B, then the ring)"
+                if a.algorithm == "auto"
+                else ""
+            )
+        )
+        print(
+            f"# tensorwire bench {self.op}: {self.n} ranks, transport {a.transport}, {what}, C++ collectives"
+            f"{', validation on' if a.validate else ''}",
+            flush=True,
+        )
         print(f"# tensorwire path: {self.report.config['path']}", flush=True)
         if self.other is not None:
-            via = ("through mpi4py" if self.other.name == "mpi" else
-                   "torch.distributed, TCP (gloo has no shared-memory transport)")
-            print(f"# compared with: {self.report.config[self.other.name]} {via}, in the same processes; the "
-                  f"series take turns in {self.report.config['rounds']} blocks per size", flush=True)
+            via = (
+                "through mpi4py"
+                if self.other.name == "mpi"
+                else "torch.distributed, TCP (gloo has no shared-memory transport)"
+            )
+            print(
+                f"# compared with: {self.report.config[self.other.name]} {via}, in the same processes; the "
+                f"series take turns in {self.report.config['rounds']} blocks per size",
+                flush=True,
+            )
         if self.seed:
-            print("# profile 1mi-int32: 1 Mi int32 " + ("per peer" if self.op == "alltoall" else "vector")
-                  + ", back-to-back calls; " + self.report.config["bandwidth"], flush=True)
-            print(f"{'#ranks':>6} {'#bytes' + ('/peer' if self.op == 'alltoall' else ''):>12} {'#iterations':>11} "
-                  f"{'t_avg[usec]':>12} {'t_min[usec]':>12} {'t_max[usec]':>12} {'algbw[GB/s]':>12} "
-                  f"{'busbw[GB/s]':>12} {'TX/rank[Gb/s]':>14}  series" + ("  validation" if a.validate else ""),
-                  flush=True)
+            print(
+                "# profile 1mi-int32: 1 Mi int32 "
+                + ("per peer" if self.op == "alltoall" else "vector")
+                + ", back-to-back calls; "
+                + self.report.config["bandwidth"],
+                flush=True,
+            )
+            print(
+                f"{'#ranks':>6} {'#bytes' + ('/peer' if self.op == 'alltoall' else ''):>12} {'#iterations':>11} "
+                f"{'t_avg[usec]':>12} {'t_min[usec]':>12} {'t_max[usec]':>12} {'algbw[GB/s]':>12} "
+                f"{'busbw[GB/s]':>12} {'TX/rank[Gb/s]':>14}  series" + ("  validation" if a.validate else ""),
+                flush=True,
+            )
             return
         if a.format == "osu":
             self._osu_header("tensorwire")
             return
-        cols = (f"{'# Size':<{SIZE_W}}{'Avg Latency(us)':>{FIELD}}{'Min Latency(us)':>{FIELD}}"
-                f"{'Max Latency(us)':>{FIELD}}{'Iterations':>12}")
+        cols = (
+            f"{'# Size':<{SIZE_W}}{'Avg Latency(us)':>{FIELD}}{'Min Latency(us)':>{FIELD}}"
+            f"{'Max Latency(us)':>{FIELD}}{'Iterations':>12}"
+        )
         if a.validate:
             cols += f"{'Validation':>12}"
         if self.op == "allreduce":
@@ -280,13 +368,17 @@ class _Printer:
         print(cols, flush=True)
 
     def _osu_header(self, name: str) -> None:
-        print(osu.OSU_TITLES[self.op] + {"mpi": "", "gloo": " (torch.distributed gloo)"}.get(
-            name, " (tensorwire)"))
-        dt = "MPI_CHAR" if self.op == "alltoall" else ("MPI_INT" if self.report.config["dtype"] == "int32"
-                                                       else "MPI_FLOAT")
+        print(osu.OSU_TITLES[self.op] + {"mpi": "", "gloo": " (torch.distributed gloo)"}.get(name, " (tensorwire)"))
+        dt = (
+            "MPI_CHAR"
+            if self.op == "alltoall"
+            else ("MPI_INT" if self.report.config["dtype"] == "int32" else "MPI_FLOAT")
+        )
         print(f"# Datatype: {dt}.")
-        line = (f"{'# Size':<{SIZE_W}}{'Avg Latency(us)':>{FIELD}}{'Min Latency(us)':>{FIELD}}"
-                f"{'Max Latency(us)':>{FIELD}}{'Iterations':>12}")
+        line = (
+            f"{'# Size':<{SIZE_W}}{'Avg Latency(us)':>{FIELD}}{'Min Latency(us)':>{FIELD}}"
+            f"{'Max Latency(us)':>{FIELD}}{'Iterations':>12}"
+        )
         if self.args.validate:
             line += f"{'Validation':>{FIELD}}"
         print(line, flush=True)
@@ -295,8 +387,16 @@ class _Printer:
         stats = {}
         for name, (every, algo) in results.items():
             st = _stats(every)
-            st.update({"series": name, "size": size, "iterations": iters, "warmup": warm, "algorithm": algo,
-                       "validation": ("Pass" if st["errors"] == 0 else "Fail") if self.args.validate else None})
+            st.update(
+                {
+                    "series": name,
+                    "size": size,
+                    "iterations": iters,
+                    "warmup": warm,
+                    "algorithm": algo,
+                    "validation": ("Pass" if st["errors"] == 0 else "Fail") if self.args.validate else None,
+                }
+            )
             if self.seed:
                 st.update(_bandwidths(self.op, self.n, size, st["avg_us"]))
             self.report.rows.append(st)
@@ -309,15 +409,20 @@ class _Printer:
         a = self.args
         if self.seed:
             for st in stats.values():
-                print_line(f"{self.n:>6} {size:>12} {iters:>11} {st['avg_us']:>12.2f} {st['min_us']:>12.2f} "
-                           f"{st['max_us']:>12.2f} {st['algbw_GBps']:>12.3f} {st['busbw_GBps']:>12.3f} "
-                           f"{_fmt(st.get('tx_per_rank_Gbps')):>14}  {st['series']}"
-                           + (f"  {st['validation']}" if a.validate else ""), progress=self.progress)
+                print_line(
+                    f"{self.n:>6} {size:>12} {iters:>11} {st['avg_us']:>12.2f} {st['min_us']:>12.2f} "
+                    f"{st['max_us']:>12.2f} {st['algbw_GBps']:>12.3f} {st['busbw_GBps']:>12.3f} "
+                    f"{_fmt(st.get('tx_per_rank_Gbps')):>14}  {st['series']}"
+                    + (f"  {st['validation']}" if a.validate else ""),
+                    progress=self.progress,
+                )
             return
         if a.format == "osu":
             for name, st in stats.items():
-                line = (f"{size:<{SIZE_W}d}{st['avg_us']:>{FIELD}.2f}{st['min_us']:>{FIELD}.2f}"
-                        f"{st['max_us']:>{FIELD}.2f}{iters:>12d}")
+                line = (
+                    f"{size:<{SIZE_W}d}{st['avg_us']:>{FIELD}.2f}{st['min_us']:>{FIELD}.2f}"
+                    f"{st['max_us']:>{FIELD}.2f}{iters:>12d}"
+                )
                 if a.validate:
                     line += f"{st['validation']:>{FIELD}}"
                 if name == "tensorwire":
@@ -325,8 +430,10 @@ class _Printer:
                 else:
                     self.osu_buffer[name].append(line)
             return
-        line = (f"{size:<{SIZE_W}d}{tw['avg_us']:>{FIELD}.2f}{tw['min_us']:>{FIELD}.2f}"
-                f"{tw['max_us']:>{FIELD}.2f}{iters:>12d}")
+        line = (
+            f"{size:<{SIZE_W}d}{tw['avg_us']:>{FIELD}.2f}{tw['min_us']:>{FIELD}.2f}"
+            f"{tw['max_us']:>{FIELD}.2f}{iters:>12d}"
+        )
         if a.validate:
             line += f"{tw['validation']:>12}"
         if self.op == "allreduce":
@@ -385,15 +492,15 @@ def _checks(report: Report, op: str, n: int, args: argparse.Namespace) -> None:
         rows = sorted((r for r in report.rows if r["series"] == name), key=lambda r: r["size"])
         for a, b in zip(rows, rows[1:]):
             if a["size"] >= 64 << 10 and b["avg_us"] < 0.9 * a["avg_us"]:
-                report.warn(f"{name}: {b['size']} B is {1 - b['avg_us'] / a['avg_us']:.0%} faster than "
-                            f"{a['size']} B")
+                report.warn(f"{name}: {b['size']} B is {1 - b['avg_us'] / a['avg_us']:.0%} faster than {a['size']} B")
     # performance goal: not slower than MPI (or gloo) from 1 MiB on
     for r in report.rows:
         for other, label in (("mpi", "MPI"), ("gloo", "gloo")):
             x = r.get(f"{other}_over_tw")
             if r["series"] == "tensorwire" and x is not None and r["size"] >= 1 << 20 and x < 1:
-                report.warn(f"slower than {label} at {human_size(r['size'])}: {r['avg_us']:.1f} us vs "
-                            f"{r['avg_us'] * x:.1f} us")
+                report.warn(
+                    f"slower than {label} at {human_size(r['size'])}: {r['avg_us']:.1f} us vs {r['avg_us'] * x:.1f} us"
+                )
 
 
 def _key_metric(report: Report, n: int) -> str:
@@ -416,8 +523,10 @@ def _key_metric(report: Report, n: int) -> str:
 
 def plot(report: Report, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     cfg = report.config
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, color in (("tensorwire", "tab:blue"), ("mpi", "tab:orange"), ("gloo", "tab:green")):
@@ -427,12 +536,18 @@ def plot(report: Report, path: str) -> None:
         xs = [r["size"] for r in rows]
         label = "tensorwire" if name == "tensorwire" else (cfg.get(name) or name).split(",")[0]
         ax.plot(xs, [r["avg_us"] for r in rows], marker="o", markersize=3, color=color, label=f"{label}: Avg")
-        ax.fill_between(xs, [r["min_us"] for r in rows], [r["max_us"] for r in rows], color=color, alpha=0.2,
-                        label=f"{label}: Min-Max rank")
+        ax.fill_between(
+            xs,
+            [r["min_us"] for r in rows],
+            [r["max_us"] for r in rows],
+            color=color,
+            alpha=0.2,
+            label=f"{label}: Min-Max rank",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     sizes = sorted({r["size"] for r in report.rows})
-    ticks = sizes[::max(1, len(sizes) // 8)]
+    ticks = sizes[:: max(1, len(sizes) // 8)]
     ax.set_xticks(ticks)
     ax.set_xticklabels([human_size(s) for s in ticks])
     ax.set_xlabel(f"size [{cfg['size_unit']}]")

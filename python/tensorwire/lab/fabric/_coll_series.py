@@ -18,11 +18,12 @@ class Series:
     """One implementation of the operation at one size: setup(size, pat), then per
     iteration prepare(i), call(), check(out, i); sync() is the barrier between calls.
     `inp` is the array prepare() fills (the input of the next call)."""
+
     name = ""
-    label = ""       # in the table's column heads
+    label = ""  # in the table's column heads
     algo_used = ""
     op = ""
-    version = ""     # the compared library's (gloo's series)
+    version = ""  # the compared library's (gloo's series)
     inp: Any = None
     pat: Any = None
 
@@ -64,7 +65,7 @@ class Patterns:
 
     def a2a_block(self, src: int, dst: int, i: int) -> np.ndarray:
         off = (31 * src + 7 * dst + i) & 0xFF
-        return self.seq[off: off + self.size]
+        return self.seq[off : off + self.size]
 
     def fill_a2a(self, send: np.ndarray, i: int) -> None:
         for d in range(self.n):
@@ -74,7 +75,7 @@ class Patterns:
         return all(np.array_equal(recv[s], self.a2a_block(s, self.rank, i)) for s in range(self.n))
 
     def ar_base(self, i: int) -> np.ndarray:
-        return self.base[i % 7: i % 7 + self.count]
+        return self.base[i % 7 : i % 7 + self.count]
 
     def fill_ar(self, src: np.ndarray, i: int) -> None:
         np.multiply(self.ar_base(i), self.rank + 1, out=src)
@@ -86,6 +87,7 @@ class Patterns:
 class TensorwireSeries(Series):
     """The World's C++ collectives layer (world.collectives) on numpy arrays, the allreduce
     algorithm as asked: no Python checks, no copies (the layer works in the arrays)."""
+
     name, label = "tensorwire", "tw"
 
     def __init__(self, world: Any, op: str, dtype: np.dtype | None, algorithm: str, timeout: float) -> None:
@@ -98,16 +100,20 @@ class TensorwireSeries(Series):
         if self.op == "alltoall":
             self.inp, out = np.zeros((self.n, size), np.uint8), np.zeros((self.n, size), np.uint8)
             inp = self.inp
-            self.call = lambda: (coll.alltoall(inp.ctypes.data, out.ctypes.data, size, in_keep=inp, out_keep=out,
-                                               timeout=timeout), out)[1]
+            self.call = lambda: (
+                coll.alltoall(inp.ctypes.data, out.ctypes.data, size, in_keep=inp, out_keep=out, timeout=timeout),
+                out,
+            )[1]
             self.algo_used = "pairwise"
         else:
             count, dt = size // self._dtype().itemsize, self._dtype().name
             self.inp = inp = np.zeros(count, self.dtype)
             algo = {"auto": "auto", "rd": "doubling", "ring": "ring"}[self.algorithm]
             self.algo_used = ALGORITHM_LABEL[coll.allreduce_algorithm(count, dt) if algo == "auto" else algo]
-            self.call = lambda: (coll.allreduce(inp.ctypes.data, count, dt, keep=inp, timeout=timeout,
-                                                algorithm=algo), inp)[1]
+            self.call = lambda: (
+                coll.allreduce(inp.ctypes.data, count, dt, keep=inp, timeout=timeout, algorithm=algo),
+                inp,
+            )[1]
 
     def sync(self) -> None:
         self.coll.barrier(self.timeout)
@@ -117,6 +123,7 @@ class ApiSeries(Series):
     """The library path: world.alltoall(out, inp) / world.allreduce(array) on plain numpy
     arrays (the World's checks of its arguments inside the timer; the layer works in
     the arrays themselves)."""
+
     name, label = "tensorwire", "tw"
 
     def __init__(self, world: Any, op: str, dtype: np.dtype | None) -> None:
@@ -132,8 +139,9 @@ class ApiSeries(Series):
             count = size // self._dtype().itemsize
             self.inp = np.zeros(count, self.dtype)
             self.call = lambda: self.world.allreduce(self.inp)  # in place, as torch's all_reduce
-            self.algo_used = (ALGORITHM_LABEL[self.world.collectives.allreduce_algorithm(count, self._dtype().name)]
-                              if n > 1 else "-")
+            self.algo_used = (
+                ALGORITHM_LABEL[self.world.collectives.allreduce_algorithm(count, self._dtype().name)] if n > 1 else "-"
+            )
 
     def sync(self) -> None:
         self.world.barrier()
@@ -148,6 +156,7 @@ class MpiSeries(Series):
 
     def setup(self, size: int, pat: Patterns) -> None:
         from mpi4py import MPI
+
         self.pat = pat
         n = self.comm.Get_size()
         if self.op == "alltoall":
@@ -169,15 +178,18 @@ class GlooSeries(Series):
     """torch.distributed with the gloo backend in the same processes: all_to_all_single /
     all_reduce (in place, SUM) on CPU tensors viewing numpy arrays, dist.barrier() between
     calls. gloo moves data over TCP (it has no shared-memory transport)."""
+
     name, label = "gloo", "gloo"
 
     def __init__(self, world: Any, op: str, dtype: np.dtype | None, quiesce: Any) -> None:
         import torch
         import torch.distributed as dist
+
         self.dist, self.torch, self.op, self.dtype = dist, torch, op, dtype
         self.algo_used = "gloo's choice"
         self.version = f"torch {torch.__version__} gloo"
         from ...ranks.rendezvous import TorchStore
+
         if isinstance(world.store, TorchStore):  # the World met in torch's store (torchrun): gloo meets there too
             store, prefix = world.store, f"{world.store_prefix}/gloo"
         else:  # rank 0 hosts one on a free port; its address through the World's store
@@ -188,8 +200,9 @@ class GlooSeries(Series):
         # gloo's rendezvous may block holding the GIL: nobody may still need rank 0's
         # control-plane handlers then (an engine barrier: every rank is past the broadcast)
         quiesce()
-        dist.init_process_group("gloo", store=dist.PrefixStore(prefix, store.store), rank=world.rank,
-                                world_size=world.size)
+        dist.init_process_group(
+            "gloo", store=dist.PrefixStore(prefix, store.store), rank=world.rank, world_size=world.size
+        )
 
     def setup(self, size: int, pat: Patterns) -> None:
         self.pat, n, dist = pat, self.dist.get_world_size(), self.dist

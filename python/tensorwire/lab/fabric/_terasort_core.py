@@ -69,7 +69,7 @@ def partition_of(records: np.ndarray, splitters: np.ndarray) -> np.ndarray:
     dest = left.astype(np.int64)
     tie = np.nonzero(right > left)[0]  # the 64-bit prefix equals a splitter's: compare the last 2 bytes too
     for i in tie:
-        dest[i] = left[i] + int(np.count_nonzero(slo[left[i]:right[i]] <= lo[i]))
+        dest[i] = left[i] + int(np.count_nonzero(slo[left[i] : right[i]] <= lo[i]))
     return dest
 
 
@@ -107,9 +107,15 @@ def summarize(records: np.ndarray, part: int) -> dict[str, Any]:
     and last key, misorders and the CRC-32 sum."""
     n = int(records.shape[0])
     bad, first_bad = misorders(records)
-    return {"part": part, "rows": n, "first": key_hex(records, 0) if n else None,
-            "last": key_hex(records, n - 1) if n else None, "misorders": bad, "first_misorder": first_bad,
-            "checksum": hex(checksum(records))}
+    return {
+        "part": part,
+        "rows": n,
+        "first": key_hex(records, 0) if n else None,
+        "last": key_hex(records, n - 1) if n else None,
+        "misorders": bad,
+        "first_misorder": first_bad,
+        "checksum": hex(checksum(records)),
+    }
 
 
 @dataclass
@@ -132,12 +138,16 @@ def validate(summaries: Sequence[dict[str, Any]], expected_rows: int, expected_c
         v.rows += s["rows"]
         v.checksum += int(s["checksum"], 16)
         if s["misorders"]:
-            v.errors.append(f"misorder in partition {s['part']}: {s['misorders']} row(s) below their predecessor, "
-                            f"first: row {s['first_misorder']}")
+            v.errors.append(
+                f"misorder in partition {s['part']}: {s['misorders']} row(s) below their predecessor, "
+                f"first: row {s['first_misorder']}"
+            )
         if s["rows"]:
             if last is not None and last[1] > s["first"]:
-                v.errors.append(f"bad key partitioning: partition {last[0]} ends at {last[1]}, "
-                                f"partition {s['part']} begins at {s['first']}")
+                v.errors.append(
+                    f"bad key partitioning: partition {last[0]} ends at {last[1]}, "
+                    f"partition {s['part']} begins at {s['first']}"
+                )
             last = (s["part"], s["last"])
     if v.rows != expected_rows:
         v.errors.append(f"row count {v.rows} != {expected_rows} generated")

@@ -40,6 +40,7 @@ class _Threads:
                 fn()
             except BaseException as e:  # noqa: BLE001 - handed to join()
                 self.errors.append((name, e))
+
         t = threading.Thread(target=body, name=name, daemon=True)
         t.start()
         self.threads.append(t)
@@ -65,8 +66,17 @@ class _Phase:
         self.stats[name] = {"seconds": seconds, "rows": rows, "bytes": nbytes, **extra}
 
 
-def _slot_exchange(rank: int, senders: dict, slots: dict, outgoing: dict[int, list], incoming: dict[int, int],
-                   chunk_rows: int, schedule: str, timeout: float, t0: float) -> dict[int, list]:
+def _slot_exchange(
+    rank: int,
+    senders: dict,
+    slots: dict,
+    outgoing: dict[int, list],
+    incoming: dict[int, int],
+    chunk_rows: int,
+    schedule: str,
+    timeout: float,
+    t0: float,
+) -> dict[int, list]:
     """Every pair's pieces through the dynamic slots, driven by one thread: start
     the next send to a peer once its previous piece was acked (a slot holds one
     record at a time), take whatever piece has arrived (poll(): the receiver
@@ -102,19 +112,25 @@ def _slot_exchange(rank: int, senders: dict, slots: dict, outgoing: dict[int, li
                         got[src].append(blk)
                         moved = True
                         if _DEBUG:
-                            print(f"rank {rank} <- {src}: {blk.nbytes} B (at {time.perf_counter() - t0:.4f})",
-                                  file=sys.stderr, flush=True)
+                            print(
+                                f"rank {rank} <- {src}: {blk.nbytes} B (at {time.perf_counter() - t0:.4f})",
+                                file=sys.stderr,
+                                flush=True,
+                            )
             if moved:
                 deadline = time.monotonic() + timeout
             else:
                 if time.monotonic() > deadline:
-                    waiting = [f"sending to rank {d}" for d in list(todo) + list(inflight)] + \
-                              [f"receiving from rank {s}" for s, n in expect.items() if len(got[s]) < n]
+                    waiting = [f"sending to rank {d}" for d in list(todo) + list(inflight)] + [
+                        f"receiving from rank {s}" for s, n in expect.items() if len(got[s]) < n
+                    ]
                     raise TimeoutError(f"shuffle stalled for {timeout:g} s: {', '.join(waiting)}")
                 # Until a piece arrives or a send is acked (the C++ wait: spin, then nap on the workers)
                 try:
-                    tw.wait_any([slots[s] for s, n in expect.items() if len(got[s]) < n] + list(inflight.values()),
-                                timeout=max(0.0, deadline - time.monotonic()))
+                    tw.wait_any(
+                        [slots[s] for s, n in expect.items() if len(got[s]) < n] + list(inflight.values()),
+                        timeout=max(0.0, deadline - time.monotonic()),
+                    )
                 except tw.Timeout:
                     pass  # the next round names what stalled
         for src in got:
@@ -149,19 +165,24 @@ def _maybe_die(args: argparse.Namespace, rank: int, phase: str, state: dict | No
     if state is not None:
         state["phase"] = phase
     if args.kill_rank == rank and args.kill_phase == phase:
-        print(f"terasort: rank {rank} kills itself at the start of {phase} (t={time.time():.3f})",
-              file=sys.stderr, flush=True)
+        print(
+            f"terasort: rank {rank} kills itself at the start of {phase} (t={time.time():.3f})",
+            file=sys.stderr,
+            flush=True,
+        )
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run_rank(args: argparse.Namespace) -> int:
     from ...ranks.world import World
+
     world = World(transport=args.transport, timeout=args.timeout)
     state = {"phase": "setup"}
     try:
         return _job(world, args, state)
     except Exception as e:
         from ...errors import PeerFailed
+
         if isinstance(e, PeerFailed):
             # the peer that died is the run's cause: give the launcher a moment to see its
             # exit first, so that it names that rank rather than this one
@@ -186,12 +207,22 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     step = Progress(len(PHASES_RUN(args)) - (args.baseline == "tcp"), "terasort", None if rank == 0 else False).step
 
     # receiving ends first: every slot exists before anybody attaches (barrier below)
-    data_slots = {src: dev.dynamic_slot(SLOT_DATA.format(src=src), max_ndim=2,
-                                        max_nbytes=max(chunk_rows * RECORD, HEADER.itemsize * 2))
-                  for src in range(size) if src != rank}
-    sample_slots = {src: dev.dynamic_slot(SLOT_SAMPLE.format(src=src), max_ndim=2,
-                                          max_nbytes=max(KEY, args.samples * KEY))
-                    for src in range(size) if src != rank} if rank == 0 else {}
+    data_slots = {
+        src: dev.dynamic_slot(
+            SLOT_DATA.format(src=src), max_ndim=2, max_nbytes=max(chunk_rows * RECORD, HEADER.itemsize * 2)
+        )
+        for src in range(size)
+        if src != rank
+    }
+    sample_slots = (
+        {
+            src: dev.dynamic_slot(SLOT_SAMPLE.format(src=src), max_ndim=2, max_nbytes=max(KEY, args.samples * KEY))
+            for src in range(size)
+            if src != rank
+        }
+        if rank == 0
+        else {}
+    )
     teragen.warm_up()  # the generator's and the CRC's constant tables, computed once per process
     world.barrier()
 
@@ -229,8 +260,9 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
             s.send(np.ascontiguousarray(mine), timeout).wait(timeout)
         split_hex, sampled = None, 0
     split_hex = world.broadcast(split_hex, root=0)
-    splitters = np.array([np.frombuffer(bytes.fromhex(h), np.uint8) for h in split_hex],
-                         dtype=np.uint8).reshape(-1, KEY)
+    splitters = np.array([np.frombuffer(bytes.fromhex(h), np.uint8) for h in split_hex], dtype=np.uint8).reshape(
+        -1, KEY
+    )
     dest = partition_of(records, splitters)
     order = np.argsort(dest, kind="stable")
     counts = np.bincount(dest, minlength=size)
@@ -238,13 +270,13 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     # map output: each remote partition gathered into registered blocks (the pieces sent zero-copy)
     outgoing: dict[int, list] = {}
     for j in range(size):
-        idx = order[bounds[j]:bounds[j + 1]]
+        idx = order[bounds[j] : bounds[j + 1]]
         if j == rank:
             local = teragen.gather(records, idx)
             continue
         pieces = []
         for a in range(0, idx.size, chunk_rows):
-            part = idx[a:a + chunk_rows]
+            part = idx[a : a + chunk_rows]
             blk = dev.empty((part.size, RECORD), "uint8")
             teragen.gather(records, part, out=np.asarray(blk))
             pieces.append(blk)
@@ -252,8 +284,14 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     del records, order, dest
     if gen_block is not None:
         gen_block.release()
-    ph.record("partition", time.perf_counter() - t0, count, count * RECORD, sampled=sampled,
-              partition_rows=[int(c) for c in counts])
+    ph.record(
+        "partition",
+        time.perf_counter() - t0,
+        count,
+        count * RECORD,
+        sampled=sampled,
+        partition_rows=[int(c) for c in counts],
+    )
     # every rank learns how much it will receive from whom (Hadoop's fetchers know the
     # map output sizes from the index files before they fetch)
     matrix = world.allgather([int(c) for c in counts])
@@ -263,8 +301,11 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
     # -- shuffle over tensorwire --
     _maybe_die(args, rank, "shuffle", state)
     t_setup = time.perf_counter()
-    senders = {j: world.channel(j).dynamic_sender(SLOT_DATA.format(src=rank), timeout=timeout)
-               for j in range(size) if j != rank}
+    senders = {
+        j: world.channel(j).dynamic_sender(SLOT_DATA.format(src=rank), timeout=timeout)
+        for j in range(size)
+        if j != rank
+    }
     # registered receive memory is set up ahead, as an RDMA shuffle's buffer pool is:
     # lease, touch and return blocks of the sizes about to arrive, so the slots'
     # allocations find mapped, registered pages (docs/terasort.md)
@@ -286,24 +327,43 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
             received.clear()
         world.barrier()
         t0 = time.perf_counter()
-        received = _slot_exchange(rank, senders, data_slots, outgoing, incoming, chunk_rows, args.schedule, timeout,
-                                  t0)
+        received = _slot_exchange(rank, senders, data_slots, outgoing, incoming, chunk_rows, args.schedule, timeout, t0)
         rounds.append(time.perf_counter() - t0)
         if tcp is not None:
             state["phase"] = "shuffle over tcp sockets"
             tcp_rounds.append(tcp.round())
             state["phase"] = "shuffle"
     recv_bytes = sum(b.nbytes for pieces in received.values() for b in pieces)
-    ph.record("shuffle", float(np.median(rounds)), sent_bytes // RECORD, sent_bytes, received_bytes=recv_bytes,
-              setup_s=setup_s, local_rows=int(local.shape[0]), rounds=rounds)
+    ph.record(
+        "shuffle",
+        float(np.median(rounds)),
+        sent_bytes // RECORD,
+        sent_bytes,
+        received_bytes=recv_bytes,
+        setup_s=setup_s,
+        local_rows=int(local.shape[0]),
+        rounds=rounds,
+    )
     if tcp is not None:
         tcp.close()
-        same = all(np.array_equal(np.concatenate([np.asarray(b) for b in received.get(src, [])]
-                                                 or [np.zeros((0, RECORD), np.uint8)]).reshape(-1),
-                                  tcp.got.get(src, np.zeros(0, np.uint8)))
-                   for src in range(size) if src != rank)
-        ph.record("shuffle_tcp", float(np.median(tcp_rounds)), sent_bytes // RECORD, sent_bytes,
-                  same_bytes=bool(same), rounds=tcp_rounds)
+        same = all(
+            np.array_equal(
+                np.concatenate(
+                    [np.asarray(b) for b in received.get(src, [])] or [np.zeros((0, RECORD), np.uint8)]
+                ).reshape(-1),
+                tcp.got.get(src, np.zeros(0, np.uint8)),
+            )
+            for src in range(size)
+            if src != rank
+        )
+        ph.record(
+            "shuffle_tcp",
+            float(np.median(tcp_rounds)),
+            sent_bytes // RECORD,
+            sent_bytes,
+            same_bytes=bool(same),
+            rounds=tcp_rounds,
+        )
         del tcp
     world.barrier()
     step("shuffle")
@@ -339,8 +399,15 @@ def _job(world, args: argparse.Namespace, state: dict) -> int:
         os.makedirs(args.output, exist_ok=True)
         output.tofile(os.path.join(args.output, f"part-r-{rank:05d}"))
     lanes = sorted({t for j in range(size) if j != rank for t in world.channel(j).transports()})
-    everything = world.allgather({"summary": summary, "gen_checksum": hex(gen_sum), "phases": ph.stats,
-                                  "host": socket.gethostname(), "lane_transports": lanes})
+    everything = world.allgather(
+        {
+            "summary": summary,
+            "gen_checksum": hex(gen_sum),
+            "phases": ph.stats,
+            "host": socket.gethostname(),
+            "lane_transports": lanes,
+        }
+    )
     step("validate")
     if rank != 0:
         return 0
@@ -360,8 +427,9 @@ class _TcpShuffle:
     Connections and receive buffers (allocated and touched) are set up here,
     before any clock starts, as the slots' are; round() times one exchange."""
 
-    def __init__(self, world, outgoing: dict[int, list], incoming: dict[int, int], timeout: float,
-                 schedule: str = "all") -> None:
+    def __init__(
+        self, world, outgoing: dict[int, list], incoming: dict[int, int], timeout: float, schedule: str = "all"
+    ) -> None:
         self.world, self.outgoing, self.timeout, self.schedule = world, outgoing, timeout, schedule
         rank, size = world.rank, world.size
         host = _host_of(world.addresses[rank])
@@ -395,6 +463,7 @@ class _TcpShuffle:
             self.outs[j].sendall(struct.pack("<q", sum(b.nbytes for b in pieces)))
             for b in pieces:
                 self.outs[j].sendall(np.asarray(b).data.cast("B"))
+
         return run
 
     def _recv(self, src: int) -> Callable[[], None]:
@@ -411,6 +480,7 @@ class _TcpShuffle:
                 if k == 0:
                     raise ConnectionError(f"rank {src} closed its TCP connection after {done} of {n} B")
                 done += k
+
         return run
 
     def round(self) -> float:
@@ -443,6 +513,7 @@ def _recv_exact(c: socket.socket, n: int) -> bytes:
 
 # -- rank 0's report --
 
+
 def _report(args: argparse.Namespace, world, everything: list[dict]) -> int:
     size = world.size
     summaries = [e["summary"] for e in everything]
@@ -450,11 +521,22 @@ def _report(args: argparse.Namespace, world, everything: list[dict]) -> int:
     v = validate(summaries, args.rows, gen_checksum)
     per_rank = [e["phases"] for e in everything]
     transport = args.transport
-    report = Report("terasort", {"rows": args.rows, "bytes": args.rows * RECORD, "ranks": size,
-                                 "transport": transport, "baseline": args.baseline, "chunk": args.chunk,
-                                 "samples": args.samples, "repeat": args.repeat, "schedule": args.schedule,
-                                 "hosts": sorted({e["host"] for e in everything}),
-                                 "command": "tensorwire bench terasort " + " ".join(sys.argv[1:])})
+    report = Report(
+        "terasort",
+        {
+            "rows": args.rows,
+            "bytes": args.rows * RECORD,
+            "ranks": size,
+            "transport": transport,
+            "baseline": args.baseline,
+            "chunk": args.chunk,
+            "samples": args.samples,
+            "repeat": args.repeat,
+            "schedule": args.schedule,
+            "hosts": sorted({e["host"] for e in everything}),
+            "command": "tensorwire bench terasort " + " ".join(sys.argv[1:]),
+        },
+    )
     check_lane_transports(report, transport, [t for e in everything for t in e.get("lane_transports", [])])
     rows_out = []
     for name in PHASES_RUN(args):
@@ -467,8 +549,15 @@ def _report(args: argparse.Namespace, world, everything: list[dict]) -> int:
             by_round = [max(p[name]["rounds"][i] for p in per_rank) for i in range(len(per_rank[0][name]["rounds"]))]
             t = float(np.median(by_round))
             extra = {"rounds_seconds": by_round, "best_seconds": min(by_round)}
-        row = {"phase": name, "rows": rows, "bytes": nbytes, "seconds": t,
-               "MBps": nbytes / t / 1e6 if t > 0 else float("nan"), "rank_seconds": secs, **extra}
+        row = {
+            "phase": name,
+            "rows": rows,
+            "bytes": nbytes,
+            "seconds": t,
+            "MBps": nbytes / t / 1e6 if t > 0 else float("nan"),
+            "rank_seconds": secs,
+            **extra,
+        }
         if name.startswith("shuffle"):
             row["rank_bytes"] = [int(p[name]["bytes"]) for p in per_rank]
         if name == "shuffle":
@@ -492,11 +581,14 @@ def _report(args: argparse.Namespace, world, everything: list[dict]) -> int:
         same = all(p["shuffle_tcp"]["same_bytes"] for p in per_rank)
         if not same:
             report.fail("the TCP baseline delivered other bytes than the tensorwire shuffle")
-        by["shuffle"]["speedup_vs_tcp"] = by["shuffle_tcp"]["seconds"] / by["shuffle"]["seconds"] \
-            if by["shuffle"]["seconds"] > 0 else float("nan")
+        by["shuffle"]["speedup_vs_tcp"] = (
+            by["shuffle_tcp"]["seconds"] / by["shuffle"]["seconds"] if by["shuffle"]["seconds"] > 0 else float("nan")
+        )
 
-    print(f"# tensorwire terasort: {args.rows} rows ({args.rows * RECORD / 1e6:.1f} MB), {size} ranks, "
-          f"transport {transport}, chunk {args.chunk} B, {args.samples} samples")
+    print(
+        f"# tensorwire terasort: {args.rows} rows ({args.rows * RECORD / 1e6:.1f} MB), {size} ranks, "
+        f"transport {transport}, chunk {args.chunk} B, {args.samples} samples"
+    )
     print(f"# partitions (rows per rank): {' '.join(map(str, partition_rows))}")
     lines = []
     for r in rows_out:
@@ -504,8 +596,10 @@ def _report(args: argparse.Namespace, world, everything: list[dict]) -> int:
         lines.append(f" {label:<22} {r['rows']:>12} {r['bytes']:>14} {r['seconds']:>10.3f} {r['MBps']:>18.1f}")
     print_table(f" {'phase':<22} {'rows':>12} {'bytes':>14} {'time[s]':>10} {'throughput[MB/s]':>18}", lines)
     total = sum(r["seconds"] for r in rows_out if r["phase"] != "shuffle_tcp")
-    print(f"# total {total:.3f} s; validation: {'OK' if v.ok else '; '.join(v.errors)}; "
-          f"checksum {v.checksum:x} (generator {gen_checksum:x}), {v.rows} rows")
+    print(
+        f"# total {total:.3f} s; validation: {'OK' if v.ok else '; '.join(v.errors)}; "
+        f"checksum {v.checksum:x} (generator {gen_checksum:x}), {v.rows} rows"
+    )
     sh = by["shuffle"]
     key = f"{args.rows} rows sorted in {total:.2f} s; shuffle {sh['MBps']:.0f} MB/s"
     if "shuffle_tcp" in by:
@@ -520,6 +614,7 @@ def _report(args: argparse.Namespace, world, everything: list[dict]) -> int:
 def _plot(path: str, rows: list[dict], transport: str, n: int, size: int) -> None:
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:

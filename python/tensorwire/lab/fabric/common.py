@@ -15,20 +15,32 @@ from typing import Any, Iterable, Sequence
 from ...errors import Error
 from ...progress import Progress  # noqa: F401 - the benches' bar, the product's (PS training draws it too)
 
+
 class BenchError(Error):
     """A benchmark could not measure what it was asked: a process or peer it
     depends on failed, or a result did not arrive whole."""
 
 
-_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
-          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1 << 10,
+    "KB": 1 << 10,
+    "KIB": 1 << 10,
+    "M": 1 << 20,
+    "MB": 1 << 20,
+    "MIB": 1 << 20,
+    "G": 1 << 30,
+    "GB": 1 << 30,
+    "GIB": 1 << 30,
+}
 
 
 def parse_size(text: str) -> int:
     """'8' -> 8, '4K' -> 4096, '1M' -> 1048576 (binary units)."""
     t = text.strip().upper()
     num = t.rstrip("KMGIB")
-    unit = t[len(num):]
+    unit = t[len(num) :]
     try:
         value = int(float(num) * _UNITS[unit])
     except (ValueError, KeyError):
@@ -112,14 +124,22 @@ def latency_stats(samples_s: Sequence[float], scale: float) -> dict[str, float]:
     def pct(p: float) -> float:
         return d[min(m - 1, max(0, math.ceil(p * m) - 1))]
 
-    return {"min": d[0], "max": d[-1], "p50": d[(m - 1) // 2] if m % 2 else (d[m // 2 - 1] + d[m // 2]) / 2,
-            "avg": avg, "stdev": math.sqrt(var), "p99": pct(0.99), "p99_9": pct(0.999)}
+    return {
+        "min": d[0],
+        "max": d[-1],
+        "p50": d[(m - 1) // 2] if m % 2 else (d[m // 2 - 1] + d[m // 2]) / 2,
+        "avg": avg,
+        "stdev": math.sqrt(var),
+        "p99": pct(0.99),
+        "p99_9": pct(0.999),
+    }
 
 
 @dataclass
 class Report:
     """One benchmark's result in the project's JSON convention:
     {"test", "config", "rows", "verdict"} (+ "checks" explaining the verdict)."""
+
     test: str
     config: dict[str, Any]
     rows: list[dict[str, Any]] = field(default_factory=list)
@@ -137,9 +157,15 @@ class Report:
         return "FAIL" if "FAIL" in levels else "WARN" if "WARN" in levels else "PASS"
 
     def to_json(self) -> dict[str, Any]:
-        return {"test": self.test, "config": self.config, "rows": self.rows, "verdict": self.verdict,
-                "checks": [{"level": lvl, "message": msg} for lvl, msg in self.checks],
-                "host": platform.node(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        return {
+            "test": self.test,
+            "config": self.config,
+            "rows": self.rows,
+            "verdict": self.verdict,
+            "checks": [{"level": lvl, "message": msg} for lvl, msg in self.checks],
+            "host": platform.node(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
 
     def write_json(self, path: str | None) -> None:
         if not path:
@@ -166,6 +192,7 @@ def check_transports(report: Report, requested: str, channels: Sequence[Any]) ->
 def check_lane_transports(report: Report, requested: str, used: Iterable[str]) -> list[str]:
     """check_transports for names gathered elsewhere (other ranks' channels)."""
     from ... import _core
+
     names = sorted(set(used) | set(report.config.get("lane_transports", [])))
     report.config["lane_transports"] = names
     families = {_core.transport_family(t) for t in names}
@@ -255,6 +282,7 @@ def to_unit(bytes_per_s: float, unit: str) -> float:
 
 # ---- statistics ----
 
+
 def peak_bandwidth_posted(size: int, posted: Sequence[float], completed: Sequence[float], k: int) -> float:
     """perftest's BW peak over runs of consecutive operations: the best of
     k*size / (completed[i+k-1] - posted[i]) over every run of k operations,
@@ -283,9 +311,18 @@ def jain_index(values: Sequence[float]) -> float:
 
 # ---- sanity checks (the suite spec's F = fail, else warn) ----
 
-def check_bw_row(report: "Report", size: int, avg: float, peak: float | None, msg_rate_mpps: float,
-                 link_rate: float | None = None, bidirectional: bool = False,
-                 iters_expected: int | None = None, iters_done: int | None = None) -> None:
+
+def check_bw_row(
+    report: "Report",
+    size: int,
+    avg: float,
+    peak: float | None,
+    msg_rate_mpps: float,
+    link_rate: float | None = None,
+    bidirectional: bool = False,
+    iters_expected: int | None = None,
+    iters_done: int | None = None,
+) -> None:
     """Bandwidth sanity checks, all rates in bytes/s: positive finite average,
     avg <= peak (when measured), avg <= link rate (x2 bidirectional, +2%),
     MsgRate consistent with BW (1%), iterations as requested."""
@@ -295,8 +332,10 @@ def check_bw_row(report: "Report", size: int, avg: float, peak: float | None, ms
     if link_rate:
         limit = link_rate * (2 if bidirectional else 1) * 1.02
         if avg > limit:
-            report.fail(f"BW average {avg * 8 / 1e9:.3f} Gb/s above the link rate "
-                        f"{link_rate * 8 / 1e9:.3f} Gb/s{' x2' if bidirectional else ''} at {size} B")
+            report.fail(
+                f"BW average {avg * 8 / 1e9:.3f} Gb/s above the link rate "
+                f"{link_rate * 8 / 1e9:.3f} Gb/s{' x2' if bidirectional else ''} at {size} B"
+            )
     if avg > 0 and abs(avg - size * msg_rate_mpps * 1e6) / avg > 0.01:
         report.fail(f"MsgRate {msg_rate_mpps:.6f} Mpps inconsistent with BW at {size} B")
     if iters_expected is not None and iters_done is not None and iters_done != iters_expected:
@@ -310,8 +349,9 @@ def check_bw_trend(report: "Report", rows: Sequence[tuple[int, float]]) -> None:
             report.warn(f"BW falls {1 - b1 / b0:.0%} from {s0} B to {s1} B")
 
 
-def check_latency_trend(report: "Report", rows: Sequence[tuple[int, float]],
-                        link_rate: float | None = None, rtt: bool = False) -> None:
+def check_latency_trend(
+    report: "Report", rows: Sequence[tuple[int, float]], link_rate: float | None = None, rtt: bool = False
+) -> None:
     """Warn when latency is > 10% lower at a larger size; fail when a
     latency is below size / link rate (faster than light on that link)."""
     for (s0, t0), (s1, t1) in zip(rows, rows[1:]):
@@ -344,13 +384,16 @@ def check_fairness(report: "Report", flows: Sequence[tuple[str, float]]) -> floa
 
 # ---- content validation (OSU -c style: an iteration-dependent pattern) ----
 
+
 def pattern(nbytes: int, seed: int):
     """`nbytes` of a pattern that differs per seed and per 8-byte word (numpy uint8)."""
     import numpy as np
+
     words = (nbytes + 7) // 8
     with np.errstate(over="ignore"):
-        w = (np.arange(words, dtype=np.uint64) + np.uint64((seed * 0x9E3779B1 + 1) & 0xFFFFFFFF)) \
-            * np.uint64(0x9E3779B97F4A7C15)
+        w = (np.arange(words, dtype=np.uint64) + np.uint64((seed * 0x9E3779B1 + 1) & 0xFFFFFFFF)) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
         w ^= np.uint64(seed & 0xFFFFFFFFFFFF) << np.uint64(8)
     return w.view(np.uint8)[:nbytes]
 
@@ -358,6 +401,7 @@ def pattern(nbytes: int, seed: int):
 def fill_pattern(buffer, nbytes: int, seed: int | None) -> None:
     """Writes pattern(nbytes, seed) (or zeros when seed is None) at the start of `buffer`."""
     import numpy as np
+
     view = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)
     view[:] = 0 if seed is None else pattern(nbytes, seed)
 
@@ -365,6 +409,7 @@ def fill_pattern(buffer, nbytes: int, seed: int | None) -> None:
 def check_pattern(buffer, nbytes: int, seed: int) -> tuple[int, int]:
     """(mismatching bytes, first mismatching offset or -1) of `buffer` against pattern(nbytes, seed)."""
     import numpy as np
+
     view = np.frombuffer(buffer, dtype=np.uint8, count=nbytes)
     bad = np.flatnonzero(view != pattern(nbytes, seed))
     return int(bad.size), int(bad[0]) if bad.size else -1

@@ -41,8 +41,12 @@ def ucx_bin(name: str) -> str:
 
 def ucx_env(transport: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     lib = os.path.dirname(os.path.realpath(_core.ucx_library_path()))
-    env = dict(os.environ, UCX_TLS=TLS[transport], UCX_NET_DEVICES="lo",
-               LD_LIBRARY_PATH=lib + ":" + os.environ.get("LD_LIBRARY_PATH", ""))
+    env = dict(
+        os.environ,
+        UCX_TLS=TLS[transport],
+        UCX_NET_DEVICES="lo",
+        LD_LIBRARY_PATH=lib + ":" + os.environ.get("LD_LIBRARY_PATH", ""),
+    )
     env.update(extra or {})
     return env
 
@@ -54,8 +58,9 @@ def perftest(test: str, transport: str, size: int, iters: int, extra: dict[str, 
     server = subprocess.Popen([exe, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         time.sleep(0.5)
-        out = subprocess.run([exe, "127.0.0.1", *args, "-f"], env=env, capture_output=True, text=True,
-                             timeout=300).stdout
+        out = subprocess.run(
+            [exe, "127.0.0.1", *args, "-f"], env=env, capture_output=True, text=True, timeout=300
+        ).stdout
     finally:
         try:
             server.wait(timeout=30)
@@ -73,8 +78,23 @@ def tensorwire_bench(test: str, transport: str, sizes: str, iters: int, budget: 
     """`tensorwire bench write_bw|write_lat`: MiB/s (BW average) or one-way us (t_typical) per size;
     --budget lowers -n for the big sizes."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        cmd = [sys.executable, "-m", "tensorwire", "bench", test, "--transport", transport, "-s", sizes,
-               "-n", str(iters), "--budget", budget, "--json", f.name]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tensorwire",
+            "bench",
+            test,
+            "--transport",
+            transport,
+            "-s",
+            sizes,
+            "-n",
+            str(iters),
+            "--budget",
+            budget,
+            "--json",
+            f.name,
+        ]
         subprocess.run(cmd, check=True, capture_output=True, timeout=600)
         rows = json.load(open(f.name))["rows"]
     if test.endswith("_bw"):
@@ -93,19 +113,30 @@ def main() -> int:
     ap.add_argument("--json", help="write all numbers here")
     args = ap.parse_args()
     sizes = [1 << 20, 16 << 20]
-    results: dict = {"ucx": _core.ucx_version(), "ucx_library": _core.ucx_library_path(), "reps": args.reps,
-                     "rows": []}
+    results: dict = {"ucx": _core.ucx_version(), "ucx_library": _core.ucx_library_path(), "reps": args.reps, "rows": []}
     lines, verdicts = [], []
 
     def row(transport, metric, size, ours, anchor_name, anchor, target, higher_is_better=True):
         ratio = ours / anchor if higher_is_better else anchor / ours
         ok = ratio >= target
-        results["rows"].append({"transport": transport, "metric": metric, "size": size, "tensorwire": ours,
-                                "anchor": anchor_name, "anchor_value": anchor, "ratio": ratio,
-                                "target": target, "pass": ok})
+        results["rows"].append(
+            {
+                "transport": transport,
+                "metric": metric,
+                "size": size,
+                "tensorwire": ours,
+                "anchor": anchor_name,
+                "anchor_value": anchor,
+                "ratio": ratio,
+                "target": target,
+                "pass": ok,
+            }
+        )
         unit = "MiB/s" if metric == "bw" else "us"
-        lines.append(f"{transport:<5}{metric:<9}{size:>10} {ours:>11.2f} {anchor_name:<30}{anchor:>11.2f} {unit:<5}"
-                     f"{ratio:>7.2f}x  (target >= {target:.2f}x) {'PASS' if ok else 'FAIL'}")
+        lines.append(
+            f"{transport:<5}{metric:<9}{size:>10} {ours:>11.2f} {anchor_name:<30}{anchor:>11.2f} {unit:<5}"
+            f"{ratio:>7.2f}x  (target >= {target:.2f}x) {'PASS' if ok else 'FAIL'}"
+        )
         verdicts.append(ok)
 
     for transport in args.transports.split(","):
@@ -124,25 +155,33 @@ def main() -> int:
             row(transport, "bw", s, ours_bw[s], "ucx_perftest ucp_put_bw", pt, 0.9)
             if transport == "tcp":
                 # The same socket buffers tensorwire sets by default, for a like-for-like view.
-                tuned = median_of(args.reps, lambda: perftest("ucp_put_bw", transport, s, iters,
-                                                              {"UCX_TCP_SNDBUF": "4M", "UCX_TCP_RCVBUF": "4M"}))
+                tuned = median_of(
+                    args.reps,
+                    lambda: perftest(
+                        "ucp_put_bw", transport, s, iters, {"UCX_TCP_SNDBUF": "4M", "UCX_TCP_RCVBUF": "4M"}
+                    ),
+                )
                 row(transport, "bw", s, ours_bw[s], "ucx_perftest (4M socket bufs)", tuned, 0.9)
                 sock = statistics.median(
                     next(r["bw_MBps"] * 1e6 / MIB for r in tcp_stream.measure([s], 1000) if r["size"] == s)
-                    for _ in range(args.reps))
+                    for _ in range(args.reps)
+                )
                 row(transport, "bw", s, ours_bw[s], "plain TCP socket stream", sock, 1.0)
         pl = median_of(args.reps, lambda: perftest("ucp_put_lat", transport, 8, 100000))
         row(transport, "lat", 8, ours_lat, "ucx_perftest ucp_put_lat", pl, 1 / 1.3, higher_is_better=False)
 
-    header = (f"{'tr':<5}{'metric':<9}{'bytes':>10} {'tensorwire':>11} {'anchor':<30}{'anchor':>11} {'unit':<5}"
-              f"{'ratio':>8}")
+    header = (
+        f"{'tr':<5}{'metric':<9}{'bytes':>10} {'tensorwire':>11} {'anchor':<30}{'anchor':>11} {'unit':<5}{'ratio':>8}"
+    )
     print(f"# tensorwire vs anchors, UCX {results['ucx']} ({results['ucx_library']}), median of {args.reps} runs")
     print("# ratio: bandwidth ours/anchor; latency anchor/ours (so >= target is good on both)")
     print(header)
     for line in lines:
         print(line)
-    print(f"{'PASS' if all(verdicts) else 'FAIL'} compare_ucx_perftest {sum(verdicts)}/{len(verdicts)} ratios "
-          f"meet their targets")
+    print(
+        f"{'PASS' if all(verdicts) else 'FAIL'} compare_ucx_perftest {sum(verdicts)}/{len(verdicts)} ratios "
+        f"meet their targets"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -105,8 +105,17 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0, re
         kind, size, seq = req["kind"], int(req["size"]), int(req["seq"])
         if kind == "pingpong":
             cls = size_class(size)
-            _core.bench_write_pingpong(channel(0), b.send[cls], b.recv[cls], remote(0, f"bench.recv.{cls}"), size,
-                                       int(req["iters"]), int(req["warmup"]), False, TIMEOUT_S)
+            _core.bench_write_pingpong(
+                channel(0),
+                b.send[cls],
+                b.recv[cls],
+                remote(0, f"bench.recv.{cls}"),
+                size,
+                int(req["iters"]),
+                int(req["warmup"]),
+                False,
+                TIMEOUT_S,
+            )
             return {}
         if kind == "serve":
             # Progress (tcp targets must) until bench.result raises the flag.
@@ -126,13 +135,30 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0, re
             is_write = req["op"] == "write"
             if kind == "bidir_ops":
                 seconds, posted, completions = _core.bench_stream_ops(
-                    chans, is_write, b.send[cls], rem, size, int(req["iters"]), int(req["window"]),
-                    int(req["warmup"]), TIMEOUT_S)
+                    chans,
+                    is_write,
+                    b.send[cls],
+                    rem,
+                    size,
+                    int(req["iters"]),
+                    int(req["window"]),
+                    int(req["warmup"]),
+                    TIMEOUT_S,
+                )
                 out = {"seconds": seconds, "posted": list(posted), "completions": list(completions)}
             else:
-                out = _core.bench_stream_for(chans, is_write, b.send[cls], rem, size, int(req["window"]),
-                                             float(req["duration"]), float(req["margin"]), float(req["bin"]),
-                                             float(req["duration"]) + TIMEOUT_S)
+                out = _core.bench_stream_for(
+                    chans,
+                    is_write,
+                    b.send[cls],
+                    rem,
+                    size,
+                    int(req["window"]),
+                    float(req["duration"]),
+                    float(req["margin"]),
+                    float(req["bin"]),
+                    float(req["duration"]) + TIMEOUT_S,
+                )
             _signal(chans[0], b, remote(0, "bench.flag"), seq)
             if not _core.bench_wait_flag(chans[0], b.flag.ptr, seq, TIMEOUT_S):
                 return {"error": "timed out waiting for the client's end flag"}
@@ -186,8 +212,14 @@ def serve(device: Device, announce: bool = True, idle_timeout: float = 600.0, re
         stop.set()
         return b'{"ok": true}'
 
-    for name, fn in (("bench.setup", setup), ("bench.start", start), ("bench.result", result),
-                     ("bench.fill", fill), ("bench.check", check), ("bench.stop", stop_call)):
+    for name, fn in (
+        ("bench.setup", setup),
+        ("bench.start", start),
+        ("bench.result", result),
+        ("bench.fill", fill),
+        ("bench.check", check),
+        ("bench.stop", stop_call),
+    ):
         device.on_call(name, fn)
     if ready is not None:
         ready()
@@ -210,8 +242,7 @@ class Client:
         self.channels = [device.connect(address, lane=i) for i in range(lanes)]
         self.buffers = _Buffers(device, max_size)
         self.call("bench.setup", {"max_size": max_size, "client_id": device.id})
-        self.remote_recv = {cls: [ch.lookup(f"bench.recv.{cls}") for ch in self.channels]
-                            for cls in self.buffers.recv}
+        self.remote_recv = {cls: [ch.lookup(f"bench.recv.{cls}") for ch in self.channels] for cls in self.buffers.recv}
         self.remote_flag = self.channels[0].lookup("bench.flag")
         self.seq = 0
 
@@ -226,9 +257,9 @@ class Client:
         if op == "write":
             self.call("bench.start", {"kind": "pingpong", "size": size, "iters": iters, "warmup": warmup, "seq": 0})
             cls = size_class(size)
-            samples = _core.bench_write_pingpong(ch, b.send[cls], b.recv[cls], self.remote_recv[cls][0], size,
-                                                 iters, warmup,
-                                                 True, TIMEOUT_S)
+            samples = _core.bench_write_pingpong(
+                ch, b.send[cls], b.recv[cls], self.remote_recv[cls][0], size, iters, warmup, True, TIMEOUT_S
+            )
             self.call("bench.result", {})
             return list(samples)
         self.seq += 1
@@ -238,38 +269,71 @@ class Client:
         self.call("bench.result", {"seq": self.seq})
         return list(samples)
 
-    def stream_ops(self, op: str, size: int, iters: int, window: int, bidirectional: bool, warmup: int
-                   ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def stream_ops(
+        self, op: str, size: int, iters: int, window: int, bidirectional: bool, warmup: int
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Iteration mode with post and completion times (perftest's tposted/
         tcompleted); `iters` in total over the lanes. Returns (ours, the
         server's or None)."""
         b = self.buffers
         self.seq += 1
         cls = size_class(size)
-        self.call("bench.start", {"kind": "bidir_ops" if bidirectional else "serve", "size": size, "iters": iters,
-                                  "window": window, "lanes": self.lanes, "op": op, "seq": self.seq,
-                                  "warmup": warmup})
-        seconds, posted, completions = _core.bench_stream_ops(self.channels, op == "write", b.send[cls],
-                                                              self.remote_recv[cls], size, iters, window, warmup,
-                                                              TIMEOUT_S)
+        self.call(
+            "bench.start",
+            {
+                "kind": "bidir_ops" if bidirectional else "serve",
+                "size": size,
+                "iters": iters,
+                "window": window,
+                "lanes": self.lanes,
+                "op": op,
+                "seq": self.seq,
+                "warmup": warmup,
+            },
+        )
+        seconds, posted, completions = _core.bench_stream_ops(
+            self.channels, op == "write", b.send[cls], self.remote_recv[cls], size, iters, window, warmup, TIMEOUT_S
+        )
         if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
             raise BenchError("timed out waiting for the server's end flag")
         res = self.call("bench.result", {"seq": self.seq})
         ours = {"seconds": seconds, "posted": list(posted), "completions": list(completions)}
         return ours, (res if bidirectional else None)
 
-    def stream_for(self, op: str, size: int, window: int, duration: float, margin: float, bidirectional: bool,
-                   bin_s: float = 0.1) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    def stream_for(
+        self, op: str, size: int, window: int, duration: float, margin: float, bidirectional: bool, bin_s: float = 0.1
+    ) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """Duration mode (perftest -D): both sides stream for `duration` when
         bidirectional; counts only the completions between the margins."""
         b = self.buffers
         self.seq += 1
         cls = size_class(size)
-        self.call("bench.start", {"kind": "bidir_for" if bidirectional else "serve", "size": size,
-                                  "window": window, "lanes": self.lanes, "op": op, "seq": self.seq,
-                                  "duration": duration, "margin": margin, "bin": bin_s})
-        ours = _core.bench_stream_for(self.channels, op == "write", b.send[cls], self.remote_recv[cls], size,
-                                      window, duration, margin, bin_s, duration + TIMEOUT_S)
+        self.call(
+            "bench.start",
+            {
+                "kind": "bidir_for" if bidirectional else "serve",
+                "size": size,
+                "window": window,
+                "lanes": self.lanes,
+                "op": op,
+                "seq": self.seq,
+                "duration": duration,
+                "margin": margin,
+                "bin": bin_s,
+            },
+        )
+        ours = _core.bench_stream_for(
+            self.channels,
+            op == "write",
+            b.send[cls],
+            self.remote_recv[cls],
+            size,
+            window,
+            duration,
+            margin,
+            bin_s,
+            duration + TIMEOUT_S,
+        )
         if bidirectional and not _core.bench_wait_flag(self.channels[0], b.flag.ptr, self.seq, TIMEOUT_S):
             raise BenchError("timed out waiting for the server's end flag")
         res = self.call("bench.result", {"seq": self.seq})
@@ -312,8 +376,7 @@ class Client:
             if bidirectional:
                 r = self.call("bench.check", {"which": "send", "size": size, "seed": seed + 1})
                 if r["mismatches"]:
-                    errors.append(f"server read from client: {r['mismatches']} bytes differ from offset "
-                                  f"{r['first']}")
+                    errors.append(f"server read from client: {r['mismatches']} bytes differ from offset {r['first']}")
         return errors
 
     def validate_rounds(self, op: str, size: int, rounds: int, base_seed: int) -> list[str]:

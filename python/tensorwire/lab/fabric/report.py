@@ -45,14 +45,15 @@ class Step:
     `python -m tensorwire`) or names a script of the checkout; {out} in it is the
     folder of its output files. `txt` is the file its output goes to (stdout and
     stderr, with a header), None where the command writes its own (`writes`)."""
+
     name: str
-    backs: str                       # what it re-measures, in the README's words
+    backs: str  # what it re-measures, in the README's words
     argv: tuple[str, ...]
     txt: str | None
-    writes: tuple[str, ...] = ()     # the other files it leaves in {out}
-    minutes: float = 1.0             # about how long it takes on the 2-vCPU VM
+    writes: tuple[str, ...] = ()  # the other files it leaves in {out}
+    minutes: float = 1.0  # about how long it takes on the 2-vCPU VM
     ok_codes: tuple[int, ...] = (0,)  # exit codes of a run that measured (a missed target included)
-    stderr: bool = True              # its stderr into the file too
+    stderr: bool = True  # its stderr into the file too
 
     def files(self) -> tuple[str, ...]:
         return ((self.txt,) if self.txt else ()) + self.writes
@@ -82,33 +83,119 @@ def _bench(*args: str) -> tuple[str, ...]:
 
 STEPS: tuple[Step, ...] = (
     Step("demo", "make demo's output", ("tensorwire", "demo"), "demo.txt", minutes=0.1, stderr=False),
-    Step("p2p", "point to point vs ucx_perftest (write_bw, write_lat) and a plain TCP socket",
-         ("bash", "bench/compare_ucx_perftest.sh", "--reps", "3"), None,
-         writes=("compare_ucx_perftest.txt", "compare_ucx_perftest.json"), minutes=4.0, ok_codes=(0, 1)),
-    Step("tensor-shm", "Figure 7 over shared memory: slots vs RPC over UCX, gRPC, UCX tag, gloo",
-         _bench("tensor", "--transport", "shm", "--repeat", "3", "--no-progress",
-                "--json", f"{OUT}/tensor_shm.json", "--plot", f"{OUT}/tensor_shm.png"),
-         "tensor_shm.txt", writes=("tensor_shm.json", "tensor_shm.png"), minutes=5.0, ok_codes=(0, 2)),
-    Step("tensor-tcp", "Figure 7 over tcp",
-         _bench("tensor", "--transport", "tcp", "--repeat", "3", "--no-progress",
-                "--json", f"{OUT}/tensor_tcp.json", "--plot", f"{OUT}/tensor_tcp.png"),
-         "tensor_tcp.txt", writes=("tensor_tcp.json", "tensor_tcp.png"), minutes=4.0, ok_codes=(0, 2)),
-    Step("torch-dist-shm", "the torch.distributed backend vs gloo, tensorwire over shared memory",
-         _bench("torch-dist", "--transport", "shm", "--repeat", "3", "--no-progress",
-                "--json", f"{OUT}/torch_dist_shm.json"),
-         "torch_dist_shm.txt", writes=("torch_dist_shm.json",), minutes=2.5),
-    Step("torch-dist-tcp", "the torch.distributed backend vs gloo, tensorwire over tcp",
-         _bench("torch-dist", "--transport", "tcp", "--repeat", "3", "--no-progress",
-                "--json", f"{OUT}/torch_dist_tcp.json"),
-         "torch_dist_tcp.txt", writes=("torch_dist_tcp.json",), minutes=2.5),
-    Step("train-shm", "PS training vs gloo (Figure 8, batch 1) over shared memory",
-         _bench("train", "--transport", "shm", "--figures", "fig8", "--batches", "1", "--steps", "20",
-                "--repeat", "3", "--json", f"{OUT}/train_shm_b1.json"),
-         "train_shm_b1.txt", writes=("train_shm_b1.json",), minutes=6.0),
-    Step("train-tcp", "PS training vs gloo (Figure 8, batch 1) over tcp, with the TCP floor",
-         _bench("train", "--transport", "tcp", "--figures", "fig8", "--batches", "1", "--steps", "20",
-                "--repeat", "2", "--json", f"{OUT}/net_tcp_train_b1.json"),
-         "net_tcp_train_b1.txt", writes=("net_tcp_train_b1.json",), minutes=4.0),
+    Step(
+        "p2p",
+        "point to point vs ucx_perftest (write_bw, write_lat) and a plain TCP socket",
+        ("bash", "bench/compare_ucx_perftest.sh", "--reps", "3"),
+        None,
+        writes=("compare_ucx_perftest.txt", "compare_ucx_perftest.json"),
+        minutes=4.0,
+        ok_codes=(0, 1),
+    ),
+    Step(
+        "tensor-shm",
+        "Figure 7 over shared memory: slots vs RPC over UCX, gRPC, UCX tag, gloo",
+        _bench(
+            "tensor",
+            "--transport",
+            "shm",
+            "--repeat",
+            "3",
+            "--no-progress",
+            "--json",
+            f"{OUT}/tensor_shm.json",
+            "--plot",
+            f"{OUT}/tensor_shm.png",
+        ),
+        "tensor_shm.txt",
+        writes=("tensor_shm.json", "tensor_shm.png"),
+        minutes=5.0,
+        ok_codes=(0, 2),
+    ),
+    Step(
+        "tensor-tcp",
+        "Figure 7 over tcp",
+        _bench(
+            "tensor",
+            "--transport",
+            "tcp",
+            "--repeat",
+            "3",
+            "--no-progress",
+            "--json",
+            f"{OUT}/tensor_tcp.json",
+            "--plot",
+            f"{OUT}/tensor_tcp.png",
+        ),
+        "tensor_tcp.txt",
+        writes=("tensor_tcp.json", "tensor_tcp.png"),
+        minutes=4.0,
+        ok_codes=(0, 2),
+    ),
+    Step(
+        "torch-dist-shm",
+        "the torch.distributed backend vs gloo, tensorwire over shared memory",
+        _bench(
+            "torch-dist", "--transport", "shm", "--repeat", "3", "--no-progress", "--json", f"{OUT}/torch_dist_shm.json"
+        ),
+        "torch_dist_shm.txt",
+        writes=("torch_dist_shm.json",),
+        minutes=2.5,
+    ),
+    Step(
+        "torch-dist-tcp",
+        "the torch.distributed backend vs gloo, tensorwire over tcp",
+        _bench(
+            "torch-dist", "--transport", "tcp", "--repeat", "3", "--no-progress", "--json", f"{OUT}/torch_dist_tcp.json"
+        ),
+        "torch_dist_tcp.txt",
+        writes=("torch_dist_tcp.json",),
+        minutes=2.5,
+    ),
+    Step(
+        "train-shm",
+        "PS training vs gloo (Figure 8, batch 1) over shared memory",
+        _bench(
+            "train",
+            "--transport",
+            "shm",
+            "--figures",
+            "fig8",
+            "--batches",
+            "1",
+            "--steps",
+            "20",
+            "--repeat",
+            "3",
+            "--json",
+            f"{OUT}/train_shm_b1.json",
+        ),
+        "train_shm_b1.txt",
+        writes=("train_shm_b1.json",),
+        minutes=6.0,
+    ),
+    Step(
+        "train-tcp",
+        "PS training vs gloo (Figure 8, batch 1) over tcp, with the TCP floor",
+        _bench(
+            "train",
+            "--transport",
+            "tcp",
+            "--figures",
+            "fig8",
+            "--batches",
+            "1",
+            "--steps",
+            "20",
+            "--repeat",
+            "2",
+            "--json",
+            f"{OUT}/net_tcp_train_b1.json",
+        ),
+        "net_tcp_train_b1.txt",
+        writes=("net_tcp_train_b1.json",),
+        minutes=4.0,
+    ),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
 
@@ -128,8 +215,7 @@ def steps_table() -> str:
     """The steps, for --help: name, minutes, what it re-measures, its files."""
     lines = []
     for s in STEPS:
-        lines.append(f"  {s.name:<15}~{s.minutes:>3.1f} min  {s.backs}\n"
-                     f"  {'':<15}           -> {', '.join(s.files())}")
+        lines.append(f"  {s.name:<15}~{s.minutes:>3.1f} min  {s.backs}\n  {'':<15}           -> {', '.join(s.files())}")
     total = sum(s.minutes for s in STEPS)
     return "\n".join(lines) + f"\n  all: about {total:.0f} minutes"
 
@@ -149,12 +235,26 @@ def _clock(seconds: float) -> str:
 
 def _code(root: Path) -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              timeout=10).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
         # the files this report writes itself do not make the code it ran uncommitted
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":(exclude)bench/results", ":(exclude)README.md"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)bench/results",
+                ":(exclude)README.md",
+            ],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "code unknown"
     if not head:
@@ -183,7 +283,7 @@ class Outcome:
     ok: bool
     seconds: float
     summary: str
-    kept: str | None = None          # where a failed step's output is
+    kept: str | None = None  # where a failed step's output is
     written: list[str] = field(default_factory=list)
 
 
@@ -199,9 +299,14 @@ def run_step(step: Step, root: Path, timeout: float, keep_dir: Path) -> Outcome:
     log = out / "output.txt"
     with open(log, "w") as f:
         try:
-            proc = subprocess.Popen(argv, cwd=root, env=env, stdout=f,
-                                    stderr=subprocess.STDOUT if step.stderr else subprocess.DEVNULL,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                argv,
+                cwd=root,
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT if step.stderr else subprocess.DEVNULL,
+                start_new_session=True,
+            )
         except OSError as e:
             return Outcome(step, False, 0.0, f"could not start: {e}")
         try:
@@ -217,13 +322,14 @@ def run_step(step: Step, root: Path, timeout: float, keep_dir: Path) -> Outcome:
         shutil.rmtree(kept, ignore_errors=True)
         shutil.move(str(out), kept)
         why = f"timed out after {_clock(timeout)}" if rc is None else f"exit {rc}"
-        return Outcome(step, False, seconds, f"FAILED ({why}): {_verdict(text) or text.strip()[-200:]}",
-                       kept=str(kept))
+        return Outcome(step, False, seconds, f"FAILED ({why}): {_verdict(text) or text.strip()[-200:]}", kept=str(kept))
     written = []
     if step.txt:
-        header = (f"# command: {step.shown()}   (step {step.name} of tensorwire bench report)\n"
-                  f"# date: {wall}-{time.strftime('%H:%M', time.gmtime())} UTC, {_code(root)}, "
-                  f"{os.cpu_count()} CPUs, load average {load0} at start, {_load()} at end\n")
+        header = (
+            f"# command: {step.shown()}   (step {step.name} of tensorwire bench report)\n"
+            f"# date: {wall}-{time.strftime('%H:%M', time.gmtime())} UTC, {_code(root)}, "
+            f"{os.cpu_count()} CPUs, load average {load0} at start, {_load()} at end\n"
+        )
         (results / step.txt).write_text(header + text)
         written.append(step.txt)
     for name in step.writes:
@@ -276,8 +382,10 @@ def _missing(name: str, step: str) -> list[str]:
     return [f"* {_link(name)}: not measured yet (`tensorwire bench report --only {step}`)"]
 
 
-COMPARE_ROW = re.compile(r"^(tcp|shm|rdma)\s+(bw|lat)\s+(\d+)\s+([\d.]+)\s+(.+?)\s+([\d.]+)\s+(\S+)\s+([\d.]+)x\s+"
-                         r"\(target >= ([\d.]+)x\)\s+(PASS|FAIL)")
+COMPARE_ROW = re.compile(
+    r"^(tcp|shm|rdma)\s+(bw|lat)\s+(\d+)\s+([\d.]+)\s+(.+?)\s+([\d.]+)\s+(\S+)\s+([\d.]+)x\s+"
+    r"\(target >= ([\d.]+)x\)\s+(PASS|FAIL)"
+)
 
 
 def compare_lines(text: str) -> tuple[str, list[str]]:
@@ -286,13 +394,17 @@ def compare_lines(text: str) -> tuple[str, list[str]]:
     lines = []
     for tr, metric, size, ours, anchor, theirs, unit, ratio, target, verdict in rows:
         what = "write_bw" if metric == "bw" else "write_lat"
-        lines.append(f"  * {verdict} {tr} `{what}` {_size(size)}: {float(ours):g} against {float(theirs):g} {unit} "
-                     f"of {anchor}, {ratio}x (target >= {target}x)")
+        lines.append(
+            f"  * {verdict} {tr} `{what}` {_size(size)}: {float(ours):g} against {float(theirs):g} {unit} "
+            f"of {anchor}, {ratio}x (target >= {target}x)"
+        )
     return f"{met} of {len(rows)} ratios meet their targets", lines
 
 
-TENSOR_TARGET = re.compile(r"^#\s+(PASS|MISS|INFO)\s+(.+?)\s{2,}([\d.]+)(x| us)\s+\(bar ([^)]+)\)\s+"
-                           r"worst at (\S+) of (\d+) size")
+TENSOR_TARGET = re.compile(
+    r"^#\s+(PASS|MISS|INFO)\s+(.+?)\s{2,}([\d.]+)(x| us)\s+\(bar ([^)]+)\)\s+"
+    r"worst at (\S+) of (\d+) size"
+)
 TENSOR_VERDICT = re.compile(r"^(PASS|WARN|FAIL) tensor \S+ (?:\S+ )?zerocopy=([\d.]+)MB/s@(\S+) speed-up: ([^(;]+)")
 
 
@@ -306,13 +418,18 @@ def tensor_lines(text: str) -> tuple[str, list[str]]:
             shown = "INFO (a bar set for shm)" if verdict == "INFO" else verdict
             lines.append(f"  * {shown} `{what}`: {value} ({where}; bar {bar})")
             counts[verdict] = counts.get(verdict, 0) + 1
-    summary = f"{counts['PASS']} of {counts['PASS'] + counts['MISS']} bars met" if counts["PASS"] + counts["MISS"] \
+    summary = (
+        f"{counts['PASS']} of {counts['PASS'] + counts['MISS']} bars met"
+        if counts["PASS"] + counts["MISS"]
         else "no bars for this transport in that run"
+    )
     verdict = next((m for m in map(TENSOR_VERDICT.match, text.splitlines()) if m), None)
     if verdict:
         sanity, mbps, at, speedups = verdict.groups()
-        lines.append(f"  * at {at}: zerocopy {float(mbps):,.0f} MB/s; the other series' time over zerocopy's: "
-                     f"{speedups.strip().rstrip(',')}; sanity checks {sanity}")
+        lines.append(
+            f"  * at {at}: zerocopy {float(mbps):,.0f} MB/s; the other series' time over zerocopy's: "
+            f"{speedups.strip().rstrip(',')}; sanity checks {sanity}"
+        )
     return summary, lines
 
 
@@ -320,15 +437,18 @@ TORCH_TARGET = re.compile(r"^# target (.+?): ([\d.]+x(?: \([^)]*\))?) (PASS|MISS
 
 
 def torch_dist_lines(text: str) -> tuple[str, list[str]]:
-    lines = [f"  * {m.group(3)} {m.group(1)}: {m.group(2)}"
-             for m in map(TORCH_TARGET.match, text.splitlines()) if m]
+    lines = [f"  * {m.group(3)} {m.group(1)}: {m.group(2)}" for m in map(TORCH_TARGET.match, text.splitlines()) if m]
     # the tables' ratio columns (tensorwire over gloo: > 1 = tensorwire faster), one line for all
     tables: list[tuple[str | None, list[tuple[str, str]]]] = []
     title: str | None = None
     rows: list[tuple[str, str]] | None = None
     for line in text.splitlines():
-        if line.startswith("# ") and not line.startswith(("# target", "# python")) and "Size" not in line \
-                and "Model" not in line:
+        if (
+            line.startswith("# ")
+            and not line.startswith(("# target", "# python"))
+            and "Size" not in line
+            and "Model" not in line
+        ):
             title = line[2:].split(":")[0].split(",")[0].strip()
         elif re.match(r"^\s*# (Size|Model)\b", line):
             kind = "latency" if "Lat (us)" in line else "bandwidth" if "BW" in line else None
@@ -349,8 +469,10 @@ def torch_dist_lines(text: str) -> tuple[str, list[str]]:
 
 
 TRAIN_ROW = re.compile(r"^(\w+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)x\s+([\d.]+)x$")
-TRAIN_TARGET = re.compile(r"^\s+(\w+) batch (\d+): zerocopy/(copy|gloo) = ([\d.]+)x \(target >= ([\d.]+)x\): "
-                          r"(met|NOT met)")
+TRAIN_TARGET = re.compile(
+    r"^\s+(\w+) batch (\d+): zerocopy/(copy|gloo) = ([\d.]+)x \(target >= ([\d.]+)x\): "
+    r"(met|NOT met)"
+)
 
 
 def train_lines(text: str) -> tuple[str, list[str]]:
@@ -371,9 +493,14 @@ def train_lines(text: str) -> tuple[str, list[str]]:
             continue
         model, batch, zc, copy, gloo, zc_copy, zc_gloo = m.groups()
         t = targets.get((model, batch), {})
-        bars = "; ".join(f"zerocopy/{k} {v[0]}x (target >= {v[1]}x) {v[2]}" for k, v in sorted(t.items(), key=lambda kv: kv[0] != "gloo"))
-        lines.append(f"  * {model} batch {batch}: zerocopy {zc}, copy {copy}, gloo {gloo} samples/s"
-                     + (f"; {bars}" if bars else f"; zerocopy/gloo {zc_gloo}x, zerocopy/copy {zc_copy}x"))
+        bars = "; ".join(
+            f"zerocopy/{k} {v[0]}x (target >= {v[1]}x) {v[2]}"
+            for k, v in sorted(t.items(), key=lambda kv: kv[0] != "gloo")
+        )
+        lines.append(
+            f"  * {model} batch {batch}: zerocopy {zc}, copy {copy}, gloo {gloo} samples/s"
+            + (f"; {bars}" if bars else f"; zerocopy/gloo {zc_gloo}x, zerocopy/copy {zc_copy}x")
+        )
     every = [v for t in targets.values() for v in t.values()]
     met = sum(v[2] == "met" for v in every)
     return (f"{met} of {len(every)} targets met" if every else "no targets in the file"), lines
@@ -382,15 +509,31 @@ def train_lines(text: str) -> tuple[str, list[str]]:
 # (title, file, the step that writes it, its lines)
 SECTIONS = (
     ("Point to point against `ucx_perftest`", "compare_ucx_perftest.txt", "p2p", compare_lines),
-    ("Figure 7 over shared memory (zerocopy = a static slot; the grpc and rpc-ucx bars cover 1 MiB up)",
-     "tensor_shm.txt", "tensor-shm", tensor_lines),
+    (
+        "Figure 7 over shared memory (zerocopy = a static slot; the grpc and rpc-ucx bars cover 1 MiB up)",
+        "tensor_shm.txt",
+        "tensor-shm",
+        tensor_lines,
+    ),
     ("Figure 7 over tcp", "tensor_tcp.txt", "tensor-tcp", tensor_lines),
-    ("torch.distributed backend against gloo, tensorwire over shared memory", "torch_dist_shm.txt",
-     "torch-dist-shm", torch_dist_lines),
-    ("torch.distributed backend against gloo, tensorwire over tcp", "torch_dist_tcp.txt", "torch-dist-tcp",
-     torch_dist_lines),
-    ("Parameter server against gloo (Figure 8, 2 workers x 2 servers, samples/s) over shared memory",
-     "train_shm_b1.txt", "train-shm", train_lines),
+    (
+        "torch.distributed backend against gloo, tensorwire over shared memory",
+        "torch_dist_shm.txt",
+        "torch-dist-shm",
+        torch_dist_lines,
+    ),
+    (
+        "torch.distributed backend against gloo, tensorwire over tcp",
+        "torch_dist_tcp.txt",
+        "torch-dist-tcp",
+        torch_dist_lines,
+    ),
+    (
+        "Parameter server against gloo (Figure 8, 2 workers x 2 servers, samples/s) over shared memory",
+        "train_shm_b1.txt",
+        "train-shm",
+        train_lines,
+    ),
     ("Parameter server against gloo over tcp", "net_tcp_train_b1.txt", "train-tcp", train_lines),
 )
 
@@ -428,8 +571,10 @@ def headline(text: str, pick: tuple[str, ...]) -> tuple[str, str] | None:
         for m in map(COMPARE_ROW.match, lines):
             if m and m.groups()[:3] == pick[1:] and m.group(5).startswith("ucx_perftest ucp_put"):
                 _, _, _, ours, anchor, theirs, unit, ratio, target, verdict = m.groups()
-                return (f"{float(ours):g} against {float(theirs):g} {unit} (`{anchor.split()[-1]}`): {ratio}x",
-                        f">= {target}x {verdict}")
+                return (
+                    f"{float(ours):g} against {float(theirs):g} {unit} (`{anchor.split()[-1]}`): {ratio}x",
+                    f">= {target}x {verdict}",
+                )
     elif kind == "tensor":
         for m in map(TENSOR_TARGET.match, lines):
             if m and m.group(2) == pick[1]:
@@ -442,8 +587,9 @@ def headline(text: str, pick: tuple[str, ...]) -> tuple[str, str] | None:
                 bar = re.search(r"(<=|>=) .+$", m.group(1))
                 return m.group(2), f"{bar.group(0) if bar else m.group(1)} {m.group(3)}"
     elif kind == "train":
-        rows: dict[tuple[str, ...], tuple[Any, ...]] = {(r.group(1), r.group(2)): r.groups()
-                                                       for r in map(TRAIN_ROW.match, lines) if r}
+        rows: dict[tuple[str, ...], tuple[Any, ...]] = {
+            (r.group(1), r.group(2)): r.groups() for r in map(TRAIN_ROW.match, lines) if r
+        }
         for m in map(TRAIN_TARGET.match, lines):
             if m and m.group(1, 2) == pick[1:] and m.group(3) == "gloo":
                 row = rows.get(pick[1:])
@@ -467,11 +613,15 @@ def render_table(results: Path) -> list[str]:
 def render_block(results: Path) -> str:
     """The performance block (without its markers) from the files in `results`: the headline
     table, then every bar of every file, one line per file, folded."""
-    out = ["<!-- generated by `tensorwire bench report` (make bench) from the files named; "
-           "edit python/tensorwire/lab/fabric/report.py, not this text -->",
-           *render_table(results), "",
-           "<details><summary>Every bar of those files (each file's first lines give its command, date and "
-           "code)</summary>", ""]
+    out = [
+        "<!-- generated by `tensorwire bench report` (make bench) from the files named; "
+        "edit python/tensorwire/lab/fabric/report.py, not this text -->",
+        *render_table(results),
+        "",
+        "<details><summary>Every bar of those files (each file's first lines give its command, date and "
+        "code)</summary>",
+        "",
+    ]
     for title, name, step, lines_of in SECTIONS:
         text = _read(results, name)
         if text is None:
@@ -498,7 +648,7 @@ def replace_block(readme: str, begin: str, end: str, body: str) -> str:
     i, j = readme.find(begin), readme.find(end)
     if i < 0 or j < 0 or j < i:
         raise BenchError(f"README.md has no {begin} ... {end} block")
-    return readme[:i + len(begin)] + "\n" + body.strip("\n") + "\n" + readme[j:]
+    return readme[: i + len(begin)] + "\n" + body.strip("\n") + "\n" + readme[j:]
 
 
 def update_readme(root: Path) -> bool:
@@ -518,11 +668,13 @@ def update_readme(root: Path) -> bool:
 def find_root(given: str | None) -> Path:
     """The checkout to measure in: --root, else the one this package lies in, else the working directory."""
     here = Path(__file__).resolve().parents[3]
-    for candidate in ([Path(given)] if given else [here, Path.cwd()]):
+    for candidate in [Path(given)] if given else [here, Path.cwd()]:
         if (candidate / "README.md").exists() and (candidate / RESULTS).is_dir():
             return candidate.resolve()
-    raise SystemExit("tensorwire bench report: run it in a checkout of tensorwire (README.md and bench/results/); "
-                     f"{'--root ' + given if given else 'none found'}")
+    raise SystemExit(
+        "tensorwire bench report: run it in a checkout of tensorwire (README.md and bench/results/); "
+        f"{'--root ' + given if given else 'none found'}"
+    )
 
 
 def run(args) -> int:
@@ -543,22 +695,26 @@ def run(args) -> int:
     failed, total = [], time.monotonic()
     keep_dir = Path(tempfile.mkdtemp(prefix="tw-report-failed-"))
     if not args.readme_only:
-        print(f"tensorwire bench report: {len(steps)} step(s), {_minutes(steps)}, "
-              f"results to {root / RESULTS}", flush=True)
+        print(
+            f"tensorwire bench report: {len(steps)} step(s), {_minutes(steps)}, results to {root / RESULTS}", flush=True
+        )
         for i, s in enumerate(steps, 1):
             print(f"[{i}/{len(steps)}] {s.name} ({s.shown()}) ... ", end="", flush=True)
             r = run_step(s, root, args.step_timeout or max(300.0, 4 * 60 * s.minutes), keep_dir)
-            print(f"{_clock(r.seconds)}, total {_clock(time.monotonic() - total)}: {r.summary}"
-                  + (f" -> {', '.join(r.written)}" if r.written else ""), flush=True)
+            print(
+                f"{_clock(r.seconds)}, total {_clock(time.monotonic() - total)}: {r.summary}"
+                + (f" -> {', '.join(r.written)}" if r.written else ""),
+                flush=True,
+            )
             if not r.ok:
                 failed.append(r)
     if not args.no_readme:
         changed = update_readme(root)
-        print(f"README.md: performance and demo blocks {'regenerated' if changed else 'unchanged'} "
-              f"from {RESULTS}/")
+        print(f"README.md: performance and demo blocks {'regenerated' if changed else 'unchanged'} from {RESULTS}/")
     if failed:
-        print(f"{len(failed)} step(s) failed, their old files kept; output in "
-              + ", ".join(r.kept or "?" for r in failed))
+        print(
+            f"{len(failed)} step(s) failed, their old files kept; output in " + ", ".join(r.kept or "?" for r in failed)
+        )
         return 1
     shutil.rmtree(keep_dir, ignore_errors=True)
     return 0

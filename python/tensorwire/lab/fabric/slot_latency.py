@@ -48,6 +48,7 @@ ONE_WAY_BARS = {"tcp": ((8, 6.0),)}
 
 def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, series: str, memory: str) -> None:
     import tensorwire as tw
+
     with tw.Device(transport=transport, progress=progress) as dev:
         slots = {s: dev.static_slot(f"ping{s}", _shape(s), "float32", depth=2, memory=memory) for s in sizes}
         keep = _publish(dev, sizes, "nping", memory) if series != "slot" else {}  # noqa: F841 (the peer writes)
@@ -75,12 +76,19 @@ def _peer(conn, transport: str, sizes: list[int], iters: int, progress: str, ser
         conn.recv()  # wait until the other side is done
 
 
-def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress: str = "blocking",
-            series: str = "slot", memory: str = "host") -> list[dict]:
+def measure(
+    transport: str,
+    sizes: list[int],
+    iters: int,
+    warmup: int,
+    progress: str = "blocking",
+    series: str = "slot",
+    memory: str = "host",
+) -> list[dict]:
     import tensorwire as tw
+
     with Roles() as roles:
-        peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress, series,
-                           memory)
+        peer = roles.spawn("the latency peer", _peer, transport, sizes, iters + warmup, progress, series, memory)
         address = peer.recv(60, "start")
         rows = []
         with tw.Device(transport=transport, progress=progress) as dev:
@@ -100,8 +108,16 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress:
                         slot.release(view)
                         if i >= warmup:
                             samples.append(time.perf_counter() - t0)
-                    rows.append({"series": "slot", "size": s, "iters": iters, "lat_us": latency_stats(samples, 0.5),
-                                 "rtt": False, "memory": src.memory})
+                    rows.append(
+                        {
+                            "series": "slot",
+                            "size": s,
+                            "iters": iters,
+                            "lat_us": latency_stats(samples, 0.5),
+                            "rtt": False,
+                            "memory": src.memory,
+                        }
+                    )
                 if series != "slot":
                     remote = ch.lookup(f"nping{s}")
                     samples, pending = [], 0
@@ -113,8 +129,16 @@ def measure(transport: str, sizes: list[int], iters: int, warmup: int, progress:
                         pending -= 1
                         if i >= warmup:
                             samples.append(time.perf_counter() - t0)
-                    rows.append({"series": "notify", "size": s, "iters": iters,
-                                 "lat_us": latency_stats(samples, 0.5), "rtt": False, "memory": src.memory})
+                    rows.append(
+                        {
+                            "series": "notify",
+                            "size": s,
+                            "iters": iters,
+                            "lat_us": latency_stats(samples, 0.5),
+                            "rtt": False,
+                            "memory": src.memory,
+                        }
+                    )
             peer.send("done")
         roles.stop(wait=30)
         return rows
@@ -125,45 +149,78 @@ def main() -> int:
     ap.add_argument("--transport", default="shm", choices=TRANSPORTS)
     ap.add_argument("--sizes", default="8,4K")
     ap.add_argument("--iters", type=int, default=20000)
-    ap.add_argument("--progress-mode", default="blocking", choices=("inline", "blocking", "polling"),
-                    help="the Devices' progress mode: blocking (default, as Device(): progress threads that "
-                         "sleep when idle), inline (the waiting thread drives UCX) or polling")
-    ap.add_argument("--series", default="slot", choices=("slot", "notify", "both"),
-                    help="slot: static-slot send (default); notify: write with notify=; both, and the ratio")
-    ap.add_argument("--memory", default="host", choices=("host", "cuda"),
-                    help="where both sides' tensors and slot buffers live: host (default) or cuda (GPU memory; "
-                         "the slots' sequence words stay in host memory)")
+    ap.add_argument(
+        "--progress-mode",
+        default="blocking",
+        choices=("inline", "blocking", "polling"),
+        help="the Devices' progress mode: blocking (default, as Device(): progress threads that "
+        "sleep when idle), inline (the waiting thread drives UCX) or polling",
+    )
+    ap.add_argument(
+        "--series",
+        default="slot",
+        choices=("slot", "notify", "both"),
+        help="slot: static-slot send (default); notify: write with notify=; both, and the ratio",
+    )
+    ap.add_argument(
+        "--memory",
+        default="host",
+        choices=("host", "cuda"),
+        help="where both sides' tensors and slot buffers live: host (default) or cuda (GPU memory; "
+        "the slots' sequence words stay in host memory)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args()
     sizes = parse_sizes(args.sizes)
     if args.memory == "cuda":
         import tensorwire as tw
+
         if not tw.cuda_available():
             ap.error(f"--memory cuda: tensorwire sees no GPU ({tw.cuda_info()['reason']})")
-    report = Report("slot_latency", {"transport": args.transport, "iters": args.iters, "sizes": sizes,
-                                     "api": "Python", "latency": "one-way (RTT/2)", "unit": "usec",
-                                     "progress": args.progress_mode, "series": args.series,
-                                     "memory": args.memory})
-    report.rows = measure(args.transport, sizes, args.iters, max(100, args.iters // 10), args.progress_mode,
-                          args.series, args.memory)
+    report = Report(
+        "slot_latency",
+        {
+            "transport": args.transport,
+            "iters": args.iters,
+            "sizes": sizes,
+            "api": "Python",
+            "latency": "one-way (RTT/2)",
+            "unit": "usec",
+            "progress": args.progress_mode,
+            "series": args.series,
+            "memory": args.memory,
+        },
+    )
+    report.rows = measure(
+        args.transport, sizes, args.iters, max(100, args.iters // 10), args.progress_mode, args.series, args.memory
+    )
     lines = []
     for r in report.rows:
         st = r["lat_us"]
         check_latency_row(report, r["size"], st)
-        lines.append(f" {r['series']:<7} {r['size']:<7d} {r['iters']:<11d}{st['min']:<15.2f}{st['max']:<15.2f}"
-                     f"{st['p50']:<17.2f}{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}")
-    print(f"# ping-pong through the Python API over {args.transport}, {args.memory} memory, {args.progress_mode} "
-          "progress (one-way = RTT/2): slot = static-slot send, notify = write with notify=")
-    print_table(" series  #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
-                "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]", lines)
+        lines.append(
+            f" {r['series']:<7} {r['size']:<7d} {r['iters']:<11d}{st['min']:<15.2f}{st['max']:<15.2f}"
+            f"{st['p50']:<17.2f}{st['avg']:<15.2f}{st['stdev']:<16.2f}{st['p99']:<23.2f}{st['p99_9']:.2f}"
+        )
+    print(
+        f"# ping-pong through the Python API over {args.transport}, {args.memory} memory, {args.progress_mode} "
+        "progress (one-way = RTT/2): slot = static-slot send, notify = write with notify="
+    )
+    print_table(
+        " series  #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    "
+        "t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]",
+        lines,
+    )
     by = {(r["series"], r["size"]): r["lat_us"]["p50"] for r in report.rows}
     missed = []
     for s in sizes:
         if ("slot", s) in by and ("notify", s) in by:
             ratio = by[("notify", s)] / by[("slot", s)]
             report.config.setdefault("notify_over_slot", {})[s] = ratio
-            print(f"# {'PASS' if ratio <= 1.2 else 'MISS'} notify <= 1.2x slot at {s} B: {ratio:.2f}x "
-                  f"({by[('notify', s)]:.2f} vs {by[('slot', s)]:.2f} us)")
+            print(
+                f"# {'PASS' if ratio <= 1.2 else 'MISS'} notify <= 1.2x slot at {s} B: {ratio:.2f}x "
+                f"({by[('notify', s)]:.2f} vs {by[('slot', s)]:.2f} us)"
+            )
             if ratio > 1.2:
                 missed.append(f"notify <= 1.2x slot at {s} B")
     if args.memory == "host":
@@ -171,10 +228,16 @@ def main() -> int:
             if ("slot", size) in by:
                 met = by[("slot", size)] <= bar
                 report.config.setdefault("targets", []).append(
-                    {"target": f"slot one-way <= {bar:g} us at {size} B", "bar": bar, "worst": by[("slot", size)],
-                     "met": met})
-                print(f"# {'PASS' if met else 'MISS'} slot one-way <= {bar:g} us at {size} B: "
-                      f"{by[('slot', size)]:.2f} us")
+                    {
+                        "target": f"slot one-way <= {bar:g} us at {size} B",
+                        "bar": bar,
+                        "worst": by[("slot", size)],
+                        "met": met,
+                    }
+                )
+                print(
+                    f"# {'PASS' if met else 'MISS'} slot one-way <= {bar:g} us at {size} B: {by[('slot', size)]:.2f} us"
+                )
                 if not met:
                     missed.append(f"slot one-way <= {bar:g} us at {size} B")
     first = report.rows[0]

@@ -43,6 +43,7 @@ _S32 = np.uint64(32)
 
 # -- the LCG on Python ints (skip-ahead by composing affine maps) --
 
+
 def _compose(outer: tuple[int, int], inner: tuple[int, int]) -> tuple[int, int]:
     """outer(inner(x)) for affine maps (a, c): x -> a*x + c (mod 2**128)."""
     a1, c1 = outer
@@ -69,6 +70,7 @@ def rand_of_row(row: int) -> int:
 
 
 # -- 128-bit arithmetic on numpy uint64 pairs (hi, lo) --
+
 
 def _mul128(ahi, alo, bhi, blo):
     """(a * b) mod 2**128 for uint64 (hi, lo) arrays (broadcasting), via 32-bit limbs."""
@@ -153,18 +155,22 @@ def generate(start: int, count: int, out: np.ndarray | None = None) -> np.ndarra
     hi, lo = rands(start, count)
     out[:, 0:8] = hi.astype(">u8").view(np.uint8).reshape(count, 8)
     out[:, 8:10] = (lo >> np.uint64(48)).astype(">u2").view(np.uint8).reshape(count, 2)
-    rows = np.arange(start, start + count, dtype=np.uint64) if start + count <= 1 << 63 else \
-        np.array(range(start, start + count), dtype=np.uint64)
+    rows = (
+        np.arange(start, start + count, dtype=np.uint64)
+        if start + count <= 1 << 63
+        else np.array(range(start, start + count), dtype=np.uint64)
+    )
     # the row id's high 64 bits are 0 (rows < 2**64): digits 12..27 stay '0'
     for k in range(16):
         out[:, 28 + k] = _HEX[(rows >> np.uint64(60 - 4 * k)) & np.uint64(15)]
     for k in range(12):
         digit = _HEX[(lo >> np.uint64(44 - 4 * k)) & np.uint64(15)]
-        out[:, 48 + 4 * k:52 + 4 * k] = digit[:, None]
+        out[:, 48 + 4 * k : 52 + 4 * k] = digit[:, None]
     return out
 
 
 # -- CRC-32 of every record, vectorised through the CRC's linearity --
+
 
 @lru_cache(maxsize=2)
 def _crc_tables(length: int) -> tuple[int, np.ndarray]:

@@ -24,11 +24,12 @@ def _gen(seed: int, rank: int, step: int) -> torch.Generator:
 @dataclass(frozen=True)
 class Synthetic:
     """``Synthetic("fcn5", batch=8)(rank, step) -> (inputs, target)`` for any model of models.MODELS."""
+
     model: str
     batch: int
     seed: int = 0
-    image_size: int = 0   # 0: the model's bench_image_size (CNNs)
-    seq_len: int = 0      # 0: the model's (RNNs)
+    image_size: int = 0  # 0: the model's bench_image_size (CNNs)
+    seq_len: int = 0  # 0: the model's (RNNs)
 
     def __call__(self, rank: int, step: int):
         info = models.get(self.model)
@@ -52,8 +53,9 @@ class Synthetic:
         return x, y
 
 
-def wide_deep_batch(batch: int, rank: int, step: int, seed: int = 0, fields: int = 4, vocab: int = 1000,
-                    dense_features: int = 8):
+def wide_deep_batch(
+    batch: int, rank: int, step: int, seed: int = 0, fields: int = 4, vocab: int = 1000, dense_features: int = 8
+):
     """Categorical ids (skewed: a few ids are frequent) and dense features; the
     label is a fixed function of both, so the model can learn it."""
     g = _gen(seed, rank, step)
@@ -80,8 +82,9 @@ class Digits:
             try:
                 from sklearn.datasets import load_digits
             except ImportError as e:
-                raise ModuleNotFoundError("the digits dataset needs scikit-learn: pip install scikit-learn",
-                                          name="sklearn") from e
+                raise ModuleNotFoundError(
+                    "the digits dataset needs scikit-learn: pip install scikit-learn", name="sklearn"
+                ) from e
             d = load_digits()
             self._x = torch.tensor(d.data, dtype=torch.float32) / 16.0
             self._y = torch.tensor(d.target, dtype=torch.int64)
@@ -99,7 +102,7 @@ class Digits:
         per_epoch = len(x) // gb
         epoch, k = divmod(step, per_epoch)
         perm = torch.randperm(len(x), generator=_gen(self.seed, 0, epoch))
-        idx = perm[k * gb:(k + 1) * gb]
+        idx = perm[k * gb : (k + 1) * gb]
         return x[idx], y[idx]
 
     def __call__(self, rank: int, step: int):
@@ -113,20 +116,23 @@ class Digits:
 
 # ------------------------------------------------- inputs of a partitioned model
 
+
 @dataclass(frozen=True)
 class ModelInputs:
     """``inputs_fn`` of tensorwire.torch.partition.run for the models of
     tensorwire.lab.paper.models: step -> (x,), synthetic as in training; the
     batch cycles through ``batches`` (more than one size: the edges' shapes
     change from step to step)."""
+
     model: str
     batches: tuple[int, ...] = (8,)
     seed: int = 0
-    image_size: int = 0   # CNNs: 0 is the model's default for CPU runs (as tensorwire train)
+    image_size: int = 0  # CNNs: 0 is the model's default for CPU runs (as tensorwire train)
 
     def batch(self, step: int) -> tuple:
-        return Synthetic(self.model, self.batches[step % len(self.batches)], self.seed,
-                         image_size=self.image_size)(0, step)
+        return Synthetic(self.model, self.batches[step % len(self.batches)], self.seed, image_size=self.image_size)(
+            0, step
+        )
 
     def __call__(self, step: int) -> tuple:
         x = self.batch(step)[0]

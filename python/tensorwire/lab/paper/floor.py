@@ -39,6 +39,7 @@ implementation that moves these bytes over that transport on this machine:
 
 `tensorwire bench train` measures it beside Figure 8 (bound()) over tcp and shm.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -72,11 +73,17 @@ def flows(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: 
     S = len(push_bytes)
     if colocate:
         pairs = [(w, s) for w in range(workers) for s in range(S) if s != w]
-        return (workers, [(w, s, push_bytes[s]) for w, s in pairs if push_bytes[s]],
-                [(s, w, pull_bytes[s]) for w, s in pairs if pull_bytes[s]])
+        return (
+            workers,
+            [(w, s, push_bytes[s]) for w, s in pairs if push_bytes[s]],
+            [(s, w, pull_bytes[s]) for w, s in pairs if pull_bytes[s]],
+        )
     pairs = [(w, s) for w in range(workers) for s in range(S)]
-    return (S + workers, [(S + w, s, push_bytes[s]) for w, s in pairs if push_bytes[s]],
-            [(s, S + w, pull_bytes[s]) for w, s in pairs if pull_bytes[s]])
+    return (
+        S + workers,
+        [(S + w, s, push_bytes[s]) for w, s in pairs if push_bytes[s]],
+        [(s, S + w, pull_bytes[s]) for w, s in pairs if pull_bytes[s]],
+    )
 
 
 def pair_sizes(phases: list) -> dict:
@@ -113,8 +120,11 @@ def _phase(rank: int, phase: list, socks: dict, bufs: dict, segs: dict | None) -
     for src, dst, n in phase:
         if src == rank:
             if segs is not None:
-                ts.append(threading.Thread(target=_copy_and_wake,
-                                           args=(segs[(src, dst)][:n], bufs[(src, dst)][:n], socks[dst])))
+                ts.append(
+                    threading.Thread(
+                        target=_copy_and_wake, args=(segs[(src, dst)][:n], bufs[(src, dst)][:n], socks[dst])
+                    )
+                )
             else:
                 ts.append(threading.Thread(target=socks[dst].sendall, args=(bufs[(src, dst)][:n],)))
         elif dst == rank:
@@ -150,13 +160,16 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_
         s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCK_BUF)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCK_BUF)
     # shm: a send's source is this process's own memory, written once (no page faults in the timed steps)
-    bufs: dict[tuple[int, int], Any] = {(a, b): memoryview(bytearray(b"\x01" * n))  # (then numpy views, for shm)
-                                        for (a, b), n in pair_sizes(push + pull).items()
-                                        if rank == a or (rank == b and not shm_names)}
+    bufs: dict[tuple[int, int], Any] = {
+        (a, b): memoryview(bytearray(b"\x01" * n))  # (then numpy views, for shm)
+        for (a, b), n in pair_sizes(push + pull).items()
+        if rank == a or (rank == b and not shm_names)
+    }
     maps = {f: shared_memory.SharedMemory(name) for f, name in shm_names.items() if f[0] == rank}
     segs: dict | None = None  # over tcp
     if shm_names:  # numpy views, made before the timed steps (so is numpy's import)
         import numpy as np
+
         segs = {f: np.frombuffer(_mapped(m), np.uint8) for f, m in maps.items()}
         bufs = {f: np.frombuffer(b, np.uint8) for f, b in bufs.items()}
     times, cpu = [], []
@@ -175,8 +188,9 @@ def _proc(conn, rank: int, nprocs: int, push: list, pull: list, steps: int, shm_
         m.close()
 
 
-def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool, steps: int,
-            transport: str = "tcp") -> dict:
+def measure(
+    push_bytes: list[int], pull_bytes: list[int], workers: int, colocate: bool, steps: int, transport: str = "tcp"
+) -> dict:
     if transport not in TRANSPORTS:
         raise ValueError(f"the floor is measured over {' or '.join(TRANSPORTS)}, not {transport!r}")
     nprocs, push, pull = flows(push_bytes, pull_bytes, workers, colocate)
@@ -209,9 +223,13 @@ def measure(push_bytes: list[int], pull_bytes: list[int], workers: int, colocate
     per_step = [max(res[r][0][i] for r in worker_ranks) for i in range(steps)]
     cpu_step = [sum(res[r][1][i] for r in res) for i in range(steps)]
     skip = 2 if steps > 4 else 0
-    return {"median_s": statistics.median(per_step[skip:]), "min_s": min(per_step[skip:]),
-            # the mean: os.times() counts clock ticks, and per-step deltas add up to the exact total
-            "cpu_s": statistics.mean(cpu_step[skip:]), "bytes_per_step": sum(n for *_, n in push + pull)}
+    return {
+        "median_s": statistics.median(per_step[skip:]),
+        "min_s": min(per_step[skip:]),
+        # the mean: os.times() counts clock ticks, and per-step deltas add up to the exact total
+        "cpu_s": statistics.mean(cpu_step[skip:]),
+        "bytes_per_step": sum(n for *_, n in push + pull),
+    }
 
 
 def compute_s(model_name: str, batch: int, reps: int = 12) -> float:
@@ -222,6 +240,7 @@ def compute_s(model_name: str, batch: int, reps: int = 12) -> float:
     import torch
     from tensorwire.lab.paper import data, models
     from tensorwire.torch import alloc_sites
+
     torch.set_num_threads(1)
     model = models.get(model_name).factory()
     bufs = {id(p): torch.empty(p.numel(), dtype=p.dtype) for p in model.parameters()}
@@ -245,6 +264,7 @@ def aggregate_s(shapes: list[tuple[int, ...]], workers: int, reps: int = 6) -> f
     import torch
     from ...torch import ps
     from ...torch.ps.common import mean_into
+
     torch.set_num_threads(1)
     if not shapes:
         return 0.0
@@ -263,36 +283,54 @@ def aggregate_s(shapes: list[tuple[int, ...]], workers: int, reps: int = 6) -> f
     return min(ts[1:])
 
 
-def bounds(model: str, batches: list[int], workers: int, servers: int, colocate: bool, steps: int = 12,
-           transport: str = "tcp") -> list[dict]:
+def bounds(
+    model: str, batches: list[int], workers: int, servers: int, colocate: bool, steps: int = 12, transport: str = "tcp"
+) -> list[dict]:
     """The floor and the two samples/s bounds of each batch size (see the
     module's doc): the floor and the aggregation measured once, the compute per batch."""
     from ...torch import ps
     from . import models
+
     specs = [v for v, _ in ps.variables(models.get(model).factory())]
     owner = ps.place([v.nbytes for v in specs], servers, "balanced")
     push = [sum(v.nbytes for v, o in zip(specs, owner) if o == s and not v.sparse) for s in range(servers)]
     pull = [sum(v.nbytes for v, o in zip(specs, owner) if o == s) for s in range(servers)]
     r = measure(push, pull, workers, colocate, steps, transport)
-    agg = [aggregate_s([v.shape for v, o in zip(specs, owner) if o == s and not v.sparse], workers)
-           for s in range(servers)]
+    agg = [
+        aggregate_s([v.shape for v, o in zip(specs, owner) if o == s and not v.sparse], workers) for s in range(servers)
+    ]
     ncpu = os.cpu_count() or 1
     floor, cpu = r["min_s"], r["cpu_s"]
     out = []
     for batch in batches:
         c = compute_s(model, batch)
-        out.append({"model": model, "batch": batch, "workers": workers, "servers": servers, "colocate": colocate,
-                    "transport": transport, "mib_per_step": r["bytes_per_step"] / 2**20, "floor_ms": floor * 1e3,
-                    "floor_median_ms": r["median_s"] * 1e3, "cpu_ms": cpu * 1e3, "compute_ms": c * 1e3,
-                    "aggregate_ms": max(agg) * 1e3, "aggregate_cpu_ms": sum(agg) * 1e3, "cpus": ncpu,
-                    # a synchronous step: compute, push, the slowest server's aggregation, pull
-                    "sequential": workers * batch / (c + floor + max(agg)),
-                    "overlapped": workers * batch / max(floor, c, max(agg), (cpu + workers * c + sum(agg)) / ncpu)})
+        out.append(
+            {
+                "model": model,
+                "batch": batch,
+                "workers": workers,
+                "servers": servers,
+                "colocate": colocate,
+                "transport": transport,
+                "mib_per_step": r["bytes_per_step"] / 2**20,
+                "floor_ms": floor * 1e3,
+                "floor_median_ms": r["median_s"] * 1e3,
+                "cpu_ms": cpu * 1e3,
+                "compute_ms": c * 1e3,
+                "aggregate_ms": max(agg) * 1e3,
+                "aggregate_cpu_ms": sum(agg) * 1e3,
+                "cpus": ncpu,
+                # a synchronous step: compute, push, the slowest server's aggregation, pull
+                "sequential": workers * batch / (c + floor + max(agg)),
+                "overlapped": workers * batch / max(floor, c, max(agg), (cpu + workers * c + sum(agg)) / ncpu),
+            }
+        )
     return out
 
 
-def bound(model: str, batch: int, workers: int, servers: int, colocate: bool, steps: int = 12,
-          transport: str = "tcp") -> dict:
+def bound(
+    model: str, batch: int, workers: int, servers: int, colocate: bool, steps: int = 12, transport: str = "tcp"
+) -> dict:
     """The floor and the two samples/s bounds of one configuration."""
     return bounds(model, [batch], workers, servers, colocate, steps, transport)[0]
 
@@ -311,11 +349,13 @@ def main() -> None:
         ap.error("--colocate needs --servers equal to --workers")
     b = bound(a.model, a.batch, a.workers, a.servers, a.colocate, a.steps, a.transport)
     layout = "colocated" if a.colocate else "separate"
-    print(f"{a.model} batch {a.batch}, {a.workers}w x {a.servers}s {layout}: {b['mib_per_step']:.1f} MiB "
-          f"over {a.transport} per step; floor step median {b['floor_median_ms']:.1f} ms (min {b['floor_ms']:.1f}), "
-          f"CPU {b['cpu_ms']:.0f} ms per step; compute {b['compute_ms']:.1f} ms per worker step; "
-          f"aggregation {b['aggregate_ms']:.1f} ms on the slowest server ({b['aggregate_cpu_ms']:.1f} ms all); "
-          f"at most {b['sequential']:.2f} samples/s sequential, {b['overlapped']:.2f} overlapped on {b['cpus']} CPUs")
+    print(
+        f"{a.model} batch {a.batch}, {a.workers}w x {a.servers}s {layout}: {b['mib_per_step']:.1f} MiB "
+        f"over {a.transport} per step; floor step median {b['floor_median_ms']:.1f} ms (min {b['floor_ms']:.1f}), "
+        f"CPU {b['cpu_ms']:.0f} ms per step; compute {b['compute_ms']:.1f} ms per worker step; "
+        f"aggregation {b['aggregate_ms']:.1f} ms on the slowest server ({b['aggregate_cpu_ms']:.1f} ms all); "
+        f"at most {b['sequential']:.2f} samples/s sequential, {b['overlapped']:.2f} overlapped on {b['cpus']} CPUs"
+    )
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ def run_role(args, rank: int, world: int) -> int:
     from . import models
     from .runs import data_fn_of, gdr_of, opt_kwargs
     from ...torch.ps.launch import worker_loop, abort_setup, publish_server, server_addresses
+
     S, W = args.servers, args.workers
     if world != S + W:
-        print(f"tensorwire train: WORLD_SIZE is {world}, but --servers {S} + --workers {W} = {S + W}",
-              file=sys.stderr)
+        print(f"tensorwire train: WORLD_SIZE is {world}, but --servers {S} + --workers {W} = {S + W}", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     role, r = ("server", rank) if rank < S else ("worker", rank - S)
@@ -47,9 +47,20 @@ def run_role(args, rank: int, world: int) -> int:
         store = torchrun_store(rank, args.timeout)
         if role == "server":
             try:
-                srv = ps.Server(r, S, W, args.optimizer, args.mode, args.transport,
-                                host=_my_host(), timeout=args.timeout, placement=args.placement,
-                                compute=dev, gdr=gdr, **opt_kwargs(args))
+                srv = ps.Server(
+                    r,
+                    S,
+                    W,
+                    args.optimizer,
+                    args.mode,
+                    args.transport,
+                    host=_my_host(),
+                    timeout=args.timeout,
+                    placement=args.placement,
+                    compute=dev,
+                    gdr=gdr,
+                    **opt_kwargs(args),
+                )
             except BaseException as e:
                 abort_setup(store, f"server {r}: {type(e).__name__}: {e}")
                 raise
@@ -60,19 +71,55 @@ def run_role(args, rank: int, world: int) -> int:
         addresses = server_addresses(store, S, args.timeout)
         torch.manual_seed(args.seed)
         model = info.factory()
-        worker = ps.Worker(model, addresses, r, W, args.mode, args.transport, host=_my_host(),
-                           timeout=args.timeout, placement=args.placement, compute=dev, gdr=gdr)
-    cfg = ps.TrainConfig(info.factory, data_fn, None, W, S, args.steps, args.mode, args.transport,
-                         args.optimizer, opt_kwargs(args), args.seed, args.warmup, args.timeout, args.threads,
-                         progress=bool(args.progress) and r == 0, device=dev, gdr=gdr)
+        worker = ps.Worker(
+            model,
+            addresses,
+            r,
+            W,
+            args.mode,
+            args.transport,
+            host=_my_host(),
+            timeout=args.timeout,
+            placement=args.placement,
+            compute=dev,
+            gdr=gdr,
+        )
+    cfg = ps.TrainConfig(
+        info.factory,
+        data_fn,
+        None,
+        W,
+        S,
+        args.steps,
+        args.mode,
+        args.transport,
+        args.optimizer,
+        opt_kwargs(args),
+        args.seed,
+        args.warmup,
+        args.timeout,
+        args.threads,
+        progress=bool(args.progress) and r == 0,
+        device=dev,
+        gdr=gdr,
+    )
     try:
         result = worker_loop(cfg, r, worker, model)
     finally:
         worker.close()
     st = result["stats"]["mean"]
-    print(json.dumps({"role": role, "rank": r, "samples_per_s": result["samples"] / result["elapsed_s"],
-                      "split": {k: st.get(k + "_s") for k in ("compute", "push", "aggregate", "pull", "step")},
-                      "loss_first": result["losses"][0], "loss_last": result["losses"][-1]}))
+    print(
+        json.dumps(
+            {
+                "role": role,
+                "rank": r,
+                "samples_per_s": result["samples"] / result["elapsed_s"],
+                "split": {k: st.get(k + "_s") for k in ("compute", "push", "aggregate", "pull", "step")},
+                "loss_first": result["losses"][0],
+                "loss_last": result["losses"][-1],
+            }
+        )
+    )
     return 0
 
 
@@ -85,6 +132,7 @@ def _my_host() -> str:
     if master in ("127.0.0.1", "localhost"):
         return "127.0.0.1"
     import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((master, 9))
         return s.getsockname()[0]

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 # --------------------------------------------------------------------- CNNs
 
+
 def _conv_relu(cin: int, cout: int, k: int, stride: int = 1, padding: int | str = "same") -> list[nn.Module]:
     if padding == "same":
         padding = k // 2
@@ -48,13 +49,26 @@ class AlexNet(nn.Module):
     def __init__(self, num_classes: int = 10, dropout: float = 0.5) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            *_conv_relu(3, 64, 11, stride=4, padding=0), nn.MaxPool2d(3, 2),
-            *_conv_relu(64, 192, 5), nn.MaxPool2d(3, 2),
-            *_conv_relu(192, 384, 3), *_conv_relu(384, 384, 3), *_conv_relu(384, 256, 3),
-            nn.MaxPool2d(3, 2), nn.AdaptiveAvgPool2d(5))
+            *_conv_relu(3, 64, 11, stride=4, padding=0),
+            nn.MaxPool2d(3, 2),
+            *_conv_relu(64, 192, 5),
+            nn.MaxPool2d(3, 2),
+            *_conv_relu(192, 384, 3),
+            *_conv_relu(384, 384, 3),
+            *_conv_relu(384, 256, 3),
+            nn.MaxPool2d(3, 2),
+            nn.AdaptiveAvgPool2d(5),
+        )
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(256 * 5 * 5, 4096), nn.ReLU(inplace=True), nn.Dropout(dropout),
-            nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(dropout), nn.Linear(4096, num_classes))
+            nn.Flatten(),
+            nn.Linear(256 * 5 * 5, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(4096, num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -77,8 +91,15 @@ class VGG16(nn.Module):
         layers.append(nn.AdaptiveAvgPool2d(7))
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(512 * 7 * 7, 4096), nn.ReLU(inplace=True), nn.Dropout(dropout),
-            nn.Linear(4096, 4096), nn.ReLU(inplace=True), nn.Dropout(dropout), nn.Linear(4096, num_classes))
+            nn.Flatten(),
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(4096, 4096),
+            nn.ReLU(inplace=True),
+            nn.Dropout(dropout),
+            nn.Linear(4096, num_classes),
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
@@ -125,11 +146,16 @@ class _Mixed17(nn.Module):  # 17x17 grid with factorised 7x7 convolutions
     def __init__(self, cin: int, mid: int) -> None:
         super().__init__()
         self.b1 = ConvBN(cin, 192, 1)
-        self.b7 = nn.Sequential(ConvBN(cin, mid, 1), ConvBN(mid, mid, (1, 7), padding=(0, 3)),
-                                ConvBN(mid, 192, (7, 1), padding=(3, 0)))
-        self.b77 = nn.Sequential(ConvBN(cin, mid, 1), ConvBN(mid, mid, (7, 1), padding=(3, 0)),
-                                 ConvBN(mid, mid, (1, 7), padding=(0, 3)), ConvBN(mid, mid, (7, 1), padding=(3, 0)),
-                                 ConvBN(mid, 192, (1, 7), padding=(0, 3)))
+        self.b7 = nn.Sequential(
+            ConvBN(cin, mid, 1), ConvBN(mid, mid, (1, 7), padding=(0, 3)), ConvBN(mid, 192, (7, 1), padding=(3, 0))
+        )
+        self.b77 = nn.Sequential(
+            ConvBN(cin, mid, 1),
+            ConvBN(mid, mid, (7, 1), padding=(3, 0)),
+            ConvBN(mid, mid, (1, 7), padding=(0, 3)),
+            ConvBN(mid, mid, (7, 1), padding=(3, 0)),
+            ConvBN(mid, 192, (1, 7), padding=(0, 3)),
+        )
         self.bp = ConvBN(cin, 192, 1)
 
     def forward(self, x):
@@ -141,8 +167,12 @@ class _Reduce17(nn.Module):  # 17 -> 8
     def __init__(self, cin: int) -> None:
         super().__init__()
         self.b3 = nn.Sequential(ConvBN(cin, 192, 1), ConvBN(192, 320, 3, stride=2))
-        self.b7 = nn.Sequential(ConvBN(cin, 192, 1), ConvBN(192, 192, (1, 7), padding=(0, 3)),
-                                ConvBN(192, 192, (7, 1), padding=(3, 0)), ConvBN(192, 192, 3, stride=2))
+        self.b7 = nn.Sequential(
+            ConvBN(cin, 192, 1),
+            ConvBN(192, 192, (1, 7), padding=(0, 3)),
+            ConvBN(192, 192, (7, 1), padding=(3, 0)),
+            ConvBN(192, 192, 3, stride=2),
+        )
 
     def forward(self, x):
         return torch.cat([self.b3(x), self.b7(x), F.max_pool2d(x, 3, 2)], 1)
@@ -171,15 +201,26 @@ class InceptionV3(nn.Module):
     def __init__(self, num_classes: int = 1000, aux: bool = True, dropout: float = 0.2) -> None:
         super().__init__()
         self.stem = nn.Sequential(
-            ConvBN(3, 32, 3, stride=2), ConvBN(32, 32, 3), ConvBN(32, 64, 3, padding=1), nn.MaxPool2d(3, 2),
-            ConvBN(64, 80, 1), ConvBN(80, 192, 3), nn.MaxPool2d(3, 2))
+            ConvBN(3, 32, 3, stride=2),
+            ConvBN(32, 32, 3),
+            ConvBN(32, 64, 3, padding=1),
+            nn.MaxPool2d(3, 2),
+            ConvBN(64, 80, 1),
+            ConvBN(80, 192, 3),
+            nn.MaxPool2d(3, 2),
+        )
         self.grid35 = nn.Sequential(_Mixed35(192, 32), _Mixed35(256, 64), _Mixed35(288, 64), _Reduce35(288))
         self.grid17 = nn.Sequential(_Mixed17(768, 128), _Mixed17(768, 160), _Mixed17(768, 160), _Mixed17(768, 192))
         self.grid8 = nn.Sequential(_Reduce17(768), _Mixed8(1280), _Mixed8(2048))
         self.aux = None
         if aux:
-            self.aux = nn.Sequential(nn.AdaptiveAvgPool2d(5), ConvBN(768, 128, 1), ConvBN(128, 768, 5),
-                                     nn.Flatten(), nn.Linear(768, num_classes))
+            self.aux = nn.Sequential(
+                nn.AdaptiveAvgPool2d(5),
+                ConvBN(768, 128, 1),
+                ConvBN(128, 768, 5),
+                nn.Flatten(),
+                nn.Linear(768, num_classes),
+            )
         self.dropout = nn.Dropout(dropout)
         self.fc = nn.Linear(2048, num_classes)
 
@@ -193,12 +234,12 @@ class InceptionV3(nn.Module):
 
 # --------------------------------------------------------------------- RNNs
 
+
 class GatedRNN(nn.Module):
     """LSTM or GRU unrolled over the sequence, one (W_x, W_h, b) triple per gate
     as separate variables, and a dense output layer applied at every step."""
 
-    def __init__(self, cell: str = "lstm", input_size: int = 1024, hidden: int = 1024,
-                 num_classes: int = 1000) -> None:
+    def __init__(self, cell: str = "lstm", input_size: int = 1024, hidden: int = 1024, num_classes: int = 1000) -> None:
         super().__init__()
         if cell not in ("lstm", "gru"):
             raise ValueError(f"cell must be lstm or gru, not {cell!r}")
@@ -210,7 +251,7 @@ class GatedRNN(nn.Module):
             self.register_parameter(f"U_{g}", nn.Parameter(torch.empty(hidden, hidden)))
             self.register_parameter(f"b_{g}", nn.Parameter(torch.zeros(hidden)))
         self.gates = gates
-        bound = hidden ** -0.5
+        bound = hidden**-0.5
         for g in gates:
             nn.init.uniform_(getattr(self, f"W_{g}"), -bound, bound)
             nn.init.uniform_(getattr(self, f"U_{g}"), -bound, bound)
@@ -220,8 +261,7 @@ class GatedRNN(nn.Module):
         b, t, _ = x.shape
         g = self.gates
         # the input projections of all steps at once (one matmul per gate)
-        xw = {k: (x.reshape(b * t, -1) @ getattr(self, f"W_{k}") + getattr(self, f"b_{k}")).view(b, t, -1)
-              for k in g}
+        xw = {k: (x.reshape(b * t, -1) @ getattr(self, f"W_{k}") + getattr(self, f"b_{k}")).view(b, t, -1) for k in g}
         u: dict[str, torch.Tensor] = {k: getattr(self, f"U_{k}") for k in g}  # the recurrent weights
         h = x.new_zeros(b, self.hidden)
         c = x.new_zeros(b, self.hidden)
@@ -244,18 +284,28 @@ class GatedRNN(nn.Module):
 
 # --------------------------------------------------------------------- FCN
 
+
 class FCN5(nn.Module):
     def __init__(self, input_size: int = 784, hidden: int = 4096, num_classes: int = 10) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(input_size, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-            nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+            nn.Linear(input_size, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
 
     def forward(self, x):
         return self.net(x)
 
 
 # --------------------------------------------------------------------- wide & deep
+
 
 class WideAndDeep(nn.Module):
     """Wide (a sparse linear model over the categorical ids) plus deep (sparse
@@ -266,15 +316,27 @@ class WideAndDeep(nn.Module):
     Input: (ids, dense) with ids int64 (batch, fields) in [0, vocab) per field,
     dense float (batch, dense_features). Output: (batch, num_classes) logits."""
 
-    def __init__(self, fields: int = 4, vocab: int = 1000, dim: int = 16, dense_features: int = 8,
-                 hidden: int = 64, num_classes: int = 2) -> None:
+    def __init__(
+        self,
+        fields: int = 4,
+        vocab: int = 1000,
+        dim: int = 16,
+        dense_features: int = 8,
+        hidden: int = 64,
+        num_classes: int = 2,
+    ) -> None:
         super().__init__()
         self.fields, self.vocab = fields, vocab
         self.wide = nn.EmbeddingBag(fields * vocab, num_classes, mode="sum", sparse=True)
         self.wide_bias = nn.Parameter(torch.zeros(num_classes))
         self.embed = nn.Embedding(fields * vocab, dim, sparse=True)
-        self.deep = nn.Sequential(nn.Linear(fields * dim + dense_features, hidden), nn.ReLU(),
-                                  nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        self.deep = nn.Sequential(
+            nn.Linear(fields * dim + dense_features, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
 
     def forward(self, inputs):
         ids, dense = inputs
@@ -297,18 +359,19 @@ class MLP(nn.Module):
 
 # --------------------------------------------------------------------- registry
 
+
 @dataclass(frozen=True)
 class ModelInfo:
     name: str
-    kind: str                      # CNN, RNN, FCN, ...
+    kind: str  # CNN, RNN, FCN, ...
     factory: Callable[[], nn.Module]
-    input: str                     # "image", "sequence", "vector", "wide_deep"
+    input: str  # "image", "sequence", "vector", "wide_deep"
     classes: int
-    paper_mib: float | None        # Table 1: model size ("MB" = MiB)
-    paper_vars: int | None         # Table 1: variable tensors
-    paper_ms: float | None         # Table 1: computation time (ms, P100 GPU)
-    image_size: int = 0            # the paper's input size (images)
-    bench_image_size: int = 0      # what `tensorwire train` uses by default on a CPU
+    paper_mib: float | None  # Table 1: model size ("MB" = MiB)
+    paper_vars: int | None  # Table 1: variable tensors
+    paper_ms: float | None  # Table 1: computation time (ms, P100 GPU)
+    image_size: int = 0  # the paper's input size (images)
+    bench_image_size: int = 0  # what `tensorwire train` uses by default on a CPU
     seq_len: int = 0
     input_size: int = 0
 
@@ -359,18 +422,30 @@ def table(names=PAPER_MODELS + ("widedeep",)) -> list[dict]:
         with torch.device("meta"):  # no memory, no init cost
             m = info.factory()
         nvars, nbytes = count(m)
-        rows.append({"model": n, "type": info.kind, "paper_vars": info.paper_vars, "vars": nvars,
-                     "paper_MiB": info.paper_mib, "MiB": round(nbytes / 2**20, 2), "params": nbytes // 4,
-                     "paper_compute_ms": info.paper_ms})
+        rows.append(
+            {
+                "model": n,
+                "type": info.kind,
+                "paper_vars": info.paper_vars,
+                "vars": nvars,
+                "paper_MiB": info.paper_mib,
+                "MiB": round(nbytes / 2**20, 2),
+                "params": nbytes // 4,
+                "paper_compute_ms": info.paper_ms,
+            }
+        )
     return rows
 
 
 def render_table(rows: list[dict]) -> str:
-    out = [f"{'model':<11} {'type':<6} {'vars (paper)':>13} {'vars (ours)':>12} {'MiB (paper)':>12} "
-           f"{'MiB (ours)':>11} {'params':>12}"]
+    out = [
+        f"{'model':<11} {'type':<6} {'vars (paper)':>13} {'vars (ours)':>12} {'MiB (paper)':>12} "
+        f"{'MiB (ours)':>11} {'params':>12}"
+    ]
     for r in rows:
         pv = "-" if r["paper_vars"] is None else str(r["paper_vars"])
         pm = "-" if r["paper_MiB"] is None else f"{r['paper_MiB']:.2f}"
-        out.append(f"{r['model']:<11} {r['type']:<6} {pv:>13} {r['vars']:>12} {pm:>12} {r['MiB']:>11.2f} "
-                   f"{r['params']:>12,}")
+        out.append(
+            f"{r['model']:<11} {r['type']:<6} {pv:>13} {r['vars']:>12} {pm:>12} {r['MiB']:>11.2f} {r['params']:>12,}"
+        )
     return "\n".join(out)

@@ -11,6 +11,7 @@ MODES = ("zerocopy", "copy", "gloo")
 
 def data_fn_of(args):
     from . import data
+
     if args.data == "digits":
         if args.model != "mlp":
             raise SystemExit("tensorwire train: --data digits trains --model mlp (64 inputs, 10 classes)")
@@ -21,6 +22,7 @@ def data_fn_of(args):
 def device_error(args, prog: str) -> str | None:
     """The usage error of --device/--gdr (exit 2), or None. Checked before any work."""
     from ...torch.ps import cuda_problem
+
     dev = getattr(args, "device", "cpu")
     if getattr(args, "gdr", None) is not None and not dev.startswith("cuda"):
         return f"{prog}: --gdr selects how GPU memory moves: it needs --device cuda"
@@ -43,15 +45,31 @@ def opt_kwargs(args) -> dict:
     return kw
 
 
-def train_once(args, model: str | None = None, batch: int | None = None, mode: str | None = None,
-               workers: int | None = None, servers: int | None = None, progress: bool = False,
-               device: str | None = None, gdr: str | None = None):
+def train_once(
+    args,
+    model: str | None = None,
+    batch: int | None = None,
+    mode: str | None = None,
+    workers: int | None = None,
+    servers: int | None = None,
+    progress: bool = False,
+    device: str | None = None,
+    gdr: str | None = None,
+):
     """One local run with the options of `args` (overridable); returns a ps.TrainResult."""
     from ...torch import ps
     from . import models
+
     a = argparse.Namespace(**vars(args))
-    for k, v in (("model", model), ("batch", batch), ("mode", mode), ("workers", workers), ("servers", servers),
-                 ("device", device), ("gdr", gdr)):
+    for k, v in (
+        ("model", model),
+        ("batch", batch),
+        ("mode", mode),
+        ("workers", workers),
+        ("servers", servers),
+        ("device", device),
+        ("gdr", gdr),
+    ):
         if v is not None:
             setattr(a, k, v)
     if not hasattr(a, "data"):
@@ -61,11 +79,27 @@ def train_once(args, model: str | None = None, batch: int | None = None, mode: s
     if dev != "cpu" and not a.image_size:  # a GPU affords the paper's input size
         a.image_size = info.image_size
     loss_fn = None
-    return ps.train(info.factory, data_fn_of(a), workers=a.workers, servers=a.servers, steps=a.steps,
-                    mode=a.mode, transport=a.transport, optimizer=a.optimizer, loss_fn=loss_fn, seed=a.seed,
-                    warmup=a.warmup, timeout=a.timeout, threads=a.threads, progress=progress,
-                    placement=a.placement, colocate=getattr(a, "colocate", False), device=dev,
-                    gdr=gdr_of(getattr(a, "gdr", None)), **opt_kwargs(a))
+    return ps.train(
+        info.factory,
+        data_fn_of(a),
+        workers=a.workers,
+        servers=a.servers,
+        steps=a.steps,
+        mode=a.mode,
+        transport=a.transport,
+        optimizer=a.optimizer,
+        loss_fn=loss_fn,
+        seed=a.seed,
+        warmup=a.warmup,
+        timeout=a.timeout,
+        threads=a.threads,
+        progress=progress,
+        placement=a.placement,
+        colocate=getattr(a, "colocate", False),
+        device=dev,
+        gdr=gdr_of(getattr(a, "gdr", None)),
+        **opt_kwargs(a),
+    )
 
 
 def fmt_bytes(n: float) -> str:
@@ -79,10 +113,10 @@ def fmt_bytes(n: float) -> str:
 def time_to_target(losses: list[float], step_s: list[float], target: float, window: int = 10):
     """(step, seconds) at which the running mean of `window` losses first fell below target; None if never."""
     t = 0.0
-    for i, dt in enumerate(step_s[:len(losses)]):
+    for i, dt in enumerate(step_s[: len(losses)]):
         t += dt
         lo = max(0, i + 1 - window)
-        if i + 1 >= min(window, len(losses)) and sum(losses[lo:i + 1]) / (i + 1 - lo) < target:
+        if i + 1 >= min(window, len(losses)) and sum(losses[lo : i + 1]) / (i + 1 - lo) < target:
             return i + 1, t
     return None
 

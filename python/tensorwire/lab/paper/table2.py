@@ -8,10 +8,18 @@ import math
 # The paper's Table 2 (8 workers; P100 GPUs, 100 Gb/s InfiniBand, TensorFlow r1.2): mean
 # mini-batch time in ms with RDMA (GPU tensors staged through host memory),
 # with RDMA + GPUDirect, and the improvement (RDMA / RDMA+GDR - 1) in percent.
-PAPER_TABLE2 = {"alexnet": (178.5, 135.2, 32), "fcn5": (157.0, 101.9, 54), "vgg16": (690.1, 610.4, 13),
-                "inception3": (172.5, 171.9, 0.4), "lstm": (84.4, 68.1, 24), "gru": (62.3, 52.6, 19)}
-PAPER_TABLE2_SOURCE = ('"RPC Considered Harmful: Fast Distributed Deep Learning on RDMA", section 5 '
-                       '"GPUDirect Support", Table 2 (8 workers)')
+PAPER_TABLE2 = {
+    "alexnet": (178.5, 135.2, 32),
+    "fcn5": (157.0, 101.9, 54),
+    "vgg16": (690.1, 610.4, 13),
+    "inception3": (172.5, 171.9, 0.4),
+    "lstm": (84.4, 68.1, 24),
+    "gru": (62.3, 52.6, 19),
+}
+PAPER_TABLE2_SOURCE = (
+    '"RPC Considered Harmful: Fast Distributed Deep Learning on RDMA", section 5 '
+    '"GPUDirect Support", Table 2 (8 workers)'
+)
 
 
 def table2_pairs(out: dict) -> list[tuple[str, dict, dict]]:

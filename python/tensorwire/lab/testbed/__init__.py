@@ -48,6 +48,14 @@ from .teardown import down
 from .topology import SUBNET, Config, Host, Testbed
 
 __all__ = [
-    "Testbed", "TestbedError", "NotRoot", "available", "default_name", "parse_rate", "format_rate",
-    "DEFAULT_NAME", "STATE_DIR", "SUBNET",
+    "Testbed",
+    "TestbedError",
+    "NotRoot",
+    "available",
+    "default_name",
+    "parse_rate",
+    "format_rate",
+    "DEFAULT_NAME",
+    "STATE_DIR",
+    "SUBNET",
 ]

@@ -78,8 +78,17 @@ def sink(bind: str, port: int, flows: int, timeout: float) -> int:
     if samples:
         samples.append([last_rx, total])  # the last byte: the end of the stream
     ls.close()
-    print(json.dumps({"samples": samples, "accepted": accepted, "bytes": total,
-                      "complete": accepted == flows and open_conns == 0}), flush=True)
+    print(
+        json.dumps(
+            {
+                "samples": samples,
+                "accepted": accepted,
+                "bytes": total,
+                "complete": accepted == flows and open_conns == 0,
+            }
+        ),
+        flush=True,
+    )
     return 0 if accepted == flows else 1
 
 

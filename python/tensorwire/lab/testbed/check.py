@@ -32,11 +32,11 @@ START_TIMEOUT_S = 10.0
 
 @dataclass
 class Result:
-    link: str                     # what is checked
+    link: str  # what is checked
     flows: list[tuple[str, str]]  # (src, dst) host pairs, one TCP flow each
-    configured: int | None        # the configured rate of the link under test (bit/s)
-    expected: int | None          # the bound the configuration implies for this traffic
-    measured: float               # bit/s
+    configured: int | None  # the configured rate of the link under test (bit/s)
+    expected: int | None  # the bound the configuration implies for this traffic
+    measured: float  # bit/s
     note: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -66,8 +66,9 @@ class Result:
         return "below the bound: " + ("; ".join(why) if why else "CPU or TCP dynamics; try --seconds 3")
 
 
-def stream(tb: Testbed, flows: list[tuple[str, str]], seconds: float = 1.5, warmup: float = 0.3,
-           port: int = PORT) -> tuple[float, dict]:
+def stream(
+    tb: Testbed, flows: list[tuple[str, str]], seconds: float = 1.5, warmup: float = 0.3, port: int = PORT
+) -> tuple[float, dict]:
     """Runs the TCP flows (src, dst) at once for `seconds`; returns (aggregate bit/s, details).
 
     One sink per destination host (listening on its testbed address), one source process per
@@ -86,9 +87,24 @@ def stream(tb: Testbed, flows: list[tuple[str, str]], seconds: float = 1.5, warm
     sources: dict[str, subprocess.Popen] = {}
     try:
         for dst, n in by_dst.items():
-            sinks[dst] = tb.popen(dst, py + ["sink", "--bind", tb.address(dst), "--port", str(port), "--flows",
-                                             str(n), "--timeout", str(seconds + START_TIMEOUT_S + 10)],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            sinks[dst] = tb.popen(
+                dst,
+                py
+                + [
+                    "sink",
+                    "--bind",
+                    tb.address(dst),
+                    "--port",
+                    str(port),
+                    "--flows",
+                    str(n),
+                    "--timeout",
+                    str(seconds + START_TIMEOUT_S + 10),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
         for dst, p in sinks.items():
             line = _readline(p, START_TIMEOUT_S)
             if line.strip() != "READY":
@@ -126,8 +142,12 @@ def stream(tb: Testbed, flows: list[tuple[str, str]], seconds: float = 1.5, warm
     total = sum(_bytes_at(s, b) - _bytes_at(s, a) for s in series)
     bps = total * 8 / (b - a)
     d_total, d_idle = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
-    return bps, {"window_s": round(b - a, 3), "bytes": total, "drops": drops1 - drops0,
-                 "cpu_busy": round(1 - d_idle / d_total, 3) if d_total > 0 else None}
+    return bps, {
+        "window_s": round(b - a, 3),
+        "bytes": total,
+        "drops": drops1 - drops0,
+        "cpu_busy": round(1 - d_idle / d_total, 3) if d_total > 0 else None,
+    }
 
 
 def _cpu_times() -> tuple[int, int]:
@@ -143,6 +163,7 @@ def _cpu_times() -> tuple[int, int]:
 def _drops(tb: Testbed) -> int:
     """Packets dropped so far by the testbed's qdiscs (all namespaces)."""
     import re
+
     n = 0
     for ns in tb.namespaces:
         r = subprocess.run([_tc(), "-n", ns, "-s", "qdisc", "show"], capture_output=True, text=True, timeout=10)
@@ -152,6 +173,7 @@ def _drops(tb: Testbed) -> int:
 
 def _tc() -> str:
     from .system import find_tool
+
     return find_tool("tc") or "tc"
 
 
@@ -169,6 +191,7 @@ def _readline(p: subprocess.Popen, timeout: float) -> str:
     """The first line of p's stdout, read byte by byte from the pipe itself: a buffered readline
     could swallow later output that communicate() (which reads the raw pipe) would then miss."""
     import selectors
+
     assert p.stdout is not None  # started with stdout=PIPE
     fd = p.stdout.fileno()
     sel = selectors.DefaultSelector()
@@ -223,8 +246,10 @@ def plan(tb: Testbed) -> list[tuple[str, list[tuple[str, str]], int | None, str]
             note = ""
             b = _bound(tb, flows)
             if c.isl_rate is not None and b is not None and b < c.isl_rate:
-                note = (f"ISL not saturable here: {len(srcs)} senders x {format_rate(c.host_rate)} < "
-                        f"{format_rate(c.isl_rate)}; checks the path, not the ISL limit")
+                note = (
+                    f"ISL not saturable here: {len(srcs)} senders x {format_rate(c.host_rate)} < "
+                    f"{format_rate(c.isl_rate)}; checks the path, not the ISL limit"
+                )
             checks.append((name, flows, c.isl_rate, note))
         if c.isl_shared and c.isl_rate is not None:
             flows = [(s, gb[i % len(gb)]) for i, s in enumerate(ga)] + [(s, ga[i % len(ga)]) for i, s in enumerate(gb)]
@@ -237,16 +262,25 @@ def run_checks(tb: Testbed, seconds: float = 1.5, warmup: float = 0.3, out=None)
     results = []
     for i, (link, flows, configured, note) in enumerate(plan(tb)):
         measured, extra = stream(tb, flows, seconds=seconds, warmup=warmup, port=PORT + i)
-        r = Result(link=link, flows=flows, configured=configured, expected=_bound(tb, flows),
-                   measured=measured, note=note, extra=extra)
+        r = Result(
+            link=link,
+            flows=flows,
+            configured=configured,
+            expected=_bound(tb, flows),
+            measured=measured,
+            note=note,
+            extra=extra,
+        )
         results.append(r)
         if out is not None:
             print(format_result(r), file=out, flush=True)
     return results
 
 
-HEADER = (f"{'link':<24} {'flows':<28} {'configured':>12} {'bound':>12} {'measured':>12} {'ratio':>6} "
-          f"{'drops':>6} {'cpu':>5}  verdict")
+HEADER = (
+    f"{'link':<24} {'flows':<28} {'configured':>12} {'bound':>12} {'measured':>12} {'ratio':>6} "
+    f"{'drops':>6} {'cpu':>5}  verdict"
+)
 
 
 def _flows_text(flows: list[tuple[str, str]]) -> str:
@@ -258,9 +292,11 @@ def _flows_text(flows: list[tuple[str, str]]) -> str:
 
 def format_result(r: Result) -> str:
     ratio = f"{r.ratio:6.2f}" if r.ratio is not None else f"{'-':>6}"
-    line = (f"{r.link:<24} {_flows_text(r.flows):<28} {format_rate(r.configured):>12} "
-            f"{format_rate(r.expected):>12} {format_rate(r.measured):>12} {ratio} {r.extra.get('drops', 0):>6} "
-            f"{_pct(r.extra.get('cpu_busy')):>5}  {r.verdict}")
+    line = (
+        f"{r.link:<24} {_flows_text(r.flows):<28} {format_rate(r.configured):>12} "
+        f"{format_rate(r.expected):>12} {format_rate(r.measured):>12} {ratio} {r.extra.get('drops', 0):>6} "
+        f"{_pct(r.extra.get('cpu_busy')):>5}  {r.verdict}"
+    )
     why = r.reason()
     return line + (f"  ({why})" if why else "")
 

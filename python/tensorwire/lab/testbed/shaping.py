@@ -10,7 +10,7 @@ from .system import run_cmd
 
 # tbf sizing (see _tbf): the bucket holds at least this much, whatever the rate.
 MIN_BURST_B = 128 * 1024
-QUEUE_MS = 10.0             # time a full queue takes to drain at the link rate
+QUEUE_MS = 10.0  # time a full queue takes to drain at the link rate
 
 
 def _tbf(rate_bps: int, queue_ms: float) -> tuple[int, int]:
@@ -32,13 +32,16 @@ def _tbf(rate_bps: int, queue_ms: float) -> tuple[int, int]:
 
 
 @overload
-def shaping_commands(dev: str, rate_bps: int, queue_ms: float,
-                     delay_ms: float | None) -> tuple[list[str], dict[str, Any]]: ...
+def shaping_commands(
+    dev: str, rate_bps: int, queue_ms: float, delay_ms: float | None
+) -> tuple[list[str], dict[str, Any]]: ...
 @overload
-def shaping_commands(dev: str, rate_bps: int | None, queue_ms: float,
-                     delay_ms: float | None) -> tuple[list[str], dict[str, Any] | None]: ...
-def shaping_commands(dev: str, rate_bps: int | None, queue_ms: float,
-                      delay_ms: float | None) -> tuple[list[str], dict[str, Any] | None]:
+def shaping_commands(
+    dev: str, rate_bps: int | None, queue_ms: float, delay_ms: float | None
+) -> tuple[list[str], dict[str, Any] | None]: ...
+def shaping_commands(
+    dev: str, rate_bps: int | None, queue_ms: float, delay_ms: float | None
+) -> tuple[list[str], dict[str, Any] | None]:
     """tc batch lines that shape the egress of dev, and the tbf parameters (None if unshaped).
 
     tbf rather than htb: one class-less qdisc per direction is all a point-to-point link needs.

@@ -25,8 +25,9 @@ def state_path(name: str) -> str:
 
 def validate_name(name: str) -> str:
     if not isinstance(name, str) or not NAME_RE.match(name):
-        raise TestbedError(f"bad testbed name {name!r}: 1-32 characters of a-z, 0-9, '-' and '_', "
-                           "starting with a letter or digit")
+        raise TestbedError(
+            f"bad testbed name {name!r}: 1-32 characters of a-z, 0-9, '-' and '_', starting with a letter or digit"
+        )
     return name
 
 
@@ -42,5 +43,4 @@ def list_testbeds() -> list[str]:
         names = os.listdir(STATE_DIR)
     except FileNotFoundError:
         return []
-    return sorted(n[len("testbed-"):-len(".json")] for n in names
-                  if n.startswith("testbed-") and n.endswith(".json"))
+    return sorted(n[len("testbed-") : -len(".json")] for n in names if n.startswith("testbed-") and n.endswith(".json"))

@@ -10,7 +10,7 @@ from typing import Sequence
 
 from .errors import NotRoot, TestbedError
 
-CMD_TIMEOUT_S = 30.0        # any single ip/tc call
+CMD_TIMEOUT_S = 30.0  # any single ip/tc call
 
 
 # ---------------------------------------------------------------------------------------------
@@ -19,14 +19,17 @@ CMD_TIMEOUT_S = 30.0        # any single ip/tc call
 
 def find_tool(tool: str) -> str | None:
     return shutil.which(tool) or next(
-        (p for p in (f"/usr/sbin/{tool}", f"/sbin/{tool}", f"/usr/bin/{tool}") if os.access(p, os.X_OK)), None)
+        (p for p in (f"/usr/sbin/{tool}", f"/sbin/{tool}", f"/usr/bin/{tool}") if os.access(p, os.X_OK)), None
+    )
 
 
 def check_root() -> None:
     if os.geteuid() != 0:
-        raise NotRoot("the testbed needs root: it creates network namespaces, veths, bridges and tc "
-                      "qdiscs (run it with sudo, or as root in a container with CAP_NET_ADMIN and "
-                      "CAP_SYS_ADMIN)")
+        raise NotRoot(
+            "the testbed needs root: it creates network namespaces, veths, bridges and tc "
+            "qdiscs (run it with sudo, or as root in a container with CAP_NET_ADMIN and "
+            "CAP_SYS_ADMIN)"
+        )
 
 
 _available_cache: tuple[bool, str] | None = None
@@ -52,15 +55,21 @@ def available(refresh: bool = False) -> tuple[bool, str]:
     ip = find_tool("ip")
     assert ip is not None  # found above
     try:
-        r = subprocess.run([ip, "netns", "add", probe], capture_output=True, text=True,
-                           timeout=CMD_TIMEOUT_S)
+        r = subprocess.run([ip, "netns", "add", probe], capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
         if r.returncode != 0:
             result = (False, f"'ip netns add' fails here: {r.stderr.strip() or r.returncode}")
         else:
-            r = subprocess.run([ip, "-n", probe, "link", "add", "p0", "type", "veth", "peer",
-                                "name", "p1"], capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
-            result = (True, "") if r.returncode == 0 else (
-                False, f"veth links cannot be created in a namespace: {r.stderr.strip()}")
+            r = subprocess.run(
+                [ip, "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
+                capture_output=True,
+                text=True,
+                timeout=CMD_TIMEOUT_S,
+            )
+            result = (
+                (True, "")
+                if r.returncode == 0
+                else (False, f"veth links cannot be created in a namespace: {r.stderr.strip()}")
+            )
     except (OSError, subprocess.TimeoutExpired) as e:
         result = (False, f"'ip netns' unusable: {e}")
     finally:

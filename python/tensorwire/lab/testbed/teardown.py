@@ -13,7 +13,7 @@ from .errors import TestbedError
 from .state import owned_namespaces, state_path, validate_name, default_name
 from .system import check_root, run_cmd, ns_pids, list_netns
 
-KILL_GRACE_S = 3.0          # down: SIGTERM, then SIGKILL, for processes left in the namespaces
+KILL_GRACE_S = 3.0  # down: SIGTERM, then SIGKILL, for processes left in the namespaces
 
 
 def down(name: str | None = None) -> bool:

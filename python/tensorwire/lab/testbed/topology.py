@@ -19,7 +19,7 @@ from .state import STATE_DIR, owned_namespaces, state_path, validate_name, defau
 from .system import run_batch, check_root, run_cmd, find_tool, list_netns
 from .teardown import down
 
-SUBNET = "10.77.0"          # hosts get SUBNET.<i>/24, i = 1..N; only inside the testbed's namespaces
+SUBNET = "10.77.0"  # hosts get SUBNET.<i>/24, i = 1..N; only inside the testbed's namespaces
 PREFIX_LEN = 24
 MAX_HOSTS = 250
 HOST_IFACE = "eth0"
@@ -27,12 +27,12 @@ HOST_IFACE = "eth0"
 
 @dataclass
 class Host:
-    name: str          # h1..hN
-    index: int         # 1..N
-    netns: str         # tw-<testbed>-h<i>
-    address: str       # 10.77.0.<i>
-    group: int         # 1 or 2
-    port: str          # the switch port (in the switch namespace) of this host's link
+    name: str  # h1..hN
+    index: int  # 1..N
+    netns: str  # tw-<testbed>-h<i>
+    address: str  # 10.77.0.<i>
+    group: int  # 1 or 2
+    port: str  # the switch port (in the switch namespace) of this host's link
 
 
 @dataclass
@@ -40,12 +40,12 @@ class Config:
     name: str
     hosts: int
     groups: int
-    host_rate: int | None      # bit/s, each direction of each host link; None = unshaped
-    isl_rate: int | None       # bit/s, each direction of the inter-switch link; None = unshaped
-    delay_ms: float | None     # one-way delay added on every host's egress (needs sch_netem)
+    host_rate: int | None  # bit/s, each direction of each host link; None = unshaped
+    isl_rate: int | None  # bit/s, each direction of the inter-switch link; None = unshaped
+    delay_ms: float | None  # one-way delay added on every host's egress (needs sch_netem)
     queue_ms: float = QUEUE_MS
     mtu: int = 1500
-    isl_shared: bool = False   # True: both directions of the ISL share isl_rate (one token bucket)
+    isl_shared: bool = False  # True: both directions of the ISL share isl_rate (one token bucket)
 
 
 @dataclass
@@ -83,8 +83,7 @@ class Testbed:
         try:
             return self.host_info[host]
         except KeyError:
-            raise TestbedError(f"testbed {self.name!r} has no host {host!r} (hosts: "
-                               f"{', '.join(self.hosts)})") from None
+            raise TestbedError(f"testbed {self.name!r} has no host {host!r} (hosts: {', '.join(self.hosts)})") from None
 
     def address(self, host: str) -> str:
         """The host's IPv4 address inside the testbed (reachable from the other hosts only)."""
@@ -107,35 +106,51 @@ class Testbed:
         """Environment for a command in `host`: `env` (default os.environ) plus TENSORWIRE_TESTBED,
         TENSORWIRE_TESTBED_HOST and TENSORWIRE_TESTBED_ADDR."""
         out = dict(os.environ if env is None else env)
-        out.update(TENSORWIRE_TESTBED=self.name, TENSORWIRE_TESTBED_HOST=host,
-                   TENSORWIRE_TESTBED_ADDR=self.address(host))
+        out.update(
+            TENSORWIRE_TESTBED=self.name, TENSORWIRE_TESTBED_HOST=host, TENSORWIRE_TESTBED_ADDR=self.address(host)
+        )
         return out
 
-    def popen(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
-              **kwargs: Any) -> subprocess.Popen:
+    def popen(
+        self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.Popen:
         """Starts argv inside `host` (subprocess.Popen keyword arguments pass through)."""
         return subprocess.Popen(self.exec_prefix(host) + list(argv), env=self.host_env(host, env), **kwargs)
 
-    def run(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
-            **kwargs: Any) -> subprocess.CompletedProcess:
+    def run(
+        self, host: str, argv: Sequence[str], env: Mapping[str, str] | None = None, **kwargs: Any
+    ) -> subprocess.CompletedProcess:
         """Runs argv inside `host` to completion (subprocess.run keyword arguments pass through)."""
         return subprocess.run(self.exec_prefix(host) + list(argv), env=self.host_env(host, env), **kwargs)
 
     def describe(self) -> str:
         c = self.config
-        lines = [f"testbed {c.name}: {c.hosts} hosts, {c.groups} group{'s' if c.groups > 1 else ''}, "
-                 f"switches in netns {self.switch_netns}, subnet {SUBNET}.0/{PREFIX_LEN}",
-                 f"  host link   {format_rate(c.host_rate)}{' each direction' if c.host_rate else ''}"
-                 + (f", +{c.delay_ms:g} ms one-way delay" if c.delay_ms else "")]
+        lines = [
+            f"testbed {c.name}: {c.hosts} hosts, {c.groups} group{'s' if c.groups > 1 else ''}, "
+            f"switches in netns {self.switch_netns}, subnet {SUBNET}.0/{PREFIX_LEN}",
+            f"  host link   {format_rate(c.host_rate)}{' each direction' if c.host_rate else ''}"
+            + (f", +{c.delay_ms:g} ms one-way delay" if c.delay_ms else ""),
+        ]
         if c.groups == 2:
-            lines.append(f"  inter-group {format_rate(c.isl_rate)} "
-                         + ("both directions together (isl1 <-> isl2, one bucket)" if c.isl_shared
-                            else "each direction (isl1 <-> isl2)" if c.isl_rate else "(isl1 <-> isl2)"))
-        for what, q in (("host links", next((q for q in self.qdiscs if q["link"].startswith("h")), None)),
-                        ("ISL", next((q for q in self.qdiscs if q["link"].startswith("isl")), None))):
+            lines.append(
+                f"  inter-group {format_rate(c.isl_rate)} "
+                + (
+                    "both directions together (isl1 <-> isl2, one bucket)"
+                    if c.isl_shared
+                    else "each direction (isl1 <-> isl2)"
+                    if c.isl_rate
+                    else "(isl1 <-> isl2)"
+                )
+            )
+        for what, q in (
+            ("host links", next((q for q in self.qdiscs if q["link"].startswith("h")), None)),
+            ("ISL", next((q for q in self.qdiscs if q["link"].startswith("isl")), None)),
+        ):
             if q:
-                lines.append(f"  shaping     {what}: tbf, burst {q['burst'] // 1024} KiB, queue limit "
-                             f"{q['limit'] // 1024} KiB ({c.queue_ms:g} ms at the rate)")
+                lines.append(
+                    f"  shaping     {what}: tbf, burst {q['burst'] // 1024} KiB, queue limit "
+                    f"{q['limit'] // 1024} KiB ({c.queue_ms:g} ms at the rate)"
+                )
         lines.append(f"  {'host':<5} {'group':>5}  {'address':<12} netns")
         for h in self.hosts:
             i = self.host_info[h]
@@ -145,16 +160,27 @@ class Testbed:
     # -- state ----------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": 1, "config": asdict(self.config), "switch_netns": self.switch_netns,
-                "status": self.status, "created": self.created, "qdiscs": self.qdiscs,
-                "hosts": [asdict(self.host_info[h]) for h in self.hosts]}
+        return {
+            "version": 1,
+            "config": asdict(self.config),
+            "switch_netns": self.switch_netns,
+            "status": self.status,
+            "created": self.created,
+            "qdiscs": self.qdiscs,
+            "hosts": [asdict(self.host_info[h]) for h in self.hosts],
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Testbed":
         hosts = {h["name"]: Host(**h) for h in data["hosts"]}
-        return cls(config=Config(**data["config"]), host_info=hosts, switch_netns=data["switch_netns"],
-                   status=data.get("status", "up"), created=data.get("created", 0.0),
-                   qdiscs=list(data.get("qdiscs", [])))
+        return cls(
+            config=Config(**data["config"]),
+            host_info=hosts,
+            switch_netns=data["switch_netns"],
+            status=data.get("status", "up"),
+            created=data.get("created", 0.0),
+            qdiscs=list(data.get("qdiscs", [])),
+        )
 
     def _write_state(self, exclusive: bool = False) -> None:
         os.makedirs(STATE_DIR, mode=0o755, exist_ok=True)
@@ -183,27 +209,41 @@ class Testbed:
             with open(path) as f:
                 tb = cls.from_json(json.load(f))
         except FileNotFoundError:
-            raise TestbedError(f"no testbed {name!r} (no {path}); create one with "
-                               f"'tensorwire testbed up --name {name}'") from None
+            raise TestbedError(
+                f"no testbed {name!r} (no {path}); create one with 'tensorwire testbed up --name {name}'"
+            ) from None
         except (ValueError, KeyError, TypeError) as e:
-            raise TestbedError(f"unreadable testbed state {path}: {e}; remove the testbed with "
-                               f"'tensorwire testbed down --name {name}'") from None
+            raise TestbedError(
+                f"unreadable testbed state {path}: {e}; remove the testbed with 'tensorwire testbed down --name {name}'"
+            ) from None
         if tb.status != "up":
-            raise TestbedError(f"testbed {name!r} is {tb.status!r} (an 'up' did not finish); "
-                               f"remove it with 'tensorwire testbed down --name {name}'")
+            raise TestbedError(
+                f"testbed {name!r} is {tb.status!r} (an 'up' did not finish); "
+                f"remove it with 'tensorwire testbed down --name {name}'"
+            )
         present = set(list_netns())
         missing = [ns for ns in tb.namespaces if ns not in present]
         if missing:
-            raise TestbedError(f"testbed {name!r} is broken: namespaces {', '.join(missing)} are gone; "
-                               f"'tensorwire testbed down --name {name}' removes the rest")
+            raise TestbedError(
+                f"testbed {name!r} is broken: namespaces {', '.join(missing)} are gone; "
+                f"'tensorwire testbed down --name {name}' removes the rest"
+            )
         return tb
 
     # -- creation ---------------------------------------------------------------------------
 
     @classmethod
-    def plan(cls, hosts: int, groups: int = 1, host_rate: str | int | None = "1gbit",
-             isl_rate: str | int | None = None, delay: float | None = None, name: str | None = None,
-             queue_ms: float = QUEUE_MS, isl_shared: bool = False) -> "Testbed":
+    def plan(
+        cls,
+        hosts: int,
+        groups: int = 1,
+        host_rate: str | int | None = "1gbit",
+        isl_rate: str | int | None = None,
+        delay: float | None = None,
+        name: str | None = None,
+        queue_ms: float = QUEUE_MS,
+        isl_shared: bool = False,
+    ) -> "Testbed":
         """The testbed `up` would build, without building it (validates the arguments)."""
         name = validate_name(name or default_name())
         if not isinstance(hosts, int) or not 1 <= hosts <= MAX_HOSTS:
@@ -228,17 +268,34 @@ class Testbed:
         info = {}
         for i in range(1, hosts + 1):
             h = f"h{i}"
-            info[h] = Host(name=h, index=i, netns=f"tw-{name}-{h}", address=f"{SUBNET}.{i}",
-                           group=1 if i <= g1 else 2, port=h)
-        cfg = Config(name=name, hosts=hosts, groups=groups, host_rate=hr, isl_rate=ir,
-                     delay_ms=float(delay) if delay else None, queue_ms=float(queue_ms),
-                     isl_shared=bool(isl_shared))
+            info[h] = Host(
+                name=h, index=i, netns=f"tw-{name}-{h}", address=f"{SUBNET}.{i}", group=1 if i <= g1 else 2, port=h
+            )
+        cfg = Config(
+            name=name,
+            hosts=hosts,
+            groups=groups,
+            host_rate=hr,
+            isl_rate=ir,
+            delay_ms=float(delay) if delay else None,
+            queue_ms=float(queue_ms),
+            isl_shared=bool(isl_shared),
+        )
         return cls(config=cfg, host_info=info, switch_netns=f"tw-{name}-sw", status="creating")
 
     @classmethod
-    def up(cls, hosts: int, groups: int = 1, host_rate: str | int | None = "1gbit",
-           isl_rate: str | int | None = None, delay: float | None = None, name: str | None = None,
-           force: bool = False, queue_ms: float = QUEUE_MS, isl_shared: bool = False) -> "Testbed":
+    def up(
+        cls,
+        hosts: int,
+        groups: int = 1,
+        host_rate: str | int | None = "1gbit",
+        isl_rate: str | int | None = None,
+        delay: float | None = None,
+        name: str | None = None,
+        force: bool = False,
+        queue_ms: float = QUEUE_MS,
+        isl_shared: bool = False,
+    ) -> "Testbed":
         """Builds a testbed and returns it; all or nothing.
 
         hosts: N hosts h1..hN. groups: 1 (one leaf) or 2 (two leaves, group 1 = first half,
@@ -257,8 +314,10 @@ class Testbed:
         tb = cls.plan(hosts, groups, host_rate, isl_rate, delay, name, queue_ms, isl_shared)
         if cls.exists(tb.name):
             if not force:
-                raise TestbedError(f"testbed {tb.name!r} exists already; use it, remove it with "
-                                   f"'tensorwire testbed down --name {tb.name}', or recreate it with --force")
+                raise TestbedError(
+                    f"testbed {tb.name!r} exists already; use it, remove it with "
+                    f"'tensorwire testbed down --name {tb.name}', or recreate it with --force"
+                )
             down(tb.name)
         with signals_as_interrupt():
             try:
@@ -275,8 +334,11 @@ class Testbed:
                         down(tb.name)
                     except Exception as cleanup_error:  # noqa: BLE001 - report, keep the first error
                         import sys
-                        print(f"tensorwire testbed: cleanup after a failed 'up' failed too: {cleanup_error}",
-                              file=sys.stderr)
+
+                        print(
+                            f"tensorwire testbed: cleanup after a failed 'up' failed too: {cleanup_error}",
+                            file=sys.stderr,
+                        )
                 raise
         return tb
 
@@ -297,11 +359,16 @@ class Testbed:
         lines = ["link set lo up"]
         for leaf in leaves:
             # STP off (a tree of two bridges has no loop) and no forwarding delay: ports forward at once
-            lines += [f"link add {leaf} type bridge stp_state 0 forward_delay 0",
-                      f"link set {leaf} mtu {self.config.mtu} up"]
+            lines += [
+                f"link add {leaf} type bridge stp_state 0 forward_delay 0",
+                f"link set {leaf} mtu {self.config.mtu} up",
+            ]
         if self.config.groups == 2:
-            lines += [f"link add isl1 mtu {self.config.mtu} type veth peer name isl2 mtu {self.config.mtu}",
-                      "link set isl1 master leaf1 up", "link set isl2 master leaf2 up"]
+            lines += [
+                f"link add isl1 mtu {self.config.mtu} type veth peer name isl2 mtu {self.config.mtu}",
+                "link set isl1 master leaf1 up",
+                "link set isl2 master leaf2 up",
+            ]
         run_batch("ip", sw, lines)
         # With br_netfilter loaded, bridged IPv4 would also run through this namespace's (empty)
         # iptables hooks: skip that work. Per-namespace since Linux 5.3; best effort.
@@ -313,15 +380,43 @@ class Testbed:
         run_cmd(["ip", "netns", "add", i.netns])
         # the pair is made inside the switch namespace with its other end moved straight into the
         # host's: neither end ever exists in the root namespace
-        run_cmd(["ip", "-n", self.switch_netns, "link", "add", i.port, "mtu", str(self.config.mtu), "type", "veth",
-              "peer", "name", HOST_IFACE, "mtu", str(self.config.mtu), "netns", i.netns])
-        run_batch("ip", i.netns, ["link set lo up",  # UCX and anything bound to 127.0.0.1 need it
-                               f"addr add {i.address}/{PREFIX_LEN} dev {HOST_IFACE}",
-                               f"link set {HOST_IFACE} up"])
+        run_cmd(
+            [
+                "ip",
+                "-n",
+                self.switch_netns,
+                "link",
+                "add",
+                i.port,
+                "mtu",
+                str(self.config.mtu),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                HOST_IFACE,
+                "mtu",
+                str(self.config.mtu),
+                "netns",
+                i.netns,
+            ]
+        )
+        run_batch(
+            "ip",
+            i.netns,
+            [
+                "link set lo up",  # UCX and anything bound to 127.0.0.1 need it
+                f"addr add {i.address}/{PREFIX_LEN} dev {HOST_IFACE}",
+                f"link set {HOST_IFACE} up",
+            ],
+        )
 
     def _attach_ports(self) -> None:
-        run_batch("ip", self.switch_netns,
-               [f"link set {self.host_info[h].port} master leaf{self.host_info[h].group} up" for h in self.hosts])
+        run_batch(
+            "ip",
+            self.switch_netns,
+            [f"link set {self.host_info[h].port} master leaf{self.host_info[h].group} up" for h in self.hosts],
+        )
 
     def _shape(self) -> None:
         c = self.config
@@ -349,9 +444,11 @@ class Testbed:
             # it; ifb then hands each packet back to the receive path of the port it came in on.
             run_batch("ip", self.switch_netns, ["link add islq type ifb", "link set islq up"])
             for dev in ("isl1", "isl2"):
-                sw_lines += [f"qdisc add dev {dev} handle ffff: ingress",
-                             f"filter add dev {dev} parent ffff: protocol all u32 match u32 0 0 "
-                             "action mirred egress redirect dev islq"]
+                sw_lines += [
+                    f"qdisc add dev {dev} handle ffff: ingress",
+                    f"filter add dev {dev} parent ffff: protocol all u32 match u32 0 0 "
+                    "action mirred egress redirect dev islq",
+                ]
             lines, q = shaping_commands("islq", c.isl_rate, c.queue_ms, None)
             sw_lines += lines
             self.qdiscs.append({"netns": self.switch_netns, "dev": "islq", "link": "isl both ways", **q})

@@ -35,19 +35,42 @@ def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
     """One set of rank processes with one backend; rank 0's results."""
     from ...ranks.launch import free_port, plan
     from ...ranks.launch import run as launch
+
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "result.json")
-        cmd = [sys.executable, "-m", "tensorwire.lab.torch_dist.rank", "--backend", backend,
-               "--suite", ",".join(suite), "--lat-sizes", ",".join(map(str, args.lat_sizes)),
-               "--bw-sizes", ",".join(map(str, args.sizes)), "--coll-sizes", ",".join(map(str, args.coll_sizes)),
-               "--iters", str(args.iters), "--steps", str(args.steps), "--out", out]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tensorwire.lab.torch_dist.rank",
+            "--backend",
+            backend,
+            "--suite",
+            ",".join(suite),
+            "--lat-sizes",
+            ",".join(map(str, args.lat_sizes)),
+            "--bw-sizes",
+            ",".join(map(str, args.sizes)),
+            "--coll-sizes",
+            ",".join(map(str, args.coll_sizes)),
+            "--iters",
+            str(args.iters),
+            "--steps",
+            str(args.steps),
+            "--out",
+            out,
+        ]
         placements = plan(args.ranks)
         master = str(free_port())
         for pl in placements:
-            pl.env.update(RANK=pl.env["TENSORWIRE_RANK"], WORLD_SIZE=str(args.ranks),
-                          LOCAL_RANK=pl.env["TENSORWIRE_LOCAL_RANK"], LOCAL_WORLD_SIZE=str(args.ranks),
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=master,
-                          OMP_NUM_THREADS="1")
+            pl.env.update(
+                RANK=pl.env["TENSORWIRE_RANK"],
+                WORLD_SIZE=str(args.ranks),
+                LOCAL_RANK=pl.env["TENSORWIRE_LOCAL_RANK"],
+                LOCAL_WORLD_SIZE=str(args.ranks),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=master,
+                OMP_NUM_THREADS="1",
+            )
             if backend == "tensorwire" and args.transport != "auto":
                 pl.env["TENSORWIRE_TRANSPORT"] = args.transport
         code = launch(cmd, placements, timeout=args.round_timeout, quiet=True)
@@ -63,16 +86,29 @@ def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
 def _dispatch_floor() -> dict:
     """torch's own per-isend cost (rank.dispatch_floor_us), measured beside each tensorwire round."""
     import subprocess
-    run = subprocess.run([sys.executable, "-m", "tensorwire.lab.torch_dist.rank", "--dispatch-floor"],
-                         capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+    run = subprocess.run(
+        [sys.executable, "-m", "tensorwire.lab.torch_dist.rank", "--dispatch-floor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     if run.returncode != 0:
         print(f"# torch's dispatch floor not measured: {(run.stderr.strip().splitlines() or ['?'])[-1]}", flush=True)
         return {}
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-LOWER_IS_BETTER = ("latency/", "background/", "all_reduce/", "all_gather_into_tensor/", "reduce_scatter_tensor/",
-                   "dispatch/", "dispatch-floor/")
+LOWER_IS_BETTER = (
+    "latency/",
+    "background/",
+    "all_reduce/",
+    "all_gather_into_tensor/",
+    "reduce_scatter_tensor/",
+    "dispatch/",
+    "dispatch-floor/",
+)
 
 
 def _best(rounds: list[dict]) -> dict:
@@ -96,6 +132,7 @@ def _targets(args: argparse.Namespace, tw: dict, gl: dict) -> list[tuple[str, bo
         if key not in tw or key not in gl or not tw[key] or not gl[key]:
             return None
         return gl[key] / tw[key] if lower else tw[key] / gl[key]
+
     if args.ranks == 2:
         if 8 in args.lat_sizes:
             x = ratio("latency/8", True)
@@ -117,8 +154,13 @@ def _targets(args: argparse.Namespace, tw: dict, gl: dict) -> list[tuple[str, bo
             out.append((f"all_reduce {human_size(s)} >= {need:g}x gloo", x >= need, f"{x:.2f}x"))
     if "dispatch/isend" in tw:
         floor = tw.get("dispatch-floor/isend")
-        out.append(("dist.isend 8 B returns in <= 1.5 us", tw["dispatch/isend"] <= 1.5,
-                    f"{tw['dispatch/isend']:.2f} us" + (f" (torch's fake backend: {floor:.2f} us)" if floor else "")))
+        out.append(
+            (
+                "dist.isend 8 B returns in <= 1.5 us",
+                tw["dispatch/isend"] <= 1.5,
+                f"{tw['dispatch/isend']:.2f} us" + (f" (torch's fake backend: {floor:.2f} us)" if floor else ""),
+            )
+        )
     if shm and args.ranks == 2:
         for key, need, what in (("ddp/fcn5", 1.3, "DDP FCN-5 batch 8"), ("pipe/fcn5", 1.2, "GPipe FCN-5")):
             x = ratio(key, False)
@@ -155,45 +197,70 @@ def _tables(args: argparse.Namespace, tw: dict, gl: dict) -> None:
         x = (b / a if lower else a / b) if a and b else None
         cell = lambda v: fmt.format(v) if v is not None else f"{'-':>14}"  # noqa: E731
         return f"{size:>10} {cell(a)} {cell(b)} {(f'{x:.2f}x' if x else '-'):>8}"
+
     if any(k.startswith("latency/") for k in tw):
-        print_table(f"{'# Size':>10} {'tw Lat (us)':>14} {'gloo Lat (us)':>14} {'ratio':>8}",
-                    [row(f"latency/{s}", str(s), True) for s in args.lat_sizes])
-        print_table(f"{'# Size':>10} {'tw BW (MB/s)':>14} {'gloo BW (MB/s)':>14} {'ratio':>8}",
-                    [row(f"bandwidth/{s}", str(s), False) for s in args.sizes])
+        print_table(
+            f"{'# Size':>10} {'tw Lat (us)':>14} {'gloo Lat (us)':>14} {'ratio':>8}",
+            [row(f"latency/{s}", str(s), True) for s in args.lat_sizes],
+        )
+        print_table(
+            f"{'# Size':>10} {'tw BW (MB/s)':>14} {'gloo BW (MB/s)':>14} {'ratio':>8}",
+            [row(f"bandwidth/{s}", str(s), False) for s in args.sizes],
+        )
         limits = [(s, max(d.get(f"cma-limit/{s}", 0) for d in (tw, gl))) for s in args.sizes]
         if args.transport == "shm" and any(v for _, v in limits):
-            print("# cma limit, both ranks copying at once (process_vm_writev/readv, no protocol): " + ", ".join(
-                f"{human_size(s)} {v:.0f} MB/s" for s, v in limits if v))
+            print(
+                "# cma limit, both ranks copying at once (process_vm_writev/readv, no protocol): "
+                + ", ".join(f"{human_size(s)} {v:.0f} MB/s" for s, v in limits if v)
+            )
         if "dispatch/isend" in tw:
             floor = tw.get("dispatch-floor/isend")
-            print(f"# python dispatch: dist.isend of 8 B returns after {tw['dispatch/isend']:.2f} us (tensorwire)" +
-                  (f"; {floor:.2f} us on torch's fake backend, which moves nothing (torch's own floor)"
-                   if floor else ""))
+            print(
+                f"# python dispatch: dist.isend of 8 B returns after {tw['dispatch/isend']:.2f} us (tensorwire)"
+                + (
+                    f"; {floor:.2f} us on torch's fake backend, which moves nothing (torch's own floor)"
+                    if floor
+                    else ""
+                )
+            )
         if "background/16777216" in tw:
-            print("# background progress: a 16 MiB isend whose sender then computes for 1000 ms without waiting "
-                  "is received after " + ", ".join(f"{d['background/16777216']:.1f} ms ({name})" for name, d in
-                                                  (("tensorwire", tw), ("gloo", gl)) if d.get("background/16777216")))
+            print(
+                "# background progress: a 16 MiB isend whose sender then computes for 1000 ms without waiting "
+                "is received after "
+                + ", ".join(
+                    f"{d['background/16777216']:.1f} ms ({name})"
+                    for name, d in (("tensorwire", tw), ("gloo", gl))
+                    if d.get("background/16777216")
+                )
+            )
     for op in COLL_OPS:
         if any(k.startswith(f"{op}/") for k in tw):
             print(f"# {op}, {args.ranks} ranks: Avg Latency(us)")
-            print_table(f"{'# Size':>10} {'tensorwire':>14} {'gloo':>14} {'ratio':>8}",
-                        [row(f"{op}/{s}", str(s), True) for s in args.coll_sizes])
+            print_table(
+                f"{'# Size':>10} {'tensorwire':>14} {'gloo':>14} {'ratio':>8}",
+                [row(f"{op}/{s}", str(s), True) for s in args.coll_sizes],
+            )
     for kind in ("ddp", "pipe"):
         if any(k.startswith(f"{kind}/") for k in tw):
             print(f"# {'DDP' if kind == 'ddp' else 'GPipe (pipelining)'} samples/s, batch 8, {args.ranks} ranks")
-            print_table(f"{'# Model':>10} {'tensorwire':>14} {'gloo':>14} {'ratio':>8}",
-                        [row(f"{kind}/{m}", m, False) for m in MODELS])
+            print_table(
+                f"{'# Model':>10} {'tensorwire':>14} {'gloo':>14} {'ratio':>8}",
+                [row(f"{kind}/{m}", m, False) for m in MODELS],
+            )
             caps = [(m, _ceiling(tw, gl, kind, m)) for m in MODELS]
             if any(c for _, c in caps):
-                what = ("DDP with a comm hook that moves nothing (its bucket copies stay)" if kind == "ddp" else
-                        "GPipe's (microbatches + ranks - 1) x the slowest stage's forward+backward")
-                print(f"# compute ceiling, {what}: " + ", ".join(
-                    f"{m} {c:.2f}x gloo" for m, c in caps if c))
+                what = (
+                    "DDP with a comm hook that moves nothing (its bucket copies stay)"
+                    if kind == "ddp"
+                    else "GPipe's (microbatches + ranks - 1) x the slowest stage's forward+backward"
+                )
+                print(f"# compute ceiling, {what}: " + ", ".join(f"{m} {c:.2f}x gloo" for m, c in caps if c))
 
 
 def run(args: argparse.Namespace) -> int:
     from ...config import export_progress_bar
     from ..fabric.common import Progress
+
     suite = [s.strip() for s in args.suite.split(",") if s.strip()]
     bad = [s for s in suite if s not in SUITES]
     if bad or not suite:
@@ -201,9 +268,12 @@ def run(args: argparse.Namespace) -> int:
     if args.ranks < 2:
         raise SystemExit("tensorwire bench torch-dist: --ranks must be at least 2")
     export_progress_bar(args.progress)
-    print(f"# tensorwire bench torch-dist --transport {args.transport} --ranks {args.ranks} --suite {','.join(suite)} "
-          f"--repeat {args.repeat}: tensorwire over {args.transport}, gloo over tcp loopback; rounds alternate, "
-          f"best of {args.repeat} each", flush=True)
+    print(
+        f"# tensorwire bench torch-dist --transport {args.transport} --ranks {args.ranks} --suite {','.join(suite)} "
+        f"--repeat {args.repeat}: tensorwire over {args.transport}, gloo over tcp loopback; rounds alternate, "
+        f"best of {args.repeat} each",
+        flush=True,
+    )
     rounds: dict[str, list[dict]] = {b: [] for b in BACKENDS}
     progress = Progress(2 * args.repeat, "rounds", enabled=args.progress)
     for _ in range(args.repeat):
@@ -221,9 +291,16 @@ def run(args: argparse.Namespace) -> int:
     failed = [b for b in BACKENDS if not rounds[b] or all("error" in r for r in rounds[b])]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k not in ("func", "needs")},
-                       "rounds": rounds, "best": {"tensorwire": tw, "gloo": gl},
-                       "targets": [{"target": w, "met": m, "measured": g} for w, m, g in targets]}, f, indent=1)
+            json.dump(
+                {
+                    "args": {k: v for k, v in vars(args).items() if k not in ("func", "needs")},
+                    "rounds": rounds,
+                    "best": {"tensorwire": tw, "gloo": gl},
+                    "targets": [{"target": w, "met": m, "measured": g} for w, m, g in targets],
+                },
+                f,
+                indent=1,
+            )
     if args.plot:
         _plot(args, tw, gl)
     missed = [w for w, m, _ in targets if not m]
@@ -233,8 +310,11 @@ def run(args: argparse.Namespace) -> int:
     short = {b: sum("error" not in r for r in rounds[b]) for b in BACKENDS}
     if any(k < args.repeat for k in short.values()):
         # A best of fewer rounds is not the comparison asked for: never PASS on it.
-        print("FAIL: rounds kept " + ", ".join(f"{b} {k} of {args.repeat}" for b, k in short.items())
-              + (f"; {len(missed)} of {len(targets)} targets missed" if missed else ""))
+        print(
+            "FAIL: rounds kept "
+            + ", ".join(f"{b} {k} of {args.repeat}" for b, k in short.items())
+            + (f"; {len(missed)} of {len(targets)} targets missed" if missed else "")
+        )
         return 1
     print("PASS" if not missed else f"MISS: {len(missed)} of {len(targets)} targets ({'; '.join(missed)})")
     return 0
@@ -242,8 +322,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _plot(args: argparse.Namespace, tw: dict, gl: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name, res in (("tensorwire", tw), ("gloo", gl)):
         axes[0].plot(args.sizes, [res.get(f"bandwidth/{s}") for s in args.sizes], marker="o", label=name)

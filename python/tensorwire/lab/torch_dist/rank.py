@@ -15,8 +15,8 @@ import torch.distributed as dist
 import tensorwire.torch  # noqa: F401 - registers "tensorwire"
 from tensorwire.lab.torch_dist import WARMUP
 
-LAT_WINDOW = 16       # osu_bw's window: sends in flight before the receiver's ack
-BW_BYTES = 1 << 30    # bytes a bandwidth size moves (at least 4 windows: osu_bw repeats its window 20 times)
+LAT_WINDOW = 16  # osu_bw's window: sends in flight before the receiver's ack
+BW_BYTES = 1 << 30  # bytes a bandwidth size moves (at least 4 windows: osu_bw repeats its window 20 times)
 
 
 def _sync() -> None:
@@ -33,6 +33,7 @@ def cma_limit(nbytes: int, iters: int) -> float:
 
     class IoVec(ctypes.Structure):
         _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
     libc = ctypes.CDLL(None, use_errno=True)
     r = dist.get_rank()
     bufs = [torch.zeros(nbytes, dtype=torch.uint8) for _ in range(LAT_WINDOW)]
@@ -42,8 +43,14 @@ def cma_limit(nbytes: int, iters: int) -> float:
     half = nbytes // 2
     at, n = (0, half) if r == 0 else (half, nbytes - half)
     copy = libc.process_vm_writev if r == 0 else libc.process_vm_readv
-    copy.argtypes = [ctypes.c_int, ctypes.POINTER(IoVec), ctypes.c_ulong, ctypes.POINTER(IoVec), ctypes.c_ulong,
-                     ctypes.c_ulong]
+    copy.argtypes = [
+        ctypes.c_int,
+        ctypes.POINTER(IoVec),
+        ctypes.c_ulong,
+        ctypes.POINTER(IoVec),
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    ]
     copy.restype = ctypes.c_ssize_t
     pid = int(theirs[0])
     ack = torch.zeros(1)
@@ -61,6 +68,7 @@ def cma_limit(nbytes: int, iters: int) -> float:
                     raise OSError(ctypes.get_errno(), "process_vm_readv/writev failed")
                 done += got
         _pingpong(r, ack, ack)  # a window ends when both halves are in: each side waits for the other
+
     windows = max(1, iters // LAT_WINDOW)
     window()
     _sync()
@@ -111,6 +119,7 @@ def p2p_bandwidth(nbytes: int, iters: int) -> float:
             for w in [dist.irecv(b, 0) for b in bufs]:
                 _started(w).wait()
             dist.send(ack, 0)
+
     for _ in range(WARMUP):
         window()
     _sync()
@@ -149,16 +158,34 @@ def small_resnet() -> torch.nn.Module:
     class Block(nn.Module):
         def __init__(self, cin: int, cout: int, stride: int) -> None:
             super().__init__()
-            self.a = nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
-                                   nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
-            self.skip = nn.Identity() if stride == 1 and cin == cout else nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            self.a = nn.Sequential(
+                nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
+                nn.BatchNorm2d(cout),
+                nn.ReLU(),
+                nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
+                nn.BatchNorm2d(cout),
+            )
+            self.skip = (
+                nn.Identity()
+                if stride == 1 and cin == cout
+                else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+            )
 
         def forward(self, x):
             return torch.relu(self.a(x) + self.skip(x))
-    return nn.Sequential(nn.Conv2d(3, 32, 3, 1, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
-                         Block(32, 32, 1), Block(32, 64, 2), Block(64, 128, 2), Block(128, 128, 1),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, 1, 1, bias=False),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        Block(32, 32, 1),
+        Block(32, 64, 2),
+        Block(64, 128, 2),
+        Block(128, 128, 1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
 
 
 def _started(work: dist.Work | None) -> dist.Work:
@@ -177,6 +204,7 @@ def _layers(name: str, model: torch.nn.Module) -> list[torch.nn.Module]:
 def _model(name: str) -> tuple[torch.nn.Module, tuple[int, ...]]:
     if name == "fcn5":
         from tensorwire.lab.paper.models import FCN5
+
         return FCN5(), (784,)
     return small_resnet(), (3, 32, 32)
 
@@ -194,6 +222,7 @@ def ddp_samples_per_s(name: str, batch: int, steps: int, sync: bool = True) -> f
     the ceiling that any backend's DDP reaches on this machine. (ddp.no_sync(), used before,
     skips the buckets too, and so overstated it.)"""
     from torch.nn.parallel import DistributedDataParallel as DDP
+
     torch.manual_seed(0)
     model, shape = _model(name)
     ddp = DDP(model)
@@ -206,6 +235,7 @@ def ddp_samples_per_s(name: str, batch: int, steps: int, sync: bool = True) -> f
         opt.zero_grad()
         torch.nn.functional.cross_entropy(ddp(x), y).backward()
         opt.step()
+
     for _ in range(WARMUP):
         step()
     _sync()
@@ -218,14 +248,16 @@ def ddp_samples_per_s(name: str, batch: int, steps: int, sync: bool = True) -> f
 def pipe_samples_per_s(name: str, batch: int, steps: int, microbatches: int = 4) -> float:
     """GPipe over the ranks: the model's Sequential cut into equal runs of layers, one per rank."""
     from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
     torch.manual_seed(0)
     model, shape = _model(name)
     layers = _layers(name, model)
     r, n = dist.get_rank(), dist.get_world_size()
     per = -(-len(layers) // n)
-    stage = PipelineStage(torch.nn.Sequential(*layers[r * per:(r + 1) * per]), r, n, torch.device("cpu"))
-    sched = ScheduleGPipe(stage, n_microbatches=microbatches,
-                          loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y))
+    stage = PipelineStage(torch.nn.Sequential(*layers[r * per : (r + 1) * per]), r, n, torch.device("cpu"))
+    sched = ScheduleGPipe(
+        stage, n_microbatches=microbatches, loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y)
+    )
     x, y = torch.randn(batch * microbatches, *shape), torch.randint(0, 10, (batch * microbatches,))
 
     def step() -> None:
@@ -235,6 +267,7 @@ def pipe_samples_per_s(name: str, batch: int, steps: int, microbatches: int = 4)
             sched.step(target=y)
         else:
             sched.step()
+
     for _ in range(WARMUP):
         step()
     _sync()
@@ -253,15 +286,16 @@ def pipe_ceiling_samples_per_s(name: str, batch: int, microbatches: int = 4) -> 
     layers = _layers(name, model)
     r, n = dist.get_rank(), dist.get_world_size()
     per = -(-len(layers) // n)
-    stage = torch.nn.Sequential(*layers[r * per:(r + 1) * per])
+    stage = torch.nn.Sequential(*layers[r * per : (r + 1) * per])
     x = torch.randn(batch, *shape)
     with torch.no_grad():
-        for layer in layers[:r * per]:
+        for layer in layers[: r * per]:
             x = layer(x)
     x.requires_grad_(r > 0)
 
     def once() -> None:
         stage(x).float().sum().backward()
+
     once()
     _sync()
     t0 = time.perf_counter()
@@ -298,6 +332,7 @@ def dispatch_floor_us(iters: int = 500) -> float:
     nothing and returns a finished Work), one process as rank 0 of 2: what torch.distributed's
     Python layer costs per isend before any backend runs, the floor of every backend's dispatch."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
         return min(dispatch_us(iters) for _ in range(3))
@@ -348,8 +383,10 @@ def main() -> None:
     a = p.parse_args()
     dist.init_process_group(a.backend)
     suite = a.suite.split(",")
-    sizes = {k: [int(s) for s in v.split(",") if s] for k, v in
-             (("lat", a.lat_sizes), ("bw", a.bw_sizes), ("coll", a.coll_sizes))}
+    sizes = {
+        k: [int(s) for s in v.split(",") if s]
+        for k, v in (("lat", a.lat_sizes), ("bw", a.bw_sizes), ("coll", a.coll_sizes))
+    }
     res: dict = {}
     if "p2p" in suite:
         for s in sizes["lat"]:

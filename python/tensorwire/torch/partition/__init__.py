@@ -42,4 +42,15 @@ from .pipeline import PipelineResult, run, train
 from .sites import place_outputs
 from .stage import StageStats
 
-__all__ = ["plan", "run", "train", "micro_example", "Plan", "Edge", "PipelineResult", "StageStats", "PartitionError", "place_outputs"]
+__all__ = [
+    "plan",
+    "run",
+    "train",
+    "micro_example",
+    "Plan",
+    "Edge",
+    "PipelineResult",
+    "StageStats",
+    "PartitionError",
+    "place_outputs",
+]

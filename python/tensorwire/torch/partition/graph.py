@@ -27,11 +27,12 @@ class PartitionError(Error):
 @dataclass(frozen=True)
 class Edge:
     """A tensor that crosses stages: produced by stage `src`, read by stages `dsts`."""
+
     name: str
     src: int
     dsts: tuple[int, ...]
-    kind: str                       # "static" or "dynamic"
-    shape: tuple[int, ...] | None   # the example's shape (every example's, if static)
+    kind: str  # "static" or "dynamic"
+    shape: tuple[int, ...] | None  # the example's shape (every example's, if static)
     dtype: str
 
     @property
@@ -44,11 +45,12 @@ class Edge:
 @dataclass
 class Plan:
     """What :func:`plan` decided: the split module, each stage's nodes, the edges."""
-    module: torch.fx.GraphModule    # top level: calls submod_0 .. submod_{S-1} in order
+
+    module: torch.fx.GraphModule  # top level: calls submod_0 .. submod_{S-1} in order
     stages: int
-    nodes: list[list[str]]          # the original graph's node names per stage
+    nodes: list[list[str]]  # the original graph's node names per stage
     edges: list[Edge]
-    param_bytes: list[int]          # per stage
+    param_bytes: list[int]  # per stage
     input_shapes: list[tuple[int, ...] | None]  # the example's inputs (checked each step when all edges are static)
 
     def stage_module(self, s: int) -> torch.fx.GraphModule:
@@ -62,8 +64,10 @@ class Plan:
             lines.append(f"  stage {s}: {self.param_bytes[s] / 2**20:.2f} MiB of parameters; {shown}")
         for e in self.edges:
             shape = "?" if e.shape is None else "x".join(str(d) for d in e.shape) or "scalar"
-            lines.append(f"  edge {e.name}: stage {e.src} -> {', '.join(map(str, e.dsts))}, {e.kind}, "
-                         f"{e.dtype}[{shape}] ({e.nbytes / 2**10:.1f} KiB)")
+            lines.append(
+                f"  edge {e.name}: stage {e.src} -> {', '.join(map(str, e.dsts))}, {e.kind}, "
+                f"{e.dtype}[{shape}] ({e.nbytes / 2**10:.1f} KiB)"
+            )
         return "\n".join(lines)
 
 
@@ -85,8 +89,16 @@ def _assign(gm: torch.fx.GraphModule, stages: int, cuts: Sequence[str] | None) -
     if cuts:
         starts = []
         for c in cuts:
-            idx = next((i for i, n in enumerate(compute) if n.name == c or str(n.target) == c
-                        or (n.op == "call_module" and str(n.target).startswith(c + "."))), None)
+            idx = next(
+                (
+                    i
+                    for i, n in enumerate(compute)
+                    if n.name == c
+                    or str(n.target) == c
+                    or (n.op == "call_module" and str(n.target).startswith(c + "."))
+                ),
+                None,
+            )
             if idx is None:
                 known = ", ".join(sorted({str(n.target) for n in compute if n.op == "call_module"})[:12])
                 raise PartitionError(f"no node or module named {c!r} to cut before (modules: {known}, ...)")
@@ -112,7 +124,7 @@ def _assign(gm: torch.fx.GraphModule, stages: int, cuts: Sequence[str] | None) -
             i = min(range(lo, hi + 1), key=lambda i: (abs(before[i] - before[-1] * k / stages), i))
             starts.append(i)
     bounds = [0] + starts + [len(compute)]
-    return {n: s for s in range(len(bounds) - 1) for n in compute[bounds[s]:bounds[s + 1]]}
+    return {n: s for s in range(len(bounds) - 1) for n in compute[bounds[s] : bounds[s + 1]]}
 
 
 def _meta_of(node: torch.fx.Node) -> tuple[tuple[int, ...], str] | None:
@@ -132,8 +144,14 @@ def _producer(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
-def plan(model: nn.Module, example_inputs: tuple, stages: int = 2, *, cuts: Sequence[str] | None = None,
-         other_inputs: Sequence[tuple] = ()) -> Plan:
+def plan(
+    model: nn.Module,
+    example_inputs: tuple,
+    stages: int = 2,
+    *,
+    cuts: Sequence[str] | None = None,
+    other_inputs: Sequence[tuple] = (),
+) -> Plan:
     """Partitions ``model``'s forward into stages (``len(cuts) + 1`` when cuts are
     given: each names the node or module a new stage begins with). Edges whose
     shape and dtype are equal under ``example_inputs`` and every tuple in
@@ -183,13 +201,14 @@ def plan(model: nn.Module, example_inputs: tuple, stages: int = 2, *, cuts: Sequ
             src = int(str(prod.target).split("_")[1])
             meta = first[a.name]
             if meta is None:
-                raise PartitionError(f"value {a.name!r} crosses from stage {src} to {dst} but is not a tensor; "
-                                     f"only tensors may cross stages: cut elsewhere")
+                raise PartitionError(
+                    f"value {a.name!r} crosses from stage {src} to {dst} but is not a tensor; "
+                    f"only tensors may cross stages: cut elsewhere"
+                )
             static = all(o[a.name] == meta for o in others)
             old = edges.get(a.name)
             dsts = (old.dsts if old else ()) + (dst,)
-            edges[a.name] = Edge(a.name, src, dsts, "static" if static else "dynamic",
-                                 meta[0], meta[1])
+            edges[a.name] = Edge(a.name, src, dsts, "static" if static else "dynamic", meta[0], meta[1])
     inputs = [_meta_of(n) for n in top.graph.nodes if n.op == "placeholder"]
     return Plan(top, S, names, list(edges.values()), pbytes, [m[0] if m else None for m in inputs])
 

@@ -23,8 +23,12 @@ def launch_stages(stages: int, cfg: dict, die: tuple[int, int] | None) -> list[S
     store = TorchStore.host("127.0.0.1", 0, timeout)
     with Roles() as roles:
         for s in range(stages):
-            roles.spawn(f"stage {s}", stage_main, s, dict(cfg, store=store.address,
-                                                           die_at=die[1] if die and die[0] == s else None))
+            roles.spawn(
+                f"stage {s}",
+                stage_main,
+                s,
+                dict(cfg, store=store.address, die_at=die[1] if die and die[0] == s else None),
+            )
         try:
             roles.supervise(timeout * cfg["steps"] + 60, linger=LINGER_S)
         except RoleError as e:

@@ -18,27 +18,47 @@ from .stage import StageStats
 @dataclass
 class PipelineResult:
     stages: int
-    steps: int                       # timed steps (warm-up excluded)
+    steps: int  # timed steps (warm-up excluded)
     steps_per_s: float
-    plan: str                        # Plan.describe()
+    plan: str  # Plan.describe()
     edges: list[dict]
     stage_stats: list[StageStats]
-    outputs: list | None             # per step, the model's outputs (numpy), with collect / check
-    max_abs_error: float | None      # check: against the same run in one process (outputs; training:
-                                     # the final parameters and the losses)
-    losses: list | None = None       # training: the loss of every step
+    outputs: list | None  # per step, the model's outputs (numpy), with collect / check
+    max_abs_error: float | None  # check: against the same run in one process (outputs; training:
+    # the final parameters and the losses)
+    losses: list | None = None  # training: the loss of every step
 
     def to_dict(self) -> dict:
-        return {"stages": self.stages, "steps": self.steps, "steps_per_s": self.steps_per_s, "edges": self.edges,
-                "max_abs_error": self.max_abs_error, "losses": self.losses,
-                "stage_stats": [{k: v for k, v in vars(st).items() if k not in ("outputs", "params")}
-                                for st in self.stage_stats]}
+        return {
+            "stages": self.stages,
+            "steps": self.steps,
+            "steps_per_s": self.steps_per_s,
+            "edges": self.edges,
+            "max_abs_error": self.max_abs_error,
+            "losses": self.losses,
+            "stage_stats": [
+                {k: v for k, v in vars(st).items() if k not in ("outputs", "params")} for st in self.stage_stats
+            ],
+        }
 
 
-def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, stages: int = 2,
-        cuts: Sequence[str] | None = None, steps: int = 10, warmup: int = 1, transport: str = "auto",
-        seed: int = 0, probe_steps: Sequence[int] = (), collect: bool = False, check: bool = False,
-        timeout: float = 60.0, threads: int = 1, die: tuple[int, int] | None = None) -> PipelineResult:
+def run(
+    model_fn: Callable[[], nn.Module],
+    inputs_fn: Callable[[int], Any],
+    *,
+    stages: int = 2,
+    cuts: Sequence[str] | None = None,
+    steps: int = 10,
+    warmup: int = 1,
+    transport: str = "auto",
+    seed: int = 0,
+    probe_steps: Sequence[int] = (),
+    collect: bool = False,
+    check: bool = False,
+    timeout: float = 60.0,
+    threads: int = 1,
+    die: tuple[int, int] | None = None,
+) -> PipelineResult:
     """Runs ``steps`` forward passes of ``model_fn()`` on ``inputs_fn(step)``
     split into stages, one local process each (see the module's doc).
     ``probe_steps``: steps whose inputs also enter the plan's shape analysis
@@ -46,10 +66,27 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
     with the model run in this process. ``die=(stage, step)``: that stage
     exits at that step (tests)."""
     torch.manual_seed(seed)
-    p = plan(model_fn().eval(), as_tuple(inputs_fn(0)), stages, cuts=cuts,
-             other_inputs=[as_tuple(inputs_fn(i)) for i in probe_steps])
-    cfg = _config(model_fn, inputs_fn, stages, cuts, steps, warmup, transport, seed, probe_steps,
-                  collect or check, timeout, threads)
+    p = plan(
+        model_fn().eval(),
+        as_tuple(inputs_fn(0)),
+        stages,
+        cuts=cuts,
+        other_inputs=[as_tuple(inputs_fn(i)) for i in probe_steps],
+    )
+    cfg = _config(
+        model_fn,
+        inputs_fn,
+        stages,
+        cuts,
+        steps,
+        warmup,
+        transport,
+        seed,
+        probe_steps,
+        collect or check,
+        timeout,
+        threads,
+    )
     st = launch_stages(p.stages, cfg, die)
     outputs = err = None
     if collect or check:
@@ -69,11 +106,26 @@ def run(model_fn: Callable[[], nn.Module], inputs_fn: Callable[[int], Any], *, s
     return _result(p, st, outputs, err)
 
 
-def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, stages: int = 2,
-          cuts: Sequence[str] | None = None, steps: int = 10, warmup: int = 1, transport: str = "auto",
-          seed: int = 0, probe_steps: Sequence[int] = (), optimizer: Any = "sgd",
-          loss_fn: Callable | None = None, micro_batches: int = 1, check: bool = False, timeout: float = 60.0,
-          threads: int = 1, die: tuple[int, int] | None = None, **optimizer_kwargs: Any) -> PipelineResult:
+def train(
+    model_fn: Callable[[], nn.Module],
+    data_fn: Callable[[int], Any],
+    *,
+    stages: int = 2,
+    cuts: Sequence[str] | None = None,
+    steps: int = 10,
+    warmup: int = 1,
+    transport: str = "auto",
+    seed: int = 0,
+    probe_steps: Sequence[int] = (),
+    optimizer: Any = "sgd",
+    loss_fn: Callable | None = None,
+    micro_batches: int = 1,
+    check: bool = False,
+    timeout: float = 60.0,
+    threads: int = 1,
+    die: tuple[int, int] | None = None,
+    **optimizer_kwargs: Any,
+) -> PipelineResult:
     """Trains ``model_fn()`` split into stages on ``data_fn(step) -> (inputs,
     target)``: each step every stage runs its forward and sends its
     activations on; the last stage takes ``loss_fn(output, target)``
@@ -88,23 +140,34 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
     parameters with the same SGD in one process (models with dropout draw
     other masks there)."""
     from .. import ps
+
     if micro_batches < 1:
         raise ValueError(f"micro_batches must be >= 1, got {micro_batches}")
     torch.manual_seed(seed)
-    p = plan(model_fn(), micro_example(as_tuple(data_fn(0)[0]), micro_batches), stages, cuts=cuts,
-             other_inputs=[micro_example(as_tuple(data_fn(i)[0]), micro_batches) for i in probe_steps])
+    p = plan(
+        model_fn(),
+        micro_example(as_tuple(data_fn(0)[0]), micro_batches),
+        stages,
+        cuts=cuts,
+        other_inputs=[micro_example(as_tuple(data_fn(i)[0]), micro_batches) for i in probe_steps],
+    )
     owners: dict[int, set[int]] = {}
     for s in range(p.stages):
         for prm in p.stage_module(s).parameters():
             owners.setdefault(id(prm), set()).add(s)
     shared = [sorted(v) for v in owners.values() if len(v) > 1]
     if shared:
-        raise PartitionError(f"a parameter is used by stages {shared[0]}: weights shared across stages "
-                             f"cannot be trained apart; cut elsewhere")
-    cfg = _config(model_fn, data_fn, stages, cuts, steps, warmup, transport, seed, probe_steps, check, timeout,
-                  threads)
-    cfg["train"] = {"optimizer": optimizer, "kwargs": optimizer_kwargs, "micro_batches": micro_batches,
-                    "loss_fn": loss_fn or torch.nn.functional.cross_entropy}
+        raise PartitionError(
+            f"a parameter is used by stages {shared[0]}: weights shared across stages "
+            f"cannot be trained apart; cut elsewhere"
+        )
+    cfg = _config(model_fn, data_fn, stages, cuts, steps, warmup, transport, seed, probe_steps, check, timeout, threads)
+    cfg["train"] = {
+        "optimizer": optimizer,
+        "kwargs": optimizer_kwargs,
+        "micro_batches": micro_batches,
+        "loss_fn": loss_fn or torch.nn.functional.cross_entropy,
+    }
     st = launch_stages(p.stages, cfg, die)
     err = None
     if check:
@@ -127,19 +190,49 @@ def train(model_fn: Callable[[], nn.Module], data_fn: Callable[[int], Any], *, s
     return _result(p, st, None, err)
 
 
-def _config(model_fn, inputs_fn, stages, cuts, steps, warmup, transport, seed, probe_steps, collect, timeout,
-            threads) -> dict:
+def _config(
+    model_fn, inputs_fn, stages, cuts, steps, warmup, transport, seed, probe_steps, collect, timeout, threads
+) -> dict:
     if steps < 1 or warmup < 0 or warmup >= steps:
         raise ValueError(f"need steps >= 1 and 0 <= warmup < steps (got steps={steps}, warmup={warmup})")
-    return {"model_fn": model_fn, "inputs_fn": inputs_fn, "stages": stages, "cuts": list(cuts) if cuts else None,
-            "steps": steps, "warmup": warmup, "transport": transport, "seed": seed,
-            "probe_steps": list(probe_steps), "collect": collect, "timeout": timeout, "threads": threads}
+    return {
+        "model_fn": model_fn,
+        "inputs_fn": inputs_fn,
+        "stages": stages,
+        "cuts": list(cuts) if cuts else None,
+        "steps": steps,
+        "warmup": warmup,
+        "transport": transport,
+        "seed": seed,
+        "probe_steps": list(probe_steps),
+        "collect": collect,
+        "timeout": timeout,
+        "threads": threads,
+    }
 
 
 def _result(p: Plan, st: list[StageStats], outputs: list | None, err: float | None) -> PipelineResult:
     n = st[0].steps
     wall = max(x.t_end for x in st) - min(x.t_start for x in st)
-    return PipelineResult(p.stages, n, n / wall if wall > 0 else float("nan"), p.describe(),
-                          [{"name": e.name, "src": e.src, "dsts": list(e.dsts), "kind": e.kind,
-                            "shape": list(e.shape) if e.shape else None, "dtype": e.dtype, "bytes": e.nbytes}
-                           for e in p.edges], st, outputs, err, st[-1].losses or None)
+    return PipelineResult(
+        p.stages,
+        n,
+        n / wall if wall > 0 else float("nan"),
+        p.describe(),
+        [
+            {
+                "name": e.name,
+                "src": e.src,
+                "dsts": list(e.dsts),
+                "kind": e.kind,
+                "shape": list(e.shape) if e.shape else None,
+                "dtype": e.dtype,
+                "bytes": e.nbytes,
+            }
+            for e in p.edges
+        ],
+        st,
+        outputs,
+        err,
+        st[-1].losses or None,
+    )

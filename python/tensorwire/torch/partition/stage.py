@@ -21,8 +21,8 @@ from .gather import gather_slots
 from .graph import Edge, PartitionError, as_tuple, micro_example, plan
 from .sites import place_outputs
 
-DEPTH = 2                        # static slot buffers per edge: stage k+1 reads one while stage k fills the other
-KEYS = "tensorwire/partition"    # the stages' keys in the launcher's store: stage/<s> (address, device id), error
+DEPTH = 2  # static slot buffers per edge: stage k+1 reads one while stage k fills the other
+KEYS = "tensorwire/partition"  # the stages' keys in the launcher's store: stage/<s> (address, device id), error
 
 
 def meet(store: Store, s: int, stages: int, dev: tw.Device, timeout: float) -> list[tuple[str, int]]:
@@ -31,8 +31,15 @@ def meet(store: Store, s: int, stages: int, dev: tw.Device, timeout: float) -> l
     of a stage whose set-up failed)."""
     publish(store, f"{KEYS}/stage", s, json.dumps([dev.address, dev.id]))
     try:
-        got = gather(store, f"{KEYS}/stage", stages, timeout, f"publish an address within {timeout:g} s",
-                     f"{KEYS}/error", "stage")
+        got = gather(
+            store,
+            f"{KEYS}/stage",
+            stages,
+            timeout,
+            f"publish an address within {timeout:g} s",
+            f"{KEYS}/error",
+            "stage",
+        )
     except (Aborted, tw.Timeout) as e:
         raise PartitionError(f"stage {s}: {e}") from None
     return [tuple(json.loads(a)) for a in got]
@@ -51,8 +58,8 @@ class StageStats:
     t_start: float = 0.0
     t_end: float = 0.0
     outputs: list = field(default_factory=list)  # per step: {output index: numpy} of the outputs this stage produced
-    losses: list = field(default_factory=list)   # training, the last stage: the loss of every step
-    params: dict = field(default_factory=dict)   # training with collect: this stage's parameters and buffers
+    losses: list = field(default_factory=list)  # training, the last stage: the loss of every step
+    params: dict = field(default_factory=dict)  # training with collect: this stage's parameters and buffers
 
 
 def _static_shape(e: Edge) -> tuple[int, ...]:
@@ -97,8 +104,13 @@ class _Stage:
         self.model.train(bool(self.train))
         self.data_fn = cfg["inputs_fn"]
         self.micro = self.train["micro_batches"] if self.train else 1
-        p = self.plan = plan(self.model, self._example(0), cfg["stages"], cuts=cfg["cuts"],
-                             other_inputs=[self._example(i) for i in cfg["probe_steps"]])
+        p = self.plan = plan(
+            self.model,
+            self._example(0),
+            cfg["stages"],
+            cuts=cfg["cuts"],
+            other_inputs=[self._example(i) for i in cfg["probe_steps"]],
+        )
         self.sub = p.stage_module(s)
         self.call = next(n for n in p.module.graph.nodes if n.op == "call_module" and n.target == f"submod_{s}")
         self.placeholders = [n.name for n in p.module.graph.nodes if n.op == "placeholder"]
@@ -108,31 +120,37 @@ class _Stage:
         self.incoming = [e for e in p.edges if s in e.dsts]
         self.outgoing = [e for e in p.edges if e.src == s]
         # where each value this stage produces sits in the submodule's return value
-        self.rets = [(u.name, u.args[1]) for u in self.call.users
-                     if u.op == "call_function" and u.target is operator.getitem]
+        self.rets = [
+            (u.name, u.args[1]) for u in self.call.users if u.op == "call_function" and u.target is operator.getitem
+        ]
         self.single = not self.rets
         self.index = dict(self.rets) if self.rets else {self.call.name: 0}
-        self.loss_stage = bool(self.train) and any(isinstance(f, torch.fx.Node) and f.name in self.index
-                                                   for f in self.finals)
+        self.loss_stage = bool(self.train) and any(
+            isinstance(f, torch.fx.Node) and f.name in self.index for f in self.finals
+        )
         if self.train and (len(self.finals) != 1 or (self.loss_stage and s != p.stages - 1)):
             raise PartitionError("training needs one model output, made by the last stage")
         self.dev = tw.Device(transport=cfg["transport"])
         dev = self.dev
         # forward: a slot per edge read here; training: a slot per (edge, reader) for the gradients coming back
         self.slots = {e.name: self._slot(f"pp/{e.name}", e) for e in self.incoming}
-        self.gslots = ({(e.name, t): self._slot(f"pg/{e.name}/{t}", e) for e in self.outgoing for t in e.dsts}
-                       if self.train else {})
+        self.gslots = (
+            {(e.name, t): self._slot(f"pg/{e.name}/{t}", e) for e in self.outgoing for t in e.dsts}
+            if self.train
+            else {}
+        )
         addresses = meet(store, s, cfg["stages"], dev, cfg["timeout"])
         to = {t for e in self.outgoing for t in e.dsts} | ({e.src for e in self.incoming} if self.train else set())
-        self.peers = {addresses[t][1]: f"stage {t} ({addresses[t][0]})"
-                      for t in to | {e.src for e in self.incoming}}
+        self.peers = {addresses[t][1]: f"stage {t} ({addresses[t][0]})" for t in to | {e.src for e in self.incoming}}
         self.seen: set[int] = set()
         channels = {t: dev.connect(addresses[t][0]) for t in to}
         self.watched = list(channels.values())  # every gather fails as soon as one of these stages is gone
-        self.senders = {(e.name, t): self._sender(channels[t], f"pp/{e.name}", e)
-                        for e in self.outgoing for t in e.dsts}
-        self.gsenders = ({e.name: self._sender(channels[e.src], f"pg/{e.name}/{s}", e) for e in self.incoming}
-                         if self.train else {})
+        self.senders = {
+            (e.name, t): self._sender(channels[t], f"pp/{e.name}", e) for e in self.outgoing for t in e.dsts
+        }
+        self.gsenders = (
+            {e.name: self._sender(channels[e.src], f"pg/{e.name}/{s}", e) for e in self.incoming} if self.train else {}
+        )
         self.stats = StageStats(s)
 
     def _model_inputs(self, item: Any) -> tuple:
@@ -144,17 +162,24 @@ class _Stage:
 
     def _slot(self, name: str, e: Edge) -> Any:
         # a stage holds every micro-batch's activations until its backward
-        return (self.dev.static_slot(name, _static_shape(e), e.dtype, depth=max(DEPTH, self.micro)) if e.kind == "static"
-                else self.dev.dynamic_slot(name))
+        return (
+            self.dev.static_slot(name, _static_shape(e), e.dtype, depth=max(DEPTH, self.micro))
+            if e.kind == "static"
+            else self.dev.dynamic_slot(name)
+        )
 
     def _sender(self, ch: Any, name: str, e: Edge) -> Any:
         t = self.cfg["timeout"]
-        return (ch.static_sender(name, path="copy", timeout=t) if e.kind == "static"
-                else ch.dynamic_sender(name, path="copy", timeout=t))
+        return (
+            ch.static_sender(name, path="copy", timeout=t)
+            if e.kind == "static"
+            else ch.dynamic_sender(name, path="copy", timeout=t)
+        )
 
     def _gather(self, slots: dict, step: int) -> dict:
-        return gather_slots(self.dev, dict(slots), self.watched, self.peers, self.seen, self.cfg["timeout"], self.who,
-                            step)
+        return gather_slots(
+            self.dev, dict(slots), self.watched, self.peers, self.seen, self.cfg["timeout"], self.who, step
+        )
 
     def _inputs(self, step: int, micro: int = 1) -> tuple[dict, Any]:
         """(placeholder name -> tensor, target) of a step, when this stage reads them
@@ -169,10 +194,12 @@ class _Stage:
                 if shp is not None and micro > 1 and t.shape[0] % micro == 0:
                     shp = (shp[0] * micro,) + tuple(shp[1:])
                 if shp is not None and tuple(t.shape) != shp:
-                    raise PartitionError(f"{self.who}: input {i} of step {step} has shape {tuple(t.shape)}, the "
-                                         f"plan's example {shp}; probe that shape too (plan(other_inputs=...), "
-                                         f"run(probe_steps=...), several --batch sizes) so that the edges "
-                                         f"whose shapes follow it go dynamic")
+                    raise PartitionError(
+                        f"{self.who}: input {i} of step {step} has shape {tuple(t.shape)}, the "
+                        f"plan's example {shp}; probe that shape too (plan(other_inputs=...), "
+                        f"run(probe_steps=...), several --batch sizes) so that the edges "
+                        f"whose shapes follow it go dynamic"
+                    )
         return dict(zip(self.placeholders, x)), (item[1] if self.train else None)
 
     def _send(self, senders: list, value: torch.Tensor, block: Any = None) -> list:
@@ -188,8 +215,13 @@ class _Stage:
 
     def _collect(self, out: Any, outs: list) -> None:
         env_out = {self.call.name: out} if self.single else {n: outs[i] for n, i in self.rets}
-        self.stats.outputs.append({j: env_out[f.name].detach().clone().numpy() for j, f in enumerate(self.finals)
-                                   if isinstance(f, torch.fx.Node) and f.name in env_out})
+        self.stats.outputs.append(
+            {
+                j: env_out[f.name].detach().clone().numpy()
+                for j, f in enumerate(self.finals)
+                if isinstance(f, torch.fx.Node) and f.name in env_out
+            }
+        )
 
     def _book(self, step: int, clock: _Split) -> None:
         if step >= self.cfg["warmup"]:
@@ -221,8 +253,11 @@ class _Stage:
             reqs = []
             for e in self.outgoing:
                 zero = e.name in blocks and self.index[e.name] in in_place
-                reqs += self._send([self.senders[(e.name, t)] for t in e.dsts], outs[self.index[e.name]],
-                                   blocks[e.name] if zero else None)
+                reqs += self._send(
+                    [self.senders[(e.name, t)] for t in e.dsts],
+                    outs[self.index[e.name]],
+                    blocks[e.name] if zero else None,
+                )
             # the next step rewrites the registered outputs, and an output may be a view of a slot
             # buffer read here: the sends must be done before either
             self._wait(reqs)
@@ -236,6 +271,7 @@ class _Stage:
     def fit(self) -> None:
         """Training steps: forward, the gradients of the activations back, an optimizer step per stage."""
         from .. import ps
+
         cfg, tr = self.cfg, self.train
         assert tr is not None  # fit runs the stages of a training plan (stage_main)
         params = list(self.sub.parameters())
@@ -266,8 +302,7 @@ class _Stage:
                 fwd.append((leaves, out, outs))
                 clock.lap("compute")
                 for e in self.outgoing:
-                    reqs += self._send([self.senders[(e.name, t)] for t in e.dsts],
-                                       outs[self.index[e.name]].detach())
+                    reqs += self._send([self.senders[(e.name, t)] for t in e.dsts], outs[self.index[e.name]].detach())
                 clock.lap("send")
             self._wait(reqs)
             clock.lap("send")
@@ -292,8 +327,7 @@ class _Stage:
                     for e in self.outgoing:
                         v = outs[self.index[e.name]]
                         gs = [_slot_tensor(back[(e.name, t)], e) for t in e.dsts]
-                        gheld += [(self.gslots[(e.name, t)], back[(e.name, t)]) for t in e.dsts
-                                  if e.kind == "static"]
+                        gheld += [(self.gslots[(e.name, t)], back[(e.name, t)]) for t in e.dsts if e.kind == "static"]
                         if v.requires_grad:
                             roots.append(v)
                             grads.append(gs[0] if len(gs) == 1 else torch.stack(gs).sum(0))
@@ -304,8 +338,9 @@ class _Stage:
                 clock.lap("compute")
                 for e in self.incoming:
                     g = leaves[e.name].grad
-                    reqs += self._send([self.gsenders[e.name]],
-                                       g if g is not None else torch.zeros_like(leaves[e.name]))
+                    reqs += self._send(
+                        [self.gsenders[e.name]], g if g is not None else torch.zeros_like(leaves[e.name])
+                    )
                 clock.lap("send")
             if self.loss_stage:
                 self.stats.losses.append(step_loss)
@@ -343,8 +378,11 @@ def stage_main(conn: Any, s: int, cfg: dict) -> None:
         st.fit() if st.train else st.infer()
         st.finish()
     except BaseException as e:  # noqa: BLE001 - reported to the launcher, which fails the run
-        msg = str(e) if isinstance(e, (PartitionError, tw.Error)) else f"{type(e).__name__}: {e}\n" \
-                                                                         f"{traceback.format_exc()}"
+        msg = (
+            str(e)
+            if isinstance(e, (PartitionError, tw.Error))
+            else f"{type(e).__name__}: {e}\n{traceback.format_exc()}"
+        )
         if st is None and store is not None:  # set-up: the stages waiting for this one learn why at once
             try:
                 store.set(f"{KEYS}/error", f"stage {s}: {msg}")

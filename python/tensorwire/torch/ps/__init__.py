@@ -64,8 +64,23 @@ import of them, so a test that patches one patches it where it is read
 (BYE_GRACE_S in ``server``).
 """
 
-from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, STEP_FIELDS, PSError, Stats,
-                     VarSpec, Wait, Watch, check_specs, make_optimizer, place, variables)
+from .common import (
+    BYE_GRACE_S,
+    DEFAULT_TIMEOUT_S,
+    MALLOC_ENV,
+    MODES,
+    PLACEMENTS,
+    STEP_FIELDS,
+    PSError,
+    Stats,
+    VarSpec,
+    Wait,
+    Watch,
+    check_specs,
+    make_optimizer,
+    place,
+    variables,
+)
 from .gloo import GlooServer, GlooWorker
 from .launch import TrainConfig, TrainResult, train
 from .memory import NO_GPU, Memory, cuda_problem
@@ -73,6 +88,23 @@ from .reference import reference_sgd
 from .server import Server
 from .worker import Worker
 
-__all__ = ["Server", "Worker", "GlooServer", "GlooWorker", "train", "TrainResult", "PSError", "VarSpec",
-           "variables", "place", "PLACEMENTS", "check_specs", "make_optimizer", "reference_sgd", "MODES",
-           "Memory", "cuda_problem", "NO_GPU"]
+__all__ = [
+    "Server",
+    "Worker",
+    "GlooServer",
+    "GlooWorker",
+    "train",
+    "TrainResult",
+    "PSError",
+    "VarSpec",
+    "variables",
+    "place",
+    "PLACEMENTS",
+    "check_specs",
+    "make_optimizer",
+    "reference_sgd",
+    "MODES",
+    "Memory",
+    "cuda_problem",
+    "NO_GPU",
+]

@@ -16,7 +16,7 @@ from torch import nn
 import tensorwire as tw
 
 MODES = ("zerocopy", "copy", "gloo")
-BYE_GRACE_S = 10.0      # after a worker's goodbye, how long a server waits for the others to finish
+BYE_GRACE_S = 10.0  # after a worker's goodbye, how long a server waits for the others to finish
 # glibc malloc: keep big freed blocks in the heap instead of unmapping them. The
 # tensors autograd allocates every step (activations, fresh gradients) then reuse
 # memory that is already mapped, instead of page-faulting hundreds of MiB of fresh
@@ -48,6 +48,7 @@ class PSError(tw.Error):
 
 # --------------------------------------------------------------------- variables
 
+
 @dataclass(frozen=True)
 class VarSpec:
     name: str
@@ -71,8 +72,7 @@ def variables(model: nn.Module) -> list[tuple[VarSpec, nn.Parameter]]:
     """The model's trainable variables in a fixed order (named_parameters), with
     ``sparse`` set for the weights of ``nn.Embedding``/``nn.EmbeddingBag`` built
     with ``sparse=True``."""
-    sparse_ids = {id(m.weight) for m in model.modules()
-                  if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse}
+    sparse_ids = {id(m.weight) for m in model.modules() if isinstance(m, (nn.Embedding, nn.EmbeddingBag)) and m.sparse}
     out = []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -119,8 +119,10 @@ def check_specs(reference: Sequence[VarSpec], other: Sequence[VarSpec], rank: in
         if r is None:
             return f"worker {rank}'s model has a variable {v.name!r} that worker 0's model does not have"
         if r.shape != v.shape or r.dtype != v.dtype:
-            return (f"worker {rank}'s model differs from worker 0's at variable {v.name!r}: "
-                    f"{v.dtype}{list(v.shape)} vs {r.dtype}{list(r.shape)}")
+            return (
+                f"worker {rank}'s model differs from worker 0's at variable {v.name!r}: "
+                f"{v.dtype}{list(v.shape)} vs {r.dtype}{list(r.shape)}"
+            )
         if r.sparse != v.sparse:
             return f"worker {rank}'s variable {v.name!r} is {'sparse' if v.sparse else 'dense'}, not as worker 0's"
     names = {o.name for o in other}
@@ -129,8 +131,10 @@ def check_specs(reference: Sequence[VarSpec], other: Sequence[VarSpec], rank: in
         return f"worker {rank}'s model lacks variable {missing[0]!r} of worker 0's model"
     for i, (a, b) in enumerate(zip(reference, other)):
         if a.name != b.name:
-            return (f"worker {rank}'s model orders its variables differently from worker 0's "
-                    f"(variable {i} is {b.name!r}, not {a.name!r})")
+            return (
+                f"worker {rank}'s model orders its variables differently from worker 0's "
+                f"(variable {i} is {b.name!r}, not {a.name!r})"
+            )
     return None
 
 
@@ -139,9 +143,14 @@ def make_optimizer(optimizer: Any, params: Sequence[torch.Tensor], **kwargs: Any
     ``functools.partial(torch.optim.SGD, lr=0.1)``), an optimizer class, or a
     name: sgd, adam, adamw, adagrad, rmsprop (keyword arguments go to it)."""
     if isinstance(optimizer, str):
-        names = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
-                 "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop,
-                 "sparseadam": torch.optim.SparseAdam}
+        names = {
+            "sgd": torch.optim.SGD,
+            "adam": torch.optim.Adam,
+            "adamw": torch.optim.AdamW,
+            "adagrad": torch.optim.Adagrad,
+            "rmsprop": torch.optim.RMSprop,
+            "sparseadam": torch.optim.SparseAdam,
+        }
         if optimizer.lower() not in names:
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {', '.join(names)}")
         cls = names[optimizer.lower()]
@@ -162,6 +171,7 @@ def torch_dtype(name: str) -> torch.dtype:
 def tensor_of_view(view: Any, spec: VarSpec) -> torch.Tensor:
     """A torch tensor over a slot's numpy view (zero copy)."""
     import numpy as np
+
     if spec.dtype == "bfloat16":  # numpy sees raw uint16
         return torch.from_numpy(np.asarray(view)).view(torch.bfloat16)
     return torch.from_numpy(view)
@@ -176,6 +186,7 @@ def to_device(x: Any, device: str | torch.device) -> Any:
 
 # --------------------------------------------------------------------- waiting on peers
 
+
 def _peer_ids(dev: tw.Device) -> set[int]:
     return {int(p["device_id"]) for p in dev.peers()}
 
@@ -184,6 +195,7 @@ def _peer_ids(dev: tw.Device) -> set[int]:
 class Wait:
     """A give-up check's answer: that worker left on purpose; keep waiting for
     the rest until ``until`` (time.monotonic()), when the check is asked again."""
+
     until: float
 
 
@@ -202,7 +214,7 @@ class Watch:
         self.dev, self.timeout, self.who = dev, timeout, who
         self.peers: dict[int, str] = {}  # device id -> description
         self.channels: dict[int, Any] = {}  # device id -> a channel to it, watched by every wait
-        self.excused: set[int] = set()   # peers that said goodbye: their leaving is no failure
+        self.excused: set[int] = set()  # peers that said goodbye: their leaving is no failure
         self.partner: Callable[[], str | None] | None = None  # a colocated role's failure, if any
         self._alarm_block = dev.empty(1, "uint64")
         self._alarm = memoryview(self._alarm_block).cast("B").cast("Q")
@@ -316,6 +328,7 @@ STEP_FIELDS = ("step_s", "compute_s", "push_s", "aggregate_s", "pull_s")
 @dataclass
 class Stats:
     """Per-step timings (seconds) and bytes of one process."""
+
     role: str
     rank: int
     mode: str
@@ -334,9 +347,15 @@ class Stats:
         keys = sorted({k for s in self.steps for k in s})
         extra = self.mean("extra_copied", skip)  # gradients autograd left outside their block, moved there
         staged = self.mean("extra_staged", skip)  # sparse gradients staged (GDR off): their size varies
-        return {"role": self.role, "rank": self.rank, "mode": self.mode, "steps": len(self.steps),
-                "mean": {k: self.mean(k, skip) for k in keys},
-                "bytes_copied_per_step": self.bytes_copied_per_step + (0 if math.isnan(extra) else round(extra)),
-                "bytes_sent_per_step": self.bytes_sent_per_step, "registrations": self.registrations,
-                "bytes_staged_per_step": self.bytes_staged_per_step + (0 if math.isnan(staged) else round(staged)),
-                **self.extra}
+        return {
+            "role": self.role,
+            "rank": self.rank,
+            "mode": self.mode,
+            "steps": len(self.steps),
+            "mean": {k: self.mean(k, skip) for k in keys},
+            "bytes_copied_per_step": self.bytes_copied_per_step + (0 if math.isnan(extra) else round(extra)),
+            "bytes_sent_per_step": self.bytes_sent_per_step,
+            "registrations": self.registrations,
+            "bytes_staged_per_step": self.bytes_staged_per_step + (0 if math.isnan(staged) else round(staged)),
+            **self.extra,
+        }

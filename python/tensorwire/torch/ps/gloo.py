@@ -13,8 +13,18 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .common import (DEFAULT_TIMEOUT_S, PSError, Stats, VarSpec, mean_into, torch_dtype, check_specs,
-                     make_optimizer, place, variables)
+from .common import (
+    DEFAULT_TIMEOUT_S,
+    PSError,
+    Stats,
+    VarSpec,
+    mean_into,
+    torch_dtype,
+    check_specs,
+    make_optimizer,
+    place,
+    variables,
+)
 
 
 class _Mailbox:
@@ -73,19 +83,32 @@ class GlooGroup:
     rank r is worker r and server r, one object shared by both roles of the
     process, and what one role sends the other goes through a mailbox."""
 
-    def __init__(self, role: str, rank: int, num_servers: int, num_workers: int, init_method: str,
-                 timeout: float, colocated: bool = False) -> None:
+    def __init__(
+        self,
+        role: str,
+        rank: int,
+        num_servers: int,
+        num_workers: int,
+        init_method: str,
+        timeout: float,
+        colocated: bool = False,
+    ) -> None:
         import datetime
         import torch.distributed as dist
+
         self.dist = dist
         self.S, self.W = num_servers, num_workers
         self.colocated = colocated
         self.mail = _Mailbox(timeout) if colocated else None
         self.global_rank = rank if colocated or role == "server" else num_servers + rank
         if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method=init_method, rank=self.global_rank,
-                                    world_size=num_workers if colocated else num_servers + num_workers,
-                                    timeout=datetime.timedelta(seconds=timeout))
+            dist.init_process_group(
+                "gloo",
+                init_method=init_method,
+                rank=self.global_rank,
+                world_size=num_workers if colocated else num_servers + num_workers,
+                timeout=datetime.timedelta(seconds=timeout),
+            )
 
     def _mailbox(self) -> _Mailbox:
         assert self.mail is not None  # a colocated group's (the only one that messages itself)
@@ -122,7 +145,7 @@ class GlooGroup:
             return self._mailbox().take(("server", "specs"))
         objs: list = [None] * self.dist.get_world_size()
         self.dist.all_gather_object(objs, [v.to_json() for v in specs] if specs is not None else None)
-        out = [[VarSpec.from_json(v) for v in o] for o in objs[self.worker_rank(0):]]
+        out = [[VarSpec.from_json(v) for v in o] for o in objs[self.worker_rank(0) :]]
         if self.colocated:
             self._mailbox().put(("server", "specs"), out)
         return out
@@ -163,9 +186,18 @@ class GlooServer:
     """The parameter server of the gloo baseline: the same algorithm as
     :class:`Server`, every tensor moved by torch.distributed send/recv."""
 
-    def __init__(self, rank: int, num_servers: int, num_workers: int, init_method: str, optimizer: Any = "sgd",
-                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced", group: GlooGroup | None = None,
-                 **optimizer_kwargs: Any) -> None:
+    def __init__(
+        self,
+        rank: int,
+        num_servers: int,
+        num_workers: int,
+        init_method: str,
+        optimizer: Any = "sgd",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        placement: str = "balanced",
+        group: GlooGroup | None = None,
+        **optimizer_kwargs: Any,
+    ) -> None:
         self.rank, self.W = rank, num_workers
         self.who = f"server {rank}"
         self._own_group = group is None  # a group passed in is shared with a colocated GlooWorker
@@ -180,24 +212,33 @@ class GlooServer:
             self.g.recv(m.data, self.g.worker_rank(0), tag, "server")  # initial values from worker 0
         self.opt = make_optimizer(optimizer, list(self.master), **optimizer_kwargs)
         # a dense variable's receive buffer per worker (a sparse one's arrive in fresh tensors)
-        self.bufs = [[torch.empty(v.shape, dtype=torch_dtype(v.dtype)) for _ in range(num_workers)]
-                     if not v.sparse else [] for v in self.vars]
+        self.bufs = [
+            [torch.empty(v.shape, dtype=torch_dtype(v.dtype)) for _ in range(num_workers)] if not v.sparse else []
+            for v in self.vars
+        ]
         remote = num_workers - (1 if self.g.colocated else 0)  # a colocated worker is served by memcpy
         self.stats.bytes_sent_per_step = remote * sum(v.nbytes for v in self.vars)
         self.stats.extra["vars"] = [v.name for v in self.vars]
         self._send_params()
 
     def _send_params(self) -> None:
-        reqs = [self.g.isend(m.detach(), self.g.worker_rank(w), tag, "worker")
-                for m, tag in zip(self.master, self.tags) for w in range(self.W)]
+        reqs = [
+            self.g.isend(m.detach(), self.g.worker_rank(w), tag, "worker")
+            for m, tag in zip(self.master, self.tags)
+            for w in range(self.W)
+        ]
         for r in reqs:
             r.wait()
 
     def step(self) -> None:
         g, W = self.g, self.W
         t0 = time.perf_counter()
-        dense = [g.irecv(self.bufs[i][w], g.worker_rank(w), tag, "server")
-                 for i, (v, tag) in enumerate(zip(self.vars, self.tags)) if not v.sparse for w in range(W)]
+        dense = [
+            g.irecv(self.bufs[i][w], g.worker_rank(w), tag, "server")
+            for i, (v, tag) in enumerate(zip(self.vars, self.tags))
+            if not v.sparse
+            for w in range(W)
+        ]
         sparse = {}
         for i, (v, tag) in enumerate(zip(self.vars, self.tags)):
             if v.sparse:
@@ -219,8 +260,16 @@ class GlooServer:
         t3 = time.perf_counter()
         self._send_params()
         t4 = time.perf_counter()
-        self.stats.steps.append({"wait_s": t1 - t0, "sum_s": t2 - t1, "optimizer_s": t3 - t2,
-                                 "aggregate_s": t3 - t1, "pull_s": t4 - t3, "step_s": t4 - t0})
+        self.stats.steps.append(
+            {
+                "wait_s": t1 - t0,
+                "sum_s": t2 - t1,
+                "optimizer_s": t3 - t2,
+                "aggregate_s": t3 - t1,
+                "pull_s": t4 - t3,
+                "step_s": t4 - t0,
+            }
+        )
 
     def run(self, steps: int) -> Stats:
         try:
@@ -235,9 +284,17 @@ class GlooServer:
 class GlooWorker:
     """A worker of the gloo baseline (same interface as :class:`Worker`)."""
 
-    def __init__(self, model: nn.Module, rank: int, num_servers: int, num_workers: int, init_method: str,
-                 timeout: float = DEFAULT_TIMEOUT_S, placement: str = "balanced",
-                 group: GlooGroup | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        rank: int,
+        num_servers: int,
+        num_workers: int,
+        init_method: str,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        placement: str = "balanced",
+        group: GlooGroup | None = None,
+    ) -> None:
         self.model, self.rank = model, rank
         self.who = f"worker {rank}"
         self._own_group = group is None  # a group passed in is shared with a colocated GlooServer
@@ -256,13 +313,15 @@ class GlooWorker:
             p.grad = None
         self._pull()
         local = rank if g.colocated else -1  # a colocated server's variables are pushed by memcpy
-        self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
-                                             if not v.sparse and s != local)
+        self.stats.bytes_sent_per_step = sum(
+            v.nbytes for (v, _), s in zip(self.vars, self.owner) if not v.sparse and s != local
+        )
 
     def _pull(self) -> float:
         g = self.g
-        reqs = [g.irecv(p.data, g.server_rank(s), i, "worker")
-                for i, ((v, p), s) in enumerate(zip(self.vars, self.owner))]
+        reqs = [
+            g.irecv(p.data, g.server_rank(s), i, "worker") for i, ((v, p), s) in enumerate(zip(self.vars, self.owner))
+        ]
         reqs[0].wait()
         t_first = time.perf_counter()
         for r in reqs[1:]:
@@ -285,8 +344,9 @@ class GlooWorker:
             if grad is None and not v.sparse:  # the parameter took no part in this loss
                 p.grad = grad = torch.zeros_like(p)
             if grad is None:
-                raise PSError(f"the sparse parameter {v.name!r} took no part in this loss, "
-                              f"so it has no gradient to push")
+                raise PSError(
+                    f"the sparse parameter {v.name!r} took no part in this loss, so it has no gradient to push"
+                )
             if v.sparse:
                 reqs += _send_sparse(g, grad, g.server_rank(s), i)
             else:
@@ -297,8 +357,16 @@ class GlooWorker:
         t_first = self._pull()
         t3 = time.perf_counter()
         self.steps_done += 1
-        self.stats.steps.append({"compute_s": t1 - t0, "push_s": t2 - t1, "aggregate_s": max(0.0, t_first - t2),
-                                 "pull_s": t3 - max(t_first, t2), "step_s": t3 - t0, "loss": float(loss.detach())})
+        self.stats.steps.append(
+            {
+                "compute_s": t1 - t0,
+                "push_s": t2 - t1,
+                "aggregate_s": max(0.0, t_first - t2),
+                "pull_s": t3 - max(t_first, t2),
+                "step_s": t3 - t0,
+                "loss": float(loss.detach()),
+            }
+        )
         return float(loss.detach())
 
     def close(self) -> None:

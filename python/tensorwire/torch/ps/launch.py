@@ -25,8 +25,7 @@ from ...progress import Progress
 from ...ranks.launch import free_port
 from ...ranks.rendezvous import Aborted, Store, TorchStore, gather, publish
 from ...ranks.roles import RoleError, Roles
-from .common import (DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, default_loss, server_lanes,
-                     to_device)
+from .common import DEFAULT_TIMEOUT_S, MALLOC_ENV, MODES, PLACEMENTS, PSError, default_loss, server_lanes, to_device
 from .gloo import GlooGroup, GlooServer, GlooWorker
 from .memory import Memory, cuda_problem
 from .server import Server
@@ -36,8 +35,9 @@ from .worker import Worker
 @dataclass
 class TrainConfig:
     """Everything a spawned role needs (picklable)."""
+
     model_fn: Callable[..., nn.Module]
-    data_fn: Callable[[int, int], Any]          # (worker rank, step) -> (inputs, target)
+    data_fn: Callable[[int, int], Any]  # (worker rank, step) -> (inputs, target)
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
     workers: int = 2
     servers: int = 2
@@ -52,13 +52,12 @@ class TrainConfig:
     threads: int = 1
     collect_params: bool = False
     progress: bool = False
-    die: tuple[int, int] | None = None           # (worker rank, step): that worker exits there (tests)
+    die: tuple[int, int] | None = None  # (worker rank, step): that worker exits there (tests)
     model_fn_takes_rank: bool = False
-    placement: str = "balanced"                  # see place()
-    colocate: bool = False                       # process r runs worker r and server r (the paper's layout)
-    device: str = "cpu"                          # where every role computes: cpu, cuda, cuda:N (ps.memory)
-    gdr: bool | None = None                      # GPU memory moved directly (default) or staged via host
-
+    placement: str = "balanced"  # see place()
+    colocate: bool = False  # process r runs worker r and server r (the paper's layout)
+    device: str = "cpu"  # where every role computes: cpu, cuda, cuda:N (ps.memory)
+    gdr: bool | None = None  # GPU memory moved directly (default) or staged via host
 
 
 def _build_model(cfg: TrainConfig, rank: int) -> nn.Module:
@@ -73,8 +72,10 @@ _BUILD_LOCK = threading.Lock()
 def _keys() -> str:
     """Where the servers' addresses meet in the run's store: one run and attempt
     of a torchrun job (a restart never reads the last attempt's), "run/0" otherwise."""
-    return (f"tensorwire/ps/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
-            f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}")
+    return (
+        f"tensorwire/ps/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/"
+        f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    )
 
 
 def publish_server(store: Store, rank: int, address: str) -> None:
@@ -85,8 +86,18 @@ def server_addresses(store: Store, servers: int, timeout: float) -> list[str]:
     """Every server's address, once all published theirs (PSError naming the
     missing ones after `timeout` s, or as soon as a role said setup failed)."""
     try:
-        return [a.decode() for a in gather(store, f"{_keys()}/server", servers, timeout,
-                                           f"publish an address within {timeout:g} s", f"{_keys()}/error", "server")]
+        return [
+            a.decode()
+            for a in gather(
+                store,
+                f"{_keys()}/server",
+                servers,
+                timeout,
+                f"publish an address within {timeout:g} s",
+                f"{_keys()}/error",
+                "server",
+            )
+        ]
     except (Aborted, tw.Timeout) as e:
         raise PSError(str(e)) from None
 
@@ -123,9 +134,14 @@ def worker_loop(cfg: TrainConfig, rank: int, worker: Any, model: nn.Module) -> d
             samples += _samples(x)
         bar.step(f"loss {losses[-1]:.4f}")
     t_end = time.perf_counter()
-    out = {"losses": losses, "elapsed_s": t_end - (t_start or t_begin), "samples": samples,
-           "step_times": [st["step_s"] for st in worker.stats.steps],
-           "total_s": t_end - t_begin, "stats": worker.stats.to_dict(skip=cfg.warmup)}
+    out = {
+        "losses": losses,
+        "elapsed_s": t_end - (t_start or t_begin),
+        "samples": samples,
+        "step_times": [st["step_s"] for st in worker.stats.steps],
+        "total_s": t_end - t_begin,
+        "stats": worker.stats.to_dict(skip=cfg.warmup),
+    }
     if cfg.collect_params:
         # numpy, not torch: torch pickles tensors through shared memory that dies with this process
         out["params"] = {n: p.detach().cpu().numpy().copy() for n, p in model.named_parameters()}
@@ -142,14 +158,35 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
         group = GlooGroup("both", rank, cfg.servers, cfg.workers, init_method, cfg.timeout, colocated=True)
 
         def serve() -> None:
-            srv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
-                             cfg.placement, group=group, **cfg.optimizer_kwargs)
+            srv = GlooServer(
+                rank,
+                cfg.servers,
+                cfg.workers,
+                init_method,
+                cfg.optimizer,
+                cfg.timeout,
+                cfg.placement,
+                group=group,
+                **cfg.optimizer_kwargs,
+            )
             box["stats"] = srv.run(cfg.steps).to_dict(skip=cfg.warmup)
     else:
         assert store is not None  # where the servers publish their addresses (the launcher's, but for gloo)
         dev = tw.Device(transport=cfg.transport, workers=server_lanes(cfg.workers))
-        srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport, timeout=cfg.timeout,
-                     placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr, **cfg.optimizer_kwargs)
+        srv = Server(
+            rank,
+            cfg.servers,
+            cfg.workers,
+            cfg.optimizer,
+            cfg.mode,
+            cfg.transport,
+            timeout=cfg.timeout,
+            placement=cfg.placement,
+            device=dev,
+            compute=cfg.device,
+            gdr=cfg.gdr,
+            **cfg.optimizer_kwargs,
+        )
         publish_server(store, rank, srv.address)
         addresses = server_addresses(store, cfg.servers, cfg.timeout)
 
@@ -169,11 +206,21 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
     model = _build_model(cfg, rank)
     if cfg.mode == "gloo":
         assert init_method is not None
-        w: Any = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement,
-                            group=group)
+        w: Any = GlooWorker(model, rank, cfg.servers, cfg.workers, init_method, cfg.timeout, cfg.placement, group=group)
     else:
-        w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
-                   placement=cfg.placement, device=dev, compute=cfg.device, gdr=cfg.gdr)
+        w = Worker(
+            model,
+            addresses,
+            rank,
+            cfg.workers,
+            cfg.mode,
+            cfg.transport,
+            timeout=cfg.timeout,
+            placement=cfg.placement,
+            device=dev,
+            compute=cfg.device,
+            gdr=cfg.gdr,
+        )
         w.watch.partner = lambda: box.get("error") and f"its colocated server failed: {box['error']}"
         box["watch"] = w.watch
     try:
@@ -190,8 +237,9 @@ def _colocated(cfg: TrainConfig, rank: int, store: Store | None, init_method: st
     return {"worker": result, "server": {"stats": box["stats"]}}
 
 
-def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, store_address: str | None,
-               init_method: str | None) -> None:
+def _role_main(
+    conn: Any, role: str, rank: int, cfg: TrainConfig, store_address: str | None, init_method: str | None
+) -> None:
     """Entry point of a spawned process: runs one role, sends its result (or error)
     back. `store_address`: the launcher's TCPStore (not for gloo)."""
     torch.set_num_threads(cfg.threads)
@@ -203,8 +251,16 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, store_address:
         elif cfg.mode == "gloo":
             assert init_method is not None  # gloo's rendezvous (the launcher's, in gloo mode)
             if role == "server":
-                gsrv = GlooServer(rank, cfg.servers, cfg.workers, init_method, cfg.optimizer, cfg.timeout,
-                                  cfg.placement, **cfg.optimizer_kwargs)
+                gsrv = GlooServer(
+                    rank,
+                    cfg.servers,
+                    cfg.workers,
+                    init_method,
+                    cfg.optimizer,
+                    cfg.timeout,
+                    cfg.placement,
+                    **cfg.optimizer_kwargs,
+                )
                 result = {"stats": gsrv.run(cfg.steps).to_dict(skip=cfg.warmup)}
             else:
                 model = _build_model(cfg, rank)
@@ -216,16 +272,36 @@ def _role_main(conn: Any, role: str, rank: int, cfg: TrainConfig, store_address:
         elif store is None:
             raise PSError(f"{role} {rank}: no store to meet the servers in (only gloo runs without one)")
         elif role == "server":
-            srv = Server(rank, cfg.servers, cfg.workers, cfg.optimizer, cfg.mode, cfg.transport,
-                         timeout=cfg.timeout, placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr,
-                         **cfg.optimizer_kwargs)
+            srv = Server(
+                rank,
+                cfg.servers,
+                cfg.workers,
+                cfg.optimizer,
+                cfg.mode,
+                cfg.transport,
+                timeout=cfg.timeout,
+                placement=cfg.placement,
+                compute=cfg.device,
+                gdr=cfg.gdr,
+                **cfg.optimizer_kwargs,
+            )
             publish_server(store, rank, srv.address)
             result = {"stats": srv.run().to_dict(skip=cfg.warmup)}
         else:
             addresses = server_addresses(store, cfg.servers, cfg.timeout)
             model = _build_model(cfg, rank)
-            w = Worker(model, addresses, rank, cfg.workers, cfg.mode, cfg.transport, timeout=cfg.timeout,
-                       placement=cfg.placement, compute=cfg.device, gdr=cfg.gdr)
+            w = Worker(
+                model,
+                addresses,
+                rank,
+                cfg.workers,
+                cfg.mode,
+                cfg.transport,
+                timeout=cfg.timeout,
+                placement=cfg.placement,
+                compute=cfg.device,
+                gdr=cfg.gdr,
+            )
             try:
                 result = worker_loop(cfg, rank, w, model)
             finally:
@@ -251,8 +327,8 @@ class TrainResult:
     servers: int
     steps: int
     samples_per_s: float
-    split: dict                 # mean seconds per step: compute, push, aggregate, pull, step
-    losses: list[float]         # per step: the mean of the workers' losses (= the loss of the global batch)
+    split: dict  # mean seconds per step: compute, push, aggregate, pull, step
+    losses: list[float]  # per step: the mean of the workers' losses (= the loss of the global batch)
     worker_losses: list[list[float]]
     bytes_copied_per_step: int  # all processes together
     bytes_sent_per_step: int
@@ -265,20 +341,54 @@ class TrainResult:
     bytes_staged_per_step: int = 0  # GDR off: between the GPUs and host memory, all processes together
 
     def to_dict(self) -> dict:
-        d = {k: getattr(self, k) for k in ("mode", "workers", "servers", "steps", "samples_per_s", "split",
-                                           "losses", "bytes_copied_per_step", "bytes_sent_per_step", "wall_s",
-                                           "colocate", "device", "gdr", "bytes_staged_per_step")}
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "mode",
+                "workers",
+                "servers",
+                "steps",
+                "samples_per_s",
+                "split",
+                "losses",
+                "bytes_copied_per_step",
+                "bytes_sent_per_step",
+                "wall_s",
+                "colocate",
+                "device",
+                "gdr",
+                "bytes_staged_per_step",
+            )
+        }
         d["roles"] = self.roles
         return d
 
 
-def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any], *, workers: int = 2,
-          servers: int = 2, steps: int = 50, mode: str = "zerocopy", transport: str = "auto",
-          optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0, warmup: int = 2,
-          timeout: float = DEFAULT_TIMEOUT_S, threads: int = 1, collect_params: bool = False,
-          progress: bool = False, die: tuple[int, int] | None = None, launcher: str = "processes",
-          placement: str = "balanced", colocate: bool = False, device: str = "cpu", gdr: bool | None = None,
-          **optimizer_kwargs: Any) -> TrainResult:
+def train(
+    model_fn: Callable[..., nn.Module],
+    data_fn: Callable[[int, int], Any],
+    *,
+    workers: int = 2,
+    servers: int = 2,
+    steps: int = 50,
+    mode: str = "zerocopy",
+    transport: str = "auto",
+    optimizer: Any = "sgd",
+    loss_fn: Callable | None = None,
+    seed: int = 0,
+    warmup: int = 2,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    threads: int = 1,
+    collect_params: bool = False,
+    progress: bool = False,
+    die: tuple[int, int] | None = None,
+    launcher: str = "processes",
+    placement: str = "balanced",
+    colocate: bool = False,
+    device: str = "cpu",
+    gdr: bool | None = None,
+    **optimizer_kwargs: Any,
+) -> TrainResult:
     """Trains locally with `servers` server processes and `workers` worker
     processes (spawned), and returns the statistics.
 
@@ -319,8 +429,10 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
     if workers < 1 or servers < 1:
         raise ValueError("need at least one worker and one server")
     if colocate and servers != workers:
-        raise ValueError(f"colocate runs worker r and server r in process r: needs servers == workers "
-                         f"(got {servers} servers, {workers} workers)")
+        raise ValueError(
+            f"colocate runs worker r and server r in process r: needs servers == workers "
+            f"(got {servers} servers, {workers} workers)"
+        )
     if colocate and launcher != "processes":
         raise ValueError("colocate needs launcher='processes'")
     mem = Memory(device, gdr)  # checks the pair (touches no GPU)
@@ -334,9 +446,30 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
         takes_rank = "rank" in inspect.signature(model_fn).parameters
     except (TypeError, ValueError):
         takes_rank = False
-    cfg = TrainConfig(model_fn, data_fn, loss_fn, workers, servers, steps, mode, transport, optimizer,
-                      dict(optimizer_kwargs), seed, min(warmup, max(0, steps - 1)), timeout, threads,
-                      collect_params, progress, die, takes_rank, placement, colocate, device, gdr)
+    cfg = TrainConfig(
+        model_fn,
+        data_fn,
+        loss_fn,
+        workers,
+        servers,
+        steps,
+        mode,
+        transport,
+        optimizer,
+        dict(optimizer_kwargs),
+        seed,
+        min(warmup, max(0, steps - 1)),
+        timeout,
+        threads,
+        collect_params,
+        progress,
+        die,
+        takes_rank,
+        placement,
+        colocate,
+        device,
+        gdr,
+    )
     if launcher not in ("processes", "threads"):
         raise ValueError(f"launcher must be processes or threads, not {launcher!r}")
     if launcher == "threads":
@@ -347,6 +480,7 @@ def train(model_fn: Callable[..., nn.Module], data_fn: Callable[[int, int], Any]
     # where servers publish their addresses (gloo meets in its own process group)
     store = None if mode == "gloo" else TorchStore.host("127.0.0.1", 0, timeout)
     with Roles() as roles:
+
         def start(role: str, rank: int) -> None:
             name = f"worker and server {rank}" if role == "coloc" else f"{role} {rank}"
             args = (_role_main, role, rank, cfg, store and store.address, init_method)
@@ -404,14 +538,27 @@ def _summarise(cfg: TrainConfig, reports: list[tuple[str, int, dict]], wall: flo
         split["server_" + k.replace("_s", "")] = sum(vals) / len(vals) if vals else float("nan")
     copied = sum(r["stats"]["bytes_copied_per_step"] for r in wk + sv)
     sent = sum(r["stats"]["bytes_sent_per_step"] for r in wk + sv)
-    roles = [dict(r["stats"], losses=r["losses"], step_times=r["step_times"]) for r in wk] + \
-        [r["stats"] for r in sv]
+    roles = [dict(r["stats"], losses=r["losses"], step_times=r["step_times"]) for r in wk] + [r["stats"] for r in sv]
     mean_losses = [sum(ls) / len(ls) for ls in zip(*(r["losses"] for r in wk))]
-    return TrainResult(cfg.mode, cfg.workers, cfg.servers, cfg.steps,
-                       samples / elapsed if elapsed > 0 else float("nan"), split, mean_losses,
-                       [r["losses"] for r in wk], copied, sent, roles,
-                       _params_of(wk[0].get("params")), wall, cfg.colocate, cfg.device,
-                       Memory(cfg.device, cfg.gdr).gdr, sum(r["stats"]["bytes_staged_per_step"] for r in wk + sv))
+    return TrainResult(
+        cfg.mode,
+        cfg.workers,
+        cfg.servers,
+        cfg.steps,
+        samples / elapsed if elapsed > 0 else float("nan"),
+        split,
+        mean_losses,
+        [r["losses"] for r in wk],
+        copied,
+        sent,
+        roles,
+        _params_of(wk[0].get("params")),
+        wall,
+        cfg.colocate,
+        cfg.device,
+        Memory(cfg.device, cfg.gdr).gdr,
+        sum(r["stats"]["bytes_staged_per_step"] for r in wk + sv),
+    )
 
 
 def _params_of(arrays: dict | None) -> dict | None:

@@ -11,9 +11,18 @@ from torch import nn
 from .common import default_loss, make_optimizer, to_device
 
 
-def reference_sgd(model_fn: Callable[[], nn.Module], data_fn: Callable[[int, int], Any], *, workers: int,
-                  steps: int, optimizer: Any = "sgd", loss_fn: Callable | None = None, seed: int = 0,
-                  device: str = "cpu", **optimizer_kwargs: Any) -> tuple[nn.Module, list[float]]:
+def reference_sgd(
+    model_fn: Callable[[], nn.Module],
+    data_fn: Callable[[int, int], Any],
+    *,
+    workers: int,
+    steps: int,
+    optimizer: Any = "sgd",
+    loss_fn: Callable | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    **optimizer_kwargs: Any,
+) -> tuple[nn.Module, list[float]]:
     """Single-process training on the concatenation of the workers' batches (the
     result synchronous PS training must reproduce), on `device` (the model is
     built on the CPU, as the PS builds it). Returns (model, losses)."""

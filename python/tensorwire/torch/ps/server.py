@@ -12,8 +12,21 @@ from torch import nn
 
 import tensorwire as tw
 
-from .common import (BYE_GRACE_S, DEFAULT_TIMEOUT_S, PLACEMENTS, PSError, Stats, VarSpec, Wait, mean_into,
-                     Watch, check_specs, make_optimizer, place, server_lanes)
+from .common import (
+    BYE_GRACE_S,
+    DEFAULT_TIMEOUT_S,
+    PLACEMENTS,
+    PSError,
+    Stats,
+    VarSpec,
+    Wait,
+    mean_into,
+    Watch,
+    check_specs,
+    make_optimizer,
+    place,
+    server_lanes,
+)
 from .memory import Memory
 
 
@@ -31,11 +44,24 @@ class Server:
     and master copies in registered GPU memory, or (False) in host memory with
     copies to and from the GPU (see ps.memory)."""
 
-    def __init__(self, rank: int = 0, num_servers: int = 1, num_workers: int = 1, optimizer: Any = "sgd",
-                 mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1", port: int = 0,
-                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
-                 placement: str = "balanced", device: tw.Device | None = None, compute: str = "cpu",
-                 gdr: bool | None = None, **optimizer_kwargs: Any):
+    def __init__(
+        self,
+        rank: int = 0,
+        num_servers: int = 1,
+        num_workers: int = 1,
+        optimizer: Any = "sgd",
+        mode: str = "zerocopy",
+        transport: str = "auto",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        device_kwargs: dict | None = None,
+        placement: str = "balanced",
+        device: tw.Device | None = None,
+        compute: str = "cpu",
+        gdr: bool | None = None,
+        **optimizer_kwargs: Any,
+    ):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Server runs modes zerocopy and copy; gloo has GlooServer (got {mode!r})")
         if placement not in PLACEMENTS:
@@ -47,8 +73,9 @@ class Server:
         self.optimizer_spec, self.optimizer_kwargs = optimizer, optimizer_kwargs
         # a device passed in is shared with a colocated Worker (and closed by its owner)
         self._own_dev = device is None
-        self.dev = device or tw.Device(host=host, port=port, transport=transport,
-                                       **{"workers": server_lanes(num_workers), **(device_kwargs or {})})
+        self.dev = device or tw.Device(
+            host=host, port=port, transport=transport, **{"workers": server_lanes(num_workers), **(device_kwargs or {})}
+        )
         self.who = f"server {rank}"
         self.watch = Watch(self.dev, timeout, self.who)
         self._hellos: dict[int, dict] = {}
@@ -71,14 +98,23 @@ class Server:
         msg = json.loads(payload)
         r = int(msg["rank"])
         if not 0 <= r < self.num_workers:
-            return json.dumps({"state": "refused", "error": f"{self.who} expects workers 0..{self.num_workers - 1}, "
-                                                            f"not rank {r}"}).encode()
+            return json.dumps(
+                {"state": "refused", "error": f"{self.who} expects workers 0..{self.num_workers - 1}, not rank {r}"}
+            ).encode()
         if msg.get("mode") != self.mode:
-            return json.dumps({"state": "refused", "error": f"{self.who} runs mode {self.mode!r}, worker {r} "
-                                                            f"asked for {msg.get('mode')!r}"}).encode()
+            return json.dumps(
+                {
+                    "state": "refused",
+                    "error": f"{self.who} runs mode {self.mode!r}, worker {r} asked for {msg.get('mode')!r}",
+                }
+            ).encode()
         if msg.get("placement") != self.placement:
-            return json.dumps({"state": "refused", "error": f"{self.who} places variables {self.placement!r}, "
-                                                            f"worker {r} {msg.get('placement')!r}"}).encode()
+            return json.dumps(
+                {
+                    "state": "refused",
+                    "error": f"{self.who} places variables {self.placement!r}, worker {r} {msg.get('placement')!r}",
+                }
+            ).encode()
         msg["rank"] = r  # checked above; the lane of this worker's channels (server_lanes)
         self._hellos.setdefault(r, msg)
         return json.dumps({"state": self._state, "error": self._error}).encode()
@@ -99,8 +135,10 @@ class Server:
         deadline = time.monotonic() + self.timeout
         while len(self._hellos) < self.num_workers:
             if time.monotonic() > deadline:
-                raise PSError(f"{self.who}: only workers {sorted(self._hellos)} of {self.num_workers} "
-                              f"arrived within {self.timeout:.0f} s")
+                raise PSError(
+                    f"{self.who}: only workers {sorted(self._hellos)} of {self.num_workers} "
+                    f"arrived within {self.timeout:.0f} s"
+                )
             time.sleep(0.01)
         hellos = [self._hellos[r] for r in range(self.num_workers)]
         specs = [[VarSpec.from_json(v) for v in h["vars"]] for h in hellos]
@@ -139,9 +177,15 @@ class Server:
         # staged: the GPU copies of worker 0's gradient (it becomes .grad) and of the others' (summed in)
         self._land = [mem.empty(v) if mem.staged and not v.sparse else None for v in self.vars]
         self._scratch = [mem.empty(v) if mem.staged and not v.sparse and W > 1 else None for v in self.vars]
-        self.grad_slots = [[mem.dynamic_slot(self.dev, f"sgrad/{v.name}/{w}") if v.sparse else
-                            mem.static_slot(self.dev, f"grad/{v.name}/{w}", v, depth=1)
-                            for w in range(W)] for v in self.vars]
+        self.grad_slots = [
+            [
+                mem.dynamic_slot(self.dev, f"sgrad/{v.name}/{w}")
+                if v.sparse
+                else mem.static_slot(self.dev, f"grad/{v.name}/{w}", v, depth=1)
+                for w in range(W)
+            ]
+            for v in self.vars
+        ]
         self._state = "ready"
         # initial values from worker 0, in the order of this server's variables
         for v, m in zip(self.vars, self.master):
@@ -151,13 +195,17 @@ class Server:
             del blk
         self.opt = make_optimizer(self.optimizer_spec, list(self.master), **self.optimizer_kwargs)
         path = "copy"
-        self.param_senders = [[ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout)
-                               for ch in self.channels] for v in self.vars]
-        self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" or mem.staged else
-                                            W * sum(v.nbytes for v in self.vars))
+        self.param_senders = [
+            [ch.static_sender(f"param/{v.name}", path=path, timeout=self.timeout) for ch in self.channels]
+            for v in self.vars
+        ]
+        self.stats.bytes_copied_per_step = (
+            0 if self.mode == "zerocopy" or mem.staged else W * sum(v.nbytes for v in self.vars)
+        )
         if mem.staged:  # parameters out once each, every worker's dense gradients in (sparse: per step)
-            self.stats.bytes_staged_per_step = (sum(v.nbytes for v in self.vars) +
-                                                W * sum(v.nbytes for v in self.vars if not v.sparse))
+            self.stats.bytes_staged_per_step = sum(v.nbytes for v in self.vars) + W * sum(
+                v.nbytes for v in self.vars if not v.sparse
+            )
         # A colocated worker (on this very device) gets its parameters by a
         # memcpy in the sending thread: sent last, after the remote transfers
         # are under way.
@@ -196,10 +244,13 @@ class Server:
                 return "done"
             if w in self._byes:
                 if not first or time.monotonic() - self._first_bye > BYE_GRACE_S:
-                    raise PSError(f"{self.who}: worker {w} left after {self.steps_done} steps while {what}; "
-                                  f"all workers must run the same number of steps")
+                    raise PSError(
+                        f"{self.who}: worker {w} left after {self.steps_done} steps while {what}; "
+                        f"all workers must run the same number of steps"
+                    )
                 return Wait(self._first_bye + BYE_GRACE_S)
             return None
+
         return check
 
     def _waiting_for(self, i: int, w: int) -> str:
@@ -243,8 +294,9 @@ class Server:
                         self._staged += bi.nbytes + bv.nbytes
                     t_sum += time.perf_counter() - ts
                 ts = time.perf_counter()
-                g = torch.sparse_coo_tensor(torch.cat(idx).view(1, -1), torch.cat(vals) / W, v.shape,
-                                            check_invariants=False)
+                g = torch.sparse_coo_tensor(
+                    torch.cat(idx).view(1, -1), torch.cat(vals) / W, v.shape, check_invariants=False
+                )
                 m.grad = g.coalesce()
                 t_sum += time.perf_counter() - ts
                 continue
@@ -281,9 +333,17 @@ class Server:
         self._send_params()
         t3 = time.perf_counter()
         self.steps_done += 1
-        self.stats.steps.append({"wait_s": t1 - t0 - t_sum, "sum_s": t_sum, "optimizer_s": t2 - t1,
-                                 "aggregate_s": t_sum + (t2 - t1), "pull_s": t3 - t2, "step_s": t3 - t0,
-                                 **({"extra_staged": self._staged} if mem.staged else {})})
+        self.stats.steps.append(
+            {
+                "wait_s": t1 - t0 - t_sum,
+                "sum_s": t_sum,
+                "optimizer_s": t2 - t1,
+                "aggregate_s": t_sum + (t2 - t1),
+                "pull_s": t3 - t2,
+                "step_s": t3 - t0,
+                **({"extra_staged": self._staged} if mem.staged else {}),
+            }
+        )
         self._staged = 0
         return True
 

@@ -33,11 +33,22 @@ class Worker:
     gradients are registered GPU memory the servers write and read directly;
     off, they are plain GPU memory copied to and from host blocks (ps.memory)."""
 
-    def __init__(self, model: nn.Module, servers: Sequence[str], rank: int = 0, num_workers: int = 1,
-                 mode: str = "zerocopy", transport: str = "auto", host: str = "127.0.0.1",
-                 timeout: float = DEFAULT_TIMEOUT_S, device_kwargs: dict | None = None,
-                 placement: str = "balanced", device: tw.Device | None = None, compute: str = "cpu",
-                 gdr: bool | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        servers: Sequence[str],
+        rank: int = 0,
+        num_workers: int = 1,
+        mode: str = "zerocopy",
+        transport: str = "auto",
+        host: str = "127.0.0.1",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        device_kwargs: dict | None = None,
+        placement: str = "balanced",
+        device: tw.Device | None = None,
+        compute: str = "cpu",
+        gdr: bool | None = None,
+    ):
         if mode not in ("zerocopy", "copy"):
             raise ValueError(f"Worker runs modes zerocopy and copy; gloo has GlooWorker (got {mode!r})")
         if placement not in PLACEMENTS:
@@ -90,8 +101,7 @@ class Worker:
             if blk is not None and self.mode == "zerocopy":
                 home = mem.empty(v).view(-1) if mem.staged else torch.from_dlpack(blk).view(-1)
             self._home.append(home)
-        self._wire = [None if b is None or not mem.staged else torch.from_dlpack(b).view(-1)
-                      for b in self.grad_blocks]
+        self._wire = [None if b is None or not mem.staged else torch.from_dlpack(b).view(-1) for b in self.grad_blocks]
         block_tensor = {id(p): home for (v, p), home in zip(self.vars, self._home) if home is not None}
         direct = alloc_sites.install(self.model, lambda p: block_tensor.get(id(p)))
         direct_ids = {id(p) for p in direct}
@@ -109,9 +119,17 @@ class Worker:
                 raise PSError(f"{self.who}: cannot reach server {s} at {addr}: {e}") from None
             self.channels.append(ch)
             self.watch.add(int(ch.peer["device_id"]), f"server {s} ({addr})", ch)
-        hello = json.dumps({"rank": self.rank, "device_id": self.dev.id, "address": self.dev.address,
-                            "pid": os.getpid(), "mode": self.mode, "placement": self.placement,
-                            "vars": [v.to_json() for v in specs]}).encode()
+        hello = json.dumps(
+            {
+                "rank": self.rank,
+                "device_id": self.dev.id,
+                "address": self.dev.address,
+                "pid": os.getpid(),
+                "mode": self.mode,
+                "placement": self.placement,
+                "vars": [v.to_json() for v in specs],
+            }
+        ).encode()
         pending = set(range(S))
         deadline = time.monotonic() + self.timeout
         while pending:
@@ -141,8 +159,10 @@ class Worker:
                 init = ch.dynamic_sender("ps.init", path="copy", timeout=self.timeout)
                 for (v, p), o in zip(self.vars, self.owner):
                     if o == s:
-                        self.watch.wait(init.send(p.detach().cpu().contiguous(), self.timeout),
-                                        f"sending the initial value of {v.name!r}")
+                        self.watch.wait(
+                            init.send(p.detach().cpu().contiguous(), self.timeout),
+                            f"sending the initial value of {v.name!r}",
+                        )
         self._pull(first=True)
         # Variables of a colocated server (on this very device) are pushed by a
         # memcpy in this thread: the remote dense pushes go first, so their
@@ -153,13 +173,16 @@ class Worker:
         local = {s for s, ch in enumerate(self.channels) if int(ch.peer["device_id"]) == self.dev.id}
         early = [i for i, ((v, _), s) in enumerate(zip(self.vars, self.owner)) if not v.sparse and s not in local]
         self._push_order = early + [i for i in range(len(self.vars)) if i not in early]
-        self.stats.bytes_sent_per_step = sum(v.nbytes for (v, _), s in zip(self.vars, self.owner)
-                                             if not v.sparse and s not in local)
-        self.stats.bytes_copied_per_step = (0 if self.mode == "zerocopy" or mem.staged else
-                                            sum(v.nbytes for v, _ in self.vars if not v.sparse))
+        self.stats.bytes_sent_per_step = sum(
+            v.nbytes for (v, _), s in zip(self.vars, self.owner) if not v.sparse and s not in local
+        )
+        self.stats.bytes_copied_per_step = (
+            0 if self.mode == "zerocopy" or mem.staged else sum(v.nbytes for v, _ in self.vars if not v.sparse)
+        )
         if mem.staged:  # dense gradients out, every parameter in (sparse gradients: per step)
-            self.stats.bytes_staged_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse) + \
-                sum(v.nbytes for v, _ in self.vars)
+            self.stats.bytes_staged_per_step = sum(v.nbytes for v, _ in self.vars if not v.sparse) + sum(
+                v.nbytes for v, _ in self.vars
+            )
         self.stats.extra["device"] = mem.label
 
     def _pull(self, first: bool = False) -> float:
@@ -224,8 +247,10 @@ class Worker:
             (v, p), sender = self.vars[i], self.senders[i]
             if v.sparse:
                 if p.grad is None:  # as a dense one's below, but no block holds a zero sparse gradient
-                    raise PSError(f"{self.who}: the sparse parameter {v.name!r} took no part in this loss, "
-                                  f"so it has no gradient to push")
+                    raise PSError(
+                        f"{self.who}: the sparse parameter {v.name!r} took no part in this loss, "
+                        f"so it has no gradient to push"
+                    )
                 g = p.grad.coalesce()
                 idx, vals = mem.outgoing(g.indices()[0].contiguous()), mem.outgoing(g.values().contiguous())
                 staged += (idx.nbytes + vals.nbytes) if mem.staged else 0
@@ -257,9 +282,18 @@ class Worker:
         t_first = self._pull()
         t3 = time.perf_counter()
         self.steps_done += 1
-        self.stats.steps.append({"compute_s": t1 - t0, "push_s": t2 - t1, "aggregate_s": max(0.0, t_first - t2),
-                                 "pull_s": t3 - max(t_first, t2), "step_s": t3 - t0, "loss": float(loss.detach()),
-                                 "extra_copied": copied, **({"extra_staged": staged} if mem.staged else {})})
+        self.stats.steps.append(
+            {
+                "compute_s": t1 - t0,
+                "push_s": t2 - t1,
+                "aggregate_s": max(0.0, t_first - t2),
+                "pull_s": t3 - max(t_first, t2),
+                "step_s": t3 - t0,
+                "loss": float(loss.detach()),
+                "extra_copied": copied,
+                **({"extra_staged": staged} if mem.staged else {}),
+            }
+        )
         return float(loss.detach())
 
     def close(self) -> None:

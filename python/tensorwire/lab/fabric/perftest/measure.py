@@ -13,30 +13,60 @@ from .tables import open_bw_table, open_lat_table
 
 def _config(args, sizes: list[int], unit: str, **specific: Any) -> dict[str, Any]:
     """The report's config: the keys every test of the family has, then its own (docs/benchmarks.md)."""
-    return {"command": getattr(args, "bench", None) or args.test, "transport": args.transport, "op": args.op,
-            "sizes": sizes, "iters": args.iters, "lanes": args.lanes,
-            "budget": args.budget[0] if args.budget else None, "workers": args.workers, "format": args.format,
-            "unit": unit, "validate": args.validate,
-            "link_rate_Gbps": args.link_rate * 8 / 1e9 if args.link_rate else None,
-            "mode": "world" if in_world() else ("connect" if args.connect else "spawned peer"), **specific}
+    return {
+        "command": getattr(args, "bench", None) or args.test,
+        "transport": args.transport,
+        "op": args.op,
+        "sizes": sizes,
+        "iters": args.iters,
+        "lanes": args.lanes,
+        "budget": args.budget[0] if args.budget else None,
+        "workers": args.workers,
+        "format": args.format,
+        "unit": unit,
+        "validate": args.validate,
+        "link_rate_Gbps": args.link_rate * 8 / 1e9 if args.link_rate else None,
+        "mode": "world" if in_world() else ("connect" if args.connect else "spawned peer"),
+        **specific,
+    }
 
 
 def _iterations(args, size: int) -> int:
     """Per lane: -n, lowered by --budget for big sizes."""
     from ..common import iterations_for
+
     return iterations_for(size, args.iters, args.budget[0]) if args.budget else args.iters
 
 
 def measure_bw(args, client, sizes: list[int]):
     from .. import p2p
-    from ..common import (MIB, Progress, Report, check_bw_row, check_bw_trend, check_transports, human_size,
-                         peak_bandwidth_posted, to_unit)
+    from ..common import (
+        MIB,
+        Progress,
+        Report,
+        check_bw_row,
+        check_bw_trend,
+        check_transports,
+        human_size,
+        peak_bandwidth_posted,
+        to_unit,
+    )
+
     op, bidir, lanes = args.op, args.bidirectional, args.lanes
     unit = {"perftest": "Gb/sec" if args.report_gbits else "MiB/sec", "osu": "MB/s", "imb": "MB/s"}[args.format]
-    report = Report(args.test + ("_bidir" if bidir else ""), _config(
-        args, sizes, unit, tx_depth=args.window or "auto", bidirectional=bidir, duration=args.duration,
-        margin=args.margin,
-        peak="disabled" if (args.duration or args.no_peak) else "best run of >= in-flight consecutive ops"))
+    report = Report(
+        args.test + ("_bidir" if bidir else ""),
+        _config(
+            args,
+            sizes,
+            unit,
+            tx_depth=args.window or "auto",
+            bidirectional=bidir,
+            duration=args.duration,
+            margin=args.margin,
+            peak="disabled" if (args.duration or args.no_peak) else "best run of >= in-flight consecutive ops",
+        ),
+    )
     check_transports(report, args.transport, client.channels)
     progress = Progress(len(sizes), report.test)
     table, line = open_bw_table(args, report, unit, progress)
@@ -59,11 +89,21 @@ def measure_bw(args, client, sizes: list[int]):
                 avg += n * size / t
             seconds = ours["window_end"] - ours["window_start"]
             peak = None
-            row.update({"iterations": ops, "seconds": seconds, "duration": args.duration, "margin": args.margin,
-                        "raw": {"bin_s": ours["bin"], "per_lane_bins": _split_bins(ours),
-                                "peer_per_lane_bins": _split_bins(theirs) if theirs else None,
-                                "per_lane_in_window": list(ours["in_window"]),
-                                "per_lane_total": list(ours["total"])}})
+            row.update(
+                {
+                    "iterations": ops,
+                    "seconds": seconds,
+                    "duration": args.duration,
+                    "margin": args.margin,
+                    "raw": {
+                        "bin_s": ours["bin"],
+                        "per_lane_bins": _split_bins(ours),
+                        "peer_per_lane_bins": _split_bins(theirs) if theirs else None,
+                        "per_lane_in_window": list(ours["in_window"]),
+                        "per_lane_total": list(ours["total"]),
+                    },
+                }
+            )
             iters_expected = None
         else:
             iters = lanes * _iterations(args, size)
@@ -76,14 +116,25 @@ def measure_bw(args, client, sizes: list[int]):
                 peak = 0.0
                 for s in sides:
                     n = len(s["completions"])
-                    peak += max(peak_bandwidth_posted(size, s["posted"], s["completions"], k)
-                                for k in {window * lanes, max(1, n // 4), n})
+                    peak += max(
+                        peak_bandwidth_posted(size, s["posted"], s["completions"], k)
+                        for k in {window * lanes, max(1, n // 4), n}
+                    )
             ops = sum(len(s["completions"]) for s in sides)
             seconds = ours["seconds"]
-            row.update({"iterations": ops, "seconds": seconds, "warmup": warmup,
-                        "raw": {"posted_us": _us(ours["posted"]), "completed_us": _us(ours["completions"]),
-                                "peer_posted_us": _us(theirs["posted"]) if theirs else None,
-                                "peer_completed_us": _us(theirs["completions"]) if theirs else None}})
+            row.update(
+                {
+                    "iterations": ops,
+                    "seconds": seconds,
+                    "warmup": warmup,
+                    "raw": {
+                        "posted_us": _us(ours["posted"]),
+                        "completed_us": _us(ours["completions"]),
+                        "peer_posted_us": _us(theirs["posted"]) if theirs else None,
+                        "peer_completed_us": _us(theirs["completions"]) if theirs else None,
+                    },
+                }
+            )
             iters_expected = iters * len(sides)
         msg_rate = avg / size / 1e6
         check_bw_row(report, size, avg, peak, msg_rate, args.link_rate, bidir, iters_expected, ops)
@@ -93,9 +144,18 @@ def measure_bw(args, client, sizes: list[int]):
             row["validation"] = "Fail" if errors else "Pass"
             for e in errors:
                 report.fail(f"DATA VALIDATION ERROR at {size} B: {e}")
-        row.update({"bw_avg_Bps": avg, "bw_peak_Bps": peak, "bw_average": to_unit(avg, unit),
-                    "bw_peak": to_unit(peak, unit) if peak else 0.0, "unit": unit, "msg_rate_Mpps": msg_rate,
-                    "bw_MiBps": avg / MIB, "bw_Gbps": avg * 8 / 1e9})
+        row.update(
+            {
+                "bw_avg_Bps": avg,
+                "bw_peak_Bps": peak,
+                "bw_average": to_unit(avg, unit),
+                "bw_peak": to_unit(peak, unit) if peak else 0.0,
+                "unit": unit,
+                "msg_rate_Mpps": msg_rate,
+                "bw_MiBps": avg / MIB,
+                "bw_Gbps": avg * 8 / 1e9,
+            }
+        )
         report.rows.append(row)
         table.line(line(row))
         trend.append((size, avg))
@@ -120,16 +180,31 @@ def _split_bins(side: dict[str, Any] | None) -> list[list[int]]:
         return []
     nb = int(side["nbins"])
     bins = list(side["bins"])
-    return [bins[i * nb:(i + 1) * nb] for i in range(len(bins) // max(1, nb))]
+    return [bins[i * nb : (i + 1) * nb] for i in range(len(bins) // max(1, nb))]
 
 
 def measure_lat(args, client, sizes: list[int]):
-    from ..common import (Progress, Report, check_latency_row, check_latency_trend, check_transports, human_size,
-                         latency_stats)
+    from ..common import (
+        Progress,
+        Report,
+        check_latency_row,
+        check_latency_trend,
+        check_transports,
+        human_size,
+        latency_stats,
+    )
+
     rtt = args.op == "read"
-    report = Report(args.test, _config(
-        args, sizes, "usec", latency="full round trip (rtt)" if rtt else "one-way (RTT/2)",
-        tail="2 largest samples dropped (perftest LAT_MEASURE_TAIL)"))
+    report = Report(
+        args.test,
+        _config(
+            args,
+            sizes,
+            "usec",
+            latency="full round trip (rtt)" if rtt else "one-way (RTT/2)",
+            tail="2 largest samples dropped (perftest LAT_MEASURE_TAIL)",
+        ),
+    )
     check_transports(report, args.transport, client.channels)
     progress = Progress(len(sizes), report.test)
     table, line = open_lat_table(args, report, progress)
@@ -142,11 +217,17 @@ def measure_lat(args, client, sizes: list[int]):
         check_latency_row(report, size, st)
         if len(samples) != iters:
             report.fail(f"{len(samples)} samples at {size} B, {iters} requested")
-        row: dict[str, Any] = {"size": size, "bytes": size, "iterations": iters, "warmup": warmup, "rtt": rtt,
-                               "lat_us": st, "seconds": sum(samples),
-                               "samples_us": [round(s * 1e6, 3) for s in samples],
-                               "sample": "round trip per iteration (us); reported values scale it by "
-                                         + ("1" if rtt else "1/2")}
+        row: dict[str, Any] = {
+            "size": size,
+            "bytes": size,
+            "iterations": iters,
+            "warmup": warmup,
+            "rtt": rtt,
+            "lat_us": st,
+            "seconds": sum(samples),
+            "samples_us": [round(s * 1e6, 3) for s in samples],
+            "sample": "round trip per iteration (us); reported values scale it by " + ("1" if rtt else "1/2"),
+        }
         if args.validate:
             errors = client.validate_rounds(args.op, size, 4, 1000 * (i + 1))
             row["validation"] = "Fail" if errors else "Pass"

@@ -13,6 +13,7 @@ from ..common import BenchError
 def in_world() -> bool:
     """Whether this process is a rank of a launched world of two or more."""
     from ....ranks.world import detect
+
     p = detect()
     return p.launcher != "single" and p.size > 1
 
@@ -21,8 +22,16 @@ def serve_main(args) -> int:
     """`bench serve` and --server: the passive side, until the client says stop."""
     from .... import Device
     from .. import p2p
-    with Device(host=args.host, port=args.port, transport=args.transport, progress="inline",
-                workers=args.workers, spin_us=_spin_us(args), net_devices=args.net_devices) as dev:
+
+    with Device(
+        host=args.host,
+        port=args.port,
+        transport=args.transport,
+        progress="inline",
+        workers=args.workers,
+        spin_us=_spin_us(args),
+        net_devices=args.net_devices,
+    ) as dev:
         p2p.serve(dev)
     return 0
 
@@ -32,6 +41,7 @@ def _spin_us(args) -> int:
     bandwidth (on 2 vCPUs a spinning target starves the kernel's TCP work). `bench serve` (test "serve")
     takes TENSORWIRE_BENCH_SPIN_US (p2p.BENCH_SPIN_US)."""
     from .. import p2p
+
     return p2p.LATENCY_SPIN_US if args.test.endswith("_lat") else p2p.BENCH_SPIN_US
 
 
@@ -41,8 +51,16 @@ def _server_role(conn, transport: str, workers: int, spin_us: int, net_devices: 
     try:
         from .... import Device
         from .. import p2p
-        with Device(host="127.0.0.1", port=0, transport=transport, progress="inline", workers=workers,
-                    spin_us=spin_us, net_devices=net_devices) as dev:
+
+        with Device(
+            host="127.0.0.1",
+            port=0,
+            transport=transport,
+            progress="inline",
+            workers=workers,
+            spin_us=spin_us,
+            net_devices=net_devices,
+        ) as dev:
             p2p.serve(dev, announce=False, ready=lambda: conn.send(("address", dev.address)))
         conn.send(("result", None))
     except Exception as e:  # noqa: BLE001 - the client names it
@@ -54,6 +72,7 @@ def spawn_server(transport: str, workers: int = 1, spin_us: int | None = None, n
     launcher); returns (its Roles, its address). Roles.stop() ends it."""
     from ....ranks.roles import RoleError, Roles
     from .. import p2p
+
     roles = Roles()
     roles.spawn("benchmark server", _server_role, transport, workers, spin_us or p2p.BENCH_SPIN_US, net_devices)
     try:
@@ -69,12 +88,20 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
     --connect'ed server, or one spawned on loopback. Returns body's result on
     the measuring side, None on the others (ranks other than 0)."""
     from .. import p2p
+
     if in_world():
         if args.connect:
             raise SystemExit("--connect makes no sense under a launcher: rank 0 measures against rank 1")
         from ....ranks.world import World
-        world = World(transport=args.transport, progress="inline", workers=args.workers,
-                      spin_us=_spin_us(args), timeout=60, net_devices=args.net_devices)
+
+        world = World(
+            transport=args.transport,
+            progress="inline",
+            workers=args.workers,
+            spin_us=_spin_us(args),
+            timeout=60,
+            net_devices=args.net_devices,
+        )
         out = None
         try:
             if world.rank == 1:  # handlers first, then the barrier that lets rank 0 go
@@ -92,12 +119,22 @@ def with_client(args, max_size: int, body: Callable[[Any], Any]) -> Any:
             world.close()
         return out
     from .... import Device
+
     spin_us = _spin_us(args)
     # Our device first: a transport this machine lacks fails here, once, before a server is spawned.
-    with Device(host=args.host, transport=args.transport, progress="inline", workers=args.workers,
-                spin_us=spin_us, net_devices=args.net_devices) as device:
-        server, address = (spawn_server(args.transport, args.workers, spin_us, args.net_devices) if not args.connect
-                           else (None, args.connect))
+    with Device(
+        host=args.host,
+        transport=args.transport,
+        progress="inline",
+        workers=args.workers,
+        spin_us=spin_us,
+        net_devices=args.net_devices,
+    ) as device:
+        server, address = (
+            spawn_server(args.transport, args.workers, spin_us, args.net_devices)
+            if not args.connect
+            else (None, args.connect)
+        )
         client = None
         try:
             client = p2p.Client(device, address, args.lanes, max_size)

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 def to_unit_plot(bytes_per_s: float, unit: str) -> float:
     from ..common import to_unit
+
     return to_unit(bytes_per_s, unit)
 
 
 def plot_bw(report, path: str, unit: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = report.rows
     timed = bool(report.config.get("duration"))
     if timed:  # duration mode: also the throughput over time, from the per-lane bins
@@ -22,9 +25,12 @@ def plot_bw(report, path: str, unit: str) -> None:
             lanes = [raw["per_lane_bins"]] + ([raw["peer_per_lane_bins"]] if raw.get("peer_per_lane_bins") else [])
             nb = len(raw["per_lane_bins"][0]) if raw["per_lane_bins"] else 0
             counts = [sum(side[lane][b] for side in lanes for lane in range(len(side))) for b in range(nb)]
-            ax2.plot([(b + 0.5) * raw["bin_s"] for b in range(nb)],
-                     [to_unit_plot(c * r["size"] / raw["bin_s"], unit) for c in counts], lw=1,
-                     label=f"{r['size']} B")
+            ax2.plot(
+                [(b + 0.5) * raw["bin_s"] for b in range(nb)],
+                [to_unit_plot(c * r["size"] / raw["bin_s"], unit) for c in counts],
+                lw=1,
+                label=f"{r['size']} B",
+            )
         m, d = report.config["margin"], report.config["duration"]
         ax2.axvspan(m, d - m, color="grey", alpha=0.15, label="sampled")
         ax2.set_xlabel("time [s]")
@@ -52,13 +58,20 @@ def plot_bw(report, path: str, unit: str) -> None:
 
 def plot_lat(report, path: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     rows = report.rows
     sizes = [r["size"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for key, label, style in (("p50", "t_typical", "o-"), ("avg", "t_avg", "s-"), ("p99", "99%", "^--"),
-                              ("p99_9", "99.9%", "v:"), ("min", "t_min", ".-")):
+    for key, label, style in (
+        ("p50", "t_typical", "o-"),
+        ("avg", "t_avg", "s-"),
+        ("p99", "99%", "^--"),
+        ("p99_9", "99.9%", "v:"),
+        ("min", "t_min", ".-"),
+    ):
         ax.plot(sizes, [r["lat_us"][key] for r in rows], style, label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -80,27 +80,88 @@ import sys
 from typing import Any
 
 from ..common import Progress, Report, bind_cpu, pick_cpus, print_line
-from .base import (DEFAULT_SIZES, DTYPE, HOST, ITEM, START_TIMEOUT_S, STREAM_FROM, WRITE_ANCHOR_FROM, Series,
-                   decode_meta, encode_meta, fill_pattern)
+from .base import (
+    DEFAULT_SIZES,
+    DTYPE,
+    HOST,
+    ITEM,
+    START_TIMEOUT_S,
+    STREAM_FROM,
+    WRITE_ANCHOR_FROM,
+    Series,
+    decode_meta,
+    encode_meta,
+    fill_pattern,
+)
 from .cuda import CudaDynamic, CudaGloo, CudaIpc, CudaZeroCopy, Staged, cuda_unavailable
 from .gloo import Gloo
 from .grpc_call import GRPC_METHOD, GRPC_OPTIONS, Grpc
 from .harness import CHILD_ENV, first_line, run_series, bench_spin_us, memcpy_bandwidth, warmup_for
 from .registry import CUDA_SERIES, SERIES, SERIES_ORDER, select_series, series_class, series_order
-from .report import (CUDA_TARGETS, TARGETS, expectations, print_report, speedups, best_of, open_table, plot, print_tail,
-                     row_line, table_order, targets)
+from .report import (
+    CUDA_TARGETS,
+    TARGETS,
+    expectations,
+    print_report,
+    speedups,
+    best_of,
+    open_table,
+    plot,
+    print_tail,
+    row_line,
+    table_order,
+    targets,
+)
 from .slots import Copy, Dynamic, StaticSeries, ZeroCopy
 from .tcp_socket import Socket
 from .ucx import TAG_ACK, TAG_DATA, RpcUcx, UcxTag
 
 __all__ = [
-    "CHILD_ENV", "CUDA_SERIES", "CUDA_TARGETS", "DEFAULT_SIZES", "DTYPE", "GRPC_METHOD", "GRPC_OPTIONS", "HOST",
-    "ITEM", "SERIES", "SERIES_ORDER", "START_TIMEOUT_S", "STREAM_FROM", "TAG_ACK", "TAG_DATA", "TARGETS",
+    "CHILD_ENV",
+    "CUDA_SERIES",
+    "CUDA_TARGETS",
+    "DEFAULT_SIZES",
+    "DTYPE",
+    "GRPC_METHOD",
+    "GRPC_OPTIONS",
+    "HOST",
+    "ITEM",
+    "SERIES",
+    "SERIES_ORDER",
+    "START_TIMEOUT_S",
+    "STREAM_FROM",
+    "TAG_ACK",
+    "TAG_DATA",
+    "TARGETS",
     "WRITE_ANCHOR_FROM",
-    "Copy", "CudaDynamic", "CudaGloo", "CudaIpc", "CudaZeroCopy", "Dynamic", "Gloo", "Grpc", "RpcUcx", "Series",
-    "Socket", "Staged", "StaticSeries", "UcxTag", "ZeroCopy",
-    "best_of", "cuda_unavailable", "decode_meta", "encode_meta", "fill_pattern", "memcpy_bandwidth", "plot",
-    "run_tensor", "select_series", "series_class", "series_order", "targets", "warmup_for",
+    "Copy",
+    "CudaDynamic",
+    "CudaGloo",
+    "CudaIpc",
+    "CudaZeroCopy",
+    "Dynamic",
+    "Gloo",
+    "Grpc",
+    "RpcUcx",
+    "Series",
+    "Socket",
+    "Staged",
+    "StaticSeries",
+    "UcxTag",
+    "ZeroCopy",
+    "best_of",
+    "cuda_unavailable",
+    "decode_meta",
+    "encode_meta",
+    "fill_pattern",
+    "memcpy_bandwidth",
+    "plot",
+    "run_tensor",
+    "select_series",
+    "series_class",
+    "series_order",
+    "targets",
+    "warmup_for",
 ]
 
 
@@ -111,26 +172,50 @@ def run_tensor(args) -> Report:
     if bad:
         raise ValueError(f"sizes must be multiples of {ITEM} B (float32 tensors): {bad}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # say so before the sweep, not after
-        raise ModuleNotFoundError("--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])",
-                                  name="matplotlib")
+        raise ModuleNotFoundError(
+            "--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])", name="matplotlib"
+        )
     explicit = bool(args.series)
     memory = getattr(args, "memory", "host")
     names = select_series(args.series, memory)
-    cfg = {"transport": args.transport, "timeout": float(args.timeout), "max_size": max(sizes),
-           "progress": getattr(args, "progress_mode", "inline"), "memory": memory,
-           "spin_us": bench_spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us),
-           "cpus": pick_cpus(getattr(args, "cpus", "auto"), 2)}
-    method = ("median over iterations of t(send) -> t(ack after the receiver's max-reduction), best of "
-              "--repeat passes; see tensorwire.lab.fabric.tensor")
+    cfg = {
+        "transport": args.transport,
+        "timeout": float(args.timeout),
+        "max_size": max(sizes),
+        "progress": getattr(args, "progress_mode", "inline"),
+        "memory": memory,
+        "spin_us": bench_spin_us() if getattr(args, "spin_us", None) is None else int(args.spin_us),
+        "cpus": pick_cpus(getattr(args, "cpus", "auto"), 2),
+    }
+    method = (
+        "median over iterations of t(send) -> t(ack after the receiver's max-reduction), best of "
+        "--repeat passes; see tensorwire.lab.fabric.tensor"
+    )
     if memory == "cuda":
-        method += (" and tensorwire.lab.fabric.tensor.cuda; one-way: t(send) -> t(recv returned the GPU tensor), "
-                   "the host's monotonic clock on both sides (cuda_ipc: its timed copy + synchronize)")
-    report = Report("tensor", {"transport": args.transport, "memory": memory, "sizes": sizes, "iters": args.iters,
-                               "budget": args.budget, "warmup": args.warmup, "verify": bool(args.verify),
-                               "refresh": bool(getattr(args, "refresh", False)), "progress": cfg["progress"],
-                               "spin_us": cfg["spin_us"], "cpus": cfg["cpus"],
-                               "series": names, "dtype": "float32", "unit": "usec, MB/s (10^6 B/s)",
-                               "method": method})
+        method += (
+            " and tensorwire.lab.fabric.tensor.cuda; one-way: t(send) -> t(recv returned the GPU tensor), "
+            "the host's monotonic clock on both sides (cuda_ipc: its timed copy + synchronize)"
+        )
+    report = Report(
+        "tensor",
+        {
+            "transport": args.transport,
+            "memory": memory,
+            "sizes": sizes,
+            "iters": args.iters,
+            "budget": args.budget,
+            "warmup": args.warmup,
+            "verify": bool(args.verify),
+            "refresh": bool(getattr(args, "refresh", False)),
+            "progress": cfg["progress"],
+            "spin_us": cfg["spin_us"],
+            "cpus": cfg["cpus"],
+            "series": names,
+            "dtype": "float32",
+            "unit": "usec, MB/s (10^6 B/s)",
+            "method": method,
+        },
+    )
     unavailable: dict[str, str] = {}
     runnable = []
     for name in names:
@@ -183,8 +268,17 @@ def run_tensor(args) -> Report:
     return report
 
 
-def _passes(runnable: list[str], sizes: list[int], repeat: int, cfg: dict[str, Any], args, progress: Progress,
-            runs: list[dict[str, Any]], report: Report, print_cell: Any) -> None:
+def _passes(
+    runnable: list[str],
+    sizes: list[int],
+    repeat: int,
+    cfg: dict[str, Any],
+    args,
+    progress: Progress,
+    runs: list[dict[str, Any]],
+    report: Report,
+    print_cell: Any,
+) -> None:
     """Whole passes, series interleaved: each sees the machine's modes alike. A cell's row is
     printed when the last pass measured it: its best is known then (and zerocopy's, measured
     first, for the speed-up)."""

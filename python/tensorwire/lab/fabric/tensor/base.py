@@ -15,11 +15,12 @@ DEFAULT_SIZES = "1K:256M"
 DTYPE = np.float32
 ITEM = 4
 START_TIMEOUT_S = 60.0
-STREAM_FROM = 1 << 20   # stream passes and the memcpy anchor from this size up
+STREAM_FROM = 1 << 20  # stream passes and the memcpy anchor from this size up
 WRITE_ANCHOR_FROM = 16 << 20  # the one-sided write anchor from this size up
 
 
 # --- tensor contents --------------------------------------------------------------------------
+
 
 def fill_pattern(out: np.ndarray) -> None:
     """Deterministic values in [0, 1) (both sides can rebuild them)."""
@@ -39,13 +40,14 @@ def decode_meta(buf) -> tuple[np.dtype, tuple[int, ...], int]:
     """(dtype, shape, header length) of encode_meta's bytes at the start of `buf`."""
     mv = memoryview(buf)
     n = mv[0]
-    dt = np.dtype(bytes(mv[1:1 + n]).decode())
+    dt = np.dtype(bytes(mv[1 : 1 + n]).decode())
     ndim = mv[1 + n]
     shape = struct.unpack_from(f"<{ndim}Q", mv, 2 + n)
     return dt, tuple(shape), 2 + n + 8 * ndim
 
 
 # --- the series -------------------------------------------------------------------------------
+
 
 class Series:
     """One way of moving a tensor. Receiver methods (r_*, serve, recv, ack)
@@ -163,4 +165,3 @@ class Series:
 
     def s_close(self) -> None:
         pass
-

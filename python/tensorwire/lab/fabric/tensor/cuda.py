@@ -53,6 +53,7 @@ def cuda_unavailable() -> str | None:
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed (pip install torch)"
     import torch
+
     if not torch.cuda.is_available():
         return "torch.cuda.is_available() is False"
     return None
@@ -61,6 +62,7 @@ def cuda_unavailable() -> str | None:
 def _gpu_memory_missing() -> str | None:
     """Why tensorwire itself cannot use GPU memory here (torch may still see the GPU)."""
     import tensorwire as tw
+
     return None if tw.cuda_available() else f"tensorwire sees no GPU ({tw.cuda_info()['reason']})"
 
 
@@ -69,6 +71,7 @@ def pattern(n: int, device: Any) -> Any:
     the same bits as the host bench's (torch divides by a scalar as a multiply
     by its reciprocal, which can differ in the last bit)."""
     import torch
+
     host = np.empty(n, DTYPE)
     fill_pattern(host)
     return torch.from_numpy(host).to(device)
@@ -80,9 +83,11 @@ class CudaChecker:
     pass, whose first tensor is compared element by element and whose
     arrival times are kept (the one-way times)."""
 
-    def __init__(self, size: int, count: int, verify: bool, reduce: bool = True, serial: bool = False,
-                 device: Any = "cuda") -> None:
+    def __init__(
+        self, size: int, count: int, verify: bool, reduce: bool = True, serial: bool = False, device: Any = "cuda"
+    ) -> None:
         import torch
+
         self.torch = torch
         self.n = size // ITEM
         self.count, self.verify, self.reduce, self.serial = count, verify, reduce, serial
@@ -104,8 +109,12 @@ class CudaChecker:
         torch = self.torch
         k = self.k
         self.k += 1
-        if (not isinstance(arr, torch.Tensor) or arr.dtype != torch.float32 or arr.numel() != self.n
-                or arr.device.type != self.device.type):
+        if (
+            not isinstance(arr, torch.Tensor)
+            or arr.dtype != torch.float32
+            or arr.numel() != self.n
+            or arr.device.type != self.device.type
+        ):
             got = f"{arr.dtype}[{arr.numel()}] on {arr.device}" if isinstance(arr, torch.Tensor) else type(arr).__name__
             self.error(f"transfer {k}: got {got}, expected float32[{self.n}] on {self.device.type}")
             return
@@ -181,6 +190,7 @@ class Pins:
         cudart = self._cudart
         if cudart is None:
             import torch
+
             cudart = torch.cuda.cudart()
         for a, b in pieces:
             err = int(cudart.cudaHostRegister(a, b - a, 0))
@@ -195,6 +205,7 @@ class Pins:
         cudart = self._cudart
         if cudart is None:
             import torch
+
             cudart = torch.cuda.cudart()
         for a, _ in ranges:
             cudart.cudaHostUnregister(a)
@@ -215,10 +226,12 @@ class _Cuda(Series):
     def _sync(self) -> None:
         if self.device != "cpu":
             import torch
+
             torch.cuda.synchronize()
 
     def _view(self, block) -> Any:
         import torch
+
         return torch.from_dlpack(block)  # a CUDA Block: a CUDA tensor viewing it, no copy
 
     def fill(self, view: Any) -> None:
@@ -240,10 +253,12 @@ class _Cuda(Series):
 
     def _gpu_tensor(self, size: int) -> Any:
         import torch
+
         return torch.empty(size // ITEM, dtype=torch.float32, device=self.device)
 
     def _host_tensor(self, size: int) -> Any:
         import torch
+
         return torch.zeros(size // ITEM, dtype=torch.float32, pin_memory=self.device != "cpu")
 
 
@@ -280,7 +295,7 @@ class Staged(_Cuda, StaticSeries):
 
     name = "staged"
     registered = True  # the host Block goes with zero copy: only the two GPU copies are extra
-    gpu: Any   # torch tensors (None while a size's are dropped)
+    gpu: Any  # torch tensors (None while a size's are dropped)
     host: Any
 
     def __init__(self, cfg: dict[str, Any]) -> None:
@@ -296,6 +311,7 @@ class Staged(_Cuda, StaticSeries):
 
     def recv(self) -> Any:
         import torch
+
         self.view = self.slot.recv(self.timeout)
         host = torch.from_dlpack(self.view)
         self.pins.pin(host)  # each slot buffer once (a warm-up transfer), until the next size
@@ -340,7 +356,7 @@ class CudaGloo(_Cuda, Gloo):
     """gloo send/recv of a GPU tensor through pinned host copies (gloo has no
     send/recv for CUDA tensors)."""
 
-    buf: Any   # torch tensors (None while a size's are dropped)
+    buf: Any  # torch tensors (None while a size's are dropped)
     gpu: Any
     tensor: Any
 
@@ -376,7 +392,7 @@ class CudaIpc(_Cuda, Socket):
     # Stream passes: the receiver still acks, and the sender waits for the
     # previous ack before it overwrites the one buffer (a depth-1 slot).
     stream_ack = "after"
-    buf: Any   # torch tensors (None while a size's are dropped)
+    buf: Any  # torch tensors (None while a size's are dropped)
     dst: Any
     src: Any
 
@@ -386,6 +402,7 @@ class CudaIpc(_Cuda, Socket):
 
     def r_prepare(self, size: int) -> dict[str, Any]:
         from torch.multiprocessing.reductions import reduce_tensor
+
         self.buf = None
         self.buf = self._gpu_tensor(size).zero_()
         self._sync()  # zeroed before the sender writes into it

@@ -18,36 +18,45 @@ class Gloo(Series):
     fixed_transport = "tcp"
     requires = ("torch", "torch")
 
-
     def _init(self, port: int, rank: int) -> None:
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # loopback only
         import datetime
 
         import torch.distributed as dist
+
         if not dist.is_available() or not dist.is_gloo_available():
             raise BenchError("this torch has no gloo backend")
-        dist.init_process_group("gloo", init_method=f"tcp://{HOST}:{port}", rank=rank, world_size=2,
-                                timeout=datetime.timedelta(seconds=self.timeout))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{HOST}:{port}",
+            rank=rank,
+            world_size=2,
+            timeout=datetime.timedelta(seconds=self.timeout),
+        )
         self.dist = dist
 
     def s_open(self, info: dict[str, Any]) -> dict[str, Any]:
         from ....ranks.launch import free_port
+
         self.port = free_port(HOST)  # gloo's store binds it in s_connect
         return {"port": self.port}
 
     def s_connect(self) -> None:
         import torch
+
         self._init(self.port, 0)
         self.ack_t = torch.zeros(1)
 
     def r_connect(self, info: dict[str, Any]) -> None:
         import torch
+
         torch.set_num_threads(1)  # the receiver's work is numpy's max-reduction
         self._init(int(info["port"]), 1)
         self.ack_t = torch.zeros(1)
 
     def r_prepare(self, size: int) -> dict[str, Any]:
         import torch
+
         self.buf = torch.zeros(size // ITEM, dtype=torch.float32)  # reused for every transfer
         return {}
 
@@ -60,6 +69,7 @@ class Gloo(Series):
 
     def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
         import torch
+
         arr = np.empty(size // ITEM, DTYPE)
         self.tensor = torch.from_numpy(arr)
         return arr
@@ -76,4 +86,3 @@ class Gloo(Series):
             self.dist.destroy_process_group()
 
     s_close = r_close
-

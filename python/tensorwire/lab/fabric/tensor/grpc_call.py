@@ -12,8 +12,11 @@ from ..common import BenchError
 from .base import DTYPE, HOST, ITEM, Series, decode_meta, encode_meta
 
 GRPC_METHOD = "/tensorwire.lab.fabric.Tensor/Send"
-GRPC_OPTIONS = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
-                ("grpc.enable_http_proxy", 0)]  # loopback only: never through a proxy
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.enable_http_proxy", 0),
+]  # loopback only: never through a proxy
 
 
 class Grpc(Series):
@@ -23,18 +26,18 @@ class Grpc(Series):
     fixed_transport = "tcp"
     requires = ("grpc", "grpcio")
 
-
     def r_open(self) -> dict[str, Any]:
         import grpc
         from concurrent import futures
+
         self._lock = threading.Condition()
         self._consume: Callable[[np.ndarray], None] | None = None
         self._left = 0
         self._error: str | None = None
         handler = grpc.method_handlers_generic_handler(
-            "tensorwire.lab.fabric.Tensor", {"Send": grpc.unary_unary_rpc_method_handler(self._handle)})
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1), handlers=[handler],
-                                  options=GRPC_OPTIONS)
+            "tensorwire.lab.fabric.Tensor", {"Send": grpc.unary_unary_rpc_method_handler(self._handle)}
+        )
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=1), handlers=[handler], options=GRPC_OPTIONS)
         port = self.server.add_insecure_port(f"{HOST}:0")
         self.server.start()
         return {"port": port}
@@ -80,12 +83,14 @@ class Grpc(Series):
 
     def s_open(self, info: dict[str, Any]) -> dict[str, Any]:
         import grpc
+
         self.channel = grpc.insecure_channel(f"{HOST}:{info['port']}", options=GRPC_OPTIONS)
         self.call = self.channel.unary_unary(GRPC_METHOD)  # no serializers: raw bytes
         return {}
 
     def s_connect(self) -> None:
         import grpc
+
         grpc.channel_ready_future(self.channel).result(timeout=self.timeout)
 
     def s_prepare(self, size: int, info: dict[str, Any]) -> np.ndarray:
@@ -100,4 +105,3 @@ class Grpc(Series):
     def s_close(self) -> None:
         if getattr(self, "channel", None) is not None:
             self.channel.close()
-

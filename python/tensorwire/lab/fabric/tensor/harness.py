@@ -12,8 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ....ranks.roles import RoleError, Roles
-from ..common import (BenchError, Progress, Report, bind_cpu, check_number, check_transports, human_size,
-                      iterations_for)
+from ..common import BenchError, Progress, Report, bind_cpu, check_number, check_transports, human_size, iterations_for
 from .base import DTYPE, ITEM, START_TIMEOUT_S, STREAM_FROM, Series, fill_pattern
 from .registry import series_class
 
@@ -29,6 +28,7 @@ SHARED_CLOCK = time.get_clock_info("perf_counter").implementation.startswith("cl
 
 def bench_spin_us() -> int:
     from ..p2p import BENCH_SPIN_US
+
     return BENCH_SPIN_US
 
 
@@ -76,8 +76,8 @@ class _Checker:
         return {"received": self.k, "verified": self.verified, "errors": self.errors}
 
 
-
 # --- the receiver process ---------------------------------------------------------------------
+
 
 def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
     """Runs one series' receiver side, driven by commands on `conn`."""
@@ -102,8 +102,9 @@ def _receiver_main(conn, name: str, cfg: dict[str, Any]) -> None:
                 elif cmd == "serve":
                     _, size, count, verify, stream, reduce = msg
                     size, count, verify, reduce = int(size), int(count), bool(verify), bool(reduce)
-                    checker = (series.make_checker(size, count, verify, reduce, not stream)
-                               or _Checker(size, count, verify, reduce))
+                    checker = series.make_checker(size, count, verify, reduce, not stream) or _Checker(
+                        size, count, verify, reduce
+                    )
                     series.serve(int(count), checker.consume, bool(stream))
                     out = checker.result()
                 elif cmd == "drive":  # progress the worker until the next command (RMA anchors)
@@ -179,6 +180,7 @@ class _Receiver:
 
 # --- the benchmark ----------------------------------------------------------------------------
 
+
 def warmup_for(size: int, iters: int, budget: int, warmup: int | None) -> int:
     """Untimed iterations before a size: as asked, or a tenth of the timed
     ones, raised for small sizes to an eighth of the byte budget (at most 200).
@@ -190,9 +192,15 @@ def warmup_for(size: int, iters: int, budget: int, warmup: int | None) -> int:
     return max(2, min(200, max(iters // 10, budget // (8 * max(1, size)))))
 
 
-def run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
-                rows: list[dict[str, Any]], report: Report,
-                measured: Callable[[dict[str, Any]], None] | None = None) -> None:
+def run_series(
+    name: str,
+    cfg: dict[str, Any],
+    args,
+    progress: Progress,
+    rows: list[dict[str, Any]],
+    report: Report,
+    measured: Callable[[dict[str, Any]], None] | None = None,
+) -> None:
     """Every size of one series: each row appended to `rows`, then handed to `measured`."""
     series = series_class(name, cfg.get("memory", "host"))(cfg)
     rx = _Receiver(name, cfg)
@@ -231,13 +239,22 @@ def run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
                         if one is not None:
                             own.append(one)
             except Exception as e:
-                raise BenchError(f"transfer {k} of {human_size(size)} failed: {type(e).__name__}: "
-                                   f"{first_line(e)}{rx.error_hint()}") from e
+                raise BenchError(
+                    f"transfer {k} of {human_size(size)} failed: {type(e).__name__}: {first_line(e)}{rx.error_hint()}"
+                ) from e
             res = rx.result(cfg["timeout"] * 2 + 30)
             median = statistics.median(samples)
-            row = {"series": name, "transport": transport, "size": size, "iters": iters,
-                   "median_us": median * 1e6, "MBps": size / median / 1e6, "warmup": warmup,
-                   "min_us": min(samples) * 1e6, "verified": res["verified"] if args.verify else None}
+            row = {
+                "series": name,
+                "transport": transport,
+                "size": size,
+                "iters": iters,
+                "median_us": median * 1e6,
+                "MBps": size / median / 1e6,
+                "warmup": warmup,
+                "min_us": min(samples) * 1e6,
+                "verified": res["verified"] if args.verify else None,
+            }
             check_number(report, f"{name} median", row["median_us"], size)
             _oneway(row, res, starts, own, warmup, report)
             if res["received"] != count:
@@ -273,9 +290,18 @@ def run_series(name: str, cfg: dict[str, Any], args, progress: Progress,
             rx.close()
 
 
-def _stream_pass(series: Series, rx: "_Receiver", view: Any, size: int, count: int,
-                 cfg: dict[str, Any], row: dict[str, Any], report: Report, reduce: bool = True,
-                 warmup: int = 0) -> None:
+def _stream_pass(
+    series: Series,
+    rx: "_Receiver",
+    view: Any,
+    size: int,
+    count: int,
+    cfg: dict[str, Any],
+    row: dict[str, Any],
+    report: Report,
+    reduce: bool = True,
+    warmup: int = 0,
+) -> None:
     """Back-to-back transfers with no bench ack in between: each series goes
     as fast as its own flow control lets it (a static slot of depth 2 lets the
     sender write tensor k+1 while the receiver consumes tensor k). The time
@@ -289,8 +315,10 @@ def _stream_pass(series: Series, rx: "_Receiver", view: Any, size: int, count: i
     if warmup:
         res = _stream_round(series, rx, view, size, warmup, cfg, reduce, "stream warm-up transfer")
         if res["received"] != warmup or res["errors"]:
-            report.fail(f"{name} stream warm-up at {human_size(size)}: receiver consumed {res['received']} "
-                        f"of {warmup}{': ' + res['errors'][0] if res['errors'] else ''}")
+            report.fail(
+                f"{name} stream warm-up at {human_size(size)}: receiver consumed {res['received']} "
+                f"of {warmup}{': ' + res['errors'][0] if res['errors'] else ''}"
+            )
     clock = time.perf_counter
     t0 = clock()
     res = _stream_round(series, rx, view, size, count, cfg, reduce, "stream transfer")
@@ -303,8 +331,9 @@ def _stream_pass(series: Series, rx: "_Receiver", view: Any, size: int, count: i
         report.fail(f"{name} stream at {human_size(size)}: {err}")
 
 
-def _stream_round(series: Series, rx: "_Receiver", view: Any, size: int, count: int,
-                  cfg: dict[str, Any], reduce: bool, what: str) -> dict[str, Any]:
+def _stream_round(
+    series: Series, rx: "_Receiver", view: Any, size: int, count: int, cfg: dict[str, Any], reduce: bool, what: str
+) -> dict[str, Any]:
     """`count` back-to-back sends into one receiver serve; the receiver's result."""
     rx.post("serve", size, count, False, True, reduce)
     stamp = getattr(series, "stamp", None)  # None: a bare double of the tests, stamped as on the host
@@ -316,13 +345,15 @@ def _stream_round(series: Series, rx: "_Receiver", view: Any, size: int, count: 
                 stamp(view, k)
             series.post()
     except Exception as e:
-        raise BenchError(f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: "
-                           f"{first_line(e)}{rx.error_hint()}") from e
+        raise BenchError(
+            f"{what} {k} of {human_size(size)} failed: {type(e).__name__}: {first_line(e)}{rx.error_hint()}"
+        ) from e
     return rx.result(cfg["timeout"] * 2 + 30)
 
 
-def _oneway(row: dict[str, Any], res: dict[str, Any], starts: list[float], own: list[float], warmup: int,
-            report: Report) -> None:
+def _oneway(
+    row: dict[str, Any], res: dict[str, Any], starts: list[float], own: list[float], warmup: int, report: Report
+) -> None:
     """The one-way time per transfer of the series that have one (--memory
     cuda): timed by the series itself (the cuda_ipc anchor's copy), or from
     the sender's t0 to the receiver's arrival time (recv() returned a usable
@@ -360,4 +391,3 @@ def memcpy_bandwidth(size: int, reps: int = 5) -> float:
 def first_line(e: Any) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
-

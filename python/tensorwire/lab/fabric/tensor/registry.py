@@ -41,7 +41,8 @@ def select_series(text: str | None, memory: str | None = "host") -> list[str]:
     bad = [s for s in names if s not in order]
     if bad:
         if memory is not None and all(any(s in series for series in MEMORIES.values()) for s in bad):
-            raise ValueError(f"series {', '.join(bad)} not available with --memory {memory}; "
-                             f"choose from {', '.join(order)}")
+            raise ValueError(
+                f"series {', '.join(bad)} not available with --memory {memory}; choose from {', '.join(order)}"
+            )
         raise ValueError(f"unknown series {', '.join(bad)}; choose from {', '.join(order)}")
     return [s for s in order if s in names]

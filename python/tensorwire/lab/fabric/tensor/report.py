@@ -100,16 +100,31 @@ CUDA_TARGETS = (
 )
 
 
-def _latency_target(by: dict[tuple[str, int], dict[str, Any]], what: str, anchor: str, lo: int, hi: int | None,
-                    bar: float) -> list[dict[str, Any]]:
-    cells = [(zc["oneway_us"], size) for (series, size), zc in by.items()
-             if series == "zerocopy" and size >= lo and (hi is None or size <= hi) and zc.get("oneway_us")]
+def _latency_target(
+    by: dict[tuple[str, int], dict[str, Any]], what: str, anchor: str, lo: int, hi: int | None, bar: float
+) -> list[dict[str, Any]]:
+    cells = [
+        (zc["oneway_us"], size)
+        for (series, size), zc in by.items()
+        if series == "zerocopy" and size >= lo and (hi is None or size <= hi) and zc.get("oneway_us")
+    ]
     if not cells:
         return []
     worst, at = max(cells)
     a = by.get((anchor, at))
-    return [{"target": what, "bar": bar, "worst": worst, "at": at, "sizes": len(cells), "met": worst <= bar,
-             "unit": "us", "anchor": anchor, "anchor_us": a.get("oneway_us") if a else None}]
+    return [
+        {
+            "target": what,
+            "bar": bar,
+            "worst": worst,
+            "at": at,
+            "sizes": len(cells),
+            "met": worst <= bar,
+            "unit": "us",
+            "anchor": anchor,
+            "anchor_us": a.get("oneway_us") if a else None,
+        }
+    ]
 
 
 def targets(rows: list[dict[str, Any]], transport: str = "shm", memory: str = "host") -> list[dict[str, Any]]:
@@ -140,8 +155,9 @@ def targets(rows: list[dict[str, Any]], transport: str = "shm", memory: str = "h
                 ratios.append((a / b, size))
         if ratios:
             worst, at = min(ratios)
-            out.append({"target": what, "bar": bar, "worst": worst, "at": at, "sizes": len(ratios),
-                        "met": worst >= bar})
+            out.append(
+                {"target": what, "bar": bar, "worst": worst, "at": at, "sizes": len(ratios), "met": worst >= bar}
+            )
     return out
 
 
@@ -152,17 +168,28 @@ def open_table(report: Report, args, progress: Progress | None = None) -> Table:
     best = f"; best of {rep} interleaved passes" if rep > 1 else ""
     cpus = report.config.get("cpus")
     notes = (" [verify: times include the check]" if args.verify else "") + (
-        f"; sender on CPU {cpus[0]}, receiver on CPU {cpus[1]}" if cpus else "; CPUs: the scheduler's")
+        f"; sender on CPU {cpus[0]}, receiver on CPU {cpus[1]}" if cpus else "; CPUs: the scheduler's"
+    )
     if cuda:
-        print_line(f"# GPU tensor transfer + consume, GPU memory to GPU memory, transport {args.transport} "
-                   f"(float32; median per transfer{best}; one-way: send -> usable at the receiver; MB = 10^6 B; "
-                   f"speed-up = series time / zerocopy time){notes}", progress=progress)
-        return Table(" #bytes     series    via       #iters   median[usec]    MB/sec        one-way[usec]  "
-                     "one-way MB/s  speed-up   stream MB/sec", progress=progress)
-    print_line(f"# Tensor transfer + consume over {args.transport} (float32; median per transfer{best}; "
-               f"MB = 10^6 B; speed-up = series time / zerocopy time){notes}", progress=progress)
-    return Table(" #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec",
-                 progress=progress)
+        print_line(
+            f"# GPU tensor transfer + consume, GPU memory to GPU memory, transport {args.transport} "
+            f"(float32; median per transfer{best}; one-way: send -> usable at the receiver; MB = 10^6 B; "
+            f"speed-up = series time / zerocopy time){notes}",
+            progress=progress,
+        )
+        return Table(
+            " #bytes     series    via       #iters   median[usec]    MB/sec        one-way[usec]  "
+            "one-way MB/s  speed-up   stream MB/sec",
+            progress=progress,
+        )
+    print_line(
+        f"# Tensor transfer + consume over {args.transport} (float32; median per transfer{best}; "
+        f"MB = 10^6 B; speed-up = series time / zerocopy time){notes}",
+        progress=progress,
+    )
+    return Table(
+        " #bytes     series    via   #iters   median[usec]    MB/sec        speed-up   stream MB/sec", progress=progress
+    )
 
 
 def row_line(r: dict[str, Any], cuda: bool) -> str:
@@ -171,11 +198,15 @@ def row_line(r: dict[str, Any], cuda: bool) -> str:
     if cuda:
         one = f"{r['oneway_us']:.2f}" if r.get("oneway_us") else "-"
         one_bw = f"{r['oneway_MBps']:.1f}" if r.get("oneway_MBps") else "-"
-        return (f" {r['size']:<11d}{r['series']:<10}{r['transport']:<10}{r['iters']:<9d}"
-                f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{one:<15}{one_bw:<14}"
-                f"{f'{sp:.2f}x' if sp else '-':<11}{stream}")
-    return (f" {r['size']:<11d}{r['series']:<10}{r['transport']:<6}{r['iters']:<9d}"
-            f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{f'{sp:.2f}x' if sp else '-':<11}{stream}")
+        return (
+            f" {r['size']:<11d}{r['series']:<10}{r['transport']:<10}{r['iters']:<9d}"
+            f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{one:<15}{one_bw:<14}"
+            f"{f'{sp:.2f}x' if sp else '-':<11}{stream}"
+        )
+    return (
+        f" {r['size']:<11d}{r['series']:<10}{r['transport']:<6}{r['iters']:<9d}"
+        f"{r['median_us']:<16.2f}{r['MBps']:<14.1f}{f'{sp:.2f}x' if sp else '-':<11}{stream}"
+    )
 
 
 def table_order(rows: list[dict[str, Any]], memory: str) -> list[dict[str, Any]]:
@@ -193,17 +224,24 @@ def print_tail(report: Report, args, table: Table) -> None:
         print(f"# tensorwire's lanes used: {', '.join(report.config['lane_transports'])}")
     _print_anchors(rows, cuda)
     if report.config.get("targets"):
-        print(f"# targets for --memory cuda (transport {args.transport}): worst over the sizes each covers" if cuda
-              else f"# targets for {args.transport}: worst ratio over the sizes each covers")
+        print(
+            f"# targets for --memory cuda (transport {args.transport}): worst over the sizes each covers"
+            if cuda
+            else f"# targets for {args.transport}: worst ratio over the sizes each covers"
+        )
         for t in report.config["targets"]:
             level = "PASS" if t["met"] else "MISS"
             if t.get("unit") == "us":
                 beside = f"; {t['anchor']} {t['anchor_us']:.2f} us" if t.get("anchor_us") else ""
-                print(f"#   {level:<4} {t['target']:<42} {t['worst']:6.2f} us (bar {t['bar']:g} us) "
-                      f"worst at {human_size(t['at'])} of {t['sizes']} size(s){beside}")
+                print(
+                    f"#   {level:<4} {t['target']:<42} {t['worst']:6.2f} us (bar {t['bar']:g} us) "
+                    f"worst at {human_size(t['at'])} of {t['sizes']} size(s){beside}"
+                )
                 continue
-            print(f"#   {level:<4} {t['target']:<42} {t['worst']:6.2f}x (bar {t['bar']:g}x) "
-                  f"worst at {human_size(t['at'])} of {t['sizes']} size(s)")
+            print(
+                f"#   {level:<4} {t['target']:<42} {t['worst']:6.2f}x (bar {t['bar']:g}x) "
+                f"worst at {human_size(t['at'])} of {t['sizes']} size(s)"
+            )
     if report.config.get("unavailable"):
         for name, why in report.config["unavailable"].items():
             print(f"# {name}: unavailable ({why})")
@@ -211,8 +249,7 @@ def print_tail(report: Report, args, table: Table) -> None:
     line = report.verdict_line(f"cuda {key}{_cuda_latency(rows)}" if cuda else key)
     missed = [t["target"] for t in report.config.get("targets") or [] if not t["met"]]
     if missed and line.startswith("PASS "):  # sound, but short of its own bars: never a bare PASS
-        line = f"MISS {line[5:]} (missed {len(missed)} of {len(report.config['targets'])} targets: " \
-               f"{'; '.join(missed)})"
+        line = f"MISS {line[5:]} (missed {len(missed)} of {len(report.config['targets'])} targets: {'; '.join(missed)})"
     print(line)
 
 
@@ -230,23 +267,32 @@ def _print_anchors(rows: list[dict[str, Any]], cuda: bool) -> None:
     if not anchors:
         return
     if cuda:
-        print("# anchors, same run: zerocopy transfer-only stream MB/s (the receiver releases each tensor "
-              "unread) vs one-sided writes of the same GPU block into GPU memory (2 in flight) and a "
-              "device-to-device copy in one process; the consumed stream for reference")
+        print(
+            "# anchors, same run: zerocopy transfer-only stream MB/s (the receiver releases each tensor "
+            "unread) vs one-sided writes of the same GPU block into GPU memory (2 in flight) and a "
+            "device-to-device copy in one process; the consumed stream for reference"
+        )
     else:
-        print("# anchors, same run: zerocopy transfer-only stream MB/s (the receiver releases each tensor "
-              "unread) vs one-sided writes of the same block (2 in flight) and a single-thread memcpy; "
-              "the consumed stream (with the max-reduction) for reference")
+        print(
+            "# anchors, same run: zerocopy transfer-only stream MB/s (the receiver releases each tensor "
+            "unread) vs one-sided writes of the same block (2 in flight) and a single-thread memcpy; "
+            "the consumed stream (with the max-reduction) for reference"
+        )
     copy = "device copy" if cuda else "memcpy"
     for r in anchors:
         w, m, t = r.get("write_MBps"), r.get("memcpy_MBps"), r.get("transfer_MBps")
         if not t:
             continue
-        print(f"#   {human_size(r['size']):>5}: transfer {t:.1f}"
-              + (f", write {w:.1f} ({t / w:.2f}x)" if w else "")
-              + (f", {copy} {m:.1f} ({t / m:.2f}x)" if m else "")
-              + (f"; consumed stream {r['stream_MBps']:.1f} ({r['stream_MBps'] / m:.2f}x {copy})"
-                 if m and r.get("stream_MBps") else ""))
+        print(
+            f"#   {human_size(r['size']):>5}: transfer {t:.1f}"
+            + (f", write {w:.1f} ({t / w:.2f}x)" if w else "")
+            + (f", {copy} {m:.1f} ({t / m:.2f}x)" if m else "")
+            + (
+                f"; consumed stream {r['stream_MBps']:.1f} ({r['stream_MBps'] / m:.2f}x {copy})"
+                if m and r.get("stream_MBps")
+                else ""
+            )
+        )
 
 
 def _cuda_latency(rows: list[dict[str, Any]]) -> str:
@@ -274,10 +320,12 @@ def plot(report: Report, path: str) -> None:
     try:
         import matplotlib
     except ImportError:
-        raise ModuleNotFoundError("--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])",
-                                  name="matplotlib") from None
+        raise ModuleNotFoundError(
+            "--plot needs matplotlib: pip install matplotlib (or tensorwire[bench])", name="matplotlib"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))
     memory = report.config.get("memory", "host")
     for name in series_order(memory):
@@ -291,15 +339,14 @@ def plot(report: Report, path: str) -> None:
     sizes = sorted({r["size"] for r in report.rows})
     for ax, ylabel in ((ax_t, "median time per transfer [µs]"), (ax_b, "throughput [MB/s]")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes[::max(1, len(sizes) // 8)])
-        ax.set_xticklabels([human_size(s) for s in sizes[::max(1, len(sizes) // 8)]])
+        ax.set_xticks(sizes[:: max(1, len(sizes) // 8)])
+        ax.set_xticklabels([human_size(s) for s in sizes[:: max(1, len(sizes) // 8)]])
         ax.set_xlabel("tensor size [bytes]")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
     ax_t.legend()
     where = ", GPU memory to GPU memory" if memory == "cuda" else ""
-    fig.suptitle(f"tensor transfer + consume{where}, transport {report.config.get('transport')} "
-                 f"({report.verdict})")
+    fig.suptitle(f"tensor transfer + consume{where}, transport {report.config.get('transport')} ({report.verdict})")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=120)

@@ -53,8 +53,13 @@ class _TwSeries(Series):
 
     def _device(self):
         import tensorwire as tw
-        return tw.Device(host=HOST, transport=self.cfg["transport"], progress=self.cfg.get("progress", "inline"),
-                         spin_us=int(self.cfg["spin_us"]))
+
+        return tw.Device(
+            host=HOST,
+            transport=self.cfg["transport"],
+            progress=self.cfg.get("progress", "inline"),
+            spin_us=int(self.cfg["spin_us"]),
+        )
 
     def r_open(self) -> dict[str, Any]:
         self.dev = self._device()
@@ -111,8 +116,7 @@ class StaticSeries(_TwSeries):
         self.slot = self.serial_slot = self.stream_slot = None  # the previous size's slots go first
         name = f"bench.tensor.{self.name}.{size}"
         self.serial_slot = self.dev.static_slot(name, (size // ITEM,), "float32", depth=1, **self._where())
-        self.stream_slot = self.dev.static_slot(name + ".stream", (size // ITEM,), "float32", depth=2,
-                                                **self._where())
+        self.stream_slot = self.dev.static_slot(name + ".stream", (size // ITEM,), "float32", depth=2, **self._where())
         return {"name": name, "stream_name": name + ".stream"}
 
     def serve(self, count: int, consume: Callable[[np.ndarray], None], stream: bool = False) -> None:
@@ -227,4 +231,3 @@ class Dynamic(_TwSeries):
 
     def transfer(self) -> None:
         self.sender.send(self.tensor).wait(self.timeout)
-

@@ -78,4 +78,3 @@ class Socket(Series):
     def s_close(self) -> None:
         if getattr(self, "sock", None) is not None:
             self.sock.close()
-

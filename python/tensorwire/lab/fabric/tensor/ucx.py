@@ -18,11 +18,13 @@ class _UcxSeries(Series):
 
     def _baseline(self):
         from .... import _core
+
         return _core.UcxBaseline(self.cfg["transport"], int(self.cfg["spin_us"]), True)
 
     @classmethod
     def unavailable(cls) -> str | None:
         from .... import _core
+
         return None if hasattr(_core, "UcxBaseline") else "this build has no UcxBaseline (rebuild tensorwire)"
 
     def r_open(self) -> dict[str, Any]:
@@ -87,4 +89,3 @@ class UcxTag(_UcxSeries):
     def post(self) -> None:
         t = self.tensor
         self.ucx.tag_send(t.ctypes.data, t.nbytes, TAG_DATA, self.timeout)
-
