@@ -1,9 +1,9 @@
 // Copyright tensorwire authors.
 //
 // The benchmarks' bindings (the tensorwire_bench library, cpp/src/bench/):
-// tensorwire._core.bench_* run the timed loops of bench/kernels.h with the
+// tensorwire._core.bench_* run the timed loops of tensorwire/bench.h with the
 // GIL released; tensorwire._core.UcxBaseline is the raw UCX tag and
-// active-message baselines of `tensorwire bench tensor` (bench/baselines.h).
+// active-message baselines of `tensorwire bench tensor` (tensorwire/bench.h).
 // Baseline buffers are given as addresses (numpy: arr.ctypes.data); the
 // caller keeps them alive. Every blocking call releases the GIL.
 #include <nanobind/stl/pair.h>
@@ -14,10 +14,9 @@
 #include <memory>
 #include <tuple>
 
-#include "bench/baselines.h"
-#include "bench/kernels.h"
 #include "bindings.h"
 #include "py_types.h"
+#include "tensorwire/bench.h"
 #include "tensorwire/error.h"
 
 namespace tensorwire::py {

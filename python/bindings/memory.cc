@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "bindings.h"
-#include "cuda/driver.h"
 #include "py_types.h"
 
 namespace tensorwire::py {
@@ -198,12 +197,13 @@ void bind_memory(nb::module_& m) {
   m.def(
       "cuda_info",
       [] {
+        const CudaInfo info = cuda_info();
         nb::dict out;
-        out["available"] = cuda::available();
-        out["reason"] = cuda::unavailable_reason();
-        out["driver_version"] = cuda::driver_version();
+        out["available"] = info.available;
+        out["reason"] = info.reason;
+        out["driver_version"] = info.driver_version;
         nb::list names;
-        for (int i = 0; i < cuda::device_count(); ++i) names.append(cuda::device_name(i));
+        for (const auto& name : info.devices) names.append(name);
         out["devices"] = names;
         return out;
       },

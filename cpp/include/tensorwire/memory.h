@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tensorwire/region.h"
 
@@ -116,5 +117,15 @@ class MemoryPool {
 // (`rep movsb` from 64 KiB, streaming stores for the largest copies). The
 // ranges must not overlap.
 void copy_memory(void* dst, const void* src, std::size_t n);
+
+// What the CUDA driver offers. The driver is loaded at run time: a build or a
+// machine without CUDA says why here instead of failing.
+struct CudaInfo {
+  bool available = false;
+  std::string reason;                // why not, when !available ("libcuda.so.1 not found", ...)
+  int driver_version = 0;            // e.g. 13000; 0 when unavailable
+  std::vector<std::string> devices;  // names, by ordinal
+};
+CudaInfo cuda_info();
 
 }  // namespace tensorwire

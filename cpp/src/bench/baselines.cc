@@ -31,7 +31,7 @@ bool is_set(const char* name) { return std::getenv(name) != nullptr; }
 
 }  // namespace
 
-UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback) : spin_us_(spin_us) {
+UcxBaselineImpl::UcxBaselineImpl(const std::string& transport, unsigned spin_us, bool loopback) : spin_us_(spin_us) {
   auto o = ucx::transport_overrides(transport);
   // UCX's own transport settings (no cma tuning, unlike Device's data
   // context): this is what UCX users get.
@@ -51,8 +51,8 @@ UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool lo
   }
   if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;  // then spin only
 
-  for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmRequest, &UcxBaseline::on_request},
-                        std::pair<unsigned, ucp_am_recv_callback_t>{kAmReply, &UcxBaseline::on_reply}}) {
+  for (auto [id, cb] : {std::pair<unsigned, ucp_am_recv_callback_t>{kAmRequest, &UcxBaselineImpl::on_request},
+                        std::pair<unsigned, ucp_am_recv_callback_t>{kAmReply, &UcxBaselineImpl::on_reply}}) {
     ucp_am_handler_param_t am{};
     am.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
@@ -70,14 +70,14 @@ UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool lo
   }
 }
 
-UcxBaseline::~UcxBaseline() {
+UcxBaselineImpl::~UcxBaselineImpl() {
   try {
     close();
   } catch (...) {
   }
 }
 
-void UcxBaseline::close() {
+void UcxBaselineImpl::close() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_) return;
   for (auto& in : requests_) release(in);
@@ -101,13 +101,13 @@ void UcxBaseline::close() {
   context_.reset();
 }
 
-std::string UcxBaseline::address() const {
+std::string UcxBaselineImpl::address() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_) throw ConnectionError("baseline is closed");
   return ucx::worker_address(worker_);
 }
 
-void UcxBaseline::connect(const std::string& peer_address) {
+void UcxBaselineImpl::connect(const std::string& peer_address) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_) throw ConnectionError("baseline is closed");
   if (ep_) throw InvalidArgument("already connected");
@@ -120,14 +120,14 @@ void UcxBaseline::connect(const std::string& peer_address) {
   check(ucp_ep_create(worker_, &ep, &ep_), "ucp_ep_create");
 }
 
-void UcxBaseline::require_ep() const {
+void UcxBaselineImpl::require_ep() const {
   if (!worker_) throw ConnectionError("baseline is closed");
   if (!ep_) throw ConnectionError("baseline is not connected");
 }
 
-ucs_status_t UcxBaseline::on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
-                                     const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<UcxBaseline*>(arg);
+ucs_status_t UcxBaselineImpl::on_request(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                         const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxBaselineImpl*>(arg);
   Incoming in;
   in.header.assign(static_cast<const char*>(header), header_length);
   in.length = length;
@@ -144,9 +144,9 @@ ucs_status_t UcxBaseline::on_request(void* arg, const void* header, size_t heade
   return UCS_OK;
 }
 
-ucs_status_t UcxBaseline::on_reply(void* arg, const void*, size_t, void* data, size_t length,
-                                   const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<UcxBaseline*>(arg);
+ucs_status_t UcxBaselineImpl::on_reply(void* arg, const void*, size_t, void* data, size_t length,
+                                       const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<UcxBaselineImpl*>(arg);
   if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
     // Replies are sent eager; a rendezvous one is not ours. Returning UCS_OK
     // releases the descriptor.
@@ -157,7 +157,7 @@ ucs_status_t UcxBaseline::on_reply(void* arg, const void*, size_t, void* data, s
   return UCS_OK;
 }
 
-void UcxBaseline::release(Incoming& in) {
+void UcxBaselineImpl::release(Incoming& in) {
   if (in.desc && !in.rndv && worker_) ucp_am_data_release(worker_, in.desc);
   if (in.desc && in.rndv && worker_) {
     // An unreceived rendezvous message: receiving into nothing is not
@@ -167,7 +167,7 @@ void UcxBaseline::release(Incoming& in) {
   in.desc = nullptr;
 }
 
-void UcxBaseline::drive(const std::function<bool()>& done, clock::time_point deadline, const char* what) {
+void UcxBaselineImpl::drive(const std::function<bool()>& done, clock::time_point deadline, const char* what) {
   const auto spin = std::chrono::microseconds(spin_us_);
   auto last_event = clock::now();
   unsigned spins = 0;
@@ -193,8 +193,8 @@ void UcxBaseline::drive(const std::function<bool()>& done, clock::time_point dea
   }
 }
 
-ucs_status_t UcxBaseline::wait_request(ucs_status_ptr_t req, clock::time_point deadline, const char* what,
-                                       ucp_tag_recv_info_t* tag_info) {
+ucs_status_t UcxBaselineImpl::wait_request(ucs_status_ptr_t req, clock::time_point deadline, const char* what,
+                                           ucp_tag_recv_info_t* tag_info) {
   if (req == nullptr) return UCS_OK;
   if (UCS_PTR_IS_ERR(req)) return UCS_PTR_STATUS(req);
   ucs_status_t st = UCS_INPROGRESS;
@@ -217,7 +217,7 @@ ucs_status_t UcxBaseline::wait_request(ucs_status_ptr_t req, clock::time_point d
   return st;
 }
 
-void UcxBaseline::tag_send(const void* buffer, std::size_t nbytes, std::uint64_t tag, double timeout_s) {
+void UcxBaselineImpl::tag_send(const void* buffer, std::size_t nbytes, std::uint64_t tag, double timeout_s) {
   std::lock_guard<std::mutex> lock(mu_);
   require_ep();
   ucp_request_param_t param{};
@@ -226,7 +226,7 @@ void UcxBaseline::tag_send(const void* buffer, std::size_t nbytes, std::uint64_t
   check(st, "ucp_tag_send_nbx");
 }
 
-std::size_t UcxBaseline::tag_recv(void* buffer, std::size_t capacity, std::uint64_t tag, double timeout_s) {
+std::size_t UcxBaselineImpl::tag_recv(void* buffer, std::size_t capacity, std::uint64_t tag, double timeout_s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_) throw ConnectionError("baseline is closed");
   ucp_tag_recv_info_t info{};
@@ -239,8 +239,8 @@ std::size_t UcxBaseline::tag_recv(void* buffer, std::size_t capacity, std::uint6
   return info.length;
 }
 
-std::string UcxBaseline::am_request(const std::string& header, const void* payload, std::size_t nbytes,
-                                    double timeout_s) {
+std::string UcxBaselineImpl::am_request(const std::string& header, const void* payload, std::size_t nbytes,
+                                        double timeout_s) {
   std::lock_guard<std::mutex> lock(mu_);
   require_ep();
   const auto deadline = deadline_after(timeout_s);
@@ -261,7 +261,7 @@ std::string UcxBaseline::am_request(const std::string& header, const void* paylo
   return reply;
 }
 
-UcxBaseline::AmMessage UcxBaseline::am_recv(void* buffer, std::size_t capacity, double timeout_s) {
+UcxBaselineImpl::AmMessage UcxBaselineImpl::am_recv(void* buffer, std::size_t capacity, double timeout_s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!worker_) throw ConnectionError("baseline is closed");
   const auto deadline = deadline_after(timeout_s);
@@ -296,7 +296,7 @@ UcxBaseline::AmMessage UcxBaseline::am_recv(void* buffer, std::size_t capacity, 
   return out;
 }
 
-void UcxBaseline::am_reply(const std::string& payload, double timeout_s) {
+void UcxBaselineImpl::am_reply(const std::string& payload, double timeout_s) {
   std::lock_guard<std::mutex> lock(mu_);
   require_ep();
   ucp_request_param_t param{};
@@ -306,5 +306,30 @@ void UcxBaseline::am_reply(const std::string& payload, double timeout_s) {
   ucs_status_t st = wait_request(req, deadline_after(timeout_s), "am_reply");
   check(st, "ucp_am_send_nbx (reply)");
 }
+
+// ---- UcxBaseline: the public face (tensorwire/bench.h) ----
+
+UcxBaseline::UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback)
+    : impl_(std::make_unique<UcxBaselineImpl>(transport, spin_us, loopback)) {}
+UcxBaseline::~UcxBaseline() = default;
+std::string UcxBaseline::address() const { return impl_->address(); }
+std::string UcxBaseline::transports() const { return impl_->transports(); }
+void UcxBaseline::connect(const std::string& peer_address) { impl_->connect(peer_address); }
+bool UcxBaseline::connected() const { return impl_->connected(); }
+void UcxBaseline::close() { impl_->close(); }
+void UcxBaseline::tag_send(const void* buffer, std::size_t nbytes, std::uint64_t tag, double timeout_s) {
+  impl_->tag_send(buffer, nbytes, tag, timeout_s);
+}
+std::size_t UcxBaseline::tag_recv(void* buffer, std::size_t capacity, std::uint64_t tag, double timeout_s) {
+  return impl_->tag_recv(buffer, capacity, tag, timeout_s);
+}
+std::string UcxBaseline::am_request(const std::string& header, const void* payload, std::size_t nbytes,
+                                    double timeout_s) {
+  return impl_->am_request(header, payload, nbytes, timeout_s);
+}
+UcxBaseline::AmMessage UcxBaseline::am_recv(void* buffer, std::size_t capacity, double timeout_s) {
+  return impl_->am_recv(buffer, capacity, timeout_s);
+}
+void UcxBaseline::am_reply(const std::string& payload, double timeout_s) { impl_->am_reply(payload, timeout_s); }
 
 }  // namespace tensorwire::bench

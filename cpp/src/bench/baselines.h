@@ -1,6 +1,7 @@
 // Copyright tensorwire authors.
 //
-// Raw UCX baselines for `tensorwire bench tensor`: what a program that uses
+// How tensorwire/bench.h's UcxBaseline works (UcxBaselineImpl, its state):
+// raw UCX baselines for `tensorwire bench tensor`: what a program that uses
 // UCX directly (MPI, UCXX, an RPC framework on UCX) does to move a tensor,
 // on a ucp context and worker of its own, independent of tensorwire's Device.
 //
@@ -19,6 +20,7 @@
 // (at most 1 ms at a time), as tensorwire's inline progress does.
 #pragma once
 
+#include "tensorwire/bench.h"
 #include "ucx/ucx.h"
 
 #include <ucp/api/ucp.h>
@@ -34,16 +36,16 @@
 
 namespace tensorwire::bench {
 
-class UcxBaseline {
+class UcxBaselineImpl {
  public:
   // transport: "auto" (UCX_TLS and the rest from the environment), "tcp",
   // "shm" (sm) or "rdma" (rc,ud,sm), applied like Device's data context:
   // the TLS override replaces UCX_TLS; NET_DEVICES=lo when `loopback` and
   // UCX_NET_DEVICES is unset.
-  UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback);
-  ~UcxBaseline();
-  UcxBaseline(const UcxBaseline&) = delete;
-  UcxBaseline& operator=(const UcxBaseline&) = delete;
+  UcxBaselineImpl(const std::string& transport, unsigned spin_us, bool loopback);
+  ~UcxBaselineImpl();
+  UcxBaselineImpl(const UcxBaselineImpl&) = delete;
+  UcxBaselineImpl& operator=(const UcxBaselineImpl&) = delete;
 
   std::string address() const;  // packed worker address
   std::string transports() const { return tls_; }
@@ -61,10 +63,7 @@ class UcxBaseline {
 
   // Server side: waits for one request, copies its payload into `buffer`
   // (InvalidArgument if larger than `capacity`); returns header and length.
-  struct AmMessage {
-    std::string header;
-    std::size_t nbytes = 0;
-  };
+  using AmMessage = UcxBaseline::AmMessage;
   AmMessage am_recv(void* buffer, std::size_t capacity, double timeout_s);
   // Answers the last request (a small eager AM).
   void am_reply(const std::string& payload, double timeout_s);

@@ -1,5 +1,5 @@
 // Copyright tensorwire authors.
-#include "bench/kernels.h"
+#include "tensorwire/bench.h"
 
 #include "core/channel_impl.h"
 #include "core/waiter.h"

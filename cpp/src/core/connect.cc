@@ -270,29 +270,32 @@ void DeviceImpl::on_control_closed(const std::shared_ptr<net::Conn>& conn, const
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = peers_by_conn_.find(conn.get());
-    if (it != peers_by_conn_.end()) {
-      peer = it->second;
-      // The tables forget the connection and its peer (which holds the
-      // socket): kept, they held a descriptor and ~20 KiB per closed
-      // connection, and a server stopped accepting at `ulimit -n`. A channel
-      // or request of the user's still holds its peer, failed below.
-      peers_by_conn_.erase(it);
-      auto by_id = peers_.find(peer->hello.device_id);
-      if (by_id != peers_.end() && by_id->second == peer) {
-        peers_.erase(by_id);
-        std::erase(new_peers_, peer->hello.device_id);
-      }
-    }
-    conns_.erase(conn.get());
+    if (it != peers_by_conn_.end()) peer = it->second;
   }
-  if (peer) forget_token(peer->inbound_token);
+  // The peer fails before it leaves the tables: whoever sees it gone from
+  // peers() finds its channels failed too.
   if (peer) {
+    forget_token(peer->inbound_token);
     std::string what = peer->describe() + " disconnected or died (" + why + ")";
     peer->fail(ErrorKind::kPeerFailed, what);
     fail_pending_control(conn.get(), ErrorKind::kPeerFailed, what);
   } else {
     fail_pending_control(conn.get(), ErrorKind::kConnection, "connection to " + conn->name() + " closed: " + why);
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (peer) {
+    // The tables forget the connection and its peer (which holds the
+    // socket): kept, they held a descriptor and ~20 KiB per closed
+    // connection, and a server stopped accepting at `ulimit -n`. A channel
+    // or request of the user's still holds its peer, failed above.
+    peers_by_conn_.erase(conn.get());
+    auto by_id = peers_.find(peer->hello.device_id);
+    if (by_id != peers_.end() && by_id->second == peer) {
+      peers_.erase(by_id);
+      std::erase(new_peers_, peer->hello.device_id);
+    }
+  }
+  conns_.erase(conn.get());
 }
 
 void DeviceImpl::refuse_hello(const std::shared_ptr<net::Conn>& conn, const control::Header& h, control::Status status,

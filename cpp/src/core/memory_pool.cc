@@ -515,4 +515,13 @@ const RegionDescriptor& RemoteRegion::descriptor() const {
   return impl_->descriptor;
 }
 
+CudaInfo cuda_info() {
+  CudaInfo info;
+  info.available = cuda::available();
+  if (!info.available) info.reason = cuda::unavailable_reason();
+  info.driver_version = cuda::driver_version();
+  for (int i = 0; i < cuda::device_count(); ++i) info.devices.push_back(cuda::device_name(i));
+  return info;
+}
+
 }  // namespace tensorwire

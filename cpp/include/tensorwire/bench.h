@@ -1,12 +1,16 @@
 // Copyright tensorwire authors.
 //
-// Timed loops of the benchmarks, in C++ so the numbers measure the transport
-// and not the interpreter. The Python CLI sets them up (buffers, lookups,
-// peers) and turns the samples into perftest/OSU-style tables.
+// The benchmarks' C++ side (the lab's, beside the product's API): timed loops
+// of the perftest-style benchmarks, in C++ so the numbers measure the
+// transport and not the interpreter (the Python CLI sets them up and turns the
+// samples into perftest/OSU-style tables), and raw UCX baselines for
+// `tensorwire bench tensor`.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "tensorwire/channel.h"
@@ -80,5 +84,56 @@ TimedOps stream_ops(std::vector<Channel>& channels, bool is_write, const LocalRe
 // one-sided write when they are done); false on timeout.
 bool wait_flags(std::vector<Channel>& channels, const volatile std::uint64_t* flags, std::size_t count,
                 std::uint64_t expected, double timeout_s);
+
+// What a program that uses UCX directly (MPI, UCXX, an RPC framework on UCX)
+// does to move a tensor, on a ucp context and worker of its own, independent
+// of tensorwire's Device (bench/baselines.h has how):
+//  * tagged send/recv (ucp_tag_send_nbx / ucp_tag_recv_nbx): UCX picks eager
+//    or rendezvous by size, as MPI and UCXX get it;
+//  * an RPC over active messages: the request is serialized (copied) into a
+//    message buffer, sent, received into the server's message buffer and
+//    copied out into the caller's array; the server answers with a small reply.
+// Addresses are exchanged by the caller (address() bytes -> connect()). Every
+// call blocks, bounded by a timeout (the core's meaning: < 0 or NaN waits
+// forever, 0 does not wait; UCX failures raise the core's Error kinds).
+class UcxBaselineImpl;
+class UcxBaseline {
+ public:
+  // transport: "auto" (UCX_TLS and the rest from the environment), "tcp",
+  // "shm" (sm) or "rdma" (rc,ud,sm), applied like Device's data context;
+  // NET_DEVICES=lo when `loopback` and UCX_NET_DEVICES is unset. The caller
+  // spins `spin_us` before it sleeps on the worker's event fd.
+  UcxBaseline(const std::string& transport, unsigned spin_us, bool loopback);
+  ~UcxBaseline();
+  UcxBaseline(const UcxBaseline&) = delete;
+  UcxBaseline& operator=(const UcxBaseline&) = delete;
+
+  std::string address() const;  // packed worker address
+  std::string transports() const;
+  void connect(const std::string& peer_address);
+  bool connected() const;
+  void close();  // idempotent; also run by the destructor
+
+  // Tagged messaging (full tag mask). tag_recv returns the received length.
+  void tag_send(const void* buffer, std::size_t nbytes, std::uint64_t tag, double timeout_s);
+  std::size_t tag_recv(void* buffer, std::size_t capacity, std::uint64_t tag, double timeout_s);
+
+  // Client side of the AM RPC: serializes `header` + the payload into a
+  // request, sends it and waits for the reply, which it returns.
+  std::string am_request(const std::string& header, const void* payload, std::size_t nbytes, double timeout_s);
+
+  // Server side: waits for one request, copies its payload into `buffer`
+  // (InvalidArgument if larger than `capacity`); returns header and length.
+  struct AmMessage {
+    std::string header;
+    std::size_t nbytes = 0;
+  };
+  AmMessage am_recv(void* buffer, std::size_t capacity, double timeout_s);
+  // Answers the last request (a small eager AM).
+  void am_reply(const std::string& payload, double timeout_s);
+
+ private:
+  std::unique_ptr<UcxBaselineImpl> impl_;
+};
 
 }  // namespace tensorwire::bench
