@@ -17,7 +17,11 @@ FUZZ_TEST_SECONDS ?= 10
 FUZZ_TARGETS := region control hello record frame
 # clang, and compiler-rt for libFuzzer (only recommended by clang, so named).
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
-APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 $(FUZZ_APT_PACKAGES)
+APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 ccache $(FUZZ_APT_PACKAGES)
+# ccache: the tests' tree (build/cpp) and the package's (pip's) compile the core with the same
+# flags, so the second build takes the first's objects; CMake reads the launcher from here.
+export CMAKE_C_COMPILER_LAUNCHER := ccache
+export CMAKE_CXX_COMPILER_LAUNCHER := ccache
 # The UCX wheel only for the build that links it (TENSORWIRE_UCX=wheel).
 PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
 	"cmake>=3.20" ninja numpy
@@ -35,7 +39,7 @@ help:
 	@sed -n '1,8p' Makefile
 
 # System packages (only those missing), then the Python build and test tools.
-$(STAMP)/deps:
+$(STAMP)/deps: Makefile
 	@mkdir -p $(STAMP)
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
