@@ -20,8 +20,16 @@ FUZZ_APT_PACKAGES := clang libclang-rt-dev
 APT_PACKAGES := g++ pkg-config libgtest-dev iproute2 ccache $(FUZZ_APT_PACKAGES)
 # ccache: the tests' tree (build/cpp) and the package's (pip's) compile the core with the same
 # flags, so the second build takes the first's objects; CMake reads the launcher from here.
+# ccache keys on the compiler's name too: both trees name g++ (pip's would, CMake's would say c++).
 export CMAKE_C_COMPILER_LAUNCHER := ccache
 export CMAKE_CXX_COMPILER_LAUNCHER := ccache
+ifeq ($(origin CC),default)
+CC := gcc
+endif
+ifeq ($(origin CXX),default)
+CXX := g++
+endif
+export CC CXX
 # The UCX wheel only for the build that links it (TENSORWIRE_UCX=wheel).
 PIP_BUILD_DEPS := "scikit-build-core>=0.11.2" "nanobind>=2.4" $(if $(filter wheel,$(TENSORWIRE_UCX)),"libucx-cu13>=1.22") \
 	"cmake>=3.20" ninja numpy
