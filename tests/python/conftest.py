@@ -274,7 +274,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under pytest-xdist (make test: --dist loadgroup) the tests that build testbeds (root network
     namespaces, links in the root namespace, tc) run one after another on one worker: they compare
     the machine's links before and after and time signals to processes in namespaces, which another
-    testbed built at the same time disturbs."""
+    testbed built at the same time disturbs. And the longest tests go first."""
     for item in items:
         if item.get_closest_marker("netns") is not None or item.path.name == "test_testbed.py":
             item.add_marker(pytest.mark.xdist_group("testbed"))
+
+    # The longest first, so that no worker is left with a long test while the others are done:
+    # the conformance selection (one block of about 2.5 minutes on one worker), then the torch
+    # programs, then the rest in their order (a stable sort keeps each module's tests together).
+    def rank(item: pytest.Item) -> int:
+        if item.path.name == "test_torch_conformance.py":
+            return 0
+        return 1 if item.path.parent.name == "pytorch" else 2
+
+    items.sort(key=rank)
