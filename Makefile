@@ -1,6 +1,6 @@
 # tensorwire: two commands do all the set-up on a fresh Debian machine (root):
 #   make demo   install what is needed, build, run a two-process tensor write
-#   make test   install what is needed, build, run the C++ and Python tests (and 10 s of each fuzz target)
+#   make test   install what is needed, build, run the C++ and Python tests (and 5 s of each fuzz target)
 #   make fuzz   build the libFuzzer targets (clang) and run each for FUZZ_SECONDS (default 60)
 #   make test-system-ucx   the build against the system's UCX (Debian's libucx-dev, 1.13), its tests (part of test)
 #   make lint   ruff (lint, format check), mypy, clang-format's check (the first step of test); make format applies
@@ -13,7 +13,7 @@ BUILD_CPP := build/cpp
 BUILD_FUZZ := build/fuzz
 BUILD_SYSTEM := build/cpp-system
 FUZZ_SECONDS ?= 60
-FUZZ_TEST_SECONDS ?= 10
+FUZZ_TEST_SECONDS ?= 5
 FUZZ_TARGETS := region control hello record frame
 # clang, and compiler-rt for libFuzzer (only recommended by clang, so named).
 FUZZ_APT_PACKAGES := clang libclang-rt-dev
