@@ -11,13 +11,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import tensorwire.torch  # noqa: F401 - registers the "tensorwire" backend
-from _env import torch_env
 
 p = argparse.ArgumentParser()
 p.add_argument("--backend", default="tensorwire")
 p.add_argument("--dir", required=True)
 args = p.parse_args()
-torch_env()
 dist.init_process_group(args.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 

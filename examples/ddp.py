@@ -10,14 +10,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tensorwire.torch  # noqa: F401 - registers the "tensorwire" backend
-from _env import torch_env
 
 p = argparse.ArgumentParser()
 p.add_argument("--backend", default="tensorwire")
 p.add_argument("--steps", type=int, default=20)
 p.add_argument("--save", help="rank 0 writes the final parameters here (torch.save)")
 args = p.parse_args()
-torch_env()
 dist.init_process_group(args.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 

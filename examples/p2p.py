@@ -10,12 +10,10 @@ import torch
 import torch.distributed as dist
 
 import tensorwire.torch  # noqa: F401 - registers the "tensorwire" backend
-from _env import torch_env
 
 p = argparse.ArgumentParser()
 p.add_argument("--backend", default="tensorwire")
 args = p.parse_args()
-torch_env()
 dist.init_process_group(args.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 right, left = (rank + 1) % world, (rank - 1) % world

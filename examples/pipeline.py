@@ -11,13 +11,11 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 import tensorwire.torch  # noqa: F401 - registers the "tensorwire" backend
-from _env import torch_env
 
 p = argparse.ArgumentParser()
 p.add_argument("--backend", default="tensorwire")
 p.add_argument("--microbatches", type=int, default=4)
 args = p.parse_args()
-torch_env()
 dist.init_process_group(args.backend)
 rank, world = dist.get_rank(), dist.get_world_size()
 

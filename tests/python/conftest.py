@@ -151,6 +151,20 @@ def torchrun(
     raise AssertionError("unreachable")
 
 
+def tensorwire_run(n: int, script: Any, *args: str, timeout: float = 150, env: dict | None = None):
+    """`tensorwire run -n N -- python script ARGS`: ranks with torchrun's variables (env://), without
+    torchrun's agent (a process that imports torch: seconds a run). The ranks' "[rank r] " prefixes are
+    taken off, so stdout and stderr read as under torchrun. For what is not about torchrun itself: a
+    killed rank ends a `tensorwire run` at once, where torchrun's agent looks every --monitor-interval."""
+    import re
+    import subprocess
+
+    cmd = [sys.executable, "-m", "tensorwire", "run", "-n", str(n), "--", sys.executable, str(script), *args]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})))
+    unprefix = re.compile(r"^\[rank \d+\] ", re.M)
+    return subprocess.CompletedProcess(cmd, run.returncode, unprefix.sub("", run.stdout), unprefix.sub("", run.stderr))
+
+
 def cli_in_process(args: list[str], capsys: Any) -> Any:
     """`tensorwire ARGS` through the CLI's main in this process, for what ends before anything runs
     (usage errors, --help, listings): a process of its own costs seconds of torch's import each.

@@ -4,6 +4,10 @@ Each rank gets TENSORWIRE_RANK, TENSORWIRE_SIZE, TENSORWIRE_LOCAL_RANK and
 TENSORWIRE_ROOT (rank 0's address, see tensorwire.ranks.world), plus TENSORWIRE_HOST
 (the address it listens on) inside a testbed, and TENSORWIRE_PROGRESS_BAR=1
 when the launcher's stderr is a terminal (unless set: docs/configuration.md).
+It also gets what torchrun gives a rank for torch.distributed's env:// (RANK,
+WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, and MASTER_PORT: a second
+port, not the root's), so an unchanged PyTorch program runs under it as under
+torchrun.
 Rank 0's stdout passes through untouched (it writes the report); the others'
 stdout and everybody's stderr are prefixed with "[rank r]".
 
@@ -166,7 +170,8 @@ def plan(n: int, testbed: Hosts | None = None, hosts: str | None = None, port: i
         # previous run's socket.
         import random
 
-        root = f"{addr[where[0]]}:{port or random.randint(20000, 29999)}"
+        root_port = port or random.randint(20000, 29999)
+        master_port = random.choice([p for p in range(20000, 30000) if p != root_port])
         local_rank: dict[str, int] = {}
         out = []
         for r, h in enumerate(where):
@@ -175,25 +180,42 @@ def plan(n: int, testbed: Hosts | None = None, hosts: str | None = None, port: i
             env.update(
                 TENSORWIRE_RANK=str(r),
                 TENSORWIRE_SIZE=str(n),
-                TENSORWIRE_ROOT=root,
+                TENSORWIRE_ROOT=f"{addr[where[0]]}:{root_port}",
                 TENSORWIRE_HOST=addr[h],
                 TENSORWIRE_LOCAL_RANK=str(local_rank[h]),
+                **_torch_env(r, n, local_rank[h], where.count(h), addr[where[0]], master_port),
             )
             out.append(RankPlacement(r, env, list(tb.exec_prefix(h)), h))
         return out
-    root = f"127.0.0.1:{port or free_port()}"
+    root_port = port or free_port()
+    master_port = next(p for p in iter(free_port, None) if p != root_port)
     return [
         RankPlacement(
             r,
             {
                 "TENSORWIRE_RANK": str(r),
                 "TENSORWIRE_SIZE": str(n),
-                "TENSORWIRE_ROOT": root,
+                "TENSORWIRE_ROOT": f"127.0.0.1:{root_port}",
                 "TENSORWIRE_LOCAL_RANK": str(r),
+                **_torch_env(r, n, r, n, "127.0.0.1", master_port),
             },
         )
         for r in range(n)
     ]
+
+
+def _torch_env(rank: int, size: int, local_rank: int, local_size: int, master: str, port: int) -> dict[str, str]:
+    """What torchrun gives a rank for torch.distributed's env:// rendezvous (rank 0 hosts the store
+    at MASTER_ADDR:MASTER_PORT). tensorwire's own World keeps TENSORWIRE_ROOT: it reads TENSORWIRE_RANK
+    first (tensorwire.ranks.world.detect)."""
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(size),
+        "LOCAL_RANK": str(local_rank),
+        "LOCAL_WORLD_SIZE": str(local_size),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(port),
+    }
 
 
 def run(cmd: list[str], placements: list[RankPlacement], timeout: float | None = None, quiet: bool = False) -> int:

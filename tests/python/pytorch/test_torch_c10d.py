@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import torchrun  # noqa: E402
+from conftest import tensorwire_run, torchrun  # noqa: E402
 from tensorwire.ranks.launch import free_port  # noqa: E402
 from test_torch_dist import script  # noqa: E402
 
@@ -126,7 +126,7 @@ def test_mixed_spec_debug_wrapper_and_sequence_numbers(tmp_path: Path) -> None:
         os._exit(0)
     """,
     )
-    run = torchrun(2, prog, timeout=110, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    run = tensorwire_run(2, prog, timeout=110, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
     out = run.stdout
     assert out.count("WRAPPED") == 2 and "_ProcessGroupWrapper" in out, out + run.stderr[-3000:]
     assert "SEQ 0 3" in out and "SEQ 1 3" in out, out + run.stderr[-3000:]
@@ -188,7 +188,7 @@ def test_work_results_futures_and_timeouts(tmp_path: Path) -> None:
         os._exit(0)
     """,
     )
-    run = torchrun(2, prog, timeout=110)
+    run = tensorwire_run(2, prog, timeout=110)
     out = run.stdout
     assert "NO TIMEOUT" not in out and "NO OP TIMEOUT" not in out, out
     lines = [x.split() for x in out.splitlines() if x.startswith("RECV TIMEOUT")]
@@ -221,7 +221,7 @@ def test_monitored_barrier_names_the_rank_that_did_not_come(tmp_path: Path) -> N
         os._exit(0)
     """,
     )
-    run = torchrun(3, prog, timeout=110)
+    run = tensorwire_run(3, prog, timeout=110)
     out = run.stdout
     assert out.count("PASSED") == 3 and "NO ERROR" not in out, out + run.stderr[-3000:]
     line = next((x for x in out.splitlines() if x.startswith("FAILED 0")), "")
@@ -244,8 +244,11 @@ def test_destroy_with_work_pending_fails_it_and_returns(tmp_path: Path) -> None:
         except Exception as e:
             say("SPARSE", type(e).__name__, "sparse" in str(e) and "SUM only" in str(e))
         dist.barrier()
-        if r == 1:
-            time.sleep(15)
+        done = sys.argv[1]
+        if r == 1:  # alive (and silent) until rank 0 has seen both Works fail, at most 15 s
+            t0 = time.monotonic()
+            while not os.path.exists(done) and time.monotonic() - t0 < 15:
+                time.sleep(0.1)
             os._exit(0)
         w = dist.all_reduce(torch.ones(3), async_op=True)
         rw = dist.irecv(torch.zeros(3), 1, tag=3)
@@ -258,10 +261,11 @@ def test_destroy_with_work_pending_fails_it_and_returns(tmp_path: Path) -> None:
                 say("NO ERROR", name)
             except Exception as e:
                 say("FAILED", name, type(e).__name__)
+        open(done, "w").close()
         os._exit(0)
     """,
     )
-    run = torchrun(2, prog, timeout=110)
+    run = tensorwire_run(2, prog, str(tmp_path / "done"), timeout=110)
     out = run.stdout
     assert "NO SPARSE ERROR" not in out and "SPARSE ValueError True" in out, out + run.stderr[-3000:]
     line = next((x.split() for x in out.splitlines() if x.startswith("DESTROYED")), None)
@@ -318,7 +322,7 @@ def test_tensors_from_the_registered_pool_and_fsdp2_on_them(tmp_path: Path) -> N
         dist.destroy_process_group()
     """,
     )
-    run = torchrun(2, prog, timeout=140)
+    run = tensorwire_run(2, prog, timeout=140)
     assert "FSDP2 0 True" in run.stdout and "FSDP2 1 True" in run.stdout, run.stdout + run.stderr[-3000:]
 
 

@@ -9,7 +9,9 @@ on tensorwire too, since it replaces gloo (issue 48). Not selected: test_monitor
 on the backend's name (test_accumulate_gradients_no_sync: "mpi or gloo" builds its CPU model).
 
 The harness runs the suite as PyTorch's runner does, without MASTER_PORT in the environment (it
-scrubs the launcher's variables), so the selection's tests pass that way.
+scrubs the launcher's variables), so the selection's tests pass that way; its ranks are forked from
+a forkserver that imported torch and the suite once (`--start forkserver`; `make conformance`
+spawns them, as PyTorch's runner does).
 
 A test that fails on today's backend is an xfail(strict=True) with its error: once the backend
 passes it, the xfail fails, and the mark goes. The whole suite: `make conformance`."""
@@ -107,10 +109,13 @@ def selection(tmp_path_factory: pytest.TempPathFactory) -> dict:
         ",".join(SELECTION),
         "--timeout",
         str(PER_TEST_S),
+        "--start",
+        "forkserver",  # ranks forked from one process that imported torch and the suite: 3-4 s less a rank
         timeout=len(SELECTION) * PER_TEST_S,
     )
     assert summary is not None, f"no summary: exit {run.returncode}\n{run.stderr[-3000:]}"
     assert set(summary["tests"]) == set(SELECTION), "the harness ran another selection"
+    assert summary["start"] == "forkserver"
     return summary
 
 

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from conftest import torchrun  # noqa: E402
+from conftest import tensorwire_run, torchrun  # noqa: E402
 from tensorwire.ranks.launch import free_port  # noqa: E402
 
 HERE = Path(__file__).parent
@@ -42,7 +42,7 @@ def test_every_op_and_dtype_matches_gloo(n: int, transport: str, tmp_path: Path)
     for backend in ("tensorwire", "gloo"):
         out = tmp_path / backend
         out.mkdir()
-        run = torchrun(n, OPS_SCRIPT, backend, str(out), env={"TENSORWIRE_TRANSPORT": transport})
+        run = tensorwire_run(n, OPS_SCRIPT, backend, str(out), env={"TENSORWIRE_TRANSPORT": transport})
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         got[backend] = load(out, n)
     checked = 0
@@ -87,7 +87,7 @@ def test_sparse_all_reduce_matches_gloo(n: int, tmp_path: Path) -> None:
     for backend in ("tensorwire", "gloo"):
         out = tmp_path / backend
         out.mkdir()
-        run = torchrun(n, SPARSE_SCRIPT, backend, str(out))
+        run = tensorwire_run(n, SPARSE_SCRIPT, backend, str(out))
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         got[backend] = load(out, n)
     for r in range(n):
@@ -201,7 +201,7 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
         say("DESTROYED", r)
     """,
     )
-    run = torchrun(2, prog, timeout=110)
+    run = tensorwire_run(2, prog, timeout=110)
     out = run.stdout
     assert "NO ERROR" not in out, out
     for what in ("recv 10", "recv 100000", "reduce op", "avg of integers", "root", "timeout", "STILL OK"):
@@ -236,7 +236,7 @@ def test_subgroups_mixed_spec_and_explicit_store(tmp_path: Path) -> None:
         dist.destroy_process_group()
     """,
     )
-    run = torchrun(3, prog, timeout=110)
+    run = tensorwire_run(3, prog, timeout=110)
     assert run.stdout.count("SUBGROUP OK") == 3, run.stdout + run.stderr[-3000:]
 
 
@@ -285,7 +285,7 @@ def test_async_collectives_run_in_order_beside_the_caller(tmp_path: Path) -> Non
         say("CLOSED", r)
     """,
     )
-    run = torchrun(2, prog, timeout=110)
+    run = tensorwire_run(2, prog, timeout=110)
     out = run.stdout
     assert out.count("ORDER OK") == 2, out + run.stderr[-3000:]
     assert "NOT STUCK True True" in out, out + run.stderr[-3000:]
@@ -335,7 +335,7 @@ def test_large_messages_land_whole_whoever_posts_first(transport: str, tmp_path:
             say("NEXT OK", bool((t == 3).all()))
     """,
     )
-    run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": transport})
+    run = tensorwire_run(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": transport})
     out = run.stdout
     assert out.count("ORDER OK") == 4, out + run.stderr[-3000:]
     assert "REFUSED 0 True" in out and "REFUSED 1 True" in out, out + run.stderr[-3000:]
@@ -368,7 +368,7 @@ def test_many_outstanding_messages_past_the_credit_window_over_tcp(tmp_path: Pat
         say("ROUNDS OK", r)
     """,
     )
-    run = torchrun(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "tcp"})
+    run = tensorwire_run(2, prog, timeout=110, env={"TENSORWIRE_TRANSPORT": "tcp"})
     assert run.stdout.count("ROUNDS OK") == 2, run.stdout + run.stderr[-3000:]
 
 
@@ -411,7 +411,7 @@ def test_a_send_moves_while_its_sender_waits_in_a_collective(transport: str, tmp
     """,
     )
     t0 = time.monotonic()
-    run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    run = tensorwire_run(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert run.stdout.count("AFTER") == 8, run.stdout + run.stderr[-3000:]
     assert time.monotonic() - t0 < 100, "the ranks waited for an op timeout"
 
@@ -445,7 +445,7 @@ def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp
         os._exit(0)
     """,
     )
-    run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    run = tensorwire_run(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert "LEFT" in run.stdout and "RECEIVED 60" in run.stdout, run.stdout + run.stderr[-3000:]
 
 
@@ -516,7 +516,7 @@ def test_large_all_reduce_matches(n: int, transport: str, tmp_path: Path) -> Non
         dist.destroy_process_group()
     """,
     )
-    run = torchrun(n, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    run = tensorwire_run(n, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert run.stdout.count("EXACT") == n, run.stdout + run.stderr[-3000:]
 
 

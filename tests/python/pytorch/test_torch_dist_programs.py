@@ -1,19 +1,20 @@
 """Unchanged PyTorch programs (examples/) on the "tensorwire" backend: DDP and FSDP2 end with
 gloo's parameters, pipelining with the unsplit model's loss, checkpointing round-trips, p2p
-rings deliver; under torchrun and under `tensorwire run`."""
+rings deliver; under torchrun (pipelining, checkpointing) and under `tensorwire run` (the rest: it
+gives the ranks torchrun's variables, and starts no agent that imports torch)."""
 
 from __future__ import annotations
 
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import tensorwire_run  # noqa: E402
 from conftest import torchrun as conftest_torchrun  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -23,6 +24,10 @@ RUN_S = 55  # one program's run (a few seconds alone; the machine is shared)
 
 def torchrun(n: int, example: str, *args: str) -> subprocess.CompletedProcess:
     return conftest_torchrun(n, EXAMPLES / example, *args, timeout=RUN_S, env=ENV)
+
+
+def run(n: int, example: str, *args: str) -> subprocess.CompletedProcess:
+    return tensorwire_run(n, EXAMPLES / example, *args, timeout=RUN_S, env=ENV)
 
 
 def ok(run: subprocess.CompletedProcess) -> str:
@@ -38,13 +43,13 @@ def checksums(out: str, n: int, backend: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("example,n", [("ddp.py", 2), ("ddp.py", 3), ("fsdp.py", 2)])
 def test_training_ends_with_gloos_parameters(example: str, n: int, tmp_path: Path) -> None:
     tw_file, gloo_file = tmp_path / "tensorwire.pt", tmp_path / "gloo.pt"
-    out = ok(torchrun(n, example, "--backend", "tensorwire", "--save", str(tw_file)))
+    out = ok(run(n, example, "--backend", "tensorwire", "--save", str(tw_file)))
     sums = checksums(out, n, "tensorwire")
     assert len(sums) == n and len(set(sums)) == 1, out  # every rank ends with the same model
     # the reference: gloo's own teardown sometimes aborts a rank after the results are out
     # ("terminate called without an active exception"); only its saved parameters are compared
     for _ in range(2):
-        ref = torchrun(n, example, "--backend", "gloo", "--save", str(gloo_file))
+        ref = run(n, example, "--backend", "gloo", "--save", str(gloo_file))
         if gloo_file.exists() and len(checksums(ref.stdout, n, "gloo")) == n:
             break
     else:
@@ -71,7 +76,5 @@ def test_checkpoint_round_trips(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(120)
 def test_p2p_ring_under_tensorwire_run() -> None:
-    cmd = [sys.executable, "-m", "tensorwire", "run", "-n", "3", "--", sys.executable, str(EXAMPLES / "p2p.py")]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_S, env=ENV)
-    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
-    assert (run.stdout + run.stderr).count("tensorwire: p2p OK") == 3, run.stdout + run.stderr
+    out = ok(run(3, "p2p.py"))
+    assert out.count("tensorwire: p2p OK") == 3, out

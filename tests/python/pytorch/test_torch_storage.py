@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from conftest import torchrun  # noqa: E402
+from conftest import tensorwire_run  # noqa: E402
 from test_torch_dist import script  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -43,6 +43,6 @@ def test_resized_storage_is_moved_again_with_its_new_bytes(transport: str, tmp_p
         dist.destroy_process_group()
     """,
     )
-    run = torchrun(2, prog, env={"TENSORWIRE_TRANSPORT": transport})
+    run = tensorwire_run(2, prog, env={"TENSORWIRE_TRANSPORT": transport})
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.count("moved 4 tensors") == 2, run.stdout

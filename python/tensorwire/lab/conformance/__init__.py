@@ -115,6 +115,14 @@ def add_arguments(p) -> None:
         help="set KEY in the test processes' environment (repeatable; recorded in the summary), "
         "e.g. MASTER_PORT=29500, which PyTorch's runner does not set",
     )
+    p.add_argument(
+        "--start",
+        choices=("spawn", "forkserver"),
+        default="spawn",
+        help="how a test starts its ranks: spawn (default), a fresh interpreter each, as "
+        "test_distributed_spawn.py does; forkserver: forked from one process that imported torch, the "
+        "suite and the backend once (seconds less per test: make test's selection)",
+    )
     p.add_argument("--out", metavar="PREFIX", help="write the summary to PREFIX.txt and PREFIX.json")
     p.add_argument(
         "--baseline",
@@ -283,6 +291,7 @@ def _environment(args, tmp: str) -> dict:
         TENSORWIRE_CONFORMANCE_IMPORT=args.imports,
         TENSORWIRE_CONFORMANCE_TIMEOUT=str(max(1, round(args.timeout))),
         TENSORWIRE_CONFORMANCE_GATES=args.gates or "",
+        TENSORWIRE_CONFORMANCE_START=args.start,
         PYTHONUNBUFFERED="1",
     )
     return env

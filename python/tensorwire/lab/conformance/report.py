@@ -61,6 +61,7 @@ def summary(args, order: list[str], results: dict, seconds: float, command: str,
         "timeout_s": args.timeout,
         "gates": args.gates or args.backend,
         "env": args.env,
+        "start": args.start,
         "seconds": round(seconds, 1),
         "selection": args.tests,
         "totals": totals(tests),
@@ -89,7 +90,8 @@ def text(s: dict) -> str:
         f"# date: {s['date']}; code: {s['code']}; torch {s['torch']}, Python {s['python']}, "
         f"{s['host_cpus']} CPUs; per-test limit {s['timeout_s']:.0f} s",
         f"# claimed for the backend (DistTestCases.backend_feature): {', '.join(s['claimed']) or 'nothing'}; "
-        f"the gates decided as for {s['gates']!r}; environment set: {' '.join(s['env']) or 'nothing'}",
+        f"the gates decided as for {s['gates']!r}; environment set: {' '.join(s['env']) or 'nothing'}"
+        + (f"; ranks started by {s['start']}" if s.get("start", "spawn") != "spawn" else ""),
         *([f"# {s['interrupted'].upper()}: the other selected tests did not run"] if "interrupted" in s else []),
         "",
         f"totals: {t['passed']} passed, {t['failed']} failed, {t['hung']} hung, {t['skipped']} skipped "

@@ -10,6 +10,8 @@ The environment the conformance command sets before importing this:
   TENSORWIRE_CONFORMANCE_TIMEOUT  seconds a test's ranks may run (MultiProcessTestCase's own limit)
   TENSORWIRE_CONFORMANCE_GATES    the backend name the suite's gates see (default BACKEND): "gloo" runs
                           the tests PyTorch gates to gloo's name on BACKEND too
+  TENSORWIRE_CONFORMANCE_START    spawn (default: a fresh interpreter per rank, as PyTorch's runner) or
+                          forkserver (ranks forked from one process that built this class once)
 
 The claims go into common_distributed's DistTestCases before distributed_test is
 imported: its skip decorators read them once, at import. They are made in this
@@ -21,6 +23,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import multiprocessing
+import multiprocessing.context
 import os
 import unittest
 from typing import Any
@@ -60,13 +64,40 @@ def _load() -> type:
 
         def setUp(self) -> None:
             super().setUp()
-            self._spawn_processes()
+            if os.environ.get("TENSORWIRE_CONFORMANCE_START") == "forkserver":
+                self._start_processes(_forkserver())
+            else:
+                self._spawn_processes()
             torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
     # ranks unpickle it by this module's name (module __getattr__ below)
     TestDistBackendWithSpawn.__module__ = __name__
     TestDistBackendWithSpawn.__qualname__ = TestDistBackendWithSpawn.__name__
     return TestDistBackendWithSpawn
+
+
+class _ForkedRank(multiprocessing.context.ForkServerProcess):
+    """A rank forked by the forkserver, with the environment of the runner at the time it was made (the
+    server's own is the one it started with: each test's setUp sets a new TEMP_DIR, which the ranks use
+    for their barriers' lock files)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.environment = dict(os.environ)
+
+    def run(self) -> None:
+        os.environ.clear()
+        os.environ.update(self.environment)
+        super().run()
+
+
+@functools.cache
+def _forkserver() -> Any:
+    """Ranks forked by a server that has imported torch, the suite and the backend and built the class
+    (suite_preload): a rank then costs a fork, not seconds of imports. They are forked from that
+    single-threaded server, never from the runner."""
+    multiprocessing.set_forkserver_preload([__name__ + "_preload"])
+    return _ForkedRank
 
 
 def __getattr__(name: str) -> Any:

@@ -59,18 +59,9 @@ def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
             "--out",
             out,
         ]
-        placements = plan(args.ranks)
-        master = str(free_port())
+        placements = plan(args.ranks)  # torch's env:// variables included
         for pl in placements:
-            pl.env.update(
-                RANK=pl.env["TENSORWIRE_RANK"],
-                WORLD_SIZE=str(args.ranks),
-                LOCAL_RANK=pl.env["TENSORWIRE_LOCAL_RANK"],
-                LOCAL_WORLD_SIZE=str(args.ranks),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=master,
-                OMP_NUM_THREADS="1",
-            )
+            pl.env["OMP_NUM_THREADS"] = "1"
             if backend == "tensorwire" and args.transport != "auto":
                 pl.env["TENSORWIRE_TRANSPORT"] = args.transport
         code = launch(cmd, placements, timeout=args.round_timeout, quiet=True)
