@@ -249,3 +249,21 @@ def test_the_root_port_lies_below_the_kernels_ephemeral_range():
     ports = {_free_port() for _ in range(20)}
     assert all(20000 <= p < low for p in ports), ports
     assert len(ports) > 1  # drawn, not one fixed port that a neighbour's run would also take
+
+
+def test_run_gives_each_rank_torchruns_variables_beside_its_own():
+    """`tensorwire run` sets what torch.distributed's env:// reads (as torchrun does), on a port that is
+    not the root's, and World still meets at TENSORWIRE_ROOT (TENSORWIRE_RANK comes first)."""
+    from tensorwire.ranks.launch import plan
+
+    placements = plan(3)
+    assert [p.env["RANK"] for p in placements] == ["0", "1", "2"]
+    for p in placements:
+        env = p.env
+        assert env["RANK"] == env["TENSORWIRE_RANK"] and env["LOCAL_RANK"] == env["TENSORWIRE_LOCAL_RANK"]
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "3"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        root_port = env["TENSORWIRE_ROOT"].rsplit(":", 1)[1]
+        assert env["MASTER_PORT"] != root_port and env["MASTER_PORT"] == placements[0].env["MASTER_PORT"]
+        placement = detect(env)
+        assert placement.launcher == "tensorwire run" and placement.root == env["TENSORWIRE_ROOT"]
