@@ -203,6 +203,13 @@ VARIABLES: tuple[Variable, ...] = (
         "its test processes",
     ),
     Variable(
+        "TENSORWIRE_CONFORMANCE_START",
+        "how a test of the suite starts its ranks (--start)",
+        "spawn, forkserver",
+        "set by `tensorwire conformance`",
+        "its test processes",
+    ),
+    Variable(
         "TENSORWIRE_PROGRESS_BAR",
         "draw the benches' progress bar on stderr (how ranks and spawned processes learn --progress/--no-progress)",
         "0, 1",

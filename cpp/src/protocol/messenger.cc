@@ -1007,10 +1007,19 @@ void Engine::fail_peer(int p, ErrorKind kind, const std::string& why0, bool died
       }
     }
   }
+  // After a BYE (the peer closed; it did not die) a send whose records all went and that its
+  // receiver has nothing more to answer waits only for its own write's local completion: the
+  // receiver had its bytes (its FIN, or a DONE behind a fence) before it said goodbye. Where a
+  // DONE goes before the write completes (a fence orders it), that BYE can come first; the send
+  // then completes or fails with its write, not with the goodbye.
+  auto write_only = [&](const OpPtr& op) {
+    return !died && op->send && !op->records_left && !op->fin_wanted && !op->done_wanted;
+  };
+  auto hit_writing = [&](const OpPtr& op) { return hit(op) && !write_only(op); };
   for (auto& op : writing_) {
-    if (hit(op)) fail(op, kind, why, p);
+    if (hit_writing(op)) fail(op, kind, why, p);
   }
-  writing_.remove_if(hit);
+  writing_.remove_if(hit_writing);
   if (died) {
     for (auto& op : deadlined_) {  // (queued eager sends of a collective)
       if (op->tag < 0) fail(op, kind, why, p);
