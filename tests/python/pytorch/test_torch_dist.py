@@ -445,7 +445,9 @@ def test_messages_sent_before_their_sender_left_are_received(transport: str, tmp
         os._exit(0)
     """,
     )
-    run = tensorwire_run(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
+    # torchrun: its agent hosts the c10d store, which outlives rank 0 (under plain env://, as under
+    # `tensorwire run`, rank 0 hosts it, and a rank 0 that left before rank 1 read its keys took it along)
+    run = torchrun(2, prog, timeout=140, env={"TENSORWIRE_TRANSPORT": transport})
     assert "LEFT" in run.stdout and "RECEIVED 60" in run.stdout, run.stdout + run.stderr[-3000:]
 
 
