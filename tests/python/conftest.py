@@ -294,8 +294,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("testbed"))
 
     # The longest first, so that no worker is left with a long test while the others are done:
-    # the conformance selection (one block of about 2.5 minutes on one worker), then the torch
-    # programs, then the rest in their order (a stable sort keeps each module's tests together).
+    # the conformance module (one block on one worker: the selection's run, about 25 s with its
+    # forked ranks, and two runs that spawn theirs), then the torch programs, then the rest in their
+    # order (a stable sort keeps each module's tests together).
     def rank(item: pytest.Item) -> int:
         if item.path.name == "test_torch_conformance.py":
             return 0

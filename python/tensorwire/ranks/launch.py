@@ -171,7 +171,7 @@ def plan(n: int, testbed: Hosts | None = None, hosts: str | None = None, port: i
         import random
 
         root_port = port or random.randint(20000, 29999)
-        master_port = random.choice([p for p in range(20000, 30000) if p != root_port])
+        master_port = 20000 + (root_port - 20000 + random.randint(1, 9999)) % 10000  # never the root's
         local_rank: dict[str, int] = {}
         out = []
         for r, h in enumerate(where):

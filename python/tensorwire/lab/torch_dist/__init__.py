@@ -33,7 +33,7 @@ WARMUP = 3
 
 def _round(args: argparse.Namespace, backend: str, suite: list[str]) -> dict:
     """One set of rank processes with one backend; rank 0's results."""
-    from ...ranks.launch import free_port, plan
+    from ...ranks.launch import plan
     from ...ranks.launch import run as launch
 
     with tempfile.TemporaryDirectory() as d:
